@@ -1,0 +1,137 @@
+"""The public async surface of aimu: ``from aimu import aio``.
+
+Names are imported lazily on first use, so ``from aimu import aio`` stays fast and no
+provider SDK is loaded until a client for it is made.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aimu.aio.agent import Agent
+    from aimu.aio.client import ModelClient, client
+    from aimu.aio.errors import (
+        AimuError,
+        ModelConnectionError,
+        ModelError,
+        ModelHTTPError,
+        ModelProtocolError,
+        SessionLockedError,
+        StoreError,
+        StoreFormatError,
+        ToolDefinitionError,
+        TranscriptError,
+    )
+    from aimu.aio.events import (
+        Event,
+        HandleFinished,
+        RunFinished,
+        RunStarted,
+        StepFinished,
+        TextChunk,
+        ThinkingChunk,
+        ToolCallStarted,
+        ToolResult,
+    )
+    from aimu.aio.run_handle import RunHandle, on_sigint
+    from aimu.aio.scope import RunScope, current_scope
+    from aimu.aio.store import JSONLStore, SQLiteStore, Store
+    from aimu.aio.tools import Tool, ToolContext, tool
+    from aimu.aio.transcript import Message, ToolCall
+    from aimu.aio.workflows import Chain, EvaluatorOptimizer, Parallel, Router
+
+__all__ = [
+    "Agent",
+    "AimuError",
+    "Chain",
+    "EvaluatorOptimizer",
+    "Event",
+    "HandleFinished",
+    "JSONLStore",
+    "Message",
+    "ModelClient",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelHTTPError",
+    "ModelProtocolError",
+    "Parallel",
+    "Router",
+    "RunFinished",
+    "RunHandle",
+    "RunScope",
+    "RunStarted",
+    "SQLiteStore",
+    "SessionLockedError",
+    "StepFinished",
+    "Store",
+    "StoreError",
+    "StoreFormatError",
+    "TextChunk",
+    "ThinkingChunk",
+    "Tool",
+    "ToolCall",
+    "ToolCallStarted",
+    "ToolContext",
+    "ToolDefinitionError",
+    "ToolResult",
+    "TranscriptError",
+    "client",
+    "current_scope",
+    "on_sigint",
+    "tool",
+]
+
+_WHERE = {
+    "Agent": "agent",
+    "ModelClient": "client",
+    "client": "client",
+    "RunHandle": "run_handle",
+    "on_sigint": "run_handle",
+    "RunScope": "scope",
+    "current_scope": "scope",
+    "JSONLStore": "store",
+    "SQLiteStore": "store",
+    "Store": "store",
+    "Tool": "tools",
+    "ToolContext": "tools",
+    "tool": "tools",
+    "Message": "transcript",
+    "ToolCall": "transcript",
+    "Chain": "workflows",
+    "EvaluatorOptimizer": "workflows",
+    "Parallel": "workflows",
+    "Router": "workflows",
+}
+_WHERE.update(
+    dict.fromkeys(
+        (
+            "AimuError ModelConnectionError ModelError ModelHTTPError ModelProtocolError "
+            "SessionLockedError StoreError StoreFormatError ToolDefinitionError TranscriptError"
+        ).split(),
+        "errors",
+    )
+)
+_WHERE.update(
+    dict.fromkeys(
+        (
+            "Event HandleFinished RunFinished RunStarted StepFinished TextChunk ThinkingChunk "
+            "ToolCallStarted ToolResult"
+        ).split(),
+        "events",
+    )
+)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aimu.aio' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"aimu.aio.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,84 @@
+"""The one error tree of aimu.
+
+    AimuError
+     ├── ModelError                 a model provider failed
+     │    ├── ModelConnectionError  the server could not be reached (names the host)
+     │    ├── ModelHTTPError        the server answered with an error status
+     │    └── ModelProtocolError    the server's reply could not be understood
+     ├── TranscriptError            a transcript is invalid (also a ValueError; names the index)
+     ├── ToolDefinitionError        a function cannot be offered as a tool (also a TypeError)
+     └── StoreError                 durable storage failed
+          ├── SessionLockedError    another writer holds the session
+          └── StoreFormatError      a file is corrupt or from a newer schema
+
+Errors name the thing that failed (host, message index, tool, session) and, where
+there is one, what to do about it. API keys never appear in a message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AimuError",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelHTTPError",
+    "ModelProtocolError",
+    "SessionLockedError",
+    "StoreError",
+    "StoreFormatError",
+    "ToolDefinitionError",
+    "TranscriptError",
+]
+
+
+class AimuError(Exception):
+    """Root of every error aimu raises on purpose."""
+
+
+class ModelError(AimuError):
+    """A model provider failed; ``host`` is the server it talked to."""
+
+    def __init__(self, message: str, *, host: str) -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class ModelConnectionError(ModelError, ConnectionError):
+    """The model server could not be reached (refused, unresolvable, timed out)."""
+
+
+class ModelHTTPError(ModelError):
+    """The model server answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, host: str, status_code: int, body: str) -> None:
+        super().__init__(message, host=host)
+        self.status_code = status_code
+        self.body = body
+
+
+class ModelProtocolError(ModelError):
+    """The server's reply was malformed: a bad JSON line, a stream cut short."""
+
+
+class TranscriptError(AimuError, ValueError):
+    """A transcript failed validation; ``index`` is the offending message (or None)."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class ToolDefinitionError(AimuError, TypeError):
+    """A function cannot be turned into a tool (unsupported type, bad default)."""
+
+
+class StoreError(AimuError):
+    """Durable storage failed."""
+
+
+class SessionLockedError(StoreError):
+    """Another writer (this process or another) holds the session open for writing."""
+
+
+class StoreFormatError(StoreError):
+    """A store file is unreadable: corrupt, or written by a newer schema."""

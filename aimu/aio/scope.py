@@ -1,0 +1,77 @@
+"""The run scope: how a handle reaches every aimu loop running inside it.
+
+A :class:`RunScope` is found through the ``current_scope`` context variable, which a
+:class:`~aimu.aio.RunHandle` sets in the context of the task it starts. Agents and
+workflows read it once when a run begins: they stop at their next step boundary when
+``interrupt_requested`` turns true, and send every event to ``emit``. Scopes nest: an
+interrupt of an outer scope reaches the inner ones, and events bubble outwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+
+from aimu.aio.events import Event
+
+__all__ = ["RunScope", "current_scope"]
+
+EventListener = Callable[[Event], None]
+
+
+class RunScope:
+    """Interrupt request, deadline and event fan-out shared by the loops of one run."""
+
+    __slots__ = ("_interrupt_requested", "_listeners", "deadline", "name", "parent")
+
+    def __init__(
+        self, name: str, *, parent: RunScope | None = None, deadline: float | None = None
+    ) -> None:
+        self.name = name
+        self.parent = parent
+        if parent is not None and parent.deadline is not None:
+            deadline = parent.deadline if deadline is None else min(deadline, parent.deadline)
+        #: Loop time (``loop.time()``) at which the run is cancelled, inherited by nested scopes.
+        self.deadline = deadline
+        self._interrupt_requested = False
+        self._listeners: list[EventListener] | None = None
+
+    @property
+    def interrupt_requested(self) -> bool:
+        """True once this scope, or one around it, was asked to stop gracefully."""
+        scope: RunScope | None = self
+        while scope is not None:
+            if scope._interrupt_requested:
+                return True
+            scope = scope.parent
+        return False
+
+    def request_interrupt(self) -> None:
+        """Ask every loop in this scope to stop at its next step boundary."""
+        self._interrupt_requested = True
+
+    def add_listener(self, listener: EventListener) -> Callable[[], None]:
+        """Call ``listener`` with every event emitted in this scope; returns a remover."""
+        if self._listeners is None:
+            self._listeners = []
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if self._listeners is not None and listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    def emit(self, event: Event) -> None:
+        """Deliver ``event`` to this scope's listeners and to the scopes around it."""
+        scope: RunScope | None = self
+        while scope is not None:
+            listeners = scope._listeners
+            if listeners:
+                for listener in tuple(listeners):
+                    listener(event)
+            scope = scope.parent
+
+
+#: The scope of the run this code executes in, or None outside any handle.
+current_scope: ContextVar[RunScope | None] = ContextVar("aimu_run_scope", default=None)

@@ -1,0 +1,312 @@
+"""The transcript: chat messages as plain JSON-serialisable dicts, defined once.
+
+The shape is the Ollama/OpenAI chat shape. Assistant tool calls carry a stable ``id``
+and their arguments as a dict; tool results carry the call's id and the tool name.
+Keys starting with ``aimu_`` are ours (``aimu_partial`` marks a turn cut short by a
+stop) and are never sent to a provider: see :func:`wire_view`.
+
+``validate`` checks a whole transcript, ``settle`` answers every dangling tool call
+with a deterministic "cancelled" result (idempotently), ``copy_messages`` copies so
+that no dict is ever shared with a caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias, TypedDict, cast
+
+from typing_extensions import NotRequired
+
+from aimu.aio.errors import TranscriptError
+
+__all__ = [
+    "CANCELLED_RESULT",
+    "AssistantMessage",
+    "FunctionSpec",
+    "JSONValue",
+    "Message",
+    "SystemMessage",
+    "ToolCall",
+    "ToolCallFunction",
+    "ToolMessage",
+    "ToolSpec",
+    "Usage",
+    "UserMessage",
+    "copy_messages",
+    "dangling_calls",
+    "settle",
+    "validate",
+    "wire_view",
+]
+
+JSONValue: TypeAlias = (
+    "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+)
+
+#: Content of the result given to a tool call that never finished.
+CANCELLED_RESULT = "[cancelled before it finished]"
+
+
+class ToolCallFunction(TypedDict):
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class SystemMessage(TypedDict):
+    role: Literal["system"]
+    content: str
+
+
+class UserMessage(TypedDict):
+    role: Literal["user"]
+    content: str
+
+
+class AssistantMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str
+    tool_calls: NotRequired[list[ToolCall]]
+    thinking: NotRequired[str]
+    aimu_partial: NotRequired[bool]
+
+
+class ToolMessage(TypedDict):
+    role: Literal["tool"]
+    content: str
+    tool_call_id: str
+    name: str
+
+
+Message: TypeAlias = SystemMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+class FunctionSpec(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class ToolSpec(TypedDict):
+    """A tool as offered to a model: the JSON-schema shape both protocols accept."""
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class Usage(TypedDict):
+    input_tokens: int
+    output_tokens: int
+
+
+_ROLES = ("system", "user", "assistant", "tool")
+_KEYS: dict[str, frozenset[str]] = {
+    "system": frozenset({"role", "content"}),
+    "user": frozenset({"role", "content"}),
+    "assistant": frozenset({"role", "content", "tool_calls", "thinking", "aimu_partial"}),
+    "tool": frozenset({"role", "content", "tool_call_id", "name"}),
+}
+
+
+def _fail(index: int, message: str) -> TranscriptError:
+    return TranscriptError(f"message {index}: {message}", index=index)
+
+
+def _check_json(value: object, index: int, where: str) -> None:
+    """Raise unless ``value`` is plain JSON data (dicts with str keys, lists, scalars)."""
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _fail(index, f"{where} holds a non-finite number")
+        return
+    if isinstance(value, list):
+        for item in value:
+            _check_json(item, index, where)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _fail(index, f"{where} has a non-string key {key!r}")
+            _check_json(item, index, where)
+        return
+    raise _fail(index, f"{where} holds {type(value).__name__}, which is not JSON data")
+
+
+def _check_tool_call(call: object, index: int, position: int) -> str:
+    where = f"tool_calls[{position}]"
+    if not isinstance(call, Mapping):
+        raise _fail(index, f"{where} must be a dict, got {type(call).__name__}")
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        raise _fail(index, f"{where} needs a non-empty string 'id'")
+    if call.get("type", "function") != "function":
+        raise _fail(index, f"{where} has type {call.get('type')!r}; only 'function' exists")
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        raise _fail(index, f"{where} needs a 'function' dict with 'name' and 'arguments'")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail(index, f"{where}.function needs a non-empty string 'name'")
+    arguments = function.get("arguments")
+    if not isinstance(arguments, dict):
+        raise _fail(
+            index, f"{where}.function.arguments must be a dict, got {type(arguments).__name__}"
+        )
+    _check_json(arguments, index, f"{where}.function.arguments")
+    return call_id
+
+
+def validate(messages: object) -> None:
+    """Raise :class:`TranscriptError` (a ``ValueError``) naming the first bad message.
+
+    Checked: every message is a dict with a known role, the keys that role allows and
+    string content; a system message only first; tool calls well formed with unique
+    ids within their turn; every tool result answers an earlier call of the current tool round, once.
+    Tool calls still unanswered are allowed: :func:`settle` answers them.
+    """
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        raise TranscriptError(f"a transcript is a list of messages, got {type(messages).__name__}")
+    open_calls: dict[str, str] = {}  # id -> tool name, for the latest assistant turn
+    answered: set[str] = set()
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise _fail(index, f"must be a dict, got {type(message).__name__}")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise _fail(index, f"unknown role {role!r}; expected one of {', '.join(_ROLES)}")
+        extra = set(message) - _KEYS[role]
+        if extra:
+            raise _fail(index, f"{role} message has unexpected keys {sorted(extra)}")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise _fail(index, f"{role} message needs string 'content', got {content!r:.60}")
+        if role == "system" and index != 0:
+            raise _fail(index, "a system message may only be the first message")
+        if role == "assistant":
+            open_calls = {}
+            answered = set()
+            calls = message.get("tool_calls", [])
+            if not isinstance(calls, list):
+                raise _fail(index, "'tool_calls' must be a list")
+            for position, call in enumerate(calls):
+                call_id = _check_tool_call(call, index, position)
+                if call_id in open_calls:
+                    raise _fail(index, f"tool call id {call_id!r} is used twice in one turn")
+                open_calls[call_id] = call["function"]["name"]
+            thinking = message.get("thinking", "")
+            if not isinstance(thinking, str):
+                raise _fail(index, "'thinking' must be a string")
+            if not isinstance(message.get("aimu_partial", False), bool):
+                raise _fail(index, "'aimu_partial' must be a bool")
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            name = message.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise _fail(index, "tool message needs string 'tool_call_id' and 'name'")
+            if call_id not in open_calls:
+                raise _fail(
+                    index,
+                    f"tool result for {call_id!r} answers no tool call of the assistant turn "
+                    "before it",
+                )
+            if call_id in answered:
+                raise _fail(index, f"tool call {call_id!r} already has a result")
+            if open_calls[call_id] != name:
+                raise _fail(
+                    index,
+                    f"tool result names {name!r} but call {call_id!r} was to "
+                    f"{open_calls[call_id]!r}",
+                )
+            answered.add(call_id)
+        else:
+            open_calls = {}
+            answered = set()
+
+
+def dangling_calls(messages: Sequence[Message], start: int = 0) -> list[tuple[int, ToolCall]]:
+    """Tool calls without a result, as (index of the assistant message, call)."""
+    found: list[tuple[int, ToolCall]] = []
+    pending: dict[str, tuple[int, ToolCall]] = {}
+    for index in range(start, len(messages)):
+        message = messages[index]
+        role = message["role"]
+        if role == "assistant":
+            found.extend(pending.values())
+            pending = {
+                call["id"]: (index, call)
+                for call in cast(AssistantMessage, message).get("tool_calls", ())
+            }
+        elif role == "tool":
+            pending.pop(cast(ToolMessage, message)["tool_call_id"], None)
+        elif pending:
+            found.extend(pending.values())
+            pending = {}
+    found.extend(pending.values())
+    return found
+
+
+def cancelled_result(call: ToolCall, content: str = CANCELLED_RESULT) -> ToolMessage:
+    """The deterministic result recorded for a call that never finished."""
+    return {
+        "role": "tool",
+        "content": content,
+        "tool_call_id": call["id"],
+        "name": call["function"]["name"],
+    }
+
+
+def settle(messages: list[Message], content: str = CANCELLED_RESULT) -> list[ToolMessage]:
+    """Answer every dangling tool call in place; return the results it added.
+
+    Each result goes right after the results its assistant turn already has, so the
+    transcript stays valid. Idempotent: a settled transcript is left unchanged.
+    """
+    dangling = dangling_calls(messages)
+    if not dangling:
+        return []
+    added: list[ToolMessage] = []
+    # Insert from the back so earlier indices stay true.
+    by_turn: dict[int, list[ToolCall]] = {}
+    for index, call in dangling:
+        by_turn.setdefault(index, []).append(call)
+    for index in sorted(by_turn, reverse=True):
+        end = index + 1
+        while end < len(messages) and messages[end]["role"] == "tool":
+            end += 1
+        results = [cancelled_result(call, content) for call in by_turn[index]]
+        messages[end:end] = results
+        added[:0] = results
+    return added
+
+
+def _copy_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(item) for item in value]
+    return value
+
+
+def copy_messages(messages: Iterable[Mapping[str, Any]]) -> list[Message]:
+    """A deep copy: the result shares no dict or list with ``messages``."""
+    return [cast(Message, _copy_json(dict(message))) for message in messages]
+
+
+def wire_view(message: Message) -> dict[str, Any]:
+    """The message as a provider should see it: our ``aimu_`` keys left out."""
+    if "aimu_partial" not in message:
+        return cast(dict[str, Any], message)
+    return {key: value for key, value in message.items() if not key.startswith("aimu_")}
+
+
+def dumps(message: Message) -> str:
+    """One message as compact JSON (the form stores write)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))

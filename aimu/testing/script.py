@@ -1,0 +1,86 @@
+"""Scripts of model turns, shared by the loopback server and the in-process scripted model.
+
+A script is a list of :class:`Turn` (served in order, one per request) or a function
+from the request to a ``Turn``. A turn says what the model "says": text split into
+chunks with a delay between them, tool calls, thinking, and an optional fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+__all__ = ["Fault", "Script", "ScriptedCall", "Turn", "split_text"]
+
+Fault: TypeAlias = Literal[
+    "http_500",  # answer 500 with an error body
+    "http_429",  # answer 429 with an error body
+    "bad_json",  # after `fault_after` chunks, send a line that is not JSON
+    "drop",  # after `fault_after` chunks, close the connection mid-stream
+    "hang",  # after `fault_after` chunks, never send anything again
+    "no_done",  # send every chunk, then end the stream without the final marker
+]
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    """A tool call the scripted model makes; ``id`` is generated when left out."""
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    text: str = ""
+    tool_calls: Sequence[ScriptedCall] = ()
+    thinking: str = ""
+    chunks: int | None = None
+    """How many pieces to stream ``text`` in; None: one piece per word."""
+    delay: float = 0.0
+    """Seconds to wait before each chunk after the first."""
+    first_byte_delay: float = 0.0
+    fault: Fault | None = None
+    fault_after: int = 0
+    input_tokens: int = 0
+    output_tokens: int | None = None
+    """None: the number of text chunks."""
+
+
+Script: TypeAlias = Sequence[Turn] | Callable[[Mapping[str, Any]], Turn]
+
+
+def split_text(text: str, chunks: int | None = None) -> list[str]:
+    """Split ``text`` into pieces that join back to it exactly.
+
+    ``chunks=None`` gives one piece per word (each keeping its trailing space);
+    otherwise ``chunks`` pieces of near-equal length (fewer if the text is shorter).
+    """
+    if not text:
+        return []
+    if chunks is None:
+        pieces: list[str] = []
+        start = 0
+        length = len(text)
+        while start < length:
+            end = start
+            while end < length and text[end] == " ":
+                end += 1
+            while end < length and text[end] != " ":
+                end += 1
+            while end < length and text[end] == " ":
+                end += 1
+            pieces.append(text[start:end])
+            start = end
+        return pieces
+    count = max(1, min(chunks, len(text)))
+    size, extra = divmod(len(text), count)
+    pieces = []
+    start = 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        pieces.append(text[start:end])
+        start = end
+    return pieces
