@@ -1,0 +1,274 @@
+"""The embedded ``test`` model: deterministic, offline, no dependencies.
+
+:func:`respond` is a pure function of the transcript and the offered tools. On a user
+turn with tools it calls each tool once, with arguments built from the tool's JSON
+schema; after tool results it answers with a summary that quotes them; otherwise it
+answers with a short reply derived from the user text. :class:`TestModelClient`
+streams that reply in chunks, yielding to the event loop between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Self, TypeGuard
+
+from aimu.aio.client import Chunk, ModelClient, TextDelta, ToolCallDelta, TurnDone
+from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
+from aimu.testing.script import split_text
+
+__all__ = ["TestModelClient", "arguments_for", "respond"]
+
+_RESULT_LIMIT = 200
+_ECHO_WORDS = 24
+_STOP_WORDS = frozenset(
+    (
+        "the", "and", "for", "with", "that", "this", "what", "which", "from", "into",
+        "about", "please", "could", "would", "should", "you", "your", "are", "was",
+        "were", "can", "will", "have", "has", "had", "its", "it's", "how", "why",
+        "when", "where", "who",
+    )
+)
+_WORD = re.compile(r"[^\W_][\w'-]*")
+_FORMATS = {
+    "date": "2024-01-01",
+    "date-time": "2024-01-01T00:00:00Z",
+    "time": "00:00:00",
+    "email": "user@example.com",
+    "uri": "https://example.com",
+    "url": "https://example.com",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
+
+
+def _last_user_index(messages: Sequence[Message]) -> int:
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index]["role"] == "user":
+            return index
+    return -1
+
+
+def _pick_word(text: str) -> str:
+    """A word of ``text`` to fill string arguments: a name if there is one, else the longest."""
+    words: list[str] = _WORD.findall(text)
+    # A capitalised word that does not start the text is most likely a name ("Paris").
+    names = [w for w in words[1:] if w[0].isupper() and w.lower() not in _STOP_WORDS]
+    if names:
+        return names[-1]
+    content = [w for w in words if len(w) >= 3 and w.lower() not in _STOP_WORDS]
+    if content:
+        return max(content, key=len)
+    return "example"
+
+
+def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Follow local ``$ref`` pointers (``#/$defs/Name``) within the tool's schema."""
+    seen = 0
+    while isinstance(schema.get("$ref"), str) and seen < 32:
+        node: Any = root
+        for part in schema["$ref"].removeprefix("#/").split("/"):
+            node = node.get(part) if isinstance(node, Mapping) and part else None
+        if not isinstance(node, Mapping):
+            return {}
+        schema = node
+        seen += 1
+    return schema
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(schema: Mapping[str, Any], preferred: float) -> float:
+    value = preferred
+    low = schema.get("minimum")
+    high = schema.get("maximum")
+    if isinstance(low, int | float) and value < low:
+        value = low
+    if isinstance(high, int | float) and value > high:
+        value = high
+    exclusive_low = schema.get("exclusiveMinimum")
+    exclusive_high = schema.get("exclusiveMaximum")
+    # Draft 6+ form (a number); the draft 4 boolean form is left to minimum/maximum.
+    if _is_number(exclusive_low) and value <= exclusive_low:
+        value = exclusive_low + 1
+    if _is_number(exclusive_high) and value >= exclusive_high:
+        value = exclusive_high - 1
+    return value
+
+
+def _string(schema: Mapping[str, Any], word: str) -> str:
+    value = _FORMATS.get(str(schema.get("format", "")), word)
+    min_length = schema.get("minLength")
+    max_length = schema.get("maxLength")
+    if isinstance(min_length, int) and len(value) < min_length:
+        value = (value * (min_length // max(len(value), 1) + 1))[:min_length]
+    if isinstance(max_length, int) and len(value) > max_length:
+        value = value[:max_length]
+    return value
+
+
+def _value(schema: Mapping[str, Any], root: Mapping[str, Any], word: str, depth: int) -> Any:
+    schema = _resolve(schema, root)
+    if depth > 16:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            for branch in branches:
+                if isinstance(branch, Mapping) and _resolve(branch, root).get("type") != "null":
+                    return _value(branch, root, word, depth + 1)
+            return None
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and all_of:
+        merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+        for branch in all_of:
+            if isinstance(branch, Mapping):
+                merged.update(_resolve(branch, root))
+        return _value(merged, root, word, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "string"
+    if kind == "string":
+        return _string(schema, word)
+    if kind == "integer":
+        return int(_number(schema, 1))
+    if kind == "number":
+        return float(_number(schema, 1.5))
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    if kind == "array":
+        items = schema.get("items")
+        item_schema = items if isinstance(items, Mapping) else {}
+        min_items = schema.get("minItems")
+        count = max(1, min_items if isinstance(min_items, int) else 1)
+        return [_value(item_schema, root, word, depth + 1) for _ in range(count)]
+    if kind == "object":
+        return _object(schema, root, word, depth + 1)
+    return word
+
+
+def _object(
+    schema: Mapping[str, Any], root: Mapping[str, Any], word: str, depth: int
+) -> dict[str, Any]:
+    properties = schema.get("properties")
+    required = schema.get("required")
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        return {}
+    arguments: dict[str, Any] = {}
+    for name in required:
+        prop = properties.get(name)
+        if isinstance(name, str):
+            arguments[name] = _value(prop if isinstance(prop, Mapping) else {}, root, word, depth)
+    return arguments
+
+
+def arguments_for(parameters: Mapping[str, Any], text: str = "") -> dict[str, Any]:
+    """Arguments for a tool whose parameters are ``parameters`` (a JSON object schema).
+
+    Only required properties are filled; strings take a word of ``text`` (or
+    ``"example"``), numbers respect their bounds, enums take their first value.
+    """
+    return _object(_resolve(parameters, parameters), parameters, _pick_word(text), 0)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def respond(
+    messages: Sequence[Message], tools: Sequence[ToolSpec] | None
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """The test model's reply to ``messages``: its text and its tool calls as (name, arguments).
+
+    Pure and deterministic. Tool results after the last user message get a summary
+    that quotes each; otherwise offered tools are each called once; otherwise a
+    short reply echoes the user text.
+    """
+    last_user = _last_user_index(messages)
+    user_text = messages[last_user]["content"] if last_user >= 0 else ""
+    results = [m for m in messages[last_user + 1 :] if m["role"] == "tool"]
+    if results:
+        parts = [
+            f"I called {r['name']}: {_clip(r['content'], _RESULT_LIMIT) or '(no output)'}."
+            for r in results
+        ]
+        return " ".join(parts), []
+    if tools:
+        calls = [
+            (spec["function"]["name"], arguments_for(spec["function"]["parameters"], user_text))
+            for spec in tools
+        ]
+        return "", calls
+    words = user_text.split()
+    if not words:
+        return "Hello! I am the test model. Ask me anything.", []
+    echo = " ".join(words[:_ECHO_WORDS]) + (" …" if len(words) > _ECHO_WORDS else "")
+    return f"You said: {echo}", []
+
+
+class TestModelClient(ModelClient):
+    """The embedded offline model (``client("test")``): replies come from :func:`respond`.
+
+    Text streams one word per chunk (or ``chunks`` pieces), with ``delay`` seconds
+    between chunks; every chunk is preceded by an event-loop yield so a cancel can land
+    between any two.
+    """
+
+    __test__ = False  # not a pytest test class, despite the name
+    provider = "test"
+
+    def __init__(self, model: str = "test", *, delay: float = 0.0, chunks: int | None = None):
+        super().__init__(model)
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
+        if chunks is not None and chunks < 1:
+            raise ValueError(f"chunks must be >= 1, got {chunks}")
+        self.delay = delay
+        self.chunks = chunks
+
+    @property
+    def host(self) -> str:
+        return "embedded"
+
+    def fork(self) -> Self:
+        return type(self)(self.model, delay=self.delay, chunks=self.chunks)
+
+    async def stream_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        stream: bool = True,
+    ) -> AsyncIterator[Chunk]:
+        text, calls = respond(messages, tools)
+        # Ids are deterministic and unique across the conversation: turn number + position.
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        pieces: list[Chunk] = [TextDelta(piece) for piece in split_text(text, self.chunks)]
+        for position, (name, arguments) in enumerate(calls):
+            call: ToolCall = {
+                "id": f"call_{turn}_{position}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            pieces.append(ToolCallDelta(call))
+        for position, piece in enumerate(pieces):
+            await asyncio.sleep(self.delay if position else 0)
+            yield piece
+        await asyncio.sleep(0)
+        usage: Usage = {
+            "input_tokens": sum(len(m["content"].split()) for m in messages),
+            "output_tokens": len(pieces),
+        }
+        yield TurnDone(usage, "tool_calls" if calls else "stop")
