@@ -1,0 +1,72 @@
+"""What the HTTP providers share: turning transport failures into aimu errors.
+
+Every message names the service and its URL (credentials removed) and says what to
+check; none carries a header, so an API key can never end up in one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from aimu.aio.errors import ModelConnectionError, ModelError
+
+__all__ = ["call_id", "display_url", "transport_error"]
+
+
+def call_id() -> str:
+    """A fresh tool-call id for a call the server sent without one."""
+    return f"call_{uuid.uuid4().hex[:16]}"
+
+
+def display_url(url: str) -> str:
+    """``url`` without user info or query, fit to name in an error or a repr."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip()
+    return text or type(error).__name__
+
+
+def transport_error(
+    error: httpx.TransportError | OSError,
+    *,
+    service: str,
+    host: str,
+    hint: str,
+    timeout: httpx.Timeout,
+) -> ModelError:
+    """The aimu error for a request to ``service`` at ``host`` that failed in transport."""
+    if isinstance(error, httpx.ConnectTimeout):
+        return ModelConnectionError(
+            f"could not connect to {service} at {host} within {timeout.connect:g}s; {hint}",
+            host=host,
+        )
+    if isinstance(error, httpx.ConnectError | httpx.UnsupportedProtocol | ConnectionError):
+        return ModelConnectionError(
+            f"cannot connect to {service} at {host} ({_reason(error)}); {hint}", host=host
+        )
+    if isinstance(error, httpx.ReadTimeout):
+        return ModelConnectionError(
+            f"{service} at {host} sent nothing for {timeout.read:g}s; the model may be "
+            "stuck or overloaded (raise timeout= to wait longer)",
+            host=host,
+        )
+    if isinstance(error, httpx.TimeoutException):
+        return ModelConnectionError(
+            f"the request to {service} at {host} timed out ({_reason(error)})", host=host
+        )
+    if isinstance(error, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return ModelConnectionError(
+            f"the connection to {service} at {host} was dropped mid-reply "
+            f"({_reason(error)}); the server may have crashed or restarted",
+            host=host,
+        )
+    return ModelConnectionError(
+        f"the request to {service} at {host} failed ({_reason(error)}); {hint}", host=host
+    )
