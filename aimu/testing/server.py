@@ -98,6 +98,8 @@ class RecordedRequest:
     headers: Headers
     time: float
     """``time.monotonic()`` when the request was fully read."""
+    connection: int = 0
+    """Serial number of the TCP connection it came on (equal numbers: keep-alive)."""
 
 
 @dataclass
@@ -156,7 +158,9 @@ class _Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        number: int,
     ) -> None:
+        self.number = number
         self.reader = reader
         self.writer = writer
         self.buffer = bytearray()
@@ -585,6 +589,29 @@ def _canonical_messages(wire_messages: object) -> list[dict[str, Any]]:
     return messages
 
 
+def _tool_specs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Offered tools in the full ToolSpec shape, whatever keys the client left out."""
+    specs: list[dict[str, Any]] = []
+    for tool in request.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not function.get("name"):
+            continue
+        parameters = function.get("parameters")
+        if not isinstance(parameters, Mapping):
+            parameters = {"type": "object", "properties": {}}
+        specs.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": str(function["name"]),
+                    "description": str(function.get("description") or ""),
+                    "parameters": dict(parameters),
+                },
+            }
+        )
+    return specs
+
+
 def _echo(messages: list[dict[str, Any]], tools: list[Any]) -> tuple[str, list[Any]]:
     said = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     return f"You said: {said}", []
@@ -602,8 +629,7 @@ def default_script(delay: float = 0.0) -> Callable[[Mapping[str, Any]], Turn]:
             if error.name != "aimu.aio.providers.test":
                 raise
             respond = _echo
-        tools = request.get("tools") or []
-        text, calls = respond(_canonical_messages(request.get("messages")), list(tools))
+        text, calls = respond(_canonical_messages(request.get("messages")), _tool_specs(request))
         scripted = tuple(ScriptedCall(name, dict(arguments)) for name, arguments in calls)
         return Turn(text=text, tool_calls=scripted, delay=delay)
 
@@ -632,6 +658,7 @@ class LoopbackServer:
         self.port = port
         self.requests: list[RecordedRequest] = []
         self.streams: list[StreamRecord] = []
+        self.connections_accepted = 0
         self._script: Script = default_script()
         self._position = 0
         self.script = script
@@ -811,7 +838,9 @@ class LoopbackServer:
     def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A task of our own (not the one start_server would make) so that stop() can
         # cancel it and wait for it without asyncio logging the cancel as an error.
-        self._spawn(self._serve_connection(_Connection(reader, writer, self._spawn)))
+        self.connections_accepted += 1
+        connection = _Connection(reader, writer, self._spawn, self.connections_accepted)
+        self._spawn(self._serve_connection(connection))
 
     async def _serve_connection(self, connection: _Connection) -> None:
         abort = True
@@ -859,7 +888,9 @@ class LoopbackServer:
             for name, value in request.headers.items()
         )
         self.requests.append(
-            RecordedRequest(request.method, path, protocol, body, headers, time.monotonic())
+            RecordedRequest(
+                request.method, path, protocol, body, headers, time.monotonic(), connection.number
+            )
         )
         model = str(body.get("model") or "test")
         wire_class = _OpenAIWire if protocol == "openai" else _OllamaWire
