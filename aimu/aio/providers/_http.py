@@ -6,14 +6,19 @@ check; none carries a header, so an API key can never end up in one.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import uuid
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from aimu.aio.errors import ModelConnectionError, ModelError
 
-__all__ = ["call_id", "display_url", "transport_error"]
+__all__ = ["call_id", "display_url", "drain", "transport_error"]
+
+_DRAIN_LIMIT = 1.0
 
 
 def call_id() -> str:
@@ -29,6 +34,17 @@ def display_url(url: str) -> str:
 
 
 def _reason(error: BaseException) -> str:
+    """The most telling words for ``error``: the OS's reason if one is in its chain."""
+    cause: BaseException | None = error
+    seen = 0
+    while cause is not None and seen < 16:
+        # anyio reports "All connection attempts failed"; the OS error under it says why.
+        if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+            return os.strerror(cause.errno)  # asyncio's own strerror hides the reason
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror  # resolver errors: "Name or service not known"
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
     text = str(error).strip()
     return text or type(error).__name__
 
@@ -70,3 +86,17 @@ def transport_error(
     return ModelConnectionError(
         f"the request to {service} at {host} failed ({_reason(error)}); {hint}", host=host
     )
+
+
+async def drain(rest: AsyncIterator[object]) -> None:
+    """Read what is left of a finished reply, so its connection can serve the next request.
+
+    After the final marker only the end of the body should remain; a server that sends
+    more, or fails, or dawdles beyond a second just costs us that connection.
+    """
+    try:
+        async with asyncio.timeout(_DRAIN_LIMIT):
+            async for _ in rest:
+                pass
+    except (TimeoutError, httpx.HTTPError, ValueError, OSError):
+        pass

@@ -20,7 +20,7 @@ import pydantic
 
 from aimu.aio.client import Chunk, ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
-from aimu.aio.providers._http import call_id, display_url, transport_error
+from aimu.aio.providers._http import call_id, display_url, drain, transport_error
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
@@ -209,7 +209,10 @@ class OllamaClient(ModelClient):
                     break
                 except _STREAM_FAILURES as error:
                     raise self._error(error) from error
-                for chunk in self._chunks(part):
+                chunks = self._chunks(part)
+                if part.done:
+                    await drain(parts)  # so the connection goes back to the pool
+                for chunk in chunks:
                     yield chunk
                 if part.done:
                     return
@@ -267,6 +270,11 @@ class OllamaClient(ModelClient):
                 f"{self.model!r}: {text[:_BODY_LIMIT]}",
                 host=host, status_code=error.status_code, body=text,
             )
+        if isinstance(error, ConnectionError) and isinstance(
+            error.__context__, httpx.TransportError
+        ):
+            # ollama swaps httpx's ConnectError for a generic message: use the original.
+            error = error.__context__
         if isinstance(error, httpx.TransportError | ConnectionError):
             return transport_error(
                 error, service=_SERVICE, host=host, hint=_HINT, timeout=self._pool.timeout

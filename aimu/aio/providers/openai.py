@@ -19,7 +19,7 @@ import httpx
 
 from aimu.aio.client import Chunk, ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
-from aimu.aio.providers._http import call_id, display_url, transport_error
+from aimu.aio.providers._http import call_id, display_url, drain, transport_error
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "SSEParser", "to_wire"]
@@ -256,7 +256,10 @@ class OpenAIClient(ModelClient):
                 data = parser.feed(line)
                 if data is None:
                     continue
-                for chunk in turn.event(data):
+                chunks = turn.event(data)
+                if turn.finished:
+                    await drain(lines)  # so the connection goes back to the pool
+                for chunk in chunks:
                     yield chunk
                 if turn.finished:
                     return

@@ -206,9 +206,11 @@ def respond(
         ]
         return " ".join(parts), []
     if tools:
+        # .get: the loopback server hands us raw request tools, which may lack parameters.
+        functions = [spec["function"] for spec in tools]
         calls = [
-            (spec["function"]["name"], arguments_for(spec["function"]["parameters"], user_text))
-            for spec in tools
+            (function["name"], arguments_for(function.get("parameters", {}), user_text))
+            for function in functions
         ]
         return "", calls
     words = user_text.split()

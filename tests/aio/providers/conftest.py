@@ -1,0 +1,49 @@
+"""Fixtures for the provider tests: the loopback server and clients of both protocols."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from provider_support import MakeClient
+
+from aimu.aio.client import ModelClient
+from aimu.aio.providers.ollama import OllamaClient
+from aimu.aio.providers.openai import OpenAIClient
+from aimu.testing.server import LoopbackServer
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LoopbackServer]:
+    async with LoopbackServer() as loopback:
+        yield loopback
+
+
+@pytest.fixture(params=["ollama", "openai"])
+def provider(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_client(
+    provider: str, server: LoopbackServer
+) -> AsyncIterator[MakeClient]:
+    """Builds clients of ``provider`` pointed at ``server``; all are closed at teardown."""
+    made: list[ModelClient] = []
+
+    def make(**options: Any) -> ModelClient:
+        options.setdefault("connect_timeout", 2.0)
+        made_client: ModelClient
+        if provider == "ollama":
+            made_client = OllamaClient("llama-test", host=server.url, **options)
+        else:
+            made_client = OpenAIClient(
+                "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options
+            )
+        made.append(made_client)
+        return made_client
+
+    yield make
+    for made_client in made:
+        await made_client.aclose()

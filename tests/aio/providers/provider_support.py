@@ -1,0 +1,102 @@
+"""Helpers shared by the provider tests (imported by path: the tests have no package)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from aimu.aio.client import ModelClient
+
+MakeClient = Callable[..., ModelClient]
+
+
+def closed_port() -> int:
+    """A local port that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+class RawServer:
+    """Answers every request with fixed bytes and closes: for replies no script can make.
+
+    Records each request's head (as text) and body.
+    """
+
+    def __init__(self, response: bytes) -> None:
+        self.response = response
+        self.requests: list[tuple[str, bytes]] = []
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            length = 0
+            for line in head.split("\r\n"):
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            body = await reader.readexactly(length)
+            self.requests.append((head, body))
+            writer.write(self.response)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+def http_response(body: bytes, *, status: str = "200 OK", content_type: str) -> bytes:
+    """A close-delimited HTTP/1.1 response (no length, no chunking), as some servers send."""
+    head = f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nConnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+async def assert_only_current_task() -> None:
+    """Nothing left running: no task besides the test's own.
+
+    httpx reads a body through nested async generators that only the event loop's
+    asyncgen finalizer closes (the connection itself is closed already): let those
+    finish first, so what remains is a real leak.
+    """
+    for _ in range(5):
+        gc.collect()
+        await asyncio.sleep(0)
+    left = asyncio.all_tasks() - {asyncio.current_task()}
+    assert not left, f"tasks left pending: {left}"
+
+
+def open_connections(model: ModelClient) -> int:
+    """Connections the client's httpx pool holds open right now (idle or in use)."""
+    pool: Any = model._pool.client  # type: ignore[attr-defined]
+    if pool is None:
+        return 0
+    http = getattr(pool, "_client", pool)  # ollama.AsyncClient wraps an httpx.AsyncClient
+    return sum(not connection.is_closed() for connection in http._transport._pool.connections)
