@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
@@ -279,21 +279,85 @@ def _read_holder(fd: int) -> str:
 # --------------------------------------------------------------------------- SQLite
 
 _SCHEMA_VERSION: Final = 1
+# Message count and last-message time are derived from the messages table (seq runs
+# 0..n-1), so an append is one INSERT: one short autocommit transaction.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS sessions (
     name TEXT PRIMARY KEY,
     created REAL NOT NULL,
     updated REAL NOT NULL,
-    message_count INTEGER NOT NULL,
     status TEXT
 );
 CREATE TABLE IF NOT EXISTS messages (
     session TEXT NOT NULL,
     seq INTEGER NOT NULL,
+    at REAL NOT NULL,
     body TEXT NOT NULL,
     PRIMARY KEY (session, seq)
-);
+) WITHOUT ROWID;
 """
+_LAST = "SELECT {} FROM messages WHERE session = {} ORDER BY seq DESC LIMIT 1"
+_INFO = (
+    "SELECT s.name, s.created, s.updated, s.status, "
+    f"({_LAST.format('seq', 's.name')}), ({_LAST.format('at', 's.name')}) FROM sessions s"
+)
+_UPSERT_SESSION = (
+    "INSERT INTO sessions (name, created, updated, status) VALUES (?1, ?2, ?2, NULL) "
+    "ON CONFLICT (name) DO UPDATE SET updated = ?2"
+)
+_INSERT = "INSERT INTO messages (session, seq, at, body) VALUES (?, ?, ?, ?)"
+#: Commits between two checkpoints (each one writes a few 4 KiB pages to the WAL).
+_CHECKPOINT_EVERY: Final = 256
+
+
+def _info_row(row: tuple[Any, ...]) -> SessionInfo:
+    name, created, updated, status, last_seq, last_at = row
+    count = 0 if last_seq is None else last_seq + 1
+    if last_at is not None:
+        updated = max(updated, last_at)
+    return SessionInfo(name, created, updated, count, status)
+
+
+class _Checkpointer:
+    """Copies the WAL into the database on a background thread, with its own connection.
+
+    SQLite's automatic checkpoint runs inside a commit and fsyncs: milliseconds on the
+    event loop every few hundred appends. A passive checkpoint here never blocks writers.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wanted = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"aimu-checkpoint {self._path}", daemon=True
+            )
+            self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, timeout=10.0)
+        try:
+            while True:
+                self._wanted.wait()
+                self._wanted.clear()
+                if self._stopping:
+                    return
+                # A checkpoint that fails (busy, I/O) only postpones shrinking the WAL.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class SQLiteStore:
@@ -301,9 +365,9 @@ class SQLiteStore:
 
     WAL mode with ``synchronous=NORMAL``: a committed message survives the process
     being killed (``kill -9``), but not necessarily a power loss or OS crash, which may
-    lose the last few commits (never corrupt the file). Each ``append`` is one short
-    transaction (tens of microseconds), fine to call from the event loop. Write locks
-    live in ``<path>-locks/``. Usable from any thread.
+    lose the last commits (never corrupt the file). An ``append`` is one short INSERT
+    (tens of microseconds) and checkpoints run on a background thread, so writing from
+    the event loop is cheap. Write locks live in ``<path>-locks/``. Thread-safe.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -312,6 +376,7 @@ class SQLiteStore:
         self._mutex = threading.RLock()
         self._writers: set[_SQLiteWriter] = set()
         self._conn: sqlite3.Connection | None = None
+        self._commits = 0
         try:
             conn = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=10.0
@@ -324,6 +389,7 @@ class SQLiteStore:
             conn.close()
             raise
         self._conn = conn
+        self._checkpointer = _Checkpointer(self.path)
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         try:
@@ -335,6 +401,7 @@ class SQLiteStore:
                 )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # see _Checkpointer
             if version < _SCHEMA_VERSION:
                 # Several processes may create the schema at once: IF NOT EXISTS, one step.
                 try:
@@ -361,36 +428,66 @@ class SQLiteStore:
     def __repr__(self) -> str:
         return f"<SQLiteStore {str(self.path)!r}>"
 
-    @contextlib.contextmanager
-    def _db(self, what: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
-        """The connection, under the mutex; a write runs as one immediate transaction."""
+    def _fail(self, error: sqlite3.Error, what: str) -> StoreError:
+        kind = (
+            StoreFormatError
+            if isinstance(error, sqlite3.DatabaseError)
+            and not isinstance(error, sqlite3.OperationalError)
+            else StoreError
+        )
+        return kind(f"{self.path}: cannot {what}: {error}")
+
+    def _connection(self, what: str) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"{self!r} is closed; cannot {what}")
+        return conn
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if self._commits % _CHECKPOINT_EVERY == 0:
+            self._checkpointer.request()
+
+    def _write(self, sql: str, parameters: Sequence[object], what: Callable[[], str]) -> None:
+        """One statement as its own transaction (the append path: keep it lean)."""
         with self._mutex:
-            conn = self._conn
-            if conn is None:
-                raise StoreError(f"{self!r} is closed; cannot {what}")
+            conn = self._connection(what())
             try:
-                if not write:
-                    yield conn
-                    return
+                conn.execute(sql, parameters)
+            except sqlite3.Error as error:
+                raise self._fail(error, what()) from error
+            self._committed()
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """Several statements as one immediate transaction, all or nothing."""
+        with self._mutex:
+            conn = self._connection(what)
+            try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
-                    conn.commit()
+                    conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.rollback()
                     raise
-            except sqlite3.DatabaseError as error:
-                kind = StoreError if isinstance(error, sqlite3.OperationalError) else (
-                    StoreFormatError
-                )
-                raise kind(f"{self.path}: cannot {what}: {error}") from error
+            except sqlite3.Error as error:
+                raise self._fail(error, what) from error
+            self._committed()
+
+    def _query(self, sql: str, parameters: Sequence[object], what: str) -> list[Any]:
+        with self._mutex:
+            conn = self._connection(what)
+            try:
+                return conn.execute(sql, parameters).fetchall()
+            except sqlite3.Error as error:
+                raise self._fail(error, what) from error
 
     def open_session(self, session: str) -> _SQLiteWriter:
         validate_session_name(session)
         with self._mutex:
-            if self._conn is None:
-                raise StoreError(f"{self!r} is closed; cannot open session {session!r}")
+            self._connection(f"open session {session!r}")
             self._lock_dir.mkdir(parents=True, exist_ok=True)
             lock = _SessionLock(self._lock_dir, session)
             try:
@@ -400,12 +497,6 @@ class SQLiteStore:
                 raise
             self._writers.add(writer)
             return writer
-
-    def _rows(self, session: str) -> list[tuple[int, str]]:
-        with self._db(f"load session {session!r}") as conn:
-            return conn.execute(
-                "SELECT seq, body FROM messages WHERE session = ? ORDER BY seq", (session,)
-            ).fetchall()
 
     def _decode(self, session: str, rows: list[tuple[int, str]]) -> list[Message]:
         """The messages of ``rows``; a corrupt last row is left out with a warning."""
@@ -433,34 +524,29 @@ class SQLiteStore:
 
     def load(self, session: str) -> list[Message]:
         validate_session_name(session)
-        return self._decode(session, self._rows(session))
+        rows = self._query(
+            "SELECT seq, body FROM messages WHERE session = ? ORDER BY seq",
+            (session,),
+            f"load session {session!r}",
+        )
+        return self._decode(session, rows)
 
     def info(self, session: str) -> SessionInfo | None:
         validate_session_name(session)
-        with self._db(f"read session {session!r}") as conn:
-            row = conn.execute(
-                "SELECT name, created, updated, message_count, status FROM sessions "
-                "WHERE name = ?",
-                (session,),
-            ).fetchone()
-        return None if row is None else SessionInfo(*row)
+        rows = self._query(f"{_INFO} WHERE s.name = ?", (session,), f"read session {session!r}")
+        return _info_row(rows[0]) if rows else None
 
     def sessions(self) -> list[SessionInfo]:
-        with self._db("list sessions") as conn:
-            rows = conn.execute(
-                "SELECT name, created, updated, message_count, status FROM sessions ORDER BY name"
-            ).fetchall()
-        return [SessionInfo(*row) for row in rows]
+        return [_info_row(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
 
     def delete(self, session: str) -> bool:
         validate_session_name(session)
         with self._mutex:
-            if self._conn is None:
-                raise StoreError(f"{self!r} is closed; cannot delete session {session!r}")
+            self._connection(f"delete session {session!r}")
             self._lock_dir.mkdir(parents=True, exist_ok=True)
             lock = _SessionLock(self._lock_dir, session)
             try:
-                with self._db(f"delete session {session!r}", write=True) as conn:
+                with self._transaction(f"delete session {session!r}") as conn:
                     conn.execute("DELETE FROM messages WHERE session = ?", (session,))
                     existed = conn.execute(
                         "DELETE FROM sessions WHERE name = ?", (session,)
@@ -474,8 +560,10 @@ class SQLiteStore:
             for writer in list(self._writers):
                 writer.close()
             conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        if conn is None:
+            return
+        self._checkpointer.stop()
+        conn.close()  # the last connection to close checkpoints and removes the WAL
 
 
 class _SQLiteWriter:
@@ -486,27 +574,21 @@ class _SQLiteWriter:
         self._store = store
         self._lock = lock
         # Only the last row can be torn; rows before it are checked on load.
-        with store._db(f"open session {session!r}", write=True) as conn:
-            count, last_seq = conn.execute(
-                "SELECT COUNT(*), MAX(seq) FROM messages WHERE session = ?", (session,)
-            ).fetchone()
-            if count:
-                (body,) = conn.execute(
-                    "SELECT body FROM messages WHERE session = ? AND seq = ?", (session, last_seq)
-                ).fetchone()
+        with store._transaction(f"open session {session!r}") as conn:
+            last = conn.execute(_LAST.format("seq, body", "?"), (session,)).fetchone()
+            self._has_row = conn.execute(
+                "SELECT 1 FROM sessions WHERE name = ?", (session,)
+            ).fetchone() is not None
+            if last is not None:
                 try:
-                    json.loads(body)
+                    json.loads(last[1])
                 except ValueError as error:
-                    _warn_torn(f"{store.path}: session {session!r} row seq={last_seq}", str(error))
+                    _warn_torn(f"{store.path}: session {session!r} row seq={last[0]}", str(error))
                     conn.execute(
-                        "DELETE FROM messages WHERE session = ? AND seq = ?", (session, last_seq)
+                        "DELETE FROM messages WHERE session = ? AND seq = ?", (session, last[0])
                     )
-                    count -= 1
-                    conn.execute(
-                        "UPDATE sessions SET message_count = ? WHERE name = ?", (count, session)
-                    )
-        self._next_seq = 0 if last_seq is None else last_seq + 1
-        self._count = count
+                    last = (last[0] - 1, None)
+        self._next_seq = 0 if last is None else last[0] + 1
 
     def __enter__(self) -> Self:
         return self
@@ -522,59 +604,50 @@ class _SQLiteWriter:
         if not self._lock.held:
             raise StoreError(f"the writer of session {self.session!r} is closed; cannot {what}")
 
-    def _touch(self, conn: sqlite3.Connection) -> None:
-        now = time.time()
-        conn.execute(
-            "INSERT INTO sessions (name, created, updated, message_count, status) "
-            "VALUES (?1, ?2, ?2, ?3, NULL) ON CONFLICT (name) "
-            "DO UPDATE SET updated = ?2, message_count = ?3",
-            (self.session, now, self._count),
-        )
-
     def load(self) -> list[Message]:
         self._check_open("load")
         return self._store.load(self.session)
 
     def append(self, message: Message) -> None:
-        self._check_open("append")
-        body = _encode(message, self.session, self._count)
-        with self._store._db(f"append to session {self.session!r}", write=True) as conn:
-            conn.execute(
-                "INSERT INTO messages (session, seq, body) VALUES (?, ?, ?)",
-                (self.session, self._next_seq, body),
+        if not self._lock.held:
+            self._check_open("append")
+        seq = self._next_seq
+        body = _encode(message, self.session, seq)
+        now = time.time()
+        if self._has_row:
+            self._store._write(
+                _INSERT, (self.session, seq, now, body), lambda: f"append to {self.session!r}"
             )
-            self._count += 1
-            try:
-                self._touch(conn)
-            except BaseException:
-                self._count -= 1
-                raise
-        self._next_seq += 1
+        else:
+            with self._store._transaction(f"append to session {self.session!r}") as conn:
+                conn.execute(_UPSERT_SESSION, (self.session, now))
+                conn.execute(_INSERT, (self.session, seq, now, body))
+            self._has_row = True
+        self._next_seq = seq + 1
 
     def replace(self, messages: Sequence[Message]) -> None:
         self._check_open("replace")
         bodies = [_encode(m, self.session, i) for i, m in enumerate(messages)]
-        old_count = self._count
-        with self._store._db(f"replace session {self.session!r}", write=True) as conn:
+        now = time.time()
+        with self._store._transaction(f"replace session {self.session!r}") as conn:
+            conn.execute(_UPSERT_SESSION, (self.session, now))
             conn.execute("DELETE FROM messages WHERE session = ?", (self.session,))
             conn.executemany(
-                "INSERT INTO messages (session, seq, body) VALUES (?, ?, ?)",
-                ((self.session, seq, body) for seq, body in enumerate(bodies)),
+                _INSERT, ((self.session, seq, now, body) for seq, body in enumerate(bodies))
             )
-            self._count = len(bodies)
-            try:
-                self._touch(conn)
-            except BaseException:
-                self._count = old_count
-                raise
+        self._has_row = True
         self._next_seq = len(bodies)
 
     def set_status(self, status: SessionStatus) -> None:
         self._check_open("set the status")
         _check_status(status)
-        with self._store._db(f"set the status of session {self.session!r}", write=True) as conn:
-            self._touch(conn)
-            conn.execute("UPDATE sessions SET status = ? WHERE name = ?", (status, self.session))
+        self._store._write(
+            "INSERT INTO sessions (name, created, updated, status) VALUES (?1, ?2, ?2, ?3) "
+            "ON CONFLICT (name) DO UPDATE SET updated = ?2, status = ?3",
+            (self.session, time.time(), status),
+            lambda: f"set the status of session {self.session!r}",
+        )
+        self._has_row = True
 
     def close(self) -> None:
         with self._store._mutex:
@@ -592,13 +665,17 @@ def _meta_line(**fields: object) -> bytes:
     return json.dumps({"aimu_meta": fields}, separators=(",", ":")).encode() + b"\n"
 
 
+#: Seconds the fsync thread lets lines gather before syncing them together.
+_SYNC_GATHER: Final = 0.002
+
+
 class _FileSyncer:
     """One background thread per store that fsyncs appended files, in order.
 
     ``append`` writes and returns (the line is in the OS page cache: safe from
-    ``kill -9``); this thread then fsyncs, coalescing many lines into one fsync, so the
-    event loop never waits for the disk. A file handed over for closing is fsynced
-    one last time and closed here.
+    ``kill -9``); this thread then fsyncs, coalescing the lines of a few milliseconds
+    into one fsync, so the event loop never waits for the disk. A file handed over for
+    closing is fsynced one last time and closed here.
     """
 
     def __init__(self, name: str) -> None:
@@ -607,6 +684,7 @@ class _FileSyncer:
         self._pending: dict[_DataFile, None] = {}  # an ordered set
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._idle = False
 
     def request(self, file: _DataFile) -> None:
         with self._cond:
@@ -618,7 +696,8 @@ class _FileSyncer:
                     target=self._run, name=f"aimu-fsync {self._name}", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._idle:
+                self._cond.notify()
 
     def wait(self, file: _DataFile) -> None:
         with self._cond:
@@ -631,9 +710,15 @@ class _FileSyncer:
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
+                    self._idle = True
                     self._cond.wait()
+                    self._idle = False
                 if not self._pending:
                     return
+            # Let lines gather: one wake-up (and GIL hand-off) per batch, not per line.
+            if not self._stopping:
+                time.sleep(_SYNC_GATHER)
+            with self._cond:
                 batch = list(self._pending)
                 self._pending.clear()
             for file in batch:
@@ -652,8 +737,9 @@ class _FileSyncer:
                     if error is not None and file.error is None:
                         file.error = error
                     if file.closing and not file.closed and file.synced >= file.written:
-                        os.close(file.fd)
                         file.closed = True
+                        with contextlib.suppress(OSError):
+                            os.close(file.fd)
                     self._cond.notify_all()
 
     def stop(self) -> None:
@@ -707,8 +793,9 @@ class JSONLStore:
     header with the format version and creation time, and each status change), so the
     file alone is the whole session. ``append`` writes the line with one ``write()``
     before returning: the message survives ``kill -9``. With ``fsync=True`` a
-    background thread then fsyncs it (coalescing lines), so it also survives a power
-    loss within about one fsync; ``close()`` (and ``replace``) wait for the disk.
+    background thread fsyncs every line within a few milliseconds (one fsync per batch),
+    so a power loss can lose only those last milliseconds; ``writer.sync()``,
+    ``replace()`` and ``store.close()`` wait for the disk.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:

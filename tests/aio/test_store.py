@@ -518,7 +518,7 @@ def test_sqlite_corrupt_last_row_is_ignored_then_repaired(tmp_path: Path) -> Non
     messages = conversation(1)
     path = _sqlite_session(tmp_path, messages)
     with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO messages VALUES ('t', ?, ?)", (len(messages), '{"role":"as'))
+        conn.execute("INSERT INTO messages VALUES ('t', ?, 0, ?)", (len(messages), '{"role":"as'))
     conn.close()
     with SQLiteStore(path) as store:
         with pytest.warns(RuntimeWarning, match=rf"s\.db: session 't' row seq={len(messages)}"):
@@ -609,3 +609,16 @@ def test_writes_after_an_error_leave_the_session_consistent(store: Store) -> Non
     writer.close()
     assert [m["content"] for m in store.load("e")] == ["a", "b"]
     assert store.info("e").message_count == 2  # type: ignore[union-attr]
+
+
+def test_sqlite_checkpoints_off_the_loop_and_close_removes_the_wal(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SQLiteStore(path)
+    with closing(store.open_session("c")) as writer:
+        for i in range(600):  # enough commits to ask the background checkpointer twice
+            writer.append({"role": "user", "content": str(i)})
+    assert Path(f"{path}-wal").exists()
+    store.close()  # joins the checkpoint thread; the last connection removes the WAL
+    assert not Path(f"{path}-wal").exists()
+    with SQLiteStore(path) as again:
+        assert len(again.load("c")) == 600
