@@ -32,16 +32,12 @@ class RawServer:
         self.response = response
         self.requests: list[tuple[str, bytes]] = []
         self._server: asyncio.Server | None = None
+        self.url = ""
         self._handlers: set[asyncio.Task[Any]] = set()
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        port = self._server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
 
     async def __aenter__(self) -> RawServer:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -16,12 +16,12 @@ from aimu.aio.transcript import Message, ToolSpec, validate
 
 
 def spec(name: str, properties: dict[str, Any], required: list[str] | None = None,
-         **extra: Any) -> ToolSpec:
+         extra: dict[str, Any] | None = None) -> ToolSpec:
     parameters = {
         "type": "object",
         "properties": properties,
         "required": list(properties) if required is None else required,
-        **extra,
+        **(extra or {}),
     }
     return {
         "type": "function",
@@ -115,7 +115,7 @@ def test_refs_to_defs_are_followed() -> None:
     tool = spec(
         "book",
         {"trip": {"$ref": "#/$defs/Trip"}},
-        **{"$defs": {"Trip": {"type": "object", "properties": {
+        extra={"$defs": {"Trip": {"type": "object", "properties": {
             "nights": {"type": "integer", "minimum": 2}}, "required": ["nights"]}}},
     )
     _, calls = respond([user("book it")], [tool])
