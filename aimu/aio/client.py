@@ -9,11 +9,9 @@ else (the transcript, ``chat``, assembling a turn) is shared here.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
-
-from typing_extensions import Self
+from typing import Any, Literal, Self, overload
 
 from aimu.aio.transcript import AssistantMessage, Message, ToolCall, ToolSpec, Usage, UserMessage
 
@@ -134,7 +132,7 @@ class ModelClient(abc.ABC):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """One model turn over ``messages``, as chunks ending with :class:`TurnDone`.
 
         An async generator. ``stream=False`` asks the server for one whole reply (the
@@ -146,7 +144,7 @@ class ModelClient(abc.ABC):
     def fork(self) -> Self:
         """A client with the same model, settings and connection pool; empty transcript."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - a client without resources has nothing to do
         """Close network resources. Forks share them: close the client you created."""
 
     async def __aenter__(self) -> Self:
@@ -204,7 +202,7 @@ class ModelClient(abc.ABC):
                 self.messages.append(assembler.message())
         return assembler.message()
 
-    async def _stream_reply(self, tools: Sequence[ToolSpec] | None) -> AsyncIterator[Chunk]:
+    async def _stream_reply(self, tools: Sequence[ToolSpec] | None) -> AsyncGenerator[Chunk, None]:
         assembler = TurnAssembler()
         try:
             async for chunk in self.stream_turn(self.messages, tools):

@@ -32,7 +32,7 @@ class RunScope:
         if parent is not None and parent.deadline is not None:
             deadline = parent.deadline if deadline is None else min(deadline, parent.deadline)
         #: Loop time (``loop.time()``) at which the run is cancelled, inherited by nested scopes.
-        self.deadline = deadline
+        self.deadline: float | None = deadline
         self._interrupt_requested = False
         self._listeners: list[EventListener] | None = None
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeAlias, TypedDict, cast
-
-from typing_extensions import NotRequired
+from typing import Any, Literal, NotRequired, TypeAlias, TypedDict, cast
 
 from aimu.aio.errors import TranscriptError
 
@@ -42,7 +40,7 @@ __all__ = [
 ]
 
 JSONValue: TypeAlias = (
-    "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+    "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
 )
 
 #: Content of the result given to a tool call that never finished.
@@ -169,7 +167,8 @@ def validate(messages: object) -> None:
 
     Checked: every message is a dict with a known role, the keys that role allows and
     string content; a system message only first; tool calls well formed with unique
-    ids within their turn; every tool result answers an earlier call of the current tool round, once.
+    ids within their turn; every tool result answers a call of the assistant turn
+    before it, once.
     Tool calls still unanswered are allowed: :func:`settle` answers them.
     """
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
@@ -207,10 +206,11 @@ def validate(messages: object) -> None:
             if not isinstance(message.get("aimu_partial", False), bool):
                 raise _fail(index, "'aimu_partial' must be a bool")
         elif role == "tool":
-            call_id = message.get("tool_call_id")
+            result_id = message.get("tool_call_id")
             name = message.get("name")
-            if not isinstance(call_id, str) or not isinstance(name, str):
+            if not isinstance(result_id, str) or not isinstance(name, str):
                 raise _fail(index, "tool message needs string 'tool_call_id' and 'name'")
+            call_id = result_id
             if call_id not in open_calls:
                 raise _fail(
                     index,
@@ -263,13 +263,16 @@ def cancelled_result(call: ToolCall, content: str = CANCELLED_RESULT) -> ToolMes
     }
 
 
-def settle(messages: list[Message], content: str = CANCELLED_RESULT) -> list[ToolMessage]:
+def settle(
+    messages: list[Message], content: str = CANCELLED_RESULT, *, start: int = 0
+) -> list[ToolMessage]:
     """Answer every dangling tool call in place; return the results it added.
 
     Each result goes right after the results its assistant turn already has, so the
     transcript stays valid. Idempotent: a settled transcript is left unchanged.
+    ``start`` skips messages known to be settled already.
     """
-    dangling = dangling_calls(messages)
+    dangling = dangling_calls(messages, start)
     if not dangling:
         return []
     added: list[ToolMessage] = []

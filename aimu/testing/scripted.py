@@ -8,10 +8,8 @@ between any two chunks, exactly as with a real stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
-
-from typing_extensions import Self
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Self
 
 from aimu.aio.client import Chunk, ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
@@ -96,7 +94,7 @@ class ScriptedModel(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         request: dict[str, Any] = {
             "messages": [wire_view(m) for m in messages] if self._record else messages,
             "tools": [t["function"]["name"] for t in tools or ()],

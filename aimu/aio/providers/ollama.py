@@ -182,7 +182,7 @@ class OllamaClient(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         client = self._pool.get()
         request = self._request(messages, tools)
         if not stream:

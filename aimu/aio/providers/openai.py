@@ -216,7 +216,7 @@ class OpenAIClient(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         client = self._pool.get()
         request = client.build_request(
             "POST",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Self, TypeGuard
 
 from aimu.aio.client import Chunk, ModelClient, TextDelta, ToolCallDelta, TurnDone
@@ -253,7 +253,7 @@ class TestModelClient(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         text, calls = respond(messages, tools)
         # Ids are deterministic and unique across the conversation: turn number + position.
         turn = sum(1 for m in messages if m["role"] == "assistant")
