@@ -7,6 +7,10 @@ converts them to the declared Python types. :func:`invoke` runs one call and alw
 returns a :class:`ToolOutcome` the model can read -- except ``CancelledError``, which
 always propagates.
 
+Choices made here: a parameter without an annotation takes any JSON value; a ``None``
+default also allows null; an integral float (``3.0``) is accepted for ``int``; a
+return value of ``None`` becomes ``"null"``, like every non-str value turned into JSON.
+
 Sync tools run in a worker thread. A thread cannot be killed: on a cancel or timeout
 the caller moves on at once, the thread runs to its end, and its result goes nowhere.
 A long sync tool should take a ``ctx: ToolContext`` parameter and watch
@@ -16,6 +20,7 @@ A long sync tool should take a ``ctx: ToolContext`` parameter and watch
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import datetime
 import enum
@@ -701,13 +706,10 @@ class Tool:
         if not callable(fn):
             raise ToolDefinitionError(f"a tool must be callable, got {type(fn).__name__}")
         target, bound = _unwrap(fn)
-        if (
-            not inspect.isfunction(target)
-            and not inspect.ismethod(target)
-            and not (inspect.isbuiltin(target))
-        ):
+        if name is None:
+            name = getattr(target, "__name__", None) or type(target).__name__
+        if not (inspect.isfunction(target) or inspect.ismethod(target)):
             target = type(target).__call__  # a callable object: its __call__ has the hints
-        name = name if name is not None else getattr(target, "__name__", type(fn).__name__)
         if not _NAME.match(name):
             raise ToolDefinitionError(
                 f"tool name {name!r} is not allowed: use 1-64 letters, digits, '_' or '-' "
@@ -780,7 +782,7 @@ class Tool:
                     positional.append((param.name, param.default))
                 continue
             node = compiler.compile(hint)
-            if param.default is not param.empty and param.default is None:
+            if param.default is None:
                 node = _nullable(node)
             node = _Compiler.field(node, described.get(param.name))
             schema = node.schema
@@ -797,12 +799,15 @@ class Tool:
             shown.append(f"{param.name}{optional}: {node.text}")
 
         self.context_param = context_param
-        self.parameters: dict[str, Any] = {
-            "type": "object",
-            "properties": properties,
-            "required": required,
-            "additionalProperties": False,
-        }
+        # A deep copy: compiled nodes share schema dicts, a tool's schema must share none.
+        self.parameters: dict[str, Any] = copy.deepcopy(
+            {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            }
+        )
         self.spec: ToolSpec = {
             "type": "function",
             "function": {
@@ -940,15 +945,24 @@ class _NotText(Exception):
     """A tool's return value cannot be turned into text."""
 
 
+# Made once: json.dumps with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=_to_json)
+
+
 def _to_text(result: object) -> str:
     """A return value as the model reads it: str as is, None as "null", the rest as JSON."""
-    if type(result) is str:
+    if isinstance(result, str):
         return result
+    kind = type(result)
+    if result is None:
+        return "null"
+    if kind is int or kind is bool:
+        return _ENCODER.encode(result) if kind is bool else str(result)
     if inspect.iscoroutine(result):
         result.close()  # never awaited: close it so Python does not warn
         raise _NotText("a coroutine; declare the tool `async def` so it is awaited")
     try:
-        return json.dumps(result, ensure_ascii=False, default=_to_json)
+        return _ENCODER.encode(result)
     except (TypeError, ValueError) as exc:
         raise _NotText(f"a {type(result).__name__} ({exc}); return a str or JSON data") from None
 
