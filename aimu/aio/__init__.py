@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
-    from aimu.aio.client import ModelClient, client
     from aimu.aio.errors import (
         AimuError,
         ModelConnectionError,
@@ -104,24 +103,21 @@ _WHERE = {
     "Parallel": "workflows",
     "Router": "workflows",
 }
-_WHERE.update(
-    dict.fromkeys(
-        (
-            "AimuError ModelConnectionError ModelError ModelHTTPError ModelProtocolError "
-            "SessionLockedError StoreError StoreFormatError ToolDefinitionError TranscriptError"
-        ).split(),
-        "errors",
-    )
+_ERRORS = (
+    "AimuError", "ModelConnectionError", "ModelError", "ModelHTTPError", "ModelProtocolError",
+    "SessionLockedError", "StoreError", "StoreFormatError", "ToolDefinitionError",
+    "TranscriptError",
 )
-_WHERE.update(
-    dict.fromkeys(
-        (
-            "Event HandleFinished RunFinished RunStarted StepFinished TextChunk ThinkingChunk "
-            "ToolCallStarted ToolResult"
-        ).split(),
-        "events",
-    )
+_EVENTS = (
+    "Event", "HandleFinished", "RunFinished", "RunStarted", "StepFinished", "TextChunk",
+    "ThinkingChunk", "ToolCallStarted", "ToolResult",
 )
+_WHERE.update(dict.fromkeys(_ERRORS, "errors"))
+_WHERE.update(dict.fromkeys(_EVENTS, "events"))
+
+# Eager, and light: importing the submodule `aimu.aio.client` would otherwise shadow
+# the `client()` function with the module of the same name.
+from aimu.aio.client import ModelClient, client  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

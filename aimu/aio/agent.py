@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from aimu.aio.client import ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnAssembler
@@ -98,7 +99,7 @@ class Agent:
     def __init__(
         self,
         client: ModelClient,
-        tools: Sequence[Callable[..., Any] | Tool] = (),
+        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
         *,
         system: str | None = None,
         max_rounds: int = 10,
@@ -118,7 +119,8 @@ class Agent:
             raise TypeError(f"system must be a string or None, got {type(system).__name__}")
         if (store is None) != (session is None):
             raise ValueError("store and session go together: give both, or neither")
-        built = tuple(as_tool(t) for t in tools)
+        # `tools=[...]`, the docs' placeholder, means no tools.
+        built = tuple(as_tool(t) for t in tools if t is not Ellipsis)
         by_name: dict[str, Tool] = {}
         for t in built:
             if t.name in by_name:

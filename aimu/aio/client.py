@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, Self, overload
 
@@ -195,8 +196,9 @@ class ModelClient(abc.ABC):
             return self._stream_reply(tools)
         assembler = TurnAssembler()
         try:
-            async for chunk in self.stream_turn(self.messages, tools, stream=False):
-                assembler.add(chunk)
+            async with aclosing(self.stream_turn(self.messages, tools, stream=False)) as chunks:
+                async for chunk in chunks:
+                    assembler.add(chunk)
         finally:
             if assembler.started or assembler.done:
                 self.messages.append(assembler.message())
@@ -205,9 +207,10 @@ class ModelClient(abc.ABC):
     async def _stream_reply(self, tools: Sequence[ToolSpec] | None) -> AsyncGenerator[Chunk, None]:
         assembler = TurnAssembler()
         try:
-            async for chunk in self.stream_turn(self.messages, tools):
-                assembler.add(chunk)
-                yield chunk
+            async with aclosing(self.stream_turn(self.messages, tools)) as chunks:
+                async for chunk in chunks:
+                    assembler.add(chunk)
+                    yield chunk
         finally:
             if assembler.started or assembler.done:
                 self.messages.append(assembler.message())

@@ -19,6 +19,7 @@ import pytest
 
 from aimu import aio
 from aimu.aio.agent import FINAL_TURN_PROMPT, INTERRUPTED
+from aimu.aio.client import ToolCallDelta, TurnDone
 from aimu.aio.events import RunFinished, StepFinished, TextChunk, ToolCallStarted, ToolResult
 from aimu.aio.transcript import CANCELLED_RESULT, validate
 from aimu.testing.script import ScriptedCall, Turn
@@ -363,16 +364,14 @@ async def test_unparsable_arguments_become_a_tool_error() -> None:
         ) -> Any:
             if self.turns_served == 0:
                 self._shared.turns_served += 1
-                yield aio_client.ToolCallDelta(
+                yield ToolCallDelta(
                     {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {}}},
                     error="the arguments for tool add were not valid JSON: Expecting value",
                 )
-                yield aio_client.TurnDone({"input_tokens": 0, "output_tokens": 0})
+                yield TurnDone({"input_tokens": 0, "output_tokens": 0})
                 return
             async for chunk in super().stream_turn(messages, tools, stream=stream):
                 yield chunk
-
-    from aimu.aio import client as aio_client
 
     agent = aio.Agent(Garbled([Turn(text="fixed")]), tools=[add])
     assert await agent.run("go") == "fixed"

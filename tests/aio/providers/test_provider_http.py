@@ -343,12 +343,6 @@ async def test_aclose_on_the_iterator_mid_stream_closes_the_connection(provider:
     await assert_only_current_task()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aimu/aio/client.py ModelClient._stream_reply iterates stream_turn without "
-    "contextlib.aclosing, so closing chat(stream=True) leaves the provider stream to the "
-    "event loop's asyncgen finalizer instead of closing its connection at once",
-)
 async def test_aclose_on_a_chat_stream_closes_the_connection_at_once(provider: str) -> None:
     async with LoopbackServer([Turn(text=LONG, delay=0.02)]) as server:
         model = make_for(provider, server)

@@ -1,0 +1,168 @@
+"""Agent loop overhead, flatness over long runs, and memory per concurrent session.
+
+    python benchmarks/bench_agent.py [--repeats 7]
+
+The loop's own cost is the time per round of ``Agent.run`` minus the time per round of
+a bare hand-written loop driving the same in-process scripted model and the same
+no-op async tool, measured in the same process; medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import time
+import tracemalloc
+from collections.abc import Mapping
+from typing import Any
+
+from aimu import aio
+from aimu.aio.client import TurnAssembler
+from aimu.aio.events import StepFinished
+from aimu.aio.tools import ToolContext, as_tool, invoke
+from aimu.aio.transcript import Message, ToolMessage, copy_messages
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+
+
+async def noop(n: int) -> str:
+    """Do nothing."""
+    return "ok"
+
+
+CALL = Turn(text="step", tool_calls=[ScriptedCall("noop", {"n": 1})])
+ANSWER = Turn(text="done")
+
+
+def script_for(rounds: int) -> Any:
+    served = 0
+
+    def script(request: Mapping[str, Any]) -> Turn:
+        nonlocal served
+        served += 1
+        return CALL if served <= rounds else ANSWER
+
+    return script
+
+
+async def bare_loop(rounds: int) -> float:
+    """The same model and tool, driven by the least code that records a transcript."""
+    model = ScriptedModel(script_for(rounds), record=False)
+    tool = as_tool(noop)
+    tools = {tool.name: tool}
+    specs = (tool.spec,)
+    messages: list[Message] = [{"role": "user", "content": "go"}]
+    start = time.perf_counter()
+    while True:
+        assembler = TurnAssembler()
+        async for chunk in model.stream_turn(messages, specs):
+            assembler.add(chunk)
+        message = assembler.message()
+        messages.append(message)
+        calls = message.get("tool_calls")
+        if not calls:
+            break
+        for call in calls:
+            outcome = await invoke(tools, call, ToolContext(
+                agent="bare", call_id=call["id"], tool_name="noop",
+                interrupt_probe=lambda: False))
+            result: ToolMessage = {"role": "tool", "content": outcome.content,
+                                   "tool_call_id": call["id"], "name": "noop"}
+            messages.append(result)
+    return time.perf_counter() - start
+
+
+async def agent_loop(rounds: int) -> tuple[float, list[float]]:
+    agent = aio.Agent(ScriptedModel(script_for(rounds), record=False), tools=[noop],
+                      max_rounds=rounds + 1)
+    marks: list[float] = []
+    start = time.perf_counter()
+    async for event in agent.run("go", stream=True):
+        if isinstance(event, StepFinished):
+            marks.append(time.perf_counter())
+    return time.perf_counter() - start, [start, *marks]
+
+
+async def overhead(rounds: int, repeats: int) -> dict[str, float]:
+    bare, loop, first, last = [], [], [], []
+    for _ in range(repeats):
+        gc.collect()
+        bare.append(await bare_loop(rounds) / rounds)
+        gc.collect()
+        total, marks = await agent_loop(rounds)
+        loop.append(total / rounds)
+        steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+        first.append(sum(steps[:20]))
+        last.append(sum(steps[-20:]))
+    bare_us = statistics.median(bare) * 1e6
+    loop_us = statistics.median(loop) * 1e6
+    return {
+        "rounds": rounds,
+        "bare_us": bare_us,
+        "agent_us": loop_us,
+        "overhead_us": loop_us - bare_us,
+        "last20_over_first20": statistics.median(last) / statistics.median(first),
+    }
+
+
+def _transcript_bytes(transcripts: list[list[Message]]) -> int:
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    copies = [copy_messages(t) for t in transcripts]
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del copies
+    return after - before
+
+
+async def concurrent_sessions(count: int = 1000) -> dict[str, float]:
+    def script(request: Mapping[str, Any]) -> Turn:
+        tool_turns = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        return CALL if tool_turns < 3 else ANSWER
+
+    agent = aio.Agent(ScriptedModel(script, record=False), tools=[noop])
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    sessions = [agent.start() for _ in range(count)]
+    start = time.perf_counter()
+    replies = await asyncio.gather(*(s.run("go") for s in sessions))
+    wall = time.perf_counter() - start
+    gc.collect()
+    retained = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert all(r == "done" for r in replies)
+    transcripts = _transcript_bytes([s.model_client.messages for s in sessions])
+    return {
+        "sessions": count,
+        "wall_s": wall,
+        "retained_per_session_kib": retained / count / 1024,
+        "transcript_per_session_kib": transcripts / count / 1024,
+        "beyond_transcript_kib": (retained - transcripts) / count / 1024,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    print("agent loop overhead (scripted model, no-op async tool; medians of "
+          f"{args.repeats} repeats)")
+    print(f"{'rounds':>7} {'bare µs/round':>14} {'agent µs/round':>15} {'overhead µs':>12} "
+          f"{'last20/first20':>15}")
+    for rounds in (200, 1000):
+        row = await overhead(rounds, args.repeats)
+        print(f"{rounds:>7} {row['bare_us']:>14.1f} {row['agent_us']:>15.1f} "
+              f"{row['overhead_us']:>12.1f} {row['last20_over_first20']:>15.2f}")
+    row = await concurrent_sessions()
+    print(f"\n{row['sessions']:.0f} concurrent sessions of one agent, 3 tool rounds each:")
+    print(f"  wall time {row['wall_s'] * 1000:.0f} ms; retained per session "
+          f"{row['retained_per_session_kib']:.1f} KiB, of which transcript "
+          f"{row['transcript_per_session_kib']:.1f} KiB; beyond the transcript "
+          f"{row['beyond_transcript_kib']:.1f} KiB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,56 @@
+"""Run every code block of one Markdown page, in order, in one namespace.
+
+``python`` blocks run as written, top-level ``await`` included, inside one event loop.
+``sh`` blocks run under bash with stdin closed. A block fenced as ``python no-run``
+is the only kind left out, and the docs test refuses more than a few of those.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+FENCE = re.compile(r"^```([\w-]*)([^\n]*)\n(.*?)^```\s*$", re.M | re.S)
+
+
+def blocks(page: Path) -> list[tuple[str, str, int]]:
+    """(language, code, line number) for each fenced block of ``page``."""
+    text = page.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        language, flags, code = match.group(1), match.group(2), match.group(3)
+        if "no-run" in flags:
+            continue
+        line = text.count("\n", 0, match.start()) + 2
+        found.append((language, code, line))
+    return found
+
+
+async def run_page(page: Path, *, python_only: bool = False) -> None:
+    namespace: dict[str, object] = {"__name__": "__docs__"}
+    for language, code, line in blocks(page):
+        if python_only and language != "python":
+            continue
+        if language == "python":
+            source = "\n" * (line - 1) + code
+            compiled = compile(
+                source, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+            )
+            result = eval(compiled, namespace)
+            if isinstance(result, types.CoroutineType):
+                await result
+        elif language in ("sh", "bash", "shell"):
+            process = await asyncio.create_subprocess_exec(
+                "bash", "-euo", "pipefail", "-c", code, stdin=subprocess.DEVNULL
+            )
+            if await asyncio.wait_for(process.wait(), 120) != 0:
+                raise SystemExit(f"{page}:{line}: shell block exited {process.returncode}")
+
+
+if __name__ == "__main__":
+    asyncio.run(run_page(Path(sys.argv[1]), python_only="--python-only" in sys.argv[2:]))

@@ -1,0 +1,64 @@
+"""Every code block in docs/ and README.md runs, so the docs never drift from the code.
+
+Each page runs in its own process with a loopback model server (the embedded test
+model's behaviour) behind ``OLLAMA_HOST`` and ``OPENAI_BASE_URL``, so examples written
+for ``ollama:`` or ``openai:`` models run as written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aimu.testing.server import LoopbackServer
+from tests.docs.runner import blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread() as running:
+        yield running
+
+
+def test_there_are_pages_with_code() -> None:
+    assert PAGES, "docs/ has no pages"
+    assert sum(len(blocks(page)) for page in PAGES) >= 5
+
+
+def test_only_benchmark_commands_are_left_out() -> None:
+    # Benchmarks take minutes; every other block must run.
+    for page in [*PAGES, ROOT / "README.md"]:
+        if page.name != "benchmarks.md":
+            assert "no-run" not in page.read_text(), f"{page} has a block that is not run"
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"],
+                         ids=[str(p.relative_to(ROOT)) for p in [*PAGES, ROOT / "README.md"]])
+def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
+    # The README's shell commands are the fresh-machine commands CI itself runs.
+    extra = ["--python-only"] if page.name == "README.md" else []
+    if not blocks(page):
+        return
+    env = {
+        **os.environ,
+        "OLLAMA_HOST": server.url,
+        "OPENAI_BASE_URL": server.openai_base_url,
+        "OPENAI_API_KEY": "sk-docs-test",
+        "AIMU_HOME": str(tmp_path / "aimu-home"),
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::ResourceWarning", str(ROOT / "tests/docs/runner.py"),
+         str(page), *extra],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
