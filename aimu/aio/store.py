@@ -41,7 +41,7 @@ from typing import (
 )
 
 from aimu.aio.errors import SessionLockedError, StoreError, StoreFormatError, TranscriptError
-from aimu.aio.transcript import Message, dumps, validate
+from aimu.aio.transcript import Message, validate
 
 __all__ = [
     "JSONLStore",
@@ -156,9 +156,14 @@ def _check_status(status: str) -> SessionStatus:
     return cast(SessionStatus, status)
 
 
+# The compact form of transcript.dumps, built once; NaN is refused, as validate() would
+# refuse it on load (a stored NaN would make the session unreadable).
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _encode(message: Message, session: str, index: int) -> str:
     try:
-        return dumps(message)
+        return _ENCODER.encode(message)
     except (TypeError, ValueError) as error:
         raise TranscriptError(
             f"session {session!r}: message {index} cannot be stored as JSON: {error}", index=index
@@ -451,7 +456,9 @@ class SQLiteStore:
     def _write(self, sql: str, parameters: Sequence[object], what: Callable[[], str]) -> None:
         """One statement as its own transaction (the append path: keep it lean)."""
         with self._mutex:
-            conn = self._connection(what())
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{self!r} is closed; cannot {what()}")
             try:
                 conn.execute(sql, parameters)
             except sqlite3.Error as error:

@@ -605,6 +605,15 @@ def test_writes_after_an_error_leave_the_session_consistent(store: Store) -> Non
     unencodable: Any = {"role": "user", "content": object()}
     with pytest.raises(TranscriptError, match="session 'e': message 1 cannot be stored"):
         writer.append(unencodable)
+    not_finite: Any = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1e999}}}
+        ],
+    }
+    with pytest.raises(TranscriptError, match="message 1 cannot be stored as JSON"):
+        writer.append(not_finite)  # it would make the session unreadable on load
     writer.append({"role": "assistant", "content": "b"})
     writer.close()
     assert [m["content"] for m in store.load("e")] == ["a", "b"]

@@ -1,0 +1,329 @@
+"""Crash loop: kill -9 an agent run at random moments, resume it in a new process, lose nothing.
+
+A child process runs an agent with tool rounds on a stored session, against the
+loopback server (OpenAI protocol with SQLiteStore, Ollama with JSONLStore), and prints one
+acknowledgement line per recorded message (from the run's events, which come after the
+message is recorded). The test SIGKILLs it 50 times at seeded random moments (during
+start-up and loading, mid-stream, mid-tool, between writes) and starts a new child on the
+same session each time; that child resumes the interrupted run or starts the next task.
+After every kill the stored transcript must validate and hold every acknowledged message;
+at the end it holds each task once, each step once, and every final answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aimu.aio.store import JSONLStore, SQLiteStore, Store
+from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = 3
+ROUNDS = 60
+KILLS = 50
+SESSION = "crash"
+
+CHILD = """
+import asyncio, json, sys
+from aimu.aio.agent import Agent
+from aimu.aio.client import client
+from aimu.aio.events import RunFinished, RunStarted, ToolCallStarted, ToolResult
+from aimu.aio.store import JSONLStore, SQLiteStore
+
+KIND, LOCATION, PROTOCOL, URL = sys.argv[1:5]
+TASKS, ROUNDS = int(sys.argv[5]), int(sys.argv[6])
+
+
+def ack(*fields):
+    print(json.dumps(fields), flush=True)
+
+
+async def step(task: str, n: int) -> str:
+    "Do one step of a task."
+    await asyncio.sleep(0.002)
+    return f"{task} step {n} done"
+
+
+async def consume(events):
+    async for event in events:
+        if isinstance(event, RunStarted) and event.task is not None:
+            ack("user", event.task)
+        elif isinstance(event, ToolCallStarted):
+            ack("call", event.call_id)
+        elif isinstance(event, ToolResult):
+            ack("result", event.call_id, event.content)
+        elif isinstance(event, RunFinished):
+            ack("finished", event.status, event.reply)
+
+
+async def main():
+    store = SQLiteStore(LOCATION) if KIND == "sqlite" else JSONLStore(LOCATION)
+    if PROTOCOL == "openai":
+        model = client("openai:crash", base_url=URL, api_key="unused")
+    else:
+        model = client("ollama:crash", host=URL)
+    try:
+        agent = Agent(model, tools=[step], max_rounds=ROUNDS + 5, store=store, session="crash")
+        async with agent:
+            messages = agent.model_client.messages
+            tasks = [m["content"] for m in messages if m["role"] == "user"]
+            last = messages[-1] if messages else {}
+            answered = last.get("role") == "assistant" and not last.get("tool_calls")
+            if tasks and not answered:
+                await consume(agent.resume(stream=True))
+            for index in range(len(tasks), TASKS):
+                await consume(agent.run(f"task {index}", stream=True))
+    finally:
+        store.close()
+    ack("all done")
+
+
+asyncio.run(main())
+"""
+
+
+def model_turn(request: Mapping[str, Any]) -> Turn:
+    """The loopback server's model: a function of the transcript, so a resumed run
+    picks up at the right step (a step settled as cancelled counts as done)."""
+    messages = request["messages"]
+    start = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    task = messages[start]["content"]
+    done = sum(1 for m in messages[start:] if m["role"] == "tool")
+    if done < ROUNDS:
+        call = ScriptedCall("step", {"task": task, "n": done}, id=f"call_{len(messages)}")
+        return Turn(text=f"{task}: step {done}", tool_calls=(call,), delay=0.0005)
+    return Turn(text=f"{task} finished after {ROUNDS} steps", chunks=3, delay=0.0005)
+
+
+class Child:
+    """A child run whose acknowledgement lines are read without ever blocking for long."""
+
+    def __init__(self, kind: str, location: Path, protocol: str, url: str) -> None:
+        self._stderr = (location.parent / "child-stderr.txt").open("w+b")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, kind, str(location), protocol, url, str(TASKS),
+             str(ROUNDS)],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=ROOT,
+        )
+        assert self.process.stdout is not None
+        self._fd = self.process.stdout.fileno()
+        self._buffer = b""
+        self.lines: list[list[Any]] = []
+        self.eof = False
+
+    def _read(self, timeout: float) -> None:
+        ready, _, _ = select.select([self._fd], [], [], timeout)
+        if not ready:
+            return
+        data = os.read(self._fd, 65536)
+        if not data:
+            self.eof = True
+            return
+        self._buffer += data
+        *complete, self._buffer = self._buffer.split(b"\n")
+        self.lines.extend(json.loads(line) for line in complete)
+
+    def wait_for_lines(self, count: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.lines) < count and not self.eof:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the child printed {len(self.lines)} of {count} lines")
+            self._read(0.5)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.finish()
+
+    def finish(self, timeout: float = 60.0) -> None:
+        """Read everything it printed (each complete line is an acknowledgement), reap it."""
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError("the child did not finish in time")
+            self._read(0.5)
+        self.process.wait()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        self._stderr.seek(0)
+        self.stderr = self._stderr.read().decode(errors="replace")
+        self._stderr.close()
+
+
+def _open(kind: str, location: Path) -> Store:
+    return SQLiteStore(location) if kind == "sqlite" else JSONLStore(location)
+
+
+def _check_acknowledged(transcript: list[Message], acks: list[list[Any]]) -> None:
+    """Every acknowledged message is in the transcript, exactly as acknowledged."""
+    users = {m["content"] for m in transcript if m["role"] == "user"}
+    calls = {
+        call["id"]
+        for m in transcript
+        if m["role"] == "assistant"
+        for call in m.get("tool_calls", ())
+    }
+    results = {
+        m["tool_call_id"]: m["content"]
+        for m in transcript
+        if m["role"] == "tool"
+    }
+    answers = {
+        m["content"]
+        for m in transcript
+        if m["role"] == "assistant" and not m.get("tool_calls")
+    }
+    for ack in acks:
+        kind = ack[0]
+        if kind == "user":
+            assert ack[1] in users, f"acknowledged task {ack[1]!r} was lost"
+        elif kind == "call":
+            assert ack[1] in calls, f"acknowledged tool call {ack[1]!r} was lost"
+        elif kind == "result":
+            assert results.get(ack[1]) == ack[2], f"acknowledged result of {ack[1]!r} was lost"
+        elif kind == "finished":
+            assert ack[1] == "completed", ack
+            assert ack[2] in answers, f"acknowledged answer {ack[2]!r} was lost"
+        else:
+            assert kind == "all done", ack
+
+
+def _load(store: Store) -> tuple[list[Message], int]:
+    """The stored transcript, and how many torn-record warnings loading it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        transcript = store.load(SESSION)
+    torn = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(torn) == len(caught), [str(w.message) for w in caught]
+    return transcript, len(torn)
+
+
+def _check_final(transcript: list[Message]) -> None:
+    validate(transcript)
+    users = [m["content"] for m in transcript if m["role"] == "user"]
+    assert users == [f"task {i}" for i in range(TASKS)], "each task exactly once, in order"
+    call_ids = [
+        call["id"]
+        for m in transcript
+        if m["role"] == "assistant"
+        for call in m.get("tool_calls", ())
+    ]
+    assert len(call_ids) == len(set(call_ids)) == TASKS * ROUNDS, "no step duplicated"
+    result_ids = [m["tool_call_id"] for m in transcript if m["role"] == "tool"]
+    assert sorted(result_ids) == sorted(call_ids), "every call answered exactly once"
+    task_starts = [i for i, m in enumerate(transcript) if m["role"] == "user"]
+    for index, start in enumerate(task_starts):
+        end = task_starts[index + 1] if index + 1 < len(task_starts) else len(transcript)
+        turns = [m for m in transcript[start:end] if m["role"] == "assistant"]
+        steps = [turn["tool_calls"][0]["function"]["arguments"]["n"] for turn in turns[:-1]]
+        assert steps == list(range(ROUNDS)), f"task {index}: each step once, in order"
+        assert "tool_calls" not in turns[-1]
+        assert turns[-1]["content"] == f"task {index} finished after {ROUNDS} steps"
+        assert transcript[end - 1] is turns[-1], f"task {index} ends with its answer"
+
+
+def _ended_mid_run(transcript: list[Message]) -> bool:
+    if not transcript:
+        return False
+    last = transcript[-1]
+    return last["role"] != "assistant" or "tool_calls" in last
+
+
+@pytest.fixture(params=["sqlite", "jsonl"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def server(kind: str) -> Iterator[tuple[str, str]]:
+    """The loopback server, and how a child reaches it (OpenAI for SQLite, Ollama for JSONL)."""
+    with LoopbackServer.in_thread(model_turn) as running:
+        if kind == "sqlite":
+            yield "openai", running.openai_base_url
+        else:
+            yield "ollama", running.url
+
+
+@pytest.fixture
+def reader(kind: str, tmp_path: Path) -> Iterator[tuple[Store, Path]]:
+    location = tmp_path / ("crash.db" if kind == "sqlite" else "crash")
+    store = _open(kind, location)
+    yield store, location
+    store.close()
+
+
+def test_kill_9_at_random_moments_then_resume_loses_nothing(
+    kind: str, reader: tuple[Store, Path], server: tuple[str, str]
+) -> None:
+    store, location = reader
+    protocol, url = server
+    rng = random.Random(f"crash-resume-{kind}")
+    acks: list[list[Any]] = []
+    mid_run_kills = 0
+    torn_records = 0
+    for _ in range(KILLS):
+        child = Child(kind, location, protocol, url)
+        try:
+            if rng.random() < 0.25:
+                # Anywhere from start-up through loading, settling and the first steps.
+                time.sleep(rng.uniform(0.0, 0.3))
+            else:
+                child.wait_for_lines(rng.randint(1, 4))
+                time.sleep(rng.uniform(0.0, 0.004))
+            if child.eof:
+                child.finish()
+                raise AssertionError(
+                    f"the child ended before it was killed (exit {child.process.returncode}): "
+                    f"{child.stderr[-3000:] or 'the work ran out; make it longer'}"
+                )
+            child.kill()
+        finally:
+            if child.process.poll() is None:
+                child.process.kill()
+                child.finish()
+        assert child.process.returncode == -signal.SIGKILL
+        acks.extend(child.lines)
+        transcript, torn = _load(store)
+        torn_records += torn
+        validate(transcript)  # dangling calls are allowed here; the next load settles them
+        _check_acknowledged(transcript, acks)
+        if _ended_mid_run(transcript):
+            mid_run_kills += 1
+
+    final = Child(kind, location, protocol, url)
+    final.finish()
+    assert final.process.returncode == 0, final.stderr[-3000:]
+    assert final.lines[-1] == ["all done"]
+    finished = [line for line in final.lines if line[0] == "finished"]
+    last_answer = f"task {TASKS - 1} finished after {ROUNDS} steps"
+    assert finished[-1] == ["finished", "completed", last_answer]
+    acks.extend(final.lines)
+
+    transcript, _ = _load(store)
+    _check_final(transcript)
+    _check_acknowledged(transcript, acks)
+    info = store.info(SESSION)
+    assert info is not None
+    assert (info.status, info.message_count) == ("completed", len(transcript))
+    # The kills landed mid-run (not only between tasks), so resume and settle were exercised.
+    assert mid_run_kills >= KILLS // 2, mid_run_kills
+    settled = sum(1 for m in transcript if m["role"] == "tool" and m["content"] == CANCELLED_RESULT)
+    print(f"{kind}: {mid_run_kills} kills mid-run, {settled} steps settled as cancelled, "
+          f"{torn_records} torn records seen, {len(acks)} acknowledgements")
