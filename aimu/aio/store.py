@@ -372,7 +372,8 @@ class SQLiteStore:
     being killed (``kill -9``), but not necessarily a power loss or OS crash, which may
     lose the last commits (never corrupt the file). An ``append`` is one short INSERT
     (tens of microseconds) and checkpoints run on a background thread, so writing from
-    the event loop is cheap. Write locks live in ``<path>-locks/``. Thread-safe.
+    the event loop is cheap. The file (and its directory) is created if missing; write
+    locks live in ``<path>-locks/``. Thread-safe.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -383,10 +384,11 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._commits = 0
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=10.0
             )
-        except sqlite3.Error as error:
+        except (OSError, sqlite3.Error) as error:
             raise StoreError(f"cannot open SQLite store {self.path}: {error}") from error
         try:
             self._setup(conn)

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -558,6 +559,18 @@ def test_sqlite_newer_schema_is_refused(tmp_path: Path) -> None:
         SQLiteStore(path)
 
 
+def test_stores_create_missing_directories(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "a" / "b" / "s.db") as store:
+        assert store.sessions() == []
+    with JSONLStore(tmp_path / "c" / "d") as jsonl:
+        assert jsonl.sessions() == []
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match="cannot open SQLite store"):
+        SQLiteStore(tmp_path / "file" / "s.db")
+    with pytest.raises(StoreError, match="cannot create the JSONL store directory"):
+        JSONLStore(tmp_path / "file" / "d")
+
+
 def test_sqlite_file_that_is_not_a_database(tmp_path: Path) -> None:
     path = tmp_path / "junk.db"
     path.write_bytes(b"this is not sqlite at all" * 100)
@@ -631,3 +644,23 @@ def test_sqlite_checkpoints_off_the_loop_and_close_removes_the_wal(tmp_path: Pat
     assert not Path(f"{path}-wal").exists()
     with SQLiteStore(path) as again:
         assert len(again.load("c")) == 600
+
+
+def test_one_store_serves_writers_on_several_threads(store: Store) -> None:
+    writers = [store.open_session(f"thread-{i}") for i in range(4)]
+
+    def write(writer: SessionWriter) -> None:
+        for n in range(150):
+            writer.append({"role": "user", "content": f"{writer.session} {n}"})
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in writers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for writer in writers:
+        writer.close()
+    for i in range(4):
+        assert [m["content"] for m in store.load(f"thread-{i}")] == [
+            f"thread-{i} {n}" for n in range(150)
+        ]
