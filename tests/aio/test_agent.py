@@ -612,3 +612,30 @@ def test_sigint_handler_interrupts_gracefully() -> None:
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
     assert out.strip() == INTERRUPTED
+
+
+async def test_break_without_aclose_and_with_aclosing_both_close_the_run() -> None:
+    def make() -> tuple[ScriptedModel, aio.Agent]:
+        model = ScriptedModel([Turn(text="one two three four", delay=0.001)])
+        return model, aio.Agent(model)
+
+    model, agent = make()
+    async with aclosing(agent.run("go", stream=True)) as events:
+        async for event in events:
+            if isinstance(event, TextChunk):
+                break
+    assert not agent.running and model.open_streams == 0
+    validate(agent.model_client.messages)
+
+    model, agent = make()
+    async for event in agent.run("go", stream=True):
+        if isinstance(event, TextChunk):
+            break
+    # The abandoned generator is finalised by the event loop's async-generator hook.
+    for _ in range(20):
+        if not agent.running:
+            break
+        await asyncio.sleep(0)
+    assert not agent.running and model.open_streams == 0
+    assert agent.last_status == "cancelled"
+    validate(agent.model_client.messages)
