@@ -1,0 +1,722 @@
+"""The assistant people run: a chat loop whose turns can be stopped at any moment.
+
+:class:`Assistant` reads input lines while a turn runs. Each turn is a background
+:class:`~aimu.aio.RunHandle` that streams its reply to ``out``; ``/stop`` cancels the
+turn running now (its partial reply stays in the session), input typed meanwhile runs
+after it in order, and every message is durable in a store session, so a restart with
+the same session continues the conversation. ``aimu chat`` and
+``examples/personal-assistant`` both run this loop.
+
+Output is line-oriented and flushed: reply text as it streams, ``[calling ...]`` and
+``[tool → ...]`` lines for tool rounds, ``(stopped)`` / ``(interrupted)`` on a line of
+their own, and ``error: ...`` lines for expected errors (never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, TextIO
+
+from aimu.aio.agent import Agent
+from aimu.aio.client import ModelClient
+from aimu.aio.client import client as make_model_client
+from aimu.aio.errors import AimuError
+from aimu.aio.events import (
+    Event,
+    RunFinished,
+    TextChunk,
+    ToolCallStarted,
+    ToolResult,
+)
+from aimu.aio.run_handle import RunHandle
+from aimu.aio.store import SQLiteStore, Store, validate_session_name
+from aimu.aio.tools import Tool, ToolContext
+from aimu.aio.transcript import Message
+
+__all__ = [
+    "DEMO_TOOLS",
+    "RESEARCH_SECONDS",
+    "TEST_MODEL_DELAY",
+    "Assistant",
+    "ChatSettings",
+    "add_chat_options",
+    "current_time",
+    "default_home",
+    "make_client",
+    "research",
+    "run_chat",
+    "word_count",
+]
+
+#: Seconds between the embedded test model's chunks, so a person sees the reply stream.
+TEST_MODEL_DELAY = 0.03
+#: How long the demo ``research`` tool works, so a person can stop it midway.
+RESEARCH_SECONDS = 1.5
+
+STOPPED = "(stopped)"
+INTERRUPTED = "(interrupted)"
+
+_CLIP = 200
+_HELP = (
+    ("/stop", "stop the running turn now; its partial reply stays in the session"),
+    ("/interrupt", "let the running turn finish its current step, then stop"),
+    ("/resume", "continue the turn that was stopped or interrupted"),
+    ("/history", "show this session's messages"),
+    ("/sessions", "list the stored sessions"),
+    ("/new [NAME]", "start a fresh session (or switch to session NAME)"),
+    ("/help", "show this help"),
+    ("/quit", "exit once the running turn and the queued input are done"),
+)
+_KEYS = (
+    "Input typed while a turn runs is queued and answered in order. Ctrl+C interrupts "
+    "the running turn (press it again to stop it now) or exits when idle; Ctrl+D exits."
+)
+
+
+# --------------------------------------------------------------------------- demo tools
+
+
+def current_time() -> str:
+    """The current local date and time, in ISO 8601."""
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def word_count(text: Annotated[str, "the text whose words to count"]) -> int:
+    """Count the words in a text."""
+    return len(text.split())
+
+
+def research(topic: Annotated[str, "what to look into"], ctx: ToolContext) -> str:
+    """Look into a topic and return notes on it. Slow: it takes a moment."""
+    # A sync tool runs in a worker thread: waiting on the context lets a cancel end it.
+    if ctx.wait_cancelled(RESEARCH_SECONDS) or ctx.cancelled:
+        return f"research on {topic!r} was cancelled"
+    return f"notes on {topic!r}: it is well documented and worth a closer look"
+
+
+#: The harmless tools ``aimu chat`` offers, so the test model's tool rounds show.
+DEMO_TOOLS: tuple[Callable[..., Any], ...] = (current_time, word_count, research)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def default_home() -> Path:
+    """Where state lives: ``$AIMU_HOME``, else ``~/.aimu``."""
+    return Path(os.environ.get("AIMU_HOME") or "~/.aimu").expanduser()
+
+
+def _default_model() -> str:
+    return os.environ.get("AIMU_MODEL") or "test"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatSettings:
+    """What one chat runs with; ``home`` holds the session store (``sessions.db``)."""
+
+    model: str = field(default_factory=_default_model)
+    session: str = "default"
+    system: str | None = None
+    home: Path = field(default_factory=default_home)
+    tools: bool = True
+
+    @property
+    def store_path(self) -> Path:
+        return self.home / "sessions.db"
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace) -> ChatSettings:
+        """Settings from options parsed by a parser that :func:`add_chat_options` set up."""
+        return cls(
+            model=options.model or _default_model(),
+            session=options.session,
+            system=options.system,
+            tools=not options.no_tools,
+        )
+
+
+def add_chat_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--model``, ``--session``, ``--system`` and ``--no-tools`` to ``parser``."""
+    parser.add_argument(
+        "--model",
+        metavar="SPEC",
+        default=None,
+        help="the model: test (embedded, offline), ollama:NAME or openai:NAME "
+        "(default: $AIMU_MODEL, else test)",
+    )
+    parser.add_argument(
+        "--session",
+        metavar="NAME",
+        default="default",
+        help="the conversation to continue or start (default: default); "
+        "kept in $AIMU_HOME/sessions.db ($AIMU_HOME defaults to ~/.aimu)",
+    )
+    parser.add_argument("--system", metavar="TEXT", default=None, help="the system prompt")
+    parser.add_argument(
+        "--no-tools", action="store_true", help="offer the model no tools (for models without)"
+    )
+
+
+def make_client(spec: str) -> ModelClient:
+    """The model client for ``spec``; the embedded test model streams visibly slowly."""
+    if spec.partition(":")[0] == "test":
+        return make_model_client(spec, delay=TEST_MODEL_DELAY)
+    return make_model_client(spec)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass(eq=False, slots=True)
+class _Turn:
+    handle: RunHandle[RunFinished]
+    presses: int = 0
+    """Ctrl+C presses during this turn: 1 interrupts, 2 cancels, 3 exits."""
+
+
+def _one_line(text: str, limit: int = _CLIP) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _as_message(text: str) -> str | None:
+    """The message a line sends, or None for a command (``//`` sends a leading slash)."""
+    if not text.startswith("/"):
+        return text
+    return text[1:] if text.startswith("//") else None
+
+
+def _error_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _describe(message: Message) -> str:
+    role = message["role"]
+    content = _one_line(message["content"])
+    if message["role"] == "assistant":
+        calls = message.get("tool_calls") or []
+        if calls:
+            names = ", ".join(call["function"]["name"] for call in calls)
+            content = f"{content} [calls {names}]".lstrip()
+        if message.get("aimu_partial"):
+            content = f"{content} {STOPPED}".lstrip()
+    elif message["role"] == "tool":
+        return f"tool {message['name']}: {content}"
+    return f"{role}: {content}"
+
+
+class Assistant:
+    """A chat serve loop over one model client and one session store.
+
+    Feed it lines with :meth:`submit` (or let :meth:`serve` read stdin); ``/stop`` and
+    ``/interrupt`` act on the running turn at once, everything else runs in order.
+    Building one opens ``session`` for writing (``SessionLockedError`` if it is open).
+    """
+
+    def __init__(
+        self,
+        client: ModelClient,
+        store: Store,
+        *,
+        session: str = "default",
+        system: str | None = None,
+        tools: Sequence[Callable[..., Any] | Tool] = DEMO_TOOLS,
+        out: TextIO | None = None,
+        prompt: bool = False,
+        max_rounds: int = 10,
+    ) -> None:
+        self._client = client
+        self._store = store
+        self._system = system
+        self._tools = tuple(tools)
+        self._max_rounds = max_rounds
+        self._out = out if out is not None else sys.stdout
+        self._prompt = prompt
+        self._agent = self._open(session)
+        self._backlog: deque[str] = deque()
+        self._current: _Turn | None = None
+        self._turns = 0
+        self._wake = asyncio.Event()
+        self._input_ended = False
+        self._exit_requested = False
+        self._at_line_start = True
+        self._serving = False
+        self._busy = False
+
+    def _open(self, session: str) -> Agent:
+        validate_session_name(session)
+        return Agent(
+            self._client.fork(),
+            self._tools,
+            system=self._system,
+            max_rounds=self._max_rounds,
+            name="assistant",
+            store=self._store,
+            session=session,
+        )
+
+    @property
+    def agent(self) -> Agent:
+        """The agent of the current session (``/new`` replaces it)."""
+        return self._agent
+
+    @property
+    def session(self) -> str:
+        session = self._agent.session
+        assert session is not None
+        return session
+
+    @property
+    def running(self) -> bool:
+        """True while a turn is running."""
+        return self._running() is not None
+
+    async def aclose(self) -> None:
+        """Release the current session (its write lock); the client and store stay open."""
+        await self._agent.aclose()
+
+    # -- output --------------------------------------------------------------------
+
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        self._out.write(text)
+        self._out.flush()
+        self._at_line_start = text.endswith("\n")
+
+    def _line(self, text: str) -> None:
+        """``text`` on a line of its own, after the streamed text if a reply is mid-line."""
+        self._write(("" if self._at_line_start else "\n") + text + "\n")
+
+    def _end_line(self) -> None:
+        if not self._at_line_start:
+            self._write("\n")
+
+    def _show_prompt(self) -> None:
+        if self._prompt and self._current is None and not self._backlog:
+            self._out.write("> ")
+            self._out.flush()
+            # The user's Enter (echoed by the terminal) ends the prompt's line.
+            self._at_line_start = True
+
+    def _show(self, event: Event) -> None:
+        if isinstance(event, TextChunk):
+            self._write(event.text)
+        elif isinstance(event, ToolCallStarted):
+            arguments = ", ".join(
+                f"{key}={json.dumps(value, ensure_ascii=False)}"
+                for key, value in event.arguments.items()
+            )
+            self._line(f"[calling {event.name}({_one_line(arguments)})]")
+        elif isinstance(event, ToolResult):
+            verb = "failed" if event.is_error else "→"
+            self._line(f"[{event.name} {verb} {_one_line(event.content)}]")
+
+    # -- input ---------------------------------------------------------------------
+
+    def submit(self, line: str) -> None:
+        """Take one input line; call it on the loop's thread.
+
+        ``/stop`` and ``/interrupt`` act on the running turn now; any other line (a
+        message or a command) is queued and handled after the turns before it.
+        """
+        text = line.strip()
+        if not text:
+            return
+        word = text.split(maxsplit=1)[0].lower()
+        if word == "/stop":
+            self._stop()
+        elif word == "/interrupt":
+            self._interrupt()
+        elif self._idle() and (message := _as_message(text)) is not None:
+            self._start(message)  # at once, so that a /stop right after it finds it
+        else:
+            self._backlog.append(text)
+            self._wake.set()
+
+    def end_input(self) -> None:
+        """No more input (EOF): :meth:`serve` returns once the queued input is done."""
+        self._input_ended = True
+        self._wake.set()
+
+    def _idle(self) -> bool:
+        return self._serving and not self._busy and self._current is None and not self._backlog
+
+    def _running(self) -> _Turn | None:
+        turn = self._current
+        return turn if turn is not None and not turn.handle.done else None
+
+    def _stop(self) -> None:
+        turn = self._running()
+        if turn is None:
+            self._line("(nothing to stop: no turn is running)")
+            self._show_prompt()
+            return
+        turn.handle.cancel("/stop")
+
+    def _interrupt(self) -> None:
+        turn = self._running()
+        if turn is None:
+            self._line("(nothing to interrupt: no turn is running)")
+            self._show_prompt()
+            return
+        if turn.handle.interrupt():
+            self._line("(interrupting: this step finishes, then the turn stops; /stop stops now)")
+
+    def _on_sigint(self) -> None:
+        """Ctrl+C: interrupt the running turn, cancel it on a second press; exit when idle.
+
+        The press count belongs to the turn, so nothing of it reaches the next turn.
+        """
+        turn = self._running()
+        if turn is None:
+            self._write("\n")  # the terminal echoed ^C after the prompt
+            self._line("(bye)")
+            self._exit_requested = True
+            self._wake.set()
+            return
+        turn.presses += 1
+        if turn.presses == 1:
+            if turn.handle.interrupt():
+                self._line(
+                    "(Ctrl+C: this step finishes, then the turn stops; "
+                    "press Ctrl+C again to stop now)"
+                )
+        elif turn.presses == 2:
+            turn.handle.cancel("Ctrl+C")
+        else:
+            self._exit_requested = True
+            self._wake.set()
+
+    def _read_stdin(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read stdin lines in a thread (works for pipes, ttys, files and /dev/null)."""
+
+        def post(callback: Callable[..., None], *args: object) -> bool:
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                return False
+            return True
+
+        try:
+            fd = sys.stdin.fileno() if sys.stdin is not None else -1
+        except (OSError, ValueError):
+            fd = -1
+        pending = b""
+        try:
+            while fd >= 0:
+                # os.read, not sys.stdin: it holds no lock that interpreter exit would need.
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    if not post(self.submit, raw.decode(errors="replace")):
+                        return
+            if pending:
+                post(self.submit, pending.decode(errors="replace"))
+        except OSError:
+            pass
+        post(self.end_input)
+
+    # -- serving -------------------------------------------------------------------
+
+    async def serve(self, *, stdin: bool = False, sigint: bool = False) -> int:
+        """Serve until the input ends (after the queued input is done) or Ctrl+C when idle.
+
+        ``stdin=True`` reads lines from standard input in a daemon thread; ``sigint=True``
+        wires Ctrl+C (main thread only). Returns the exit status, 0.
+        """
+        if self._serving:
+            raise RuntimeError("this Assistant is already serving")
+        self._serving = True
+        loop = asyncio.get_running_loop()
+        if stdin:
+            reader = threading.Thread(
+                target=self._read_stdin, args=(loop,), name="aimu-chat-stdin", daemon=True
+            )
+            reader.start()
+        wired = False
+        previous = signal.getsignal(signal.SIGINT)
+        if sigint:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+                wired = True
+        try:
+            self._banner()
+            self._show_prompt()
+            while True:
+                self._wake.clear()
+                turn = self._current
+                if turn is not None and turn.handle.done:
+                    self._current = None
+                    await self._report(turn)
+                    self._show_prompt()
+                    continue
+                if turn is None:
+                    if self._exit_requested:
+                        break
+                    if self._backlog:
+                        self._busy = True
+                        try:
+                            await self._handle(self._backlog.popleft())
+                        finally:
+                            self._busy = False
+                        self._show_prompt()
+                        continue
+                    if self._input_ended:
+                        break
+                await self._wake.wait()
+        finally:
+            if wired:
+                loop.remove_signal_handler(signal.SIGINT)
+                # remove_signal_handler installs Python's default; put back what was there
+                # (under asyncio.run, the runner's own Ctrl+C handler).
+                if previous is not None:
+                    signal.signal(signal.SIGINT, previous)
+            await self._abandon_turn()
+            self._serving = False
+        return 0
+
+    async def _abandon_turn(self) -> None:
+        """Cancel a turn still running when serving ends, and wait for it to settle."""
+        turn = self._current
+        self._current = None
+        if turn is None or turn.handle.done:
+            return
+        turn.handle.cancel("the assistant is closing")
+        ended = asyncio.get_running_loop().create_future()
+
+        def on_done(_: object) -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        turn.handle.add_done_callback(on_done)
+        await ended
+
+    def _banner(self) -> None:
+        client = self._agent.model_client
+        count = sum(1 for m in client.messages if m["role"] != "system")
+        plural = "" if count == 1 else "s"
+        known = f"{count} message{plural}; /history shows them" if count else "new"
+        self._line(
+            f"aimu chat: model {client.provider}:{client.model} ({client.host}), "
+            f"session {self.session!r} ({known}). /help lists the commands."
+        )
+
+    async def _handle(self, text: str) -> None:
+        message = _as_message(text)
+        if message is not None:
+            self._start(message)
+            return
+        word, _, rest = text.partition(" ")
+        command = word.lower()
+        if command == "/resume":
+            self._resume()
+        elif command == "/history":
+            self._history()
+        elif command == "/sessions":
+            self._sessions()
+        elif command == "/new":
+            await self._new(rest.strip() or None)
+        elif command == "/help":
+            self._help()
+        elif command in ("/quit", "/exit"):
+            self._backlog.clear()
+            self._input_ended = True
+        else:
+            self._line(
+                f"unknown command {word}: /help lists the commands "
+                "(start a message with // to send it as text)"
+            )
+
+    def _start(self, task: str | None) -> None:
+        self._turns += 1
+        handle = RunHandle.start(self._turn(self._agent, task), name=f"turn {self._turns}")
+        handle.add_done_callback(lambda _: self._wake.set())
+        self._current = _Turn(handle)
+
+    async def _turn(self, agent: Agent, task: str | None) -> RunFinished:
+        """One turn: stream the run's events to the output; return its final event."""
+        events = agent.run(task, stream=True) if task is not None else agent.resume(stream=True)
+        finished: RunFinished | None = None
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, RunFinished):
+                    finished = event
+                else:
+                    self._show(event)
+        if finished is None:
+            raise RuntimeError("the agent run ended without its final event")
+        return finished
+
+    async def _report(self, turn: _Turn) -> None:
+        """Say how a finished turn ended: nothing more, (stopped), (interrupted), an error."""
+        handle = turn.handle
+        if handle.cancelled:
+            self._line(STOPPED)
+            return
+        try:
+            finished = await handle
+        except AimuError as error:
+            self._line(f"error: {_error_line(error)}")
+            return
+        except Exception as error:  # a bug, not an expected error: details go to stderr
+            traceback.print_exception(error, file=sys.stderr)
+            self._line(f"error: {type(error).__name__}: {_error_line(error)}")
+            return
+        if finished.status == "interrupted":
+            self._line(INTERRUPTED)
+        elif finished.status == "max_rounds":
+            self._line(f"(stopped: the turn used its {self._max_rounds} tool rounds)")
+        else:
+            self._end_line()
+
+    # -- commands --------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        messages = self._agent.model_client.messages
+        if not any(m["role"] == "user" for m in messages):
+            self._line("(nothing to resume: this session has no conversation yet)")
+            return
+        last = messages[-1]
+        if last["role"] == "assistant" and not (
+            last.get("tool_calls") or last.get("aimu_partial")
+        ):
+            self._line("(nothing to resume: the last turn finished; type your next message)")
+            return
+        self._line("(resuming)")
+        self._start(None)
+
+    def _history(self) -> None:
+        messages = self._agent.model_client.messages
+        self._line(f"session {self.session!r}: {len(messages)} messages")
+        for index, message in enumerate(messages, 1):
+            self._line(f"{index:>3} {_describe(message)}")
+
+    def _sessions(self) -> None:
+        infos = self._store.sessions()
+        self._line(f"{len(infos)} stored sessions (* is this one):")
+        for info in infos:
+            mark = "*" if info.name == self.session else " "
+            updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.updated))
+            status = info.status or "new"
+            self._line(
+                f"{mark} {info.name}: {info.message_count} messages, {status}, updated {updated}"
+            )
+
+    def _fresh_name(self) -> str:
+        taken = {info.name for info in self._store.sessions()}
+        base = time.strftime("chat-%Y%m%d-%H%M%S")
+        name, serial = base, 1
+        while name in taken or name == self.session:
+            serial += 1
+            name = f"{base}-{serial}"
+        return name
+
+    async def _new(self, name: str | None) -> None:
+        name = name or self._fresh_name()
+        if name == self.session:
+            self._line(f"(already in session {name!r})")
+            return
+        try:
+            agent = self._open(name)
+        except (AimuError, ValueError) as error:
+            self._line(f"error: {_error_line(error)}")
+            return
+        previous, self._agent = self._agent, agent
+        await previous.aclose()
+        count = len(agent.model_client.messages)
+        if count:
+            self._line(f"(switched to session {name!r}: {count} messages)")
+        else:
+            self._line(f"(new session {name!r})")
+
+    def _help(self) -> None:
+        self._line("commands:")
+        for command, meaning in _HELP:
+            self._line(f"  {command:<12} {meaning}")
+        self._line(_KEYS)
+
+
+# --------------------------------------------------------------------------- running
+
+
+async def run_chat(
+    settings: ChatSettings,
+    *,
+    tools: Sequence[Callable[..., Any] | Tool] | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run the assistant on stdin and stdout until EOF or Ctrl+C; return the exit status.
+
+    ``tools`` defaults to :data:`DEMO_TOOLS` (none with ``settings.tools`` false). A
+    bad setting prints one ``error:`` line and returns 2; a store problem (the session
+    is open elsewhere) returns 1.
+    """
+    out = out if out is not None else sys.stdout
+
+    def fail(error: BaseException, status: int) -> int:
+        out.write(f"error: {_error_line(error)}\n")
+        out.flush()
+        return status
+
+    try:
+        validate_session_name(settings.session)
+        client = make_client(settings.model)
+    except ValueError as error:
+        return fail(error, 2)
+    chosen = (tools if tools is not None else DEMO_TOOLS) if settings.tools else ()
+    try:
+        try:
+            settings.home.mkdir(parents=True, exist_ok=True)
+            store = SQLiteStore(settings.store_path)
+        except (AimuError, OSError) as error:
+            return fail(error, 1)
+        try:
+            try:
+                assistant = Assistant(
+                    client,
+                    store,
+                    session=settings.session,
+                    system=settings.system,
+                    tools=chosen,
+                    out=out,
+                    prompt=_is_tty(sys.stdin) and _is_tty(out),
+                )
+            except AimuError as error:
+                return fail(error, 1)
+            try:
+                sigint = threading.current_thread() is threading.main_thread()
+                return await assistant.serve(stdin=True, sigint=sigint)
+            finally:
+                await assistant.aclose()
+        finally:
+            store.close()
+    finally:
+        await client.aclose()
+
+
+def _is_tty(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):
+        return False

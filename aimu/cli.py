@@ -1,0 +1,68 @@
+"""The ``aimu`` command line: ``aimu chat`` (also ``python -m aimu chat``).
+
+``aimu chat`` runs the assistant of :mod:`aimu.assistant` on stdin and stdout: type a
+message, watch the reply stream, ``/stop`` it midway, come back later to the same
+``--session``. It runs offline on the embedded ``test`` model unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aimu import __version__
+from aimu.aio.tools import Tool
+from aimu.assistant import ChatSettings, add_chat_options, run_chat
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
+    """The parser for ``aimu``: one subcommand, ``chat``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Agent runs you can stop, interrupt and resume.",
+    )
+    parser.add_argument("--version", action="version", version=f"aimu {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chat = commands.add_parser(
+        "chat",
+        help="chat with an assistant (offline on the embedded test model by default)",
+        description=(
+            "Chat with an assistant whose turns you can /stop, /interrupt and /resume. "
+            "Type /help once it runs. Ctrl+C interrupts the running turn (twice: stops "
+            "it now), or exits when idle; Ctrl+D exits."
+        ),
+    )
+    add_chat_options(chat)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    tools: Sequence[Callable[..., Any] | Tool] | None = None,
+) -> int:
+    """Run the ``aimu`` command with ``argv`` (default: ``sys.argv[1:]``); return its status.
+
+    ``tools`` replaces the demo tools that ``aimu chat`` offers the model.
+    """
+    parser = build_parser()
+    try:
+        options = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version and usage errors
+        return exit_.code if isinstance(exit_.code, int) else 2
+    settings = ChatSettings.from_options(options)
+    try:
+        return asyncio.run(run_chat(settings, tools=tools))
+    except KeyboardInterrupt:  # Ctrl+C before the chat was listening for it
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`aimu chat | head`): stop quietly, also at exit's flush.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

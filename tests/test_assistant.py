@@ -1,0 +1,475 @@
+"""The assistant's serve loop, in process: /stop, queued input, commands, Ctrl+C, sessions.
+
+Each test drives an :class:`Assistant` as a person would, one line at a time, and
+reads what it prints; the model is a :class:`ScriptedModel` and the store a real
+SQLite file. The process-level behaviour (stdin, a pty, restarts) is in test_cli.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aimu.aio.store import SQLiteStore
+from aimu.aio.tools import ToolContext
+from aimu.aio.transcript import Message, validate
+from aimu.assistant import (
+    DEMO_TOOLS,
+    Assistant,
+    ChatSettings,
+    current_time,
+    research,
+    run_chat,
+    word_count,
+)
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+
+LONG = " ".join(f"w{i}" for i in range(400))
+MEDIUM = " ".join(f"m{i}" for i in range(30))
+
+
+def last_user(request: Mapping[str, Any]) -> str:
+    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    return users[-1] if users else ""
+
+
+def chat_script(request: Mapping[str, Any]) -> Turn:
+    """"long ..." streams for seconds, "medium ..." for a moment; the rest is answered at once."""
+    said = last_user(request)
+    if said.startswith("long"):
+        return Turn(text=LONG, delay=0.01)
+    if said.startswith("medium"):
+        return Turn(text=MEDIUM, delay=0.01)
+    return Turn(text=f"answer to {said}")
+
+
+class Screen:
+    """An assistant serving in a task, its output, and a cursor through that output."""
+
+    def __init__(self, assistant: Assistant, out: io.StringIO, *, sigint: bool = False):
+        self.assistant = assistant
+        self.out = out
+        self.cursor = 0
+        self.task = asyncio.create_task(assistant.serve(sigint=sigint))
+
+    def send(self, *lines: str) -> None:
+        for line in lines:
+            self.assistant.submit(line)
+
+    async def expect(self, text: str) -> str:
+        """Wait until ``text`` is printed after the cursor; return the output up to it."""
+        try:
+            async with asyncio.timeout(10):
+                while (at := self.out.getvalue().find(text, self.cursor)) < 0:
+                    if self.task.done():
+                        break
+                    await asyncio.sleep(0.005)
+        except TimeoutError:
+            at = -1
+        if at < 0:
+            raise AssertionError(f"{text!r} never printed; after the cursor: {self.rest()!r}")
+        seen = self.out.getvalue()[self.cursor : at + len(text)]
+        self.cursor = at + len(text)
+        return seen
+
+    def rest(self) -> str:
+        return self.out.getvalue()[self.cursor :]
+
+    async def finish(self) -> int:
+        self.assistant.end_input()
+        code = await self.task
+        await self.assistant.aclose()
+        return code
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(tmp_path / "sessions.db") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def screen(store: SQLiteStore) -> AsyncIterator[Screen]:
+    model = ScriptedModel(chat_script)
+    out = io.StringIO()
+    shown = Screen(Assistant(model, store, session="s", tools=(), out=out), out)
+    yield shown
+    if not shown.task.done():
+        await shown.finish()
+
+
+def messages(screen: Screen) -> list[Message]:
+    return screen.assistant.agent.model_client.messages
+
+
+def requests(screen: Screen) -> list[dict[str, Any]]:
+    model = screen.assistant.agent.model_client
+    assert isinstance(model, ScriptedModel)
+    return model.requests
+
+
+# --------------------------------------------------------------------------- /stop
+
+
+async def test_stop_cancels_the_running_turn_keeps_queued_input_and_the_partial_text(
+    screen: Screen, store: SQLiteStore
+) -> None:
+    await screen.expect("/help lists the commands.\n")
+    screen.send("long story")
+    shown = await screen.expect("w5 ")
+    screen.send("queued one", "queued two", "/stop")
+    shown += await screen.expect("(stopped)\n")
+    partial = shown.removesuffix("\n(stopped)\n")
+    assert partial.startswith("w0 w1 w2 w3 w4 w5") and not partial.endswith("w399")
+    # The queued input was not dropped: it runs after the stopped turn, in order.
+    await screen.expect("answer to queued one\n")
+    await screen.expect("answer to queued two\n")
+    transcript = messages(screen)
+    assert [m["role"] for m in transcript] == ["user", "assistant"] * 3
+    stopped = transcript[1]
+    assert stopped["role"] == "assistant" and stopped.get("aimu_partial") is True
+    assert stopped["content"] == partial  # what the user saw is what was kept
+    # The next turn's request carries the stopped turn, as the model will see it.
+    sent = requests(screen)[1]["messages"]
+    assert sent[:2] == [
+        {"role": "user", "content": "long story"},
+        {"role": "assistant", "content": stopped["content"]},
+    ]
+    assert store.load("s") == transcript
+    model = screen.assistant.agent.model_client
+    assert isinstance(model, ScriptedModel) and model.open_streams == 0
+    assert await screen.finish() == 0
+
+
+async def test_stop_with_nothing_running_says_so_and_interrupt_too(screen: Screen) -> None:
+    screen.send("/stop")
+    await screen.expect("(nothing to stop: no turn is running)\n")
+    screen.send("/interrupt")
+    await screen.expect("(nothing to interrupt: no turn is running)\n")
+    screen.send("hello")
+    await screen.expect("answer to hello\n")
+    assert await screen.finish() == 0
+    assert "(stopped)" not in screen.out.getvalue()
+
+
+async def test_stop_right_after_a_message_stops_that_message(screen: Screen) -> None:
+    # Both lines arrive together (a paste, a pipe): the message is running when /stop comes.
+    await screen.expect("(new)")
+    screen.send("long", "/stop", "next")
+    await screen.expect("(stopped)\n")
+    await screen.expect("answer to next\n")
+    assert await screen.finish() == 0
+
+
+async def test_input_typed_during_a_turn_is_answered_in_order(screen: Screen) -> None:
+    screen.send("medium one")
+    await screen.expect("m2 ")
+    screen.send("first", "second", "/history", "third")
+    await screen.expect("m29\n")
+    order = [
+        "answer to first\n",
+        "answer to second\n",
+        "session 's': 6 messages\n",
+        "answer to third\n",
+    ]
+    for text in order:
+        await screen.expect(text)
+    assert [last_user(r) for r in requests(screen)] == ["medium one", "first", "second", "third"]
+    assert await screen.finish() == 0
+
+
+async def test_eof_waits_for_the_running_turn_and_the_queue(screen: Screen) -> None:
+    screen.send("medium", "after")
+    await screen.expect("m1 ")
+    screen.assistant.end_input()
+    assert await screen.task == 0
+    out = screen.out.getvalue()
+    assert "m29\n" in out and out.index("m29") < out.index("answer to after")
+    await screen.assistant.aclose()
+
+
+# --------------------------------------------------------------------------- commands
+
+
+async def test_unknown_command_gets_a_one_line_hint_and_slash_slash_sends_text(
+    screen: Screen,
+) -> None:
+    await screen.expect("/help lists the commands.\n")
+    screen.send("/frobnicate now")
+    hint = await screen.expect("\n")
+    assert hint.startswith("unknown command /frobnicate: /help lists the commands")
+    screen.send("//etc is a path")
+    await screen.expect("answer to /etc is a path\n")
+    assert await screen.finish() == 0
+
+
+async def test_help_lists_every_command(screen: Screen) -> None:
+    screen.send("/help")
+    shown = await screen.expect("Ctrl+D exits.\n")
+    for command in ("/stop", "/interrupt", "/resume", "/history", "/sessions", "/new", "/quit"):
+        assert f"  {command}" in shown
+    assert await screen.finish() == 0
+
+
+async def test_new_session_sessions_and_switching_back(
+    screen: Screen, store: SQLiteStore
+) -> None:
+    screen.send("hello")
+    await screen.expect("answer to hello\n")
+    screen.send("/new other")
+    await screen.expect("(new session 'other')\n")
+    assert screen.assistant.session == "other" and messages(screen) == []
+    screen.send("hi other")
+    await screen.expect("answer to hi other\n")
+    # The request of the new session carries none of the old one.
+    assert [m["content"] for m in requests(screen)[-1]["messages"]] == ["hi other"]
+    screen.send("/sessions")
+    listed = await screen.expect("  s: 2 messages, completed")
+    assert "* other: 2 messages, completed" in listed
+    screen.send("/new s")
+    await screen.expect("(switched to session 's': 2 messages)\n")
+    screen.send("/new")
+    await screen.expect("(new session 'chat-")
+    assert screen.assistant.session.startswith("chat-")
+    screen.send("/new bad/name")
+    await screen.expect("error: invalid session name 'bad/name'")
+    assert await screen.finish() == 0
+    assert {info.name for info in store.sessions()} == {"s", "other"}
+
+
+async def test_quit_ends_after_the_running_turn(screen: Screen) -> None:
+    screen.send("medium", "/quit", "never")
+    assert await screen.task == 0
+    assert "answer to never" not in screen.out.getvalue()
+    await screen.assistant.aclose()
+
+
+# --------------------------------------------------------------------------- interrupt, resume
+
+
+class Gate:
+    """A tool that waits until the test opens it, so a step boundary is in reach."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.calls = 0
+
+    async def wait_for_gate(self) -> str:
+        """Wait until the gate opens."""
+        self.calls += 1
+        await self.opened.wait()
+        return "the gate opened"
+
+
+def tool_then_answer(request: Mapping[str, Any]) -> Turn:
+    if request["messages"][-1]["role"] == "tool":
+        return Turn(text="all done now")
+    return Turn(tool_calls=(ScriptedCall("wait_for_gate"),))
+
+
+async def test_interrupt_finishes_the_step_then_resume_continues_without_repeating(
+    store: SQLiteStore,
+) -> None:
+    gate = Gate()
+    model = ScriptedModel(tool_then_answer)
+    out = io.StringIO()
+    screen = Screen(Assistant(model, store, tools=[gate.wait_for_gate], out=out), out)
+    screen.send("do it")
+    await screen.expect("[calling wait_for_gate()]\n")
+    screen.send("/interrupt")
+    await screen.expect("(interrupting: this step finishes")
+    gate.opened.set()
+    shown = await screen.expect("(interrupted)\n")
+    assert "[wait_for_gate → the gate opened]" in shown
+    assert model.turns_served == 1  # stopped at the step boundary, before the answer
+    screen.send("/resume")
+    await screen.expect("(resuming)\n")
+    await screen.expect("all done now\n")
+    transcript = screen.assistant.agent.model_client.messages
+    assert [m["role"] for m in transcript] == ["user", "assistant", "tool", "assistant"]
+    assert [m["content"] for m in transcript if m["role"] == "user"] == ["do it"]
+    screen.send("/resume")
+    await screen.expect("(nothing to resume: the last turn finished")
+    assert await screen.finish() == 0
+
+
+async def test_resume_after_stop_mid_tool_continues_the_run(store: SQLiteStore) -> None:
+    gate = Gate()
+    model = ScriptedModel(tool_then_answer)
+    out = io.StringIO()
+    screen = Screen(Assistant(model, store, tools=[gate.wait_for_gate], out=out), out)
+    screen.send("/resume")
+    await screen.expect("(nothing to resume: this session has no conversation yet)\n")
+    screen.send("do it")
+    await screen.expect("[calling wait_for_gate()]\n")
+    screen.send("/stop")
+    await screen.expect("(stopped)\n")
+    transcript = screen.assistant.agent.model_client.messages
+    validate(transcript)
+    assert transcript[-1]["role"] == "tool" and "cancelled" in transcript[-1]["content"]
+    gate.opened.set()
+    screen.send("/resume")
+    await screen.expect("all done now\n")
+    assert [m["role"] for m in transcript] == ["user", "assistant", "tool", "assistant"]
+    assert await screen.finish() == 0
+
+
+# --------------------------------------------------------------------------- errors
+
+
+async def test_a_model_error_prints_one_line_and_the_loop_keeps_serving(
+    store: SQLiteStore,
+) -> None:
+    def flaky(request: Mapping[str, Any]) -> Turn:
+        if last_user(request) == "break":
+            return Turn(text="half a reply and then", fault="drop", fault_after=2)
+        return Turn(text=f"answer to {last_user(request)}")
+
+    out = io.StringIO()
+    screen = Screen(Assistant(ScriptedModel(flaky), store, tools=(), out=out), out)
+    screen.send("break")
+    shown = await screen.expect("dropped the connection mid-stream\n")
+    assert shown.splitlines()[-1] == "error: in-process model dropped the connection mid-stream"
+    screen.send("again")
+    await screen.expect("answer to again\n")
+    assert "Traceback" not in out.getvalue()
+    validate(screen.assistant.agent.model_client.messages)
+    assert await screen.finish() == 0
+
+
+async def test_a_locked_session_cannot_be_served_twice(store: SQLiteStore) -> None:
+    model = ScriptedModel(chat_script)
+    first = Assistant(model, store, session="shared", tools=())
+    try:
+        with pytest.raises(Exception, match="already open for writing"):
+            Assistant(model, store, session="shared", tools=())
+    finally:
+        await first.aclose()
+
+
+# --------------------------------------------------------------------------- cancel sweep
+
+
+async def test_stop_landing_at_every_await_leaves_a_valid_session_that_keeps_serving(
+    store: SQLiteStore,
+) -> None:
+    async def step() -> str:
+        """One step of work."""
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return "stepped"
+
+    def script(request: Mapping[str, Any]) -> Turn:
+        said = last_user(request)
+        if said == "after":
+            return Turn(text="after answered")
+        if request["messages"][-1]["role"] == "tool":
+            return Turn(text="a b c d e")
+        return Turn(text="calling", tool_calls=(ScriptedCall("step"),))
+
+    outcomes: set[str] = set()
+    for ticks in range(45):
+        model = ScriptedModel(script)
+        out = io.StringIO()
+        session = f"k{ticks}"
+        screen = Screen(Assistant(model, store, session=session, tools=[step], out=out), out)
+        await screen.expect("(new)")
+        screen.send("go")
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        screen.send("/stop", "after")
+        await screen.expect("after answered\n")
+        assert await screen.finish() == 0
+        transcript = store.load(session)
+        validate(transcript)
+        assert transcript[-2:] == [
+            {"role": "user", "content": "after"},
+            {"role": "assistant", "content": "after answered"},
+        ]
+        assert [m["content"] for m in transcript if m["role"] == "user"].count("go") <= 1
+        assert model.open_streams == 0
+        text = out.getvalue()
+        if "(stopped)" not in text:
+            outcomes.add("finished")
+            assert "a b c d e" in text
+        elif not any(m["content"] == "go" for m in transcript):
+            outcomes.add("before the run")
+        elif any(m.get("aimu_partial") for m in transcript):
+            outcomes.add("mid-stream")
+        elif any(m["role"] == "tool" and "cancelled" in m["content"] for m in transcript):
+            outcomes.add("mid-tool")
+        else:
+            outcomes.add("between steps")
+    assert {"before the run", "mid-stream", "mid-tool", "finished"} <= outcomes, outcomes
+
+
+# --------------------------------------------------------------------------- Ctrl+C
+
+
+async def test_ctrl_c_interrupts_then_cancels_and_never_outlives_its_turn(
+    store: SQLiteStore,
+) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    gate = Gate()
+    model = ScriptedModel(tool_then_answer)
+    out = io.StringIO()
+    screen = Screen(
+        Assistant(model, store, tools=[gate.wait_for_gate], out=out), out, sigint=True
+    )
+    screen.send("first")
+    await screen.expect("[calling wait_for_gate()]\n")
+    os.kill(os.getpid(), signal.SIGINT)
+    await screen.expect("press Ctrl+C again to stop now)\n")
+    gate.opened.set()
+    await screen.expect("(interrupted)\n")
+    # The next turn starts with no press counted: it runs to its answer.
+    gate.opened.clear()
+    screen.send("second")
+    await screen.expect("[calling wait_for_gate()]\n")
+    gate.opened.set()
+    await screen.expect("all done now\n")
+    # Twice within one turn: cancelled.
+    gate.opened.clear()
+    screen.send("third")
+    await screen.expect("[calling wait_for_gate()]\n")
+    os.kill(os.getpid(), signal.SIGINT)
+    await screen.expect("press Ctrl+C again to stop now)\n")
+    os.kill(os.getpid(), signal.SIGINT)
+    await screen.expect("(stopped)\n")
+    validate(screen.assistant.agent.model_client.messages)
+    # Idle: Ctrl+C exits.
+    os.kill(os.getpid(), signal.SIGINT)
+    assert await screen.task == 0
+    await screen.assistant.aclose()
+    assert "(bye)" in out.getvalue()
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+# --------------------------------------------------------------------------- demo tools
+
+
+async def test_demo_tools_work_and_research_stops_when_cancelled() -> None:
+    assert current_time()[:2] == "20"
+    assert word_count("one two  three") == 3
+    ctx = ToolContext(agent="a", call_id="c", tool_name="research")
+    ctx.mark_cancelled()
+    assert research("Paris", ctx) == "research on 'Paris' was cancelled"
+    assert len(DEMO_TOOLS) == 3
+
+
+async def test_run_chat_reports_bad_settings_in_one_line(tmp_path: Path) -> None:
+    out = io.StringIO()
+    code = await run_chat(ChatSettings(model="nope:x", home=tmp_path), out=out)
+    assert code == 2
+    assert out.getvalue().startswith("error: unknown model provider in 'nope:x'")
+    out = io.StringIO()
+    assert await run_chat(ChatSettings(session="../x", home=tmp_path), out=out) == 2
+    assert out.getvalue().count("\n") == 1 and "invalid session name" in out.getvalue()
