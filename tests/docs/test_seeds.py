@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -315,6 +316,25 @@ async def test_interrupt_stops_at_the_next_step_boundary(openai_server: Loopback
         validate(memory)
         # The agent it came from is untouched: sessions have their own memory.
         assert agent.model_client.messages == []
+    finally:
+        await agent.aclose()
+
+
+async def test_interrupt_from_another_thread(openai_server: LoopbackServer) -> None:
+    # "Call session.interrupt() from anywhere": a UI button often runs on its own thread.
+    search = SlowSearch()
+    agent = make_agent(search)
+    try:
+        session = agent.start()
+        run = asyncio.ensure_future(session.run("Research this topic thoroughly."))
+        await search.running.wait()
+        pressed: list[bool] = []
+        button = threading.Thread(target=lambda: pressed.append(session.interrupt()))
+        button.start()
+        await asyncio.to_thread(button.join)
+        assert pressed == [True]
+        assert await run == INTERRUPTED
+        assert len(chat_requests(openai_server)) == 1
     finally:
         await agent.aclose()
 
