@@ -247,6 +247,27 @@ async def test_run_handle_wraps_any_coroutine() -> None:
     assert handle.status == "completed" and handle.cancel() is False
 
 
+async def test_run_handle_works_for_a_workflow_run(ollama_server: LoopbackServer) -> None:
+    # "It wraps any run coroutine, so it works for a workflow run too."
+    writer = aio.Agent(aio.client("ollama:qwen3:8b"), name="writer")
+    editor = aio.Agent(aio.client("ollama:qwen3:8b"), name="editor")
+    try:
+        chain = aio.Chain([writer, editor])
+        handle = aio.RunHandle.start(chain.run(TASK))
+        await first_text(handle)
+        assert handle.cancel() is True
+        with pytest.raises(asyncio.CancelledError):
+            await handle.result()
+        assert handle.status == "cancelled" and chain.last_status == "cancelled"
+        first = chain.state["steps"][0]
+        validate(first["messages"])
+        assert first["messages"][0] == {"role": "user", "content": TASK}
+        assert first["messages"][-1]["aimu_partial"] is True
+    finally:
+        await writer.aclose()
+        await editor.aclose()
+
+
 # -- seed 000, "Interruption", in our names --------------------------------------------------
 
 
