@@ -214,11 +214,11 @@ async def test_misuse_is_refused_clearly() -> None:
         Chain([agent(model, "a"), note])  # type: ignore[list-item]
     chain = three_steps(model)
     with pytest.raises(ValueError, match="nothing to resume"):
-        chain.resume()
+        chain.resume()  # type: ignore[unused-coroutine]
     running = asyncio.ensure_future(chain.run("go"))
     await asyncio.sleep(0)
     with pytest.raises(RuntimeError, match="already in progress"):
-        chain.run("again")
+        chain.run("again")  # type: ignore[unused-coroutine]
     with pytest.raises(RuntimeError, match="while a run is in progress"):
         chain.restore(chain.state)
     assert await running == "s3<s2<s1<go>>>"

@@ -73,7 +73,7 @@ async def test_one_agent_in_three_branches_never_mixes_tool_results() -> None:
         return Turn(text="saw " + " ".join(r["content"] for r in results), delay=0.001)
 
     shared = aio.Agent(ScriptedModel(script), tools=[lookup], name="worker")
-    parallel = Parallel([shared, shared, shared], combine=list.__str__)  # type: ignore[arg-type]
+    parallel = Parallel([shared, shared, shared], combine=" | ".join)
     await parallel.run("same task for all")
     answers = [b["answer"] for b in parallel.state["branches"]]
     seen: set[str] = set()

@@ -39,17 +39,20 @@ def split_request(request: Mapping[str, Any]) -> tuple[str, str, list[dict[str, 
     return role, messages[last_user]["content"], results
 
 
-def scripted(answer: Answer = default_answer, *, tools: bool = True,
-             delay: float = 0.0) -> ScriptedModel:
+def scripted(answer: Answer = default_answer, *, tools: bool = True, delay: float = 0.0,
+             delays: Mapping[str, float] | None = None) -> ScriptedModel:
     """A model whose every agent (named by its system prompt) makes one tool round, then
-    answers ``answer(role, task)``: the same answer however often it is stopped."""
+    answers ``answer(role, task)``: the same answer however often it is stopped.
+
+    ``delay`` is the pause between chunks; ``delays`` sets it per role."""
 
     def script(request: Mapping[str, Any]) -> Turn:
         role, task, results = split_request(request)
+        pause = delay if delays is None else delays.get(role, delay)
         if tools and not results:
             return Turn(text="let me check", tool_calls=[ScriptedCall("note", {"topic": role})],
-                        delay=delay)
-        return Turn(text=answer(role, task), delay=delay)
+                        delay=pause)
+        return Turn(text=answer(role, task), delay=pause)
 
     return ScriptedModel(script)
 

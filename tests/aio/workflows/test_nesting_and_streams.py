@@ -1,0 +1,207 @@
+"""Nested workflows, the streamed form of every workflow, and what a stop leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import aclosing
+from typing import Any
+
+import pytest
+from workflow_support import agent, check_state, scripted, stop_after, sweep
+
+from aimu import aio
+from aimu.aio.agent import INTERRUPTED
+from aimu.aio.events import Event, HandleFinished, RunFinished, TextChunk
+from aimu.aio.workflows import Chain, EvaluatorOptimizer, Parallel, Resumable, Router, Workflow
+from aimu.testing.scripted import ScriptedModel
+
+
+def nested(model: ScriptedModel) -> Chain:
+    return Chain([
+        agent(model, "plan"),
+        Parallel([agent(model, "left"), agent(model, "right")], combine=" & ".join),
+        agent(model, "write"),
+    ])
+
+
+EXPECTED = "write<left<plan<go>> & right<plan<go>>>"
+
+
+def protocol_holders(a: aio.Agent, w: Chain) -> list[Resumable]:
+    return [a, w]  # agents and workflows are both steps (checked by mypy)
+
+
+async def test_a_chain_with_a_parallel_step() -> None:
+    model = scripted()
+    chain = nested(model)
+    assert await chain.run("go") == EXPECTED
+    state = check_state(chain.state)
+    inner = state["steps"][1]
+    assert inner["kind"] == "parallel" and inner["status"] == "finished"
+    assert [b["answer"] for b in inner["state"]["branches"]] == ["left<plan<go>>",
+                                                                "right<plan<go>>"]
+    assert chain.usage["output_tokens"] > 0
+    assert len(protocol_holders(agent(model, "x"), chain)) == 2
+
+
+@pytest.mark.parametrize("mode", ["cancel", "interrupt"])
+async def test_nested_stopped_at_every_point_resumes(mode: str) -> None:
+    stops = await sweep(nested, "go", mode)
+    assert stops >= 15
+
+
+async def test_nested_cancel_by_handle_then_resume_in_a_new_workflow() -> None:
+    model = scripted(delays={"right": 0.005})
+    chain = nested(model)
+    handle = aio.RunHandle.start(chain.run("go"))
+    finished: list[str] = []
+
+    def on_event(event: Event) -> None:
+        # Called as the event is emitted: the cancel lands while "right" still runs.
+        if isinstance(event, RunFinished):
+            finished.append(event.agent)
+            if event.agent == "left":
+                handle.cancel()
+
+    handle.scope.add_listener(on_event)
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert handle.status == "cancelled"
+    assert finished == ["plan", "left", "right", "parallel", "chain"]
+    state = check_state(chain.state)
+    inner = state["steps"][1]
+    assert inner["status"] == "in_flight"
+    assert inner["state"]["status"] == "cancelled"
+    assert [b["status"] for b in inner["state"]["branches"]] == ["finished", "in_flight"]
+    fresh_model = scripted()
+    fresh = nested(fresh_model)
+    fresh.restore(json.loads(json.dumps(state)))
+    assert await fresh.resume() == EXPECTED
+    roles = {r["messages"][0]["content"] for r in fresh_model.requests}
+    assert roles == {"right", "write"}
+
+
+async def test_nested_shape_mismatch_names_the_inner_workflow() -> None:
+    model = scripted()
+    chain = nested(model)
+    await chain.run("go")
+    other = Chain([
+        agent(model, "plan"),
+        Parallel([agent(model, "left")], combine=" & ".join),
+        agent(model, "write"),
+    ])
+    with pytest.raises(ValueError, match=r"chain 'chain' step 2: parallel 'parallel' has 1 "
+                                         r"branches and the state has 2"):
+        other.restore(chain.state)
+
+
+async def test_other_nestings_run_and_resume() -> None:
+    model = scripted()
+    fan = Parallel([Chain([agent(model, "a1"), agent(model, "a2")]),
+                    Router({"x": agent(model, "x")}, classifier=lambda task: "x")],
+                   combine=" | ".join)
+    assert await fan.run("t") == "a2<a1<t>> | x<t>"
+    polish = EvaluatorOptimizer(Chain([agent(model, "draft"), agent(model, "edit")]),
+                                lambda task, draft: (True, ""))
+    assert await polish.run("t") == "edit<draft<t>>"
+    state = check_state(polish.state)
+    assert state["rounds"][0]["generate"]["kind"] == "chain"
+
+
+# -- streams ------------------------------------------------------------------------
+
+
+def every_workflow(model: ScriptedModel) -> list[Workflow]:
+    return [
+        nested(model),
+        Parallel([agent(model, "b1"), agent(model, "b2")]),
+        Router({"r": agent(model, "r")}, classifier=agent(model, "c"), default="r"),
+        EvaluatorOptimizer(agent(model, "g"), lambda task, draft: (True, "")),
+    ]
+
+
+async def test_every_stream_ends_with_the_workflows_one_terminal_event() -> None:
+    for workflow in every_workflow(scripted()):
+        events = [event async for event in workflow.run("go", stream=True)]
+        final = events[-1]
+        assert isinstance(final, RunFinished) and final.agent == workflow.name
+        assert final.status == "completed"
+        assert final.reply == workflow.state["answer"]
+        own = [e for e in events if isinstance(e, RunFinished) and e.agent == workflow.name]
+        assert own == [final]
+        resumed = [event async for event in workflow.resume(stream=True)]
+        assert [type(e).__name__ for e in resumed] == ["RunStarted", "RunFinished"]
+
+
+async def test_a_stream_cancelled_at_every_point() -> None:
+    for n in range(1, 500):
+        model = scripted()
+        chain = nested(model)
+        seen: list[Event] = []
+
+        async def consume(chain: Chain = chain, seen: list[Event] = seen) -> None:
+            async for event in chain.run("go", stream=True):
+                seen.append(event)
+
+        task = asyncio.ensure_future(consume())
+        if await stop_after(task, n):
+            break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Cancelled, or completed just before while the consumer had events left to read.
+        assert not chain.running and chain.last_status in ("cancelled", "completed")
+        own = [e for e in seen if isinstance(e, RunFinished) and e.agent == "chain"]
+        assert len(own) == 1 and seen[-1] is own[0] and own[0].status == chain.last_status
+        assert model.open_streams == 0
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        state = check_state(chain.state)
+        fresh = nested(scripted())
+        fresh.restore(state)
+        assert await fresh.resume() == EXPECTED
+    else:
+        raise AssertionError("the stream never completed")
+    assert n > 15
+
+
+async def test_a_consumer_that_stops_reading_cancels_the_run() -> None:
+    model = scripted(delay=0.001)
+    chain = nested(model)
+    async with aclosing(chain.run("go", stream=True)) as events:
+        async for event in events:
+            if isinstance(event, TextChunk) and event.agent == "left":
+                break
+    assert not chain.running and chain.last_status == "cancelled"
+    assert model.open_streams == 0
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    state = check_state(chain.state)
+    assert state["steps"][1]["status"] == "in_flight"
+
+
+async def test_a_failure_in_a_stream_comes_after_the_terminal_event() -> None:
+    model = scripted()
+    router = Router({"a": agent(model, "a")}, classifier=lambda task: "b")
+    seen: list[Event] = []
+    with pytest.raises(ValueError, match="chose 'b'"):
+        async for event in router.run("x", stream=True):
+            seen.append(event)
+    final = seen[-1]
+    assert isinstance(final, RunFinished) and final.status == "failed"
+    assert final.error is not None and "chose 'b'" in final.error
+
+
+async def test_handle_events_of_a_workflow_and_interrupt_through_the_handle() -> None:
+    model = scripted(delay=0.001)
+    parallel = Parallel([agent(model, "b1"), agent(model, "b2")])
+    handle = aio.RunHandle.start(parallel.run("go"))
+    events: list[Any] = []
+    async for event in handle.events():
+        events.append(event)
+        if isinstance(event, TextChunk):
+            handle.interrupt()
+    assert await handle == INTERRUPTED and handle.status == "interrupted"
+    assert isinstance(events[-1], HandleFinished)
+    own = [e for e in events if isinstance(e, RunFinished) and e.agent == "parallel"]
+    assert len(own) == 1 and own[0].status == "interrupted" and events[-2] is own[0]
+    assert parallel.interrupt() is False
