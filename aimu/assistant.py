@@ -384,9 +384,10 @@ class Assistant:
 
         The press count belongs to the turn, so nothing of it reaches the next turn.
         """
+        if self._prompt:
+            self._write("\n")  # the terminal echoed ^C: our line starts after it
         turn = self._running()
         if turn is None:
-            self._write("\n")  # the terminal echoed ^C after the prompt
             self._line("(bye)")
             self._exit_requested = True
             self._wake.set()

@@ -1,0 +1,450 @@
+"""``python -m aimu chat`` driven as a person would: piped stdin, a pseudo-terminal, restarts.
+
+Piped tests run ``--model ollama:test`` against a loopback Ollama server whose
+"long ..." turn streams slowly for seconds; the pty tests press Ctrl+C (``\\x03``) on
+the embedded test model, whose turns call the slow ``research`` tool.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aimu.cli import main
+from aimu.testing.script import Turn
+from aimu.testing.server import LoopbackServer
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG = " ".join(f"w{i}" for i in range(300))
+BANNER_END = "/help lists the commands.\n"
+WAIT = 15.0
+
+
+def last_user(request: Mapping[str, Any]) -> str:
+    users = [m.get("content", "") for m in request.get("messages", []) if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+def script(request: Mapping[str, Any]) -> Turn:
+    said = last_user(request)
+    if said.startswith("long"):
+        return Turn(text=LONG, delay=0.03)
+    if said == "fail":
+        return Turn(fault="http_500")
+    return Turn(text=f"answer to {said}")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread(script) as running:
+        yield running
+
+
+def environment(home: Path, ollama: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AIMU_MODEL", "OLLAMA_HOST")}
+    env.update(AIMU_HOME=str(home), OLLAMA_HOST=ollama, PYTHONPATH=str(ROOT))
+    return env
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+# A child that takes the pty as its controlling terminal, so ^C there sends it SIGINT.
+_ON_TTY = (
+    "import os, sys; os.login_tty(os.dup(0)); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+class Chat:
+    """One ``python -m aimu chat`` process: send lines, wait for what it prints."""
+
+    def __init__(self, *args: str, env: dict[str, str], tty: bool = False) -> None:
+        command = [sys.executable, "-m", "aimu", "chat", *args]
+        self.tty = tty
+        self._output = bytearray()
+        self._errors = bytearray()
+        self._changed = threading.Condition()
+        self.cursor = 0
+        self._closed = False
+        if tty:
+            master, slave = os.openpty()
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _ON_TTY, *command[1:]],
+                stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT,
+            )
+            os.close(slave)
+            self._input = master
+            readers = [(master, self._output)]
+        else:
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, cwd=ROOT,
+            )
+            assert self.process.stdin and self.process.stdout and self.process.stderr
+            self._input = self.process.stdin.fileno()
+            readers = [
+                (self.process.stdout.fileno(), self._output),
+                (self.process.stderr.fileno(), self._errors),
+            ]
+        self._threads = [
+            threading.Thread(target=self._pump, args=reader, daemon=True) for reader in readers
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, fd: int, into: bytearray) -> None:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # a pty whose other side closed reads as EIO
+                data = b""
+            with self._changed:
+                into += data
+                self._changed.notify_all()
+            if not data:
+                return
+
+    @property
+    def output(self) -> str:
+        text = self._output.decode(errors="replace")
+        return text.replace("\r\n", "\n") if self.tty else text
+
+    @property
+    def errors(self) -> str:
+        return self._errors.decode(errors="replace")
+
+    def send(self, *lines: str) -> None:
+        for line in lines:
+            self.press(line + "\n")
+
+    def press(self, keys: str) -> None:
+        os.write(self._input, keys.encode())
+
+    def expect(self, text: str) -> str:
+        """Wait until ``text`` is printed after the cursor; return the output up to it."""
+        deadline = time.monotonic() + WAIT
+        with self._changed:
+            while (at := self.output.find(text, self.cursor)) < 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.process.poll() is not None and not self._alive()):
+                    raise AssertionError(
+                        f"{text!r} never printed; after the cursor: "
+                        f"{self.output[self.cursor:]!r}; stderr: {self.errors[-2000:]!r}"
+                    )
+                self._changed.wait(min(left, 0.1))
+        seen = self.output[self.cursor : at + len(text)]
+        self.cursor = at + len(text)
+        return seen
+
+    def _alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def close_input(self) -> None:
+        if self.tty:
+            self.press("\x04")  # Ctrl+D on an empty line: EOF
+        elif self.process.stdin is not None:
+            self.process.stdin.close()
+
+    def wait(self) -> int:
+        code = self.process.wait(WAIT)
+        self.close()
+        return code
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(WAIT)
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for thread in self._threads:
+            thread.join(WAIT)
+        if self.tty:
+            os.close(self._input)
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def chats() -> Iterator[list[Chat]]:
+    """Chats a test started; any still running at the end is killed."""
+    started: list[Chat] = []
+    yield started
+    for chat in started:
+        chat.close()
+
+
+def start(chats: list[Chat], *args: str, env: dict[str, str], tty: bool = False) -> Chat:
+    chat = Chat(*args, env=env, tty=tty)
+    chats.append(chat)
+    chat.expect(BANNER_END)
+    return chat
+
+
+def roles_and_contents(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["role"], m.get("content", "")) for m in messages]
+
+
+# --------------------------------------------------------------------------- piped stdin
+
+
+def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_partial(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = environment(tmp_path, server.url)
+    streams_before = len(server.streams)
+    chat = start(chats, "--model", "ollama:test", env=env)
+    chat.send("long story")
+    shown = chat.expect("w5 ")
+    chat.send("/stop")
+    shown += chat.expect("(stopped)\n")
+    partial = shown.removesuffix("\n(stopped)\n")
+    assert partial.startswith("w0 w1 w2 w3 w4 w5") and "w299" not in partial
+    stream = server.streams[streams_before]
+    wait_for(lambda: stream.abandoned, "the server to see the stream abandoned")
+    assert not stream.completed
+    chat.send("next")
+    chat.expect("answer to next\n")
+    sent = server.requests[-1].body["messages"]
+    assert roles_and_contents(sent) == [
+        ("user", "long story"),
+        ("assistant", partial),  # exactly what the user saw
+        ("user", "next"),
+    ]
+    chat.close_input()
+    assert chat.wait() == 0
+    assert "Traceback" not in chat.errors
+
+
+def test_input_typed_during_a_turn_is_queued_and_answered_in_order(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    chat = start(chats, "--model", "ollama:test", env=environment(tmp_path, server.url))
+    chat.send("long one")
+    chat.expect("w2 ")
+    chat.send("first", "second", "/stop")  # /stop stops the running turn, not a queued one
+    chat.expect("(stopped)\n")
+    assert chat.expect("answer to first\n") == "answer to first\n"
+    assert chat.expect("answer to second\n") == "answer to second\n"
+    chat.close_input()
+    assert chat.wait() == 0
+
+
+def test_idle_stop_unknown_commands_http_errors_and_eof(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    chat = start(chats, "--model", "ollama:test", env=environment(tmp_path, server.url))
+    chat.send("/stop")
+    assert chat.expect("\n") == "(nothing to stop: no turn is running)\n"
+    chat.send("/frobnicate")
+    line = chat.expect("\n")
+    assert line.startswith("unknown command /frobnicate: /help lists the commands")
+    chat.send("fail")
+    assert chat.expect("\n") == (
+        f"error: Ollama at {server.url} answered HTTP 500 for model 'test': "
+        "internal server error (scripted http_500 fault)\n"
+    )
+    chat.send("hello")
+    assert chat.expect("\n") == "answer to hello\n"
+    chat.close_input()
+    assert chat.wait() == 0
+    assert chat.errors == ""
+
+
+def test_unreachable_server_prints_one_line_and_keeps_serving(
+    tmp_path: Path, chats: list[Chat]
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    chat = start(chats, "--model", "ollama:llama3", env=environment(tmp_path, f"127.0.0.1:{port}"))
+    chat.send("hello")
+    line = chat.expect("\n")
+    assert re.fullmatch(
+        rf"error: cannot connect to Ollama at http://127\.0\.0\.1:{port} \(.+\); "
+        r"is Ollama running\? set OLLAMA_HOST or use --model test\n",
+        line,
+    ), line
+    chat.send("/history")
+    assert chat.expect("1 user: hello\n").startswith("session 'default': 1 messages\n")
+    chat.send("again")
+    assert chat.expect("\n").startswith(f"error: cannot connect to Ollama at http://127.0.0.1:{port}")
+    chat.close_input()
+    assert chat.wait() == 0
+    assert "Traceback" not in chat.output + chat.errors
+
+
+# --------------------------------------------------------------------------- restarts
+
+
+def test_restart_after_stop_continues_the_session(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = environment(tmp_path, server.url)
+    options = ("--model", "ollama:test", "--session", "trip", "--system", "Be brief.")
+    chat = start(chats, *options, env=env)
+    chat.send("long way")
+    shown = chat.expect("w3 ")
+    chat.send("/stop")
+    partial = (shown + chat.expect("(stopped)\n")).removesuffix("\n(stopped)\n")
+    chat.close_input()
+    assert chat.wait() == 0
+
+    again = start(chats, *options, env=env)
+    assert "session 'trip' (2 messages; /history shows them)" in again.output
+    again.send("/history")
+    history = again.expect("(stopped)\n")
+    assert history == (
+        "session 'trip': 3 messages\n"
+        "  1 system: Be brief.\n"
+        "  2 user: long way\n"
+        f"  3 assistant: {partial.strip()} (stopped)\n"
+    )
+    again.send("next")
+    again.expect("answer to next\n")
+    assert roles_and_contents(server.requests[-1].body["messages"]) == [
+        ("system", "Be brief."),
+        ("user", "long way"),
+        ("assistant", partial),
+        ("user", "next"),
+    ]
+    again.close_input()
+    assert again.wait() == 0
+
+
+def test_restart_after_kill_9_mid_turn_loses_nothing_and_duplicates_nothing(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = environment(tmp_path, server.url)
+    options = ("--model", "ollama:test", "--session", "crash", "--system", "Be brief.")
+    chat = start(chats, *options, env=env)
+    chat.send("first")
+    chat.expect("answer to first\n")
+    chat.send("long run")
+    chat.expect("w3 ")
+    chat.kill()  # SIGKILL mid-stream: no finally runs in the child
+
+    again = start(chats, *options, env=env)
+    again.send("/history")
+    history = again.expect("  4 user: long run\n")
+    assert history == (
+        "session 'crash': 4 messages\n"
+        "  1 system: Be brief.\n"
+        "  2 user: first\n"
+        "  3 assistant: answer to first\n"
+        "  4 user: long run\n"
+    )
+    again.send("next")
+    again.expect("answer to next\n")
+    assert roles_and_contents(server.requests[-1].body["messages"]) == [
+        ("system", "Be brief."),
+        ("user", "first"),
+        ("assistant", "answer to first"),
+        ("user", "long run"),
+        ("user", "next"),
+    ]
+    again.close_input()
+    assert again.wait() == 0
+
+
+# --------------------------------------------------------------------------- Ctrl+C on a pty
+
+
+def test_ctrl_c_once_interrupts_at_the_step_boundary(tmp_path: Path, chats: list[Chat]) -> None:
+    chat = start(chats, "--model", "test", env=environment(tmp_path, "127.0.0.1:9"), tty=True)
+    chat.send("look into Paris")
+    chat.expect("[calling research(topic=\"Paris\")]\n")
+    chat.press("\x03")
+    chat.expect("press Ctrl+C again to stop now)\n")
+    shown = chat.expect("(interrupted)\n")
+    # The research step finished and was recorded; the answer step never started.
+    assert "[research → notes on 'Paris'" in shown and "I called" not in shown
+    chat.send("/history")
+    history = chat.expect("tool research: notes on 'Paris'")
+    assert "user: look into Paris" in history
+    chat.close_input()
+    assert chat.wait() == 0
+
+
+def test_ctrl_c_twice_cancels_the_turn(tmp_path: Path, chats: list[Chat]) -> None:
+    chat = start(chats, "--model", "test", env=environment(tmp_path, "127.0.0.1:9"), tty=True)
+    chat.send("look into Rome")
+    chat.expect("[calling research(topic=\"Rome\")]\n")
+    chat.press("\x03")
+    chat.expect("press Ctrl+C again to stop now)\n")
+    chat.press("\x03")
+    shown = chat.expect("(stopped)\n")
+    assert "[research →" not in shown
+    chat.send("/history")
+    chat.expect("tool research: ")
+    assert "cancel" in chat.expect("\n")
+    chat.close_input()
+    assert chat.wait() == 0
+
+
+def test_ctrl_c_when_idle_exits(tmp_path: Path, chats: list[Chat]) -> None:
+    chat = start(chats, "--model", "test", env=environment(tmp_path, "127.0.0.1:9"), tty=True)
+    chat.expect("> ")
+    chat.press("\x03")
+    chat.expect("(bye)\n")
+    assert chat.wait() == 0
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_command_line_help_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("aimu ")
+    assert main(["chat", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "--model SPEC" in shown and "--session NAME" in shown and "--system TEXT" in shown
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+def test_python_dash_m_aimu_chat_exits_0_at_eof(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--model", "test", "--no-tools"],
+        input="hi there\n", capture_output=True, text=True, timeout=WAIT,
+        env=environment(tmp_path, "127.0.0.1:9"), cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:] == ["You said: hi there"]
+    assert (tmp_path / "sessions.db").exists()
+
+
+def test_the_example_assistant_runs_with_its_own_tool(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/personal-assistant/assistant.py", "--session", "ex"],
+        input="roll a die\n/sessions\n", capture_output=True, text=True, timeout=WAIT,
+        env=environment(tmp_path, "127.0.0.1:9"), cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^\[roll_dice → [1-6]\]$", done.stdout, re.M), done.stdout
+    assert re.search(r"I called roll_dice: [1-6]\.$", done.stdout, re.M), done.stdout
+    assert "* ex: 7 messages, completed" in done.stdout
