@@ -16,8 +16,8 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Literal, overload
+from types import CoroutineType, EllipsisType
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from aimu.aio.client import ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnAssembler
 from aimu.aio.errors import ModelProtocolError
@@ -338,7 +338,7 @@ class Agent:
             raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
         self._check_idle()
         events = self._loop(task, reset=reset)
-        return events if stream else _drain(events)
+        return events if stream else self._drain(events)
 
     @overload
     def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, str]: ...
@@ -358,7 +358,13 @@ class Agent:
         if not any(m["role"] == "user" for m in self.model_client.messages):
             raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
         events = self._loop(None, reset=False)
-        return events if stream else _drain(events)
+        return events if stream else self._drain(events)
+
+    def _drain(self, events: AsyncGenerator[Event, None]) -> CoroutineType[Any, Any, str]:
+        coroutine = cast("CoroutineType[Any, Any, str]", _drain(events))
+        # A RunHandle names itself after its coroutine: make that the agent's name.
+        coroutine.__qualname__ = coroutine.__name__ = self._config.name
+        return coroutine
 
     def _check_idle(self) -> None:
         if self._run_active:
@@ -423,6 +429,8 @@ class Agent:
             while answer is None:
                 if self._interrupt_requested or (scope is not None and scope.interrupt_requested):
                     status, reply = "interrupted", INTERRUPTED
+                    if scope is not None:
+                        scope.note_interrupted()
                     break
                 final_turn = rounds >= config.max_rounds
                 if final_turn and not (
@@ -614,6 +622,7 @@ def _add_usage(total: Usage, turn: Usage) -> None:
 
 
 async def _drain(events: AsyncGenerator[Event, None]) -> str:
+    """Run the loop to its end for ``run()``; return the reply of its RunFinished."""
     reply = ""
     async with aclosing(events):
         async for event in events:

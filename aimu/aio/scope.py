@@ -22,7 +22,14 @@ EventListener = Callable[[Event], None]
 class RunScope:
     """Interrupt request, deadline and event fan-out shared by the loops of one run."""
 
-    __slots__ = ("_interrupt_requested", "_listeners", "deadline", "name", "parent")
+    __slots__ = (
+        "_interrupt_requested",
+        "_listeners",
+        "deadline",
+        "interrupt_honoured",
+        "name",
+        "parent",
+    )
 
     def __init__(
         self, name: str, *, parent: RunScope | None = None, deadline: float | None = None
@@ -34,6 +41,9 @@ class RunScope:
         #: Loop time (``loop.time()``) at which the run is cancelled, inherited by nested scopes.
         self.deadline: float | None = deadline
         self._interrupt_requested = False
+        #: True once a loop in this scope stopped because of an interrupt (a run that
+        #: finished its answer despite one leaves it False).
+        self.interrupt_honoured = False
         self._listeners: list[EventListener] | None = None
 
     @property
@@ -49,6 +59,13 @@ class RunScope:
     def request_interrupt(self) -> None:
         """Ask every loop in this scope to stop at its next step boundary."""
         self._interrupt_requested = True
+
+    def note_interrupted(self) -> None:
+        """Record that a loop stopped at a step boundary because of an interrupt."""
+        scope: RunScope | None = self
+        while scope is not None:
+            scope.interrupt_honoured = True
+            scope = scope.parent
 
     def add_listener(self, listener: EventListener) -> Callable[[], None]:
         """Call ``listener`` with every event emitted in this scope; returns a remover."""
