@@ -499,6 +499,15 @@ class Workflow(abc.ABC):
         scope.emit(RunStarted(self._name, task))
         driver = asyncio.get_running_loop().create_task(self._body(scope), name=self._name)
         driver.add_done_callback(lambda _: queue.put_nowait(_END))
+        # The run belongs to the task reading it: a consumer that ends (say, cancelled in
+        # its own loop body, leaving this stream unclosed) must not leave it running.
+        consumer = asyncio.current_task()
+
+        def consumer_done(_: object) -> None:
+            driver.cancel()
+
+        if consumer is not None:
+            consumer.add_done_callback(consumer_done)
         failure: BaseException | None = None
         try:
             while not isinstance(event := await queue.get(), _End):
@@ -511,6 +520,9 @@ class Workflow(abc.ABC):
         except BaseException as exc:  # our consumer was cancelled: cancel the run, then say so
             failure = exc
             await self._stop_driver(driver, scope)
+        finally:
+            if consumer is not None:
+                consumer.remove_done_callback(consumer_done)
         remove()
         if failure is None:
             failure = _outcome(driver)

@@ -205,3 +205,31 @@ async def test_handle_events_of_a_workflow_and_interrupt_through_the_handle() ->
     own = [e for e in events if isinstance(e, RunFinished) and e.agent == "parallel"]
     assert len(own) == 1 and own[0].status == "interrupted" and events[-2] is own[0]
     assert parallel.interrupt() is False
+
+
+async def test_a_consumer_cancelled_in_its_own_code_stops_the_run_too() -> None:
+    # The cancel lands in the consumer's loop body, not in the stream: the stream is left
+    # unclosed, and the run must not go on calling models in the background.
+    model = scripted(delay=0.001)
+    chain = nested(model)
+    stream = chain.run("go", stream=True)
+    reading = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in stream:
+            reading.set()
+            await asyncio.sleep(1)
+
+    task = asyncio.ensure_future(consume())
+    await reading.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not chain.running and chain.last_status == "cancelled"
+    served = model.turns_served
+    await asyncio.sleep(0.01)
+    assert model.turns_served == served and model.open_streams == 0
+    await stream.aclose()
+    check_state(chain.state)
