@@ -52,7 +52,7 @@ async def test_nested_stopped_at_every_point_resumes(mode: str) -> None:
 
 
 async def test_nested_cancel_by_handle_then_resume_in_a_new_workflow() -> None:
-    model = scripted(delays={"right": 0.005})
+    model = scripted(delays={"right": 0.02})
     chain = nested(model)
     handle = aio.RunHandle.start(chain.run("go"))
     finished: list[str] = []
