@@ -8,8 +8,9 @@ the same session continues the conversation. ``aimu chat`` and
 ``examples/personal-assistant`` both run this loop.
 
 Output is line-oriented and flushed: reply text as it streams, ``[calling ...]`` and
-``[tool → ...]`` lines for tool rounds, ``(stopped)`` / ``(interrupted)`` on a line of
-their own, and ``error: ...`` lines for expected errors (never a traceback).
+``[tool → ...]`` lines for tool rounds, ``(thinking…)``, ``(stopped)`` and
+``(interrupted)`` on lines of their own, and one ``error: ...`` line for an expected
+error (never a traceback). A ``> `` prompt is shown only on a terminal.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from aimu.aio.events import (
     Event,
     RunFinished,
     TextChunk,
+    ThinkingChunk,
     ToolCallStarted,
     ToolResult,
 )
@@ -258,6 +260,7 @@ class Assistant:
         self._at_line_start = True
         self._serving = False
         self._busy = False
+        self._thinking = False
 
     def _open(self, session: str) -> Agent:
         validate_session_name(session)
@@ -316,6 +319,13 @@ class Assistant:
             self._at_line_start = True
 
     def _show(self, event: Event) -> None:
+        if isinstance(event, ThinkingChunk):
+            # Thinking can take a while before any text: say so once, not word by word.
+            if not self._thinking:
+                self._line("(thinking…)")
+                self._thinking = True
+            return
+        self._thinking = False
         if isinstance(event, TextChunk):
             self._write(event.text)
         elif isinstance(event, ToolCallStarted):
@@ -579,6 +589,8 @@ class Assistant:
         except AimuError as error:
             self._line(f"error: {_error_line(error)}")
             return
+        except BrokenPipeError:  # our own output went away: nobody to tell
+            raise
         except Exception as error:  # a bug, not an expected error: details go to stderr
             traceback.print_exception(error, file=sys.stderr)
             self._line(f"error: {type(error).__name__}: {_error_line(error)}")

@@ -196,6 +196,16 @@ async def test_eof_waits_for_the_running_turn_and_the_queue(screen: Screen) -> N
     await screen.assistant.aclose()
 
 
+async def test_thinking_is_announced_once_then_the_answer_streams(store: SQLiteStore) -> None:
+    model = ScriptedModel([Turn(thinking="let me think about this at length", text="42")])
+    out = io.StringIO()
+    screen = Screen(Assistant(model, store, tools=(), out=out), out)
+    await screen.expect(".\n")
+    screen.send("the answer?")
+    assert await screen.expect("42\n") == "(thinking…)\n42\n"
+    assert await screen.finish() == 0
+
+
 # --------------------------------------------------------------------------- commands
 
 

@@ -298,6 +298,25 @@ def test_unreachable_server_prints_one_line_and_keeps_serving(
     assert "Traceback" not in chat.output + chat.errors
 
 
+def test_a_session_served_elsewhere_is_refused_in_one_line(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = environment(tmp_path, server.url)
+    first = start(chats, "--model", "ollama:test", "--session", "busy", env=env)
+    second = subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--model", "ollama:test", "--session", "busy"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT, env=env,
+        cwd=ROOT,
+    )
+    assert second.returncode == 1 and second.stderr == ""
+    assert re.fullmatch(
+        rf"error: session 'busy' is already open for writing by .*{first.process.pid}.*\n",
+        second.stdout,
+    ), second.stdout
+    first.close_input()
+    assert first.wait() == 0
+
+
 # --------------------------------------------------------------------------- restarts
 
 
