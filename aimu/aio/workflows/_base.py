@@ -563,5 +563,7 @@ def _drain_queue(queue: asyncio.Queue[Event | _End]) -> list[Event | _End]:
     return items
 
 
-def interrupted() -> tuple[RunStatus, str]:
+def interrupted(scope: RunScope) -> tuple[RunStatus, str]:
+    """How a run stopped by an interrupt at a step boundary ends; the scope records it."""
+    scope.note_interrupted()
     return "interrupted", INTERRUPTED

@@ -51,9 +51,9 @@ class Chain(Workflow):
         for slot in self._chain:
             if not slot.finished:
                 if scope.interrupt_requested:
-                    return interrupted()
+                    return interrupted(scope)
                 if await slot.run(text) is None:
-                    return interrupted()
+                    return interrupted(scope)
                 self._step_finished(scope)
             text = slot.answer
         return "completed", text

@@ -138,30 +138,30 @@ class EvaluatorOptimizer(Workflow):
         for index in range(self.max_rounds):
             if index == len(self._rounds):
                 if scope.interrupt_requested:
-                    return interrupted()
+                    return interrupted(scope)
                 self._rounds.append(self._new_round(index))
             round_ = self._rounds[index]
             generate = round_.generate
             if not generate.finished:
                 if scope.interrupt_requested:
-                    return interrupted()
+                    return interrupted(scope)
                 if index == 0:
                     prompt = task
                 else:
                     previous = self._rounds[index - 1]
                     prompt = revise_prompt(task, previous.generate.answer, previous.feedback or "")
                 if await generate.run(prompt) is None:
-                    return interrupted()
+                    return interrupted(scope)
                 self._step_finished(scope)
             draft = generate.answer
             if round_.accepted is None:
                 evaluate = round_.evaluate
                 if evaluate is not None:
                     if scope.interrupt_requested:
-                        return interrupted()
+                        return interrupted(scope)
                     verdict = await evaluate.run(evaluate_prompt(task, draft))
                     if verdict is None:
-                        return interrupted()
+                        return interrupted(scope)
                     round_.accepted, round_.feedback = is_accepted(verdict), verdict.strip()
                     self._step_finished(scope)
                 else:

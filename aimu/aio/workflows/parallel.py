@@ -98,19 +98,19 @@ class Parallel(Workflow):
         pending = [slot for slot in self._lanes if not slot.finished]
         if pending:
             if scope.interrupt_requested:
-                return interrupted()
+                return interrupted(scope)
             await self._run_branches(pending, task, scope)
             if not all(slot.finished for slot in self._lanes):
-                return interrupted()
+                return interrupted(scope)
         answers = [slot.answer for slot in self._lanes]
         combiner = self._combiner
         if combiner is not None:
             if not combiner.finished:
                 if scope.interrupt_requested:
-                    return interrupted()
+                    return interrupted(scope)
                 text = labelled([s.step.name for s in self._lanes], answers)
                 if await combiner.run(combine_prompt(task, text)) is None:
-                    return interrupted()
+                    return interrupted(scope)
                 self._step_finished(scope)
             return "completed", combiner.answer
         if self._combined is None:

@@ -133,10 +133,10 @@ class Router(Workflow):
                 if classifier is not None:
                     if not classifier.finished:
                         if scope.interrupt_requested:
-                            return interrupted()
+                            return interrupted(scope)
                         prompt = classifier_prompt(task, list(self._routes))
                         if await classifier.run(prompt) is None:
-                            return interrupted()
+                            return interrupted(scope)
                         self._step_finished(scope)
                     self._choice = classifier.answer
                 else:
@@ -152,9 +152,9 @@ class Router(Workflow):
         lane = self._lanes[self._route]
         if not lane.finished:
             if scope.interrupt_requested:
-                return interrupted()
+                return interrupted(scope)
             if await lane.run(task) is None:
-                return interrupted()
+                return interrupted(scope)
             self._step_finished(scope)
         return "completed", lane.answer
 

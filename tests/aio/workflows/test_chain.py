@@ -13,6 +13,7 @@ from workflow_support import agent, check_state, note, scripted, sweep
 from aimu import aio
 from aimu.aio.agent import INTERRUPTED
 from aimu.aio.events import (
+    Event,
     RunFinished,
     RunStarted,
     StepFinished,
@@ -20,6 +21,7 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolResult,
 )
+from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import validate
 from aimu.aio.workflows import Chain, Parallel
 from aimu.testing.script import Turn
@@ -113,6 +115,35 @@ async def test_interrupt_through_a_handle_reaches_the_agents() -> None:
     state = check_state(chain.state)
     assert [s["status"] for s in state["steps"]] == ["in_flight", "pending", "pending"]
     assert model.turns_served == 1
+
+
+@pytest.mark.parametrize("stop_at", ["s2", "s3"])
+async def test_an_interrupt_during_an_answer_stops_at_the_next_boundary(stop_at: str) -> None:
+    # The scope a handle would give the run, made by hand: only the scope matters here.
+    outer = RunScope("outer")
+    chain = three_steps(scripted())
+    answered_tools: list[str] = []
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, ToolResult):
+            answered_tools.append(event.agent)
+        if answered_tools[-1:] == [stop_at] and isinstance(event, TextChunk):
+            outer.request_interrupt()  # while stop_at streams its answer
+
+    outer.add_listener(on_event)
+    token = current_scope.set(outer)
+    try:
+        running = asyncio.ensure_future(chain.run("go"))  # its context holds the scope
+    finally:
+        current_scope.reset(token)
+    reply = await running
+    if stop_at == "s3":  # no boundary is left to stop at: the chain completes
+        assert reply == "s3<s2<s1<go>>>" and chain.last_status == "completed"
+        assert not outer.interrupt_honoured
+    else:  # s2 answers; the chain stops before s3, and tells the scope it did
+        assert reply == INTERRUPTED and chain.last_status == "interrupted"
+        assert [s["status"] for s in chain.state["steps"]] == ["finished", "finished", "pending"]
+        assert outer.interrupt_honoured
 
 
 async def test_handle_cancel_keeps_the_partial_transcript_and_resumes() -> None:
