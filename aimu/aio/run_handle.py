@@ -264,6 +264,7 @@ class RunHandle(Generic[T]):
             else:
                 # cancel() or the deadline came before this first step: deliver it now,
                 # so that it lands at the run's first await (its opening lines still run).
+                self._more().started = True
                 self._task.cancel(self.reason if self._state is _CANCELLING else None)
             result = await coro
         except CancelledError as stop:
@@ -285,14 +286,14 @@ class RunHandle(Generic[T]):
             # Inline, not a method: this is every run's way out.
             self._result = result
             self._state = _INTERRUPTED if self._scope.interrupt_honoured else _COMPLETED
+            if self._extra is not None:
+                self._finish_extra()
             waiter = self._waiter
             if waiter is not None:
                 try:  # noqa: SIM105 - cheaper than contextlib.suppress on this path
                     waiter.set_result(result)
                 except InvalidStateError:  # its awaiter gave up waiting
                     pass
-            if self._extra is not None:
-                self._finish_extra()
 
     def _failed(self, error: BaseException) -> None:
         state = self._state
@@ -323,10 +324,10 @@ class RunHandle(Generic[T]):
         self._settle_waiters()
 
     def _settle_waiters(self) -> None:
-        if self._waiter is not None:
-            self._settle(self._waiter)
         if self._extra is not None:
             self._finish_extra()
+        if self._waiter is not None:
+            self._settle(self._waiter)
 
     def _settle(self, waiter: Future[T]) -> None:
         """Give ``waiter`` the outcome of the finished run (unless its awaiter gave up)."""
@@ -342,29 +343,31 @@ class RunHandle(Generic[T]):
             waiter.set_exception(self._error)
 
     def _finish_extra(self) -> None:
+        """End what only some runs have, in the order they hear of it: done callbacks
+        (on_sigint's restore among them), event streams, stop() and then the waiters."""
         extra = self._extra
         assert extra is not None
         if extra.timer is not None:
             extra.timer.cancel()
             extra.timer = None
-        if extra.waiters is not None:
-            for waiter in extra.waiters:
-                self._settle(waiter)
-            extra.waiters = None
-        if extra.watchers is not None:
-            for watcher in extra.watchers:
-                if not watcher.done():
-                    watcher.set_result(None)
-            extra.watchers = None
+        if extra.callbacks is not None:
+            for callback, context in extra.callbacks:
+                self._loop.call_soon(callback, self, context=context)
+            extra.callbacks = None
         if extra.streams is not None:
             terminal = self._terminal()
             for stream in extra.streams:
                 stream._end(terminal)
             extra.streams = None
-        if extra.callbacks is not None:
-            for callback, context in extra.callbacks:
-                self._loop.call_soon(callback, self, context=context)
-            extra.callbacks = None
+        if extra.watchers is not None:
+            for watcher in extra.watchers:
+                if not watcher.done():
+                    watcher.set_result(None)
+            extra.watchers = None
+        if extra.waiters is not None:
+            for waiter in extra.waiters:
+                self._settle(waiter)
+            extra.waiters = None
 
     def _more(self) -> _Extra:
         extra = self._extra
