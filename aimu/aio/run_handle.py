@@ -5,25 +5,29 @@
 stops at its next step boundary when asked to (``interrupt()``) and emits its events
 there (``events()``). ``cancel()`` is the hard stop; a deadline cancels on its own.
 
-The state machine (``_State``); any other move raises ``RuntimeError`` naming the state::
+The state machine (``_State``)::
 
-    PENDING ──first step──▶ RUNNING ──returned──▶ COMPLETED | INTERRUPTED
-       │                      │      ──raised───▶ FAILED
-       │                      │      ──cancelled─▶ CANCELLED
-       └──────────┬───────────┘
-                  ├──cancel()──▶ CANCELLING ──the run ends──▶ CANCELLED (or COMPLETED,
-                  │                  ▲                      INTERRUPTED, FAILED if it
-                  │               cancel()                  returned or raised anyway)
-                  └──deadline──▶ EXPIRING ──the run ends──▶ TIMED_OUT, or CANCELLED when
-                                                           another cancel came too
+    PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, or INTERRUPTED
+       │                      │     ──the run raises───▶ FAILED
+       │                      │     ──CancelledError───▶ CANCELLED
+       ├──cancel()────────────┴──▶ CANCELLING ──the run ends──▶ CANCELLED (COMPLETED or
+       │                      │        ▲                        FAILED if it returned or
+       │                      │        │ cancel()               raised instead)
+       └──deadline────────────┴──▶ EXPIRING ──the run ends──▶ TIMED_OUT, or CANCELLED
+                                                              if another cancel came too
 
+The five on the right are final. Moves the diagram lacks are refused: ``cancel()`` and
+``interrupt()`` answer False on a final handle, and a second finish raises
+``RuntimeError`` naming the state it found. A cancel (or deadline)
+that comes while PENDING is delivered at the task's first step, so it lands at the
+run's first ``await``: its opening lines (an agent recording the task) still run.
 ``interrupt()`` is a request, not a state: it sets the scope's ``interrupt_requested``
-while the run is PENDING or RUNNING. A run that then *returns* (an agent returns
-``"Run interrupted."``) ends INTERRUPTED; one that returns with no interrupt requested on
-its scope (or a scope around it) ends COMPLETED. The deadline counts its cancel the way
-``asyncio.timeout`` does: the run is TIMED_OUT only if that cancel is the task's only
-one (``task.cancelling()``), so a cancel from elsewhere, even in the same loop
-iteration, is reported as CANCELLED.
+while PENDING or RUNNING. A run that returns ends INTERRUPTED when a loop in its scope
+honoured an interrupt (``scope.interrupt_honoured``: agents and workflows record it, a
+loop of your own calls ``scope.note_interrupted()``), else COMPLETED, even if one was
+asked for. The deadline counts its cancel as ``asyncio.timeout`` does: TIMED_OUT only
+when its cancel is the task's only one (``task.cancelling()``), so a cancel from
+anywhere else, even in the same loop iteration, is reported as CANCELLED.
 
 Awaiting a handle never cancels the run. Unlike awaiting a task, a waiter that is itself
 cancelled only stops waiting::
@@ -87,6 +91,7 @@ _LIVE = frozenset({_PENDING, _RUNNING, _CANCELLING, _EXPIRING})
 _DROPPABLE = (TextChunk, ThinkingChunk)
 _new = object.__new__
 _monotonic = time.monotonic
+_CoroutineType = types.CoroutineType
 
 
 class _Suspend(tuple[None]):
@@ -123,6 +128,7 @@ class _Extra:
 
     __slots__ = (
         "callbacks",
+        "cancels",
         "reason",
         "started",
         "streams",
@@ -137,6 +143,8 @@ class _Extra:
         self.started = True
         """False when a cancel or the deadline came before the first step."""
         self.timer: asyncio.TimerHandle | None = None
+        self.cancels = 0
+        """``task.cancelling()`` just before the deadline's own cancel."""
         self.callbacks: list[tuple[DoneCallback, contextvars.Context]] | None = None
         self.streams: list[EventStream] | None = None
         self.waiters: list[Future[Any]] | None = None
@@ -196,7 +204,7 @@ class RunHandle(Generic[T]):
         running event loop; a non-awaitable raises ``TypeError``.
         """
         run: Coroutine[Any, Any, T]
-        if type(coro) is types.CoroutineType:
+        if type(coro) is _CoroutineType:
             run = coro
             if name is None:
                 name = coro.__qualname__
@@ -237,8 +245,9 @@ class RunHandle(Generic[T]):
         scope._interrupt_requested = False
         scope.interrupt_honoured = False
         scope._listeners = None
-        # Started here up to its first await, so that a cancel landing before the task's
-        # first step still runs _drive's handlers (and closes the run's coroutine).
+        # Started here up to its first await, so that a cancel from outside landing before
+        # the task's first step (asyncio.run() cancelling every task as it ends) still
+        # runs _drive's handlers, which settle the handle and close the run's coroutine.
         drive = self._drive(run)
         drive.send(None)
         try:  # BaseEventLoop keeps it here; other loops answer get_task_factory()
@@ -264,8 +273,10 @@ class RunHandle(Generic[T]):
             else:
                 # cancel() or the deadline came before this first step: deliver it now,
                 # so that it lands at the run's first await (its opening lines still run).
-                self._more().started = True
-                self._task.cancel(self.reason if self._state is _CANCELLING else None)
+                extra = self._more()
+                extra.started = True
+                extra.cancels = self._task.cancelling()
+                self._task.cancel(extra.reason if self._state is _CANCELLING else None)
             result = await coro
         except CancelledError as stop:
             _close_unstarted(coro)
@@ -307,12 +318,10 @@ class RunHandle(Generic[T]):
         state = self._state
         if state not in _LIVE:
             raise RuntimeError(f"RunHandle {self.name!r} is already {state.value}")
-        task = self._task
-        if state is _EXPIRING and task.cancelling() <= 1:
-            # Our deadline's cancel is the task's only one: a timeout, not a cancel.
-            task.uncancel()
+        extra = self._extra
+        if state is _EXPIRING and extra is not None and self._task.uncancel() <= extra.cancels:
+            # No cancel came besides the deadline's own: a timeout (as in asyncio.timeout).
             self._state = _State.TIMED_OUT
-            extra = self._more()
             if extra.reason is None:
                 extra.reason = "deadline passed"
             self._error = TimeoutError(f"run {self.name!r} passed its deadline")
@@ -396,6 +405,7 @@ class RunHandle(Generic[T]):
             extra.timer = None
             self._state = _EXPIRING
             if state is _RUNNING:
+                extra.cancels = self._task.cancelling()
                 self._task.cancel()
             else:
                 extra.started = False  # _drive delivers the cancel at the task's first step

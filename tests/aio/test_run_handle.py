@@ -542,6 +542,42 @@ async def test_a_run_that_swallows_its_deadline_and_returns_completes() -> None:
     assert await handle == "partial" and handle.status == "completed"
 
 
+async def test_the_deadline_counts_only_its_own_cancel() -> None:
+    # An outside cancel the run swallowed earlier (without uncancel) does not turn the
+    # later deadline into a "cancel": only the cancels since the deadline count.
+    async def run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        await forever()
+
+    handle = RunHandle.start(run(), timeout=0.01)
+    with pytest.raises(TimeoutError):
+        await handle
+    assert handle.status == "timed_out"
+
+
+async def test_a_cancel_after_the_deadline_fired_wins() -> None:
+    cleaning = asyncio.Event()
+
+    async def run() -> None:
+        try:
+            await forever()
+        finally:
+            cleaning.set()
+            await asyncio.sleep(0.01)  # slow cleanup after the deadline's cancel
+
+    handle = RunHandle.start(run(), timeout=0.001)
+    await cleaning.wait()
+    assert handle.interrupt() is False  # already stopping
+    assert handle.cancel("user") is True
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert handle.status == "cancelled" and handle.reason == "user"
+
+
 async def test_a_nested_handle_inherits_the_tighter_deadline() -> None:
     loop = asyncio.get_running_loop()
     inner_handles: list[RunHandle[Any]] = []
@@ -997,6 +1033,18 @@ async def test_a_real_agent_under_a_handle_interrupts_between_steps() -> None:
     assert isinstance(events[-2], RunFinished) and events[-2].status == "interrupted"
     validate(agent.model_client.messages)
     assert await agent.resume() == "three it is"
+
+
+async def test_an_interrupt_while_the_agents_last_turn_finishes_completes() -> None:
+    model = ScriptedModel([Turn(text="a b c", delay=0.001), Turn(text="again")])
+    agent = aio.Agent(model)
+    handle = RunHandle.start(agent.run("spell"))
+    async for event in handle.events():
+        if isinstance(event, TextChunk) and event.text == "b ":
+            assert handle.interrupt() is True  # the answer is still streaming
+    assert await handle == "a b c"  # no step boundary was left: the answer stands
+    assert handle.status == "completed" and not handle.scope.interrupt_honoured
+    assert await RunHandle.start(agent.run("once more")) == "again"  # nothing left set
 
 
 async def test_a_real_agent_cancelled_mid_stream_keeps_a_valid_transcript() -> None:
