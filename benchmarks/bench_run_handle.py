@@ -217,8 +217,8 @@ async def _memory_per_run(count: int, use_handle: bool) -> float:
 
 async def scale(count: int, repeats: int) -> Rows:
     times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(repeats):
-        for use_handle in (True, False):
+    for repeat in range(repeats):
+        for use_handle in (True, False) if repeat % 2 == 0 else (False, True):
             runs = await _start_all(count, use_handle)
             times[use_handle].append(await _cancel_all(runs))
             del runs

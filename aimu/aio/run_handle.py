@@ -53,8 +53,8 @@ import types
 from asyncio import CancelledError, Future, InvalidStateError, Task
 from asyncio.events import _get_running_loop
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope
@@ -117,9 +117,9 @@ def _noop() -> None:
     pass
 
 
-def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
+def _close_unstarted(coro: types.CoroutineType[Any, Any, Any]) -> None:
     """Close a run coroutine that a stop reached before it began (no "never awaited")."""
-    if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+    if coro.cr_frame is not None and not coro.cr_suspended and not coro.cr_running:
         coro.close()
 
 
@@ -203,13 +203,13 @@ class RunHandle(Generic[T]):
         pass (the earlier wins, and so does a deadline of the scope around). Needs a
         running event loop; a non-awaitable raises ``TypeError``.
         """
-        run: Coroutine[Any, Any, T]
+        run: types.CoroutineType[Any, Any, T]
         if type(coro) is _CoroutineType:
             run = coro
             if name is None:
                 name = coro.__qualname__
         elif inspect.isawaitable(coro):
-            run = _await(coro)
+            run = cast("types.CoroutineType[Any, Any, T]", _await(coro))
             if name is None:
                 name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
         else:
@@ -264,7 +264,7 @@ class RunHandle(Generic[T]):
 
     # -- the run -------------------------------------------------------------------
 
-    async def _drive(self, coro: Coroutine[Any, Any, T]) -> None:
+    async def _drive(self, coro: types.CoroutineType[Any, Any, T]) -> None:
         try:
             await _SUSPEND
             current_scope.set(self._scope)
