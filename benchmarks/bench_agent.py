@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import statistics
 import time
 import tracemalloc
@@ -93,7 +94,7 @@ async def overhead(rounds: int, repeats: int) -> dict[str, float]:
         gc.collect()
         total, marks = await agent_loop(rounds)
         loop.append(total / rounds)
-        steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+        steps = [b - a for a, b in itertools.pairwise(marks)]
         first.append(sum(steps[:20]))
         last.append(sum(steps[-20:]))
     bare_us = statistics.median(bare) * 1e6
