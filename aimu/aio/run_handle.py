@@ -539,6 +539,7 @@ class RunHandle(Generic[T]):
 
     @property
     def name(self) -> str:
+        """The ``name=`` given to start(), else the coroutine's qualified name."""
         return self._scope.name
 
     @property
@@ -548,6 +549,7 @@ class RunHandle(Generic[T]):
 
     @property
     def done(self) -> bool:
+        """True once the run has ended, whatever ended it."""
         return self._state not in _LIVE
 
     @property
@@ -574,7 +576,10 @@ class RunHandle(Generic[T]):
         return None if extra is None else extra.reason
 
     def add_done_callback(self, fn: DoneCallback) -> None:
-        """Call ``fn(handle)`` on the loop soon after the run ends (at once if it has)."""
+        """Call ``fn(handle)`` on the loop soon after the run ends (soon, if it has ended).
+
+        Callbacks run before the handle's waiters resume; call it on the loop's thread.
+        """
         context = contextvars.copy_context()
         if self._state not in _LIVE:
             self._loop.call_soon(fn, self, context=context)
