@@ -148,14 +148,36 @@ def _value(schema: Mapping[str, Any], root: Mapping[str, Any], word: str, depth:
     if kind == "null":
         return None
     if kind == "array":
-        items = schema.get("items")
-        item_schema = items if isinstance(items, Mapping) else {}
-        min_items = schema.get("minItems")
-        count = max(1, min_items if isinstance(min_items, int) else 1)
-        return [_value(item_schema, root, word, depth + 1) for _ in range(count)]
+        return _array(schema, root, word, depth + 1)
     if kind == "object":
         return _object(schema, root, word, depth + 1)
     return word
+
+
+def _array(schema: Mapping[str, Any], root: Mapping[str, Any], word: str, depth: int) -> list[Any]:
+    """A value for each fixed position (``prefixItems``; ``items`` as a list in older
+    drafts), then ``items`` values up to ``minItems``; one item at least, where allowed."""
+    items = schema.get("items")
+    positions: object
+    if isinstance(items, list):
+        positions, rest = items, schema.get("additionalItems")
+    else:
+        positions, rest = schema.get("prefixItems"), items
+    if not isinstance(positions, list):
+        positions = []
+    fixed = [p if isinstance(p, Mapping) else {} for p in positions]
+    min_items = schema.get("minItems")
+    count = max(len(fixed) or 1, min_items if isinstance(min_items, int) else 0)
+    max_items = schema.get("maxItems")
+    if rest is False:  # nothing beyond the fixed positions
+        count = len(fixed)
+    if isinstance(max_items, int):
+        count = min(count, max_items)
+    rest_schema = rest if isinstance(rest, Mapping) else {}
+    return [
+        _value(fixed[i] if i < len(fixed) else rest_schema, root, word, depth)
+        for i in range(count)
+    ]
 
 
 def _object(

@@ -274,3 +274,45 @@ def test_the_test_model_imports_no_network_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        # tuple[int, str, bool] as tools.py writes it (draft 2020-12).
+        (
+            {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"},
+             {"type": "boolean"}], "items": False, "minItems": 3, "maxItems": 3},
+            [1, "word", True],
+        ),
+        ({"type": "array", "prefixItems": [], "items": False, "maxItems": 0}, []),
+        # Items beyond the prefix follow "items" up to minItems.
+        (
+            {"type": "array", "prefixItems": [{"type": "string"}],
+             "items": {"type": "integer"}, "minItems": 3},
+            ["word", 1, 1],
+        ),
+        # The older tuple form: "items" as a list.
+        ({"type": "array", "items": [{"type": "integer"}, {"type": "null"}]}, [1, None]),
+    ],
+)
+def test_fixed_length_arrays_fill_each_position(schema: dict[str, Any], expected: Any) -> None:
+    parameters = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+    assert arguments_for(parameters, "word") == {"value": expected}
+
+
+async def test_tuple_arguments_from_the_test_model_pass_tool_validation() -> None:
+    from aimu.aio.tools import Tool, ToolContext, invoke
+
+    def place(point: tuple[int, float, str]) -> str:
+        """Mark a point."""
+        return repr(point)
+
+    tool = Tool(place)
+    arguments = arguments_for(tool.parameters, "at Lisbon")
+    call: Any = {"id": "c1", "type": "function",
+                 "function": {"name": "place", "arguments": arguments}}
+    ctx = ToolContext(agent="a", call_id="c1", tool_name="place")
+    outcome = await invoke({"place": tool}, call, ctx)
+    assert outcome.content == "(1, 1.5, 'Lisbon')"
+    assert not outcome.is_error
