@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import (
     Any,
     Final,
+    Generic,
     Literal,
     Protocol,
     Self,
     TypeAlias,
+    TypeVar,
     cast,
     get_args,
     runtime_checkable,
@@ -281,6 +283,60 @@ def _read_holder(fd: int) -> str:
     return f"process {pid}" if pid else "another process"
 
 
+class _WriterBase:
+    """What both stores' writers share: the session, its lock, and the closed check."""
+
+    def __init__(self, session: str, lock: _SessionLock, where: str) -> None:
+        self.session = session
+        self._lock = lock
+        self._label = f"{where} writer of {session!r}"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{self._label}, {'open' if self._lock.held else 'closed'}>"
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _check_open(self, what: str) -> None:
+        if not self._lock.held:
+            raise StoreError(f"the writer of session {self.session!r} is closed; cannot {what}")
+
+
+_W = TypeVar("_W", bound=_WriterBase)
+
+
+class _StoreBase(Generic[_W]):
+    """What both stores share: use as a context manager; writers open under a session lock."""
+
+    _mutex: threading.RLock
+    _writers: set[_W]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _add_writer(self, lock: _SessionLock, make: Callable[[_SessionLock], _W]) -> _W:
+        """Build a writer holding ``lock`` (released if building fails); call under the mutex."""
+        try:
+            writer = make(lock)
+        except BaseException:
+            lock.release()
+            raise
+        self._writers.add(writer)
+        return writer
+
+
 # --------------------------------------------------------------------------- SQLite
 
 _SCHEMA_VERSION: Final = 1
@@ -365,7 +421,7 @@ class _Checkpointer:
             self._thread.join()
 
 
-class SQLiteStore:
+class SQLiteStore(_StoreBase["_SQLiteWriter"]):
     """Sessions in one SQLite file (stdlib ``sqlite3``), one row per message.
 
     WAL mode with ``synchronous=NORMAL``: a committed message survives the process
@@ -425,12 +481,6 @@ class SQLiteStore:
             raise StoreFormatError(
                 f"{self.path} is not a readable aimu SQLite store: {error}"
             ) from error
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {str(self.path)!r}>"
@@ -498,14 +548,10 @@ class SQLiteStore:
         with self._mutex:
             self._connection(f"open session {session!r}")
             self._lock_dir.mkdir(parents=True, exist_ok=True)
-            lock = _SessionLock(self._lock_dir, session)
-            try:
-                writer = _SQLiteWriter(self, session, lock)
-            except BaseException:
-                lock.release()
-                raise
-            self._writers.add(writer)
-            return writer
+            return self._add_writer(
+                _SessionLock(self._lock_dir, session),
+                lambda lock: _SQLiteWriter(self, session, lock),
+            )
 
     def _decode(self, session: str, rows: list[tuple[int, str]]) -> list[Message]:
         """The messages of ``rows``; a corrupt last row is left out with a warning."""
@@ -575,13 +621,12 @@ class SQLiteStore:
         conn.close()  # the last connection to close checkpoints and removes the WAL
 
 
-class _SQLiteWriter:
+class _SQLiteWriter(_WriterBase):
     """The writer of one session of a :class:`SQLiteStore`."""
 
     def __init__(self, store: SQLiteStore, session: str, lock: _SessionLock) -> None:
-        self.session = session
+        super().__init__(session, lock, f"SQLiteStore {str(store.path)!r}")
         self._store = store
-        self._lock = lock
         # Only the last row can be torn; rows before it are checked on load.
         with store._transaction(f"open session {session!r}") as conn:
             last = conn.execute(_LAST.format("seq, body", "?"), (session,)).fetchone()
@@ -598,20 +643,6 @@ class _SQLiteWriter:
                     )
                     last = (last[0] - 1, None)
         self._next_seq = 0 if last is None else last[0] + 1
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "open" if self._lock.held else "closed"
-        return f"<SQLiteStore writer of {self.session!r} in {str(self._store.path)!r}, {state}>"
-
-    def _check_open(self, what: str) -> None:
-        if not self._lock.held:
-            raise StoreError(f"the writer of session {self.session!r} is closed; cannot {what}")
 
     def load(self) -> list[Message]:
         self._check_open("load")
@@ -795,7 +826,7 @@ class _Scan:
     torn: str | None  # why the last record was ignored
 
 
-class JSONLStore:
+class JSONLStore(_StoreBase["_JSONLWriter"]):
     """Sessions as files in ``directory``: one append-only ``<session>.jsonl`` each.
 
     Each line is one message as compact JSON, or a ``{"aimu_meta": ...}`` record (the
@@ -820,12 +851,6 @@ class JSONLStore:
         self._writers: set[_JSONLWriter] = set()
         self._syncer = _FileSyncer(str(self.directory)) if fsync else None
         self._closed = False
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<JSONLStore {str(self.directory)!r}>"
@@ -956,14 +981,10 @@ class JSONLStore:
         path = self._path(session)
         with self._mutex:
             self._check_open(f"open session {session!r}")
-            lock = _SessionLock(self.directory, session)
-            try:
-                writer = _JSONLWriter(self, session, path, lock)
-            except BaseException:
-                lock.release()
-                raise
-            self._writers.add(writer)
-            return writer
+            return self._add_writer(
+                _SessionLock(self.directory, session),
+                lambda lock: _JSONLWriter(self, session, path, lock),
+            )
 
     def delete(self, session: str) -> bool:
         path = self._path(session)
@@ -992,14 +1013,13 @@ class JSONLStore:
             self._syncer.stop()
 
 
-class _JSONLWriter:
+class _JSONLWriter(_WriterBase):
     """The writer of one session of a :class:`JSONLStore`."""
 
     def __init__(self, store: JSONLStore, session: str, path: Path, lock: _SessionLock) -> None:
-        self.session = session
+        super().__init__(session, lock, f"JSONLStore {str(store.directory)!r}")
         self._store = store
         self._path = path
-        self._lock = lock
         self._mutex = threading.Lock()
         self._file: _DataFile | None = None
         self._count = 0
@@ -1030,20 +1050,6 @@ class _JSONLWriter:
                 raise StoreError(
                     f"session {session!r}: cannot repair the torn end of {path}: {error}"
                 ) from error
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "open" if self._lock.held else "closed"
-        return f"<JSONLStore writer of {self.session!r} in {str(self._store.directory)!r}, {state}>"
-
-    def _check_open(self, what: str) -> None:
-        if not self._lock.held:
-            raise StoreError(f"the writer of session {self.session!r} is closed; cannot {what}")
 
     def _data_file(self) -> _DataFile:
         file = self._file
