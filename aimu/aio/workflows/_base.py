@@ -514,16 +514,15 @@ class Workflow(abc.ABC):
                 yield event
         except GeneratorExit:
             # The consumer stopped iterating: stop the run; nothing more may be yielded.
-            remove()
             await self._stop_driver(driver, scope)
             raise
         except BaseException as exc:  # our consumer was cancelled: cancel the run, then say so
             failure = exc
             await self._stop_driver(driver, scope)
         finally:
+            remove()
             if consumer is not None:
                 consumer.remove_done_callback(consumer_done)
-        remove()
         if failure is None:
             failure = _outcome(driver)
         rest = [e for e in _drain_queue(queue) if not isinstance(e, _End)]
@@ -540,14 +539,23 @@ class Workflow(abc.ABC):
         raise failure
 
     async def _stop_driver(self, driver: asyncio.Task[str], scope: RunScope) -> None:
+        """Cancel the run's task and wait until it has ended, however often we are cancelled.
+
+        As a TaskGroup does: the stream never ends while its run still works on the
+        transcripts; a further cancel of ours is raised once the run has stopped.
+        """
         driver.cancel()
-        try:
-            await asyncio.wait((driver,))
-        finally:
-            if driver.done():
-                _outcome(driver)  # retrieved: never "Task exception was never retrieved"
-            # A task cancelled before its first step never ran _body's finally.
-            self._end(scope, "cancelled", "", "CancelledError: the stream was stopped")
+        again: asyncio.CancelledError | None = None
+        while not driver.done():
+            try:
+                await asyncio.wait((driver,))
+            except asyncio.CancelledError as exc:
+                again = exc
+        _outcome(driver)  # retrieved: never "Task exception was never retrieved"
+        # A task cancelled before its first step never ran _body's finally.
+        self._end(scope, "cancelled", "", "CancelledError: the stream was stopped")
+        if again is not None:
+            raise again
 
 
 def _outcome(task: asyncio.Task[str]) -> BaseException | None:

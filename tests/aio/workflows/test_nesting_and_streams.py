@@ -233,3 +233,97 @@ async def test_a_consumer_cancelled_in_its_own_code_stops_the_run_too() -> None:
     assert model.turns_served == served and model.open_streams == 0
     await stream.aclose()
     check_state(chain.state)
+
+
+async def test_a_consumer_that_ends_right_after_the_first_event_ends_the_run() -> None:
+    # The consumer ends before the run's task ever ran a step: the run must still end.
+    model = scripted()
+    chain = nested(model)
+    stream = chain.run("go", stream=True)
+
+    async def consume() -> None:
+        async for _ in stream:
+            return
+
+    await asyncio.ensure_future(consume())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not chain.running and chain.last_status == "cancelled"
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert model.turns_served == 0
+    await stream.aclose()
+    check_state(chain.state)
+    assert await chain.run("go") == EXPECTED
+
+
+@pytest.mark.parametrize("close", [False, True])
+async def test_a_second_cancel_still_waits_for_the_run_to_stop(close: bool) -> None:
+    # Cancelled again while the stream waits for its run to stop: it keeps waiting, so
+    # the consumer never ends while the run's task still works on the transcripts.
+    model = scripted(delay=0.001)
+    chain = nested(model)
+    stream = chain.run("go", stream=True)
+    in_parallel = asyncio.Event()
+
+    async def consume() -> None:
+        try:
+            async for event in stream:
+                if isinstance(event, TextChunk) and event.agent == "left":
+                    in_parallel.set()
+                    if close:
+                        break
+        finally:
+            if close:
+                await stream.aclose()
+
+    task = asyncio.ensure_future(consume())
+    await in_parallel.wait()
+    if not close:
+        task.cancel()
+        await asyncio.sleep(0)  # the first cancel lands in the stream, which starts waiting
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert not chain.running and chain.last_status == "cancelled"
+    assert model.open_streams == 0
+    state = check_state(chain.state)
+    assert state["steps"][1]["status"] == "in_flight"
+    await stream.aclose()
+
+
+@pytest.mark.parametrize("mode", ["interrupt", "cancel"])
+async def test_a_handle_around_a_stream_interrupts_or_cancels_its_run(mode: str) -> None:
+    # The run goes on in the stream's own task: the handle's scope and cancel reach it.
+    model = scripted(delay=0.001)
+    parallel = Parallel([agent(model, "b1"), agent(model, "b2")])
+    handles: list[aio.RunHandle[str]] = []
+    seen: list[Event] = []
+
+    async def consume() -> str:
+        async for event in parallel.run("go", stream=True):
+            seen.append(event)
+            if isinstance(event, TextChunk) and len(handles) == 1:
+                if mode == "interrupt":
+                    handles[0].interrupt()
+                else:
+                    handles[0].cancel()
+                handles.append(handles[0])  # once
+        return "done"
+
+    handles.append(aio.RunHandle.start(consume()))
+    if mode == "interrupt":
+        assert await handles[0] == "done"
+        assert handles[0].status == "interrupted"
+        assert parallel.last_status == "interrupted"
+    else:
+        with pytest.raises(asyncio.CancelledError):
+            await handles[0]
+        assert handles[0].status == "cancelled"
+        assert parallel.last_status == "cancelled"
+    final = seen[-1]
+    assert isinstance(final, RunFinished) and final.agent == "parallel"
+    assert final.status == parallel.last_status
+    assert model.open_streams == 0
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    check_state(parallel.state)
