@@ -148,6 +148,25 @@ async def test_a_line_of_the_wrong_shape_is_a_protocol_error(line: bytes) -> Non
                     pass
 
 
+@pytest.mark.parametrize(
+    "trailer", [b"[1, 2]\n", b'{"error": "late"}\n', b"not json\n", b'{"message": 3}\n']
+)
+async def test_whatever_follows_the_done_line_is_ignored(trailer: bytes) -> None:
+    # The reply is complete at done; a bad line after it only costs the connection.
+    lines = [
+        {"message": {"role": "assistant", "content": "hi"}, "done": False},
+        {"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 1},
+    ]
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines) + trailer
+    async with RawServer(http_response(body, content_type="application/x-ndjson")) as raw:
+        model = OllamaClient("m", host=raw.url)
+        async with model:
+            reply = await model.chat("x", stream=True)
+            chunks = [chunk async for chunk in reply]
+    assert chunks == [TextDelta("hi"), TurnDone({"input_tokens": 0, "output_tokens": 1}, None)]
+    assert model.messages[-1] == {"role": "assistant", "content": "hi"}
+
+
 async def test_an_http_error_with_a_plain_text_body_keeps_the_text() -> None:
     response = http_response(
         b"model 'nope' not found", status="404 Not Found", content_type="text/plain"
