@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
@@ -464,12 +465,7 @@ class Assistant:
                 target=self._read_stdin, args=(loop,), name="aimu-chat-stdin", daemon=True
             )
             reader.start()
-        wired = False
-        previous = signal.getsignal(signal.SIGINT)
-        if sigint:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGINT, self._on_sigint)
-                wired = True
+        restore_sigint = self._wire_sigint(loop) if sigint else None
         try:
             self._banner()
             self._show_prompt()
@@ -496,15 +492,37 @@ class Assistant:
                         break
                 await self._wake.wait()
         finally:
-            if wired:
-                loop.remove_signal_handler(signal.SIGINT)
-                # remove_signal_handler installs Python's default; put back what was there
-                # (under asyncio.run, the runner's own Ctrl+C handler).
-                if previous is not None:
-                    signal.signal(signal.SIGINT, previous)
-            await self._abandon_turn()
-            self._serving = False
+            if restore_sigint is not None:
+                restore_sigint()
+            try:
+                await self._abandon_turn()
+            finally:
+                self._serving = False
         return 0
+
+    def _wire_sigint(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+        """Send Ctrl+C to :meth:`_on_sigint`; return what puts the previous handler back.
+
+        ``signal.signal``, not ``loop.add_signal_handler``: removing a loop handler
+        would drop one the loop had before, and Ctrl+C would then do nothing.
+        """
+
+        def on_signal(signum: int, frame: types.FrameType | None) -> None:
+            # Runs between two bytecodes of the main thread: queue the work, touch nothing.
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._on_sigint)
+
+        try:
+            previous = signal.signal(signal.SIGINT, on_signal)
+        except ValueError:  # not the main thread: Ctrl+C stays with whoever has it
+            return None
+
+        def restore() -> None:
+            if signal.getsignal(signal.SIGINT) is on_signal:
+                # A handler installed outside Python reads as None: the default is closest.
+                signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+        return restore
 
     async def _abandon_turn(self) -> None:
         """Cancel a turn still running when serving ends, and wait for it to settle."""

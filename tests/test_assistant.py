@@ -482,3 +482,28 @@ async def test_run_chat_reports_bad_settings_in_one_line(tmp_path: Path) -> None
     out = io.StringIO()
     assert await run_chat(ChatSettings(session="../x", home=tmp_path), out=out) == 2
     assert out.getvalue().count("\n") == 1 and "invalid session name" in out.getvalue()
+
+
+async def test_ctrl_c_goes_back_to_a_loop_handler_that_was_there_before(
+    store: SQLiteStore,
+) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    loop = asyncio.get_running_loop()
+    pressed = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, pressed.set)
+    try:
+        out = io.StringIO()
+        screen = Screen(Assistant(ScriptedModel(chat_script), store, out=out), out, sigint=True)
+        await screen.expect("(new)")
+        os.kill(os.getpid(), signal.SIGINT)  # idle: the assistant's handler exits
+        assert await screen.task == 0
+        await screen.assistant.aclose()
+        assert "(bye)" in out.getvalue()
+        # The handler the loop had before serving gets Ctrl+C again.
+        pressed.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+        async with asyncio.timeout(5):
+            await pressed.wait()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, before)
