@@ -551,10 +551,17 @@ class Assistant:
         )
 
     async def _handle(self, text: str) -> None:
+        """Run one queued line; an expected error (a store failing) is one line, not an exit."""
         message = _as_message(text)
         if message is not None:
             self._start(message)
             return
+        try:
+            await self._command(text)
+        except AimuError as error:
+            self._line(f"error: {_error_line(error)}")
+
+    async def _command(self, text: str) -> None:
         word, _, rest = text.partition(" ")
         command = word.lower()
         if command == "/resume":

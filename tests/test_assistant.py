@@ -365,6 +365,22 @@ async def test_a_locked_session_cannot_be_served_twice(store: SQLiteStore) -> No
         await first.aclose()
 
 
+async def test_a_store_error_in_a_command_prints_one_line_and_the_loop_keeps_serving(
+    screen: Screen, store: SQLiteStore
+) -> None:
+    screen.send("hello")
+    await screen.expect("answer to hello\n")
+    store.close()  # every later store read fails with a StoreError
+    for command in ("/sessions", "/new"):
+        screen.send(command)
+        shown = await screen.expect("\n")
+        assert shown.startswith("error: ") and "is closed; cannot list" in shown, shown
+    screen.send("/help")
+    await screen.expect("Ctrl+D exits.\n")
+    assert not screen.task.done()
+    assert await screen.finish() == 0
+
+
 # --------------------------------------------------------------------------- cancel sweep
 
 
