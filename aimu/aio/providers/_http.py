@@ -7,18 +7,52 @@ check; none carries a header, so an API key can never end up in one.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any, Generic, Protocol, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from aimu.aio.client import ModelClient
 from aimu.aio.errors import ModelConnectionError, ModelError
 
-__all__ = ["call_id", "display_url", "drain", "transport_error"]
+__all__ = ["PooledClient", "call_id", "display_url", "drain", "transport_error"]
 
 _DRAIN_LIMIT = 1.0
+
+
+class _Pool(Protocol):
+    async def aclose(self) -> None: ...
+
+
+PoolT = TypeVar("PoolT", bound=_Pool)
+
+
+class PooledClient(ModelClient, Generic[PoolT]):
+    """A model client over a connection pool that its forks share.
+
+    A fork copies the settings (``options`` deeply enough to change on its own) and
+    starts with an empty transcript; only the client first made closes the pool.
+    """
+
+    options: dict[str, Any]
+    _pool: PoolT
+    _owner: bool = True
+
+    def fork(self) -> Self:
+        twin = copy.copy(self)
+        ModelClient.__init__(twin, self.model)  # a transcript of its own
+        twin.options = dict(self.options)
+        twin._owner = False
+        return twin
+
+    async def aclose(self) -> None:
+        """Close the connection pool; a fork leaves it to the client it came from."""
+        if self._owner:
+            await self._pool.aclose()
 
 
 def call_id() -> str:

@@ -11,16 +11,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any, Literal, Self
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 import ollama
 import pydantic
 
-from aimu.aio.client import Chunk, ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
+from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
-from aimu.aio.providers._http import call_id, display_url, drain, transport_error
+from aimu.aio.providers._http import PooledClient, call_id, display_url, drain, transport_error
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
@@ -112,7 +112,7 @@ class _Pool:
             await client.close()  # type: ignore[no-untyped-call]
 
 
-class OllamaClient(ModelClient):
+class OllamaClient(PooledClient[_Pool]):
     """A model on an Ollama server (``client("ollama:qwen3:8b")``).
 
     ``options`` (temperature, num_ctx...), ``think`` and ``keep_alive`` are sent with
@@ -138,26 +138,10 @@ class OllamaClient(ModelClient):
         self.think = think
         self.keep_alive = keep_alive
         self._pool = _Pool(resolve_host(host), httpx.Timeout(timeout, connect=connect_timeout))
-        self._owner = True
 
     @property
     def host(self) -> str:
         return display_url(self._pool.host)
-
-    def fork(self) -> Self:
-        twin = type(self).__new__(type(self))
-        ModelClient.__init__(twin, self.model)
-        twin.options = dict(self.options)
-        twin.think = self.think
-        twin.keep_alive = self.keep_alive
-        twin._pool = self._pool
-        twin._owner = False
-        return twin
-
-    async def aclose(self) -> None:
-        """Close the connection pool; a fork leaves it to the client it came from."""
-        if self._owner:
-            await self._pool.aclose()
 
     def _request(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None

@@ -13,13 +13,13 @@ import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
-from aimu.aio.client import Chunk, ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
+from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
-from aimu.aio.providers._http import call_id, display_url, drain, transport_error
+from aimu.aio.providers._http import PooledClient, call_id, display_url, drain, transport_error
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "SSEParser", "to_wire"]
@@ -142,7 +142,7 @@ class _PendingCall:
     arguments: list[str] = field(default_factory=list)
 
 
-class OpenAIClient(ModelClient):
+class OpenAIClient(PooledClient[_Pool]):
     """A model on an OpenAI-compatible server (``client("openai:gpt-4o-mini")``).
 
     ``options`` (temperature, max_tokens...) are merged into every request body.
@@ -175,25 +175,10 @@ class OpenAIClient(ModelClient):
         secret = _Secret(key) if key else None
         timeouts = httpx.Timeout(timeout, connect=connect_timeout)
         self._pool = _Pool(secret, headers or {}, timeouts)
-        self._owner = True
 
     @property
     def host(self) -> str:
         return display_url(self.base_url)
-
-    def fork(self) -> Self:
-        twin = type(self).__new__(type(self))
-        ModelClient.__init__(twin, self.model)
-        twin.base_url = self.base_url
-        twin.options = dict(self.options)
-        twin._pool = self._pool
-        twin._owner = False
-        return twin
-
-    async def aclose(self) -> None:
-        """Close the connection pool; a fork leaves it to the client it came from."""
-        if self._owner:
-            await self._pool.aclose()
 
     def _body(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None, stream: bool

@@ -386,6 +386,8 @@ async def test_fork_shares_the_pool_and_keeps_its_own_transcript(
     assert twin.host == model.host
     assert twin.messages == []
     assert twin._pool is model._pool  # type: ignore[attr-defined]
+    twin.options["seed"] = 7  # type: ignore[attr-defined]
+    assert model.options == {"temperature": 0.2}  # type: ignore[attr-defined]
     reply = await twin.chat("to the fork")
     assert reply["content"] == "second"
     assert [m["content"] for m in model.messages] == ["to the original", "first"]
