@@ -467,3 +467,21 @@ def test_the_example_assistant_runs_with_its_own_tool(tmp_path: Path) -> None:
     assert re.search(r"^\[roll_dice → [1-6]\]$", done.stdout, re.M), done.stdout
     assert re.search(r"I called roll_dice: [1-6]\.$", done.stdout, re.M), done.stdout
     assert "* ex: 7 messages, completed" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "command", [["-m", "aimu", "chat"], ["examples/personal-assistant/assistant.py"]]
+)
+def test_an_unusable_home_is_one_error_line_not_a_traceback(
+    tmp_path: Path, command: list[str]
+) -> None:
+    home = tmp_path / "home"
+    home.write_text("a file where the state directory should be")
+    done = subprocess.run(
+        [sys.executable, *command], input="", capture_output=True, text=True, timeout=WAIT,
+        env=environment(home, "127.0.0.1:9"), cwd=ROOT,
+    )
+    assert done.returncode == 1
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said, said
+    assert said.startswith("error: ") and said.count("\n") == 1 and str(home) in said, said
