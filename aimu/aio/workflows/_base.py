@@ -15,7 +15,17 @@ import contextlib
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import aclosing
-from typing import Any, ClassVar, Literal, Protocol, TypeAlias, cast, get_args, overload
+from typing import (
+    Any,
+    ClassVar,
+    Literal,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    cast,
+    get_args,
+    overload,
+)
 
 from aimu.aio.agent import INTERRUPTED, Agent
 from aimu.aio.events import Event, RunFinished, RunStarted, RunStatus, StepFinished
@@ -32,6 +42,7 @@ SlotStatus: TypeAlias = Literal["pending", "in_flight", "finished"]
 _SLOT_STATUSES = get_args(SlotStatus)
 _RUN_STATUSES = get_args(RunStatus)
 _FINISHED: tuple[RunStatus, ...] = ("completed", "max_rounds")
+_F = TypeVar("_F", bound=Callable[..., Any])
 _BUSY = "a run is already in progress on this workflow; use workflow.start() for another"
 
 
@@ -97,6 +108,44 @@ def mapping(value: object, where: str) -> Mapping[str, Any]:
         raise ValueError(f"{where} must be a dict (as workflow.state gives), got "
                          f"{type(value).__name__}")
     return cast(Mapping[str, Any], value)
+
+
+def step_or_function(value: Step | _F, what: str, function: str) -> tuple[Step | None, _F | None]:
+    """Split a step argument that may also be a plain function; TypeError naming ``what``."""
+    if isinstance(value, Agent | Workflow):
+        return value, None
+    if callable(value):
+        return None, value
+    raise TypeError(
+        f"{what} must be an agent, a workflow or a function {function}, "
+        f"got {type(value).__name__}"
+    )
+
+
+def function_record(answer: str | None) -> dict[str, Any]:
+    """The state record of a part done by a user function: its answer once it returned."""
+    return {
+        "kind": "function",
+        "status": "pending" if answer is None else "finished",
+        "answer": answer,
+    }
+
+
+def load_function_record(record: Mapping[str, Any], where: str, verb: str, role: str) -> str | None:
+    """The answer in a :func:`function_record` (None until it returned); ValueError when
+    the state had a step in this place."""
+    kind = record.get("kind")
+    if kind != "function":
+        raise ValueError(
+            f"{where}: the state {verb} with {kind!r} and this workflow {verb} with a "
+            f"function; build it with the same kind of {role}"
+        )
+    if record.get("status") != "finished":
+        return None
+    answer = record.get("answer")
+    if not isinstance(answer, str):
+        raise ValueError(f"{where} {role}: a finished {role} needs its 'answer' as a string")
+    return answer
 
 
 async def call_user_function(function: Callable[..., Any], *args: object) -> Any:

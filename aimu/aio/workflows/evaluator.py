@@ -6,7 +6,6 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeAlias
 
-from aimu.aio.agent import Agent
 from aimu.aio.events import RunStatus
 from aimu.aio.scope import RunScope
 from aimu.aio.workflows._base import (
@@ -15,8 +14,11 @@ from aimu.aio.workflows._base import (
     _Slot,
     call_user_function,
     check_step,
+    function_record,
     interrupted,
+    load_function_record,
     mapping,
+    step_or_function,
 )
 
 __all__ = [
@@ -92,17 +94,9 @@ class EvaluatorOptimizer(Workflow):
         if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
             raise ValueError(f"max_rounds must be a positive int, got {max_rounds!r}")
         self._generator = check_step(generator, "EvaluatorOptimizer generator")
-        self._evaluator_step: Step | None = None
-        self._evaluator_function: EvaluateFunction | None = None
-        if isinstance(evaluator, Agent | Workflow):
-            self._evaluator_step = evaluator
-        elif callable(evaluator):
-            self._evaluator_function = evaluator
-        else:
-            raise TypeError(
-                "evaluator must be an agent, a workflow or a function "
-                f"(task, draft) -> (accepted, feedback), got {type(evaluator).__name__}"
-            )
+        self._evaluator_step, self._evaluator_function = step_or_function(
+            evaluator, "evaluator", "(task, draft) -> (accepted, feedback)"
+        )
         self._evaluator_arg = evaluator
         self.max_rounds = max_rounds
         self._rounds: list[_Round] = []
@@ -189,18 +183,12 @@ class EvaluatorOptimizer(Workflow):
     def _progress(self) -> dict[str, Any]:
         rounds = []
         for round_ in self._rounds:
-            if round_.evaluate is not None:
-                evaluate: dict[str, Any] = round_.evaluate.record()
-            else:
-                done = round_.accepted is not None
-                evaluate = {
-                    "kind": "function",
-                    "status": "finished" if done else "pending",
-                    "answer": round_.feedback,
-                }
+            evaluate = round_.evaluate
             rounds.append({
                 "generate": round_.generate.record(),
-                "evaluate": evaluate,
+                "evaluate": (
+                    function_record(round_.feedback) if evaluate is None else evaluate.record()
+                ),
                 "accepted": round_.accepted,
                 "feedback": round_.feedback,
             })
@@ -229,11 +217,8 @@ class EvaluatorOptimizer(Workflow):
             if fresh.evaluate is not None:
                 evaluate = _Slot.load(fresh.evaluate.step, fresh.evaluate.label,
                                       evaluate_record, f"{at} evaluator")
-            elif evaluate_record.get("kind") != "function":
-                raise ValueError(
-                    f"{at}: the state evaluates with {evaluate_record.get('kind')!r} and this "
-                    "workflow with a function; build it with the same kind of evaluator"
-                )
+            else:
+                load_function_record(evaluate_record, at, "evaluates", "evaluator")
             round_ = _Round(generate, evaluate)
             accepted, feedback = record.get("accepted"), record.get("feedback")
             if accepted is not None:

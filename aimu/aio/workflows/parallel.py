@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
-from aimu.aio.agent import Agent
 from aimu.aio.events import RunStatus
 from aimu.aio.scope import RunScope
 from aimu.aio.workflows._base import (
@@ -15,8 +14,11 @@ from aimu.aio.workflows._base import (
     _Slot,
     call_user_function,
     check_step,
+    function_record,
     interrupted,
+    load_function_record,
     mapping,
+    step_or_function,
 )
 
 __all__ = ["CombineFunction", "Parallel", "labelled"]
@@ -66,15 +68,10 @@ class Parallel(Workflow):
         )
         self._combine_step: Step | None = None
         self._combine_function: CombineFunction | None = None
-        if isinstance(combine, Agent | Workflow):
-            self._combine_step = combine
-        elif combine is not None:
-            if not callable(combine):
-                raise TypeError(
-                    "combine must be an agent, a workflow or a function of the answers, "
-                    f"got {type(combine).__name__}"
-                )
-            self._combine_function = combine
+        if combine is not None:
+            self._combine_step, self._combine_function = step_or_function(
+                combine, "combine", "of the answers"
+            )
         self._combine_arg = combine
         self._fresh()
 
@@ -151,15 +148,7 @@ class Parallel(Workflow):
 
     def _progress(self) -> dict[str, Any]:
         combiner = self._combiner
-        if combiner is not None:
-            combine: dict[str, Any] = combiner.record()
-        else:
-            done = self._combined is not None
-            combine = {
-                "kind": "function",
-                "status": "finished" if done else "pending",
-                "answer": self._combined,
-            }
+        combine = function_record(self._combined) if combiner is None else combiner.record()
         return {"branches": [slot.record() for slot in self._lanes], "combine": combine}
 
     def _load(self, state: Mapping[str, Any]) -> Callable[[], None]:
@@ -182,16 +171,7 @@ class Parallel(Workflow):
         if self._combine_step is not None:
             combiner = _Slot.load(self._combine_step, "combine", combine, f"{where} combine")
         else:
-            if combine.get("kind") != "function":
-                raise ValueError(
-                    f"{where}: the state combines with {combine.get('kind')!r} and this "
-                    "Parallel combines with a function; build it with the same combine"
-                )
-            if combine.get("status") == "finished":
-                answer = combine.get("answer")
-                if not isinstance(answer, str):
-                    raise ValueError(f"{where} combine: a finished combine needs its 'answer'")
-                combined = answer
+            combined = load_function_record(combine, where, "combines", "combine")
 
         def commit() -> None:
             self._lanes, self._combiner, self._combined = lanes, combiner, combined

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeAlias
 
-from aimu.aio.agent import Agent
 from aimu.aio.events import RunStatus
 from aimu.aio.scope import RunScope
 from aimu.aio.workflows._base import (
@@ -14,8 +13,11 @@ from aimu.aio.workflows._base import (
     _Slot,
     call_user_function,
     check_step,
+    function_record,
     interrupted,
+    load_function_record,
     mapping,
+    step_or_function,
 )
 
 __all__ = ["ClassifierFunction", "Router", "classifier_prompt"]
@@ -70,17 +72,9 @@ class Router(Workflow):
                 f"default={default!r} is not a route; routes: {self._route_list()}"
             )
         self._default = default
-        self._classifier_step: Step | None = None
-        self._classifier_function: ClassifierFunction | None = None
-        if isinstance(classifier, Agent | Workflow):
-            self._classifier_step = classifier
-        elif callable(classifier):
-            self._classifier_function = classifier
-        else:
-            raise TypeError(
-                "classifier must be an agent, a workflow or a function (task) -> route name, "
-                f"got {type(classifier).__name__}"
-            )
+        self._classifier_step, self._classifier_function = step_or_function(
+            classifier, "classifier", "(task) -> route name"
+        )
         self._classifier_arg = classifier
         self._fresh()
 
@@ -160,15 +154,7 @@ class Router(Workflow):
 
     def _progress(self) -> dict[str, Any]:
         classifier = self._classifier
-        if classifier is not None:
-            record: dict[str, Any] = classifier.record()
-        else:
-            done = self._choice is not None
-            record = {
-                "kind": "function",
-                "status": "finished" if done else "pending",
-                "answer": self._choice,
-            }
+        record = function_record(self._choice) if classifier is None else classifier.record()
         return {
             "classifier": record,
             "route": self._route,
@@ -195,16 +181,7 @@ class Router(Workflow):
                                     f"{where} classifier")
             choice = classifier.answer if classifier.finished else None
         else:
-            if record.get("kind") != "function":
-                raise ValueError(
-                    f"{where}: the state classifies with {record.get('kind')!r} and this "
-                    "Router with a function; build it with the same kind of classifier"
-                )
-            if record.get("status") == "finished":
-                answer = record.get("answer")
-                if not isinstance(answer, str):
-                    raise ValueError(f"{where} classifier: a finished classifier needs 'answer'")
-                choice = answer
+            choice = load_function_record(record, where, "classifies", "classifier")
         route = state.get("route")
         if route is not None and route not in self._routes:
             raise ValueError(f"{where}: the state's route {route!r} is not one of "
