@@ -276,13 +276,7 @@ class OpenAIClient(PooledClient[_Pool]):
         message = choice.get("message") if choice is not None else None
         if not isinstance(message, dict):
             raise self._protocol(f"sent a reply without choices[0].message: {_clip(raw)}")
-        chunks: list[Chunk] = []
-        thinking = message.get("reasoning_content") or message.get("reasoning")
-        if isinstance(thinking, str) and thinking:
-            chunks.append(ThinkingDelta(thinking))
-        content = message.get("content")
-        if isinstance(content, str) and content:
-            chunks.append(TextDelta(content))
+        chunks = _text_chunks(message)
         pending: list[_PendingCall] = []
         for position, call in enumerate(_list(message.get("tool_calls"))):
             function = _dict(_dict(call).get("function"))
@@ -416,14 +410,8 @@ class _StreamedTurn:
         choice = _first_choice(event)
         if choice is None:
             return []
-        chunks: list[Chunk] = []
         delta = _dict(choice.get("delta"))
-        thinking = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(thinking, str) and thinking:
-            chunks.append(ThinkingDelta(thinking))
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            chunks.append(TextDelta(content))
+        chunks = _text_chunks(delta)
         for position, fragment in enumerate(_list(delta.get("tool_calls"))):
             self._add_fragment(_dict(fragment), position)
         finish = choice.get("finish_reason")
@@ -469,6 +457,19 @@ class _StreamedTurn:
         chunks.append(TurnDone(self.usage, self.finish))
         self.finished = True
         return chunks
+
+
+def _text_chunks(message: Mapping[str, Any]) -> list[Chunk]:
+    """The thinking and text of a reply message or a stream delta (servers name thinking
+    ``reasoning_content`` or ``reasoning``)."""
+    chunks: list[Chunk] = []
+    thinking = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(thinking, str) and thinking:
+        chunks.append(ThinkingDelta(thinking))
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        chunks.append(TextDelta(content))
+    return chunks
 
 
 def _dict(value: object) -> dict[str, Any]:
