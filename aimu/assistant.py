@@ -373,21 +373,21 @@ class Assistant:
         turn = self._current
         return turn if turn is not None and not turn.handle.done else None
 
-    def _stop(self) -> None:
+    def _running_or_say(self, verb: str) -> _Turn | None:
+        """The running turn, or None after saying there is nothing to ``verb``."""
         turn = self._running()
         if turn is None:
-            self._line("(nothing to stop: no turn is running)")
+            self._line(f"(nothing to {verb}: no turn is running)")
             self._show_prompt()
-            return
-        turn.handle.cancel("/stop")
+        return turn
+
+    def _stop(self) -> None:
+        if (turn := self._running_or_say("stop")) is not None:
+            turn.handle.cancel("/stop")
 
     def _interrupt(self) -> None:
-        turn = self._running()
-        if turn is None:
-            self._line("(nothing to interrupt: no turn is running)")
-            self._show_prompt()
-            return
-        if turn.handle.interrupt():
+        turn = self._running_or_say("interrupt")
+        if turn is not None and turn.handle.interrupt():
             self._line("(interrupting: this step finishes, then the turn stops; /stop stops now)")
 
     def _on_sigint(self) -> None:
