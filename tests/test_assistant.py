@@ -523,3 +523,20 @@ async def test_ctrl_c_goes_back_to_a_loop_handler_that_was_there_before(
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         signal.signal(signal.SIGINT, before)
+
+
+async def test_cancelling_serve_mid_turn_stops_the_turn_keeps_it_and_propagates(
+    screen: Screen, store: SQLiteStore
+) -> None:
+    screen.send("long story")
+    await screen.expect("w3 ")
+    screen.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await screen.task
+    assert not screen.assistant.running
+    stored = store.load("s")
+    validate(stored)
+    assert stored[-1]["role"] == "assistant" and stored[-1].get("aimu_partial") is True
+    model = screen.assistant.agent.model_client
+    assert isinstance(model, ScriptedModel) and model.open_streams == 0
+    await screen.assistant.aclose()
