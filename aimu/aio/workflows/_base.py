@@ -13,7 +13,7 @@ import abc
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from typing import (
     Any,
@@ -76,6 +76,15 @@ def check_step(step: object, where: str) -> Step:
             f"EvaluatorOptimizer), got {type(step).__name__}"
         )
     return step
+
+
+def check_steps(steps: object, owner: str, noun: str, nouns: str) -> tuple[Step, ...]:
+    """``steps`` as a tuple if it is a non-empty list of steps; errors name ``owner``."""
+    if isinstance(steps, str | bytes) or not isinstance(steps, Sequence):
+        raise TypeError(f"{owner} takes a list of {nouns}, got {type(steps).__name__}")
+    if not steps:
+        raise ValueError(f"{owner} needs at least one {noun}")
+    return tuple(check_step(step, f"{owner} {noun} {i + 1}") for i, step in enumerate(steps))
 
 
 def kind_of(step: Step) -> str:
@@ -285,6 +294,30 @@ class _Slot:
                     add_usage(self._usage, event.usage)
         assert final is not None, "an agent run always ends with RunFinished"
         return final.status, final.reply
+
+
+def numbered_slots(steps: Sequence[Step], label: str) -> list[_Slot]:
+    """One fresh slot per step, labelled ``"{label} 1"``, ``"{label} 2"``..."""
+    return [_Slot(step, f"{label} {i + 1}") for i, step in enumerate(steps)]
+
+
+def load_numbered_slots(
+    steps: Sequence[Step], state: Mapping[str, Any], key: str, label: str, where: str
+) -> list[_Slot]:
+    """:func:`numbered_slots` holding the records in ``state[key]``; ValueError naming
+    ``where`` when that is not a list of one record per step."""
+    records = state.get(key)
+    if not isinstance(records, list):
+        raise ValueError(f"{where}: the state has no {key!r} list")
+    if len(records) != len(steps):
+        raise ValueError(
+            f"{where} has {len(steps)} {key} and the state has {len(records)}; "
+            "restore it into a workflow of the same shape"
+        )
+    return [
+        _Slot.load(step, f"{label} {i + 1}", record, f"{where} {label} {i + 1}")
+        for i, (step, record) in enumerate(zip(steps, records, strict=True))
+    ]
 
 
 def _article(kind: object) -> str:

@@ -7,7 +7,15 @@ from typing import Any
 
 from aimu.aio.events import RunStatus
 from aimu.aio.scope import RunScope
-from aimu.aio.workflows._base import Step, Workflow, _Slot, check_step, interrupted
+from aimu.aio.workflows._base import (
+    Step,
+    Workflow,
+    _Slot,
+    check_steps,
+    interrupted,
+    load_numbered_slots,
+    numbered_slots,
+)
 
 __all__ = ["Chain"]
 
@@ -23,12 +31,8 @@ class Chain(Workflow):
 
     def __init__(self, steps: Sequence[Step], *, name: str | None = None) -> None:
         super().__init__(name)
-        if isinstance(steps, str | bytes) or not isinstance(steps, Sequence):
-            raise TypeError(f"Chain takes a list of steps, got {type(steps).__name__}")
-        if not steps:
-            raise ValueError("Chain needs at least one step")
-        self._steps = tuple(check_step(s, f"Chain step {i + 1}") for i, s in enumerate(steps))
-        self._chain = self._new_slots()
+        self._steps = check_steps(steps, "Chain", "step", "steps")
+        self._fresh()
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -37,11 +41,8 @@ class Chain(Workflow):
     def start(self) -> Chain:
         return Chain(self._steps, name=self._name)
 
-    def _new_slots(self) -> list[_Slot]:
-        return [_Slot(step, f"step {i + 1}") for i, step in enumerate(self._steps)]
-
     def _fresh(self) -> None:
-        self._chain = self._new_slots()
+        self._chain = numbered_slots(self._steps, "step")
 
     def _slots(self) -> list[_Slot]:
         return self._chain
@@ -62,18 +63,7 @@ class Chain(Workflow):
         return {"steps": [slot.record() for slot in self._chain]}
 
     def _load(self, state: Mapping[str, Any]) -> Callable[[], None]:
-        records = state.get("steps")
-        if not isinstance(records, list):
-            raise ValueError(f"{self._where()}: the state has no 'steps' list")
-        if len(records) != len(self._steps):
-            raise ValueError(
-                f"{self._where()} has {len(self._steps)} steps and the state has "
-                f"{len(records)}; restore it into a chain of the same shape"
-            )
-        slots = [
-            _Slot.load(step, f"step {i + 1}", record, f"{self._where()} step {i + 1}")
-            for i, (step, record) in enumerate(zip(self._steps, records, strict=True))
-        ]
+        slots = load_numbered_slots(self._steps, state, "steps", "step", self._where())
 
         def commit() -> None:
             self._chain = slots

@@ -13,11 +13,13 @@ from aimu.aio.workflows._base import (
     Workflow,
     _Slot,
     call_user_function,
-    check_step,
+    check_steps,
     function_record,
     interrupted,
     load_function_record,
+    load_numbered_slots,
     mapping,
+    numbered_slots,
     step_or_function,
 )
 
@@ -59,13 +61,7 @@ class Parallel(Workflow):
         name: str | None = None,
     ) -> None:
         super().__init__(name)
-        if isinstance(branches, str | bytes) or not isinstance(branches, Sequence):
-            raise TypeError(f"Parallel takes a list of branches, got {type(branches).__name__}")
-        if not branches:
-            raise ValueError("Parallel needs at least one branch")
-        self._branches = tuple(
-            check_step(b, f"Parallel branch {i + 1}") for i, b in enumerate(branches)
-        )
+        self._branches = check_steps(branches, "Parallel", "branch", "branches")
         self._combine_step: Step | None = None
         self._combine_function: CombineFunction | None = None
         if combine is not None:
@@ -83,7 +79,7 @@ class Parallel(Workflow):
         return Parallel(self._branches, combine=self._combine_arg, name=self._name)
 
     def _fresh(self) -> None:
-        self._lanes = [_Slot(b, f"branch {i + 1}") for i, b in enumerate(self._branches)]
+        self._lanes = numbered_slots(self._branches, "branch")
         step = self._combine_step
         self._combiner = None if step is None else _Slot(step, "combine")
         self._combined: str | None = None
@@ -153,18 +149,7 @@ class Parallel(Workflow):
 
     def _load(self, state: Mapping[str, Any]) -> Callable[[], None]:
         where = self._where()
-        records = state.get("branches")
-        if not isinstance(records, list):
-            raise ValueError(f"{where}: the state has no 'branches' list")
-        if len(records) != len(self._branches):
-            raise ValueError(
-                f"{where} has {len(self._branches)} branches and the state has "
-                f"{len(records)}; restore it into a Parallel of the same shape"
-            )
-        lanes = [
-            _Slot.load(b, f"branch {i + 1}", record, f"{where} branch {i + 1}")
-            for i, (b, record) in enumerate(zip(self._branches, records, strict=True))
-        ]
+        lanes = load_numbered_slots(self._branches, state, "branches", "branch", where)
         combine = mapping(state.get("combine"), f"{where}: 'combine'")
         combiner: _Slot | None = None
         combined: str | None = None
