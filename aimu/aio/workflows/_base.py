@@ -481,9 +481,12 @@ class Workflow(abc.ABC):
         A state from a workflow of another shape, or a bad transcript in it, raises
         ``ValueError`` naming what differs, and changes nothing.
         """
+        where = self._where()
         if self.running:
-            raise RuntimeError("cannot restore() while a run is in progress on this workflow")
-        where = f"{self.kind} {self._name!r}"
+            raise RuntimeError(
+                f"cannot restore() {where} while a run is in progress on it; "
+                "wait for the run to end, or restore into workflow.start()"
+            )
         data = mapping(state, f"the state given to {where}.restore()")
         if data.get("kind") != self.kind:
             raise ValueError(
@@ -513,7 +516,7 @@ class Workflow(abc.ABC):
 
     def _check_idle(self) -> None:
         if self._scope is not None:
-            raise RuntimeError(_BUSY)
+            raise RuntimeError(f"{self._where()}: {_BUSY}")
 
     def _check_resumable(self) -> None:
         if self._task is None:

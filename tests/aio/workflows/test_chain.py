@@ -248,9 +248,10 @@ async def test_misuse_is_refused_clearly() -> None:
         chain.resume()  # type: ignore[unused-coroutine]
     running = asyncio.ensure_future(chain.run("go"))
     await asyncio.sleep(0)
-    with pytest.raises(RuntimeError, match="already in progress"):
+    with pytest.raises(RuntimeError, match="chain 'chain': a run is already in progress"):
         chain.run("again")  # type: ignore[unused-coroutine]
-    with pytest.raises(RuntimeError, match="while a run is in progress"):
+    with pytest.raises(RuntimeError,
+                       match=r"restore\(\) chain 'chain' while a run is in progress"):
         chain.restore(chain.state)
     assert await running == "s3<s2<s1<go>>>"
     assert await chain.resume() == "s3<s2<s1<go>>>"  # finished: no model call
