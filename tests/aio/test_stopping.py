@@ -97,8 +97,11 @@ async def test_a_tool_timeout_never_fires_in_the_consumers_code() -> None:
 
 
 async def test_interrupt_mid_stream_over_the_wire_finishes_the_step() -> None:
-    def lookup(city: str) -> str:
+    asked = asyncio.Event()
+
+    async def lookup(city: str) -> str:
         """Look a city up."""
+        await asked.wait()  # the step is still in flight when the interrupt comes
         return f"{city}: sunny"
 
     script = [
@@ -114,6 +117,7 @@ async def test_interrupt_mid_stream_over_the_wire_finishes_the_step() -> None:
             async for event in handle.events():
                 if isinstance(event, TextChunk):
                     assert handle.interrupt()
+                    asked.set()
             assert await handle == INTERRUPTED
             assert handle.status == "interrupted"
             assert len(server.requests) == 1  # no model call after the boundary
