@@ -547,6 +547,16 @@ class Workflow(abc.ABC):
             self._answer = reply
         scope.emit(RunFinished(self._name, status, reply, self.usage, error))
 
+    async def _step(self, slot: _Slot, task: str, scope: RunScope) -> bool:
+        """Run ``slot`` on ``task`` at a step boundary unless it has finished already;
+        False when an interrupt stops the run here (before the step, or within it)."""
+        if slot.finished:
+            return True
+        if scope.interrupt_requested or await slot.run(task) is None:
+            return False
+        self._step_finished(scope)
+        return True
+
     def _step_finished(self, scope: RunScope) -> None:
         done = sum(slot.finished for slot in self._slots())
         scope.emit(StepFinished(self._name, done))

@@ -50,12 +50,8 @@ class Chain(Workflow):
     async def _execute(self, task: str, scope: RunScope) -> tuple[RunStatus, str]:
         text = task
         for slot in self._chain:
-            if not slot.finished:
-                if scope.interrupt_requested:
-                    return interrupted(scope)
-                if await slot.run(text) is None:
-                    return interrupted(scope)
-                self._step_finished(scope)
+            if not await self._step(slot, text, scope):
+                return interrupted(scope)
             text = slot.answer
         return "completed", text
 

@@ -136,17 +136,13 @@ class EvaluatorOptimizer(Workflow):
                 self._rounds.append(self._new_round(index))
             round_ = self._rounds[index]
             generate = round_.generate
-            if not generate.finished:
-                if scope.interrupt_requested:
-                    return interrupted(scope)
-                if index == 0:
-                    prompt = task
-                else:
-                    previous = self._rounds[index - 1]
-                    prompt = revise_prompt(task, previous.generate.answer, previous.feedback or "")
-                if await generate.run(prompt) is None:
-                    return interrupted(scope)
-                self._step_finished(scope)
+            if index == 0:
+                prompt = task
+            else:
+                previous = self._rounds[index - 1]
+                prompt = revise_prompt(task, previous.generate.answer, previous.feedback or "")
+            if not await self._step(generate, prompt, scope):
+                return interrupted(scope)
             draft = generate.answer
             if round_.accepted is None:
                 evaluate = round_.evaluate

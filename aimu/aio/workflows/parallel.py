@@ -98,13 +98,9 @@ class Parallel(Workflow):
         answers = [slot.answer for slot in self._lanes]
         combiner = self._combiner
         if combiner is not None:
-            if not combiner.finished:
-                if scope.interrupt_requested:
-                    return interrupted(scope)
-                text = labelled([s.step.name for s in self._lanes], answers)
-                if await combiner.run(combine_prompt(task, text)) is None:
-                    return interrupted(scope)
-                self._step_finished(scope)
+            text = labelled([s.step.name for s in self._lanes], answers)
+            if not await self._step(combiner, combine_prompt(task, text), scope):
+                return interrupted(scope)
             return "completed", combiner.answer
         if self._combined is None:
             if self._combine_function is None:

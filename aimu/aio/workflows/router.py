@@ -125,13 +125,9 @@ class Router(Workflow):
             if self._choice is None:
                 classifier = self._classifier
                 if classifier is not None:
-                    if not classifier.finished:
-                        if scope.interrupt_requested:
-                            return interrupted(scope)
-                        prompt = classifier_prompt(task, list(self._routes))
-                        if await classifier.run(prompt) is None:
-                            return interrupted(scope)
-                        self._step_finished(scope)
+                    prompt = classifier_prompt(task, list(self._routes))
+                    if not await self._step(classifier, prompt, scope):
+                        return interrupted(scope)
                     self._choice = classifier.answer
                 else:
                     assert self._classifier_function is not None
@@ -144,12 +140,8 @@ class Router(Workflow):
                     self._choice = choice
             self._route = self.resolve(self._choice)
         lane = self._lanes[self._route]
-        if not lane.finished:
-            if scope.interrupt_requested:
-                return interrupted(scope)
-            if await lane.run(task) is None:
-                return interrupted(scope)
-            self._step_finished(scope)
+        if not await self._step(lane, task, scope):
+            return interrupted(scope)
         return "completed", lane.answer
 
     def _progress(self) -> dict[str, Any]:
