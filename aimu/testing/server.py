@@ -589,6 +589,39 @@ def _canonical_messages(wire_messages: object) -> list[dict[str, Any]]:
     return messages
 
 
+def _unanswered_tool_calls(messages: object) -> str | None:
+    """The 400 an OpenAI-compatible server gives a transcript with dangling tool calls."""
+    if not isinstance(messages, list):
+        return None
+    pending: list[str] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in pending:
+                return (
+                    "messages with role 'tool' must be a response to a preceding message "
+                    f"with 'tool_calls' (tool_call_id {call_id!r})"
+                )
+            pending.remove(call_id)
+            continue
+        if pending:
+            break
+        if role == "assistant":
+            pending = [
+                str(call.get("id")) for call in message.get("tool_calls") or ()
+                if isinstance(call, Mapping)
+            ]
+    if pending:
+        return (
+            "an assistant message with 'tool_calls' must be followed by tool messages "
+            "responding to each 'tool_call_id'; these had no response: " + ", ".join(pending)
+        )
+    return None
+
+
 def _tool_specs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Offered tools in the full ToolSpec shape, whatever keys the client left out."""
     specs: list[dict[str, Any]] = []
@@ -916,6 +949,8 @@ class LoopbackServer:
             return await reply(200, self._tags())
         if path == "/v1/models":
             return await reply(200, self._model_list())
+        if error is None and protocol == "openai" and path == "/v1/chat/completions":
+            error = _unanswered_tool_calls(body.get("messages"))
         if error is not None:
             return await reply(400, wire.error_body(400, error))
         self._models[model] = None

@@ -24,6 +24,7 @@ from aimu.aio.events import RunFinished, StepFinished, TextChunk, ToolCallStarte
 from aimu.aio.transcript import CANCELLED_RESULT, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
+from aimu.testing.server import LoopbackServer
 
 
 def add(a: int, b: int) -> int:
@@ -459,7 +460,22 @@ def sweep_script(streamed_text: str) -> list[Turn]:
 
 
 async def _sweep(mode: str, concurrent: bool, streamed: bool) -> int:
-    """Stop the run after 1, 2, ... loop yields until it completes on its own."""
+    """Stop the run after 1, 2, ... loop yields until it completes on its own.
+
+    After each stop the transcript goes, restored into a fresh agent, to the loopback
+    server's OpenAI endpoint, which rejects dangling tool calls as a real server does.
+    """
+    async with LoopbackServer(lambda request: Turn(text="ok")) as server:
+        follow_model = aio.client("openai:m", base_url=server.openai_base_url, api_key="x")
+        try:
+            return await _sweep_against(mode, concurrent, streamed, follow_model)
+        finally:
+            await follow_model.aclose()
+
+
+async def _sweep_against(
+    mode: str, concurrent: bool, streamed: bool, follow_model: aio.ModelClient
+) -> int:
     for n in range(1, 2000):
         model = ScriptedModel(sweep_script("thinking about it"))
         agent = aio.Agent(model, tools=[add, slow_sync, slow_async], concurrent_tools=concurrent)
@@ -496,7 +512,7 @@ async def _sweep(mode: str, concurrent: bool, streamed: bool) -> int:
         snapshot = copy.deepcopy(messages)
         await asyncio.sleep(0.005)  # any worker thread still running finishes now
         assert messages == snapshot, "a late tool result leaked into the transcript"
-        follow = aio.Agent(ScriptedModel([Turn(text="ok")]), tools=[add, slow_sync, slow_async])
+        follow = aio.Agent(follow_model.fork(), tools=[add, slow_sync, slow_async])
         follow.restore(messages)
         assert await follow.run("continue") == "ok"
     raise AssertionError("the run never completed")

@@ -674,3 +674,41 @@ def test_cli_serves_until_sigint() -> None:
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def _call(call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([{"role": "assistant", "content": "", "tool_calls": [_call("a"), _call("b")]},
+          {"role": "tool", "content": "x", "tool_call_id": "a"}],
+         "these had no response: b"),
+        ([{"role": "assistant", "content": "", "tool_calls": [_call("a")]},
+          {"role": "user", "content": "next"}],
+         "these had no response: a"),
+        ([{"role": "user", "content": "hi"},
+          {"role": "tool", "content": "x", "tool_call_id": "zz"}],
+         "must be a response to a preceding message"),
+    ],
+)
+async def test_openai_rejects_dangling_tool_calls_like_a_real_server(
+    messages: list[dict[str, Any]], expected: str
+) -> None:
+    async with LoopbackServer([Turn(text="never served")]) as server, httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{server.openai_base_url}/chat/completions", json={"model": "m", "messages": messages}
+        )
+        assert response.status_code == 400
+        assert expected in response.json()["error"]["message"]
+        answered = [
+            {"role": "assistant", "content": "", "tool_calls": [_call("a")]},
+            {"role": "tool", "content": "x", "tool_call_id": "a"},
+            {"role": "user", "content": "go on"},
+        ]
+        ok = await http.post(
+            f"{server.openai_base_url}/chat/completions", json={"model": "m", "messages": answered}
+        )
+        assert ok.status_code == 200
