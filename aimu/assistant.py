@@ -545,8 +545,11 @@ class Assistant:
         count = sum(1 for m in client.messages if m["role"] != "system")
         plural = "" if count == 1 else "s"
         known = f"{count} message{plural}; /history shows them" if count else "new"
+        spec = f"{client.provider}:{client.model}"
+        if client.model == client.provider:  # the embedded "test", not "test:test"
+            spec = client.model
         self._line(
-            f"aimu chat: model {client.provider}:{client.model} ({client.host}), "
+            f"aimu chat: model {spec} ({client.host}), "
             f"session {self.session!r} ({known}). /help lists the commands."
         )
 
