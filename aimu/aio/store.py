@@ -15,6 +15,7 @@ session). A torn last record (the process died mid-write) is ignored on load wit
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import fcntl
@@ -283,7 +284,7 @@ def _read_holder(fd: int) -> str:
     return f"process {pid}" if pid else "another process"
 
 
-class _WriterBase:
+class _WriterBase(abc.ABC):
     """What both stores' writers share: the session, its lock, and the closed check."""
 
     def __init__(self, session: str, lock: _SessionLock, where: str) -> None:
@@ -300,8 +301,9 @@ class _WriterBase:
     def __repr__(self) -> str:
         return f"<{self._label}, {'open' if self._lock.held else 'closed'}>"
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        ...
 
     def _check_open(self, what: str) -> None:
         if not self._lock.held:
@@ -311,7 +313,7 @@ class _WriterBase:
 _W = TypeVar("_W", bound=_WriterBase)
 
 
-class _StoreBase(Generic[_W]):
+class _StoreBase(abc.ABC, Generic[_W]):
     """What both stores share: use as a context manager; writers open under a session lock."""
 
     _mutex: threading.RLock
@@ -323,8 +325,9 @@ class _StoreBase(Generic[_W]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        ...
 
     def _add_writer(self, lock: _SessionLock, make: Callable[[_SessionLock], _W]) -> _W:
         """Build a writer holding ``lock`` (released if building fails); call under the mutex."""

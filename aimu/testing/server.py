@@ -12,6 +12,7 @@ Run ``python -m aimu.testing.server [--port N] [--delay S]`` to serve the embedd
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import contextlib
@@ -345,7 +346,7 @@ def _output_tokens(turn: Turn) -> int:
     return len(split_text(turn.text, turn.chunks))
 
 
-class _Wire:
+class _Wire(abc.ABC):
     """How one protocol frames a scripted turn; subclasses per protocol."""
 
     protocol: WireProtocol
@@ -356,22 +357,25 @@ class _Wire:
         self.body = body
         self.call_ids = call_ids
 
+    @abc.abstractmethod
     def error_body(self, status: int, message: str) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def chunks(self, turn: Turn) -> list[bytes]:
         """The framed content lines/events of a streamed turn, without the final marker."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def final(self, turn: Turn) -> list[bytes]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def bad_line(self) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def whole(self, turn: Turn, *, finished: bool = True) -> bytes:
         """The non-streamed reply; ``finished=False`` leaves out the done marker."""
-        raise NotImplementedError
 
 
 class _OllamaWire(_Wire):
