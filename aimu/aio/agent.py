@@ -40,9 +40,11 @@ from aimu.aio.transcript import (
     ToolMessage,
     ToolSpec,
     Usage,
+    add_usage,
     copy_messages,
     settle,
     validate,
+    zero_usage,
 )
 
 if TYPE_CHECKING:
@@ -84,7 +86,7 @@ class _RunState:
     def __init__(self) -> None:
         self.assembler: TurnAssembler | None = None
         self.contexts: list[ToolContext] = []
-        self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage: Usage = zero_usage()
         self.closed = False
 
 
@@ -466,7 +468,7 @@ class Agent:
                 state.assembler = None
                 message = assembler.message()
                 self._record(message)
-                _add_usage(state.usage, assembler.usage)
+                add_usage(state.usage, assembler.usage)
                 rounds += 1
                 calls = message.get("tool_calls")
                 if not calls:
@@ -614,11 +616,6 @@ def _result(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
         "tool_call_id": call["id"],
         "name": call["function"]["name"],
     }
-
-
-def _add_usage(total: Usage, turn: Usage) -> None:
-    total["input_tokens"] += turn["input_tokens"]
-    total["output_tokens"] += turn["output_tokens"]
 
 
 async def _drain(events: AsyncGenerator[Event, None]) -> str:

@@ -14,7 +14,15 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, Self, overload
 
-from aimu.aio.transcript import AssistantMessage, Message, ToolCall, ToolSpec, Usage, UserMessage
+from aimu.aio.transcript import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    UserMessage,
+    zero_usage,
+)
 
 __all__ = [
     "PROVIDERS",
@@ -76,7 +84,7 @@ class TurnAssembler:
         self.text_parts: list[str] = []
         self.thinking_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []
-        self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage: Usage = zero_usage()
         self.done = False
 
     def add(self, chunk: Chunk) -> None:

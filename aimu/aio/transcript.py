@@ -32,11 +32,13 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "UserMessage",
+    "add_usage",
     "copy_messages",
     "dangling_calls",
     "settle",
     "validate",
     "wire_view",
+    "zero_usage",
 ]
 
 JSONValue: TypeAlias = (
@@ -102,6 +104,16 @@ class ToolSpec(TypedDict):
 class Usage(TypedDict):
     input_tokens: int
     output_tokens: int
+
+
+def zero_usage() -> Usage:
+    return {"input_tokens": 0, "output_tokens": 0}
+
+
+def add_usage(total: Usage, more: Usage) -> None:
+    """Add ``more`` into ``total`` in place."""
+    total["input_tokens"] += more["input_tokens"]
+    total["output_tokens"] += more["output_tokens"]
 
 
 _ROLES = ("system", "user", "assistant", "tool")

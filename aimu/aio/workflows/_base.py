@@ -30,7 +30,7 @@ from typing import (
 from aimu.aio.agent import INTERRUPTED, Agent
 from aimu.aio.events import Event, RunFinished, RunStarted, RunStatus, StepFinished
 from aimu.aio.scope import RunScope, current_scope
-from aimu.aio.transcript import Message, Usage, copy_messages
+from aimu.aio.transcript import Message, Usage, add_usage, copy_messages, zero_usage
 
 __all__ = ["INTERRUPTED", "STATE_VERSION", "Resumable", "SlotStatus", "Step", "Workflow"]
 
@@ -89,15 +89,6 @@ def check_steps(steps: object, owner: str, noun: str, nouns: str) -> tuple[Step,
 
 def kind_of(step: Step) -> str:
     return "agent" if isinstance(step, Agent) else step.kind
-
-
-def zero_usage() -> Usage:
-    return {"input_tokens": 0, "output_tokens": 0}
-
-
-def add_usage(total: Usage, more: Usage) -> None:
-    total["input_tokens"] += more["input_tokens"]
-    total["output_tokens"] += more["output_tokens"]
 
 
 def load_usage(value: object, where: str) -> Usage:
