@@ -81,13 +81,15 @@ class _Config:
 class _RunState:
     """The pieces of a run in flight that the settling ``finally`` must see."""
 
-    __slots__ = ("assembler", "closed", "contexts", "usage")
+    __slots__ = ("assembler", "closed", "closing", "contexts", "usage")
 
     def __init__(self) -> None:
         self.assembler: TurnAssembler | None = None
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
         self.closed = False
+        #: The consumer closed the stream (GeneratorExit came in at a yield).
+        self.closing = False
 
 
 class Agent:
@@ -458,6 +460,9 @@ class Agent:
                         if emit is not None:
                             emit(event)
                         yield event
+                except GeneratorExit:
+                    state.closing = True  # the await below may raise a pending cancel instead
+                    raise
                 finally:
                     await turn.aclose()
                 if not assembler.done:
@@ -483,10 +488,14 @@ class Agent:
                 async with aclosing(
                     self._tool_round(calls, argument_errors, state, scope)
                 ) as round_events:
-                    async for event in round_events:
-                        if emit is not None:
-                            emit(event)
-                        yield event
+                    try:
+                        async for event in round_events:
+                            if emit is not None:
+                                emit(event)
+                            yield event
+                    except GeneratorExit:
+                        state.closing = True  # closing the round awaits its cancelled tools
+                        raise
                 event = StepFinished(name, rounds)
                 if emit is not None:
                     emit(event)
@@ -499,6 +508,13 @@ class Agent:
             raise
         except BaseException as exc:
             status = "failed" if isinstance(exc, Exception) else "cancelled"
+            if state.closing:
+                # Still the consumer stopping: a cleanup await raised (a cancel pending on
+                # the task) in place of GeneratorExit. Settle and re-raise; never yield now.
+                reply = self._settle(state, status, reply)
+                if emit is not None:
+                    emit(RunFinished(name, status, reply, state.usage, _describe(exc)))
+                raise
             failure = exc
         finally:
             if not state.closed:
@@ -508,7 +524,7 @@ class Agent:
             status,
             reply,
             state.usage,
-            None if failure is None else f"{type(failure).__name__}: {failure}",
+            None if failure is None else _describe(failure),
         )
         if emit is not None:
             emit(final)
@@ -607,6 +623,10 @@ class Agent:
         self._interrupt_requested = False
         self._run_active = False
         return reply
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _result(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
