@@ -105,36 +105,52 @@ def through(model: ModelClient, messages: list[Message]) -> Turns:
     return turn
 
 
+#: Each client's bare-httpx twin, reading the same stream.
+BARE = {"ollama:": "httpx NDJSON", "openai:": "httpx SSE"}
+Models = dict[str, OllamaClient | OpenAIClient]
+
+
+async def compare(
+    server: LoopbackServer, http: httpx.AsyncClient, messages: list[Message],
+    repeats: int, warmup: int,
+) -> tuple[dict[str, float], dict[str, dict[str, Any]], Models]:
+    """Median µs per turn of both clients and their bare twins; the bodies and clients."""
+    ollama = OllamaClient("bench", host=server.url)
+    openai = OpenAIClient("bench", base_url=server.openai_base_url, api_key="sk-bench")
+    bodies = {
+        "ollama:": {"model": "bench", "messages": [ollama_wire(m) for m in messages],
+                    "stream": True},
+        "openai:": {"model": "bench", "messages": [openai_wire(m) for m in messages],
+                    "stream": True, "stream_options": {"include_usage": True}},
+    }
+    try:
+        medians = await interleaved(
+            {
+                BARE["ollama:"]: bare_ndjson(http, server.url + "/api/chat", bodies["ollama:"]),
+                "ollama:": through(ollama, messages),
+                BARE["openai:"]: bare_sse(
+                    http, server.openai_base_url + "/chat/completions", bodies["openai:"]
+                ),
+                "openai:": through(openai, messages),
+            },
+            repeats,
+            warmup,
+        )
+    finally:
+        await ollama.aclose()
+        await openai.aclose()
+    return medians, bodies, {"ollama:": ollama, "openai:": openai}
+
+
 async def streamed_reply(server: LoopbackServer, repeats: int, chunks: int) -> None:
     server.script = lambda request: Turn(text=" ".join(f"w{n}" for n in range(chunks)))
     messages: list[Message] = [{"role": "user", "content": "Say fifty words."}]
     async with httpx.AsyncClient(timeout=30) as http:
-        ollama = OllamaClient("bench", host=server.url)
-        openai = OpenAIClient("bench", base_url=server.openai_base_url, api_key="sk-bench")
-        ollama_body = {"model": "bench", "messages": [ollama_wire(m) for m in messages],
-                       "stream": True}
-        openai_body = {"model": "bench", "messages": [openai_wire(m) for m in messages],
-                       "stream": True, "stream_options": {"include_usage": True}}
-        try:
-            medians = await interleaved(
-                {
-                    "httpx NDJSON": bare_ndjson(http, server.url + "/api/chat", ollama_body),
-                    "ollama:": through(ollama, messages),
-                    "httpx SSE": bare_sse(
-                        http, server.openai_base_url + "/chat/completions", openai_body
-                    ),
-                    "openai:": through(openai, messages),
-                },
-                repeats,
-                warmup=10,
-            )
-        finally:
-            await ollama.aclose()
-            await openai.aclose()
+        medians, _, _ = await compare(server, http, messages, repeats, warmup=10)
     print(f"\nStreamed {chunks}-chunk reply over loopback, median of {repeats} turns")
     print(f"{'client':<10} {'turn':>10} {'bare httpx':>12} {'ratio':>7} {'overhead':>10} "
           f"{'per chunk':>10}")
-    for name, bare in (("ollama:", "httpx NDJSON"), ("openai:", "httpx SSE")):
+    for name, bare in BARE.items():
         ours, base = medians[name], medians[bare]
         extra = ours - base
         print(f"{name:<10} {ours:>8.0f}µs {base:>10.0f}µs {ours / base:>6.2f}x "
@@ -167,38 +183,14 @@ async def growth(server: LoopbackServer, repeats: int) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
         for length in (10, 100, 1000):
             messages = conversation(length)
-            ollama = OllamaClient("bench", host=server.url)
-            openai = OpenAIClient("bench", base_url=server.openai_base_url, api_key="sk-bench")
-            ollama_body = {"model": "bench", "messages": [ollama_wire(m) for m in messages],
-                           "stream": True}
-            openai_body = {"model": "bench", "messages": [openai_wire(m) for m in messages],
-                           "stream": True, "stream_options": {"include_usage": True}}
-            try:
-                medians = await interleaved(
-                    {
-                        "ollama bare": bare_ndjson(http, server.url + "/api/chat", ollama_body),
-                        "ollama:": through(ollama, messages),
-                        "openai bare": bare_sse(
-                            http, server.openai_base_url + "/chat/completions", openai_body
-                        ),
-                        "openai:": through(openai, messages),
-                    },
-                    repeats,
-                    warmup=3,
-                )
-                for name, bare, body, model in (
-                    ("ollama:", "ollama bare", ollama_body, ollama),
-                    ("openai:", "openai bare", openai_body, openai),
-                ):
-                    size = len(json.dumps(body)) / 1024
-                    ours, base = medians[name], medians[bare]
-                    prepare = preparation_us(model, messages, repeats * 4)
-                    per_message[name].append(prepare / length)
-                    print(f"{length:>8} {size:>8.1f} {name:<8} {ours:>8.0f}µs {base:>9.0f}µs "
-                          f"{ours - base:>7.0f}µs {prepare:>7.0f}µs {prepare / length:>7.2f}µs")
-            finally:
-                await ollama.aclose()
-                await openai.aclose()
+            medians, bodies, models = await compare(server, http, messages, repeats, warmup=3)
+            for name, bare in BARE.items():
+                size = len(json.dumps(bodies[name])) / 1024
+                ours, base = medians[name], medians[bare]
+                prepare = preparation_us(models[name], messages, repeats * 4)
+                per_message[name].append(prepare / length)
+                print(f"{length:>8} {size:>8.1f} {name:<8} {ours:>8.0f}µs {base:>9.0f}µs "
+                      f"{ours - base:>7.0f}µs {prepare:>7.0f}µs {prepare / length:>7.2f}µs")
     for name, costs in per_message.items():
         # Linear: preparing each message costs the same however long the history is.
         ratio = costs[-1] / costs[-2]
