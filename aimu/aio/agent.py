@@ -500,20 +500,16 @@ class Agent:
                 if emit is not None:
                     emit(event)
                 yield event
-        except GeneratorExit:
-            # The consumer stopped iterating: settle and tell the scope; no more yields.
-            reply = self._settle(state, "cancelled", reply)
-            if emit is not None:
-                emit(RunFinished(name, "cancelled", reply, state.usage))
-            raise
         except BaseException as exc:
             status = "failed" if isinstance(exc, Exception) else "cancelled"
-            if state.closing:
-                # Still the consumer stopping: a cleanup await raised (a cancel pending on
-                # the task) in place of GeneratorExit. Settle and re-raise; never yield now.
+            closed = isinstance(exc, GeneratorExit)
+            if closed or state.closing:
+                # The consumer stopped iterating (or a cleanup await then raised a cancel
+                # pending on the task in its place): settle, tell the scope, never yield.
                 reply = self._settle(state, status, reply)
                 if emit is not None:
-                    emit(RunFinished(name, status, reply, state.usage, _describe(exc)))
+                    error = None if closed else _describe(exc)
+                    emit(RunFinished(name, status, reply, state.usage, error))
                 raise
             failure = exc
         finally:
