@@ -32,7 +32,7 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolResult,
 )
-from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.scope import current_scope
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
 from aimu.aio.transcript import (
     Message,
@@ -81,9 +81,11 @@ class _Config:
 class _RunState:
     """The pieces of a run in flight that the settling ``finally`` must see."""
 
-    __slots__ = ("assembler", "closed", "closing", "contexts", "usage")
+    __slots__ = ("assembler", "closed", "closing", "contexts", "interrupt_asked", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, interrupt_asked: Callable[[], bool]) -> None:
+        #: True once this agent or a scope around the run asked for an interrupt.
+        self.interrupt_asked = interrupt_asked
         self.assembler: TurnAssembler | None = None
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
@@ -409,7 +411,11 @@ class Agent:
         messages = client.messages
         scope = current_scope.get()
         emit = scope.emit if scope is not None else None
-        state = _RunState()
+        state = _RunState(
+            (lambda: self._interrupt_requested or scope.interrupt_requested)
+            if scope is not None
+            else (lambda: self._interrupt_requested)
+        )
         status: RunStatus = "failed"
         reply = ""
         failure: BaseException | None = None
@@ -431,7 +437,7 @@ class Agent:
             if answer is not None:
                 status, reply = "completed", answer
             while answer is None:
-                if self._interrupt_requested or (scope is not None and scope.interrupt_requested):
+                if state.interrupt_asked():
                     status, reply = "interrupted", INTERRUPTED
                     if scope is not None:
                         scope.note_interrupted()
@@ -486,7 +492,7 @@ class Agent:
                     status, reply = "max_rounds", message["content"]
                     break
                 async with aclosing(
-                    self._tool_round(calls, argument_errors, state, scope)
+                    self._tool_round(calls, argument_errors, state)
                 ) as round_events:
                     try:
                         async for event in round_events:
@@ -539,7 +545,6 @@ class Agent:
         calls: list[ToolCall],
         argument_errors: dict[str, str],
         state: _RunState,
-        scope: RunScope | None,
     ) -> AsyncGenerator[Event, None]:
         name = self._config.name
         if self._config.concurrent_tools and len(calls) > 1:
@@ -547,7 +552,7 @@ class Agent:
                 yield ToolCallStarted(name, call["id"], call["function"]["name"],
                                       call["function"]["arguments"])
             tasks = [
-                asyncio.ensure_future(self._call_tool(call, argument_errors, state, scope))
+                asyncio.ensure_future(self._call_tool(call, argument_errors, state))
                 for call in calls
             ]
             try:
@@ -563,14 +568,13 @@ class Agent:
         for call in calls:
             yield ToolCallStarted(name, call["id"], call["function"]["name"],
                                   call["function"]["arguments"])
-            yield await self._call_tool(call, argument_errors, state, scope)
+            yield await self._call_tool(call, argument_errors, state)
 
     async def _call_tool(
         self,
         call: ToolCall,
         argument_errors: dict[str, str],
         state: _RunState,
-        scope: RunScope | None,
     ) -> ToolResult:
         """Run one call and record its result the moment it exists."""
         error = argument_errors.get(call["id"])
@@ -581,11 +585,7 @@ class Agent:
                 agent=self._config.name,
                 call_id=call["id"],
                 tool_name=call["function"]["name"],
-                interrupt_probe=(
-                    (lambda: self._interrupt_requested or scope.interrupt_requested)
-                    if scope is not None
-                    else (lambda: self._interrupt_requested)
-                ),
+                interrupt_probe=state.interrupt_asked,
             )
             state.contexts.append(context)
             outcome = await invoke(self._config.tools_by_name, call, context)
