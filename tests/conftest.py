@@ -1,0 +1,37 @@
+"""Fixtures shared by the whole suite: the real services some tests need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests import services
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis URL that answers (skips, or fails under AIMU_REQUIRE_SERVICES=1, if none)."""
+    return services.redis_url()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> str:
+    """A PostgreSQL DSN that answers (skips, or fails under AIMU_REQUIRE_SERVICES=1)."""
+    return services.postgres_dsn()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[services.PrivateRedis]:
+    """A redis-server this test owns and may stop and start again."""
+    server = services.PrivateRedis()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    """Debian's Chromium, for the browser tests."""
+    return services.chromium_path()

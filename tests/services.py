@@ -1,0 +1,205 @@
+"""Real services for tests: Redis, PostgreSQL and Chromium, found or started, else skipped.
+
+Each is looked for in this order: its environment variable (``AIMU_TEST_REDIS_URL``,
+``AIMU_TEST_POSTGRES_DSN``, ``AIMU_TEST_CHROMIUM``); the local default if it answers; a
+private server started for this test session when its binary is on PATH; else the test
+skips with a one-line reason. With ``AIMU_REQUIRE_SERVICES=1`` (``.ci/run`` sets it) that
+skip is a failure instead, so CI always runs these tests.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+import pytest
+
+__all__ = [
+    "PrivateRedis",
+    "chromium_path",
+    "free_port",
+    "postgres_dsn",
+    "redis_url",
+    "unavailable",
+]
+
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+_STARTUP_SECONDS = 20.0
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip with ``reason``, or fail when ``AIMU_REQUIRE_SERVICES=1`` forbids skipping."""
+    if os.environ.get("AIMU_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason} (AIMU_REQUIRE_SERVICES=1: this test must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _where(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 0
+
+
+def _exchange(host: str, port: int, request: bytes, size: int) -> bytes:
+    try:
+        with socket.create_connection((host, port), timeout=2) as conn:
+            conn.sendall(request)
+            return conn.recv(size)
+    except OSError:
+        return b""
+
+
+def _redis_answers(url: str) -> bool:
+    host, port = _where(url)
+    return _exchange(host, port or 6379, b"PING\r\n", 64).startswith(b"+PONG")
+
+
+def _postgres_answers(dsn: str) -> bool:
+    # An SSLRequest packet: any PostgreSQL server answers one byte, 'S' or 'N'.
+    host, port = _where(dsn)
+    reply = _exchange(host, port or 5432, struct.pack("!ii", 8, 80877103), 1)
+    return reply in (b"S", b"N")
+
+
+class PrivateRedis:
+    """A ``redis-server`` owned by the tests, on a free port, keeping nothing on disk.
+
+    ``stop()`` and ``start()`` (same port) let a test take Redis away mid-run.
+    """
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            unavailable("redis-server is not on PATH")
+        self._binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        if self._process is not None:
+            return
+        self._process = subprocess.Popen(
+            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + _STARTUP_SECONDS
+        while not _redis_answers(self.url):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                unavailable(f"a private redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+
+
+class _PrivatePostgres:
+    """A throwaway PostgreSQL cluster (``initdb`` + ``pg_ctl``) on a free port."""
+
+    def __init__(self) -> None:
+        initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+        if initdb is None or pg_ctl is None:
+            unavailable("no PostgreSQL answers and initdb/pg_ctl are not on PATH")
+        self._pg_ctl = pg_ctl
+        self._dir = Path(tempfile.mkdtemp(prefix="aimu-pg-"))
+        self.port = free_port()
+        data = self._dir / "data"
+        run = functools.partial(subprocess.run, capture_output=True, check=False)
+        made = run([initdb, "-D", str(data), "-U", "postgres", "--auth=trust"])
+        if made.returncode != 0:
+            unavailable(f"initdb failed: {made.stderr.decode(errors='replace').strip()[:200]}")
+        options = f"-p {self.port} -k {self._dir} -c listen_addresses=127.0.0.1"
+        started = run([pg_ctl, "-D", str(data), "-o", options, "-w", "start"])
+        if started.returncode != 0:
+            unavailable("a private PostgreSQL did not start")
+        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        subprocess.run(
+            [self._pg_ctl, "-D", str(self._dir / "data"), "-m", "immediate", "stop"],
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_private: dict[str, PrivateRedis | _PrivatePostgres] = {}
+
+
+def _stop_private() -> None:
+    for server in _private.values():
+        with contextlib.suppress(Exception):
+            server.stop()
+    _private.clear()
+
+
+atexit.register(_stop_private)
+
+
+def redis_url() -> str:
+    """The Redis every Redis test talks to (see the module docstring for the order)."""
+    url = os.environ.get("AIMU_TEST_REDIS_URL")
+    if url:
+        return url
+    if _redis_answers(LOCAL_REDIS):
+        return LOCAL_REDIS
+    server = _private.get("redis")
+    if server is None:
+        server = _private["redis"] = PrivateRedis()
+    assert isinstance(server, PrivateRedis)
+    return server.url
+
+
+def postgres_dsn() -> str:
+    """The PostgreSQL every PostgreSQL test talks to (see the module docstring)."""
+    dsn = os.environ.get("AIMU_TEST_POSTGRES_DSN")
+    if dsn:
+        return dsn
+    if _postgres_answers(LOCAL_POSTGRES):
+        return LOCAL_POSTGRES
+    server = _private.get("postgres")
+    if server is None:
+        server = _private["postgres"] = _PrivatePostgres()
+    assert isinstance(server, _PrivatePostgres)
+    return server.dsn
+
+
+def chromium_path() -> str:
+    """A Chromium binary for browser tests, with the Playwright package importable."""
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        unavailable("the playwright package is not installed (pip install -e '.[test]')")
+    path = os.environ.get("AIMU_TEST_CHROMIUM") or next(
+        (found for name in ("chromium", "chromium-browser")
+         if (found := shutil.which(name)) is not None),
+        None,
+    )
+    if path is None:
+        unavailable("Chromium is not installed (apt-get install -y chromium)")
+    return path
