@@ -1,8 +1,9 @@
 """Run every code block of one Markdown page, in order, in one namespace.
 
-``python`` blocks run as written, top-level ``await`` included, inside one event loop.
-``sh`` blocks run under bash with stdin closed. A block fenced as ``python no-run``
-is the only kind left out, and the docs test refuses more than a few of those.
+``python`` blocks run as written, top-level ``await`` included, inside one event loop;
+with ``--as-scripts`` (the README) each runs as its own script, ``python -c CODE``, as a
+reader would run it. ``sh`` blocks run under bash with stdin closed. A block fenced as
+``python no-run`` is the only kind left out, and the docs test refuses more than a few.
 """
 
 from __future__ import annotations
@@ -31,12 +32,22 @@ def blocks(page: Path) -> list[tuple[str, str, int]]:
     return found
 
 
-async def run_page(page: Path, *, python_only: bool = False) -> None:
+async def run_script(code: str, where: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-W", "error::ResourceWarning", "-c", code, stdin=subprocess.DEVNULL
+    )
+    if await asyncio.wait_for(process.wait(), 120) != 0:
+        raise SystemExit(f"{where}: script exited {process.returncode}")
+
+
+async def run_page(page: Path, *, python_only: bool = False, as_scripts: bool = False) -> None:
     namespace: dict[str, object] = {"__name__": "__docs__"}
     for language, code, line in blocks(page):
         if python_only and language != "python":
             continue
-        if language == "python":
+        if language == "python" and as_scripts:
+            await run_script(code, f"{page}:{line}")
+        elif language == "python":
             source = "\n" * (line - 1) + code
             compiled = compile(
                 source, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -53,4 +64,10 @@ async def run_page(page: Path, *, python_only: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(run_page(Path(sys.argv[1]), python_only="--python-only" in sys.argv[2:]))
+    flags = sys.argv[2:]
+    asyncio.run(
+        run_page(
+            Path(sys.argv[1]), python_only="--python-only" in flags,
+            as_scripts="--as-scripts" in flags,
+        )
+    )
