@@ -664,3 +664,58 @@ def test_one_store_serves_writers_on_several_threads(store: Store) -> None:
         assert [m["content"] for m in store.load(f"thread-{i}")] == [
             f"thread-{i} {n}" for n in range(150)
         ]
+
+
+# --------------------------------------------------------------------------- platform
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_session_data_is_private_to_the_user_whatever_the_umask(
+    kind: str, tmp_path: Path, umask: int
+) -> None:
+    """Defect 10: data files 0o600 and directories 0o700, after append and replace too."""
+    root = tmp_path / "home"
+    previous = os.umask(umask)
+    try:
+        store: Store = (
+            SQLiteStore(root / "deep" / "sessions.db")
+            if kind == "sqlite"
+            else JSONLStore(root / "deep" / "sessions")
+        )
+        try:
+            with closing(store.open_session("private")) as writer:
+                writer.append({"role": "user", "content": "secret"})
+                writer.replace(conversation(1))
+                writer.append({"role": "user", "content": "more"})
+                modes = {
+                    str(path.relative_to(root)): path.stat().st_mode & 0o777
+                    for path in [root, *root.rglob("*")]
+                }
+        finally:
+            store.close()
+    finally:
+        os.umask(previous)
+    assert {p for p, mode in modes.items() if mode not in (0o600, 0o700)} == set(), modes
+    for path, mode in modes.items():
+        assert mode == (0o700 if (root / path).is_dir() else 0o600), path
+    if kind == "sqlite":
+        assert {"deep/sessions.db", "deep/sessions.db-wal", "deep/sessions.db-locks"} <= set(modes)
+
+
+def test_stores_and_the_cli_import_where_fcntl_does_not_exist() -> None:
+    """Defect 15: no unconditional ``fcntl`` import (Windows has none)."""
+    source = textwrap.dedent(
+        """
+        import sys
+        sys.modules["fcntl"] = None  # importing it now raises ImportError, as on Windows
+        import aimu.cli
+        from aimu import aio
+        from aimu.aio.store import JSONLStore, SQLiteStore
+        print(aio.SQLiteStore is SQLiteStore, aio.JSONLStore is JSONLStore)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True True\n"

@@ -1,0 +1,65 @@
+"""Messages as stored JSON text: encoding one, parsing many, reporting a torn record."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from typing import Any, Final, cast
+
+from aimu.aio.errors import TranscriptError
+from aimu.aio.transcript import Message
+
+__all__ = ["encode", "first_bad", "parse_array", "warn_torn"]
+
+# The compact form of transcript.dumps, built once; NaN is refused, as validate() would
+# refuse it on load (a stored NaN would make the session unreadable).
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def encode(message: Message, session: str, index: int) -> str:
+    """``message`` as compact JSON; ``TranscriptError`` naming the session and index."""
+    try:
+        return _ENCODER.encode(message)
+    except (TypeError, ValueError) as error:
+        raise TranscriptError(
+            f"session {session!r}: message {index} cannot be stored as JSON: {error}", index=index
+        ) from error
+
+
+def parse_array(items: Sequence[str | bytes]) -> list[Any] | None:
+    """Parse many JSON texts in one C call; None if any of them is bad."""
+    if not items:
+        return []
+    if isinstance(items[0], bytes):
+        text: str | bytes = b"[" + b",".join(cast(Sequence[bytes], items)) + b"]"
+    else:
+        text = "[" + ",".join(cast(Sequence[str], items)) + "]"
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    # A corrupt record can still join into valid JSON (e.g. '1,2'): check the count.
+    if not isinstance(parsed, list) or len(parsed) != len(items):
+        return None
+    return parsed
+
+
+def first_bad(items: Sequence[str | bytes]) -> tuple[int, str] | None:
+    """The first record that is not one JSON value, and why."""
+    for position, item in enumerate(items):
+        try:
+            json.loads(item)
+        except ValueError as error:
+            return position, str(error)
+    return None
+
+
+def warn_torn(where: str, what: str) -> None:
+    """Warn that the last record at ``where`` was cut short and is being ignored."""
+    warnings.warn(
+        f"{where}: ignoring a torn last record ({what}); it was cut short when the writing "
+        "process died, and the next writer of this session removes it",
+        RuntimeWarning,
+        stacklevel=4,
+    )

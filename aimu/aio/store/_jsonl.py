@@ -1,0 +1,399 @@
+"""Sessions as files in a directory: one append-only ``<session>.jsonl`` each."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, cast
+
+from aimu.aio.errors import StoreError, StoreFormatError, TranscriptError
+from aimu.aio.store._base import StoreBase, WriterBase
+from aimu.aio.store._codec import encode, first_bad, parse_array, warn_torn
+from aimu.aio.store._files import fsync_dir, make_private_dirs, open_private
+from aimu.aio.store._fsync import DataFile, FileSyncer
+from aimu.aio.store._lock import SessionLock
+from aimu.aio.store._protocol import (
+    STATUSES,
+    SessionInfo,
+    SessionStatus,
+    check_status,
+    validate_session_name,
+)
+from aimu.aio.transcript import Message, validate
+
+__all__ = ["JSONLStore"]
+
+_META: Final = b'{"aimu_meta":'
+_JSONL_VERSION: Final = 1
+
+
+def _meta_line(**fields: object) -> bytes:
+    return json.dumps({"aimu_meta": fields}, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass(slots=True)
+class _Scan:
+    """One JSONL session file, split into records."""
+
+    messages: list[bytes]
+    message_lines: list[int]  # 1-based line number of each message
+    meta: list[dict[str, Any]]
+    good_length: int  # bytes up to the end of the last good line
+    torn: str | None  # why the last record was ignored
+
+
+class JSONLStore(StoreBase["_JSONLWriter"]):
+    """Sessions as files in ``directory``: one append-only ``<session>.jsonl`` each.
+
+    Each line is one message as compact JSON, or a ``{"aimu_meta": ...}`` record (the
+    header with the format version and creation time, and each status change), so the
+    file alone is the whole session. ``append`` writes the line with one ``write()``
+    before returning: the message survives ``kill -9``. With ``fsync=True`` a
+    background thread fsyncs every line within a few milliseconds (one fsync per batch),
+    so a power loss can lose only those last milliseconds; ``writer.sync()``,
+    ``replace()`` and ``store.close()`` wait for the disk.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.directory = Path(directory)
+        self.fsync = fsync
+        try:
+            make_private_dirs(self.directory)
+        except OSError as error:
+            raise StoreError(
+                f"cannot create the JSONL store directory {self.directory}: {error}"
+            ) from error
+        self._mutex = threading.RLock()
+        self._writers: set[_JSONLWriter] = set()
+        self._syncer = FileSyncer(str(self.directory)) if fsync else None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<JSONLStore {str(self.directory)!r}>"
+
+    def _path(self, session: str) -> Path:
+        return self.directory / f"{validate_session_name(session)}.jsonl"
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise StoreError(f"{self!r} is closed; cannot {what}")
+
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise StoreError(f"cannot read {path}: {error}") from error
+
+    def _scan(self, path: Path, data: bytes) -> _Scan:
+        """Split a session file into records; only the last line may be torn."""
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline
+        torn: str | None = None
+        good_length = len(data) - len(tail)
+        if tail:
+            torn = f"line {len(lines) + 1} has no line end"
+        elif lines and lines[-1] and not lines[-1].isspace():
+            try:
+                json.loads(lines[-1])
+            except ValueError as error:
+                torn = f"line {len(lines)}: {error}"
+                good_length -= len(lines.pop()) + 1
+        messages: list[bytes] = []
+        message_lines: list[int] = []
+        meta: list[dict[str, Any]] = []
+        for number, line in enumerate(lines, 1):
+            if line.startswith(_META):
+                try:
+                    record = json.loads(line)["aimu_meta"]
+                    if not isinstance(record, dict):
+                        raise ValueError("aimu_meta is not an object")
+                except (ValueError, TypeError, KeyError) as error:
+                    raise StoreFormatError(
+                        f"{path} line {number} is a corrupt metadata record ({error}); "
+                        "the session cannot be read"
+                    ) from None
+                meta.append(record)
+            elif line and not line.isspace():
+                messages.append(line)
+                message_lines.append(number)
+        if meta:
+            version = meta[0].get("version", 1)
+            if not isinstance(version, int) or version > _JSONL_VERSION:
+                raise StoreFormatError(
+                    f"{path} has store format version {version!r}, newer than the "
+                    f"{_JSONL_VERSION} this aimu reads; upgrade aimu to open it"
+                )
+        return _Scan(messages, message_lines, meta, good_length, torn)
+
+    def _decode(self, path: Path, scan: _Scan) -> list[Message]:
+        parsed = parse_array(scan.messages)
+        if parsed is None:
+            bad = first_bad(scan.messages)
+            position, why = bad if bad is not None else (0, "records run together")
+            raise StoreFormatError(
+                f"{path} line {scan.message_lines[position]} is corrupt ({why}); the session "
+                "cannot be read"
+            )
+        try:
+            validate(parsed)
+        except TranscriptError as error:
+            index = error.index
+            where = (
+                f"line {scan.message_lines[index]}"
+                if index is not None and index < len(scan.message_lines)
+                else "content"
+            )
+            raise StoreFormatError(f"{path} {where} is not a valid message: {error}") from error
+        return cast(list[Message], parsed)
+
+    def _load(self, session: str, *, warn: bool) -> tuple[list[Message], _Scan | None]:
+        path = self._path(session)
+        data = self._read(path)
+        if data is None:
+            return [], None
+        scan = self._scan(path, data)
+        if scan.torn is not None and warn:
+            warn_torn(str(path), scan.torn)
+        return self._decode(path, scan), scan
+
+    def load(self, session: str) -> list[Message]:
+        return self._load(session, warn=True)[0]
+
+    def info(self, session: str) -> SessionInfo | None:
+        path = self._path(session)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return None
+        data = self._read(path)
+        if data is None:
+            return None
+        scan = self._scan(path, data)
+        created = stat.st_mtime
+        status: SessionStatus | None = None
+        for record in scan.meta:
+            if "created" in record and isinstance(record["created"], int | float):
+                created = float(record["created"])
+            if record.get("status") in STATUSES:
+                status = record["status"]
+        return SessionInfo(session, created, stat.st_mtime, len(scan.messages), status)
+
+    def sessions(self) -> list[SessionInfo]:
+        found: list[SessionInfo] = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            name = path.name[: -len(".jsonl")]
+            try:
+                validate_session_name(name)
+            except ValueError:
+                continue
+            info = self.info(name)
+            if info is not None:
+                found.append(info)
+        return found
+
+    def open_session(self, session: str) -> _JSONLWriter:
+        path = self._path(session)
+        with self._mutex:
+            self._check_open(f"open session {session!r}")
+            return self._add_writer(
+                SessionLock(self.directory, session),
+                lambda lock: _JSONLWriter(self, session, path, lock),
+            )
+
+    def delete(self, session: str) -> bool:
+        path = self._path(session)
+        with self._mutex:
+            self._check_open(f"delete session {session!r}")
+            lock = SessionLock(self.directory, session)
+            try:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    return False
+                if self.fsync:
+                    fsync_dir(self.directory)
+                return True
+            finally:
+                lock.release(unlink=True)
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._closed:
+                return
+            for writer in list(self._writers):
+                writer.close(wait=False)
+            self._closed = True
+        if self._syncer is not None:
+            self._syncer.stop()
+
+
+class _JSONLWriter(WriterBase):
+    """The writer of one session of a :class:`JSONLStore`."""
+
+    def __init__(self, store: JSONLStore, session: str, path: Path, lock: SessionLock) -> None:
+        super().__init__(session, lock, f"JSONLStore {str(store.directory)!r}")
+        self._store = store
+        self._path = path
+        self._mutex = threading.Lock()
+        self._file: DataFile | None = None
+        self._count = 0
+        self._created: float | None = None
+        self._status: SessionStatus | None = None
+        self._temporary = path.with_name(path.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._temporary)  # left by a replace() that died half-way
+        data = store._read(path)
+        if data is None:
+            return
+        scan = store._scan(path, data)
+        self._count = len(scan.messages)
+        for record in scan.meta:
+            if isinstance(record.get("created"), int | float):
+                self._created = float(record["created"])
+            if record.get("status") in STATUSES:
+                self._status = record["status"]
+        if scan.torn is not None:
+            warn_torn(str(path), scan.torn)
+            # Cut the torn tail off before appending after it.
+            try:
+                with open(path, "r+b") as handle:
+                    handle.truncate(scan.good_length)
+                    if store.fsync:
+                        os.fsync(handle.fileno())
+            except OSError as error:
+                raise StoreError(
+                    f"session {session!r}: cannot repair the torn end of {path}: {error}"
+                ) from error
+
+    def _data_file(self) -> DataFile:
+        file = self._file
+        if file is not None:
+            if file.error is not None:
+                raise StoreError(
+                    f"session {self.session!r}: syncing {self._path} to disk failed: {file.error}"
+                )
+            return file
+        try:
+            fd = open_private(self._path, os.O_WRONLY | os.O_APPEND)
+            empty = os.fstat(fd).st_size == 0
+        except OSError as error:
+            raise StoreError(
+                f"session {self.session!r}: cannot open {self._path}: {error}"
+            ) from error
+        file = self._file = DataFile(self._path, fd, dir_dirty=empty)
+        if empty:
+            self._created = time.time()
+            self._write(
+                file, _meta_line(format="aimu.jsonl", version=_JSONL_VERSION, created=self._created)
+            )
+        return file
+
+    def _write(self, file: DataFile, line: bytes) -> None:
+        done = 0
+        try:
+            while done < len(line):
+                done += os.write(file.fd, line[done:] if done else line)
+        except OSError as error:
+            if done:
+                # Never leave half a line that the next append would bury mid-file.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(file.fd, os.fstat(file.fd).st_size - done)
+            raise StoreError(
+                f"session {self.session!r}: cannot write to {self._path}: {error}"
+            ) from error
+        file.written += 1
+        syncer = self._store._syncer
+        if syncer is not None:
+            syncer.request(file)
+
+    def load(self) -> list[Message]:
+        self._check_open("load")
+        return self._store._load(self.session, warn=True)[0]
+
+    def append(self, message: Message) -> None:
+        with self._mutex:
+            self._check_open("append")
+            line = encode(message, self.session, self._count).encode() + b"\n"
+            self._write(self._data_file(), line)
+            self._count += 1
+
+    def set_status(self, status: SessionStatus) -> None:
+        with self._mutex:
+            self._check_open("set the status")
+            line = _meta_line(status=check_status(status), at=time.time())
+            self._write(self._data_file(), line)
+            self._status = status
+
+    def replace(self, messages: Sequence[Message]) -> None:
+        with self._mutex:
+            self._check_open("replace")
+            lines = [encode(m, self.session, i).encode() + b"\n" for i, m in enumerate(messages)]
+            created = self._created if self._created is not None else time.time()
+            head = [_meta_line(format="aimu.jsonl", version=_JSONL_VERSION, created=created)]
+            if self._status is not None:
+                head.append(_meta_line(status=self._status, at=time.time()))
+            temporary = self._temporary
+            try:
+                fd = open_private(temporary, os.O_WRONLY | os.O_TRUNC)
+                with open(fd, "wb") as handle:
+                    handle.writelines(head + lines)
+                    handle.flush()
+                    if self._store.fsync:
+                        os.fsync(handle.fileno())
+                os.replace(temporary, self._path)
+                if self._store.fsync:
+                    fsync_dir(self._path.parent)
+            except OSError as error:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise StoreError(
+                    f"session {self.session!r}: cannot rewrite {self._path}: {error}"
+                ) from error
+            # The old descriptor points at the replaced file: drop it, reopen lazily.
+            self._drop_file(wait=False)
+            self._created = created
+            self._count = len(lines)
+
+    def sync(self) -> None:
+        """Block until every line written so far is fsynced (no-op with ``fsync=False``)."""
+        syncer = self._store._syncer
+        file = self._file
+        if syncer is not None and file is not None:
+            syncer.wait(file)
+            if file.error is not None:
+                raise StoreError(
+                    f"session {self.session!r}: syncing {self._path} to disk failed: {file.error}"
+                )
+
+    def _drop_file(self, *, wait: bool) -> None:
+        file, self._file = self._file, None
+        if file is None:
+            return
+        syncer = self._store._syncer
+        if syncer is None:
+            os.close(file.fd)
+            return
+        file.closing = True
+        syncer.request(file)  # the syncer fsyncs it one last time, then closes it
+        if wait:
+            syncer.wait(file)
+
+    def close(self, *, wait: bool = False) -> None:
+        """Release the lock; the last fsync finishes in the background unless ``wait``."""
+        with self._store._mutex, self._mutex:
+            if not self._lock.held:
+                return
+            try:
+                self._drop_file(wait=wait)
+            finally:
+                self._lock.release()
+                self._store._writers.discard(self)
+

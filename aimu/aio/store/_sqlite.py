@@ -1,0 +1,387 @@
+"""Sessions in one SQLite file (stdlib ``sqlite3``, WAL mode), one row per message."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final, cast
+
+from aimu.aio.errors import StoreError, StoreFormatError, TranscriptError
+from aimu.aio.store._base import StoreBase, WriterBase
+from aimu.aio.store._codec import encode, first_bad, parse_array, warn_torn
+from aimu.aio.store._files import make_private_dirs, open_private
+from aimu.aio.store._lock import SessionLock
+from aimu.aio.store._protocol import (
+    SessionInfo,
+    SessionStatus,
+    check_status,
+    validate_session_name,
+)
+from aimu.aio.transcript import Message, validate
+
+__all__ = ["SQLiteStore"]
+
+_SCHEMA_VERSION: Final = 1
+# Message count and last-message time are derived from the messages table (seq runs
+# 0..n-1), so an append is one INSERT: one short autocommit transaction.
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS sessions (
+    name TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    status TEXT
+);
+CREATE TABLE IF NOT EXISTS messages (
+    session TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at REAL NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID;
+"""
+_LAST = "SELECT {} FROM messages WHERE session = {} ORDER BY seq DESC LIMIT 1"
+_INFO = (
+    "SELECT s.name, s.created, s.updated, s.status, "
+    f"({_LAST.format('seq', 's.name')}), ({_LAST.format('at', 's.name')}) FROM sessions s"
+)
+_UPSERT_SESSION = (
+    "INSERT INTO sessions (name, created, updated, status) VALUES (?1, ?2, ?2, NULL) "
+    "ON CONFLICT (name) DO UPDATE SET updated = ?2"
+)
+_INSERT = "INSERT INTO messages (session, seq, at, body) VALUES (?, ?, ?, ?)"
+#: Commits between two checkpoints (each one writes a few 4 KiB pages to the WAL).
+_CHECKPOINT_EVERY: Final = 256
+
+
+def _info_row(row: tuple[Any, ...]) -> SessionInfo:
+    name, created, updated, status, last_seq, last_at = row
+    count = 0 if last_seq is None else last_seq + 1
+    if last_at is not None:
+        updated = max(updated, last_at)
+    return SessionInfo(name, created, updated, count, status)
+
+
+class _Checkpointer:
+    """Copies the WAL into the database on a background thread, with its own connection.
+
+    SQLite's automatic checkpoint runs inside a commit and fsyncs: milliseconds on the
+    event loop every few hundred appends. A passive checkpoint here never blocks writers.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wanted = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"aimu-checkpoint {self._path}", daemon=True
+            )
+            self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, timeout=10.0)
+        try:
+            while True:
+                self._wanted.wait()
+                self._wanted.clear()
+                if self._stopping:
+                    return
+                # A checkpoint that fails (busy, I/O) only postpones shrinking the WAL.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+class SQLiteStore(StoreBase["_SQLiteWriter"]):
+    """Sessions in one SQLite file (stdlib ``sqlite3``), one row per message.
+
+    WAL mode with ``synchronous=NORMAL``: a committed message survives the process
+    being killed (``kill -9``), but not necessarily a power loss or OS crash, which may
+    lose the last commits (never corrupt the file). An ``append`` is one short INSERT
+    (tens of microseconds) and checkpoints run on a background thread, so writing from
+    the event loop is cheap. The file (and its directory) is created if missing; write
+    locks live in ``<path>-locks/``. Thread-safe.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock_dir = self.path.with_name(self.path.name + "-locks")
+        self._mutex = threading.RLock()
+        self._writers: set[_SQLiteWriter] = set()
+        self._conn: sqlite3.Connection | None = None
+        self._commits = 0
+        try:
+            make_private_dirs(self.path.parent)
+            # sqlite3 would create the file 0o644; its -wal and -shm files copy this mode.
+            os.close(open_private(self.path, os.O_RDWR))
+            conn = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=10.0
+            )
+        except (OSError, sqlite3.Error) as error:
+            raise StoreError(f"cannot open SQLite store {self.path}: {error}") from error
+        try:
+            self._setup(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._checkpointer = _Checkpointer(self.path)
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > _SCHEMA_VERSION:
+                raise StoreFormatError(
+                    f"{self.path} has store schema version {version}, newer than the "
+                    f"{_SCHEMA_VERSION} this aimu reads; upgrade aimu to open it"
+                )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # see _Checkpointer
+            if version < _SCHEMA_VERSION:
+                # Several processes may create the schema at once: IF NOT EXISTS, one step.
+                try:
+                    conn.executescript(
+                        f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;"
+                    )
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.rollback()
+                    raise
+        except sqlite3.DatabaseError as error:
+            if isinstance(error, sqlite3.OperationalError):
+                raise StoreError(f"cannot open SQLite store {self.path}: {error}") from error
+            raise StoreFormatError(
+                f"{self.path} is not a readable aimu SQLite store: {error}"
+            ) from error
+
+    def __repr__(self) -> str:
+        return f"<SQLiteStore {str(self.path)!r}>"
+
+    def _fail(self, error: sqlite3.Error, what: str) -> StoreError:
+        kind = (
+            StoreFormatError
+            if isinstance(error, sqlite3.DatabaseError)
+            and not isinstance(error, sqlite3.OperationalError)
+            else StoreError
+        )
+        return kind(f"{self.path}: cannot {what}: {error}")
+
+    def _connection(self, what: str) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"{self!r} is closed; cannot {what}")
+        return conn
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if self._commits % _CHECKPOINT_EVERY == 0:
+            self._checkpointer.request()
+
+    def _write(self, sql: str, parameters: Sequence[object], what: Callable[[], str]) -> None:
+        """One statement as its own transaction (the append path: keep it lean)."""
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{self!r} is closed; cannot {what()}")
+            try:
+                conn.execute(sql, parameters)
+            except sqlite3.Error as error:
+                raise self._fail(error, what()) from error
+            self._committed()
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """Several statements as one immediate transaction, all or nothing."""
+        with self._mutex:
+            conn = self._connection(what)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.rollback()
+                    raise
+            except sqlite3.Error as error:
+                raise self._fail(error, what) from error
+            self._committed()
+
+    def _query(self, sql: str, parameters: Sequence[object], what: str) -> list[Any]:
+        with self._mutex:
+            conn = self._connection(what)
+            try:
+                return conn.execute(sql, parameters).fetchall()
+            except sqlite3.Error as error:
+                raise self._fail(error, what) from error
+
+    def open_session(self, session: str) -> _SQLiteWriter:
+        validate_session_name(session)
+        with self._mutex:
+            self._connection(f"open session {session!r}")
+            make_private_dirs(self._lock_dir)
+            return self._add_writer(
+                SessionLock(self._lock_dir, session),
+                lambda lock: _SQLiteWriter(self, session, lock),
+            )
+
+    def _decode(self, session: str, rows: list[tuple[int, str]]) -> list[Message]:
+        """The messages of ``rows``; a corrupt last row is left out with a warning."""
+        bodies = [body for _, body in rows]
+        parsed = parse_array(bodies)
+        if parsed is None:
+            bad = first_bad(bodies)
+            position, why = bad if bad is not None else (len(rows) - 1, "not one JSON value")
+            where = f"{self.path}: session {session!r} row seq={rows[position][0]}"
+            if position != len(rows) - 1:
+                raise StoreFormatError(f"{where} is corrupt ({why}); the session cannot be read")
+            warn_torn(where, why)
+            parsed = [json.loads(body) for body in bodies[:-1]]
+        try:
+            validate(parsed)
+        except TranscriptError as error:
+            index = error.index
+            where = (
+                f"row seq={rows[index][0]}" if index is not None and index < len(rows) else "rows"
+            )
+            raise StoreFormatError(
+                f"{self.path}: session {session!r} {where} is not a valid message: {error}"
+            ) from error
+        return cast(list[Message], parsed)
+
+    def load(self, session: str) -> list[Message]:
+        validate_session_name(session)
+        rows = self._query(
+            "SELECT seq, body FROM messages WHERE session = ? ORDER BY seq",
+            (session,),
+            f"load session {session!r}",
+        )
+        return self._decode(session, rows)
+
+    def info(self, session: str) -> SessionInfo | None:
+        validate_session_name(session)
+        rows = self._query(f"{_INFO} WHERE s.name = ?", (session,), f"read session {session!r}")
+        return _info_row(rows[0]) if rows else None
+
+    def sessions(self) -> list[SessionInfo]:
+        return [_info_row(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
+
+    def delete(self, session: str) -> bool:
+        validate_session_name(session)
+        with self._mutex:
+            self._connection(f"delete session {session!r}")
+            make_private_dirs(self._lock_dir)
+            lock = SessionLock(self._lock_dir, session)
+            try:
+                with self._transaction(f"delete session {session!r}") as conn:
+                    conn.execute("DELETE FROM messages WHERE session = ?", (session,))
+                    existed = conn.execute(
+                        "DELETE FROM sessions WHERE name = ?", (session,)
+                    ).rowcount
+            finally:
+                lock.release(unlink=True)
+            return existed > 0
+
+    def close(self) -> None:
+        with self._mutex:
+            for writer in list(self._writers):
+                writer.close()
+            conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        self._checkpointer.stop()
+        conn.close()  # the last connection to close checkpoints and removes the WAL
+
+
+class _SQLiteWriter(WriterBase):
+    """The writer of one session of a :class:`SQLiteStore`."""
+
+    def __init__(self, store: SQLiteStore, session: str, lock: SessionLock) -> None:
+        super().__init__(session, lock, f"SQLiteStore {str(store.path)!r}")
+        self._store = store
+        # Only the last row can be torn; rows before it are checked on load.
+        with store._transaction(f"open session {session!r}") as conn:
+            last = conn.execute(_LAST.format("seq, body", "?"), (session,)).fetchone()
+            self._has_row = conn.execute(
+                "SELECT 1 FROM sessions WHERE name = ?", (session,)
+            ).fetchone() is not None
+            if last is not None:
+                try:
+                    json.loads(last[1])
+                except ValueError as error:
+                    warn_torn(f"{store.path}: session {session!r} row seq={last[0]}", str(error))
+                    conn.execute(
+                        "DELETE FROM messages WHERE session = ? AND seq = ?", (session, last[0])
+                    )
+                    last = (last[0] - 1, None)
+        self._next_seq = 0 if last is None else last[0] + 1
+
+    def load(self) -> list[Message]:
+        self._check_open("load")
+        return self._store.load(self.session)
+
+    def append(self, message: Message) -> None:
+        if not self._lock.held:
+            self._check_open("append")
+        seq = self._next_seq
+        body = encode(message, self.session, seq)
+        now = time.time()
+        if self._has_row:
+            self._store._write(
+                _INSERT, (self.session, seq, now, body), lambda: f"append to {self.session!r}"
+            )
+        else:
+            with self._store._transaction(f"append to session {self.session!r}") as conn:
+                conn.execute(_UPSERT_SESSION, (self.session, now))
+                conn.execute(_INSERT, (self.session, seq, now, body))
+            self._has_row = True
+        self._next_seq = seq + 1
+
+    def replace(self, messages: Sequence[Message]) -> None:
+        self._check_open("replace")
+        bodies = [encode(m, self.session, i) for i, m in enumerate(messages)]
+        now = time.time()
+        with self._store._transaction(f"replace session {self.session!r}") as conn:
+            conn.execute(_UPSERT_SESSION, (self.session, now))
+            conn.execute("DELETE FROM messages WHERE session = ?", (self.session,))
+            conn.executemany(
+                _INSERT, ((self.session, seq, now, body) for seq, body in enumerate(bodies))
+            )
+        self._has_row = True
+        self._next_seq = len(bodies)
+
+    def set_status(self, status: SessionStatus) -> None:
+        self._check_open("set the status")
+        check_status(status)
+        self._store._write(
+            "INSERT INTO sessions (name, created, updated, status) VALUES (?1, ?2, ?2, ?3) "
+            "ON CONFLICT (name) DO UPDATE SET updated = ?2, status = ?3",
+            (self.session, time.time(), status),
+            lambda: f"set the status of session {self.session!r}",
+        )
+        self._has_row = True
+
+    def close(self) -> None:
+        with self._store._mutex:
+            self._lock.release()
+            self._store._writers.discard(self)
+
+
