@@ -9,8 +9,9 @@ the same session continues the conversation. ``aimu chat`` and
 
 Output is line-oriented and flushed: reply text as it streams, ``[calling ...]`` and
 ``[tool → ...]`` lines for tool rounds, ``(thinking…)``, ``(stopped)`` and
-``(interrupted)`` on lines of their own, and one ``error: ...`` line for an expected
-error (never a traceback). A ``> `` prompt is shown only on a terminal.
+``(interrupted)`` on lines of their own. An expected error is one ``error: ...`` line
+on ``err`` (stderr), never a traceback, and :meth:`Assistant.serve` returns 1 when the
+last turn failed. A ``> `` prompt is shown only on a terminal.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def make_client(spec: str) -> ModelClient:
 class _Turn:
     handle: RunHandle[RunFinished]
     presses: int = 0
-    """Ctrl+C presses during this turn: 1 interrupts, 2 cancels, 3 exits."""
+    """Ctrl+C presses meant for this turn: 1 interrupts, 2 cancels, 3 exits."""
 
 
 def _one_line(text: str, limit: int = _CLIP) -> str:
@@ -241,6 +242,7 @@ class Assistant:
         system: str | None = None,
         tools: Sequence[Callable[..., Any] | Tool] = DEMO_TOOLS,
         out: TextIO | None = None,
+        err: TextIO | None = None,
         prompt: bool = False,
         max_rounds: int = 10,
     ) -> None:
@@ -250,10 +252,15 @@ class Assistant:
         self._tools = tuple(tools)
         self._max_rounds = max_rounds
         self._out = out if out is not None else sys.stdout
+        self._err = err if err is not None else sys.stderr
         self._prompt = prompt
         self._agent = self._open(session)
         self._backlog: deque[str] = deque()
         self._current: _Turn | None = None
+        # The finished turn that the last Ctrl+C was meant for, until new input comes:
+        # a press that was meant for a turn that ended meanwhile must not exit the chat.
+        self._pressed: _Turn | None = None
+        self._last_turn_failed = False
         self._turns = 0
         self._wake = asyncio.Event()
         self._input_ended = False
@@ -291,6 +298,11 @@ class Assistant:
         """True while a turn is running."""
         return self._running() is not None
 
+    @property
+    def turn(self) -> RunHandle[RunFinished] | None:
+        """The handle of the turn running now (or settling, not yet reported), else None."""
+        return self._current.handle if self._current is not None else None
+
     async def aclose(self) -> None:
         """Release the current session (its write lock); the client and store stay open."""
         await self._agent.aclose()
@@ -311,6 +323,15 @@ class Assistant:
     def _end_line(self) -> None:
         if not self._at_line_start:
             self._write("\n")
+
+    def _error(self, text: str) -> None:
+        """One ``error: text`` line on ``err``, after the output so far (same terminal)."""
+        self._end_line()
+        if self._err is self._out:
+            self._write(f"error: {text}\n")
+            return
+        self._err.write(f"error: {text}\n")
+        self._err.flush()
 
     def _show_prompt(self) -> None:
         if self._prompt and self._current is None and not self._backlog:
@@ -350,6 +371,7 @@ class Assistant:
         text = line.strip()
         if not text:
             return
+        self._pressed = None  # new input: an idle Ctrl+C exits again
         word = text.split(maxsplit=1)[0].lower()
         if word == "/stop":
             self._stop()
@@ -393,26 +415,35 @@ class Assistant:
     def _on_sigint(self) -> None:
         """Ctrl+C: interrupt the running turn, cancel it on a second press; exit when idle.
 
-        The press count belongs to the turn, so nothing of it reaches the next turn.
+        A press counts against the turn that is running or settling, or against the
+        turn the previous press was for until new input arrives: two quick presses
+        never exit, even when the turn ended between them. A third press exits once
+        the turn has settled. Nothing of the count reaches the next turn.
         """
         if self._prompt:
             self._write("\n")  # the terminal echoed ^C: our line starts after it
-        turn = self._running()
+        turn = self._current if self._current is not None else self._pressed
         if turn is None:
             self._line("(bye)")
             self._exit_requested = True
             self._wake.set()
             return
+        self._pressed = turn
         turn.presses += 1
+        running = not turn.handle.done
         if turn.presses == 1:
-            if turn.handle.interrupt():
+            if running and turn.handle.interrupt():
                 self._line(
                     "(Ctrl+C: this step finishes, then the turn stops; "
                     "press Ctrl+C again to stop now)"
                 )
         elif turn.presses == 2:
-            turn.handle.cancel("Ctrl+C")
+            if running:
+                turn.handle.cancel("Ctrl+C")
+            else:
+                self._line("(the turn has already ended; press Ctrl+C again to exit)")
         else:
+            self._line("(bye)" if not running else "(exiting once this turn has stopped)")
             self._exit_requested = True
             self._wake.set()
 
@@ -454,7 +485,8 @@ class Assistant:
         """Serve until the input ends (after the queued input is done) or Ctrl+C when idle.
 
         ``stdin=True`` reads lines from standard input in a daemon thread; ``sigint=True``
-        wires Ctrl+C (main thread only). Returns the exit status, 0.
+        wires Ctrl+C (main thread only). Returns the exit status: 1 if the last turn
+        failed, else 0.
         """
         if self._serving:
             raise RuntimeError("this Assistant is already serving")
@@ -498,7 +530,7 @@ class Assistant:
                 await self._abandon_turn()
             finally:
                 self._serving = False
-        return 0
+        return 1 if self._last_turn_failed else 0
 
     def _wire_sigint(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
         """Send Ctrl+C to :meth:`_on_sigint`; return what puts the previous handler back.
@@ -562,7 +594,7 @@ class Assistant:
         try:
             await self._command(text)
         except AimuError as error:
-            self._line(f"error: {_error_line(error)}")
+            self._error(_error_line(error))
 
     async def _command(self, text: str) -> None:
         word, _, rest = text.partition(" ")
@@ -587,6 +619,7 @@ class Assistant:
             )
 
     def _start(self, task: str | None) -> None:
+        self._pressed = None
         self._turns += 1
         handle = RunHandle.start(self._turn(self._agent, task), name=f"turn {self._turns}")
         handle.add_done_callback(lambda _: self._wake.set())
@@ -609,19 +642,22 @@ class Assistant:
     async def _report(self, turn: _Turn) -> None:
         """Say how a finished turn ended: nothing more, (stopped), (interrupted), an error."""
         handle = turn.handle
+        self._last_turn_failed = False
         if handle.cancelled:
             self._line(STOPPED)
             return
         try:
             finished = await handle
         except AimuError as error:
-            self._line(f"error: {_error_line(error)}")
+            self._last_turn_failed = True
+            self._error(_error_line(error))
             return
         except BrokenPipeError:  # our own output went away: nobody to tell
             raise
         except Exception as error:  # a bug, not an expected error: details go to stderr
-            traceback.print_exception(error, file=sys.stderr)
-            self._line(f"error: {type(error).__name__}: {_error_line(error)}")
+            self._last_turn_failed = True
+            traceback.print_exception(error, file=self._err)
+            self._error(f"{type(error).__name__}: {_error_line(error)}")
             return
         if finished.status == "interrupted":
             self._line(INTERRUPTED)
@@ -680,7 +716,7 @@ class Assistant:
         try:
             agent = self._open(name)
         except (AimuError, ValueError) as error:
-            self._line(f"error: {_error_line(error)}")
+            self._error(_error_line(error))
             return
         previous, self._agent = self._agent, agent
         await previous.aclose()
@@ -705,18 +741,20 @@ async def run_chat(
     *,
     tools: Sequence[Callable[..., Any] | Tool] | None = None,
     out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Run the assistant on stdin and stdout until EOF or Ctrl+C; return the exit status.
 
     ``tools`` defaults to :data:`DEMO_TOOLS` (none with ``settings.tools`` false). A
-    bad setting prints one ``error:`` line and returns 2; a store problem (the session
-    is open elsewhere) returns 1.
+    bad setting prints one ``error:`` line on ``err`` (stderr) and returns 2; a store
+    problem (the session is open elsewhere) returns 1; so does a last turn that failed.
     """
     out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
 
     def fail(error: BaseException, status: int) -> int:
-        out.write(f"error: {_error_line(error)}\n")
-        out.flush()
+        err.write(f"error: {_error_line(error)}\n")
+        err.flush()
         return status
 
     try:
@@ -740,6 +778,7 @@ async def run_chat(
                     system=settings.system,
                     tools=chosen,
                     out=out,
+                    err=err,
                     prompt=_is_tty(sys.stdin) and _is_tty(out),
                 )
             except AimuError as error:

@@ -11,7 +11,7 @@ import asyncio
 import io
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ from aimu.assistant import (
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 
-LONG = " ".join(f"w{i}" for i in range(400))
+# Streams for a minute: a stop after its first words lands provably mid-stream.
+LONG = " ".join(f"w{i}" for i in range(3000))
 MEDIUM = " ".join(f"m{i}" for i in range(30))
 
 
@@ -45,9 +46,39 @@ def chat_script(request: Mapping[str, Any]) -> Turn:
     """"long ..." streams for seconds, "medium ..." for a moment; the rest is answered at once."""
     said = last_user(request)
     if said.startswith("long"):
-        return Turn(text=LONG, delay=0.01)
+        return Turn(text=LONG, delay=0.02)
     if said.startswith("medium"):
         return Turn(text=MEDIUM, delay=0.01)
+    return Turn(text=f"answer to {said}")
+
+
+class Gate:
+    """A tool that waits until the test opens it, so a step boundary is in reach."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.calls = 0
+
+    async def wait_for_gate(self) -> str:
+        """Wait until the gate opens."""
+        self.calls += 1
+        await self.opened.wait()
+        return "the gate opened"
+
+
+def tool_then_answer(request: Mapping[str, Any]) -> Turn:
+    if request["messages"][-1]["role"] == "tool":
+        return Turn(text="all done now")
+    return Turn(tool_calls=(ScriptedCall("wait_for_gate"),))
+
+
+def gated_script(request: Mapping[str, Any]) -> Turn:
+    """"gated ..." waits in ``wait_for_gate``, then says "gate passed"; the rest is answered."""
+    if request["messages"][-1]["role"] == "tool":
+        return Turn(text="gate passed")
+    said = last_user(request)
+    if said.startswith("gated"):
+        return Turn(tool_calls=(ScriptedCall("wait_for_gate"),))
     return Turn(text=f"answer to {said}")
 
 
@@ -59,6 +90,14 @@ class Screen:
         self.out = out
         self.cursor = 0
         self.task = asyncio.create_task(assistant.serve(sigint=sigint))
+
+    @classmethod
+    def of(
+        cls, model: ScriptedModel, store: SQLiteStore, *, sigint: bool = False, **options: Any
+    ) -> Screen:
+        """Serve ``model`` with errors on the same screen as the output, as on a terminal."""
+        out = io.StringIO()
+        return cls(Assistant(model, store, out=out, err=out, **options), out, sigint=sigint)
 
     def send(self, *lines: str) -> None:
         for line in lines:
@@ -83,6 +122,12 @@ class Screen:
     def rest(self) -> str:
         return self.out.getvalue()[self.cursor :]
 
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds (what it checks was printed or set)."""
+        async with asyncio.timeout(10):
+            while not condition():
+                await asyncio.sleep(0.005)
+
     async def finish(self) -> int:
         self.assistant.end_input()
         code = await self.task
@@ -98,9 +143,7 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
 
 @pytest.fixture
 async def screen(store: SQLiteStore) -> AsyncIterator[Screen]:
-    model = ScriptedModel(chat_script)
-    out = io.StringIO()
-    shown = Screen(Assistant(model, store, session="s", tools=(), out=out), out)
+    shown = Screen.of(ScriptedModel(chat_script), store, session="s", tools=())
     yield shown
     if not shown.task.done():
         await shown.finish()
@@ -169,30 +212,37 @@ async def test_stop_right_after_a_message_stops_that_message(screen: Screen) -> 
     assert await screen.finish() == 0
 
 
-async def test_input_typed_during_a_turn_is_answered_in_order(screen: Screen) -> None:
-    screen.send("medium one")
-    await screen.expect("m2 ")
-    screen.send("first", "second", "/history", "third")
-    await screen.expect("m29\n")
+async def test_input_typed_during_a_turn_is_answered_in_order(store: SQLiteStore) -> None:
+    gate = Gate()
+    screen = Screen.of(ScriptedModel(gated_script), store, tools=[gate.wait_for_gate])
+    screen.send("gated one")
+    await screen.expect("[calling wait_for_gate()]\n")
+    screen.send("first", "second", "/history", "third")  # the turn waits at the gate
+    gate.opened.set()
     order = [
+        "gate passed\n",
         "answer to first\n",
         "answer to second\n",
-        "session 's': 6 messages\n",
+        "session 'default': 8 messages\n",
         "answer to third\n",
     ]
     for text in order:
         await screen.expect(text)
-    assert [last_user(r) for r in requests(screen)] == ["medium one", "first", "second", "third"]
+    said = [last_user(r) for r in requests(screen)]
+    assert said == ["gated one", "gated one", "first", "second", "third"]
     assert await screen.finish() == 0
 
 
-async def test_eof_waits_for_the_running_turn_and_the_queue(screen: Screen) -> None:
-    screen.send("medium", "after")
-    await screen.expect("m1 ")
-    screen.assistant.end_input()
+async def test_eof_waits_for_the_running_turn_and_the_queue(store: SQLiteStore) -> None:
+    gate = Gate()
+    screen = Screen.of(ScriptedModel(gated_script), store, tools=[gate.wait_for_gate])
+    screen.send("gated", "after")
+    await screen.expect("[calling wait_for_gate()]\n")
+    screen.assistant.end_input()  # while the turn waits at the gate
+    gate.opened.set()
     assert await screen.task == 0
     out = screen.out.getvalue()
-    assert "m29\n" in out and out.index("m29") < out.index("answer to after")
+    assert out.index("gate passed\n") < out.index("answer to after\n")
     await screen.assistant.aclose()
 
 
@@ -265,26 +315,6 @@ async def test_quit_ends_after_the_running_turn(screen: Screen) -> None:
 # --------------------------------------------------------------------------- interrupt, resume
 
 
-class Gate:
-    """A tool that waits until the test opens it, so a step boundary is in reach."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-        self.calls = 0
-
-    async def wait_for_gate(self) -> str:
-        """Wait until the gate opens."""
-        self.calls += 1
-        await self.opened.wait()
-        return "the gate opened"
-
-
-def tool_then_answer(request: Mapping[str, Any]) -> Turn:
-    if request["messages"][-1]["role"] == "tool":
-        return Turn(text="all done now")
-    return Turn(tool_calls=(ScriptedCall("wait_for_gate"),))
-
-
 async def test_interrupt_finishes_the_step_then_resume_continues_without_repeating(
     store: SQLiteStore,
 ) -> None:
@@ -343,16 +373,32 @@ async def test_a_model_error_prints_one_line_and_the_loop_keeps_serving(
             return Turn(text="half a reply and then", fault="drop", fault_after=2)
         return Turn(text=f"answer to {last_user(request)}")
 
-    out = io.StringIO()
-    screen = Screen(Assistant(ScriptedModel(flaky), store, tools=(), out=out), out)
+    out, err = io.StringIO(), io.StringIO()
+    screen = Screen(Assistant(ScriptedModel(flaky), store, tools=(), out=out, err=err), out)
+    await screen.expect("/help lists the commands.\n")
     screen.send("break")
-    shown = await screen.expect("dropped the connection mid-stream\n")
-    assert shown.splitlines()[-1] == "error: in-process model dropped the connection mid-stream"
+    failed = "error: in-process model dropped the connection mid-stream\n"
+    await screen.until(lambda: err.getvalue() == failed)
+    assert screen.rest() == "half a \n"  # the partial reply, its line ended
     screen.send("again")
     await screen.expect("answer to again\n")
-    assert "Traceback" not in out.getvalue()
+    assert "Traceback" not in out.getvalue() + err.getvalue()
     validate(screen.assistant.agent.model_client.messages)
-    assert await screen.finish() == 0
+    assert await screen.finish() == 0  # the last turn answered
+
+
+async def test_serve_returns_1_when_the_last_turn_failed(store: SQLiteStore) -> None:
+    def failing(request: Mapping[str, Any]) -> Turn:
+        return Turn(fault="http_500")
+
+    out, err = io.StringIO(), io.StringIO()
+    screen = Screen(Assistant(ScriptedModel(failing), store, tools=(), out=out, err=err), out)
+    screen.send("hello")
+    screen.assistant.end_input()
+    assert await screen.task == 1
+    await screen.assistant.aclose()
+    assert err.getvalue().startswith("error: ") and err.getvalue().count("\n") == 1
+    assert "error" not in out.getvalue()
 
 
 async def test_a_locked_session_cannot_be_served_twice(store: SQLiteStore) -> None:
@@ -451,7 +497,7 @@ async def test_ctrl_c_interrupts_then_cancels_and_never_outlives_its_turn(
     )
     screen.send("first")
     await screen.expect("[calling wait_for_gate()]\n")
-    os.kill(os.getpid(), signal.SIGINT)
+    press_ctrl_c()
     await screen.expect("press Ctrl+C again to stop now)\n")
     gate.opened.set()
     await screen.expect("(interrupted)\n")
@@ -465,7 +511,7 @@ async def test_ctrl_c_interrupts_then_cancels_and_never_outlives_its_turn(
     gate.opened.clear()
     screen.send("third")
     await screen.expect("[calling wait_for_gate()]\n")
-    os.kill(os.getpid(), signal.SIGINT)
+    press_ctrl_c()
     await screen.expect("press Ctrl+C again to stop now)\n")
     os.kill(os.getpid(), signal.SIGINT)
     await screen.expect("(stopped)\n")
@@ -476,6 +522,85 @@ async def test_ctrl_c_interrupts_then_cancels_and_never_outlives_its_turn(
     await screen.assistant.aclose()
     assert "(bye)" in out.getvalue()
     assert signal.getsignal(signal.SIGINT) == before
+
+
+ALREADY_ENDED = "(the turn has already ended; press Ctrl+C again to exit)\n"
+
+
+def press_ctrl_c() -> None:
+    """Ctrl+C as the terminal sends it: SIGINT to this process, handled before returning."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+async def test_two_quick_ctrl_c_presses_cancel_the_turn_and_never_exit(
+    store: SQLiteStore,
+) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    gate = Gate()
+    screen = Screen.of(
+        ScriptedModel(gated_script), store, sigint=True, tools=[gate.wait_for_gate]
+    )
+    screen.send("gated")
+    await screen.expect("[calling wait_for_gate()]\n")
+    press_ctrl_c()
+    press_ctrl_c()  # before the loop has even handled the first one
+    await screen.expect("(stopped)\n")
+    validate(screen.assistant.agent.model_client.messages)
+    screen.send("hello")
+    await screen.expect("answer to hello\n")
+    assert not screen.task.done()
+    assert await screen.finish() == 0
+    assert "(bye)" not in screen.out.getvalue()
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+async def test_a_second_ctrl_c_while_the_turn_settles_never_exits(store: SQLiteStore) -> None:
+    gate = Gate()
+    screen = Screen.of(
+        ScriptedModel(gated_script), store, sigint=True, tools=[gate.wait_for_gate]
+    )
+    screen.send("gated")
+    await screen.expect("[calling wait_for_gate()]\n")
+    press_ctrl_c()
+    await screen.expect("press Ctrl+C again to stop now)\n")
+    turn = screen.assistant.turn
+    assert turn is not None
+    # The second press lands the moment the turn has ended, before the chat reported it
+    # (a done callback runs before the serve loop wakes); the handler itself, since a
+    # signal's handler would be queued behind the serve loop's wake-up.
+    turn.add_done_callback(lambda _: screen.assistant._on_sigint())
+    gate.opened.set()
+    await screen.until(lambda: ALREADY_ENDED in screen.out.getvalue())
+    await screen.expect("(interrupted)\n")
+    assert not screen.task.done()
+    screen.send("hello")  # new input: the count is gone
+    await screen.expect("answer to hello\n")
+    press_ctrl_c()
+    await screen.expect("(bye)\n")
+    assert await screen.task == 0
+    await screen.assistant.aclose()
+
+
+async def test_a_second_ctrl_c_after_the_pressed_turn_ended_asks_once_more_before_exiting(
+    store: SQLiteStore,
+) -> None:
+    gate = Gate()
+    screen = Screen.of(
+        ScriptedModel(gated_script), store, sigint=True, tools=[gate.wait_for_gate]
+    )
+    screen.send("gated")
+    await screen.expect("[calling wait_for_gate()]\n")
+    press_ctrl_c()
+    await screen.expect("press Ctrl+C again to stop now)\n")
+    gate.opened.set()
+    await screen.expect("(interrupted)\n")
+    press_ctrl_c()  # meant to stop the turn, which had just ended: not an exit
+    await screen.expect(ALREADY_ENDED)
+    assert not screen.task.done()
+    press_ctrl_c()
+    await screen.expect("(bye)\n")
+    assert await screen.task == 0
+    await screen.assistant.aclose()
 
 
 # --------------------------------------------------------------------------- demo tools
@@ -490,14 +615,15 @@ async def test_demo_tools_work_and_research_stops_when_cancelled() -> None:
     assert len(DEMO_TOOLS) == 3
 
 
-async def test_run_chat_reports_bad_settings_in_one_line(tmp_path: Path) -> None:
-    out = io.StringIO()
-    code = await run_chat(ChatSettings(model="nope:x", home=tmp_path), out=out)
-    assert code == 2
-    assert out.getvalue().startswith("error: unknown model provider in 'nope:x'")
-    out = io.StringIO()
-    assert await run_chat(ChatSettings(session="../x", home=tmp_path), out=out) == 2
-    assert out.getvalue().count("\n") == 1 and "invalid session name" in out.getvalue()
+async def test_run_chat_reports_bad_settings_in_one_line_on_stderr(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_chat(ChatSettings(model="nope:x", home=tmp_path), out=out, err=err)
+    assert code == 2 and out.getvalue() == ""
+    assert err.getvalue().startswith("error: unknown model provider in 'nope:x'")
+    out, err = io.StringIO(), io.StringIO()
+    assert await run_chat(ChatSettings(session="../x", home=tmp_path), out=out, err=err) == 2
+    assert out.getvalue() == ""
+    assert err.getvalue().count("\n") == 1 and "invalid session name" in err.getvalue()
 
 
 async def test_ctrl_c_goes_back_to_a_loop_handler_that_was_there_before(

@@ -1,8 +1,9 @@
 """``python -m aimu chat`` driven as a person would: piped stdin, a pseudo-terminal, restarts.
 
 Piped tests run ``--model ollama:test`` against a loopback Ollama server whose
-"long ..." turn streams slowly for seconds; the pty tests press Ctrl+C (``\\x03``) on
-the embedded test model, whose turns call the slow ``research`` tool.
+"long ..." turn streams for a minute, so a stop after its first words lands mid-stream;
+the pty tests press Ctrl+C (``\\x03``) on the embedded test model, whose turns call a
+``research`` tool that waits until the test opens its gate (creates a file).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG = " ".join(f"w{i}" for i in range(300))
+LONG = " ".join(f"w{i}" for i in range(2000))
+LAST_WORD = "w1999"
 BANNER_END = "/help lists the commands.\n"
 WAIT = 15.0
 
@@ -71,17 +73,38 @@ _ON_TTY = (
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 )
 
+# `aimu chat` whose research tool waits until the file $AIMU_TEST_GATE exists, so a
+# Ctrl+C provably lands while the tool runs (the demo tool would finish on its own).
+_GATED_CHAT = """
+import os, sys
+from aimu.aio.tools import ToolContext
+from aimu.cli import main
+
+def research(topic: str, ctx: ToolContext) -> str:
+    \"\"\"Look into a topic.\"\"\"
+    while not os.path.exists(os.environ["AIMU_TEST_GATE"]):
+        if ctx.wait_cancelled(0.01) or ctx.cancelled:
+            return f"research on {topic!r} was cancelled"
+    return f"notes on {topic!r}"
+
+sys.exit(main(sys.argv[1:], tools=[research]))
+"""
+
 
 class Chat:
     """One ``python -m aimu chat`` process: send lines, wait for what it prints."""
 
-    def __init__(self, *args: str, env: dict[str, str], tty: bool = False) -> None:
-        command = [sys.executable, "-m", "aimu", "chat", *args]
+    def __init__(
+        self, *args: str, env: dict[str, str], tty: bool = False, gated: bool = False
+    ) -> None:
+        program = ["-c", _GATED_CHAT] if gated else ["-m", "aimu"]
+        command = [sys.executable, *program, "chat", *args]
         self.tty = tty
         self._output = bytearray()
         self._errors = bytearray()
         self._changed = threading.Condition()
         self.cursor = 0
+        self.error_cursor = 0
         self._closed = False
         if tty:
             master, slave = os.openpty()
@@ -140,19 +163,30 @@ class Chat:
 
     def expect(self, text: str) -> str:
         """Wait until ``text`` is printed after the cursor; return the output up to it."""
-        deadline = time.monotonic() + WAIT
-        with self._changed:
-            while (at := self.output.find(text, self.cursor)) < 0:
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.process.poll() is not None and not self._alive()):
-                    raise AssertionError(
-                        f"{text!r} never printed; after the cursor: "
-                        f"{self.output[self.cursor:]!r}; stderr: {self.errors[-2000:]!r}"
-                    )
-                self._changed.wait(min(left, 0.1))
+        at = self._wait_for(text, lambda: self.output, self.cursor)
         seen = self.output[self.cursor : at + len(text)]
         self.cursor = at + len(text)
         return seen
+
+    def expect_error(self, text: str) -> str:
+        """Wait until ``text`` is on stderr after its cursor; return stderr up to it."""
+        at = self._wait_for(text, lambda: self.errors, self.error_cursor)
+        seen = self.errors[self.error_cursor : at + len(text)]
+        self.error_cursor = at + len(text)
+        return seen
+
+    def _wait_for(self, text: str, stream: Callable[[], str], cursor: int) -> int:
+        deadline = time.monotonic() + WAIT
+        with self._changed:
+            while (at := stream().find(text, cursor)) < 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.process.poll() is not None and not self._alive()):
+                    raise AssertionError(
+                        f"{text!r} never printed; stdout after the cursor: "
+                        f"{self.output[self.cursor:]!r}; stderr: {self.errors[-2000:]!r}"
+                    )
+                self._changed.wait(min(left, 0.1))
+        return at
 
     def _alive(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
@@ -198,8 +232,10 @@ def chats() -> Iterator[list[Chat]]:
         chat.close()
 
 
-def start(chats: list[Chat], *args: str, env: dict[str, str], tty: bool = False) -> Chat:
-    chat = Chat(*args, env=env, tty=tty)
+def start(
+    chats: list[Chat], *args: str, env: dict[str, str], tty: bool = False, gated: bool = False
+) -> Chat:
+    chat = Chat(*args, env=env, tty=tty, gated=gated)
     chats.append(chat)
     chat.expect(BANNER_END)
     return chat
@@ -223,7 +259,7 @@ def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_pa
     chat.send("/stop")
     shown += chat.expect("(stopped)\n")
     partial = shown.removesuffix("\n(stopped)\n")
-    assert partial.startswith("w0 w1 w2 w3 w4 w5") and "w299" not in partial
+    assert partial.startswith("w0 w1 w2 w3 w4 w5") and LAST_WORD not in partial
     stream = server.streams[streams_before]
     wait_for(lambda: stream.abandoned, "the server to see the stream abandoned")
     assert not stream.completed
@@ -264,15 +300,41 @@ def test_idle_stop_unknown_commands_http_errors_and_eof(
     line = chat.expect("\n")
     assert line.startswith("unknown command /frobnicate: /help lists the commands")
     chat.send("fail")
-    assert chat.expect("\n") == (
+    assert chat.expect_error("\n") == (
         f"error: Ollama at {server.url} answered HTTP 500 for model 'test': "
         "internal server error (scripted http_500 fault)\n"
     )
     chat.send("hello")
     assert chat.expect("\n") == "answer to hello\n"
     chat.close_input()
-    assert chat.wait() == 0
-    assert chat.errors == ""
+    assert chat.wait() == 0  # the last turn answered
+    assert chat.errors.count("\n") == 1 and "error" not in chat.output
+
+
+def test_a_piped_chat_whose_last_turn_failed_exits_1(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    for said in ("fail\n", "hello\nfail\n"):
+        done = subprocess.run(
+            [sys.executable, "-m", "aimu", "chat", "--model", "ollama:test"],
+            input=said, capture_output=True, text=True, timeout=WAIT,
+            env=environment(tmp_path, server.url), cwd=ROOT,
+        )
+        assert done.returncode == 1, done
+        assert done.stderr.startswith("error: Ollama at ") and done.stderr.count("\n") == 1
+        assert "error" not in done.stdout
+
+
+def test_usage_errors_go_to_stderr_and_exit_2(tmp_path: Path) -> None:
+    for options in (["--model", "nope:x"], ["--session", "../x"], ["--frobnicate"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "aimu", "chat", *options],
+            input="", capture_output=True, text=True, timeout=WAIT,
+            env=environment(tmp_path, "127.0.0.1:9"), cwd=ROOT,
+        )
+        assert done.returncode == 2, done
+        assert done.stdout == "" and done.stderr.strip(), done
+        assert "Traceback" not in done.stderr
 
 
 def test_unreachable_server_prints_one_line_and_keeps_serving(
@@ -283,7 +345,7 @@ def test_unreachable_server_prints_one_line_and_keeps_serving(
         port = probe.getsockname()[1]
     chat = start(chats, "--model", "ollama:llama3", env=environment(tmp_path, f"127.0.0.1:{port}"))
     chat.send("hello")
-    line = chat.expect("\n")
+    line = chat.expect_error("\n")
     assert re.fullmatch(
         rf"error: cannot connect to Ollama at http://127\.0\.0\.1:{port} \(.+\); "
         r"is Ollama running\? set OLLAMA_HOST or use --model test\n",
@@ -292,9 +354,11 @@ def test_unreachable_server_prints_one_line_and_keeps_serving(
     chat.send("/history")
     assert chat.expect("1 user: hello\n").startswith("session 'default': 1 messages\n")
     chat.send("again")
-    assert chat.expect("\n").startswith(f"error: cannot connect to Ollama at http://127.0.0.1:{port}")
+    assert chat.expect_error("\n").startswith(
+        f"error: cannot connect to Ollama at http://127.0.0.1:{port}"
+    )
     chat.close_input()
-    assert chat.wait() == 0
+    assert chat.wait() == 1  # the last turn failed
     assert "Traceback" not in chat.output + chat.errors
 
 
@@ -308,11 +372,11 @@ def test_a_session_served_elsewhere_is_refused_in_one_line(
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT, env=env,
         cwd=ROOT,
     )
-    assert second.returncode == 1 and second.stderr == ""
+    assert second.returncode == 1 and second.stdout == ""
     assert re.fullmatch(
         rf"error: session 'busy' is already open for writing by .*{first.process.pid}.*\n",
-        second.stdout,
-    ), second.stdout
+        second.stderr,
+    ), second.stderr
     first.close_input()
     assert first.wait() == 0
 
@@ -393,12 +457,20 @@ def test_restart_after_kill_9_mid_turn_loses_nothing_and_duplicates_nothing(
 # --------------------------------------------------------------------------- Ctrl+C on a pty
 
 
+def gated_environment(home: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a gated chat on the test model, and its gate (not yet open)."""
+    gate = home / "gate"
+    return {**environment(home, "127.0.0.1:9"), "AIMU_TEST_GATE": str(gate)}, gate
+
+
 def test_ctrl_c_once_interrupts_at_the_step_boundary(tmp_path: Path, chats: list[Chat]) -> None:
-    chat = start(chats, "--model", "test", env=environment(tmp_path, "127.0.0.1:9"), tty=True)
+    env, gate = gated_environment(tmp_path)
+    chat = start(chats, "--model", "test", env=env, tty=True, gated=True)
     chat.send("look into Paris")
     chat.expect("[calling research(topic=\"Paris\")]\n")
     chat.press("\x03")
     chat.expect("press Ctrl+C again to stop now)\n")
+    gate.touch()  # the research step finishes only after the press was handled
     shown = chat.expect("(interrupted)\n")
     # The research step finished and was recorded; the answer step never started.
     assert "[research → notes on 'Paris'" in shown and "I called" not in shown
@@ -410,7 +482,8 @@ def test_ctrl_c_once_interrupts_at_the_step_boundary(tmp_path: Path, chats: list
 
 
 def test_ctrl_c_twice_cancels_the_turn(tmp_path: Path, chats: list[Chat]) -> None:
-    chat = start(chats, "--model", "test", env=environment(tmp_path, "127.0.0.1:9"), tty=True)
+    env, _ = gated_environment(tmp_path)  # the gate never opens: only a cancel ends research
+    chat = start(chats, "--model", "test", env=env, tty=True, gated=True)
     chat.send("look into Rome")
     chat.expect("[calling research(topic=\"Rome\")]\n")
     chat.press("\x03")
