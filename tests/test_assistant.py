@@ -125,7 +125,9 @@ class Screen:
     async def until(self, condition: Callable[[], bool]) -> None:
         """Wait until ``condition()`` holds (what it checks was printed or set)."""
         async with asyncio.timeout(10):
-            while not condition():
+            while True:  # polled: a StringIO has nothing to wait on
+                if condition():
+                    return
                 await asyncio.sleep(0.005)
 
     async def finish(self) -> int:
@@ -532,16 +534,25 @@ def press_ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-async def test_two_quick_ctrl_c_presses_cancel_the_turn_and_never_exit(
-    store: SQLiteStore,
-) -> None:
-    before = signal.getsignal(signal.SIGINT)
+async def a_gated_turn(store: SQLiteStore, *, pressed: bool) -> tuple[Screen, Gate]:
+    """A chat with Ctrl+C wired whose turn waits at the gate; Ctrl+C pressed once if asked."""
     gate = Gate()
     screen = Screen.of(
         ScriptedModel(gated_script), store, sigint=True, tools=[gate.wait_for_gate]
     )
     screen.send("gated")
     await screen.expect("[calling wait_for_gate()]\n")
+    if pressed:
+        press_ctrl_c()
+        await screen.expect("press Ctrl+C again to stop now)\n")
+    return screen, gate
+
+
+async def test_two_quick_ctrl_c_presses_cancel_the_turn_and_never_exit(
+    store: SQLiteStore,
+) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    screen, _ = await a_gated_turn(store, pressed=False)
     press_ctrl_c()
     press_ctrl_c()  # before the loop has even handled the first one
     await screen.expect("(stopped)\n")
@@ -555,14 +566,7 @@ async def test_two_quick_ctrl_c_presses_cancel_the_turn_and_never_exit(
 
 
 async def test_a_second_ctrl_c_while_the_turn_settles_never_exits(store: SQLiteStore) -> None:
-    gate = Gate()
-    screen = Screen.of(
-        ScriptedModel(gated_script), store, sigint=True, tools=[gate.wait_for_gate]
-    )
-    screen.send("gated")
-    await screen.expect("[calling wait_for_gate()]\n")
-    press_ctrl_c()
-    await screen.expect("press Ctrl+C again to stop now)\n")
+    screen, gate = await a_gated_turn(store, pressed=True)
     turn = screen.assistant.turn
     assert turn is not None
     # The second press lands the moment the turn has ended, before the chat reported it
@@ -584,14 +588,7 @@ async def test_a_second_ctrl_c_while_the_turn_settles_never_exits(store: SQLiteS
 async def test_a_second_ctrl_c_after_the_pressed_turn_ended_asks_once_more_before_exiting(
     store: SQLiteStore,
 ) -> None:
-    gate = Gate()
-    screen = Screen.of(
-        ScriptedModel(gated_script), store, sigint=True, tools=[gate.wait_for_gate]
-    )
-    screen.send("gated")
-    await screen.expect("[calling wait_for_gate()]\n")
-    press_ctrl_c()
-    await screen.expect("press Ctrl+C again to stop now)\n")
+    screen, gate = await a_gated_turn(store, pressed=True)
     gate.opened.set()
     await screen.expect("(interrupted)\n")
     press_ctrl_c()  # meant to stop the turn, which had just ended: not an exit
