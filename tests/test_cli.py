@@ -558,3 +558,17 @@ def test_an_unusable_home_is_one_error_line_not_a_traceback(
     said = done.stdout + done.stderr
     assert "Traceback" not in said, said
     assert said.startswith("error: ") and said.count("\n") == 1 and str(home) in said, said
+
+
+def test_the_command_imports_where_posix_only_modules_do_not_exist() -> None:
+    # As on Windows: importing a module set to None in sys.modules raises ImportError.
+    blocked = ("fcntl", "termios", "tty", "pty", "resource", "grp", "pwd")
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({blocked!r}));"
+        "import aimu.cli, aimu.assistant; sys.exit(aimu.cli.main(['--version']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("aimu ")
