@@ -1,0 +1,88 @@
+"""ToolContext: what a running tool may know about its run, readable from a worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+__all__ = ["ToolContext"]
+
+
+def _never() -> bool:
+    return False
+
+
+# One lock for all contexts: it guards only the lazy creation of an Event, which
+# most calls never need (creating one per call would cost more than the call).
+_EVENT_LOCK = threading.Lock()
+
+
+class ToolContext:
+    """What a running tool may know about its run; safe to read from a worker thread.
+
+    ``cancelled`` turns true when the run is cancelled or this call times out; a sync
+    tool should then stop (``check()`` raises ``CancelledError`` for it).
+    """
+
+    __slots__ = ("_cancelled", "_event", "_interrupt_probe", "agent", "call_id", "tool_name")
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        call_id: str,
+        tool_name: str,
+        interrupt_probe: Callable[[], bool] = _never,
+    ) -> None:
+        self.agent = agent
+        self.call_id = call_id
+        self.tool_name = tool_name
+        self._interrupt_probe = interrupt_probe
+        self._cancelled = False
+        self._event: threading.Event | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run was cancelled, or this call timed out."""
+        return self._cancelled
+
+    @property
+    def interrupt_requested(self) -> bool:
+        """True once a graceful stop was asked for: finish this call, the run stops after."""
+        return self._interrupt_probe()
+
+    def check(self) -> None:
+        """Raise ``asyncio.CancelledError`` if the call was cancelled; else do nothing."""
+        if self._cancelled:
+            raise asyncio.CancelledError(
+                f"tool {self.tool_name!r} (call {self.call_id!r}) was cancelled"
+            )
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block the calling thread until cancelled or ``timeout`` s passed; True if cancelled.
+
+        For sync tools only: it blocks, so never call it on the event loop.
+        """
+        with _EVENT_LOCK:
+            if self._cancelled:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def mark_cancelled(self) -> None:
+        """Record that the call was cancelled (idempotent); wakes ``wait_cancelled``."""
+        with _EVENT_LOCK:
+            self._cancelled = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolContext(agent={self.agent!r}, call_id={self.call_id!r}, "
+            f"tool_name={self.tool_name!r}, cancelled={self._cancelled})"
+        )
+

@@ -1,0 +1,183 @@
+"""Tool: a function offered to a model, inspected once; ``tool()`` and ``as_tool()``.
+
+Building a :class:`Tool` reads the function's signature, type hints and docstring,
+compiles the parameters' schema and validator, and fails with a
+:class:`~aimu.aio.errors.ToolDefinitionError` naming the tool and parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import re
+from collections.abc import Callable
+from typing import Any, overload
+
+from aimu.aio.errors import ToolDefinitionError
+from aimu.aio.tools._docstring import parse_docstring
+from aimu.aio.tools._parameters import Parameters
+from aimu.aio.transcript import ToolSpec
+
+__all__ = ["Tool", "as_tool", "tool"]
+
+# Names OpenAI-compatible servers accept for a function.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def unwrap_partials(fn: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
+    """The function under partials, and the keyword names the partials bind."""
+    bound: set[str] = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    return fn, bound
+
+
+class Tool:
+    """A function offered to a model. Callable: calling it calls the function.
+
+    Built once from the function's signature: ``parameters`` (a JSON schema object),
+    ``spec`` (what a provider sends) and the compiled validator :func:`invoke` uses.
+    """
+
+    __slots__ = (
+        "__wrapped__",
+        "_params",
+        "context_param",
+        "description",
+        "fn",
+        "is_async",
+        "name",
+        "parameters",
+        "spec",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ToolDefinitionError(f"a tool must be callable, got {type(fn).__name__}")
+        target, bound = unwrap_partials(fn)
+        if name is None:
+            name = getattr(target, "__name__", None) or type(target).__name__
+        if not (inspect.isfunction(target) or inspect.ismethod(target)):
+            target = type(target).__call__  # a callable object: its __call__ has the hints
+        _check_definition(name, target, timeout)
+        self.name = name
+        self.fn = fn
+        self.timeout = float(timeout) if timeout is not None else None
+        # A callable object counts as async when its __call__ is.
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
+        self.__wrapped__ = fn
+        doc = inspect.getdoc(target)
+        if doc is None and target is not fn and not isinstance(fn, functools.partial):
+            doc = inspect.getdoc(type(fn))  # a callable object documented on its class
+        summary, described = parse_docstring(doc)
+        self.description = description if description is not None else summary
+        self._params = Parameters.of(name, fn, target, bound, described)
+        self.context_param = self._params.context_param
+        self.parameters: dict[str, Any] = self._params.schema
+        self.spec: ToolSpec = {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Tool {self._params.signature_text}{' async' if self.is_async else ''}>"
+
+
+def _check_definition(name: str, target: Callable[..., Any], timeout: object) -> None:
+    """Refuse a name servers reject, a bad timeout and a generator function."""
+    if not TOOL_NAME.match(name):
+        raise ToolDefinitionError(
+            f"tool name {name!r} is not allowed: use 1-64 letters, digits, '_' or '-' "
+            "(pass name=... to tool())"
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ToolDefinitionError(
+            f"tool {name!r}: timeout must be a positive number of "
+            f"seconds or None, got {timeout!r}"
+        )
+    if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+        raise ToolDefinitionError(
+            f"tool {name!r} is a generator function; a tool returns one value"
+        )
+
+
+def as_tool(obj: Callable[..., Any] | Tool) -> Tool:
+    """``obj`` as a :class:`Tool`: a Tool is returned as is, a callable is inspected.
+
+    Raises :class:`~aimu.aio.errors.ToolDefinitionError` naming the tool and parameter.
+    """
+    return obj if isinstance(obj, Tool) else Tool(obj)
+
+
+@overload
+def tool(
+    fn: Callable[..., Any] | Tool,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any] | Tool], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | Tool | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any] | Tool], Tool]:
+    """Make a :class:`Tool`, overriding the inferred name, description or timeout.
+
+    Usable bare (``@tool``) or with arguments (``@tool(timeout=2)``); given a Tool it
+    returns a new Tool with the overrides applied.
+    """
+
+    def make(obj: Callable[..., Any] | Tool) -> Tool:
+        if isinstance(obj, Tool):
+            return Tool(
+                obj.fn,
+                name=obj.name if name is None else name,
+                description=obj.description if description is None else description,
+                timeout=obj.timeout if timeout is None else timeout,
+            )
+        return Tool(obj, name=name, description=description, timeout=timeout)
+
+    return make if fn is None else make(fn)
+

@@ -1,0 +1,101 @@
+"""Running one tool call: bind the arguments, run the function, turn the result into text.
+
+Every failure becomes a :class:`ToolOutcome` the model can read, except
+``CancelledError``, which always propagates. Sync tools run in a worker thread; a
+thread cannot be killed, so on a cancel or timeout the caller moves on at once and
+the thread's result goes nowhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aimu.aio.tools._context import ToolContext
+from aimu.aio.tools._definition import Tool
+from aimu.aio.tools._json_values import NotText, to_text
+from aimu.aio.tools._parameters import BadArguments
+from aimu.aio.transcript import ToolCall
+
+__all__ = ["ToolOutcome", "invoke"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What a tool call gives the model: the result text, and whether it is an error."""
+
+    content: str
+    is_error: bool
+
+
+def run_sync(fn: Callable[..., Any], args: Sequence[object], kwargs: dict[str, object]) -> str:
+    # Runs in the worker thread, so a large result is serialised off the event loop.
+    return to_text(fn(*args, **kwargs))
+
+
+async def invoke(tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+    """Run one tool call; every failure becomes an error outcome the model can read.
+
+    Unknown tool, invalid arguments, a raising tool, a timeout (which also marks ``ctx``
+    cancelled) and an unserialisable result are outcomes; ``CancelledError`` marks
+    ``ctx`` cancelled and propagates.
+    """
+    function = call["function"]
+    name = function["name"]
+    tool = tools.get(name)
+    if tool is None:
+        available = ", ".join(repr(n) for n in tools) or "none"
+        return ToolOutcome(f"unknown tool {name!r}; available tools: {available}", True)
+    try:
+        args, kwargs = _arguments(tool, function.get("arguments", {}), ctx)
+    except BadArguments as exc:
+        return ToolOutcome(str(exc), True)
+    try:
+        if tool.timeout is None:
+            return ToolOutcome(await _run(tool, args, kwargs), False)
+        deadline = asyncio.timeout(tool.timeout)
+        try:
+            async with deadline:
+                text = await _run(tool, args, kwargs)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the tool's own TimeoutError: a failure like any other
+            ctx.mark_cancelled()
+            return ToolOutcome(f"tool {name!r} timed out after {tool.timeout:g} s", True)
+        return ToolOutcome(text, False)
+    except asyncio.CancelledError:
+        ctx.mark_cancelled()
+        raise
+    except NotText as exc:
+        return ToolOutcome(f"tool {name!r} returned {exc}", True)
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return ToolOutcome(f"tool {name!r} failed: {detail}", True)
+
+
+def _arguments(
+    tool: Tool, arguments: object, ctx: ToolContext
+) -> tuple[list[object], dict[str, object]]:
+    """The positional and keyword arguments of the call, the context included."""
+    params = tool._params
+    kwargs = params.bind(arguments)
+    if params.context_param is not None:
+        kwargs[params.context_param] = ctx
+    args: list[object] = []
+    for param, default in params.positional:
+        if param in kwargs:
+            args.append(kwargs.pop(param))
+        elif default is not inspect.Parameter.empty:
+            args.append(default)
+        else:  # a required positional-only argument was missing: bind() reported it
+            break
+    return args, kwargs
+
+
+async def _run(tool: Tool, args: list[object], kwargs: dict[str, object]) -> str:
+    if tool.is_async:
+        return to_text(await tool.fn(*args, **kwargs))
+    return await asyncio.to_thread(run_sync, tool.fn, args, kwargs)
