@@ -17,12 +17,13 @@ from typing import Any
 from aimu import __version__
 from aimu.aio.tools import Tool
 from aimu.assistant import ChatSettings, add_chat_options, run_chat
+from aimu.serve.command import add_serve_options, run_serve
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
-    """The parser for ``aimu``: one subcommand, ``chat``."""
+    """The parser for ``aimu``: ``chat`` and ``serve``."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Agent runs you can stop, interrupt and resume.",
@@ -39,6 +40,12 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         ),
     )
     add_chat_options(chat)
+    serve = commands.add_parser(
+        "serve",
+        help="serve the runs API and the web chat over HTTP (needs aimu[serve])",
+        description="Serve the runs API and the web chat at http://HOST:PORT/.",
+    )
+    add_serve_options(serve)
     return parser
 
 
@@ -56,6 +63,8 @@ def main(
         options = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version and usage errors
         return exit_.code if isinstance(exit_.code, int) else 2
+    if options.command == "serve":
+        return run_serve(options)
     settings = ChatSettings.from_options(options)
     try:
         return asyncio.run(run_chat(settings, tools=tools))

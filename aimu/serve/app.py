@@ -1,0 +1,345 @@
+"""The ASGI application of ``aimu serve``: the runs API, its OpenAPI document, the chat page.
+
+:func:`app` builds a Starlette application around a :class:`~aimu.serve.runs.LocalRuns`.
+Routes answer JSON (see :mod:`aimu.serve.openapi` for the contract), errors included;
+``GET /runs/{id}/events`` streams Server-Sent Events. Mounted inside another ASGI
+application, call ``await app.aclose()`` when that application shuts down (a mounted
+app receives no lifespan events of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from types import EllipsisType
+from typing import Any, Final
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from aimu.aio.agent import Agent
+from aimu.aio.client import ModelClient
+from aimu.aio.errors import SessionLockedError
+from aimu.aio.store import SQLiteStore, Store
+from aimu.aio.tools import Tool, as_tool
+from aimu.serve.errors import BadRequest, Conflict, NotFound, ServeError
+from aimu.serve.http import JSON, BearerAuth, error_response, fields, read_json
+from aimu.serve.openapi import openapi_document
+from aimu.serve.runs import AgentFactory, LocalRuns, check_run_id, validate_name
+
+__all__ = ["DEFAULT_MAX_BODY", "ServeApp", "app"]
+
+#: Request bodies above this many bytes are refused with 413.
+DEFAULT_MAX_BODY: Final = 1 << 20
+STATIC: Final = Path(__file__).with_name("static")
+_log = logging.getLogger("aimu.serve")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class ServeApp(Starlette):
+    """The Starlette application :func:`app` returns; ``runs`` executes the runs."""
+
+    runs: LocalRuns
+    _closers: list[Callable[[], Awaitable[None]]]
+
+    async def aclose(self) -> None:
+        """Cancel the runs in progress (transcripts kept), then close what app() opened."""
+        await self.runs.aclose()
+        closers, self._closers = self._closers, []
+        for close in closers:
+            await close()
+
+
+def app(
+    model: str | ModelClient = "test",
+    *,
+    store: str | os.PathLike[str] | Store | None = None,
+    tools: Sequence[Callable[..., Any] | Tool] = (),
+    system: str | None = None,
+    max_rounds: int = 10,
+    token: str | EllipsisType | None = ...,
+    cors_origins: Sequence[str] = (),
+    max_body: int = DEFAULT_MAX_BODY,
+    agents: AgentFactory | None = None,
+) -> ServeApp:
+    """The runs API and the chat page as an ASGI application.
+
+    ``model`` is a spec for :func:`aimu.aio.client` or a client; ``store`` a SQLite path
+    or a store (default ``$AIMU_HOME/sessions.db``). ``token`` (default: the
+    ``AIMU_API_TOKEN`` variable) guards every route but ``/health`` and the page shell;
+    ``cors_origins`` allows those browser origins (none by default). ``agents`` replaces
+    how the agent of a session's run is built.
+    """
+    closers: list[Callable[[], Awaitable[None]]] = []
+    if token is ...:
+        token = os.environ.get("AIMU_API_TOKEN") or None
+    if isinstance(store, Store):
+        opened = store
+    else:
+        from aimu.assistant import default_home  # the same home as `aimu chat`
+
+        path = Path(store) if store is not None else default_home() / "sessions.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        opened = SQLiteStore(path)
+
+        async def close_store() -> None:
+            opened.close()
+
+        closers.append(close_store)
+    if agents is None:
+        if isinstance(model, ModelClient):
+            root = model
+        else:
+            from aimu.assistant import make_client  # the test model streams visibly
+
+            root = make_client(model)
+            closers.append(root.aclose)
+        built = [as_tool(t) for t in tools]
+
+        def agents(session: str) -> Agent:
+            return Agent(
+                root.fork(),
+                built,
+                system=system,
+                max_rounds=max_rounds,
+                store=opened,
+                session=session,
+            )
+
+    runs = LocalRuns(agents, opened)
+    api = _Routes(runs, max_body)
+    middleware = []
+    if cors_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            )
+        )
+    if token:
+        middleware.append(Middleware(BearerAuth, token=token))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await application.aclose()
+
+    application = ServeApp(
+        routes=api.routes(),
+        middleware=middleware,
+        exception_handlers={
+            HTTPException: _http_error,
+            ServeError: _serve_error,
+            Exception: _unexpected,
+        },
+        lifespan=lifespan,
+    )
+    application.runs = runs
+    application._closers = closers
+    return application
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    if error.status_code == 404:
+        message = f"no route {request.url.path[:200]!r}; see /openapi.json"
+    elif error.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path[:200]!r}"
+    else:
+        message = str(error.detail)
+    return error_response(error.status_code, message, error.headers)
+
+
+async def _serve_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ServeError)
+    return error_response(error.status, str(error))
+
+
+async def _unexpected(request: Request, error: Exception) -> Response:
+    _log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+    return error_response(500, f"internal error: {type(error).__name__}; see the server log")
+
+
+class _Routes:
+    """The route handlers, sharing the runs and the body limit."""
+
+    def __init__(self, runs: LocalRuns, max_body: int) -> None:
+        self.runs = runs
+        self.max_body = max_body
+
+    def routes(self) -> list[Route | Mount]:
+        return [
+            Route("/", self.page, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/sessions", self.sessions, methods=["GET"]),
+            Route("/sessions/{session}", self.session, methods=["GET"]),
+            Route("/sessions/{session}", self.delete_session, methods=["DELETE"]),
+            Route("/sessions/{session}/runs", self.start, methods=["POST"]),
+            Route("/sessions/{session}/resume", self.resume, methods=["POST"]),
+            Route("/runs/{run_id}", self.run, methods=["GET"]),
+            Route("/runs/{run_id}/events", self.events, methods=["GET"]),
+            Route("/runs/{run_id}/cancel", self.cancel, methods=["POST"]),
+            Route("/runs/{run_id}/interrupt", self.interrupt, methods=["POST"]),
+            Route("/runs/{run_id}/stop", self.stop, methods=["POST"]),
+            Route("/runs/{run_id}/send", self.send, methods=["POST"]),
+            Route("/runs/{run_id}/approvals/{call_id}", self.decide, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+
+    async def body(self, request: Request) -> dict[str, Any] | None:
+        return await read_json(request, self.max_body)
+
+    # -- pages and documents -----------------------------------------------------------
+
+    async def page(self, request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def health(self, request: Request) -> Response:
+        return JSON({"status": "ok"})
+
+    async def openapi(self, request: Request) -> Response:
+        return JSON(openapi_document())
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def sessions(self, request: Request) -> Response:
+        listed = [
+            {
+                "name": info.name,
+                "created": info.created,
+                "updated": info.updated,
+                "message_count": info.message_count,
+                "status": info.status,
+                "run_id": self.runs.active_run(info.name),
+            }
+            for info in self.runs.store.sessions()
+        ]
+        return JSON({"sessions": listed})
+
+    async def session(self, request: Request) -> Response:
+        name = validate_name(request.path_params["session"])
+        store = self.runs.store
+        info = store.info(name)
+        active = self.runs.active_run(name)
+        if info is None and active is None:
+            raise NotFound(f"no session {name!r} in the store")
+        return JSON(
+            {
+                "name": name,
+                "status": None if info is None else info.status,
+                "run_id": active,
+                "messages": store.load(name),
+            }
+        )
+
+    async def delete_session(self, request: Request) -> Response:
+        name = validate_name(request.path_params["session"])
+        active = self.runs.active_run(name)
+        if active is not None:
+            raise Conflict(f"session {name!r} has a run in progress ({active}); stop it first")
+        try:
+            deleted = self.runs.store.delete(name)
+        except SessionLockedError as error:
+            raise Conflict(f"session {name!r} is open for writing elsewhere: {error}") from error
+        if not deleted:
+            raise NotFound(f"no session {name!r} in the store")
+        return Response(status_code=204)
+
+    async def start(self, request: Request) -> Response:
+        name = validate_name(request.path_params["session"])
+        body = fields(await self.body(request), {"task": str})
+        task: str = body["task"]
+        if not task.strip():
+            raise BadRequest("the task is empty: say what the run should do")
+        return self._started(await self.runs.start(name, task))
+
+    async def resume(self, request: Request) -> Response:
+        name = validate_name(request.path_params["session"])
+        fields(await self.body(request), {})
+        return self._started(await self.runs.start(name, None))
+
+    @staticmethod
+    def _started(record: Any) -> Response:
+        return JSON(
+            {"run_id": record.run_id, "session": record.session, "status": record.status},
+            status_code=202,
+            headers={"Location": f"/runs/{record.run_id}"},
+        )
+
+    # -- runs ----------------------------------------------------------------------------
+
+    async def run(self, request: Request) -> Response:
+        return JSON(self.runs.get(request.path_params["run_id"]).public())
+
+    async def events(self, request: Request) -> Response:
+        run_id = check_run_id(request.path_params["run_id"])
+        after = request.headers.get("last-event-id") or request.query_params.get("after")
+        self.runs.check_after(run_id, after)  # errors now, before the stream starts
+        follow = self.runs.follow(run_id, after)
+
+        async def stream() -> AsyncIterator[bytes]:
+            async with contextlib.aclosing(follow):
+                async for event_id, event in follow:
+                    if not event_id:
+                        yield b": keep-alive\n\n"
+                        continue
+                    data = json.dumps(event, separators=(",", ":"), default=str)
+                    yield f"id: {event_id}\nevent: {event['type']}\ndata: {data}\n\n".encode()
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        body = fields(await self.body(request), {}, {"reason": str})
+        record = await self.runs.cancel(request.path_params["run_id"], body.get("reason"))
+        return JSON(record.public(), status_code=202)
+
+    async def interrupt(self, request: Request) -> Response:
+        fields(await self.body(request), {})
+        record = await self.runs.interrupt(request.path_params["run_id"])
+        return JSON(record.public(), status_code=202)
+
+    async def stop(self, request: Request) -> Response:
+        fields(await self.body(request), {})
+        raw = request.query_params.get("grace", "5")
+        try:
+            grace = float(raw)
+        except ValueError:
+            raise BadRequest(f"grace must be a number of seconds, got {raw[:40]!r}") from None
+        record = await self.runs.stop(request.path_params["run_id"], grace)
+        return JSON(record.public(), status_code=202)
+
+    async def send(self, request: Request) -> Response:
+        body = fields(await self.body(request), {"text": str})
+        text: str = body["text"]
+        if not text.strip():
+            raise BadRequest("the text is empty: nothing to send")
+        record = await self.runs.send(request.path_params["run_id"], text)
+        return JSON(record.public(), status_code=202)
+
+    async def decide(self, request: Request) -> Response:
+        body = fields(await self.body(request), {"approve": bool}, {"reason": str})
+        result = await self.runs.decide(
+            request.path_params["run_id"],
+            request.path_params["call_id"],
+            body["approve"],
+            body.get("reason"),
+        )
+        return JSON(result, status_code=202)

@@ -1,0 +1,116 @@
+"""The ``aimu serve`` command: options, the safety checks, and Uvicorn.
+
+Binds 127.0.0.1 unless told otherwise, and refuses to bind any other address without a
+bearer token in ``AIMU_API_TOKEN`` (a token on the command line would show in ``ps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_serve_options", "is_loopback", "run_serve"]
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``aimu serve`` to ``parser``."""
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("AIMU_MODEL") or "test",
+        help="model spec, e.g. ollama:qwen3:8b (default: $AIMU_MODEL, else the test model)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH",
+        help="SQLite file holding the sessions (default: $AIMU_HOME/sessions.db)",
+    )
+    parser.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="Redis URL shared by several server processes (runs stop and stream across them)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    parser.add_argument("--system", default=None, help="system prompt for every session")
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser calls from this origin (repeatable; none by default)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def run_serve(options: argparse.Namespace) -> int:
+    """Run the server until SIGINT or SIGTERM; return the exit status."""
+    token = os.environ.get("AIMU_API_TOKEN") or None
+    if not is_loopback(options.host) and token is None:
+        print(
+            f"aimu serve: refusing to bind {options.host}: other machines could reach it and "
+            "nothing guards it. Set AIMU_API_TOKEN to a secret (clients send "
+            "'Authorization: Bearer <token>'), or bind 127.0.0.1.",
+            file=sys.stderr,
+        )
+        return 2
+    if options.redis is not None:
+        print(
+            "aimu serve: --redis needs aimu.aio.RedisControl, which this aimu does not have yet",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= options.port <= 65535:
+        print(f"aimu serve: --port {options.port} is not a TCP port", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+
+        from aimu.serve import app
+    except ImportError as missing:
+        print(f"aimu serve: {missing}", file=sys.stderr)
+        return 2
+    application = app(
+        options.model,
+        store=options.store,
+        system=options.system,
+        token=token,
+        cors_origins=options.cors_origin,
+    )
+    config = uvicorn.Config(
+        application,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Event streams would hold the shutdown open until their runs end: end them
+            # now (clients reconnect with Last-Event-ID); the lifespan then stops the runs.
+            application.runs.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    try:
+        asyncio.run(Server(config).serve())
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,371 @@
+"""The runs a server executes: one per session at a time, followed, stopped, resumed.
+
+:class:`LocalRuns` runs each request as a :class:`~aimu.aio.RunHandle` in this process.
+Every event a run emits is kept in order and numbered from 1 (its SSE id), ending with
+one ``handle_finished``, so a follower that connects late or reconnects with the last
+id it saw misses nothing and sees nothing twice; a follower going away never touches
+the run. Each run opens its session from the store, writes every message durably as
+the agent records it, and closes the session when it ends, so the next run on that
+session may execute in another process sharing the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, Final, TypeAlias
+
+from aimu.aio.agent import Agent
+from aimu.aio.errors import SessionLockedError
+from aimu.aio.events import Event, RunFinished
+from aimu.aio.run_handle import RunHandle
+from aimu.aio.store import Store, validate_session_name
+from aimu.aio.transcript import Usage, zero_usage
+from aimu.serve.errors import BadRequest, Conflict, NotFound, NotSupported
+
+__all__ = ["AgentFactory", "LocalRuns", "RunRecord", "check_run_id", "event_json"]
+
+#: Builds the agent for one run of ``session``, writing to that session in the store.
+AgentFactory: TypeAlias = Callable[[str], Agent]
+JSONEvent: TypeAlias = dict[str, Any]
+
+_RUN_ID_BYTES: Final = 16  # 128 bits: unguessable, so a run id is a capability
+_RUN_ID_LENGTH: Final = 22  # token_urlsafe(16)
+_RUN_ID_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+#: A follower with nothing to read hears a comment this often, so proxies keep it open.
+KEEPALIVE_SECONDS: Final = 15.0
+MAX_GRACE_SECONDS: Final = 3600.0
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it could be one of ours, else ``NotFound`` (a malformed id names no run)."""
+    if len(run_id) != _RUN_ID_LENGTH or not _RUN_ID_CHARS.issuperset(run_id):
+        raise NotFound(f"no run {run_id[:64]!r}: run ids are 22 characters from A-Z a-z 0-9 - _")
+    return run_id
+
+
+def event_json(event: Event) -> JSONEvent:
+    """An event as a JSON-ready dict (its ``type`` tag included)."""
+    return dataclasses.asdict(event)
+
+
+@dataclasses.dataclass(eq=False)
+class RunRecord:
+    """One run as the API reports it, and its numbered event log."""
+
+    run_id: str
+    session: str
+    task: str | None
+    """The message that started it, or None for a resume."""
+    status: str = "pending"
+    created_at: float = dataclasses.field(default_factory=time.time)
+    finished_at: float | None = None
+    reason: str | None = None
+    reply: str | None = None
+    error: str | None = None
+    usage: Usage = dataclasses.field(default_factory=zero_usage)
+    events: list[JSONEvent] = dataclasses.field(default_factory=list)
+    ended: bool = False
+    handle: RunHandle[str] | None = dataclasses.field(default=None, repr=False)
+    _waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list, repr=False)
+
+    def public(self) -> dict[str, Any]:
+        """The JSON body of ``GET /runs/{id}``."""
+        finished = self.finished_at
+        return {
+            "run_id": self.run_id,
+            "session": self.session,
+            "task": self.task,
+            "status": self.status,
+            "reason": self.reason,
+            "reply": self.reply,
+            "error": self.error,
+            "usage": dict(self.usage),
+            "created_at": self.created_at,
+            "finished_at": finished,
+            "duration": None if finished is None else max(0.0, finished - self.created_at),
+            "events": len(self.events),
+        }
+
+    def add(self, event: JSONEvent) -> None:
+        self.events.append(event)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake every follower waiting in :meth:`changed`."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def changed(self, seconds: float) -> bool:
+        """Wait until an event is added; False if ``seconds`` passed first."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            done, _ = await asyncio.wait((waiter,), timeout=seconds)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                self._waiters.remove(waiter)
+        return bool(done)
+
+
+def parse_after(after: str | None) -> int:
+    """How many events a follower has seen, from its ``Last-Event-ID`` (None: none)."""
+    if after is None or after == "":
+        return 0
+    if not after.isdigit() or len(after) > 12:
+        raise BadRequest(
+            f"Last-Event-ID {after[:40]!r} is not an event id of this run: "
+            "send the id: field of the last event you received"
+        )
+    return int(after)
+
+
+def check_grace(grace: float) -> float:
+    if not math.isfinite(grace) or not 0 <= grace <= MAX_GRACE_SECONDS:
+        raise BadRequest(f"grace must be seconds from 0 to {MAX_GRACE_SECONDS:g}, got {grace!r}")
+    return grace
+
+
+class LocalRuns:
+    """Runs executing in this process, controlled from this process.
+
+    ``keep_finished`` finished runs stay readable (oldest forgotten first); their
+    sessions stay in the store regardless.
+    """
+
+    def __init__(self, agents: AgentFactory, store: Store, *, keep_finished: int = 1000) -> None:
+        self._agents = agents
+        self.store = store
+        self._keep_finished = keep_finished
+        self._runs: OrderedDict[str, RunRecord] = OrderedDict()
+        self._active: dict[str, str] = {}
+        """session -> the id of its run in progress here."""
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closing = asyncio.Event()
+        self._closed = False
+
+    # -- starting ----------------------------------------------------------------
+
+    def active_run(self, session: str) -> str | None:
+        """The id of the run in progress on ``session`` in this process, if any."""
+        return self._active.get(session)
+
+    async def start(self, session: str, task: str | None) -> RunRecord:
+        """Start ``task`` on ``session`` (None: resume where it stopped); return its record.
+
+        ``Conflict`` if the session has a run in progress (here or, through the store's
+        lock, in another process) or, for a resume, nothing to resume.
+        """
+        if self._closed:
+            raise Conflict("the server is shutting down; start the run on another server")
+        validate_name(session)
+        busy = self._active.get(session)
+        if busy is not None:
+            raise Conflict(f"session {session!r} has a run in progress ({busy}); stop it or wait")
+        try:
+            agent = self._agents(session)
+        except SessionLockedError as error:
+            raise Conflict(
+                f"session {session!r} is open in another process (a run in progress there): "
+                f"stop it or wait ({error})"
+            ) from error
+        try:
+            run: Coroutine[Any, Any, str]
+            if task is None:
+                try:
+                    run = agent.resume()
+                except ValueError as error:
+                    raise Conflict(f"session {session!r}: {error}") from error
+            else:
+                run = agent.run(task)
+        except BaseException:
+            await agent.aclose()
+            raise
+        record = RunRecord(secrets.token_urlsafe(_RUN_ID_BYTES), session, task)
+        handle = RunHandle.start(_closing(agent, run, record), name=f"run {record.run_id}")
+        record.handle = handle
+        record.status = handle.status
+        handle.scope.add_listener(lambda event: self._on_event(record, event))
+        handle.add_done_callback(lambda done: self._finished(record, done))
+        self._active[session] = record.run_id
+        self._runs[record.run_id] = record
+        self._forget_old()
+        return record
+
+    def _on_event(self, record: RunRecord, event: Event) -> None:
+        if record.status == "pending":
+            record.status = "running"
+        if isinstance(event, RunFinished):
+            record.reply = event.reply
+            record.usage = dict(event.usage)  # type: ignore[assignment]
+            record.error = event.error
+        record.add(event_json(event))
+
+    def _finished(self, record: RunRecord, handle: RunHandle[str]) -> None:
+        record.status = handle.status
+        record.reason = handle.reason
+        record.finished_at = time.time()
+        if self._active.get(record.session) == record.run_id:
+            del self._active[record.session]
+        record.ended = True
+        record.add(
+            {
+                "type": "handle_finished",
+                "name": handle.name,
+                "status": record.status,
+                "reason": record.reason,
+                "result": record.reply,
+                "error": record.error,
+            }
+        )
+
+    def _forget_old(self) -> None:
+        excess = len(self._runs) - self._keep_finished - len(self._active)
+        if excess <= 0:
+            return
+        for run_id in [r.run_id for r in self._runs.values() if r.ended][:excess]:
+            del self._runs[run_id]
+
+    # -- reading -------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRecord:
+        record = self._runs.get(check_run_id(run_id))
+        if record is None:
+            raise NotFound(f"no run {run_id!r} on this server (finished long ago, or never)")
+        return record
+
+    def check_after(self, run_id: str, after: str | None) -> int:
+        """Validate a follower's ``Last-Event-ID`` against ``run_id``'s log."""
+        record = self.get(run_id)
+        seen = parse_after(after)
+        if record.ended and seen > len(record.events):
+            raise BadRequest(
+                f"Last-Event-ID {after!r} is past the last event of run {run_id} "
+                f"({len(record.events)})"
+            )
+        return seen
+
+    async def follow(
+        self, run_id: str, after: str | None
+    ) -> AsyncGenerator[tuple[str, JSONEvent], None]:
+        """The run's events after ``after`` (an id it sent), then its terminal event.
+
+        Yields ``("", {})`` as a keep-alive when nothing happened for a while; ends early,
+        without the terminal event, when the server shuts down (the follower reconnects).
+        """
+        record = self.get(run_id)
+        seen = self.check_after(run_id, after)
+        while True:
+            events = record.events
+            while seen < len(events):
+                seen += 1
+                yield str(seen), events[seen - 1]
+            if record.ended or self._closing.is_set():
+                return
+            if not await record.changed(KEEPALIVE_SECONDS):
+                yield "", {}
+
+    # -- control -------------------------------------------------------------------
+
+    def _live(self, run_id: str, what: str) -> RunHandle[str]:
+        record = self.get(run_id)
+        if record.ended or record.handle is None:
+            raise Conflict(f"run {run_id} already ended ({record.status}): nothing to {what}")
+        return record.handle
+
+    async def cancel(self, run_id: str, reason: str | None) -> RunRecord:
+        handle = self._live(run_id, "cancel")
+        handle.cancel(reason or "cancelled over HTTP")
+        return self.get(run_id)
+
+    async def interrupt(self, run_id: str) -> RunRecord:
+        handle = self._live(run_id, "interrupt")
+        if not handle.interrupt():
+            raise Conflict(f"run {run_id} is being cancelled already: nothing to interrupt")
+        return self.get(run_id)
+
+    async def stop(self, run_id: str, grace: float) -> RunRecord:
+        """Interrupt now and cancel after ``grace`` seconds, in the background."""
+        handle = self._live(run_id, "stop")
+        self._spawn(handle.stop(check_grace(grace)))
+        return self.get(run_id)
+
+    async def send(self, run_id: str, text: str) -> RunRecord:
+        self._live(run_id, "send to")
+        raise NotSupported(
+            "sending input into a running run needs Agent.send, which this aimu does not have "
+            "yet; start a new run after this one instead"
+        )
+
+    async def decide(self, run_id: str, call_id: str, approve: bool, reason: str | None) -> Any:
+        record = self.get(run_id)
+        raise Conflict(
+            f"run {run_id} is {record.status}, not paused: no tool call {call_id[:64]!r} "
+            "awaits a decision"
+        )
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- shutting down ---------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """End every follower's stream now (they reconnect elsewhere); runs go on."""
+        self._closing.set()
+        for record in self._runs.values():
+            record.wake()
+
+    async def aclose(self) -> None:
+        """Cancel the runs in progress (their transcripts are kept) and wait for them."""
+        self._closed = True
+        self.begin_shutdown()
+        handles = [r.handle for r in self._runs.values() if r.handle is not None and not r.ended]
+        for handle in handles:
+            handle.cancel("the server is shutting down")
+        for task in list(self._background):
+            task.cancel()
+        pending: list[Any] = [*self._background, *(_settled(h) for h in handles)]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def validate_name(session: str) -> str:
+    """``session`` if valid, else ``BadRequest`` saying what a name may hold."""
+    try:
+        return validate_session_name(session)
+    except ValueError as error:
+        raise BadRequest(str(error)) from error
+
+
+async def _closing(agent: Agent, run: Coroutine[Any, Any, str], record: RunRecord) -> str:
+    """Run ``run``, then release the session (its write lock) whatever ended it."""
+    try:
+        return await run
+    except Exception as error:
+        if record.error is None:
+            record.error = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        await agent.aclose()
+
+
+async def _settled(handle: RunHandle[str]) -> None:
+    """Wait until ``handle`` ends, whatever ended it (its outcome is not ours to raise)."""
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(_: object) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    handle.add_done_callback(settle)
+    await ended
