@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aimu.serve.app import DEFAULT_MAX_BODY, ServeApp, app
+    from aimu.serve.application import DEFAULT_MAX_BODY, ServeApp, app
 
 __all__ = ["DEFAULT_MAX_BODY", "ServeApp", "app"]
 
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'aimu.serve' has no attribute {name!r}")
     try:
-        module = importlib.import_module("aimu.serve.app")
+        module = importlib.import_module("aimu.serve.application")
     except ImportError as missing:
         if missing.name not in ("starlette", "uvicorn") and not str(missing.name).startswith(
             ("starlette.", "uvicorn.")

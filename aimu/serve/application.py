@@ -75,8 +75,8 @@ def app(
 ) -> ServeApp:
     """The runs API and the chat page as an ASGI application.
 
-    ``model`` is a spec for :func:`aimu.aio.client` or a client; ``store`` a SQLite path
-    or a store (default ``$AIMU_HOME/sessions.db``). ``token`` (default: the
+    ``model`` is a spec for :func:`aimu.aio.client` or a client (closed with the app);
+    ``store`` a SQLite path or a store (default ``$AIMU_HOME/sessions.db``). ``token`` (default: the
     ``AIMU_API_TOKEN`` variable) guards every route but ``/health`` and the page shell;
     ``cors_origins`` allows those browser origins (none by default). ``agents`` replaces
     how the agent of a session's run is built.
@@ -104,7 +104,7 @@ def app(
             from aimu.assistant import make_client  # the test model streams visibly
 
             root = make_client(model)
-            closers.append(root.aclose)
+        closers.append(root.aclose)
         built = [as_tool(t) for t in tools]
 
         def agents(session: str) -> Agent:

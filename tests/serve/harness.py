@@ -1,0 +1,173 @@
+"""A real Uvicorn on a random port serving aimu.serve.app, with the loopback model server.
+
+The model is the loopback server's OpenAI-compatible endpoint, so a stopped run shows
+up where it matters: the model server records the stream abandoned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from aimu import aio
+from aimu.serve import ServeApp, app
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+
+LONG = " ".join(f"w{i}" for i in range(400))
+#: Seconds between the chunks of a "long" reply: it streams for about 8 s unless stopped.
+LONG_DELAY = 0.02
+
+
+def last_user(request: Mapping[str, Any]) -> str:
+    for message in reversed(request.get("messages") or []):
+        if message.get("role") == "user":
+            return str(message.get("content") or "")
+    return ""
+
+
+def script(request: Mapping[str, Any]) -> Turn:
+    """``long ...``: a slow reply; ``tool ...``: a slow turn calling lookup, then an answer;
+    ``short N``: N quick chunks; anything else: "answer to <it>"."""
+    said = last_user(request)
+    messages = request.get("messages") or []
+    after_tool = bool(messages) and messages[-1].get("role") == "tool"
+    if said.startswith("long"):
+        return Turn(text=LONG, delay=LONG_DELAY)
+    if said.startswith("tool") and not after_tool:
+        return Turn(
+            text="let me look that up " * 10,
+            tool_calls=(ScriptedCall("lookup", {"query": said}),),
+            delay=LONG_DELAY,
+        )
+    if said.startswith("short"):
+        count = int(said.split()[1])
+        return Turn(text=" ".join(f"c{i}" for i in range(count)), delay=0.005)
+    return Turn(text=f"answer to {said}")
+
+
+def lookup(query: str) -> str:
+    """Look something up."""
+    return f"found {query}"
+
+
+@pytest.fixture(scope="session")
+def model_server() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread(script) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def uvicorn_serving(application: ServeApp) -> Iterator[str]:
+    """Serve ``application`` with Uvicorn in a thread on a random port; yield its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="on"))
+    started = threading.Event()
+    original_startup = server.startup
+
+    async def startup(sockets: list[socket.socket] | None = None) -> None:
+        await original_startup(sockets)
+        started.set()
+
+    server.startup = startup  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(20), "uvicorn did not start"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        application.runs.begin_shutdown()
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@dataclass
+class Served:
+    url: str
+    app: ServeApp
+    model: LoopbackServer
+    store: Path
+
+
+def make_app(model: LoopbackServer, store: Path, **options: Any) -> ServeApp:
+    client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+    return app(client, store=store, tools=[lookup], **options)
+
+
+@pytest.fixture
+def served(model_server: LoopbackServer, tmp_path: Path) -> Iterator[Served]:
+    application = make_app(model_server, tmp_path / "sessions.db")
+    with uvicorn_serving(application) as url:
+        yield Served(url, application, model_server, tmp_path / "sessions.db")
+
+
+@pytest.fixture
+async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=served.url, timeout=20) as client:
+        yield client
+
+
+@dataclass
+class SSE:
+    id: str
+    type: str
+    data: dict[str, Any]
+
+
+async def sse_events(
+    client: httpx.AsyncClient, path: str, headers: Mapping[str, str] | None = None
+) -> AsyncIterator[SSE]:
+    """Parse a Server-Sent Events response; comments (keep-alives) are skipped."""
+    async with client.stream("GET", path, headers=headers) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        async for line in response.aiter_lines():
+            if not line:
+                if "data" in fields:
+                    yield SSE(fields.get("id", ""), fields.get("event", ""),
+                              json.loads(fields["data"]))
+                fields = {}
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+
+async def collect(
+    client: httpx.AsyncClient, run_id: str, headers: Mapping[str, str] | None = None
+) -> list[SSE]:
+    return [event async for event in sse_events(client, f"/runs/{run_id}/events", headers)]
+
+
+async def first_text(client: httpx.AsyncClient, run_id: str) -> list[SSE]:
+    """Follow ``run_id`` until its first text event; return what was seen (then disconnect)."""
+    seen: list[SSE] = []
+    events = sse_events(client, f"/runs/{run_id}/events")
+    async with contextlib.aclosing(events):
+        async for event in events:
+            seen.append(event)
+            if event.type == "text":
+                return seen
+    raise AssertionError(f"run {run_id} ended without a text event: {seen}")
+
+
+async def start(client: httpx.AsyncClient, session: str, task: str) -> str:
+    response = await client.post(f"/sessions/{session}/runs", json={"task": task})
+    assert response.status_code == 202, response.text
+    return str(response.json()["run_id"])
