@@ -1,27 +1,25 @@
-"""Model clients: ``client("provider:model")`` and the base every provider implements.
+"""``client("provider:model")``: a small registry of provider factories.
 
-A provider implements one method, :meth:`ModelClient.stream_turn`: an async generator
-of :data:`Chunk` for one model turn over a transcript. Closing that generator, or
-cancelling the task iterating it, must close the HTTP response at once. Everything
-else (the transcript, ``chat``, assembling a turn) is shared here.
+Each factory imports its provider module when called, so ``from aimu import aio`` loads
+no provider and no SDK; a provider's SDK is imported when its first client is built,
+outside any event loop turn that matters. The base types live in
+:mod:`aimu.aio.providers.base` and are re-exported here.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass
-from typing import Any, Literal, Self, overload
+from collections.abc import Callable
+from typing import Any
 
-from aimu.aio.transcript import (
-    AssistantMessage,
-    Message,
-    ToolCall,
-    ToolSpec,
-    Usage,
-    UserMessage,
-    zero_usage,
+from aimu.aio._echo import echo
+from aimu.aio.providers.base import (
+    Chunk,
+    ModelClient,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnAssembler,
+    TurnDone,
 )
 
 __all__ = [
@@ -34,226 +32,66 @@ __all__ = [
     "TurnAssembler",
     "TurnDone",
     "client",
+    "register_provider",
 ]
 
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-    type: Literal["text"] = "text"
+#: Builds a client from the model name (the part after ``provider:``) and the options.
+ProviderFactory = Callable[..., ModelClient]
 
 
-@dataclass(frozen=True, slots=True)
-class ThinkingDelta:
-    text: str
-    type: Literal["thinking"] = "thinking"
+def _ollama(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.ollama import OllamaClient
+
+    return OllamaClient(model, **options)
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallDelta:
-    """One complete tool call (providers assemble streamed argument fragments first).
+def _openai(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.openai import OpenAIClient
 
-    ``error`` says what was wrong when the model's arguments could not be parsed (the
-    call then carries empty arguments): the agent answers it with that error as a
-    tool result, so the model can see it and correct itself.
-    """
-
-    call: ToolCall
-    error: str | None = None
-    type: Literal["tool_call"] = "tool_call"
+    return OpenAIClient(model, **options)
 
 
-@dataclass(frozen=True, slots=True)
-class TurnDone:
-    """The turn ended normally; always the last chunk of a complete turn."""
+def _test(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.test import TestModelClient
 
-    usage: Usage
-    done_reason: str | None = None
-    type: Literal["done"] = "done"
+    return TestModelClient(model or "test", **options)
 
 
-Chunk = TextDelta | ThinkingDelta | ToolCallDelta | TurnDone
-
-
-class TurnAssembler:
-    """Builds the assistant message of one turn from its chunks, complete or cut short."""
-
-    __slots__ = ("done", "text_parts", "thinking_parts", "tool_calls", "usage")
-
-    def __init__(self) -> None:
-        self.text_parts: list[str] = []
-        self.thinking_parts: list[str] = []
-        self.tool_calls: list[ToolCall] = []
-        self.usage: Usage = zero_usage()
-        self.done = False
-
-    def add(self, chunk: Chunk) -> None:
-        if isinstance(chunk, TextDelta):
-            self.text_parts.append(chunk.text)
-        elif isinstance(chunk, ThinkingDelta):
-            self.thinking_parts.append(chunk.text)
-        elif isinstance(chunk, ToolCallDelta):
-            self.tool_calls.append(chunk.call)
-        else:
-            self.usage = chunk.usage
-            self.done = True
-
-    @property
-    def started(self) -> bool:
-        return bool(self.text_parts or self.thinking_parts or self.tool_calls)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
-    def message(self) -> AssistantMessage:
-        """The assistant message so far; marked ``aimu_partial`` unless the turn finished."""
-        message: AssistantMessage = {"role": "assistant", "content": self.text}
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-        if self.thinking_parts:
-            message["thinking"] = "".join(self.thinking_parts)
-        if not self.done:
-            message["aimu_partial"] = True
-        return message
-
-
-class ModelClient(abc.ABC):
-    """An async model client holding one conversation in :attr:`messages`."""
-
-    #: The prefix of ``client()`` specs for this provider.
-    provider: str = ""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        #: The conversation: plain JSON-serialisable dicts in the chat shape.
-        self.messages: list[Message] = []
-
-    @property
-    @abc.abstractmethod
-    def host(self) -> str:
-        """Where requests go (a URL, or ``"embedded"``); named in every error."""
-
-    @abc.abstractmethod
-    def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-    ) -> AsyncGenerator[Chunk, None]:
-        """One model turn over ``messages``, as chunks ending with :class:`TurnDone`.
-
-        An async generator. ``stream=False`` asks the server for one whole reply (the
-        chunks are then produced from it). Closing the generator or cancelling its
-        task closes the HTTP response at once. Does not touch :attr:`messages`.
-        """
-
-    @abc.abstractmethod
-    def fork(self) -> Self:
-        """A client with the same model, settings and connection pool; empty transcript."""
-
-    async def aclose(self) -> None:  # noqa: B027 - a client without resources has nothing to do
-        """Close network resources. Forks share them: close the client you created."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.provider}:{self.model} at {self.host}>"
-
-    @overload
-    async def chat(
-        self,
-        message: str | Message,
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        stream: Literal[False] = False,
-    ) -> AssistantMessage: ...
-
-    @overload
-    async def chat(
-        self,
-        message: str | Message,
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        stream: Literal[True],
-    ) -> AsyncIterator[Chunk]: ...
-
-    async def chat(
-        self,
-        message: str | Message,
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        stream: bool = False,
-    ) -> AssistantMessage | AsyncIterator[Chunk]:
-        """One model turn: append ``message`` and the reply to :attr:`messages`.
-
-        With ``stream=True`` this returns an async iterator of chunks; the reply is
-        appended when the stream ends (a stream abandoned half-way leaves the text so
-        far as an assistant message marked ``aimu_partial``).
-        """
-        user: Message = (
-            UserMessage(role="user", content=message) if isinstance(message, str) else message
-        )
-        self.messages.append(user)
-        if stream:
-            return self._stream_reply(tools)
-        assembler = TurnAssembler()
-        try:
-            async with aclosing(self.stream_turn(self.messages, tools, stream=False)) as chunks:
-                async for chunk in chunks:
-                    assembler.add(chunk)
-        finally:
-            if assembler.started or assembler.done:
-                self.messages.append(assembler.message())
-        return assembler.message()
-
-    async def _stream_reply(self, tools: Sequence[ToolSpec] | None) -> AsyncGenerator[Chunk, None]:
-        assembler = TurnAssembler()
-        try:
-            async with aclosing(self.stream_turn(self.messages, tools)) as chunks:
-                async for chunk in chunks:
-                    assembler.add(chunk)
-                    yield chunk
-        finally:
-            if assembler.started or assembler.done:
-                self.messages.append(assembler.message())
-
-
-def _known() -> str:
-    return ", ".join(f"{prefix!r}" for prefix in PROVIDERS)
-
+# provider name -> (factory, whether a model name is required)
+_REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
+    "ollama": (_ollama, True),
+    "openai": (_openai, True),
+    "test": (_test, False),
+}
 
 PROVIDERS = ("ollama:", "openai:", "test")
+
+
+def register_provider(name: str, factory: ProviderFactory, *, needs_model: bool = True) -> None:
+    """Make ``client(f"{name}:<model>")`` call ``factory(model, **options)``."""
+    if not name or ":" in name:
+        raise ValueError(f"a provider name is a non-empty word without ':', got {name!r}")
+    _REGISTRY[name] = (factory, needs_model)
 
 
 def client(spec: str, **options: Any) -> ModelClient:
     """Make a model client from ``"provider:model"``.
 
-    ``ollama:<model>`` (the official ``ollama`` AsyncClient; ``host=`` or
-    ``OLLAMA_HOST``), ``openai:<model>`` (any OpenAI-compatible server over httpx;
-    ``base_url=``/``OPENAI_BASE_URL``, ``api_key=``/``OPENAI_API_KEY``) and ``test``
-    (the embedded offline model). The provider module is imported only here.
+    ``ollama:<model>`` (an Ollama server; ``host=`` or ``OLLAMA_HOST``),
+    ``openai:<model>`` (any OpenAI-compatible server; ``base_url=``/``OPENAI_BASE_URL``,
+    ``api_key=``/``OPENAI_API_KEY``) and ``test`` (the embedded offline model).
     """
     if not isinstance(spec, str):
         raise TypeError(f"client() takes a 'provider:model' string, got {type(spec).__name__}")
     provider, _, model = spec.partition(":")
-    if provider == "ollama" and model:
-        from aimu.aio.providers.ollama import OllamaClient
+    entry = _REGISTRY.get(provider)
+    if entry is None:
+        known = ", ".join(
+            repr(f"{name}:" if needs else name) for name, (_, needs) in _REGISTRY.items()
+        )
+        raise ValueError(f"unknown model provider in {echo(spec)}; known: {known}")
+    factory, needs_model = entry
+    if needs_model and not model:
+        raise ValueError(f"{echo(spec)} names no model; write it as '{provider}:<model>'")
+    return factory(model, **options)
 
-        return OllamaClient(model, **options)
-    if provider == "openai" and model:
-        from aimu.aio.providers.openai import OpenAIClient
-
-        return OpenAIClient(model, **options)
-    if provider == "test":
-        from aimu.aio.providers.test import TestModelClient
-
-        return TestModelClient(model or "test", **options)
-    if provider in ("ollama", "openai"):
-        raise ValueError(f"{spec!r} names no model; write it as '{provider}:<model>'")
-    raise ValueError(f"unknown model provider in {spec!r}; known: {_known()}")

@@ -17,6 +17,7 @@ __all__ = [
     "Event",
     "HandleFinished",
     "HandleStatus",
+    "ModelRetry",
     "RunFinished",
     "RunStarted",
     "RunStatus",
@@ -108,6 +109,22 @@ class HandleFinished:
     type: Literal["handle_finished"] = field(default="handle_finished", init=False)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelRetry:
+    """A model request failed before any byte of its reply and is tried again.
+
+    Emitted to the current run scope before the backoff wait; ``error`` is the failure's
+    message (credentials removed), ``delay`` the seconds waited before ``attempt``.
+    """
+
+    host: str
+    model: str
+    attempt: int
+    delay: float
+    error: str
+    type: Literal["model_retry"] = field(default="model_retry", init=False)
+
+
 Event: TypeAlias = (
     RunStarted
     | TextChunk
@@ -117,4 +134,6 @@ Event: TypeAlias = (
     | StepFinished
     | RunFinished
     | HandleFinished
+    | ModelRetry
 )
+

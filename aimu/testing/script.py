@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from aimu.aio.providers.test import split_text
+
 __all__ = ["Fault", "Script", "ScriptedCall", "Turn", "split_text"]
 
 Fault: TypeAlias = Literal[
@@ -50,37 +52,3 @@ class Turn:
 
 
 Script: TypeAlias = Sequence[Turn] | Callable[[Mapping[str, Any]], Turn]
-
-
-def split_text(text: str, chunks: int | None = None) -> list[str]:
-    """Split ``text`` into pieces that join back to it exactly.
-
-    ``chunks=None`` gives one piece per word (each keeping its trailing space);
-    otherwise ``chunks`` pieces of near-equal length (fewer if the text is shorter).
-    """
-    if not text:
-        return []
-    if chunks is None:
-        pieces: list[str] = []
-        start = 0
-        length = len(text)
-        while start < length:
-            end = start
-            while end < length and text[end] == " ":
-                end += 1
-            while end < length and text[end] != " ":
-                end += 1
-            while end < length and text[end] == " ":
-                end += 1
-            pieces.append(text[start:end])
-            start = end
-        return pieces
-    count = max(1, min(chunks, len(text)))
-    size, extra = divmod(len(text), count)
-    pieces = []
-    start = 0
-    for index in range(count):
-        end = start + size + (1 if index < extra else 0)
-        pieces.append(text[start:end])
-        start = end
-    return pieces

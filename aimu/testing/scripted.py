@@ -11,8 +11,15 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Self
 
-from aimu.aio.client import Chunk, ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
+from aimu.aio.providers.base import (
+    Chunk,
+    ModelClient,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnDone,
+)
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, wire_view
 from aimu.testing.script import Script, Turn, split_text
 

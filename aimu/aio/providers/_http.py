@@ -1,58 +1,60 @@
-"""What the HTTP providers share: turning transport failures into aimu errors.
+"""What the HTTP providers share: the pool, one request with retries, errors, a turn read.
 
-Every message names the service and its URL (credentials removed) and says what to
-check; none carries a header, so an API key can never end up in one.
+:class:`HTTPModelClient` sends a request body that a provider encodes and reads the
+reply through the provider's :class:`TurnDecoder`, line by line. Transport failures are
+mapped to aimu errors in one place (:meth:`Reporter.mapped`). Every message names the
+service and its URL (credentials removed) and says what to check; no secret, neither a
+header nor a key a server echoed back, reaches a message, a log record or a chained error.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import base64
+import contextlib
 import copy
-import os
+import functools
+import json
+import ssl
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, Generic, Protocol, Self, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from typing import Any, ClassVar, Self, cast
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from aimu.aio.client import ModelClient
-from aimu.aio.errors import ModelConnectionError, ModelError
+from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
+from aimu.aio.providers._errors import clip, error_text, transport_error
+from aimu.aio.providers._retry import Retry, retry_after
+from aimu.aio.providers._wire import WireEncoder
+from aimu.aio.providers.base import Chunk, ModelClient
+from aimu.aio.transcript import Message, ToolSpec
 
-__all__ = ["PooledClient", "call_id", "display_url", "drain", "transport_error"]
+__all__ = [
+    "HTTPModelClient",
+    "Pool",
+    "Reporter",
+    "Secrets",
+    "TurnDecoder",
+    "call_id",
+    "display_url",
+    "split_credentials",
+    "ssl_context",
+]
 
 _DRAIN_LIMIT = 1.0
+_TEXT_LIMIT = 500
+_REDACTED = "***"
+#: Requests in flight per client at most; more wait their turn in front of the pool
+#: (httpcore scans its whole queue on every request start and finish).
+DEFAULT_CONCURRENCY = 64
 
 
-class _Pool(Protocol):
-    async def aclose(self) -> None: ...
-
-
-PoolT = TypeVar("PoolT", bound=_Pool)
-
-
-class PooledClient(ModelClient, Generic[PoolT]):
-    """A model client over a connection pool that its forks share.
-
-    A fork copies the settings (``options`` deeply enough to change on its own) and
-    starts with an empty transcript; only the client first made closes the pool.
-    """
-
-    options: dict[str, Any]
-    _pool: PoolT
-    _owner: bool = True
-
-    def fork(self) -> Self:
-        twin = copy.copy(self)
-        ModelClient.__init__(twin, self.model)  # a transcript of its own
-        twin.options = dict(self.options)
-        twin._owner = False
-        return twin
-
-    async def aclose(self) -> None:
-        """Close the connection pool; a fork leaves it to the client it came from."""
-        if self._owner:
-            await self._pool.aclose()
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """The one TLS context of the process (loading the CA bundle costs ~36 ms)."""
+    return httpx.create_ssl_context()
 
 
 def call_id() -> str:
@@ -67,62 +69,363 @@ def display_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
-def _reason(error: BaseException) -> str:
-    """The most telling words for ``error``: the OS's reason if one is in its chain."""
-    cause: BaseException | None = error
-    seen = 0
-    while cause is not None and seen < 16:
-        # anyio reports "All connection attempts failed"; the OS error under it says why.
-        if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
-            return os.strerror(cause.errno)  # asyncio's own strerror hides the reason
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror  # resolver errors: "Name or service not known"
-        cause = cause.__cause__ or cause.__context__
-        seen += 1
-    text = str(error).strip()
-    return text or type(error).__name__
+def split_credentials(url: str) -> tuple[str, dict[str, str], list[str]]:
+    """``url`` without ``user:password@``, the Basic auth header for it, and the secrets.
+
+    The URL that httpx sees (and logs at INFO) never carries the credentials.
+    """
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url, {}, []
+    user, _, password = userinfo.partition(":")
+    user, password = unquote(user), unquote(password)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    secrets = [s for s in (password, user, token) if len(s) >= 4]
+    return bare, {"Authorization": f"Basic {token}"}, secrets
 
 
-def transport_error(
-    error: httpx.TransportError | OSError,
-    *,
-    service: str,
-    host: str,
-    hint: str,
-    timeout: httpx.Timeout,
-) -> ModelError:
-    """The aimu error for a request to ``service`` at ``host`` that failed in transport."""
-    if isinstance(error, httpx.ConnectTimeout):
-        return ModelConnectionError(
-            f"could not connect to {service} at {host} within {timeout.connect:g}s; {hint}",
-            host=host,
-        )
-    if isinstance(error, httpx.ConnectError | httpx.UnsupportedProtocol | ConnectionError):
-        return ModelConnectionError(
-            f"cannot connect to {service} at {host} ({_reason(error)}); {hint}", host=host
-        )
-    if isinstance(error, httpx.ReadTimeout):
-        return ModelConnectionError(
-            f"{service} at {host} sent nothing for {timeout.read:g}s; the model may be "
-            "stuck or overloaded (raise timeout= to wait longer)",
-            host=host,
-        )
-    if isinstance(error, httpx.TimeoutException):
-        return ModelConnectionError(
-            f"the request to {service} at {host} timed out ({_reason(error)})", host=host
-        )
-    if isinstance(error, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return ModelConnectionError(
-            f"the connection to {service} at {host} was dropped mid-reply "
-            f"({_reason(error)}); the server may have crashed or restarted",
-            host=host,
-        )
-    return ModelConnectionError(
-        f"the request to {service} at {host} failed ({_reason(error)}); {hint}", host=host
-    )
+class Secrets(tuple[str, ...]):
+    """Strings to redact from every message; never shown by a repr."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} secrets>"
+
+    __str__ = __repr__
 
 
-async def drain(rest: AsyncIterator[object]) -> None:
+class Reporter:
+    """Builds the errors of one model request; each names the service, host and model."""
+
+    __slots__ = ("host", "model", "secrets", "service", "timeout")
+
+    def __init__(
+        self,
+        service: str,
+        host: str,
+        model: str,
+        secrets: Sequence[str],
+        timeout: httpx.Timeout,
+    ) -> None:
+        self.service = service
+        self.host = host
+        self.model = model
+        self.secrets = secrets
+        self.timeout = timeout
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, _REDACTED)
+        return text
+
+    def protocol(self, what: str) -> ModelProtocolError:
+        """The reply could not be understood: ``what`` the server did, redacted."""
+        return ModelProtocolError(
+            self.redact(f"{self.service} at {self.host} {what} (model {self.model!r})"),
+            host=self.host,
+        )
+
+    def json_object(self, raw: str | bytes, what: str) -> dict[str, Any]:
+        """``raw`` parsed as a JSON object, else the protocol error naming ``what`` it was.
+
+        Raised outside the ``except``: no chained error keeps the raw text (which may
+        echo a secret).
+        """
+        problem = ""
+        value: object = None
+        try:
+            value = json.loads(raw)
+        except ValueError as error:
+            problem = f"not JSON: {error}"
+        if not problem and not isinstance(value, dict):
+            problem = "not a JSON object"
+        if problem or not isinstance(value, dict):
+            raise self.protocol(
+                f"sent {what} that could not be understood ({problem}): {clip(raw)}"
+            )
+        return value
+
+    def server_error(self, detail: object) -> ModelHTTPError:
+        """An error object the server sent inside a 200 reply."""
+        text = self.redact(error_text(detail))
+        return ModelHTTPError(
+            f"{self.service} at {self.host} reported an error mid-reply for model "
+            f"{self.model!r}: {text[:_TEXT_LIMIT]}",
+            host=self.host, status_code=200, body=text,
+        )
+
+    def http_error(self, response: httpx.Response, raw: bytes, hint: str) -> ModelHTTPError:
+        body = self.redact(raw.decode("utf-8", "replace"))
+        text = error_text(body)[:_TEXT_LIMIT] or response.reason_phrase
+        status = response.status_code
+        return ModelHTTPError(
+            f"{self.service} at {self.host} answered HTTP {status} for model {self.model!r}: "
+            f"{text}{hint}",
+            host=self.host, status_code=status, body=body,
+        )
+
+    @contextlib.contextmanager
+    def mapped(self, hint: str) -> Iterator[None]:
+        """Turn httpx's transport and decoding failures into aimu errors, in one place."""
+        try:
+            yield
+        except httpx.TransportError as error:
+            raise transport_error(
+                error, service=self.service, host=self.host, hint=hint, timeout=self.timeout
+            ) from error
+        except httpx.DecodingError as error:
+            raise self.protocol(f"sent a body that could not be decoded ({error})") from error
+
+
+class TurnDecoder(abc.ABC):
+    """Reads one reply of a provider's protocol into chunks."""
+
+    #: True once the reply's final marker was read: what follows is only the body's end.
+    finished: bool = False
+
+    @abc.abstractmethod
+    def line(self, line: bytes) -> list[Chunk]:
+        """The chunks of one line of a streamed body (without its newline)."""
+
+    @abc.abstractmethod
+    def end(self) -> list[Chunk]:
+        """The last chunks when the body ends; raise if the reply did not finish."""
+
+    @abc.abstractmethod
+    def whole(self, body: bytes) -> list[Chunk]:
+        """The chunks of a reply that was asked for in one piece."""
+
+
+class Pool:
+    """The httpx client that a model client and its forks share, one per event loop.
+
+    Bound to the loop that first uses it and rebound when another loop does (an agent
+    used from two successive ``asyncio.run`` calls). While bound, a suspended async
+    generator registered with the loop closes the httpx client when the loop shuts its
+    generators down, so no connection outlives its loop.
+    """
+
+    __slots__ = ("_closer", "concurrency", "headers", "http", "loop", "slots", "timeout")
+
+    def __init__(self, headers: dict[str, str], timeout: httpx.Timeout, concurrency: int) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.headers = headers
+        self.timeout = timeout
+        self.concurrency = concurrency
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.http: httpx.AsyncClient | None = None
+        self.slots = asyncio.Semaphore(concurrency)
+        self._closer: AsyncGenerator[None, None] | None = None
+        ssl_context()  # now, outside any event loop, and once per process
+
+    async def bind(self) -> httpx.AsyncClient:
+        """The httpx client for the running loop, made for it if need be."""
+        loop = asyncio.get_running_loop()
+        if self.loop is loop and self.http is not None:
+            return self.http
+        limits = httpx.Limits(
+            max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+        )
+        http = httpx.AsyncClient(
+            headers=self.headers, timeout=self.timeout, verify=ssl_context(), limits=limits
+        )
+        closer = _close_at_shutdown(http)
+        await anext(closer)  # first iterated here: the loop now tracks it
+        self.loop, self.http, self._closer = loop, http, closer
+        self.slots = asyncio.Semaphore(self.concurrency)
+        return http
+
+    async def aclose(self) -> None:
+        closer, self._closer, self.http = self._closer, None, None
+        loop, self.loop = self.loop, None
+        if closer is not None and loop is asyncio.get_running_loop():
+            await closer.aclose()
+        # A pool bound to another loop is closed by that loop's shutdown.
+
+
+async def _close_at_shutdown(http: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await http.aclose()
+
+
+class HTTPModelClient(ModelClient):
+    """A model client over HTTP: the request, its retries and the reading of the reply.
+
+    A provider sets :attr:`service`, :attr:`hint` and :attr:`path`, encodes the body
+    (:meth:`body`) and decodes the reply (:meth:`decoder`). Forks share the pool and
+    copy the settings; only the client first made closes the pool.
+    """
+
+    service: ClassVar[str]
+    hint: ClassVar[str]
+
+    options: dict[str, Any]
+    _owner: bool = True
+
+    def __init__(
+        self,
+        model: str,
+        url: str,
+        *,
+        headers: dict[str, str],
+        secrets: Sequence[str],
+        timeout: float,
+        connect_timeout: float,
+        retries: int,
+        retry_delay: float,
+        merge_roles: bool,
+        concurrency: int,
+        to_wire: Any,
+    ) -> None:
+        super().__init__(model)
+        bare, auth, url_secrets = split_credentials(url.strip().rstrip("/"))
+        self.url = bare
+        self._secrets = Secrets((*secrets, *url_secrets))
+        self.retry = Retry(retries, retry_delay)
+        self._pool = Pool({**headers, **auth}, httpx.Timeout(timeout, connect=connect_timeout),
+                          concurrency)
+        self._wire = WireEncoder(to_wire, merge_roles)
+
+    @property
+    def host(self) -> str:
+        return display_url(self.url)
+
+    @property
+    def merge_roles(self) -> bool:
+        """Whether adjacent same-role messages are sent as one (for strict templates)."""
+        return self._wire.merge_roles
+
+    def fork(self) -> Self:
+        twin = copy.copy(self)
+        ModelClient.__init__(twin, self.model)  # a transcript of its own
+        twin.options = dict(self.options)
+        twin._wire = WireEncoder(self._wire._to_wire, self._wire.merge_roles)
+        twin._owner = False
+        return twin
+
+    async def aclose(self) -> None:
+        """Close the connection pool; a fork leaves it to the client it came from."""
+        if self._owner:
+            await self._pool.aclose()
+
+    def reporter(self) -> Reporter:
+        return Reporter(self.service, self.host, self.model, self._secrets, self._pool.timeout)
+
+    @abc.abstractmethod
+    def endpoint(self) -> str:
+        """The URL chat requests go to."""
+
+    @abc.abstractmethod
+    def body(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None, stream: bool
+    ) -> bytes:
+        """The encoded request body."""
+
+    @abc.abstractmethod
+    def decoder(self, reporter: Reporter) -> TurnDecoder:
+        """A fresh reader for one reply."""
+
+    def status_hint(self, status: int) -> str:
+        """What to check after an HTTP error status (``"; ..."``), or ``""``."""
+        return ""
+
+    async def stream_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        stream: bool = True,
+    ) -> AsyncGenerator[Chunk, None]:
+        body = self.body(messages, tools, stream)
+        reporter = self.reporter()
+        decoder = self.decoder(reporter)
+        pool = self._pool
+        http = await pool.bind()
+        async with pool.slots:
+            response = await self._open(http, body, stream, reporter)
+            # httpx's body iterator is an async generator: closed below, not left to the GC.
+            pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+            try:
+                with reporter.mapped(self.hint):
+                    if not stream:
+                        for chunk in decoder.whole(await response.aread()):
+                            yield chunk
+                        return
+                    rest = b""
+                    async for piece in pieces:
+                        lines = (rest + piece).split(b"\n")
+                        rest = lines.pop()
+                        for line in lines:
+                            chunks = decoder.line(line)
+                            if decoder.finished:
+                                await _drain(pieces)  # so the connection goes back to the pool
+                            for chunk in chunks:
+                                yield chunk
+                            if decoder.finished:
+                                return
+                    chunks = decoder.line(rest) if rest else []
+                    if not decoder.finished:
+                        chunks += decoder.end()
+                    for chunk in chunks:
+                        yield chunk
+            finally:
+                # Closes the HTTP response now, whether we finished, failed, were closed or
+                # cancelled; the server sees the connection go.
+                await pieces.aclose()
+                await response.aclose()
+
+    async def _open(
+        self, http: httpx.AsyncClient, body: bytes, stream: bool, reporter: Reporter
+    ) -> httpx.Response:
+        """The response to the request, its head read; retried while no byte came back."""
+        headers = {"Content-Type": "application/json"}
+        if stream:
+            headers["Accept"] = "text/event-stream, application/x-ndjson"
+        attempt = 0
+        while True:
+            request = http.build_request("POST", self.endpoint(), content=body, headers=headers)
+            wait: float | None = None
+            try:
+                with reporter.mapped(self.hint):
+                    response = await http.send(request, stream=True)
+            except ModelError as error:
+                failure: ModelError = error
+                retryable = Retry.before_reply(error.__cause__)
+            else:
+                if response.status_code < 400:
+                    return response
+                failure = await self._http_error(response, reporter)
+                retryable = Retry.retry_status(response.status_code)
+                wait = retry_after(response.headers.get("retry-after"))
+            if not retryable:
+                raise failure
+            attempt += 1
+            if not await self.retry.wait(attempt, wait, failure, reporter):
+                raise failure
+
+    async def _http_error(self, response: httpx.Response, reporter: Reporter) -> ModelError:
+        try:
+            with reporter.mapped(self.hint):
+                raw = await response.aread()
+        except ModelError as error:
+            return error
+        finally:
+            await response.aclose()
+        status = response.status_code
+        hint = self.status_hint(status)
+        if status == 429:
+            wait = response.headers.get("retry-after")
+            hint = f"; retry after {clip(wait, 40)}s" if wait else "; slow down and retry"
+        return reporter.http_error(response, raw, hint)
+
+
+async def _drain(rest: AsyncGenerator[bytes, None]) -> None:
     """Read what is left of a finished reply, so its connection can serve the next request.
 
     After the final marker only the end of the body should remain; a server that sends
@@ -132,7 +435,5 @@ async def drain(rest: AsyncIterator[object]) -> None:
         async with asyncio.timeout(_DRAIN_LIMIT):
             async for _ in rest:
                 pass
-    except Exception:
-        # The reply is complete: any failure now (the ollama client raises ResponseError or
-        # AttributeError for a bad line) is the server's. CancelledError still propagates.
-        pass
+    except (httpx.HTTPError, TimeoutError):
+        pass  # the reply is complete: a failure now is the server's. A cancel propagates.

@@ -1,47 +1,38 @@
-"""``ollama:<model>``: a model served by Ollama, over the official ``ollama.AsyncClient``.
+"""``ollama:<model>``: a model served by Ollama, over ``/api/chat`` with our own JSON.
 
 The transcript is converted to Ollama's wire form here and nowhere else: tool results
 become role ``tool`` with ``tool_name``, tool-call arguments stay objects, thinking goes
-in its own field. Replies stream as NDJSON; closing the turn's generator (or
-cancelling its task) closes the HTTP response at once.
+in its own field, tool schemas go as given (nested schemas intact). Replies stream as
+NDJSON. The official ``ollama`` package is not on this path; it stays the tool for
+listing and pulling models.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
-import ollama
-import pydantic
-
-from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
-from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
-from aimu.aio.providers._http import PooledClient, call_id, display_url, drain, transport_error
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import (
+    DEFAULT_CONCURRENCY,
+    HTTPModelClient,
+    Reporter,
+    TurnDecoder,
+    call_id,
+)
+from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._unicode import SurrogateJoiner, clean, clean_json, flushed
+from aimu.aio.providers._wire import decode_arguments, dumps
+from aimu.aio.providers.base import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
-_SERVICE = "Ollama"
-_HINT = "is Ollama running? set OLLAMA_HOST or use --model test"
-_BODY_LIMIT = 500
 
 Think = bool | Literal["low", "medium", "high"]
-
-# What the ollama client raises for a failed request or an unreadable reply.
-_FAILURES = (
-    ollama.ResponseError,
-    httpx.HTTPError,
-    ConnectionError,
-    json.JSONDecodeError,
-    pydantic.ValidationError,
-)
-# Inside a stream, a JSON line that is not an object surfaces as one of these too.
-_STREAM_FAILURES = (*_FAILURES, AttributeError, TypeError)
 
 
 def resolve_host(host: str | None = None) -> str:
@@ -49,6 +40,7 @@ def resolve_host(host: str | None = None) -> str:
 
     Normalised like the ollama package does: a bare ``host[:port]`` gets ``http://``
     and port 11434; ``:port`` alone means 127.0.0.1; a trailing slash is dropped.
+    ``user:password@`` is kept (it becomes a Basic auth header, never part of a log).
     """
     value = (host if host is not None else os.environ.get("OLLAMA_HOST", "")).strip()
     if not value:
@@ -56,18 +48,21 @@ def resolve_host(host: str | None = None) -> str:
     explicit = "://" in value
     scheme, _, rest = value.partition("://") if explicit else ("http", "", value)
     netloc, _, path = rest.partition("/")
+    userinfo, at, netloc = netloc.rpartition("@")
     try:
         parts = urlsplit(f"{scheme}://{netloc}")
         port = parts.port
-    except ValueError as error:
-        raise ValueError(f"Ollama host {value!r} is not a valid host[:port] or URL") from error
+    except ValueError:
+        raise ValueError(
+            f"Ollama host {f'{scheme}://{netloc}'!r} is not a valid host[:port] or URL"
+        ) from None
     hostname = parts.hostname or "127.0.0.1"
     if ":" in hostname:  # IPv6 literal
         hostname = f"[{hostname}]"
     if port is None:
         port = (443 if scheme == "https" else 80) if explicit else 11434
     path = path.strip("/")
-    return f"{scheme}://{hostname}:{port}" + (f"/{path}" if path else "")
+    return f"{scheme}://{userinfo}{at}{hostname}:{port}" + (f"/{path}" if path else "")
 
 
 def to_wire(message: Message) -> dict[str, Any]:
@@ -90,37 +85,20 @@ def to_wire(message: Message) -> dict[str, Any]:
     return {"role": message["role"], "content": message["content"]}
 
 
-class _Pool:
-    """The ``ollama.AsyncClient`` that a client and its forks share, made on first use."""
-
-    __slots__ = ("client", "host", "timeout")
-
-    def __init__(self, host: str, timeout: httpx.Timeout) -> None:
-        self.host = host
-        self.timeout = timeout
-        self.client: ollama.AsyncClient | None = None
-
-    def get(self) -> ollama.AsyncClient:
-        # Made lazily, so a client built outside a running loop binds to the loop using it.
-        if self.client is None:
-            self.client = ollama.AsyncClient(host=self.host, timeout=self.timeout)
-        return self.client
-
-    async def aclose(self) -> None:
-        client, self.client = self.client, None
-        if client is not None:
-            await client.close()  # type: ignore[no-untyped-call]
-
-
-class OllamaClient(PooledClient[_Pool]):
+class OllamaClient(HTTPModelClient):
     """A model on an Ollama server (``client("ollama:qwen3:8b")``).
 
     ``options`` (temperature, num_ctx...), ``think`` and ``keep_alive`` are sent with
     every request. ``timeout`` bounds the wait for each read, ``connect_timeout`` the
-    connection, so an unreachable server fails fast instead of hanging.
+    connection, so an unreachable server fails fast instead of hanging. ``retries``
+    (0 disables) and ``retry_delay`` govern retrying a request that failed before its
+    reply began; ``merge_roles`` sends adjacent same-role messages as one;
+    ``concurrency`` bounds the requests in flight.
     """
 
     provider = "ollama"
+    service = "Ollama"
+    hint = "is Ollama running? set OLLAMA_HOST or use --model test"
 
     def __init__(
         self,
@@ -132,148 +110,149 @@ class OllamaClient(PooledClient[_Pool]):
         keep_alive: float | str | None = None,
         timeout: float = 300.0,
         connect_timeout: float = 5.0,
+        retries: int = DEFAULT_RETRIES,
+        retry_delay: float = DEFAULT_DELAY,
+        merge_roles: bool = True,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
-        super().__init__(model)
+        super().__init__(
+            model,
+            resolve_host(host),
+            headers={"Accept": "application/json"},
+            secrets=(),
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            retries=retries,
+            retry_delay=retry_delay,
+            merge_roles=merge_roles,
+            concurrency=concurrency,
+            to_wire=to_wire,
+        )
         self.options: dict[str, Any] = dict(options or {})
         self.think = think
         self.keep_alive = keep_alive
-        self._pool = _Pool(resolve_host(host), httpx.Timeout(timeout, connect=connect_timeout))
 
-    @property
-    def host(self) -> str:
-        return display_url(self._pool.host)
+    def endpoint(self) -> str:
+        return self.url + "/api/chat"
 
-    def _request(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None
-    ) -> dict[str, Any]:
-        request: dict[str, Any] = {
-            "model": self.model,
-            "messages": [to_wire(m) for m in messages],
-        }
-        if tools:
-            request["tools"] = list(tools)
+    def body(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None, stream: bool
+    ) -> bytes:
+        settings: dict[str, Any] = {"model": self.model, "stream": stream}
         if self.options:
-            request["options"] = self.options
+            settings["options"] = self.options
         if self.think is not None:
-            request["think"] = self.think
+            settings["think"] = self.think
         if self.keep_alive is not None:
-            request["keep_alive"] = self.keep_alive
-        return request
+            settings["keep_alive"] = self.keep_alive
+        head = dumps(settings)[:-1]  # the object left open for the transcript
+        tail = b',"tools":' + self._wire.tools(tools) + b"}" if tools else b"}"
+        return head + b',"messages":' + self._wire.messages(messages) + tail
 
-    async def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-    ) -> AsyncGenerator[Chunk, None]:
-        client = self._pool.get()
-        request = self._request(messages, tools)
-        if not stream:
-            try:
-                whole = await client.chat(**request, stream=False)
-            except _FAILURES as error:
-                raise self._error(error) from error
-            for chunk in self._chunks(whole):
-                yield chunk
-            if not whole.done:
-                raise self._cut_short()
-            return
-        parts: AsyncIterator[ollama.ChatResponse] | None = None
-        try:
-            try:
-                parts = await client.chat(**request, stream=True)
-            except _FAILURES as error:
-                raise self._error(error) from error
-            while True:
-                # Only the read is guarded: an exception thrown in at a yield is not ours.
-                try:
-                    part = await anext(parts)
-                except StopAsyncIteration:
-                    break
-                except _STREAM_FAILURES as error:
-                    raise self._error(error) from error
-                chunks = self._chunks(part)
-                if part.done:
-                    await drain(parts)  # so the connection goes back to the pool
-                for chunk in chunks:
-                    yield chunk
-                if part.done:
-                    return
-            raise self._cut_short()
-        finally:
-            # Closes the HTTP response now, whether we finished, failed, were closed or
-            # cancelled; the server sees the connection go.
-            if isinstance(parts, AsyncGenerator):
-                await parts.aclose()
+    def status_hint(self, status: int) -> str:
+        if status == 404:
+            return f"; pull the model first (ollama pull {self.model})"
+        return ""
 
-    def _chunks(self, part: ollama.ChatResponse) -> list[Chunk]:
-        chunks: list[Chunk] = []
-        message = part.message
-        if message.thinking:
-            chunks.append(ThinkingDelta(message.thinking))
-        if message.content:
-            chunks.append(TextDelta(message.content))
-        for call in message.tool_calls or ():
-            server_id = getattr(call, "id", None)  # newer servers may send one
-            function = call.function
-            tool_call: ToolCall = {
-                "id": server_id if isinstance(server_id, str) and server_id else call_id(),
-                "type": "function",
-                "function": {"name": function.name, "arguments": dict(function.arguments)},
-            }
-            chunks.append(ToolCallDelta(tool_call))
-        if part.done:
-            usage: Usage = {
-                "input_tokens": part.prompt_eval_count or 0,
-                "output_tokens": part.eval_count or 0,
-            }
-            chunks.append(TurnDone(usage, part.done_reason))
+    def decoder(self, reporter: Reporter) -> TurnDecoder:
+        return _OllamaTurn(reporter)
+
+
+class _OllamaTurn(TurnDecoder):
+    """One reply of ``/api/chat``: NDJSON lines, the last with ``done: true``."""
+
+    __slots__ = ("reporter", "text", "thinking")
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.text = SurrogateJoiner()
+        self.thinking = SurrogateJoiner()
+
+    def line(self, line: bytes) -> list[Chunk]:
+        if not line.strip():
+            return []
+        return self._part(self._parse(line, "a line"))
+
+    def end(self) -> list[Chunk]:
+        raise self.reporter.protocol(
+            "ended its reply without the final 'done' message; the server may have "
+            "stopped mid-reply"
+        )
+
+    def whole(self, body: bytes) -> list[Chunk]:
+        chunks = self._part(self._parse(body, "a reply"))
+        if not self.finished:
+            self.end()
         return chunks
 
-    def _cut_short(self) -> ModelProtocolError:
-        return ModelProtocolError(
-            f"the reply from {_SERVICE} at {self.host} for model {self.model!r} ended "
-            "without its final 'done' message; the server may have stopped mid-reply",
-            host=self.host,
-        )
+    def _parse(self, raw: bytes, what: str) -> dict[str, Any]:
+        part = self.reporter.json_object(raw, what)
+        if "error" in part:
+            raise self.reporter.server_error(part["error"])
+        return part
 
-    def _error(self, error: Exception) -> ModelError:
-        """The aimu error for ``error``, raised by the ollama client or httpx."""
-        host = self.host
-        if isinstance(error, ollama.ResponseError):
-            text = _error_text(error.error)
-            if error.status_code < 0:  # an {"error": ...} line inside a 200 stream
-                return ModelHTTPError(
-                    f"{_SERVICE} at {host} reported an error mid-reply for model "
-                    f"{self.model!r}: {text[:_BODY_LIMIT]}",
-                    host=host, status_code=200, body=text,
-                )
-            return ModelHTTPError(
-                f"{_SERVICE} at {host} answered HTTP {error.status_code} for model "
-                f"{self.model!r}: {text[:_BODY_LIMIT]}",
-                host=host, status_code=error.status_code, body=text,
+    def _part(self, part: dict[str, Any]) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        message = part.get("message")
+        if isinstance(message, dict):
+            thinking = message.get("thinking")
+            if isinstance(thinking, str) and thinking:
+                thinking = self.thinking.feed(thinking)
+                if thinking:
+                    chunks.append(ThinkingDelta(thinking))
+            content = message.get("content")
+            if isinstance(content, str) and content:
+                content = self.text.feed(content)
+                if content:
+                    chunks.append(TextDelta(content))
+            calls = message.get("tool_calls")
+            if isinstance(calls, list):
+                chunks.extend(self._call(call, position) for position, call in enumerate(calls))
+        elif message is not None:
+            raise self.reporter.protocol(
+                f"sent a line that could not be understood ('message' is not an object): "
+                f"{clip(message)}"
             )
-        if isinstance(error, ConnectionError) and isinstance(
-            error.__context__, httpx.TransportError
-        ):
-            # ollama swaps httpx's ConnectError for a generic message: use the original.
-            error = error.__context__
-        if isinstance(error, httpx.TransportError | ConnectionError):
-            return transport_error(
-                error, service=_SERVICE, host=host, hint=_HINT, timeout=self._pool.timeout
-            )
-        return ModelProtocolError(
-            f"{_SERVICE} at {host} sent a reply that could not be understood "
-            f"({type(error).__name__}: {str(error)[:_BODY_LIMIT]})",
-            host=host,
-        )
+        if part.get("done") is True:
+            self.finished = True
+            chunks.extend(flushed(self.thinking, self.text))
+            usage: Usage = {
+                "input_tokens": _count(part.get("prompt_eval_count")),
+                "output_tokens": _count(part.get("eval_count")),
+            }
+            reason = part.get("done_reason")
+            chunks.append(TurnDone(usage, reason if isinstance(reason, str) and reason else None))
+        return chunks
+
+    def _call(self, call: object, position: int) -> ToolCallDelta:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise self.reporter.protocol(f"sent tool call {position} without a function name")
+        assert isinstance(call, dict) and isinstance(function, dict)
+        server_id = call.get("id")  # newer servers send one
+        arguments, error = _arguments(function.get("arguments"), clean(name))
+        tool_call: ToolCall = {
+            "id": clean(server_id) if isinstance(server_id, str) and server_id else call_id(),
+            "type": "function",
+            "function": {"name": clean(name), "arguments": arguments},
+        }
+        return ToolCallDelta(tool_call, error)
 
 
-def _error_text(detail: object) -> str:
-    """The server's own words from an error detail: a string, or ``{"message": ...}``."""
-    if isinstance(detail, str):
-        return detail.strip() or "(no error text)"
-    if isinstance(detail, Mapping) and isinstance(detail.get("message"), str):
-        return str(detail["message"])
-    return json.dumps(detail, default=str)
+def _arguments(raw: object, name: str) -> tuple[dict[str, Any], str | None]:
+    """The call's arguments, and what was wrong with them (a tool error the model sees)."""
+    if raw is None:
+        return {}, None
+    if isinstance(raw, dict):
+        return clean_json(raw), None
+    if isinstance(raw, str):  # some servers and models send the object as a JSON string
+        return decode_arguments(raw, name)
+    return {}, (
+        f"the arguments for tool {name} must be a JSON object, got {type(raw).__name__}: "
+        f"{clip(raw, 200)}"
+    )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -14,11 +14,10 @@ import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Self, TypeGuard
 
-from aimu.aio.client import Chunk, ModelClient, TextDelta, ToolCallDelta, TurnDone
+from aimu.aio.providers.base import Chunk, ModelClient, TextDelta, ToolCallDelta, TurnDone
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
-from aimu.testing.script import split_text
 
-__all__ = ["TestModelClient", "arguments_for", "respond"]
+__all__ = ["TestModelClient", "arguments_for", "respond", "split_text"]
 
 _RESULT_LIMIT = 200
 _ECHO_WORDS = 24
@@ -240,6 +239,40 @@ def respond(
         return "Hello! I am the test model. Ask me anything.", []
     echo = " ".join(words[:_ECHO_WORDS]) + (" …" if len(words) > _ECHO_WORDS else "")
     return f"You said: {echo}", []
+
+
+def split_text(text: str, chunks: int | None = None) -> list[str]:
+    """Split ``text`` into pieces that join back to it exactly.
+
+    ``chunks=None`` gives one piece per word (each keeping its trailing space);
+    otherwise ``chunks`` pieces of near-equal length (fewer if the text is shorter).
+    """
+    if not text:
+        return []
+    if chunks is None:
+        pieces: list[str] = []
+        start = 0
+        length = len(text)
+        while start < length:
+            end = start
+            while end < length and text[end] == " ":
+                end += 1
+            while end < length and text[end] != " ":
+                end += 1
+            while end < length and text[end] == " ":
+                end += 1
+            pieces.append(text[start:end])
+            start = end
+        return pieces
+    count = max(1, min(chunks, len(text)))
+    size, extra = divmod(len(text), count)
+    pieces = []
+    start = 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        pieces.append(text[start:end])
+        start = end
+    return pieces
 
 
 class TestModelClient(ModelClient):

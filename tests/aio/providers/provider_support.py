@@ -91,8 +91,8 @@ async def assert_only_current_task() -> None:
 
 def open_connections(model: ModelClient) -> int:
     """Connections the client's httpx pool holds open right now (idle or in use)."""
-    pool: Any = model._pool.client  # type: ignore[attr-defined]
+    pool: Any = model._pool.http  # type: ignore[attr-defined]
     if pool is None:
         return 0
-    http = getattr(pool, "_client", pool)  # ollama.AsyncClient wraps an httpx.AsyncClient
+    http = pool
     return sum(not connection.is_closed() for connection in http._transport._pool.connections)

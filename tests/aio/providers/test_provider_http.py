@@ -121,7 +121,7 @@ async def test_tool_call_round_trip(
     else:
         assert wire_call["tool_calls"] == [
             {"id": call["id"], "type": "function",
-             "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+             "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}
         ]
         assert wire_result == {"role": "tool", "tool_call_id": call["id"], "content": "snow, -3 C"}
 
@@ -187,7 +187,7 @@ async def test_http_429_says_rate_limited(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(fault="http_429")]
-    model = make_client()
+    model = make_client(retries=0)
     with pytest.raises(ModelHTTPError, match=r"HTTP 429.*rate limited") as caught:
         await model.chat("x")
     assert caught.value.status_code == 429
@@ -243,10 +243,12 @@ async def test_a_refused_connection_fails_fast_naming_the_host(provider: str) ->
     port = closed_port()
     model: ModelClient
     if provider == "ollama":
-        model = OllamaClient("llama-test", host=f"127.0.0.1:{port}")
+        model = OllamaClient("llama-test", host=f"127.0.0.1:{port}", retries=0)
         hint = "is Ollama running? set OLLAMA_HOST or use --model test"
     else:
-        model = OpenAIClient("gpt-test", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+        model = OpenAIClient(
+            "gpt-test", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retries=0
+        )
         hint = "OPENAI_BASE_URL"
     try:
         async with asyncio.timeout(3):  # a generous bound: never a hang

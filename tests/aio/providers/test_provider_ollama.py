@@ -137,13 +137,18 @@ async def test_an_error_line_inside_the_stream_is_an_http_error_with_its_text() 
 
 
 @pytest.mark.parametrize(
-    "line", [b"[1, 2]\n", b'{"message": "not an object", "done": false}\n', b"\n"]
+    ("line", "match"),
+    [
+        (b"[1, 2]\n", "could not be understood"),
+        (b'{"message": "not an object", "done": false}\n', "could not be understood"),
+        (b"\n", "without the final 'done' message"),
+    ],
 )
-async def test_a_line_of_the_wrong_shape_is_a_protocol_error(line: bytes) -> None:
+async def test_a_line_of_the_wrong_shape_is_a_protocol_error(line: bytes, match: str) -> None:
     async with RawServer(http_response(line, content_type="application/x-ndjson")) as raw:
         model = OllamaClient("m", host=raw.url)
         async with model:
-            with pytest.raises(ModelProtocolError, match="could not be understood"):
+            with pytest.raises(ModelProtocolError, match=match):
                 async for _ in model.stream_turn([{"role": "user", "content": "x"}]):
                     pass
 
@@ -184,9 +189,9 @@ async def test_the_pool_is_made_on_first_use_and_can_be_reopened(
 ) -> None:
     server.script = [Turn(text="a"), Turn(text="b")]
     model = OllamaClient("m", host=server.url)
-    assert model._pool.client is None  # nothing bound to a loop before the first request
+    assert model._pool.http is None  # nothing bound to a loop before the first request
     await model.chat("1")
     await model.aclose()
-    assert model._pool.client is None
+    assert model._pool.http is None
     assert (await model.chat("2"))["content"] == "b"
     await model.aclose()

@@ -1,0 +1,118 @@
+"""Retrying a model request that failed before any byte of its reply arrived.
+
+A 429 (its ``Retry-After`` honoured), a 502/503/504, or a connection refused or reset
+before the response head is retried with exponential backoff and jitter, at most
+``retries`` times, never past the run's deadline. A cancel ends the wait at once; an
+interrupt of the run ends it too, and the last failure is raised. Each retry is a
+:class:`~aimu.aio.events.ModelRetry` event in the current run scope and a log record
+on ``aimu.aio.providers`` (host without credentials, redacted error, no header).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+import httpx
+
+from aimu.aio.errors import ModelError
+from aimu.aio.events import ModelRetry
+from aimu.aio.scope import current_scope
+
+if TYPE_CHECKING:
+    from aimu.aio.providers._http import Reporter
+
+__all__ = ["DEFAULT_RETRIES", "Retry", "retry_after"]
+
+log = logging.getLogger("aimu.aio.providers")
+
+DEFAULT_RETRIES = 3
+DEFAULT_DELAY = 0.5
+_MAX_DELAY = 30.0
+_MAX_RETRY_AFTER = 60.0
+_POLL = 0.02  # how often a backoff wait looks for an interrupt
+_STATUSES = frozenset({429, 502, 503, 504})
+# Raised by send() before the response head: nothing of a reply has arrived.
+_BEFORE_REPLY = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (a number or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if seconds == seconds else None  # NaN: ignored
+
+
+class Retry:
+    """The retry policy of one client: how many attempts, and the first backoff delay."""
+
+    __slots__ = ("delay", "retries")
+
+    def __init__(self, retries: int, delay: float) -> None:
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if not delay >= 0:
+            raise ValueError(f"retry_delay must be >= 0 seconds, got {delay!r}")
+        self.retries = retries
+        self.delay = delay
+
+    @staticmethod
+    def before_reply(cause: BaseException | None) -> bool:
+        return isinstance(cause, _BEFORE_REPLY)
+
+    @staticmethod
+    def retry_status(status: int) -> bool:
+        return status in _STATUSES
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential in ``attempt`` (1-based), with jitter: between half and all of it."""
+        ceiling = min(_MAX_DELAY, self.delay * 2 ** (attempt - 1))
+        return float(ceiling * random.uniform(0.5, 1.0))
+
+    async def wait(
+        self, attempt: int, requested: float | None, failure: ModelError, reporter: Reporter
+    ) -> bool:
+        """Wait before retry ``attempt``; False when no retry may be made."""
+        if attempt > self.retries:
+            return False
+        if requested is not None and requested > _MAX_RETRY_AFTER:
+            return False
+        delay = self.backoff(attempt) if requested is None else requested
+        loop = asyncio.get_running_loop()
+        scope = current_scope.get()
+        end = loop.time() + delay
+        if scope is not None:
+            if scope.interrupt_requested:
+                return False
+            if scope.deadline is not None and end >= scope.deadline:
+                return False
+        error = str(failure)
+        log.warning(
+            "model request to %s failed (%s); retry %d of %d in %.2fs",
+            reporter.host, error, attempt, self.retries, delay,
+        )
+        if scope is not None:
+            scope.emit(ModelRetry(reporter.host, reporter.model, attempt, delay, error))
+        while (left := end - loop.time()) > 0:
+            await asyncio.sleep(min(left, _POLL) if scope is not None else left)
+            if scope is not None and scope.interrupt_requested:
+                return False
+        return True

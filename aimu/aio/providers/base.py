@@ -1,0 +1,236 @@
+"""The base every model provider implements: :class:`ModelClient`, the chunk types of a
+turn and :class:`TurnAssembler`.
+
+A provider implements one method, :meth:`ModelClient.stream_turn`: an async generator
+of :data:`Chunk` for one model turn over a transcript. Closing that generator, or
+cancelling the task iterating it, must close the HTTP response at once. Everything
+else (the transcript, ``chat``, assembling a turn) is shared here. This module imports
+nothing above it: providers import it, ``aimu.aio.client`` picks a provider.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Literal, Self, overload
+
+from aimu.aio.transcript import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    UserMessage,
+    zero_usage,
+)
+
+__all__ = [
+    "Chunk",
+    "ModelClient",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallDelta",
+    "TurnAssembler",
+    "TurnDone",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    text: str
+    type: Literal["thinking"] = "thinking"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """One complete tool call (providers assemble streamed argument fragments first).
+
+    ``error`` says what was wrong when the model's arguments could not be parsed (the
+    call then carries empty arguments): the agent answers it with that error as a
+    tool result, so the model can see it and correct itself.
+    """
+
+    call: ToolCall
+    error: str | None = None
+    type: Literal["tool_call"] = "tool_call"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone:
+    """The turn ended normally; always the last chunk of a complete turn.
+
+    ``stop_reason`` is the server's own word for why the reply ended: ``"stop"``,
+    ``"tool_calls"``, ``"length"`` (cut off by the token limit), or None if it gave none.
+    """
+
+    usage: Usage
+    stop_reason: str | None = None
+    type: Literal["done"] = "done"
+
+    @property
+    def done_reason(self) -> str | None:
+        """The former name of :attr:`stop_reason`."""
+        return self.stop_reason
+
+
+Chunk = TextDelta | ThinkingDelta | ToolCallDelta | TurnDone
+
+
+class TurnAssembler:
+    """Builds the assistant message of one turn from its chunks, complete or cut short."""
+
+    __slots__ = ("done", "stop_reason", "text_parts", "thinking_parts", "tool_calls", "usage")
+
+    def __init__(self) -> None:
+        self.text_parts: list[str] = []
+        self.thinking_parts: list[str] = []
+        self.tool_calls: list[ToolCall] = []
+        self.usage: Usage = zero_usage()
+        self.done = False
+        #: The :attr:`TurnDone.stop_reason` of a finished turn (None until then).
+        self.stop_reason: str | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        if isinstance(chunk, TextDelta):
+            self.text_parts.append(chunk.text)
+        elif isinstance(chunk, ThinkingDelta):
+            self.thinking_parts.append(chunk.text)
+        elif isinstance(chunk, ToolCallDelta):
+            self.tool_calls.append(chunk.call)
+        else:
+            self.usage = chunk.usage
+            self.stop_reason = chunk.stop_reason
+            self.done = True
+
+    @property
+    def started(self) -> bool:
+        return bool(self.text_parts or self.thinking_parts or self.tool_calls)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def message(self) -> AssistantMessage:
+        """The assistant message so far; marked ``aimu_partial`` unless the turn finished."""
+        message: AssistantMessage = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.thinking_parts:
+            message["thinking"] = "".join(self.thinking_parts)
+        if not self.done:
+            message["aimu_partial"] = True
+        return message
+
+
+class ModelClient(abc.ABC):
+    """An async model client holding one conversation in :attr:`messages`."""
+
+    #: The prefix of ``client()`` specs for this provider.
+    provider: str = ""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        #: The conversation: plain JSON-serialisable dicts in the chat shape.
+        self.messages: list[Message] = []
+
+    @property
+    @abc.abstractmethod
+    def host(self) -> str:
+        """Where requests go (a URL, or ``"embedded"``); named in every error."""
+
+    @abc.abstractmethod
+    def stream_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        stream: bool = True,
+    ) -> AsyncGenerator[Chunk, None]:
+        """One model turn over ``messages``, as chunks ending with :class:`TurnDone`.
+
+        An async generator. ``stream=False`` asks the server for one whole reply (the
+        chunks are then produced from it). Closing the generator or cancelling its
+        task closes the HTTP response at once. Does not touch :attr:`messages`.
+        """
+
+    @abc.abstractmethod
+    def fork(self) -> Self:
+        """A client with the same model, settings and connection pool; empty transcript."""
+
+    async def aclose(self) -> None:  # noqa: B027 - a client without resources has nothing to do
+        """Close network resources. Forks share them: close the client you created."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.provider}:{self.model} at {self.host}>"
+
+    @overload
+    async def chat(
+        self,
+        message: str | Message,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        stream: Literal[False] = False,
+    ) -> AssistantMessage: ...
+
+    @overload
+    async def chat(
+        self,
+        message: str | Message,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        stream: Literal[True],
+    ) -> AsyncIterator[Chunk]: ...
+
+    async def chat(
+        self,
+        message: str | Message,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        stream: bool = False,
+    ) -> AssistantMessage | AsyncIterator[Chunk]:
+        """One model turn: append ``message`` and the reply to :attr:`messages`.
+
+        With ``stream=True`` this returns an async iterator of chunks; the reply is
+        appended when the stream ends (a stream abandoned half-way leaves the text so
+        far as an assistant message marked ``aimu_partial``).
+        """
+        user: Message = (
+            UserMessage(role="user", content=message) if isinstance(message, str) else message
+        )
+        self.messages.append(user)
+        if stream:
+            return self._stream_reply(tools)
+        assembler = TurnAssembler()
+        try:
+            async with aclosing(self.stream_turn(self.messages, tools, stream=False)) as chunks:
+                async for chunk in chunks:
+                    assembler.add(chunk)
+        finally:
+            if assembler.started or assembler.done:
+                self.messages.append(assembler.message())
+        return assembler.message()
+
+    async def _stream_reply(self, tools: Sequence[ToolSpec] | None) -> AsyncGenerator[Chunk, None]:
+        assembler = TurnAssembler()
+        try:
+            async with aclosing(self.stream_turn(self.messages, tools)) as chunks:
+                async for chunk in chunks:
+                    assembler.add(chunk)
+                    yield chunk
+        finally:
+            if assembler.started or assembler.done:
+                self.messages.append(assembler.message())
