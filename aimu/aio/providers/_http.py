@@ -27,7 +27,7 @@ import httpx
 from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
 from aimu.aio.providers._retry import Retry, retry_after
-from aimu.aio.providers._wire import WireEncoder
+from aimu.aio.providers._wire import WireEncoder, dumps
 from aimu.aio.providers.base import Chunk, ModelClient
 from aimu.aio.transcript import Message, ToolSpec
 
@@ -330,6 +330,17 @@ class HTTPModelClient(ModelClient):
     @abc.abstractmethod
     def decoder(self, reporter: Reporter) -> TurnDecoder:
         """A fresh reader for one reply."""
+
+    def compose(
+        self,
+        settings: dict[str, Any],
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+    ) -> bytes:
+        """The body: ``settings`` with the transcript's cached wire form and the tools."""
+        head = dumps(settings)[:-1]  # the object left open for the transcript
+        tail = b',"tools":' + self._wire.tools(tools) + b"}" if tools else b"}"
+        return head + b',"messages":' + self._wire.messages(messages) + tail
 
     def status_hint(self, status: int) -> str:
         """What to check after an HTTP error status (``"; ..."``), or ``""``."""

@@ -13,7 +13,7 @@ from typing import Any
 from aimu.aio.providers.base import Chunk, TextDelta, ThinkingDelta
 
 __all__ = [
-    "REPLACEMENT", "SurrogateJoiner", "clean", "clean_json", "flushed", "has_surrogate"
+    "REPLACEMENT", "SurrogateJoiner", "TurnText", "clean", "clean_json", "has_surrogate"
 ]
 
 REPLACEMENT = "\ufffd"
@@ -69,11 +69,34 @@ class SurrogateJoiner:
         return REPLACEMENT if held else ""
 
 
-def flushed(thinking: SurrogateJoiner, text: SurrogateJoiner) -> list[Chunk]:
-    """The chunks a turn's joiners still hold at its end (U+FFFD for a lone half)."""
-    chunks: list[Chunk] = []
-    if thinking.flush():
-        chunks.append(ThinkingDelta(REPLACEMENT))
-    if text.flush():
-        chunks.append(TextDelta(REPLACEMENT))
-    return chunks
+
+class TurnText:
+    """The two text channels of one streamed reply, thinking and text, each cleaned."""
+
+    __slots__ = ("text", "thinking")
+
+    def __init__(self) -> None:
+        self.thinking = SurrogateJoiner()
+        self.text = SurrogateJoiner()
+
+    def chunks(self, thinking: object, text: object) -> list[Chunk]:
+        """The chunks for a piece of ``thinking`` and ``text`` (either may be absent)."""
+        chunks: list[Chunk] = []
+        if isinstance(thinking, str) and thinking:
+            thinking = self.thinking.feed(thinking)
+            if thinking:
+                chunks.append(ThinkingDelta(thinking))
+        if isinstance(text, str) and text:
+            text = self.text.feed(text)
+            if text:
+                chunks.append(TextDelta(text))
+        return chunks
+
+    def flush(self) -> list[Chunk]:
+        """The chunks still held at the turn's end (U+FFFD for a lone half)."""
+        chunks: list[Chunk] = []
+        if self.thinking.flush():
+            chunks.append(ThinkingDelta(REPLACEMENT))
+        if self.text.flush():
+            chunks.append(TextDelta(REPLACEMENT))
+        return chunks

@@ -23,9 +23,9 @@ from aimu.aio.providers._http import (
     call_id,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
-from aimu.aio.providers._unicode import SurrogateJoiner, clean, clean_json, flushed
-from aimu.aio.providers._wire import decode_arguments, dumps
-from aimu.aio.providers.base import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
+from aimu.aio.providers._unicode import TurnText, clean, clean_json
+from aimu.aio.providers._wire import decode_arguments
+from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
@@ -145,9 +145,7 @@ class OllamaClient(HTTPModelClient):
             settings["think"] = self.think
         if self.keep_alive is not None:
             settings["keep_alive"] = self.keep_alive
-        head = dumps(settings)[:-1]  # the object left open for the transcript
-        tail = b',"tools":' + self._wire.tools(tools) + b"}" if tools else b"}"
-        return head + b',"messages":' + self._wire.messages(messages) + tail
+        return self.compose(settings, messages, tools)
 
     def status_hint(self, status: int) -> str:
         if status == 404:
@@ -161,12 +159,11 @@ class OllamaClient(HTTPModelClient):
 class _OllamaTurn(TurnDecoder):
     """One reply of ``/api/chat``: NDJSON lines, the last with ``done: true``."""
 
-    __slots__ = ("reporter", "text", "thinking")
+    __slots__ = ("reporter", "text")
 
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
-        self.text = SurrogateJoiner()
-        self.thinking = SurrogateJoiner()
+        self.text = TurnText()
 
     def line(self, line: bytes) -> list[Chunk]:
         if not line.strip():
@@ -195,16 +192,7 @@ class _OllamaTurn(TurnDecoder):
         chunks: list[Chunk] = []
         message = part.get("message")
         if isinstance(message, dict):
-            thinking = message.get("thinking")
-            if isinstance(thinking, str) and thinking:
-                thinking = self.thinking.feed(thinking)
-                if thinking:
-                    chunks.append(ThinkingDelta(thinking))
-            content = message.get("content")
-            if isinstance(content, str) and content:
-                content = self.text.feed(content)
-                if content:
-                    chunks.append(TextDelta(content))
+            chunks = self.text.chunks(message.get("thinking"), message.get("content"))
             calls = message.get("tool_calls")
             if isinstance(calls, list):
                 chunks.extend(self._call(call, position) for position, call in enumerate(calls))
@@ -215,7 +203,7 @@ class _OllamaTurn(TurnDecoder):
             )
         if part.get("done") is True:
             self.finished = True
-            chunks.extend(flushed(self.thinking, self.text))
+            chunks.extend(self.text.flush())
             usage: Usage = {
                 "input_tokens": _count(part.get("prompt_eval_count")),
                 "output_tokens": _count(part.get("eval_count")),

@@ -25,9 +25,9 @@ from aimu.aio.providers._http import (
     display_url,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
-from aimu.aio.providers._unicode import SurrogateJoiner, clean, flushed
-from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text
-from aimu.aio.providers.base import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone
+from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._wire import decode_arguments, dumps_text
+from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "SSEParser", "to_wire"]
@@ -164,9 +164,7 @@ class OpenAIClient(HTTPModelClient):
         settings: dict[str, Any] = {**self.options, "model": self.model, "stream": stream}
         if stream:
             settings.setdefault("stream_options", {"include_usage": True})
-        head = dumps(settings)[:-1]  # the object left open for the transcript
-        tail = b',"tools":' + self._wire.tools(tools) + b"}" if tools else b"}"
-        return head + b',"messages":' + self._wire.messages(messages) + tail
+        return self.compose(settings, messages, tools)
 
     def status_hint(self, status: int) -> str:
         if status in (401, 403):
@@ -191,7 +189,7 @@ class _PendingCall:
 class _OpenAITurn(TurnDecoder):
     """One reply: SSE events (tool calls by index, finish reason, usage) or one body."""
 
-    __slots__ = ("calls", "finish", "parser", "reporter", "text", "thinking", "usage")
+    __slots__ = ("calls", "finish", "parser", "reporter", "text", "usage")
 
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
@@ -199,8 +197,7 @@ class _OpenAITurn(TurnDecoder):
         self.calls: dict[int, _PendingCall] = {}
         self.finish: str | None = None
         self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
-        self.text = SurrogateJoiner()
-        self.thinking = SurrogateJoiner()
+        self.text = TurnText()
 
     # -- streamed -------------------------------------------------------------------
 
@@ -243,7 +240,7 @@ class _OpenAITurn(TurnDecoder):
 
     def _done(self) -> list[Chunk]:
         chunks = self._take_calls()
-        chunks.extend(flushed(self.thinking, self.text))
+        chunks.extend(self.text.flush())
         chunks.append(TurnDone(self.usage, self.finish))
         self.finished = True
         return chunks
@@ -298,7 +295,7 @@ class _OpenAITurn(TurnDecoder):
         finish = choice.get("finish_reason")
         if not isinstance(finish, str):
             raise self.reporter.protocol("sent a reply that did not finish (no finish_reason)")
-        chunks.extend(flushed(self.thinking, self.text))
+        chunks.extend(self.text.flush())
         chunks.append(TurnDone(_usage(reply.get("usage")), finish))
         self.finished = True
         return chunks
@@ -306,20 +303,9 @@ class _OpenAITurn(TurnDecoder):
     # -- shared -----------------------------------------------------------------------
 
     def _text(self, message: Mapping[str, Any]) -> list[Chunk]:
-        """The thinking and text of a reply message or a stream delta (servers name thinking
-        ``reasoning_content`` or ``reasoning``)."""
-        chunks: list[Chunk] = []
+        # Servers name thinking ``reasoning_content`` or ``reasoning``.
         thinking = message.get("reasoning_content") or message.get("reasoning")
-        if isinstance(thinking, str) and thinking:
-            thinking = self.thinking.feed(thinking)
-            if thinking:
-                chunks.append(ThinkingDelta(thinking))
-        content = message.get("content")
-        if isinstance(content, str) and content:
-            content = self.text.feed(content)
-            if content:
-                chunks.append(TextDelta(content))
-        return chunks
+        return self.text.chunks(thinking, message.get("content"))
 
 
 def _complete(pending: Iterable[_PendingCall]) -> list[ToolCallDelta]:
