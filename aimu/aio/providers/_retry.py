@@ -105,7 +105,7 @@ class Retry:
             if scope.deadline is not None and end >= scope.deadline:
                 return False
         error = str(failure)
-        log.warning(
+        log.info(
             "model request to %s failed (%s); retry %d of %d in %.2fs",
             reporter.host, error, attempt, self.retries, delay,
         )
