@@ -230,7 +230,8 @@ class Assistant:
 
     Feed it lines with :meth:`submit` (or let :meth:`serve` read stdin); ``/stop`` and
     ``/interrupt`` act on the running turn at once, everything else runs in order.
-    Building one opens ``session`` for writing (``SessionLockedError`` if it is open).
+    :meth:`open` (or :meth:`serve`) opens ``session`` for writing
+    (``SessionLockedError`` if it is open elsewhere).
     """
 
     def __init__(
@@ -281,6 +282,10 @@ class Assistant:
             store=self._store,
             session=session,
         )
+
+    async def open(self) -> None:
+        """Open the current session for writing and load it; ``serve()`` does it first."""
+        await self._agent.open()
 
     @property
     def agent(self) -> Agent:
@@ -490,6 +495,7 @@ class Assistant:
         """
         if self._serving:
             raise RuntimeError("this Assistant is already serving")
+        await self.open()
         self._serving = True
         loop = asyncio.get_running_loop()
         if stdin:
@@ -604,7 +610,7 @@ class Assistant:
         elif command == "/history":
             self._history()
         elif command == "/sessions":
-            self._sessions()
+            await self._sessions()
         elif command == "/new":
             await self._new(rest.strip() or None)
         elif command == "/help":
@@ -688,8 +694,8 @@ class Assistant:
         for index, message in enumerate(messages, 1):
             self._line(f"{index:>3} {_describe(message)}")
 
-    def _sessions(self) -> None:
-        infos = self._store.sessions()
+    async def _sessions(self) -> None:
+        infos = await self._store.sessions()
         self._line(f"{len(infos)} stored sessions (* is this one):")
         for info in infos:
             mark = "*" if info.name == self.session else " "
@@ -699,8 +705,8 @@ class Assistant:
                 f"{mark} {info.name}: {info.message_count} messages, {status}, updated {updated}"
             )
 
-    def _fresh_name(self) -> str:
-        taken = {info.name for info in self._store.sessions()}
+    async def _fresh_name(self) -> str:
+        taken = {info.name for info in await self._store.sessions()}
         base = time.strftime("chat-%Y%m%d-%H%M%S")
         name, serial = base, 1
         while name in taken or name == self.session:
@@ -709,13 +715,19 @@ class Assistant:
         return name
 
     async def _new(self, name: str | None) -> None:
-        name = name or self._fresh_name()
+        name = name or await self._fresh_name()
         if name == self.session:
             self._line(f"(already in session {name!r})")
             return
         try:
             agent = self._open(name)
-        except (AimuError, ValueError) as error:
+        except ValueError as error:
+            self._error(_error_line(error))
+            return
+        try:
+            await agent.open()
+        except AimuError as error:
+            await agent.aclose()
             self._error(_error_line(error))
             return
         previous, self._agent = self._agent, agent
@@ -784,12 +796,16 @@ async def run_chat(
             except AimuError as error:
                 return fail(error, 1)
             try:
+                try:
+                    await assistant.open()
+                except AimuError as error:
+                    return fail(error, 1)
                 sigint = threading.current_thread() is threading.main_thread()
                 return await assistant.serve(stdin=True, sigint=sigint)
             finally:
                 await assistant.aclose()
         finally:
-            store.close()
+            await store.aclose()
     finally:
         await client.aclose()
 

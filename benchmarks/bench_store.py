@@ -126,6 +126,31 @@ def _messages(count: int) -> list[Message]:
     return messages[:count]
 
 
+async def _append_samples(store: Store, message: Message, count: int) -> list[float]:
+    samples = []
+    async with store, await store.open_session("a") as writer:
+        for _ in range(count):
+            start = time.perf_counter()
+            await writer.append(message)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _load_samples(
+    store: Store, messages: list[Message], repeats: int
+) -> tuple[list[float], list[Message]]:
+    samples = []
+    async with store:
+        async with await store.open_session("big") as writer:
+            await writer.replace(messages)
+        for _ in range(repeats):
+            gc.collect()
+            start = time.perf_counter()
+            loaded = await store.load("big")
+            samples.append(time.perf_counter() - start)
+    return samples, loaded
+
+
 def bench_append(directory: Path, count: int = 2000) -> None:
     print(f"\none append from the loop thread, median over {count}")
     message: Message = {"role": "user", "content": "x" * 200}
@@ -134,12 +159,7 @@ def bench_append(directory: Path, count: int = 2000) -> None:
         ("JSONLStore (background fsync)", JSONLStore(directory / "append")),
         ("JSONLStore (fsync=False)", JSONLStore(directory / "append-nofsync", fsync=False)),
     ):
-        with store, store.open_session("a") as writer:
-            samples = []
-            for _ in range(count):
-                start = time.perf_counter()
-                writer.append(message)
-                samples.append(time.perf_counter() - start)
+        samples = asyncio.run(_append_samples(store, message, count))
         print(f"  {label:<42} {statistics.median(samples) * 1e6:8.1f} us")
     # The floor under SQLiteStore.append: one autocommit INSERT on a bare connection with
     # the same settings, so the per-round overhead above can be read against it.
@@ -182,19 +202,11 @@ def bench_load(directory: Path, repeats: int, count: int = 10_000) -> None:
         ("SQLiteStore", SQLiteStore(directory / "load.db")),
         ("JSONLStore", JSONLStore(directory / "load")),
     ):
-        with store:
-            with store.open_session("big") as writer:
-                writer.replace(messages)
-            samples = []
-            for _ in range(repeats):
-                gc.collect()
-                start = time.perf_counter()
-                loaded = store.load("big")
-                samples.append(time.perf_counter() - start)
-            assert loaded == messages
-            start = time.perf_counter()
-            validate(loaded)
-            validation = time.perf_counter() - start
+        samples, loaded = asyncio.run(_load_samples(store, messages, repeats))
+        assert loaded == messages
+        start = time.perf_counter()
+        validate(loaded)
+        validation = time.perf_counter() - start
         print(
             f"  {label:<42} {statistics.median(samples) * 1e3:8.1f} ms"
             f"   (of which validate() {validation * 1e3:.1f} ms)"

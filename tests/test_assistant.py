@@ -139,8 +139,9 @@ class Screen:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    with SQLiteStore(tmp_path / "sessions.db") as opened:
-        yield opened
+    opened = SQLiteStore(tmp_path / "sessions.db")
+    yield opened
+    opened.close()
 
 
 @pytest.fixture
@@ -188,7 +189,7 @@ async def test_stop_cancels_the_running_turn_keeps_queued_input_and_the_partial_
         {"role": "user", "content": "long story"},
         {"role": "assistant", "content": stopped["content"]},
     ]
-    assert store.load("s") == transcript
+    assert await store.load("s") == transcript
     model = screen.assistant.agent.model_client
     assert isinstance(model, ScriptedModel) and model.open_streams == 0
     assert await screen.finish() == 0
@@ -304,7 +305,7 @@ async def test_new_session_sessions_and_switching_back(
     screen.send("/new bad/name")
     await screen.expect("error: invalid session name 'bad/name'")
     assert await screen.finish() == 0
-    assert {info.name for info in store.sessions()} == {"s", "other"}
+    assert {info.name for info in await store.sessions()} == {"s", "other"}
 
 
 async def test_quit_ends_after_the_running_turn(screen: Screen) -> None:
@@ -406,11 +407,14 @@ async def test_serve_returns_1_when_the_last_turn_failed(store: SQLiteStore) -> 
 async def test_a_locked_session_cannot_be_served_twice(store: SQLiteStore) -> None:
     model = ScriptedModel(chat_script)
     first = Assistant(model, store, session="shared", tools=())
+    second = Assistant(model, store, session="shared", tools=())
     try:
+        await first.open()
         with pytest.raises(Exception, match="already open for writing"):
-            Assistant(model, store, session="shared", tools=())
+            await second.open()
     finally:
         await first.aclose()
+        await second.aclose()
 
 
 async def test_a_store_error_in_a_command_prints_one_line_and_the_loop_keeps_serving(
@@ -462,7 +466,7 @@ async def test_stop_landing_at_every_await_leaves_a_valid_session_that_keeps_ser
         screen.send("/stop", "after")
         await screen.expect("after answered\n")
         assert await screen.finish() == 0
-        transcript = store.load(session)
+        transcript = await store.load(session)
         validate(transcript)
         assert transcript[-2:] == [
             {"role": "user", "content": "after"},
@@ -657,7 +661,7 @@ async def test_cancelling_serve_mid_turn_stops_the_turn_keeps_it_and_propagates(
     with pytest.raises(asyncio.CancelledError):
         await screen.task
     assert not screen.assistant.running
-    stored = store.load("s")
+    stored = await store.load("s")
     validate(stored)
     assert stored[-1]["role"] == "assistant" and stored[-1].get("aimu_partial") is True
     model = screen.assistant.agent.model_client

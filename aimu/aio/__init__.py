@@ -36,7 +36,14 @@ if TYPE_CHECKING:
     )
     from aimu.aio.run_handle import RunHandle, on_sigint
     from aimu.aio.scope import RunScope, current_scope
-    from aimu.aio.store import JSONLStore, SQLiteStore, Store
+    from aimu.aio.store import (
+        JSONLStore,
+        SessionInfo,
+        SessionWriter,
+        SQLiteStore,
+        Store,
+        ToolStart,
+    )
     from aimu.aio.tools import Tool, ToolContext, tool
     from aimu.aio.transcript import Message, ToolCall
     from aimu.aio.workflows import Chain, EvaluatorOptimizer, Parallel, Router
@@ -62,7 +69,9 @@ __all__ = [
     "RunScope",
     "RunStarted",
     "SQLiteStore",
+    "SessionInfo",
     "SessionLockedError",
+    "SessionWriter",
     "StepFinished",
     "Store",
     "StoreError",
@@ -75,6 +84,7 @@ __all__ = [
     "ToolContext",
     "ToolDefinitionError",
     "ToolResult",
+    "ToolStart",
     "TranscriptError",
     "client",
     "current_scope",
@@ -93,6 +103,9 @@ _WHERE = {
     "JSONLStore": "store",
     "SQLiteStore": "store",
     "Store": "store",
+    "SessionInfo": "store",
+    "SessionWriter": "store",
+    "ToolStart": "store",
     "Tool": "tools",
     "ToolContext": "tools",
     "tool": "tools",

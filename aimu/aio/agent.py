@@ -20,7 +20,7 @@ from types import CoroutineType, EllipsisType
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from aimu.aio.client import ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnAssembler
-from aimu.aio.errors import ModelProtocolError
+from aimu.aio.errors import ModelProtocolError, StoreError
 from aimu.aio.events import (
     Event,
     RunFinished,
@@ -33,6 +33,7 @@ from aimu.aio.events import (
     ToolResult,
 )
 from aimu.aio.scope import current_scope
+from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
 from aimu.aio.transcript import (
     Message,
@@ -81,7 +82,9 @@ class _Config:
 class _RunState:
     """The pieces of a run in flight that the settling ``finally`` must see."""
 
-    __slots__ = ("assembler", "closed", "closing", "contexts", "interrupt_asked", "usage")
+    __slots__ = (
+        "assembler", "closed", "closing", "contexts", "interrupt_asked", "store_error", "usage"
+    )
 
     def __init__(self, interrupt_asked: Callable[[], bool]) -> None:
         #: True once this agent or a scope around the run asked for an interrupt.
@@ -92,6 +95,8 @@ class _RunState:
         self.closed = False
         #: The consumer closed the stream (GeneratorExit came in at a yield).
         self.closing = False
+        #: A store write that failed while the run settled; the run then ends ``failed``.
+        self.store_error: StoreError | None = None
 
 
 class Agent:
@@ -99,7 +104,9 @@ class Agent:
 
     ``agent.start()`` makes another session of the same agent with its own transcript.
     With ``store`` and ``session`` every message is written durably as it is recorded,
-    and a new process building the same agent continues from the stored transcript.
+    and a new process building the same agent continues from the stored transcript: the
+    session is opened (its write lock taken, its transcript loaded) by :meth:`open`,
+    ``async with agent``, or the first run.
     """
 
     def __init__(
@@ -158,17 +165,15 @@ class Agent:
         self._store = store
         self._session = session
         self._writer: SessionWriter | None = None
+        #: Memory changed in a way the store has not seen (restore(), reset, the system
+        #: prompt): the stored transcript is rewritten from memory at the next store write.
+        self._store_stale = False
         self._run_active = False
         self._interrupt_requested = False
         #: How the last run on this session ended (None before the first).
         self.last_status: RunStatus | None = None
-        if store is not None and session is not None:
-            self._writer = store.open_session(session)
-            try:
-                self._load_stored()
-            except BaseException:
-                self._writer.close()
-                raise
+        if session is not None:
+            validate_session_name(session)
         self._place_system()
 
     # -- configuration -------------------------------------------------------------
@@ -224,15 +229,40 @@ class Agent:
             f"tools={[t.name for t in self.tools]}>"
         )
 
-    async def aclose(self) -> None:
-        """Release the store session and, for the agent that was given it, the client."""
-        if self._writer is not None:
-            self._writer.close()
+    async def open(self) -> None:
+        """Open the store session now: take its write lock and load its transcript.
+
+        ``SessionLockedError`` if another writer holds it. The first run does this
+        itself; without a store this does nothing. Idempotent.
+        """
+        if self._store is None or self._session is None or self._writer is not None:
+            return
+        writer = self._writer = await self._store.open_session(self._session)
+        try:
+            await self._load_stored(writer)
+        except BaseException:
             self._writer = None
-        if self._owns_client:
-            await self.model_client.aclose()
+            await writer.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Release the store session and, for the agent that was given it, the client.
+
+        A transcript given to :meth:`restore` since the last run is stored first.
+        """
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                try:
+                    await self._sync_store(writer)
+                finally:
+                    await writer.aclose()
+        finally:
+            if self._owns_client:
+                await self.model_client.aclose()
 
     async def __aenter__(self) -> Agent:
+        await self.open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -240,14 +270,19 @@ class Agent:
 
     # -- transcript ----------------------------------------------------------------
 
-    def _record(self, message: Message) -> None:
+    async def _record(self, message: Message) -> None:
         self.model_client.messages.append(message)
         if self._writer is not None:
-            self._writer.append(message)
+            if self._store_stale:
+                await self._sync_store(self._writer)
+            else:
+                await self._writer.append(message)
 
-    def _rewrite_store(self) -> None:
-        if self._writer is not None:
-            self._writer.replace(self.model_client.messages)
+    async def _sync_store(self, writer: SessionWriter) -> None:
+        """Rewrite the stored transcript from memory if memory changed behind its back."""
+        if self._store_stale:
+            await writer.replace(self.model_client.messages)
+            self._store_stale = False
 
     def _place_system(self) -> None:
         """Keep the system prompt present exactly once, first."""
@@ -259,27 +294,25 @@ class Agent:
             if messages[0]["content"] == system:
                 return
             messages[0] = {"role": "system", "content": system}
-            self._rewrite_store()
-        elif messages:
-            messages.insert(0, {"role": "system", "content": system})
-            self._rewrite_store()
         else:
-            self._record({"role": "system", "content": system})
+            messages.insert(0, {"role": "system", "content": system})
+        if self._writer is not None:
+            self._store_stale = True
 
-    def _load_stored(self) -> None:
-        assert self._writer is not None
-        stored = self._writer.load()
+    async def _load_stored(self, writer: SessionWriter) -> None:
+        """Take the stored transcript into memory (a restore() before this one wins)."""
         messages = self.model_client.messages
-        if not stored:
-            if messages:
-                validate(messages)
-                self._writer.replace(messages)
-            return
-        validate(stored)
-        settled = copy_messages(stored)
-        if settle(settled):
-            self._writer.replace(settled)
-        messages[:] = settled
+        stored = [] if self._store_stale else await writer.load()
+        if stored:
+            validate(stored)
+            settled = copy_messages(stored)
+            self._store_stale = bool(settle(settled))
+            messages[:] = settled
+        elif messages:
+            validate(messages)
+            self._store_stale = True
+        self._place_system()
+        await self._sync_store(writer)
 
     def restore(self, messages: Sequence[Message]) -> None:
         """Load ``messages`` as this session's transcript, validating them first.
@@ -299,7 +332,7 @@ class Agent:
         elif system is not None:
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
-        self._rewrite_store()
+        self._store_stale = True
 
     # -- stopping ------------------------------------------------------------------
 
@@ -361,8 +394,8 @@ class Agent:
         a finished answer this returns that answer without calling the model.
         """
         self._check_idle()
-        if not any(m["role"] == "user" for m in self.model_client.messages):
-            raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
+        if self._store is None or self._writer is not None:
+            self._check_resumable()  # else once the first run has loaded the session
         events = self._loop(None, reset=False)
         return events if stream else self._drain(events)
 
@@ -371,6 +404,10 @@ class Agent:
         # A RunHandle names itself after its coroutine: make that the agent's name.
         coroutine.__qualname__ = coroutine.__name__ = self._config.name
         return coroutine
+
+    def _check_resumable(self) -> None:
+        if not any(m["role"] == "user" for m in self.model_client.messages):
+            raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
 
     def _check_idle(self) -> None:
         if self._run_active:
@@ -420,14 +457,19 @@ class Agent:
         reply = ""
         failure: BaseException | None = None
         try:
+            await self.open()
             if reset:
                 messages.clear()
-                self._rewrite_store()
+                self._store_stale = True
             self._place_system()
-            if task is not None:
-                self._record({"role": "user", "content": task})
             if self._writer is not None:
-                self._writer.set_status("in_progress")
+                await self._sync_store(self._writer)
+            if task is None:
+                self._check_resumable()
+            else:
+                await self._record({"role": "user", "content": task})
+            if self._writer is not None:
+                await self._writer.set_status("in_progress")
             event: Event = RunStarted(name, task)
             if emit is not None:
                 emit(event)
@@ -446,7 +488,7 @@ class Agent:
                 if final_turn and not (
                     messages[-1]["role"] == "user" and messages[-1]["content"] == FINAL_TURN_PROMPT
                 ):
-                    self._record({"role": "user", "content": FINAL_TURN_PROMPT})
+                    await self._record({"role": "user", "content": FINAL_TURN_PROMPT})
                 assembler = state.assembler = TurnAssembler()
                 argument_errors: dict[str, str] = {}
                 turn = client.stream_turn(messages, None if final_turn else config.specs)
@@ -478,7 +520,7 @@ class Agent:
                     )
                 state.assembler = None
                 message = assembler.message()
-                self._record(message)
+                await self._record(message)
                 add_usage(state.usage, assembler.usage)
                 rounds += 1
                 calls = message.get("tool_calls")
@@ -488,7 +530,7 @@ class Agent:
                     break
                 if final_turn:
                     for call in calls:
-                        self._record(_result(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
+                        await self._record(_result(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
                     status, reply = "max_rounds", message["content"]
                     break
                 async with aclosing(
@@ -512,7 +554,7 @@ class Agent:
             if closed or state.closing:
                 # The consumer stopped iterating (or a cleanup await then raised a cancel
                 # pending on the task in its place): settle, tell the scope, never yield.
-                reply = self._settle(state, status, reply)
+                reply = await self._settle(state, status, reply)
                 if emit is not None:
                     error = None if closed else _describe(exc)
                     emit(RunFinished(name, status, reply, state.usage, error))
@@ -520,7 +562,9 @@ class Agent:
             failure = exc
         finally:
             if not state.closed:
-                reply = self._settle(state, status, reply)
+                reply = await self._settle(state, status, reply)
+        if state.store_error is not None and failure is None:
+            status, failure = "failed", state.store_error
         final = RunFinished(
             name,
             status,
@@ -591,33 +635,43 @@ class Agent:
             outcome = await invoke(self._config.tools_by_name, call, context)
         result = _result(call, outcome)
         if not state.closed:
-            self._record(result)
+            await self._record(result)
         return ToolResult(
             self._config.name, call["id"], result["name"], outcome.content, outcome.is_error
         )
 
-    def _settle(self, state: _RunState, status: RunStatus, reply: str) -> str:
-        """Leave a valid transcript however the run ended; return the reply to report."""
+    async def _settle(self, state: _RunState, status: RunStatus, reply: str) -> str:
+        """Leave a valid transcript however the run ended; return the reply to report.
+
+        Memory is settled first; a store that fails now is kept in ``state.store_error``
+        (the run ends ``failed``, its transcript in memory and restorable).
+        """
         state.closed = True
         messages = self.model_client.messages
         for context in state.contexts:
             context.mark_cancelled()
+        unstored: list[Message] = []
         assembler = state.assembler
         if assembler is not None and assembler.started:
-            self._record(assembler.message())
+            unstored.append(assembler.message())
+            messages.append(unstored[-1])
             reply = reply or assembler.text
         if status in ("cancelled", "failed"):
             last_assistant = len(messages) - 1
             while last_assistant > 0 and messages[last_assistant]["role"] == "tool":
                 last_assistant -= 1
-            for result in settle(messages, start=max(last_assistant, 0)):
-                if self._writer is not None:
-                    self._writer.append(result)
-        if self._writer is not None:
-            self._writer.set_status(status)
-        self.last_status = status
-        self._interrupt_requested = False
-        self._run_active = False
+            unstored.extend(settle(messages, start=max(last_assistant, 0)))
+        try:
+            if self._writer is not None:
+                for message in unstored:
+                    await self._writer.append(message)
+                await self._writer.set_status(status)
+        except StoreError as error:
+            state.store_error = error
+        finally:
+            self.last_status = status
+            self._interrupt_requested = False
+            self._run_active = False
         return reply
 
 

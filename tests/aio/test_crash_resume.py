@@ -1,7 +1,8 @@
 """Crash loop: kill -9 an agent run at random moments, resume it in a new process, lose nothing.
 
 A child process runs an agent with tool rounds on a stored session, against the
-loopback server (OpenAI protocol with SQLiteStore, Ollama with JSONLStore), and prints one
+loopback server (OpenAI protocol with SQLiteStore and PostgresStore, Ollama with
+JSONLStore), and prints one
 acknowledgement line per recorded message (from the run's events, which come after the
 message is recorded). The test SIGKILLs it 50 times at seeded random moments (during
 start-up and loading, mid-stream, mid-tool, between writes) and starts a new child on the
@@ -12,6 +13,7 @@ at the end it holds each task once, each step once, and every final answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -21,16 +23,16 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aimu.aio.store import JSONLStore, SQLiteStore, Store
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
+from tests.aio.store_backends import KINDS, Backend, backend
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = 3
@@ -40,13 +42,13 @@ SESSION = "crash"
 
 CHILD = """
 import asyncio, json, sys
+from aimu import aio
 from aimu.aio.agent import Agent
 from aimu.aio.client import client
 from aimu.aio.events import RunFinished, RunStarted, ToolCallStarted, ToolResult
-from aimu.aio.store import JSONLStore, SQLiteStore
 
-KIND, LOCATION, PROTOCOL, URL = sys.argv[1:5]
-TASKS, ROUNDS = int(sys.argv[5]), int(sys.argv[6])
+SPEC, PROTOCOL, URL = sys.argv[1:4]
+TASKS, ROUNDS = int(sys.argv[4]), int(sys.argv[5])
 
 
 def ack(*fields):
@@ -72,7 +74,7 @@ async def consume(events):
 
 
 async def main():
-    store = SQLiteStore(LOCATION) if KIND == "sqlite" else JSONLStore(LOCATION)
+    store = eval(SPEC, {"aio": aio})
     if PROTOCOL == "openai":
         model = client("openai:crash", base_url=URL, api_key="unused")
     else:
@@ -89,7 +91,7 @@ async def main():
             for index in range(len(tasks), TASKS):
                 await consume(agent.run(f"task {index}", stream=True))
     finally:
-        store.close()
+        await store.aclose()
     ack("all done")
 
 
@@ -113,11 +115,10 @@ def model_turn(request: Mapping[str, Any]) -> Turn:
 class Child:
     """A child run whose acknowledgement lines are read without ever blocking for long."""
 
-    def __init__(self, kind: str, location: Path, protocol: str, url: str) -> None:
-        self._stderr = (location.parent / "child-stderr.txt").open("w+b")
+    def __init__(self, where: Backend, scratch: Path, protocol: str, url: str) -> None:
+        self._stderr = (scratch / "child-stderr.txt").open("w+b")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", CHILD, kind, str(location), protocol, url, str(TASKS),
-             str(ROUNDS)],
+            [sys.executable, "-c", CHILD, where.spec, protocol, url, str(TASKS), str(ROUNDS)],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             cwd=ROOT,
@@ -167,10 +168,6 @@ class Child:
         self._stderr.close()
 
 
-def _open(kind: str, location: Path) -> Store:
-    return SQLiteStore(location) if kind == "sqlite" else JSONLStore(location)
-
-
 def _check_acknowledged(transcript: list[Message], acks: list[list[Any]]) -> None:
     """Every acknowledged message is in the transcript, exactly as acknowledged."""
     users = {m["content"] for m in transcript if m["role"] == "user"}
@@ -205,14 +202,22 @@ def _check_acknowledged(transcript: list[Message], acks: list[list[Any]]) -> Non
             assert kind == "all done", ack
 
 
-def _load(store: Store) -> tuple[list[Message], int]:
-    """The stored transcript, and how many torn-record warnings loading it gave."""
+def _load(where: Backend) -> tuple[list[Message], int, Any]:
+    """The stored transcript, how many torn-record warnings loading it gave, its info."""
+
+    async def read() -> tuple[list[Message], Any]:
+        store = where.make()
+        try:
+            return await store.load(SESSION), await store.info(SESSION)
+        finally:
+            await store.aclose()
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        transcript = store.load(SESSION)
+        transcript, info = asyncio.run(read())
     torn = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(torn) == len(caught), [str(w.message) for w in caught]
-    return transcript, len(torn)
+    return transcript, len(torn), info
 
 
 def _check_final(transcript: list[Message]) -> None:
@@ -246,7 +251,7 @@ def _ended_mid_run(transcript: list[Message]) -> bool:
     return last["role"] != "assistant" or "tool_calls" in last
 
 
-@pytest.fixture(params=["sqlite", "jsonl"])
+@pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -255,31 +260,29 @@ def kind(request: pytest.FixtureRequest) -> str:
 def server(kind: str) -> Iterator[tuple[str, str]]:
     """The loopback server, and how a child reaches it (OpenAI for SQLite, Ollama for JSONL)."""
     with LoopbackServer.in_thread(model_turn) as running:
-        if kind == "sqlite":
+        if kind != "jsonl":
             yield "openai", running.openai_base_url
         else:
             yield "ollama", running.url
 
 
 @pytest.fixture
-def reader(kind: str, tmp_path: Path) -> Iterator[tuple[Store, Path]]:
-    location = tmp_path / ("crash.db" if kind == "sqlite" else "crash")
-    store = _open(kind, location)
-    yield store, location
-    store.close()
+async def where(kind: str, tmp_path: Path) -> AsyncIterator[Backend]:
+    async with backend(kind, tmp_path) as location:
+        yield location
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_loses_nothing(
-    kind: str, reader: tuple[Store, Path], server: tuple[str, str]
+    kind: str, where: Backend, tmp_path: Path, server: tuple[str, str]
 ) -> None:
-    store, location = reader
     protocol, url = server
     rng = random.Random(f"crash-resume-{kind}")
     acks: list[list[Any]] = []
     mid_run_kills = 0
     torn_records = 0
     for _ in range(KILLS):
-        child = Child(kind, location, protocol, url)
+        child = Child(where, tmp_path, protocol, url)
         try:
             if rng.random() < 0.25:
                 # Anywhere from start-up through loading, settling and the first steps.
@@ -300,14 +303,14 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(
                 child.finish()
         assert child.process.returncode == -signal.SIGKILL
         acks.extend(child.lines)
-        transcript, torn = _load(store)
+        transcript, torn, _ = _load(where)
         torn_records += torn
         validate(transcript)  # dangling calls are allowed here; the next load settles them
         _check_acknowledged(transcript, acks)
         if _ended_mid_run(transcript):
             mid_run_kills += 1
 
-    final = Child(kind, location, protocol, url)
+    final = Child(where, tmp_path, protocol, url)
     final.finish()
     assert final.process.returncode == 0, final.stderr[-3000:]
     assert final.lines[-1] == ["all done"]
@@ -316,10 +319,9 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(
     assert finished[-1] == ["finished", "completed", last_answer]
     acks.extend(final.lines)
 
-    transcript, _ = _load(store)
+    transcript, _, info = _load(where)
     _check_final(transcript)
     _check_acknowledged(transcript, acks)
-    info = store.info(SESSION)
     assert info is not None
     assert (info.status, info.message_count) == ("completed", len(transcript))
     # The kills landed mid-run (not only between tasks), so resume and settle were exercised.

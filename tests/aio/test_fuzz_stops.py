@@ -435,8 +435,8 @@ async def run_trial(t: Trial) -> None:
                         "cancelled": "cancelled", "timed_out": "cancelled", "failed": "failed"}
             assert agent.last_status == expected[handle.status]
         if store is not None:
-            assert store.load("fuzz") == agent.model_client.messages
-            info = store.info("fuzz")
+            assert await store.load("fuzz") == agent.model_client.messages
+            info = await store.info("fuzz")
             assert info is not None and info.status == agent.last_status
 
         # The server saw every stream end: finished, or abandoned by the client.
@@ -458,6 +458,7 @@ async def run_trial(t: Trial) -> None:
             # A new process with the same store and session continues from the same place.
             await agent.aclose()
             again = aio.Agent(ScriptedModel([]), store=store, session="fuzz", **options)
+            await again.open()
             assert again.model_client.messages == snapshot[0]
             await again.aclose()
     finally:

@@ -620,7 +620,10 @@ def test_an_interrupted_run_resumes_in_a_new_process(
     assert [m["content"] for m in transcript if m["role"] == "user"] == [
         "Research this topic thoroughly."
     ]
-    with aio.SQLiteStore(store) as reopened:
-        assert reopened.load("research") == transcript
-        info = reopened.info("research")
-        assert info is not None and info.status == "completed"
+    async def stored() -> tuple[list[aio.Message], Any]:
+        async with aio.SQLiteStore(store) as reopened:
+            return await reopened.load("research"), await reopened.info("research")
+
+    loaded, info = asyncio.run(stored())
+    assert loaded == transcript
+    assert info is not None and info.status == "completed"

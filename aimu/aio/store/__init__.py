@@ -1,23 +1,33 @@
 """Durable sessions: every message stored the moment it is recorded.
 
-A :class:`Store` holds named sessions, each a transcript plus metadata; a
-:class:`SessionWriter` from :meth:`Store.open_session` holds the session's write lock;
-reading is always allowed. :class:`SQLiteStore` (the default: one file, stdlib
-``sqlite3`` in WAL mode) and :class:`JSONLStore` (a directory of append-only
-``<session>.jsonl`` files) serve one machine. A torn last record (the process died
-mid-write) is ignored on load with a ``RuntimeWarning`` and repaired by the next writer;
-corruption before it is a :class:`~aimu.aio.errors.StoreFormatError` naming the place.
+A :class:`Store` holds named sessions, each a transcript plus metadata, a tool journal
+and a JSON state; a :class:`SessionWriter` from :meth:`Store.open_session` holds the
+session's write lock; reading is always allowed. Every method is a coroutine.
+:class:`SQLiteStore` (the default: one file, stdlib ``sqlite3`` in WAL mode) and
+:class:`JSONLStore` (a directory of append-only ``<session>.jsonl`` files) serve one
+machine; :class:`PostgresStore` (extra ``aimu[postgres]``) serves many hosts. A torn
+last record (the process died mid-write) is ignored on load with a ``RuntimeWarning``
+and repaired by the next writer; corruption before it is a
+:class:`~aimu.aio.errors.StoreFormatError` naming the place.
 """
 
-from aimu.aio.store._jsonl import JSONLStore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from aimu.aio.store._protocol import (
     SessionInfo,
     SessionStatus,
     SessionWriter,
     Store,
+    ToolStart,
     validate_session_name,
 )
-from aimu.aio.store._sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from aimu.aio.store._jsonl import JSONLStore
+    from aimu.aio.store._sqlite import SQLiteStore
 
 __all__ = [
     "JSONLStore",
@@ -26,5 +36,18 @@ __all__ = [
     "SessionStatus",
     "SessionWriter",
     "Store",
+    "ToolStart",
     "validate_session_name",
 ]
+
+# Backends import on first use, so the agent's import of the protocol stays light.
+_BACKENDS = {"JSONLStore": "_jsonl", "SQLiteStore": "_sqlite"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aimu.aio.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"aimu.aio.store.{module}"), name)
+    globals()[name] = value
+    return value

@@ -21,18 +21,22 @@ class WriterBase(abc.ABC):
         self._lock = lock
         self._label = f"{where} writer of {session!r}"
 
-    def __enter__(self) -> Self:
+    async def __aenter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
 
     def __repr__(self) -> str:
         return f"<{self._label}, {'open' if self._lock.held else 'closed'}>"
 
+    async def aclose(self) -> None:
+        """Release the write lock; idempotent."""
+        self.release()
+
     @abc.abstractmethod
-    def close(self) -> None:
-        ...
+    def release(self) -> None:
+        """Release the write lock now (the synchronous form of :meth:`aclose`)."""
 
     def _check_open(self, what: str) -> None:
         if not self._lock.held:
@@ -43,20 +47,24 @@ W = TypeVar("W", bound=WriterBase)
 
 
 class StoreBase(abc.ABC, Generic[W]):
-    """A store: use as a context manager; writers open under a session lock."""
+    """A store: ``async with`` it; writers open under a session lock."""
 
     _mutex: threading.RLock
     _writers: set[W]
 
-    def __enter__(self) -> Self:
+    async def __aenter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def aclose(self) -> None:
+        """Close every writer still open and release the store's resources; idempotent."""
         self.close()
 
     @abc.abstractmethod
     def close(self) -> None:
-        ...
+        """The synchronous form of :meth:`aclose`, for code that has no event loop."""
 
     def _add_writer(self, lock: SessionLock, make: Callable[[SessionLock], W]) -> W:
         """Build a writer holding ``lock`` (released if building fails); call under the mutex."""

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
-from aimu.aio.errors import TranscriptError
+from aimu.aio.errors import StoreFormatError, TranscriptError
 from aimu.aio.transcript import Message
 
-__all__ = ["encode", "first_bad", "parse_array", "warn_torn"]
+__all__ = [
+    "decode_state",
+    "encode",
+    "encode_state",
+    "encode_value",
+    "first_bad",
+    "parse_array",
+    "warn_torn",
+]
 
 # The compact form of transcript.dumps, built once; NaN is refused, as validate() would
 # refuse it on load (a stored NaN would make the session unreadable).
@@ -63,3 +71,29 @@ def warn_torn(where: str, what: str) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+def encode_value(value: Any, what: str, session: str) -> str:
+    """Any JSON value as compact text; ``ValueError`` naming ``what`` and the session."""
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"session {session!r}: {what} cannot be stored as JSON: {error}") from None
+
+
+def encode_state(state: Mapping[str, Any], session: str) -> str:
+    """A session state (a JSON object) as text; ``ValueError`` if it is not one."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"session {session!r}: a state is a dict, got {type(state).__name__}")
+    return encode_value(dict(state), "the state", session)
+
+
+def decode_state(text: str | bytes, where: str) -> dict[str, Any]:
+    """A stored state; ``StoreFormatError`` naming ``where`` if it is not a JSON object."""
+    try:
+        state = json.loads(text)
+    except ValueError as error:
+        raise StoreFormatError(f"{where}: the stored state is corrupt ({error})") from None
+    if not isinstance(state, dict):
+        raise StoreFormatError(f"{where}: the stored state is not a JSON object")
+    return state

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
 from aimu.aio.errors import StoreError, StoreFormatError, TranscriptError
 from aimu.aio.store._base import StoreBase, WriterBase
-from aimu.aio.store._codec import encode, first_bad, parse_array, warn_torn
+from aimu.aio.store._codec import (
+    encode,
+    encode_state,
+    encode_value,
+    first_bad,
+    parse_array,
+    warn_torn,
+)
 from aimu.aio.store._files import fsync_dir, make_private_dirs, open_private
 from aimu.aio.store._fsync import DataFile, FileSyncer
 from aimu.aio.store._lock import SessionLock
@@ -22,6 +30,7 @@ from aimu.aio.store._protocol import (
     STATUSES,
     SessionInfo,
     SessionStatus,
+    ToolStart,
     check_status,
     validate_session_name,
 )
@@ -33,8 +42,25 @@ _META: Final = b'{"aimu_meta":'
 _JSONL_VERSION: Final = 1
 
 
+_ENCODE: Final = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _meta_line(**fields: object) -> bytes:
-    return json.dumps({"aimu_meta": fields}, separators=(",", ":")).encode() + b"\n"
+    return _ENCODE({"aimu_meta": fields}).encode() + b"\n"
+
+
+def _journal(meta: list[dict[str, Any]]) -> dict[str, ToolStart]:
+    """The tool journal in ``meta`` records, by call id (a restarted call moves last)."""
+    journal: dict[str, ToolStart] = {}
+    for record in meta:
+        start = record.get("tool_start")
+        if isinstance(start, dict) and isinstance(start.get("call_id"), str):
+            call_id = start["call_id"]
+            journal.pop(call_id, None)
+            journal[call_id] = ToolStart(
+                call_id, str(start.get("name")), start.get("arguments"), float(start.get("at", 0))
+            )
+    return journal
 
 
 @dataclass(slots=True)
@@ -164,10 +190,25 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
             warn_torn(str(path), scan.torn)
         return self._decode(path, scan), scan
 
-    def load(self, session: str) -> list[Message]:
+    async def load(self, session: str) -> list[Message]:
         return self._load(session, warn=True)[0]
 
-    def info(self, session: str) -> SessionInfo | None:
+    def _meta(self, session: str) -> list[dict[str, Any]]:
+        path = self._path(session)
+        data = self._read(path)
+        return [] if data is None else self._scan(path, data).meta
+
+    async def load_state(self, session: str) -> dict[str, Any]:
+        states = [r["state"] for r in self._meta(session) if isinstance(r.get("state"), dict)]
+        return states[-1] if states else {}
+
+    async def tool_starts(self, session: str) -> list[ToolStart]:
+        return list(_journal(self._meta(session)).values())
+
+    async def info(self, session: str) -> SessionInfo | None:
+        return self._info(session)
+
+    def _info(self, session: str) -> SessionInfo | None:
         path = self._path(session)
         try:
             stat = path.stat()
@@ -186,7 +227,7 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
                 status = record["status"]
         return SessionInfo(session, created, stat.st_mtime, len(scan.messages), status)
 
-    def sessions(self) -> list[SessionInfo]:
+    async def sessions(self) -> list[SessionInfo]:
         found: list[SessionInfo] = []
         for path in sorted(self.directory.glob("*.jsonl")):
             name = path.name[: -len(".jsonl")]
@@ -194,12 +235,12 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
                 validate_session_name(name)
             except ValueError:
                 continue
-            info = self.info(name)
+            info = self._info(name)
             if info is not None:
                 found.append(info)
         return found
 
-    def open_session(self, session: str) -> _JSONLWriter:
+    async def open_session(self, session: str) -> _JSONLWriter:
         path = self._path(session)
         with self._mutex:
             self._check_open(f"open session {session!r}")
@@ -208,7 +249,7 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
                 lambda lock: _JSONLWriter(self, session, path, lock),
             )
 
-    def delete(self, session: str) -> bool:
+    async def delete(self, session: str) -> bool:
         path = self._path(session)
         with self._mutex:
             self._check_open(f"delete session {session!r}")
@@ -229,7 +270,7 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
             if self._closed:
                 return
             for writer in list(self._writers):
-                writer.close(wait=False)
+                writer.release()
             self._closed = True
         if self._syncer is not None:
             self._syncer.stop()
@@ -247,6 +288,9 @@ class _JSONLWriter(WriterBase):
         self._count = 0
         self._created: float | None = None
         self._status: SessionStatus | None = None
+        # Kept to carry them over when replace() rewrites the file.
+        self._journal: dict[str, bytes] = {}
+        self._state: bytes | None = None
         self._temporary = path.with_name(path.name + ".tmp")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._temporary)  # left by a replace() that died half-way
@@ -260,6 +304,12 @@ class _JSONLWriter(WriterBase):
                 self._created = float(record["created"])
             if record.get("status") in STATUSES:
                 self._status = record["status"]
+            start = record.get("tool_start")
+            if isinstance(start, dict) and isinstance(start.get("call_id"), str):
+                self._journal.pop(start["call_id"], None)
+                self._journal[start["call_id"]] = _meta_line(tool_start=start)
+            if isinstance(record.get("state"), dict):
+                self._state = _meta_line(state=record["state"])
         if scan.torn is not None:
             warn_torn(str(path), scan.torn)
             # Cut the torn tail off before appending after it.
@@ -314,25 +364,42 @@ class _JSONLWriter(WriterBase):
         if syncer is not None:
             syncer.request(file)
 
-    def load(self) -> list[Message]:
+    async def load(self) -> list[Message]:
         self._check_open("load")
         return self._store._load(self.session, warn=True)[0]
 
-    def append(self, message: Message) -> None:
+    async def append(self, message: Message) -> None:
         with self._mutex:
             self._check_open("append")
             line = encode(message, self.session, self._count).encode() + b"\n"
             self._write(self._data_file(), line)
             self._count += 1
 
-    def set_status(self, status: SessionStatus) -> None:
+    async def set_status(self, status: SessionStatus) -> None:
         with self._mutex:
             self._check_open("set the status")
             line = _meta_line(status=check_status(status), at=time.time())
             self._write(self._data_file(), line)
             self._status = status
 
-    def replace(self, messages: Sequence[Message]) -> None:
+    async def record_tool_start(self, call_id: str, name: str, arguments: Any) -> None:
+        encode_value(arguments, f"the arguments of tool call {call_id!r}", self.session)
+        start = {"call_id": call_id, "name": name, "arguments": arguments, "at": time.time()}
+        line = _meta_line(tool_start=start)
+        with self._mutex:
+            self._check_open("record a tool start")
+            self._write(self._data_file(), line)
+            self._journal.pop(call_id, None)
+            self._journal[call_id] = line
+
+    async def save_state(self, state: Mapping[str, Any]) -> None:
+        line = b'{"aimu_meta":{"state":' + encode_state(state, self.session).encode() + b"}}\n"
+        with self._mutex:
+            self._check_open("save the state")
+            self._write(self._data_file(), line)
+            self._state = line
+
+    async def replace(self, messages: Sequence[Message]) -> None:
         with self._mutex:
             self._check_open("replace")
             lines = [encode(m, self.session, i).encode() + b"\n" for i, m in enumerate(messages)]
@@ -340,34 +407,41 @@ class _JSONLWriter(WriterBase):
             head = [_meta_line(format="aimu.jsonl", version=_JSONL_VERSION, created=created)]
             if self._status is not None:
                 head.append(_meta_line(status=self._status, at=time.time()))
-            temporary = self._temporary
-            try:
-                fd = open_private(temporary, os.O_WRONLY | os.O_TRUNC)
-                with open(fd, "wb") as handle:
-                    handle.writelines(head + lines)
-                    handle.flush()
-                    if self._store.fsync:
-                        os.fsync(handle.fileno())
-                os.replace(temporary, self._path)
-                if self._store.fsync:
-                    fsync_dir(self._path.parent)
-            except OSError as error:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
-                raise StoreError(
-                    f"session {self.session!r}: cannot rewrite {self._path}: {error}"
-                ) from error
+            head.extend(self._journal.values())
+            if self._state is not None:
+                head.append(self._state)
+            self._rewrite(head + lines)
             # The old descriptor points at the replaced file: drop it, reopen lazily.
             self._drop_file(wait=False)
             self._created = created
             self._count = len(lines)
 
-    def sync(self) -> None:
-        """Block until every line written so far is fsynced (no-op with ``fsync=False``)."""
+    def _rewrite(self, lines: list[bytes]) -> None:
+        """Write ``lines`` to a new file and rename it over the session's, durably."""
+        temporary = self._temporary
+        try:
+            fd = open_private(temporary, os.O_WRONLY | os.O_TRUNC)
+            with open(fd, "wb") as handle:
+                handle.writelines(lines)
+                handle.flush()
+                if self._store.fsync:
+                    os.fsync(handle.fileno())
+            os.replace(temporary, self._path)
+            if self._store.fsync:
+                fsync_dir(self._path.parent)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise StoreError(
+                f"session {self.session!r}: cannot rewrite {self._path}: {error}"
+            ) from error
+
+    async def sync(self) -> None:
+        """Wait until every line written so far is fsynced (no-op with ``fsync=False``)."""
         syncer = self._store._syncer
         file = self._file
         if syncer is not None and file is not None:
-            syncer.wait(file)
+            await asyncio.to_thread(syncer.wait, file)
             if file.error is not None:
                 raise StoreError(
                     f"session {self.session!r}: syncing {self._path} to disk failed: {file.error}"
@@ -386,13 +460,13 @@ class _JSONLWriter(WriterBase):
         if wait:
             syncer.wait(file)
 
-    def close(self, *, wait: bool = False) -> None:
-        """Release the lock; the last fsync finishes in the background unless ``wait``."""
+    def release(self) -> None:
+        """Release the lock; the last fsync finishes in the background."""
         with self._store._mutex, self._mutex:
             if not self._lock.held:
                 return
             try:
-                self._drop_file(wait=wait)
+                self._drop_file(wait=False)
             finally:
                 self._lock.release()
                 self._store._writers.discard(self)

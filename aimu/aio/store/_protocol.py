@@ -3,15 +3,16 @@
 A store holds named sessions, each a transcript plus metadata. Writing goes through a
 writer from :meth:`Store.open_session`, which holds the session's write lock, so two
 writers never interleave; reading is always allowed. When ``append`` returns, the
-message survives the process being killed.
+message survives the process being killed. Beside the transcript a session keeps its
+status, a tool journal (:class:`ToolStart`) and a JSON state object.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, TypeAlias, cast, get_args, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeAlias, cast, get_args, runtime_checkable
 
 from aimu.aio.transcript import Message
 
@@ -20,12 +21,13 @@ __all__ = [
     "SessionStatus",
     "SessionWriter",
     "Store",
+    "ToolStart",
     "check_status",
     "validate_session_name",
 ]
 
 SessionStatus: TypeAlias = Literal[
-    "in_progress", "completed", "interrupted", "cancelled", "failed", "max_rounds"
+    "in_progress", "completed", "interrupted", "cancelled", "failed", "max_rounds", "paused"
 ]
 STATUSES: Final = frozenset(get_args(SessionStatus))
 
@@ -70,57 +72,93 @@ class SessionInfo:
     """The last status a writer set, or None if none was set."""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolStart:
+    """One entry of a session's tool journal: a tool call that was about to run.
+
+    A call with a start and no tool result message in the transcript is *in doubt*: the
+    process stopped while it ran, so its side effect may or may not have happened.
+    """
+
+    call_id: str
+    name: str
+    arguments: Any
+    """The call's arguments as the model sent them (any JSON value)."""
+    started: float
+
+
 @runtime_checkable
 class SessionWriter(Protocol):
-    """The write side of one session; holds its lock until :meth:`close`."""
+    """The write side of one session; holds its write lock until :meth:`aclose`.
+
+    Every write is durable when it returns (it survives ``kill -9`` of the process), and
+    a cancel that lands during a write never loses it: the write completes, then the
+    ``CancelledError`` is raised. Writes of one writer are applied in call order.
+    """
 
     session: str
 
-    def load(self) -> list[Message]:
+    async def load(self) -> list[Message]:
         """The session's transcript as stored now."""
         ...
 
-    def append(self, message: Message) -> None:
-        """Add one message; once this returns it survives the process being killed."""
+    async def append(self, message: Message) -> None:
+        """Add one message at the end of the transcript."""
         ...
 
-    def replace(self, messages: Sequence[Message]) -> None:
-        """Atomically rewrite the whole transcript (all or nothing)."""
+    async def replace(self, messages: Sequence[Message]) -> None:
+        """Atomically rewrite the whole transcript (all or nothing); the journal stays."""
         ...
 
-    def set_status(self, status: SessionStatus) -> None:
-        """Record the session's status, as durably as :meth:`append`."""
+    async def set_status(self, status: SessionStatus) -> None:
+        """Record the session's status (how its last run ended, or that it runs)."""
         ...
 
-    def close(self) -> None:
+    async def record_tool_start(self, call_id: str, name: str, arguments: Any) -> None:
+        """Journal that tool call ``call_id`` starts now; write it before the tool runs."""
+        ...
+
+    async def save_state(self, state: Mapping[str, Any]) -> None:
+        """Replace the session's state (a JSON object: pending approvals, decisions)."""
+        ...
+
+    async def aclose(self) -> None:
         """Release the write lock; idempotent."""
         ...
 
 
 @runtime_checkable
 class Store(Protocol):
-    """Named, durable sessions."""
+    """Named, durable sessions; every method is a coroutine, whatever the backend."""
 
-    def open_session(self, session: str) -> SessionWriter:
+    async def open_session(self, session: str) -> SessionWriter:
         """Take the session's write lock; ``SessionLockedError`` if a writer holds it."""
         ...
 
-    def load(self, session: str) -> list[Message]:
+    async def load(self, session: str) -> list[Message]:
         """The stored transcript (``[]`` if unknown); allowed even while a writer holds it."""
         ...
 
-    def sessions(self) -> list[SessionInfo]:
+    async def load_state(self, session: str) -> dict[str, Any]:
+        """The state last saved by :meth:`SessionWriter.save_state` (``{}`` if none)."""
+        ...
+
+    async def tool_starts(self, session: str) -> list[ToolStart]:
+        """The session's tool journal, oldest first."""
+        ...
+
+    async def sessions(self) -> list[SessionInfo]:
         """Every stored session, by name."""
         ...
 
-    def info(self, session: str) -> SessionInfo | None:
+    async def info(self, session: str) -> SessionInfo | None:
         """The session's metadata, or None if it was never written."""
         ...
 
-    def delete(self, session: str) -> bool:
+    async def delete(self, session: str) -> bool:
         """Remove the session; False if it did not exist; ``SessionLockedError`` if open."""
         ...
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         """Close every writer still open and release the store's resources; idempotent."""
         ...

@@ -8,18 +8,27 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
 
 from aimu.aio.errors import StoreError, StoreFormatError, TranscriptError
 from aimu.aio.store._base import StoreBase, WriterBase
-from aimu.aio.store._codec import encode, first_bad, parse_array, warn_torn
+from aimu.aio.store._codec import (
+    decode_state,
+    encode,
+    encode_state,
+    encode_value,
+    first_bad,
+    parse_array,
+    warn_torn,
+)
 from aimu.aio.store._files import make_private_dirs, open_private
 from aimu.aio.store._lock import SessionLock
 from aimu.aio.store._protocol import (
     SessionInfo,
     SessionStatus,
+    ToolStart,
     check_status,
     validate_session_name,
 )
@@ -27,7 +36,7 @@ from aimu.aio.transcript import Message, validate
 
 __all__ = ["SQLiteStore"]
 
-_SCHEMA_VERSION: Final = 1
+_SCHEMA_VERSION: Final = 2
 # Message count and last-message time are derived from the messages table (seq runs
 # 0..n-1), so an append is one INSERT: one short autocommit transaction.
 _SCHEMA: Final = """
@@ -44,6 +53,18 @@ CREATE TABLE IF NOT EXISTS messages (
     body TEXT NOT NULL,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tool_starts (
+    session TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (session, call_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS states (
+    session TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
 """
 _LAST = "SELECT {} FROM messages WHERE session = {} ORDER BY seq DESC LIMIT 1"
 _INFO = (
@@ -55,6 +76,15 @@ _UPSERT_SESSION = (
     "ON CONFLICT (name) DO UPDATE SET updated = ?2"
 )
 _INSERT = "INSERT INTO messages (session, seq, at, body) VALUES (?, ?, ?, ?)"
+_INSERT_START = (
+    "INSERT INTO tool_starts (session, call_id, name, arguments, at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (session, call_id) DO UPDATE SET name = excluded.name, "
+    "arguments = excluded.arguments, at = excluded.at"
+)
+_SAVE_STATE = (
+    "INSERT INTO states (session, body) VALUES (?, ?) "
+    "ON CONFLICT (session) DO UPDATE SET body = excluded.body"
+)
 #: Commits between two checkpoints (each one writes a few 4 KiB pages to the WAL).
 _CHECKPOINT_EVERY: Final = 256
 
@@ -116,8 +146,9 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     being killed (``kill -9``), but not necessarily a power loss or OS crash, which may
     lose the last commits (never corrupt the file). An ``append`` is one short INSERT
     (tens of microseconds) and checkpoints run on a background thread, so writing from
-    the event loop is cheap. The file (and its directory) is created if missing; write
-    locks live in ``<path>-locks/``. Thread-safe.
+    the event loop is cheap: the methods are coroutines but run their SQLite calls
+    inline (a thread hop would cost more than the statement). The file (and its
+    directory) is created if missing; write locks live in ``<path>-locks/``.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -233,7 +264,7 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             except sqlite3.Error as error:
                 raise self._fail(error, what) from error
 
-    def open_session(self, session: str) -> _SQLiteWriter:
+    async def open_session(self, session: str) -> _SQLiteWriter:
         validate_session_name(session)
         with self._mutex:
             self._connection(f"open session {session!r}")
@@ -267,7 +298,10 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             ) from error
         return cast(list[Message], parsed)
 
-    def load(self, session: str) -> list[Message]:
+    async def load(self, session: str) -> list[Message]:
+        return self._load(session)
+
+    def _load(self, session: str) -> list[Message]:
         validate_session_name(session)
         rows = self._query(
             "SELECT seq, body FROM messages WHERE session = ? ORDER BY seq",
@@ -276,15 +310,32 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
         )
         return self._decode(session, rows)
 
-    def info(self, session: str) -> SessionInfo | None:
+    async def load_state(self, session: str) -> dict[str, Any]:
+        validate_session_name(session)
+        rows = self._query(
+            "SELECT body FROM states WHERE session = ?", (session,), f"read session {session!r}"
+        )
+        return decode_state(rows[0][0], f"{self.path}: session {session!r}") if rows else {}
+
+    async def tool_starts(self, session: str) -> list[ToolStart]:
+        validate_session_name(session)
+        rows = self._query(
+            "SELECT call_id, name, arguments, at FROM tool_starts WHERE session = ? ORDER BY at",
+            (session,),
+            f"read the tool journal of session {session!r}",
+        )
+        return [ToolStart(call_id, name, json.loads(arguments), at)
+                for call_id, name, arguments, at in rows]
+
+    async def info(self, session: str) -> SessionInfo | None:
         validate_session_name(session)
         rows = self._query(f"{_INFO} WHERE s.name = ?", (session,), f"read session {session!r}")
         return _info_row(rows[0]) if rows else None
 
-    def sessions(self) -> list[SessionInfo]:
+    async def sessions(self) -> list[SessionInfo]:
         return [_info_row(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
 
-    def delete(self, session: str) -> bool:
+    async def delete(self, session: str) -> bool:
         validate_session_name(session)
         with self._mutex:
             self._connection(f"delete session {session!r}")
@@ -292,7 +343,8 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             lock = SessionLock(self._lock_dir, session)
             try:
                 with self._transaction(f"delete session {session!r}") as conn:
-                    conn.execute("DELETE FROM messages WHERE session = ?", (session,))
+                    for table in ("messages", "tool_starts", "states"):
+                        conn.execute(f"DELETE FROM {table} WHERE session = ?", (session,))
                     existed = conn.execute(
                         "DELETE FROM sessions WHERE name = ?", (session,)
                     ).rowcount
@@ -303,7 +355,7 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     def close(self) -> None:
         with self._mutex:
             for writer in list(self._writers):
-                writer.close()
+                writer.release()
             conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -334,28 +386,30 @@ class _SQLiteWriter(WriterBase):
                     last = (last[0] - 1, None)
         self._next_seq = 0 if last is None else last[0] + 1
 
-    def load(self) -> list[Message]:
+    async def load(self) -> list[Message]:
         self._check_open("load")
-        return self._store.load(self.session)
+        return self._store._load(self.session)
 
-    def append(self, message: Message) -> None:
+    async def append(self, message: Message) -> None:
         if not self._lock.held:
             self._check_open("append")
         seq = self._next_seq
         body = encode(message, self.session, seq)
         now = time.time()
-        if self._has_row:
-            self._store._write(
-                _INSERT, (self.session, seq, now, body), lambda: f"append to {self.session!r}"
-            )
-        else:
-            with self._store._transaction(f"append to session {self.session!r}") as conn:
-                conn.execute(_UPSERT_SESSION, (self.session, now))
-                conn.execute(_INSERT, (self.session, seq, now, body))
-            self._has_row = True
+        self._write(_INSERT, (self.session, seq, now, body), "append to", now)
         self._next_seq = seq + 1
 
-    def replace(self, messages: Sequence[Message]) -> None:
+    def _write(self, sql: str, parameters: Sequence[object], what: str, now: float) -> None:
+        """One statement; the session's row is created along with its first write."""
+        if self._has_row:
+            self._store._write(sql, parameters, lambda: f"{what} session {self.session!r}")
+            return
+        with self._store._transaction(f"{what} session {self.session!r}") as conn:
+            conn.execute(_UPSERT_SESSION, (self.session, now))
+            conn.execute(sql, parameters)
+        self._has_row = True
+
+    async def replace(self, messages: Sequence[Message]) -> None:
         self._check_open("replace")
         bodies = [encode(m, self.session, i) for i, m in enumerate(messages)]
         now = time.time()
@@ -368,7 +422,7 @@ class _SQLiteWriter(WriterBase):
         self._has_row = True
         self._next_seq = len(bodies)
 
-    def set_status(self, status: SessionStatus) -> None:
+    async def set_status(self, status: SessionStatus) -> None:
         self._check_open("set the status")
         check_status(status)
         self._store._write(
@@ -379,7 +433,19 @@ class _SQLiteWriter(WriterBase):
         )
         self._has_row = True
 
-    def close(self) -> None:
+    async def record_tool_start(self, call_id: str, name: str, arguments: Any) -> None:
+        self._check_open("record a tool start")
+        text = encode_value(arguments, f"the arguments of tool call {call_id!r}", self.session)
+        now = time.time()
+        self._write(_INSERT_START, (self.session, call_id, name, text, now),
+                    "record a tool start in", now)
+
+    async def save_state(self, state: Mapping[str, Any]) -> None:
+        self._check_open("save the state")
+        text = encode_state(state, self.session)
+        self._write(_SAVE_STATE, (self.session, text), "save the state of", time.time())
+
+    def release(self) -> None:
         with self._store._mutex:
             self._lock.release()
             self._store._writers.discard(self)
