@@ -226,14 +226,14 @@ class _Routes:
                 "status": info.status,
                 "run_id": self.runs.active_run(info.name),
             }
-            for info in self.runs.store.sessions()
+            for info in await self.runs.store.sessions()
         ]
         return JSON({"sessions": listed})
 
     async def session(self, request: Request) -> Response:
         name = validate_name(request.path_params["session"])
         store = self.runs.store
-        info = store.info(name)
+        info = await store.info(name)
         active = self.runs.active_run(name)
         if info is None and active is None:
             raise NotFound(f"no session {name!r} in the store")
@@ -242,7 +242,7 @@ class _Routes:
                 "name": name,
                 "status": None if info is None else info.status,
                 "run_id": active,
-                "messages": store.load(name),
+                "messages": await store.load(name),
             }
         )
 
@@ -252,7 +252,7 @@ class _Routes:
         if active is not None:
             raise Conflict(f"session {name!r} has a run in progress ({active}); stop it first")
         try:
-            deleted = self.runs.store.delete(name)
+            deleted = await self.runs.store.delete(name)
         except SessionLockedError as error:
             raise Conflict(f"session {name!r} is open for writing elsewhere: {error}") from error
         if not deleted:

@@ -170,9 +170,11 @@ class LocalRuns:
         busy = self._active.get(session)
         if busy is not None:
             raise Conflict(f"session {session!r} has a run in progress ({busy}); stop it or wait")
+        agent = self._agents(session)
         try:
-            agent = self._agents(session)
+            await agent.open()  # takes the session's write lock
         except SessionLockedError as error:
+            await agent.aclose()
             raise Conflict(
                 f"session {session!r} is open in another process (a run in progress there): "
                 f"stop it or wait ({error})"

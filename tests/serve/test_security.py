@@ -158,9 +158,9 @@ async def test_the_command_serves_and_sigterm_stops_runs_keeping_them(
             await process.wait()
         log.close()
     await model_server.wait_abandoned(abandoned + 1)
-    with SQLiteStore(store) as opened:
-        messages = opened.load("kept")
-        assert opened.info("kept") is not None
-        assert opened.info("kept").status == "cancelled"  # type: ignore[union-attr]
+    async with SQLiteStore(store) as opened:
+        messages = await opened.load("kept")
+        info = await opened.info("kept")
+        assert info is not None and info.status == "cancelled"
     validate(messages)
     assert messages[-1].get("aimu_partial") and "w0" in messages[-1]["content"]
