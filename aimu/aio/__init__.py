@@ -11,17 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
+    from aimu.aio.control import RedisControl, RunEvent, RunInfo
     from aimu.aio.errors import (
         AimuError,
+        ControlConnectionError,
+        ControlError,
         ModelConnectionError,
         ModelError,
         ModelHTTPError,
         ModelProtocolError,
+        RunLostError,
         SessionLockedError,
         StoreError,
         StoreFormatError,
         ToolDefinitionError,
         TranscriptError,
+        UnknownRunError,
     )
     from aimu.aio.events import (
         Event,
@@ -52,6 +57,8 @@ __all__ = [
     "Agent",
     "AimuError",
     "Chain",
+    "ControlConnectionError",
+    "ControlError",
     "EvaluatorOptimizer",
     "Event",
     "HandleFinished",
@@ -63,9 +70,13 @@ __all__ = [
     "ModelHTTPError",
     "ModelProtocolError",
     "Parallel",
+    "RedisControl",
     "Router",
+    "RunEvent",
     "RunFinished",
     "RunHandle",
+    "RunInfo",
+    "RunLostError",
     "RunScope",
     "RunStarted",
     "SQLiteStore",
@@ -86,6 +97,7 @@ __all__ = [
     "ToolResult",
     "ToolStart",
     "TranscriptError",
+    "UnknownRunError",
     "client",
     "current_scope",
     "on_sigint",
@@ -96,6 +108,9 @@ _WHERE = {
     "Agent": "agent",
     "ModelClient": "client",
     "client": "client",
+    "RedisControl": "control",
+    "RunEvent": "control",
+    "RunInfo": "control",
     "RunHandle": "run_handle",
     "on_sigint": "run_handle",
     "RunScope": "scope",
@@ -117,9 +132,10 @@ _WHERE = {
     "Router": "workflows",
 }
 _ERRORS = (
-    "AimuError", "ModelConnectionError", "ModelError", "ModelHTTPError", "ModelProtocolError",
-    "SessionLockedError", "StoreError", "StoreFormatError", "ToolDefinitionError",
-    "TranscriptError",
+    "AimuError", "ControlConnectionError", "ControlError", "ModelConnectionError",
+    "ModelError", "ModelHTTPError", "ModelProtocolError",
+    "RunLostError", "SessionLockedError", "StoreError", "StoreFormatError",
+    "ToolDefinitionError", "TranscriptError", "UnknownRunError",
 )
 _EVENTS = (
     "Event", "HandleFinished", "RunFinished", "RunStarted", "StepFinished", "TextChunk",

@@ -7,9 +7,13 @@
      │    └── ModelProtocolError    the server's reply could not be understood
      ├── TranscriptError            a transcript is invalid (also a ValueError; names the index)
      ├── ToolDefinitionError        a function cannot be offered as a tool (also a TypeError)
-     └── StoreError                 durable storage failed
-          ├── SessionLockedError    another writer holds the session
-          └── StoreFormatError      a file is corrupt or from a newer schema
+     ├── StoreError                 durable storage failed
+     │    ├── SessionLockedError    another writer holds the session
+     │    └── StoreFormatError      a file is corrupt or from a newer schema
+     └── ControlError               run control across processes (Redis) failed
+          ├── ControlConnectionError  Redis unreachable (names the URL, never the password)
+          ├── UnknownRunError       no such run under the prefix (also a LookupError)
+          └── RunLostError          the run's worker stopped renewing its lease
 
 Errors name the thing that failed (host, message index, tool, session) and, where
 there is one, what to do about it. API keys never appear in a message.
@@ -19,15 +23,19 @@ from __future__ import annotations
 
 __all__ = [
     "AimuError",
+    "ControlConnectionError",
+    "ControlError",
     "ModelConnectionError",
     "ModelError",
     "ModelHTTPError",
     "ModelProtocolError",
+    "RunLostError",
     "SessionLockedError",
     "StoreError",
     "StoreFormatError",
     "ToolDefinitionError",
     "TranscriptError",
+    "UnknownRunError",
 ]
 
 
@@ -82,3 +90,23 @@ class SessionLockedError(StoreError):
 
 class StoreFormatError(StoreError):
     """A store file is unreadable: corrupt, or written by a newer schema."""
+
+
+class ControlError(AimuError):
+    """Controlling a run across processes failed; ``url`` is the Redis URL, password hidden."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class ControlConnectionError(ControlError, ConnectionError):
+    """Redis could not be reached, refused the credentials, or is not a Redis server."""
+
+
+class UnknownRunError(ControlError, LookupError):
+    """No run with that id is registered under the control's prefix."""
+
+
+class RunLostError(ControlError):
+    """The run's worker stopped renewing its lease (it died or lost Redis for too long)."""

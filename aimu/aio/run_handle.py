@@ -54,12 +54,12 @@ from asyncio import CancelledError, Future, InvalidStateError, Task
 from asyncio.events import _get_running_loop
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, final
 
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope
 
-__all__ = ["EventStream", "RunHandle", "on_sigint"]
+__all__ = ["EventStream", "RunControl", "RunHandle", "on_sigint"]
 
 T = TypeVar("T")
 DoneCallback = Callable[["RunHandle[Any]"], object]
@@ -123,6 +123,18 @@ def _close_unstarted(coro: types.CoroutineType[Any, Any, Any]) -> None:
         coro.close()
 
 
+class RunControl(Protocol):
+    """What ``RunHandle.start(control=...)`` needs: a run id, then the handle to watch.
+
+    ``run_id(wanted)`` checks (or, for None, makes) the id before anything is scheduled,
+    raising on a bad one; ``attach(handle)`` must not raise. ``aio.RedisControl`` is one.
+    """
+
+    def run_id(self, wanted: str | None) -> str: ...
+
+    def attach(self, handle: RunHandle[Any]) -> None: ...
+
+
 class _Extra:
     """What only some runs need, made on first use so that ``start()`` stays thin."""
 
@@ -130,6 +142,7 @@ class _Extra:
         "callbacks",
         "cancels",
         "reason",
+        "run_id",
         "started",
         "streams",
         "terminal",
@@ -152,6 +165,7 @@ class _Extra:
         self.watchers: list[Future[None]] | None = None
         """Futures set to None when the run ends (stop() waits on these)."""
         self.terminal: HandleFinished | None = None
+        self.run_id: str | None = None
 
 
 @final
@@ -196,12 +210,15 @@ class RunHandle(Generic[T]):
         name: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        run_id: str | None = None,
+        control: RunControl | None = None,
     ) -> RunHandle[T]:
         """Schedule ``coro`` (any awaitable) as a task in a fresh run scope; return its handle.
 
         ``timeout`` (seconds) or ``deadline`` (``loop.time()``) cancel the run when they
         pass (the earlier wins, and so does a deadline of the scope around). Needs a
-        running event loop; a non-awaitable raises ``TypeError``.
+        running event loop; a non-awaitable raises ``TypeError``. ``control`` (such as
+        ``aio.RedisControl``) registers the run under ``run_id`` (made when None).
         """
         run: types.CoroutineType[Any, Any, T]
         if type(coro) is _CoroutineType:
@@ -224,6 +241,12 @@ class RunHandle(Generic[T]):
                 "RunHandle.start() needs a running event loop: call it from async code "
                 "(for example inside asyncio.run())"
             )
+        if control is not None:
+            try:
+                run_id = control.run_id(run_id)
+            except BaseException:
+                run.close()
+                raise
         self = _new(cls)
         self._loop = loop
         self._state = _PENDING
@@ -260,6 +283,10 @@ class RunHandle(Generic[T]):
             self._task = loop.create_task(drive)
         if deadline is not None:
             self._more().timer = loop.call_at(deadline, self._expire)
+        if run_id is not None:
+            self._more().run_id = run_id
+            if control is not None:
+                control.attach(self)
         return self
 
     # -- the run -------------------------------------------------------------------
@@ -541,6 +568,12 @@ class RunHandle(Generic[T]):
     def name(self) -> str:
         """The ``name=`` given to start(), else the coroutine's qualified name."""
         return self._scope.name
+
+    @property
+    def run_id(self) -> str | None:
+        """The ``run_id`` given to start() (made by its ``control`` when not given)."""
+        extra = self._extra
+        return None if extra is None else extra.run_id
 
     @property
     def scope(self) -> RunScope:

@@ -1,0 +1,550 @@
+"""RedisControl: find, stop and follow runs from any process that reaches the same Redis.
+
+A worker registers a run with ``RunHandle.start(coro, control=control)``; any process
+then calls ``cancel``, ``interrupt``, ``stop``, ``status``, ``wait``, ``runs`` and
+``events`` by run id. Requests are recorded in Redis before they are published, so a
+worker that missed the message still finds them, and a run reserved but not started
+obeys them when it starts. A lease per run, renewed by heartbeat, tells a live run
+from one whose worker died (``lost``); ``claim`` hands a lost run to exactly one
+other worker, which resumes it from its store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
+
+from aimu.aio.control import scripts
+from aimu.aio.control.codec import decode_event
+from aimu.aio.control.keys import (
+    Keys,
+    check_after,
+    check_prefix,
+    check_run_id,
+    new_run_id,
+    redact,
+)
+from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
+from aimu.aio.events import Event
+
+try:
+    import redis.asyncio as redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import AuthenticationError, RedisError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "aio.RedisControl needs the redis package: pip install 'aimu[redis]'"
+    ) from error
+
+if TYPE_CHECKING:
+    from aimu.aio.control.worker import Worker
+    from aimu.aio.run_handle import RunHandle
+
+__all__ = ["ControlStatus", "RedisControl", "RunEvent", "RunInfo"]
+
+ControlStatus: TypeAlias = Literal[
+    "pending", "running", "completed", "interrupted", "cancelled", "timed_out", "failed", "lost"
+]
+FINAL: Final = frozenset({"completed", "interrupted", "cancelled", "timed_out", "failed"})
+_STATUSES: Final = frozenset(get_args(ControlStatus))
+_SCHEMES: Final = ("redis", "rediss", "unix")
+_FOLLOW_BLOCK_MS = 1000
+_FOLLOW_COUNT = 512
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A run as Redis knows it. ``lost``: registered, but its worker's lease expired."""
+
+    run_id: str
+    status: ControlStatus
+    name: str | None
+    worker: str | None
+    """The worker that holds (or last held) the run."""
+    attempt: int
+    """1 for the first start, 2 after one claim and resume, and so on (0: reserved)."""
+    reason: str | None
+    error: str | None
+    created_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    events: int
+    """Events published so far."""
+    info: dict[str, str] = field(default_factory=dict)
+    """What the worker attached with ``control.with_info(...)``, e.g. the session."""
+
+    @property
+    def done(self) -> bool:
+        """True once the run ended, whatever ended it (a lost run is not done)."""
+        return self.status in FINAL
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of a run as a follower sees it: ``id`` resumes following after it."""
+
+    id: str
+    seq: int
+    """1 for the run's first event, counting on across a claim and resume."""
+    event: Event
+    data: str
+    """The event as JSON (what ``id`` names), ready to forward."""
+
+
+class _Scripts:
+    def __init__(self, client: redis.Redis) -> None:
+        self.register = client.register_script(scripts.REGISTER)
+        self.publish = client.register_script(scripts.PUBLISH)
+        self.renew = client.register_script(scripts.RENEW)
+        self.claim = client.register_script(scripts.CLAIM)
+        self.request = client.register_script(scripts.REQUEST)
+        self.reserve = client.register_script(scripts.RESERVE)
+
+
+class RedisControl:
+    """Control of runs across processes and hosts through one Redis, under ``prefix``.
+
+    ``url``: ``redis://[:password@]host:port/db``, ``rediss://`` for TLS, or
+    ``unix://``; its password never appears in a log, repr or error. ``lease``: seconds
+    a worker's silence takes before its runs are ``lost``. Finished runs, their events
+    and requests expire ``retention`` seconds after they end; a run keeps its last
+    ``max_events`` events (about). Use ``async with RedisControl(url) as control:``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "aimu",
+        *,
+        lease: float = 10.0,
+        retention: float = 86_400.0,
+        max_events: int = 10_000,
+        timeout: float = 5.0,
+    ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"RedisControl needs a redis:// URL string, got {type(url).__name__}")
+        self.url = redact(url)
+        """The URL with its password hidden: the only form that is shown."""
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in _SCHEMES:
+            raise ValueError(
+                f"not a Redis URL: {self.url!r}; use redis://host:port/db, rediss:// for "
+                "TLS, or unix:///path/to/redis.sock"
+            )
+        self.prefix = check_prefix(prefix)
+        for name, value in (("lease", lease), ("retention", retention), ("timeout", timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"RedisControl({name}={value!r}): give a positive number")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"RedisControl(max_events={max_events!r}): give a positive int")
+        self.lease = float(lease)
+        self.retention = float(retention)
+        self.max_events = max_events
+        self.timeout = float(timeout)
+        #: This process's name in Redis: host, pid and a random tag.
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            self._client: redis.Redis = redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                # One quick retry: a pooled connection found dead after a Redis restart.
+                retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
+                client_name=f"aimu-{self.worker_id}",
+            )
+        except ValueError:
+            raise ValueError(f"cannot use Redis URL {self.url!r}: it is malformed") from None
+        self._keys = Keys(self.prefix)
+        self._scripts = _Scripts(self._client)
+        self._worker: Worker | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        runs = 0 if self._worker is None else len(self._worker.runs)
+        return f"<RedisControl {self.url} prefix={self.prefix!r} attached={runs}>"
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Check that Redis answers; ControlConnectionError naming the URL if not."""
+        with self._errors("connect"):
+            await self._client.ping()
+
+    async def __aenter__(self) -> RedisControl:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, *, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Publish what finished runs still hold, then close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            await self._worker.aclose(timeout)
+        await self._client.aclose()
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, run_id: str | None = None) -> Iterator[None]:
+        if self._closed:
+            raise RuntimeError(f"RedisControl for {self.url} is closed: {what} needs an open one")
+        try:
+            yield
+        except AuthenticationError:
+            raise ControlConnectionError(
+                f"Redis at {self.url} refused the credentials ({what}); check the password "
+                "in the URL",
+                url=self.url,
+            ) from None
+        except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+            raise ControlConnectionError(
+                f"cannot reach Redis at {self.url} ({what}"
+                f"{'' if run_id is None else f' of run {run_id!r}'}): "
+                f"{_describe(error)}; is it running, and is this a Redis server?",
+                url=self.url,
+            ) from None
+        except RedisError as error:
+            raise ControlError(
+                f"Redis at {self.url} failed {what}: {_describe(error)}", url=self.url
+            ) from None
+
+    # -- the worker side -------------------------------------------------------------
+
+    def run_id(self, wanted: str | None) -> str:
+        """``wanted`` checked, or a new unguessable id (``RunHandle.start`` calls this)."""
+        if self._closed:
+            raise RuntimeError(f"RedisControl for {self.url} is closed: cannot register runs")
+        return new_run_id() if wanted is None else check_run_id(wanted, self.prefix)
+
+    def attach(self, handle: RunHandle[Any]) -> None:
+        """Register ``handle`` (started with ``control=``): publish it and obey requests."""
+        self._attach(handle, "")
+
+    def with_info(self, **info: str) -> _Tagged:
+        """This control, registering runs with ``info`` (strings) kept beside them.
+
+        ``RunHandle.start(agent.run(task), control=control.with_info(session="s1"))``:
+        the claimer of a lost run reads ``info["session"]`` to resume it.
+        """
+        for key, value in info.items():
+            if not isinstance(value, str):
+                raise TypeError(f"with_info({key}=...) takes strings, got {type(value).__name__}")
+        return _Tagged(self, json.dumps(info, sort_keys=True) if info else "")
+
+    def _attach(self, handle: RunHandle[Any], info: str) -> None:
+        run_id = handle.run_id
+        assert run_id is not None
+        if self._worker is None:
+            from aimu.aio.control.worker import Worker
+
+            self._worker = Worker(self)
+        self._worker.attach(run_id, handle, info)
+
+    async def registered(self, handle: RunHandle[Any]) -> str:
+        """Wait until Redis knows ``handle``'s run (so every process can find it); its id.
+
+        ``RunHandle.start`` registers in the background, and while Redis is away the
+        run goes on unregistered: await this before handing the run id out.
+        ControlError if Redis refused the run (its id is held by another worker).
+        """
+        run_id = handle.run_id
+        worker = self._worker
+        if run_id is None or worker is None or run_id not in worker.runs:
+            if run_id is not None and handle.done and worker is not None:
+                return run_id  # published and forgotten already
+            raise ValueError(f"{handle!r} was not started with control= of this RedisControl")
+        why = await worker.registered(run_id)
+        if why is not None:
+            raise ControlError(f"Redis at {self.url} refused run {run_id!r}: {why}", url=self.url)
+        return run_id
+
+    async def claim(self, run_id: str) -> RunInfo | None:
+        """Take over a ``lost`` run; its RunInfo if this control won it, else None.
+
+        Of any number of claimers exactly one wins. The winner must start the run again
+        at once (``RunHandle.start(agent.resume(), run_id=run_id, control=control)``),
+        before the lease it now holds expires. UnknownRunError if there is no such run.
+        """
+        check_run_id(run_id, self.prefix)
+        with self._errors("claim", run_id):
+            result = await self._scripts.claim(
+                keys=[self._keys.run(run_id), self._keys.lease(run_id)],
+                args=[self.worker_id, int(self.lease * 1000)],
+            )
+        if result[0] == "unknown":
+            self._unknown(run_id)
+        if result[0] != "ok":
+            return None
+        return await self.status(run_id)
+
+    # -- the controller side ---------------------------------------------------------
+
+    async def reserve(self, run_id: str | None = None, **info: str) -> str:
+        """Record a run that a worker will start later; its id.
+
+        Requests for it (a cancel) are kept and obeyed when it starts. A reservation
+        no worker starts expires after ``retention``. ValueError if the id exists.
+        """
+        run_id = self.run_id(run_id)
+        for key, value in info.items():
+            if not isinstance(value, str):
+                raise TypeError(f"reserve({key}=...) takes strings, got {type(value).__name__}")
+        with self._errors("reserve", run_id):
+            made = await self._scripts.reserve(
+                keys=[self._keys.run(run_id), self._keys.runs],
+                args=[
+                    f"{time.time():.6f}",
+                    json.dumps(info, sort_keys=True) if info else "",
+                    int(self.retention),
+                    run_id,
+                ],
+            )
+        if not made:
+            raise ValueError(f"run id {run_id!r} is already in use under prefix {self.prefix!r}")
+        return run_id
+
+    async def cancel(self, run_id: str, reason: str | None = None) -> bool:
+        """Cancel the run wherever it runs; False if it had already finished.
+
+        Recorded in Redis before it is published: a worker that is reconnecting, or a
+        reserved run that has not started, gets it too. Repeating it is harmless.
+        """
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"cancel(reason=...) takes a string, got {type(reason).__name__}")
+        return await self._request(run_id, "cancel", {"reason": reason})
+
+    async def interrupt(self, run_id: str) -> bool:
+        """Ask the run to stop at its next step boundary; False if it had finished."""
+        return await self._request(run_id, "interrupt", {})
+
+    async def stop(
+        self,
+        run_id: str,
+        grace: float = 5.0,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the documented API takes a timeout
+    ) -> RunInfo:
+        """Interrupt, cancel ``grace`` s later if still running; return the final RunInfo.
+
+        Waits up to ``timeout`` (default: ``grace`` plus ``lease``) for the run to end,
+        then raises TimeoutError; a run whose worker died comes back ``lost``.
+        """
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+            raise ValueError(f"stop(grace={grace!r}): give seconds, 0 or more")
+        await self._request(run_id, "stop", {"grace": grace})
+        return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
+
+    async def _request(self, run_id: str, kind: str, data: dict[str, Any]) -> bool:
+        check_run_id(run_id, self.prefix)
+        keys = self._keys
+        with self._errors(kind, run_id):
+            result = await self._scripts.request(
+                keys=[keys.run(run_id), keys.requests(run_id)],
+                args=[kind, json.dumps(data), keys.channel_base, run_id],
+            )
+        if result[0] == "unknown":
+            self._unknown(run_id)
+        return bool(result[0] == "ok")
+
+    def _unknown(self, run_id: str) -> NoReturn:
+        raise UnknownRunError(
+            f"no run {run_id!r} under prefix {self.prefix!r} at {self.url}: it never "
+            "started here, its record expired, or it belongs to another prefix",
+            url=self.url,
+        )
+
+    async def status(self, run_id: str) -> RunInfo:
+        """The run as Redis knows it; UnknownRunError if there is no such run."""
+        check_run_id(run_id, self.prefix)
+        with self._errors("status", run_id):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.hgetall(self._keys.run(run_id))
+            pipe.exists(self._keys.lease(run_id))
+            fields, leased = await pipe.execute()
+        if not fields:
+            self._unknown(run_id)
+        return _info(run_id, fields, bool(leased))
+
+    async def runs(self) -> list[RunInfo]:
+        """Every run known under the prefix, oldest first (finished ones until they expire)."""
+        keys = self._keys
+        with self._errors("runs"):
+            ids: list[str] = [str(i) for i in await self._client.zrange(keys.runs, 0, -1)]
+            if not ids:
+                return []
+            pipe = self._client.pipeline(transaction=False)
+            for run_id in ids:
+                pipe.hgetall(keys.run(run_id))
+                pipe.exists(keys.lease(run_id))
+            replies = await pipe.execute()
+            found: list[RunInfo] = []
+            gone: list[str] = []
+            for i, run_id in enumerate(ids):
+                fields, leased = replies[2 * i], replies[2 * i + 1]
+                if fields:
+                    found.append(_info(run_id, fields, bool(leased)))
+                else:
+                    gone.append(run_id)
+            if gone:
+                await self._client.zrem(keys.runs, *gone)
+        return found
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - the documented API takes a timeout
+    ) -> RunInfo:
+        """Wait until the run is finished or lost; TimeoutError after ``timeout`` s."""
+        info = await self.status(run_id)
+        key = self._keys.events(run_id)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        with self._errors("wait", run_id):
+            last: Any = await self._client.xrevrange(key, count=1)
+            cursor: str = last[0][0] if last else "0-0"
+        while info.status not in FINAL and info.status != "lost":
+            block = _FOLLOW_BLOCK_MS
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"run {run_id!r} is still {info.status} after {timeout:g} s "
+                        f"(worker {info.worker})"
+                    )
+                block = max(1, min(block, int(left * 1000)))
+            with self._errors("wait", run_id):
+                reply: Any = await self._client.xread(
+                    {key: cursor}, count=_FOLLOW_COUNT, block=block
+                )
+            if reply:
+                cursor = reply[0][1][-1][0]
+            info = await self.status(run_id)
+        return info
+
+    def events(self, run_id: str, after: str | None = None) -> AsyncIterator[RunEvent]:
+        """The run's events from the start (or after event ``after``), then its end.
+
+        Ends after the terminal ``HandleFinished``. Each event comes exactly once; to
+        pick up after a disconnection pass the last ``RunEvent.id`` seen as ``after``.
+        Raises RunLostError if the worker died (claim it to resume), ControlError if
+        events were trimmed (``max_events``) or expired before they were read.
+        """
+        check_run_id(run_id, self.prefix)
+        if after is not None:
+            check_after(after)
+        return self._follow(run_id, after)
+
+    async def _follow(self, run_id: str, after: str | None) -> AsyncIterator[RunEvent]:
+        await self.status(run_id)  # UnknownRunError before the first event
+        key = self._keys.events(run_id)
+        cursor: str = after or "0-0"
+        expected = 1 if after is None else None
+        idle_checks = 0
+        while True:
+            with self._errors("events", run_id):
+                wait = _FOLLOW_BLOCK_MS if idle_checks == 0 else None
+                reply: Any = await self._client.xread(
+                    {key: cursor}, count=_FOLLOW_COUNT, block=wait
+                )
+            entries: list[Any] = reply[0][1] if reply else []
+            for entry_id, fields in entries:
+                cursor = entry_id
+                seq = int(fields.get("seq", 0))
+                if expected is not None and seq != expected:
+                    raise ControlError(
+                        f"run {run_id!r}: events {expected} to {seq - 1} are gone (the stream "
+                        f"keeps about {self.max_events}); follow sooner or raise max_events",
+                        url=self.url,
+                    )
+                expected = seq + 1
+                kind, data = fields["type"], fields["data"]
+                yield RunEvent(entry_id, seq, decode_event(kind, data), data)
+                if kind == "handle_finished":
+                    return
+            if entries:
+                idle_checks = 0
+                continue
+            # Nothing new for a while: is the run still there to wait for?
+            info = await self.status(run_id)
+            if info.status == "lost":
+                raise RunLostError(
+                    f"run {run_id!r} is lost: worker {info.worker} stopped renewing its lease; "
+                    "claim() it to resume from its store",
+                    url=self.url,
+                )
+            if info.status in FINAL:
+                if idle_checks:  # read once more without blocking: its end was not there
+                    raise ControlError(
+                        f"run {run_id!r} ended {info.status} but its events after {cursor} "
+                        "have expired",
+                        url=self.url,
+                    )
+                idle_checks = 1
+            else:
+                idle_checks = 0
+
+
+class _Tagged:
+    """A RedisControl that registers runs with extra info (``control.with_info(...)``)."""
+
+    __slots__ = ("_control", "_info")
+
+    def __init__(self, control: RedisControl, info: str) -> None:
+        self._control = control
+        self._info = info
+
+    def run_id(self, wanted: str | None) -> str:
+        return self._control.run_id(wanted)
+
+    def attach(self, handle: RunHandle[Any]) -> None:
+        self._control._attach(handle, self._info)
+
+
+def _info(run_id: str, fields: dict[str, str], leased: bool) -> RunInfo:
+    status = fields.get("status", "pending")
+    if status not in _STATUSES:
+        status = "failed"
+    if status == "running" and not leased:
+        status = "lost"
+    info: dict[str, str] = {}
+    if fields.get("info"):
+        with contextlib.suppress(ValueError):
+            info = json.loads(fields["info"])
+    return RunInfo(
+        run_id=run_id,
+        status=status,  # type: ignore[arg-type]
+        name=fields.get("name") or None,
+        worker=fields.get("worker") or None,
+        attempt=int(fields.get("attempt") or 0),
+        reason=fields.get("reason") or None,
+        error=fields.get("error") or None,
+        created_at=_float(fields.get("created_at")),
+        started_at=_float(fields.get("started_at")),
+        ended_at=_float(fields.get("ended_at")),
+        events=int(fields.get("seq") or 0),
+        info=info,
+    )
+
+
+def _float(text: str | None) -> float | None:
+    return None if not text else float(text)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) < 300 else text[:300] + "..."
+
