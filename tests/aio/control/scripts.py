@@ -1,0 +1,35 @@
+"""The model's side of the control tests: what the loopback server answers to each task."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from aimu.testing.script import ScriptedCall, Turn
+
+#: A reply long enough (20 s) that only a stop ends it.
+ENDLESS = Turn(text=" ".join(f"w{i}" for i in range(1000)), delay=0.02)
+TOOL_TURN = Turn(text="calling a tool", delay=0.02, tool_calls=[ScriptedCall("note", {"text": "x"})])
+
+
+class Answers:
+    """By task: ``quick`` answers at once; ``tool...`` calls a tool, then streams
+    endlessly; ``resume...`` calls a tool, streams endlessly the first time after it and
+    answers ``done`` the next (the resumed run); anything else streams endlessly."""
+
+    def __init__(self) -> None:
+        self.after_tool: Counter[str] = Counter()
+
+    def __call__(self, body: Mapping[str, Any]) -> Turn:
+        messages = body.get("messages") or []
+        task = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        if task.startswith("quick"):
+            return Turn(text="quick answer")
+        if task.startswith(("tool", "resume")):
+            if not messages or messages[-1]["role"] != "tool":
+                return TOOL_TURN
+            self.after_tool[task] += 1
+            if task.startswith("resume") and self.after_tool[task] > 1:
+                return Turn(text="done")
+        return ENDLESS

@@ -1,0 +1,215 @@
+"""RedisControl in one process with two controls (a worker's and a controller's) on a
+real Redis: every request crosses Redis and pub/sub as it would between hosts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aimu import aio
+from aimu.aio.events import HandleFinished, TextChunk
+from aimu.aio.transcript import validate
+from aimu.testing.server import LoopbackServer
+from tests import services
+from tests.aio.control.conftest import LEASE
+from tests.aio.control.scripts import Answers
+
+
+def note(text: str) -> str:
+    """Write a note."""
+    return f"noted: {text}"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LoopbackServer]:
+    async with LoopbackServer(Answers()) as running:
+        yield running
+
+
+@pytest.fixture
+async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]:
+    """The worker's control: a second connection, as another process would have."""
+    async with aio.RedisControl(redis_url, prefix, lease=LEASE) as made:
+        yield made
+
+
+def agent_for(server: LoopbackServer) -> aio.Agent:
+    return aio.Agent(aio.client("ollama:m", host=server.url), [note])
+
+
+async def first_text(control: aio.RedisControl, run_id: str) -> str:
+    """Follow the run until its first text chunk; the id of that event."""
+    async for seen in control.events(run_id):
+        if isinstance(seen.event, TextChunk):
+            return seen.id
+    raise AssertionError("the run ended before any text")
+
+
+async def test_a_cancel_from_another_control_stops_the_stream(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("endless"), control=worker)
+    run_id = await worker.registered(handle)
+    await first_text(control, run_id)
+    assert await control.cancel(run_id, "user pressed stop")
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert handle.status == "cancelled" and handle.reason == "user pressed stop"
+    await server.wait_abandoned(1)
+    info = await control.wait(run_id, timeout=10)
+    assert (info.status, info.reason, info.attempt) == ("cancelled", "user pressed stop", 1)
+    validate(agent.model_client.messages)
+    # Repeats are harmless: refused as finished, nothing changes.
+    assert not await control.cancel(run_id, "again")
+    assert (await control.status(run_id)).reason == "user pressed stop"
+    seen = [e async for e in control.events(run_id)]
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    assert isinstance(seen[-1].event, HandleFinished) and seen[-1].event.status == "cancelled"
+    assert sum(isinstance(e.event, HandleFinished) for e in seen) == 1
+    await agent.aclose()
+
+
+async def test_interrupt_lands_at_the_step_boundary(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("tool first"), control=worker)
+    run_id = await worker.registered(handle)
+    await first_text(control, run_id)  # the tool turn is streaming
+    assert await control.interrupt(run_id)
+    assert await handle == "Run interrupted."
+    info = await control.wait(run_id, timeout=10)
+    assert info.status == "interrupted"
+    assert [m["role"] for m in agent.model_client.messages] == ["user", "assistant", "tool"]
+    validate(agent.model_client.messages)
+    await agent.aclose()
+
+
+async def test_stop_cancels_a_run_that_outlives_its_grace(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("endless"), control=worker)
+    run_id = await worker.registered(handle)
+    await first_text(control, run_id)
+    info = await control.stop(run_id, grace=0.05)
+    assert info.status == "cancelled" and info.reason is not None and "stop()" in info.reason
+    assert handle.status == "cancelled"
+    await server.wait_abandoned(1)
+    validate(agent.model_client.messages)
+    await agent.aclose()
+
+
+async def test_a_cancel_before_the_run_starts_is_honoured_when_it_starts(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    run_id = await control.reserve(session="s1")
+    assert (await control.status(run_id)).status == "pending"
+    assert await control.cancel(run_id, "changed my mind")
+    assert await control.cancel(run_id, "changed my mind")  # repeats are harmless
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("endless"), run_id=run_id, control=worker)
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert handle.reason == "changed my mind"
+    info = await control.wait(run_id, timeout=10)
+    assert (info.status, info.reason, info.info) == ("cancelled", "changed my mind", {"session": "s1"})
+    validate(agent.model_client.messages)
+    await agent.aclose()
+
+
+async def test_a_follower_that_reconnects_sees_every_event_once(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("quick"), control=worker)
+    run_id = await worker.registered(handle)
+    first: list[aio.RunEvent] = []
+    async for seen in control.events(run_id):
+        first.append(seen)
+        if len(first) == 2:
+            break  # the follower goes away mid-run
+    await handle
+    rest = [e async for e in control.events(run_id, after=first[-1].id)]
+    whole = [e async for e in control.events(run_id)]
+    assert [e.id for e in first + rest] == [e.id for e in whole]
+    assert [e.seq for e in whole] == list(range(1, len(whole) + 1))
+    assert whole[-1].event.type == "handle_finished" and whole[-1].event.result == "quick answer"
+    await agent.aclose()
+
+
+async def test_runs_lists_what_runs_where(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("endless"), control=worker.with_info(user="ann"))
+    run_id = await worker.registered(handle)
+    (listed,) = await control.runs()
+    assert (listed.run_id, listed.status, listed.worker) == (run_id, "running", worker.worker_id)
+    assert listed.info == {"user": "ann"}
+    with pytest.raises(TimeoutError, match="still running"):
+        await control.wait(run_id, timeout=0.05)
+    handle.cancel()
+    assert (await control.wait(run_id, timeout=10)).status == "cancelled"
+    await agent.aclose()
+
+
+async def test_bad_input_gets_a_clear_error_and_changes_nothing(
+    redis_url: str, worker: aio.RedisControl, control: aio.RedisControl, server: LoopbackServer
+) -> None:
+    agent = agent_for(server)
+    handle = aio.RunHandle.start(agent.run("quick"), control=worker)
+    run_id = await worker.registered(handle)
+    await handle
+    await control.wait(run_id, timeout=10)
+    client = control._client
+    before = sorted([k async for k in client.scan_iter(match=f"{control.prefix}:*")])
+    with pytest.raises(aio.UnknownRunError, match="no run 'nope' under prefix"):
+        await control.cancel("nope")
+    for call in (control.status, control.interrupt, control.claim):
+        with pytest.raises(aio.UnknownRunError):
+            await call("nope")
+    with pytest.raises(aio.UnknownRunError):
+        await control.wait("nope", timeout=1)
+    with pytest.raises(aio.UnknownRunError):
+        await anext(aiter(control.events("nope")))
+    for bad in ("", "a b", "x" * 129, "../etc", f"{control.prefix}:run:{run_id}"):
+        with pytest.raises(ValueError, match="run id"):
+            await control.cancel(bad)
+    with pytest.raises(TypeError):
+        await control.cancel(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bad event id"):
+        control.events(run_id, after="yesterday")
+    with pytest.raises(ValueError, match="malformed run id"):
+        aio.RunHandle.start(agent.run("quick"), run_id="no spaces", control=worker)
+    # The same run seen through another prefix does not exist there.
+    async with aio.RedisControl(redis_url, control.prefix + "-other") as other:
+        with pytest.raises(aio.UnknownRunError, match="-other"):
+            await other.status(run_id)
+    after = sorted([k async for k in client.scan_iter(match=f"{control.prefix}:*")])
+    assert after == before
+    await agent.aclose()
+
+
+async def test_urls_that_are_not_redis_fail_clearly_and_hide_the_password(
+    server: LoopbackServer,
+) -> None:
+    with pytest.raises(ValueError, match=r"not a Redis URL: 'http://\*\*\*@127"):
+        aio.RedisControl("http://user:s3cret@127.0.0.1:1/0")
+    port = services.free_port()
+    control = aio.RedisControl(f"redis://:s3cret@127.0.0.1:{port}/0")
+    assert "s3cret" not in repr(control) and "***" in repr(control)
+    with pytest.raises(aio.ControlConnectionError) as refused:
+        await control.connect()
+    assert f"127.0.0.1:{port}" in str(refused.value) and "s3cret" not in str(refused.value)
+    assert refused.value.__cause__ is None and "s3cret" not in repr(refused.value.__context__)
+    await control.aclose()
+    # An HTTP server where Redis was expected.
+    http = aio.RedisControl(f"redis://:s3cret@127.0.0.1:{server.port}/0", timeout=0.5)
+    with pytest.raises(aio.ControlConnectionError, match="is this a Redis server") as wrong:
+        await http.connect()
+    assert "s3cret" not in str(wrong.value)
+    await http.aclose()
