@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from aimu.aio.scope import current_scope
 from aimu.testing.script import ScriptedCall, Turn
 
 #: A reply long enough (20 s) that only a stop ends it.
 ENDLESS = Turn(text=" ".join(f"w{i}" for i in range(1000)), delay=0.02)
-TOOL_TURN = Turn(text="calling a tool", delay=0.02, tool_calls=[ScriptedCall("note", {"text": "x"})])
+NOTE_TURN = Turn(text="calling a tool", delay=0.02, tool_calls=[ScriptedCall("note", {"text": "x"})])
+HOLD_TURN = Turn(text="holding", delay=0.02, tool_calls=[ScriptedCall("hold")])
+
+
+def note(text: str) -> str:
+    """Write a note."""
+    return f"noted: {text}"
+
+
+async def hold() -> str:
+    """Wait until the run is asked to stop gracefully (a provable point to interrupt at)."""
+    scope = current_scope.get()
+    assert scope is not None, "hold() runs only inside a RunHandle"
+    while not scope.interrupt_requested:
+        await asyncio.sleep(0.005)  # polls a flag: no race, only the wait for it
+    return "held until interrupted"
+
+
+TOOLS = [note, hold]
 
 
 class Answers:
-    """By task: ``quick`` answers at once; ``tool...`` calls a tool, then streams
-    endlessly; ``resume...`` calls a tool, streams endlessly the first time after it and
+    """By task: ``quick`` answers at once; ``tool...`` calls ``hold`` (which returns once
+    the run is interrupted), then streams endlessly; ``resume...`` calls ``note``, streams endlessly the first time after it and
     answers ``done`` the next (the resumed run); anything else streams endlessly."""
 
     def __init__(self) -> None:
@@ -28,7 +48,7 @@ class Answers:
             return Turn(text="quick answer")
         if task.startswith(("tool", "resume")):
             if not messages or messages[-1]["role"] != "tool":
-                return TOOL_TURN
+                return HOLD_TURN if task.startswith("tool") else NOTE_TURN
             self.after_tool[task] += 1
             if task.startswith("resume") and self.after_tool[task] > 1:
                 return Turn(text="done")

@@ -9,17 +9,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aimu import aio
-from aimu.aio.events import HandleFinished, TextChunk
+from aimu.aio.events import HandleFinished, TextChunk, ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
 from tests import services
 from tests.aio.control.conftest import LEASE
-from tests.aio.control.scripts import Answers
-
-
-def note(text: str) -> str:
-    """Write a note."""
-    return f"noted: {text}"
+from tests.aio.control.scripts import TOOLS, Answers
 
 
 @pytest.fixture
@@ -36,7 +31,7 @@ async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]
 
 
 def agent_for(server: LoopbackServer) -> aio.Agent:
-    return aio.Agent(aio.client("ollama:m", host=server.url), [note])
+    return aio.Agent(aio.client("ollama:m", host=server.url), TOOLS)
 
 
 async def first_text(control: aio.RedisControl, run_id: str) -> str:
@@ -78,7 +73,9 @@ async def test_interrupt_lands_at_the_step_boundary(
     agent = agent_for(server)
     handle = aio.RunHandle.start(agent.run("tool first"), control=worker)
     run_id = await worker.registered(handle)
-    await first_text(control, run_id)  # the tool turn is streaming
+    async for seen in control.events(run_id):
+        if isinstance(seen.event, ToolCallStarted):
+            break  # hold() runs until the interrupt arrives
     assert await control.interrupt(run_id)
     assert await handle == "Run interrupted."
     info = await control.wait(run_id, timeout=10)

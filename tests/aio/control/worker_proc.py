@@ -14,12 +14,10 @@ import json
 import os
 import sys
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from aimu import aio
-
-
-def note(text: str) -> str:
-    """Write a note."""
-    return f"noted: {text}"
+from tests.aio.control.scripts import TOOLS
 
 
 async def main(url: str, prefix: str, model_url: str, store_path: str, lease: float) -> None:
@@ -30,12 +28,19 @@ async def main(url: str, prefix: str, model_url: str, store_path: str, lease: fl
 
         def agent(session: str) -> aio.Agent:
             return aio.Agent(
-                aio.client("ollama:m", host=model_url), [note], store=store, session=session
+                aio.client("ollama:m", host=model_url), TOOLS, store=store, session=session
             )
 
         await jobs.rpush(f"{prefix}:test:ready", str(os.getpid()))
         while True:
-            popped = await jobs.blpop([f"{prefix}:test:jobs"], timeout=0)
+            # Short blocks: a read longer than the client's socket timeout would fail.
+            try:
+                popped = await jobs.blpop([f"{prefix}:test:jobs"], timeout=1)
+            except RedisConnectionError:  # Redis restarting: the runs go on, so do we
+                await asyncio.sleep(0.1)
+                continue
+            if popped is None:
+                continue
             job = json.loads(popped[1])
             if "stop" in job:
                 break
