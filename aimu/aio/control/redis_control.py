@@ -61,6 +61,7 @@ _STATUSES: Final = frozenset(get_args(ControlStatus))
 _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
 _FOLLOW_COUNT = 512
+_CLAIM_WINDOW = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,14 +277,14 @@ class RedisControl:
         """Take over a ``lost`` run; its RunInfo if this control won it, else None.
 
         Of any number of claimers exactly one wins. The winner must start the run again
-        at once (``RunHandle.start(agent.resume(), run_id=run_id, control=control)``),
-        before the lease it now holds expires. UnknownRunError if there is no such run.
+        (``RunHandle.start(agent.resume(), run_id=run_id, control=control)``) within 30 s
+        (or ``lease``, if longer), else it is lost again. UnknownRunError if no such run.
         """
         check_run_id(run_id, self.prefix)
         with self._errors("claim", run_id):
             result = await self._scripts.claim(
                 keys=[self._keys.run(run_id), self._keys.lease(run_id)],
-                args=[self.worker_id, int(self.lease * 1000)],
+                args=[self.worker_id, int(max(self.lease, _CLAIM_WINDOW) * 1000)],
             )
         if result[0] == "unknown":
             self._unknown(run_id)
