@@ -34,17 +34,13 @@ def check_run_id(run_id: object, prefix: str) -> str:
             f"control's keys live under {prefix!r}, and a key of another prefix is no run id"
         )
     if _RUN_ID.fullmatch(run_id) is None:
-        raise ValueError(
-            f"malformed run id {run_id!r}: use 1 to 128 letters, digits, '_' or '-'"
-        )
+        raise ValueError(f"malformed run id {run_id!r}: use 1 to 128 letters, digits, '_' or '-'")
     return run_id
 
 
 def check_prefix(prefix: object) -> str:
     if not isinstance(prefix, str) or _PREFIX.fullmatch(prefix) is None:
-        raise ValueError(
-            f"bad key prefix {prefix!r}: use 1 to 64 letters, digits, '_', '-' or '.'"
-        )
+        raise ValueError(f"bad key prefix {prefix!r}: use 1 to 64 letters, digits, '_', '-' or '.'")
     return prefix
 
 

@@ -548,4 +548,3 @@ def _float(text: str | None) -> float | None:
 def _describe(error: BaseException) -> str:
     text = str(error) or type(error).__name__
     return text if len(text) < 300 else text[:300] + "..."
-

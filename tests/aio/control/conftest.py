@@ -56,8 +56,15 @@ class Workers:
         for _ in range(count):
             self.processes.append(
                 subprocess.Popen(
-                    [sys.executable, str(WORKER), self.url, self.prefix, self.model_url,
-                     str(self.store), str(LEASE)],
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        self.url,
+                        self.prefix,
+                        self.model_url,
+                        str(self.store),
+                        str(LEASE),
+                    ],
                     env=env,
                     stdin=subprocess.DEVNULL,
                 )
@@ -112,8 +119,21 @@ class DurableRedis:
 
     def start(self) -> None:
         self._process = subprocess.Popen(
-            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", self._dir],
+            [
+                self._binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                self._dir,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

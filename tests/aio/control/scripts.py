@@ -12,7 +12,7 @@ from aimu.testing.script import ScriptedCall, Turn
 
 #: A reply long enough (20 s) that only a stop ends it.
 ENDLESS = Turn(text=" ".join(f"w{i}" for i in range(1000)), delay=0.02)
-NOTE_TURN = Turn(text="calling a tool", delay=0.02, tool_calls=[ScriptedCall("note", {"text": "x"})])
+NOTE_TURN = Turn(text="noting", delay=0.02, tool_calls=[ScriptedCall("note", {"text": "x"})])
 HOLD_TURN = Turn(text="holding", delay=0.02, tool_calls=[ScriptedCall("hold")])
 
 
@@ -25,8 +25,9 @@ async def hold() -> str:
     """Wait until the run is asked to stop gracefully (a provable point to interrupt at)."""
     scope = current_scope.get()
     assert scope is not None, "hold() runs only inside a RunHandle"
-    while not scope.interrupt_requested:
-        await asyncio.sleep(0.005)  # polls a flag: no race, only the wait for it
+    # The scope has a flag, not an event: poll it (no race, only the wait for it).
+    while not scope.interrupt_requested:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
     return "held until interrupted"
 
 
@@ -35,8 +36,9 @@ TOOLS = [note, hold]
 
 class Answers:
     """By task: ``quick`` answers at once; ``tool...`` calls ``hold`` (which returns once
-    the run is interrupted), then streams endlessly; ``resume...`` calls ``note``, streams endlessly the first time after it and
-    answers ``done`` the next (the resumed run); anything else streams endlessly."""
+    the run is interrupted), then streams endlessly; ``resume...`` calls ``note``, then
+    streams endlessly the first time and answers ``done`` the next (the resumed run);
+    anything else streams endlessly."""
 
     def __init__(self) -> None:
         self.after_tool: Counter[str] = Counter()

@@ -30,25 +30,36 @@ async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]
         yield made
 
 
-def agent_for(server: LoopbackServer) -> aio.Agent:
-    return aio.Agent(aio.client("ollama:m", host=server.url), TOOLS)
+@pytest.fixture
+async def agent(server: LoopbackServer) -> AsyncIterator[aio.Agent]:
+    made = aio.Agent(aio.client("ollama:m", host=server.url), TOOLS)
+    yield made
+    await made.aclose()
 
 
-async def first_text(control: aio.RedisControl, run_id: str) -> str:
-    """Follow the run until its first text chunk; the id of that event."""
+async def start(
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
+    task: str,
+    until: type[object] = TextChunk,
+) -> tuple[aio.RunHandle[str], str]:
+    """Start ``task`` under ``worker``; follow it from ``control`` until an ``until`` event."""
+    handle = aio.RunHandle.start(agent.run(task), control=worker)
+    run_id = await worker.registered(handle)
     async for seen in control.events(run_id):
-        if isinstance(seen.event, TextChunk):
-            return seen.id
-    raise AssertionError("the run ended before any text")
+        if isinstance(seen.event, until):
+            return handle, run_id
+    raise AssertionError(f"the run ended before a {until.__name__}")
 
 
 async def test_a_cancel_from_another_control_stops_the_stream(
-    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+    server: LoopbackServer,
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
 ) -> None:
-    agent = agent_for(server)
-    handle = aio.RunHandle.start(agent.run("endless"), control=worker)
-    run_id = await worker.registered(handle)
-    await first_text(control, run_id)
+    handle, run_id = await start(agent, worker, control, "endless")
     assert await control.cancel(run_id, "user pressed stop")
     with pytest.raises(asyncio.CancelledError):
         await handle
@@ -64,64 +75,64 @@ async def test_a_cancel_from_another_control_stops_the_stream(
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
     assert isinstance(seen[-1].event, HandleFinished) and seen[-1].event.status == "cancelled"
     assert sum(isinstance(e.event, HandleFinished) for e in seen) == 1
-    await agent.aclose()
 
 
 async def test_interrupt_lands_at_the_step_boundary(
-    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+    server: LoopbackServer,
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
 ) -> None:
-    agent = agent_for(server)
-    handle = aio.RunHandle.start(agent.run("tool first"), control=worker)
-    run_id = await worker.registered(handle)
-    async for seen in control.events(run_id):
-        if isinstance(seen.event, ToolCallStarted):
-            break  # hold() runs until the interrupt arrives
+    # Provable point: hold() runs until the interrupt arrives.
+    handle, run_id = await start(agent, worker, control, "tool first", ToolCallStarted)
     assert await control.interrupt(run_id)
     assert await handle == "Run interrupted."
     info = await control.wait(run_id, timeout=10)
     assert info.status == "interrupted"
     assert [m["role"] for m in agent.model_client.messages] == ["user", "assistant", "tool"]
     validate(agent.model_client.messages)
-    await agent.aclose()
 
 
 async def test_stop_cancels_a_run_that_outlives_its_grace(
-    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+    server: LoopbackServer,
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
 ) -> None:
-    agent = agent_for(server)
-    handle = aio.RunHandle.start(agent.run("endless"), control=worker)
-    run_id = await worker.registered(handle)
-    await first_text(control, run_id)
+    handle, run_id = await start(agent, worker, control, "endless")
     info = await control.stop(run_id, grace=0.05)
     assert info.status == "cancelled" and info.reason is not None and "stop()" in info.reason
     assert handle.status == "cancelled"
     await server.wait_abandoned(1)
     validate(agent.model_client.messages)
-    await agent.aclose()
 
 
 async def test_a_cancel_before_the_run_starts_is_honoured_when_it_starts(
-    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+    server: LoopbackServer,
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
 ) -> None:
     run_id = await control.reserve(session="s1")
     assert (await control.status(run_id)).status == "pending"
     assert await control.cancel(run_id, "changed my mind")
     assert await control.cancel(run_id, "changed my mind")  # repeats are harmless
-    agent = agent_for(server)
     handle = aio.RunHandle.start(agent.run("endless"), run_id=run_id, control=worker)
     with pytest.raises(asyncio.CancelledError):
         await handle
     assert handle.reason == "changed my mind"
     info = await control.wait(run_id, timeout=10)
-    assert (info.status, info.reason, info.info) == ("cancelled", "changed my mind", {"session": "s1"})
+    assert (info.status, info.reason) == ("cancelled", "changed my mind")
+    assert info.info == {"session": "s1"}
     validate(agent.model_client.messages)
-    await agent.aclose()
 
 
 async def test_a_follower_that_reconnects_sees_every_event_once(
-    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+    server: LoopbackServer,
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
 ) -> None:
-    agent = agent_for(server)
     handle = aio.RunHandle.start(agent.run("quick"), control=worker)
     run_id = await worker.registered(handle)
     first: list[aio.RunEvent] = []
@@ -135,13 +146,14 @@ async def test_a_follower_that_reconnects_sees_every_event_once(
     assert [e.id for e in first + rest] == [e.id for e in whole]
     assert [e.seq for e in whole] == list(range(1, len(whole) + 1))
     assert whole[-1].event.type == "handle_finished" and whole[-1].event.result == "quick answer"
-    await agent.aclose()
 
 
 async def test_runs_lists_what_runs_where(
-    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+    server: LoopbackServer,
+    agent: aio.Agent,
+    worker: aio.RedisControl,
+    control: aio.RedisControl,
 ) -> None:
-    agent = agent_for(server)
     handle = aio.RunHandle.start(agent.run("endless"), control=worker.with_info(user="ann"))
     run_id = await worker.registered(handle)
     (listed,) = await control.runs()
@@ -151,13 +163,11 @@ async def test_runs_lists_what_runs_where(
         await control.wait(run_id, timeout=0.05)
     handle.cancel()
     assert (await control.wait(run_id, timeout=10)).status == "cancelled"
-    await agent.aclose()
 
 
 async def test_bad_input_gets_a_clear_error_and_changes_nothing(
-    redis_url: str, worker: aio.RedisControl, control: aio.RedisControl, server: LoopbackServer
+    redis_url: str, agent: aio.Agent, worker: aio.RedisControl, control: aio.RedisControl
 ) -> None:
-    agent = agent_for(server)
     handle = aio.RunHandle.start(agent.run("quick"), control=worker)
     run_id = await worker.registered(handle)
     await handle
@@ -188,7 +198,6 @@ async def test_bad_input_gets_a_clear_error_and_changes_nothing(
             await other.status(run_id)
     after = sorted([k async for k in client.scan_iter(match=f"{control.prefix}:*")])
     assert after == before
-    await agent.aclose()
 
 
 async def test_urls_that_are_not_redis_fail_clearly_and_hide_the_password(

@@ -50,9 +50,7 @@ async def main(url: str, prefix: str, model_url: str, store_path: str, lease: fl
                 await jobs.rpush(f"{prefix}:test:claims", "won" if info else "lost")
                 if info is not None:
                     resumed = agent(info.info["session"])
-                    handle = aio.RunHandle.start(
-                        resumed.resume(), run_id=run_id, control=control
-                    )
+                    handle = aio.RunHandle.start(resumed.resume(), run_id=run_id, control=control)
                     handles.append(handle)
                 continue
             run_agent = agent(job["run"])
