@@ -100,17 +100,14 @@ async def test_a_controller_stops_runs_in_three_worker_processes(
         # Every endless stream was abandoned by its client, none left streaming.
         await server.wait_abandoned(6, timeout=10)
         assert all(r.completed or r.abandoned for r in server.streams)
-        store = aio.SQLiteStore(store_path)
-        try:
+        async with aio.SQLiteStore(store_path) as store:
             for run_id in plan:
-                messages = store.load(run_id)
+                messages = await store.load(run_id)
                 validate(messages)
                 roles = [m["role"] for m in messages]
                 assert roles[0] == "user" and roles.count("user") == 1, roles
                 if run_id[0] == "i":
                     assert roles == ["user", "assistant", "tool"]
-        finally:
-            store.close()
         for run_id in plan:
             await whole_events(control, run_id)
 
@@ -146,11 +143,8 @@ async def test_a_killed_worker_s_run_is_lost_then_resumed_by_exactly_one_other(
         assert (info.status, info.attempt) == ("completed", 2)
         events = await whole_events(control, "r1")
         assert events[-1].event.result == "done"
-        store = aio.SQLiteStore(store_path)
-        try:
-            messages = store.load("r1")
-        finally:
-            store.close()
+        async with aio.SQLiteStore(store_path) as store:
+            messages = await store.load("r1")
         validate(messages)
         roles = [m["role"] for m in messages]
         assert roles.count("user") == 1 and roles[-1] == "assistant", roles

@@ -63,7 +63,7 @@ async def main(url: str, prefix: str, model_url: str, store_path: str, lease: fl
             )
         for handle in handles:
             await asyncio.wait([asyncio.ensure_future(handle.stop(0))])
-    store.close()
+    await store.aclose()
 
 
 if __name__ == "__main__":
