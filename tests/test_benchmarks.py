@@ -22,6 +22,7 @@ def test_every_benchmark_has_a_smoke_run() -> None:
     assert sorted(SMOKE) == sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs(script: str) -> None:
     completed = subprocess.run(

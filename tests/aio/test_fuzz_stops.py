@@ -674,6 +674,7 @@ TRIALS_PER_TEST = 12
 BATCHES = 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", range(BATCHES))
 async def test_random_stops_keep_every_invariant(
     batch: int, server: LoopbackServer, tmp_path: Path

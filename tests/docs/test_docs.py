@@ -41,8 +41,16 @@ def test_only_benchmark_commands_are_left_out() -> None:
             assert "no-run" not in page.read_text(), f"{page} has a block that is not run"
 
 
-@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"],
-                         ids=[str(p.relative_to(ROOT)) for p in [*PAGES, ROOT / "README.md"]])
+# The tutorial's demo waits on purpose (a person watching a reply stream): `slow`.
+SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(
+        p, id=str(p.relative_to(ROOT)), marks=pytest.mark.slow if p in SLOW_PAGES else ()
+    )
+    for p in [*PAGES, ROOT / "README.md"]
+])
 def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
     # The README's shell commands are the fresh-machine commands CI itself runs; its
     # Python runs as plain scripts, the way a reader saves and runs the quick start.
