@@ -242,6 +242,9 @@ class _Routes:
                 "name": name,
                 "status": None if info is None else info.status,
                 "run_id": active,
+                "run_messages_from": None
+                if active is None
+                else self.runs.get(active).messages_from,
                 "messages": await store.load(name),
             }
         )

@@ -71,6 +71,8 @@ class RunRecord:
     usage: Usage = dataclasses.field(default_factory=zero_usage)
     events: list[JSONEvent] = dataclasses.field(default_factory=list)
     ended: bool = False
+    messages_from: int = 0
+    """How many messages the session held before this run added any."""
     handle: RunHandle[str] | None = dataclasses.field(default=None, repr=False)
     _waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list, repr=False)
 
@@ -192,6 +194,7 @@ class LocalRuns:
             await agent.aclose()
             raise
         record = RunRecord(secrets.token_urlsafe(_RUN_ID_BYTES), session, task)
+        record.messages_from = len(agent.model_client.messages)
         handle = RunHandle.start(_closing(agent, run, record), name=f"run {record.run_id}")
         record.handle = handle
         record.status = handle.status

@@ -1,0 +1,434 @@
+// The aimu web chat: one session at a time, the reply streaming over the runs API.
+// No framework and no build step: fetch() for JSON, and for the event stream too (an
+// EventSource cannot send the bearer token), resuming with Last-Event-ID after a drop.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  token: sessionStorage.getItem("aimu-token") || "",
+  session: null,
+  run: null,          // {id, lastEventId, bubble, controller}
+  lastStatus: null,   // how the session's last run ended
+  queued: [],         // messages typed during a run when the server cannot send into it
+};
+
+const TOKEN_IN_HASH = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+if (TOKEN_IN_HASH) {  // #token=... never reaches the server or its logs
+  state.token = decodeURIComponent(TOKEN_IN_HASH[1]);
+  sessionStorage.setItem("aimu-token", state.token);
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+// Paths relative to the page, so the app also works mounted under a prefix.
+const at = (path) => new URL(path.replace(/^\//, ""), document.baseURI);
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+function headers(extra = {}) {
+  const h = { ...extra };
+  if (state.token) h.Authorization = `Bearer ${state.token}`;
+  return h;
+}
+
+async function api(method, path, body) {
+  const init = { method, headers: headers(body === undefined ? {} : { "Content-Type": "application/json" }) };
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const response = await fetch(at(path), init);
+  if (response.status === 401) { askToken(); throw new ApiError(401, "this server needs its token"); }
+  if (response.status === 204) return null;
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new ApiError(response.status, data.error || response.statusText);
+  return data;
+}
+
+function askToken() {
+  const dialog = $("token-dialog");
+  if (!dialog.open) dialog.showModal();
+}
+
+function notice(text) { $("notice").textContent = text || ""; }
+function setStatus(text) { $("status").textContent = text; }
+
+// -- sessions -----------------------------------------------------------------------
+
+async function loadSessions() {
+  const { sessions } = await api("GET", "/sessions");
+  const list = $("session-list");
+  list.replaceChildren();
+  for (const info of sessions) {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.dataset.session = info.name;
+    button.textContent = info.name;
+    const meta = document.createElement("small");
+    meta.textContent = `${info.message_count} messages${info.run_id ? " · running" : info.status ? " · " + info.status : ""}`;
+    button.append(meta);
+    if (info.name === state.session) button.setAttribute("aria-current", "true");
+    button.addEventListener("click", () => openSession(info.name));
+    item.append(button);
+    list.append(item);
+  }
+  return sessions;
+}
+
+async function openSession(name) {
+  if (state.run) state.run.controller.abort();  // stop following; the run goes on
+  state.run = null;
+  state.session = name;
+  localStorage.setItem("aimu-session", name);
+  const url = new URL(location.href);
+  url.searchParams.set("session", name);
+  history.replaceState(null, "", url);
+  $("session-title").textContent = name;
+  $("sessions").classList.remove("open");
+  $("messages").replaceChildren();
+  state.lastStatus = null;
+  try {
+    const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
+    state.lastStatus = session.status;
+    if (session.run_id) {
+      // A run in progress: show what came before it, then replay the run's events.
+      renderTranscript(session.messages.slice(0, session.run_messages_from ?? undefined));
+      follow(session.run_id, null, true);
+    } else {
+      renderTranscript(session.messages);
+    }
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) notice(error.message);
+  }
+  updateControls();
+  loadSessions().catch(() => {});
+}
+
+// -- the conversation ---------------------------------------------------------------
+
+function bubble(role, text, mark) {
+  const div = document.createElement("div");
+  div.className = `msg ${role}`;
+  div.dataset.role = role;
+  const body = document.createElement("span");
+  body.className = "text";
+  body.textContent = text || "";
+  div.append(body);
+  if (mark) addMark(div, mark);
+  $("messages").append(div);
+  scrollDown();
+  return div;
+}
+
+function addMark(div, mark) {
+  const span = document.createElement("span");
+  span.className = "mark";
+  span.textContent = mark;
+  div.append(span);
+}
+
+function scrollDown() { const m = $("messages"); m.scrollTop = m.scrollHeight; }
+
+function describeCall(call) {
+  const fn = call.function || call;
+  let args = fn.arguments;
+  if (typeof args !== "string") args = JSON.stringify(args);
+  return `→ ${fn.name}(${args})`;
+}
+
+function renderTranscript(messages) {
+  for (const message of messages) {
+    if (message.role === "system") continue;
+    if (message.role === "tool") { bubble("tool", `${message.name || "tool"}: ${message.content}`); continue; }
+    if (message.role === "user" && message.aimu_final_turn) continue;
+    if (message.role === "assistant") {
+      if (message.content || message.aimu_partial) {
+        bubble("assistant", message.content, message.aimu_partial ? "(stopped)" : null);
+      }
+      for (const call of message.tool_calls || []) bubble("tool", describeCall(call));
+      continue;
+    }
+    bubble(message.role, message.content);
+  }
+}
+
+// -- runs -----------------------------------------------------------------------------
+
+async function startRun(text) {
+  const session = state.session;
+  bubble("user", text);
+  try {
+    const started = await api("POST", `/sessions/${encodeURIComponent(session)}/runs`, { task: text });
+    follow(started.run_id, null, false);
+  } catch (error) {
+    notice(error.message);
+  }
+}
+
+async function submit(text) {
+  text = text.trim();
+  if (!text) return;
+  notice("");
+  if (!state.session) await openSession("default");
+  if (state.run) {
+    // Input typed during a run joins it at its next step boundary.
+    try {
+      await api("POST", `/runs/${state.run.id}/send`, { text });
+      bubble("user", text);
+    } catch (error) {
+      if (error.status === 501 || error.status === 409) {
+        state.queued.push(text);
+        bubble("user", text, "(queued: sent when this run ends)");
+      } else {
+        notice(error.message);
+      }
+    }
+    return;
+  }
+  await startRun(text);
+}
+
+function follow(runId, after, replaying) {
+  const controller = new AbortController();
+  const run = { id: runId, lastEventId: after, bubble: null, controller, ended: false };
+  state.run = run;
+  setStatus("running");
+  updateControls();
+  stream(run, replaying).catch((error) => {
+    if (!controller.signal.aborted) notice(error.message);
+  });
+}
+
+async function stream(run, replaying) {
+  let attempts = 0;
+  while (!run.ended && !run.controller.signal.aborted) {
+    try {
+      const extra = run.lastEventId ? { "Last-Event-ID": run.lastEventId } : {};
+      const response = await fetch(at(`/runs/${run.id}/events`), {
+        headers: headers({ Accept: "text/event-stream", ...extra }),
+        signal: run.controller.signal,
+      });
+      if (response.status === 401) { askToken(); return; }
+      if (!response.ok) {
+        const data = await response.json().catch(() => ({}));
+        throw new ApiError(response.status, data.error || response.statusText);
+      }
+      attempts = 0;
+      await readEvents(response, run, replaying);
+    } catch (error) {
+      if (run.controller.signal.aborted || error instanceof ApiError) throw error;
+      attempts += 1;  // the connection dropped: reconnect and continue after the last id
+      await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 250 * attempts)));
+    }
+  }
+}
+
+async function readEvents(response, run, replaying) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let id = null, data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("id:")) id = line.slice(3).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (!data) continue;
+      if (id) run.lastEventId = id;
+      onEvent(run, JSON.parse(data), replaying);
+    }
+  }
+}
+
+function onEvent(run, event, replaying) {
+  if (state.run !== run) return;
+  switch (event.type) {
+    case "run_started":
+      if (replaying && event.task !== null) bubble("user", event.task);
+      run.bubble = null;
+      break;
+    case "text": {
+      if (!run.bubble) { run.bubble = bubble("assistant", ""); run.bubble.classList.add("streaming"); }
+      run.bubble.querySelector(".text").textContent += event.text;
+      scrollDown();
+      break;
+    }
+    case "tool_call":
+      endBubble(run);
+      bubble("tool", describeCall({ name: event.name, arguments: event.arguments }));
+      break;
+    case "tool_result":
+      bubble("tool", `${event.name}: ${event.content}`);
+      break;
+    case "run_finished":
+      if (event.status === "cancelled" && run.bubble) addMark(run.bubble, "(stopped)");
+      if (event.status === "interrupted") bubble("assistant", "", "(interrupted)");
+      if (event.status === "failed") notice(`the run failed: ${event.error}`);
+      endBubble(run);
+      break;
+    case "handle_finished":
+      run.ended = true;
+      finishRun(run, event);
+      break;
+    default:
+      break;
+  }
+}
+
+function endBubble(run) {
+  if (run.bubble) run.bubble.classList.remove("streaming");
+  run.bubble = null;
+}
+
+async function finishRun(run, event) {
+  endBubble(run);
+  state.run = null;
+  state.lastStatus = event.status;
+  setStatus(event.status === "cancelled" ? "stopped" : event.status);
+  updateControls();
+  if (event.status === "paused") await showApprovals(run.id);
+  loadSessions().catch(() => {});
+  const next = state.queued.shift();
+  if (next !== undefined) startRun(next);
+}
+
+// -- approvals -------------------------------------------------------------------------
+
+async function showApprovals(runId) {
+  const run = await api("GET", `/runs/${runId}`);
+  const box = $("approvals");
+  box.replaceChildren();
+  for (const call of run.pending || []) {
+    const row = document.createElement("div");
+    row.className = "approval";
+    const what = document.createElement("code");
+    what.textContent = `${call.name}(${JSON.stringify(call.arguments)})`;
+    const approve = document.createElement("button");
+    approve.type = "button";
+    approve.textContent = "Approve";
+    approve.dataset.call = call.call_id;
+    const deny = document.createElement("button");
+    deny.type = "button";
+    deny.textContent = "Deny";
+    approve.addEventListener("click", () => decide(runId, call.call_id, true, row));
+    deny.addEventListener("click", () => decide(runId, call.call_id, false, row));
+    row.append(what, approve, deny);
+    box.append(row);
+  }
+  box.hidden = !box.children.length;
+  const first = box.querySelector("button");
+  if (first) first.focus();
+}
+
+async function decide(runId, callId, approve, row) {
+  try {
+    const answer = await api("POST", `/runs/${runId}/approvals/${encodeURIComponent(callId)}`, {
+      approve, reason: approve ? null : "denied in the web chat",
+    });
+    row.remove();
+    $("approvals").hidden = !$("approvals").children.length;
+    if (answer.resumed_run_id) follow(answer.resumed_run_id, null, false);
+  } catch (error) {
+    notice(error.message);
+  }
+}
+
+// -- controls ------------------------------------------------------------------------------
+
+function updateControls() {
+  const running = Boolean(state.run);
+  $("stop").disabled = !running;
+  $("interrupt").disabled = !running;
+  const resumable = ["cancelled", "interrupted", "failed", "max_rounds", "in_progress", "timed_out"];
+  $("resume").disabled = running || !state.session || !resumable.includes(state.lastStatus);
+  if (!running && $("status").textContent === "running") setStatus("idle");
+}
+
+async function control(action) {
+  const run = state.run;
+  if (!run) return;
+  notice("");
+  const body = action === "cancel" ? { reason: "Stop pressed in the web chat" } : {};
+  try {
+    await api("POST", `/runs/${run.id}/${action}`, body);
+    // Unless the run's end arrived on the event stream meanwhile.
+    if (state.run === run) setStatus(action === "cancel" ? "stopping…" : "interrupting…");
+  } catch (error) {
+    notice(error.message);
+  }
+}
+
+async function resume() {
+  notice("");
+  try {
+    const started = await api("POST", `/sessions/${encodeURIComponent(state.session)}/resume`, {});
+    // A resume continues the stopped turn: its stored partial text stays on screen.
+    follow(started.run_id, null, false);
+  } catch (error) {
+    notice(error.message);
+  }
+}
+
+// -- wiring ----------------------------------------------------------------------------------
+
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("input");
+  const text = input.value;
+  input.value = "";
+  submit(text);
+});
+$("input").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && state.run && !$("token-dialog").open) {
+    event.preventDefault();
+    control("cancel");
+  }
+});
+$("stop").addEventListener("click", () => control("cancel"));
+$("interrupt").addEventListener("click", () => control("interrupt"));
+$("resume").addEventListener("click", resume);
+$("new-session").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("new-session-name");
+  if (!input.checkValidity() || !input.value) { notice("a session name is 1-128 of A-Z a-z 0-9 . _ -"); return; }
+  openSession(input.value);
+  input.value = "";
+  $("input").focus();
+});
+$("toggle-sessions").addEventListener("click", () => {
+  const open = $("sessions").classList.toggle("open");
+  $("toggle-sessions").setAttribute("aria-expanded", String(open));
+});
+$("token-form").addEventListener("submit", () => {
+  state.token = $("token-input").value;
+  sessionStorage.setItem("aimu-token", state.token);
+  start();
+});
+
+async function start() {
+  try {
+    const sessions = await loadSessions();
+    const wanted = new URL(location.href).searchParams.get("session")
+      || localStorage.getItem("aimu-session")
+      || (sessions[0] && sessions[0].name)
+      || "default";
+    await openSession(wanted);
+    $("input").focus();
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 401)) notice(error.message);
+  }
+}
+
+start();

@@ -1,0 +1,200 @@
+"""The web chat in a real Chromium (Debian's, driven by Playwright): type, watch it stream,
+Stop, keep the partial reply, send again, reload, and use it from the keyboard and a phone.
+
+On failure each test saves a screenshot under ``$AIMU_TEST_ARTIFACTS`` (default
+``test-artifacts/`` in the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aimu.aio.transcript import validate
+from tests.serve.harness import Served
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("AIMU_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+WAIT_MS = 20_000
+
+
+@pytest.fixture
+async def browser(chromium_path: str) -> AsyncIterator[object]:
+    from playwright.async_api import async_playwright, expect
+
+    expect.set_options(timeout=WAIT_MS)  # a loaded machine, not a slow page
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=chromium_path,
+            args=["--no-sandbox", "--disable-dev-shm-usage"],  # as root, in a container
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def page(browser: object, request: pytest.FixtureRequest) -> AsyncIterator[object]:
+    from playwright.async_api import Browser
+
+    assert isinstance(browser, Browser)
+    context = await browser.new_context(viewport={"width": 1100, "height": 800})
+    opened = await context.new_page()
+    opened.set_default_timeout(WAIT_MS)
+    try:
+        yield opened
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, on failure
+            name = re.sub(r"[^\w.-]", "_", request.node.name)
+            await opened.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        await context.close()
+
+
+async def stored(served: Served, session: str) -> list[dict[str, object]]:
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        messages: list[dict[str, object]] = (await http.get(f"/sessions/{session}")).json()[
+            "messages"
+        ]
+    return messages
+
+
+async def test_type_stream_stop_send_again_reload(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    await page.goto(f"{served.url}/?session=web")
+    await expect(page.locator("#session-title")).to_have_text("web")
+    await expect(page.locator("#stop")).to_be_disabled()
+
+    await page.locator("#input").fill("long story please")
+    await page.locator("#input").press("Enter")
+    reply = page.locator(".msg.assistant").last
+    # Streaming: the first words are there while the last one is not yet.
+    await expect(reply).to_contain_text("w3 ")
+    assert "w399" not in await reply.inner_text()
+    await expect(page.locator("#stop")).to_be_enabled()
+
+    await page.locator("#stop").click()
+    await expect(reply.locator(".mark")).to_have_text("(stopped)")
+    await expect(page.locator("#status")).to_have_text("stopped")
+    await expect(page.locator("#stop")).to_be_disabled()
+    await expect(page.locator("#resume")).to_be_enabled()
+    partial = await reply.locator(".text").inner_text()
+    assert partial.startswith("w0 w1") and "w399" not in partial
+    await served.model.wait_abandoned(abandoned + 1)
+    messages = await stored(served, "web")
+    validate(messages)  # type: ignore[arg-type]
+    assert messages[-1]["aimu_partial"] is True and messages[-1]["content"] == partial
+
+    await page.locator("#input").fill("hello")
+    await page.locator("#send").click()
+    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello")
+    await expect(page.locator("#status")).to_have_text("completed")
+
+    await page.reload()
+    bubbles = page.locator(".msg")
+    await expect(bubbles).to_have_count(4)
+    texts = [t.strip() for t in await bubbles.all_inner_texts()]
+    assert texts[0] == "long story please"
+    assert texts[1].startswith(partial.strip()) and texts[1].endswith("(stopped)")
+    assert texts[2:] == ["hello", "answer to hello"]
+    await expect(page.locator("#session-list [aria-current=true]")).to_contain_text("web")
+
+
+async def test_keyboard_only(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=keys")
+    await expect(page.locator("#input")).to_be_focused()  # ready to type at once
+    await page.keyboard.type("long keys")
+    await page.keyboard.press("Enter")
+    reply = page.locator(".msg.assistant").last
+    await expect(reply).to_contain_text("w2 ")
+    await page.keyboard.press("Escape")  # Esc is Stop
+    await expect(reply.locator(".mark")).to_have_text("(stopped)")
+
+    # Tab reaches Resume, and Enter on it continues the stopped turn.
+    await page.locator("#resume").focus()
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#status")).to_have_text("completed")
+    messages = await stored(served, "keys")
+    validate(messages)  # type: ignore[arg-type]
+    assert messages[-1]["role"] == "assistant" and not messages[-1].get("aimu_partial")
+
+
+async def test_interrupt_button_and_a_new_session(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/")
+    await page.locator("#new-session-name").fill("fresh")
+    await page.locator("#new-session-name").press("Enter")
+    await expect(page.locator("#session-title")).to_have_text("fresh")
+    await page.locator("#input").fill("tool time")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("let me look")
+    await page.locator("#interrupt").click()
+    await expect(page.locator(".msg .mark").last).to_have_text("(interrupted)")
+    await expect(page.locator(".msg.tool").last).to_contain_text("found tool time")
+    await expect(page.locator("#status")).to_have_text("interrupted")
+
+
+async def test_a_run_in_progress_is_followed_after_a_reload(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=again")
+    await page.locator("#input").fill("long reload")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("w1 ")
+    await page.reload()  # the run goes on; the page finds it and follows it
+    await expect(page.locator("#stop")).to_be_enabled()
+    bubbles = page.locator(".msg")
+    await expect(bubbles.first).to_have_text("long reload")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("w5 ")
+    await page.locator("#stop").click()
+    await expect(page.locator(".msg.assistant .mark")).to_have_text("(stopped)")
+    await expect(bubbles).to_have_count(2)
+
+
+async def test_readable_on_a_phone(browser: object, served: Served) -> None:
+    from playwright.async_api import Browser, expect
+
+    assert isinstance(browser, Browser)
+    context = await browser.new_context(
+        viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+        device_scale_factor=2,
+    )
+    page = await context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        await page.goto(f"{served.url}/?session=phone")
+        await page.locator("#input").fill("hello phone")
+        await page.locator("#send").tap()
+        await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello phone")
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390  # nothing wider than the screen
+        for control in ("#stop", "#interrupt", "#resume", "#send"):
+            box = await page.locator(control).bounding_box()
+            assert box is not None and box["height"] >= 44 and box["x"] + box["width"] <= 390
+        await expect(page.locator("#sessions")).to_be_hidden()
+        await page.locator("#toggle-sessions").tap()
+        await expect(page.locator("#session-list")).to_contain_text("phone")
+    except BaseException:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, on failure
+        await page.screenshot(path=str(ARTIFACTS / "test_readable_on_a_phone.png"))
+        raise
+    finally:
+        await context.close()
