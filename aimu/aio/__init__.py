@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from aimu.aio.scope import RunScope, current_scope
     from aimu.aio.store import (
         JSONLStore,
+        PostgresStore,
         SessionInfo,
         SessionWriter,
         SQLiteStore,
@@ -70,6 +71,7 @@ __all__ = [
     "ModelHTTPError",
     "ModelProtocolError",
     "Parallel",
+    "PostgresStore",
     "RedisControl",
     "Router",
     "RunEvent",
@@ -118,6 +120,7 @@ _WHERE = {
     "JSONLStore": "store",
     "SQLiteStore": "store",
     "Store": "store",
+    "PostgresStore": "store",
     "SessionInfo": "store",
     "SessionWriter": "store",
     "ToolStart": "store",

@@ -17,7 +17,7 @@ from aimu.aio.store import Store
 from aimu.aio.transcript import Message
 from tests import services
 
-KINDS = ["sqlite", "jsonl"]
+KINDS = ["sqlite", "jsonl", "postgres"]
 
 
 @dataclass(frozen=True)

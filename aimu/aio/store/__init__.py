@@ -27,10 +27,12 @@ from aimu.aio.store._protocol import (
 
 if TYPE_CHECKING:
     from aimu.aio.store._jsonl import JSONLStore
+    from aimu.aio.store._postgres import PostgresStore
     from aimu.aio.store._sqlite import SQLiteStore
 
 __all__ = [
     "JSONLStore",
+    "PostgresStore",
     "SQLiteStore",
     "SessionInfo",
     "SessionStatus",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 # Backends import on first use, so the agent's import of the protocol stays light.
-_BACKENDS = {"JSONLStore": "_jsonl", "SQLiteStore": "_sqlite"}
+_BACKENDS = {"JSONLStore": "_jsonl", "PostgresStore": "_postgres", "SQLiteStore": "_sqlite"}
 
 
 def __getattr__(name: str) -> Any:
