@@ -25,6 +25,7 @@ from aimu.aio.store._protocol import (
     SessionStatus,
     ToolStart,
     check_status,
+    session_info,
     validate_session_name,
 )
 from aimu.aio.transcript import Message, validate
@@ -332,13 +333,13 @@ class PostgresStore:
             f"read session {session!r}",
             lambda conn: conn.fetch(f"{self._info_sql()} WHERE s.name = $1", session),
         )
-        return _info(tuple(rows[0])) if rows else None
+        return session_info(tuple(rows[0])) if rows else None
 
     async def sessions(self) -> list[SessionInfo]:
         rows = await self._read(
             "list the sessions", lambda conn: conn.fetch(f"{self._info_sql()} ORDER BY s.name")
         )
-        return [_info(tuple(row)) for row in rows]
+        return [session_info(tuple(row)) for row in rows]
 
     # -- writing -------------------------------------------------------------------
 
@@ -422,14 +423,6 @@ class PostgresStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _info(row: tuple[Any, ...]) -> SessionInfo:
-    name, created, updated, status, last_seq, last_at = row
-    count = 0 if last_seq is None else last_seq + 1
-    if last_at is not None:
-        updated = max(updated, last_at)
-    return SessionInfo(name, created, updated, count, status)
 
 
 class _PostgresWriter:
@@ -578,19 +571,7 @@ class _PostgresWriter:
 
     async def set_status(self, status: SessionStatus) -> None:
         self._live("set the status")
-        check_status(status)
-        now = time.time()
-
-        async def run(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                f"INSERT INTO {self._s}.sessions (name, created, updated, status) "
-                "VALUES ($1, $2, $2, $3) "
-                "ON CONFLICT (name) DO UPDATE SET updated = $2, status = $3",
-                self.session, now, status,
-            )
-            self._has_row = True
-
-        await self._write("set the status of", run)
+        await self._set_field("status", check_status(status), "set the status of")
 
     async def record_tool_start(self, call_id: str, name: str, arguments: Any) -> None:
         self._live("record a tool start")
@@ -604,19 +585,22 @@ class _PostgresWriter:
 
     async def save_state(self, state: Mapping[str, Any]) -> None:
         self._live("save the state")
-        text = encode_state(state, self.session)
+        await self._set_field("state", encode_state(state, self.session), "save the state of")
+
+    async def _set_field(self, column: str, value: str, what: str) -> None:
+        """Set one column of the session's row (creating the row if needed)."""
         now = time.time()
 
         async def run(conn: asyncpg.Connection) -> None:
             await conn.execute(
-                f"INSERT INTO {self._s}.sessions (name, created, updated, state) "
-                "VALUES ($1, $2, $2, $3) "
-                "ON CONFLICT (name) DO UPDATE SET updated = $2, state = $3",
-                self.session, now, text,
+                f"INSERT INTO {self._s}.sessions (name, created, updated, {column}) "
+                f"VALUES ($1, $2, $2, $3) "
+                f"ON CONFLICT (name) DO UPDATE SET updated = $2, {column} = $3",
+                self.session, now, value,
             )
             self._has_row = True
 
-        await self._write("save the state of", run)
+        await self._write(what, run)
 
     async def aclose(self) -> None:
         """Release the lock (by closing the connection); idempotent."""

@@ -23,6 +23,7 @@ __all__ = [
     "Store",
     "ToolStart",
     "check_status",
+    "session_info",
     "validate_session_name",
 ]
 
@@ -85,6 +86,16 @@ class ToolStart:
     arguments: Any
     """The call's arguments as the model sent them (any JSON value)."""
     started: float
+
+
+def session_info(row: tuple[Any, ...]) -> SessionInfo:
+    """A :class:`SessionInfo` from a database row (name, created, updated, status, the
+    last message's seq and time): the count and last update come from the messages."""
+    name, created, updated, status, last_seq, last_at = row
+    count = 0 if last_seq is None else last_seq + 1
+    if last_at is not None:
+        updated = max(updated, last_at)
+    return SessionInfo(name, created, updated, count, status)
 
 
 @runtime_checkable

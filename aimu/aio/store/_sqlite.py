@@ -30,6 +30,7 @@ from aimu.aio.store._protocol import (
     SessionStatus,
     ToolStart,
     check_status,
+    session_info,
     validate_session_name,
 )
 from aimu.aio.transcript import Message, validate
@@ -87,14 +88,6 @@ _SAVE_STATE = (
 )
 #: Commits between two checkpoints (each one writes a few 4 KiB pages to the WAL).
 _CHECKPOINT_EVERY: Final = 256
-
-
-def _info_row(row: tuple[Any, ...]) -> SessionInfo:
-    name, created, updated, status, last_seq, last_at = row
-    count = 0 if last_seq is None else last_seq + 1
-    if last_at is not None:
-        updated = max(updated, last_at)
-    return SessionInfo(name, created, updated, count, status)
 
 
 class _Checkpointer:
@@ -330,10 +323,10 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     async def info(self, session: str) -> SessionInfo | None:
         validate_session_name(session)
         rows = self._query(f"{_INFO} WHERE s.name = ?", (session,), f"read session {session!r}")
-        return _info_row(rows[0]) if rows else None
+        return session_info(rows[0]) if rows else None
 
     async def sessions(self) -> list[SessionInfo]:
-        return [_info_row(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
+        return [session_info(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
 
     async def delete(self, session: str) -> bool:
         validate_session_name(session)
