@@ -15,6 +15,7 @@ SMOKE = {
     "bench_run_handle.py": ["--quick"],
     "bench_store.py": ["--rounds", "20", "--repeats", "1"],
     "bench_client.py": ["--repeats", "5"],
+    "bench_tools.py": ["--repeats", "1", "--calls", "100"],
 }
 
 

@@ -7,16 +7,23 @@ import datetime
 import enum
 import functools
 import json
+import subprocess
+import sys
 import threading
+import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, Optional, Required, TypedDict, Union
 
+import pydantic
 import pytest
 
+from aimu import aio
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke, tool
 from aimu.aio.transcript import ToolCall
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
 
 # --------------------------------------------------------------------------- helpers
 
@@ -481,7 +488,7 @@ def test_definition_errors_name_tool_and_parameter() -> None:
     with pytest.raises(ToolDefinitionError, match=r"parameter 'o'.*Opaque.*has no JSON schema"):
         as_tool(custom)
 
-    def nested_bad(items: list[set[int]]) -> None: ...
+    def nested_bad(items: list[Opaque]) -> None: ...
 
     with pytest.raises(ToolDefinitionError, match=r"tool 'nested_bad', parameter 'items'"):
         as_tool(nested_bad)
@@ -1045,3 +1052,167 @@ def test_tool_context_flags_from_threads() -> None:
         ctx.check()
     assert "cancelled=True" in repr(ctx)
     assert ToolContext(agent="a", call_id="x", tool_name="t").interrupt_requested is False
+
+
+# --------------------------------------------------------------------------- pydantic types
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(description="the city's name")
+    country: str | None = None
+
+
+class Weather(pydantic.BaseModel):
+    """The weather at a place."""
+
+    city: City
+    celsius: Annotated[float, pydantic.Field(ge=-90, le=60)]
+    tags: list[str] = []
+
+
+class Loop(pydantic.BaseModel):
+    next: "Loop | None" = None
+
+
+def report(weather: Weather, days: Annotated[int, pydantic.Field(ge=1, le=7)] = 1) -> str:
+    """Report the weather."""
+    return f"{weather.city.name}: {weather.celsius} for {days} day(s), {type(weather).__name__}"
+
+
+def test_a_pydantic_model_parameter_is_one_inlined_schema() -> None:
+    schema = as_tool(report).parameters
+    assert schema["required"] == ["weather"]
+    weather = schema["properties"]["weather"]
+    assert weather == {
+        "type": "object",
+        "description": "The weather at a place.",
+        "properties": {
+            "city": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "the city's name"},
+                    "country": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+                },
+                "required": ["name"],
+            },
+            "celsius": {"type": "number", "minimum": -90, "maximum": 60},
+            "tags": {"type": "array", "items": {"type": "string"}, "default": []},
+        },
+        "required": ["city", "celsius"],
+    }
+    assert schema["properties"]["days"] == {
+        "type": "integer", "minimum": 1, "maximum": 7, "default": 1
+    }
+    assert "$ref" not in json.dumps(schema) and "title" not in json.dumps(schema)
+
+
+async def test_pydantic_arguments_are_validated_and_errors_read_as_places() -> None:
+    good = {"weather": {"city": {"name": "Oslo"}, "celsius": -3}, "days": 2}
+    assert await run(report, good) == ToolOutcome("Oslo: -3.0 for 2 day(s), Weather", False)
+    bad = await run(report, {"weather": {"city": {"name": 3}, "celsius": 99}, "days": 9})
+    assert bad.is_error
+    assert bad.content == (
+        "invalid arguments for tool 'report': argument 'weather': "
+        "weather.city.name: Input should be a valid string, got 3 (integer); "
+        "weather.celsius: Input should be less than or equal to 60, got 99 (integer); "
+        "argument 'days': Input should be less than or equal to 7, got 9 (integer). "
+        "Expected report(weather: Weather {city: object {name: string, country?: string or "
+        "null}, celsius: number (>= -90, <= 60), tags?: array of string}, "
+        "days?: integer (>= 1, <= 7)); fix the arguments and call it again."
+    )
+
+
+async def test_field_constraints_on_plain_types_and_optional_ones() -> None:
+    def pick(
+        n: Annotated[int, pydantic.Field(gt=0, description="how many")],
+        code: Annotated[str, pydantic.Field(pattern=r"^[A-Z]{3}$")] | None = None,
+    ) -> str:
+        """Pick."""
+        return f"{n} {code}"
+
+    params = props(pick)
+    assert params["n"] == {"type": "integer", "exclusiveMinimum": 0, "description": "how many"}
+    assert params["code"] == {"type": ["string", "null"], "pattern": "^[A-Z]{3}$", "default": None}
+    assert await run(pick, {"n": 2, "code": "EUR"}) == ToolOutcome("2 EUR", False)
+    assert await run(pick, {"n": 2, "code": None}) == ToolOutcome("2 None", False)
+    refused = await run(pick, {"n": 0, "code": "euro"})
+    assert "argument 'n': Input should be greater than 0, got 0 (integer)" in refused.content
+    assert (
+        "argument 'code': expected string (matching ^[A-Z]{3}$) or null, got \"euro\" (string)"
+        in refused.content
+    )
+
+
+async def test_types_the_compiler_has_no_rule_for_come_from_pydantic() -> None:
+    def when(day: datetime.date, ids: set[int], key: uuid.UUID) -> str:
+        """When."""
+        return f"{day!r} {sorted(ids)} {key.version}"
+
+    params = props(when)
+    assert params["day"] == {"type": "string", "format": "date"}
+    assert params["ids"] == {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    outcome = await run(
+        when, {"day": "2026-12-02", "ids": [3, 1], "key": "12345678-1234-4234-8234-123456789012"}
+    )
+    assert outcome == ToolOutcome("datetime.date(2026, 12, 2) [1, 3] 4", False)
+    refused = await run(when, {"day": "soon", "ids": [], "key": "x"})
+    assert "argument 'day': Input should be a valid date" in refused.content
+
+
+def test_pydantic_definition_errors_name_tool_and_parameter() -> None:
+    def looped(loop: Loop) -> None: ...
+
+    with pytest.raises(ToolDefinitionError, match=r"parameter 'loop'.*Loop refers to itself"):
+        as_tool(looped)
+
+    def field_default(n: int = pydantic.Field(default=3, ge=1)) -> None: ...
+
+    with pytest.raises(
+        ToolDefinitionError, match=r"parameter 'n': a pydantic Field\(...\) as the default"
+    ):
+        as_tool(field_default)
+
+
+PLAIN_TOOL_SCRIPT = """
+import sys
+from aimu import aio
+
+def add(a: int, b: list[dict[str, float]] | None = None) -> int:
+    "Add."
+    return a
+
+aio.Agent(aio.client("test"), tools=[add])
+assert "pydantic" not in sys.modules, "pydantic was imported"
+"""
+
+
+def test_plain_tools_never_import_pydantic() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_TOOL_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+async def test_a_model_over_the_wire_gets_the_schema_and_the_validation_error() -> None:
+    bad = {"weather": {"city": {"name": "Oslo"}, "celsius": 99}}
+    good = {"weather": {"city": {"name": "Oslo"}, "celsius": 9}}
+    turns = [
+        Turn(tool_calls=(ScriptedCall("report", bad),)),
+        Turn(tool_calls=(ScriptedCall("report", good),)),
+        Turn(text="done"),
+    ]
+    async with LoopbackServer(turns) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="x")
+        try:
+            agent = aio.Agent(model, tools=[report])
+            assert await agent.run("the weather?") == "done"
+        finally:
+            await model.aclose()
+    results = [m["content"] for m in agent.model_client.messages if m["role"] == "tool"]
+    assert results[0].startswith(
+        "invalid arguments for tool 'report': argument 'weather.celsius': "
+        "Input should be less than or equal to 60, got 99 (integer)."
+    )
+    assert results[1] == "Oslo: 9.0 for 1 day(s), Weather"
+    sent = server.requests[0].body["tools"][0]["function"]["parameters"]
+    assert sent == as_tool(report).parameters  # the inlined schema, as built

@@ -18,7 +18,9 @@ from typing import Annotated, Any, get_origin
 
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools._context import ToolContext
-from aimu.aio.tools._schema import Convert, InvalidValue, SchemaCompiler, nullable, shown_value
+from aimu.aio.tools._nodes import Convert, InvalidValue, nullable, shown_value
+from aimu.aio.tools._pydantic import is_pydantic_field
+from aimu.aio.tools._schema import SchemaCompiler
 
 __all__ = ["BadArguments", "Parameters"]
 
@@ -170,6 +172,11 @@ def _collect(
             )
         collected.context_param = param.name
         return
+    if is_pydantic_field(param.default):  # we call the function itself, which sees the Field
+        raise compiler.fail(
+            "a pydantic Field(...) as the default is not applied when the tool is called; "
+            f"write `{param.name}: Annotated[T, Field(...)] = default` instead"
+        )
     node = compiler.compile(hint)
     if param.default is None:
         node = nullable(node)

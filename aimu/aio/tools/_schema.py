@@ -24,7 +24,6 @@ from typing import (
     Literal,
     NotRequired,
     Required,
-    TypeAlias,
     Union,
     cast,
     get_args,
@@ -36,146 +35,18 @@ from typing_extensions import is_typeddict
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools._docstring import own_doc, parse_docstring
 from aimu.aio.tools._json_values import to_json
+from aimu.aio.tools._nodes import (
+    JSON_KIND,
+    SCALARS,
+    InvalidValue,
+    TypeNode,
+    any_node,
+    expected,
+    nullable,
+)
+from aimu.aio.tools._pydantic import pydantic_node, wants_pydantic
 
-__all__ = [
-    "Convert",
-    "InvalidValue",
-    "SchemaCompiler",
-    "TypeNode",
-    "nullable",
-    "shown_value",
-]
-
-
-class InvalidValue(Exception):
-    """An argument does not match its schema; ``problem`` says how."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = path
-        self.problem = problem
-
-
-Convert: TypeAlias = Callable[[object, str], object]
-
-
-@dataclasses.dataclass(slots=True)
-class TypeNode:
-    """One compiled type: its JSON schema, a short text for messages, and its converter."""
-
-    schema: dict[str, Any]
-    text: str
-    convert: Convert
-    nullable: bool = False
-
-
-JSON_KIND = {
-    str: "string",
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
-
-
-def shown_value(value: object) -> str:
-    """A value as the model sent it, short, with its JSON kind."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    kind = JSON_KIND.get(type(value), type(value).__name__)
-    return f"{text} ({kind})"
-
-
-def expected(text: str, value: object) -> str:
-    return f"expected {text}, got {shown_value(value)}"
-
-
-def any_node() -> TypeNode:
-    return TypeNode({}, "any JSON value", lambda value, path: value, nullable=True)
-
-
-def _str(value: object, path: str) -> object:
-    if type(value) is str:
-        return value
-    raise InvalidValue(path, expected("string", value))
-
-
-def _int(value: object, path: str) -> object:
-    if type(value) is int:
-        return value
-    # JSON has one number type: 3.0 is an integer there, and some models send it.
-    if type(value) is float and value.is_integer():
-        return int(value)
-    raise InvalidValue(path, expected("integer", value))
-
-
-def _float(value: object, path: str) -> object:
-    if type(value) is float:
-        return value
-    if type(value) is int:
-        return float(value)
-    raise InvalidValue(path, expected("number", value))
-
-
-def _bool(value: object, path: str) -> object:
-    if type(value) is bool:
-        return value
-    raise InvalidValue(path, expected("boolean", value))
-
-
-def _none(value: object, path: str) -> object:
-    if value is None:
-        return None
-    raise InvalidValue(path, expected("null", value))
-
-
-_SCALARS: dict[object, TypeNode] = {
-    str: TypeNode({"type": "string"}, "string", _str),
-    int: TypeNode({"type": "integer"}, "integer", _int),
-    float: TypeNode({"type": "number"}, "number", _float),
-    bool: TypeNode({"type": "boolean"}, "boolean", _bool),
-    type(None): TypeNode({"type": "null"}, "null", _none, nullable=True),
-    None: TypeNode({"type": "null"}, "null", _none, nullable=True),
-}
-
-
-def nullable(node: TypeNode) -> TypeNode:
-    """``node`` that also accepts null, as a type list where it can (Ollama reads those)."""
-    if node.nullable:
-        return node
-    schema = dict(node.schema)
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        schema["type"] = [kind, "null"]
-        if "enum" in schema:
-            schema["enum"] = [*schema["enum"], None]
-    elif "enum" in schema and "type" not in schema:
-        schema["enum"] = [*schema["enum"], None]
-    else:
-        description = schema.pop("description", None)
-        schema = {"anyOf": [schema, {"type": "null"}]}
-        if description is not None:
-            schema["description"] = description
-    inner = node.convert
-    text = f"{node.text} or null"
-
-    def convert(value: object, path: str) -> object:
-        if value is None:
-            return None
-        try:
-            return inner(value, path)
-        except InvalidValue as exc:
-            if exc.path != path:  # a deeper problem already says what was wrong
-                raise
-            raise InvalidValue(path, expected(text, value)) from None
-
-    return TypeNode(schema, text, convert, nullable=True)
+__all__ = ["SchemaCompiler"]
 
 
 class SchemaCompiler:
@@ -203,19 +74,15 @@ class SchemaCompiler:
 
     def compile(self, hint: object) -> TypeNode:
         origin = get_origin(hint)
+        if wants_pydantic(hint):  # a pydantic model, or Annotated[T, Field(...)]
+            return _described(pydantic_node(hint, self.refuse(hint)), hint)
         if origin is Annotated:
-            node = self.compile(hint.__origin__)  # type: ignore[attr-defined]
-            described = [m for m in hint.__metadata__ if isinstance(m, str)]  # type: ignore[attr-defined]
-            if described:
-                node = dataclasses.replace(
-                    node, schema={**node.schema, "description": described[0]}
-                )
-            return node
+            return _described(self.compile(hint.__origin__), hint)  # type: ignore[attr-defined]
         if origin is Required or origin is NotRequired:
             return self.compile(get_args(hint)[0])
         if hint is Any or hint is object or hint is inspect.Parameter.empty:
             return any_node()
-        scalar = _SCALARS.get(hint) if isinstance(hint, type) or hint is None else None
+        scalar = SCALARS.get(hint) if isinstance(hint, type) or hint is None else None
         if scalar is not None:
             return scalar
         if origin is Union or origin is types.UnionType:
@@ -236,10 +103,22 @@ class SchemaCompiler:
             return self.typeddict_of(cast(type, hint))
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             return self.dataclass_of(hint)
-        raise self.fail(
-            f"type {hint!r} has no JSON schema; use str, int, float, bool, None, list, tuple, "
-            "dict[str, T], Optional, Literal, an Enum, a TypedDict or a dataclass"
-        )
+        if hint in (bytes, bytearray):  # a model sends text: say so rather than encode it
+            raise self.refuse(hint)("a model sends text, not bytes")
+        # The rest, if pydantic knows it: dates and times, UUID, Decimal, sets...
+        return pydantic_node(hint, self.refuse(hint))
+
+    def refuse(self, hint: object) -> Callable[[str], ToolDefinitionError]:
+        """What a hint without a JSON schema raises, given why."""
+
+        def refusal(why: str) -> ToolDefinitionError:
+            return self.fail(
+                f"type {hint!r} has no JSON schema ({why}); use str, int, float, bool, None, "
+                "list, tuple, dict[str, T], Optional, Literal, an Enum, a TypedDict, a "
+                "dataclass, a pydantic model or Annotated[T, Field(...)]"
+            )
+
+        return refusal
 
     def union_of(self, members: tuple[object, ...]) -> TypeNode:
         allows_null = any(m is None or m is type(None) for m in members)
@@ -458,6 +337,15 @@ class SchemaCompiler:
             "additionalProperties": False,
         }
         return TypeNode(schema, text, convert)
+
+
+def _described(node: TypeNode, hint: object) -> TypeNode:
+    """``node`` with the first ``str`` of an ``Annotated`` hint's metadata as description."""
+    metadata = getattr(hint, "__metadata__", ())
+    described = [m for m in metadata if isinstance(m, str)]
+    if not described:
+        return node
+    return dataclasses.replace(node, schema={**node.schema, "description": described[0]})
 
 
 def object_checker(
