@@ -1,0 +1,55 @@
+"""Schemathesis against /openapi.json on a real Uvicorn: no 500, no response that breaks
+the document (status, body schema, content type), for inputs generated from it.
+
+Bounded: a fixed number of examples per operation, so it takes seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from aimu import aio, serve
+from aimu.serve.openapi import openapi_document
+from tests.serve.harness import uvicorn_serving
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = 40
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    store: Path = tmp_path_factory.mktemp("openapi") / "sessions.db"
+    application = serve.app(aio.client("test"), store=store)
+    with uvicorn_serving(application) as url:
+        yield url
+
+
+schema = schemathesis.openapi.from_dict(openapi_document())
+CHECKS = [
+    schemathesis.checks.not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+@schema.parametrize()
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+def test_the_api_keeps_its_document(case: schemathesis.Case, base_url: str) -> None:
+    case.call_and_validate(base_url=base_url, checks=CHECKS, timeout=20)
