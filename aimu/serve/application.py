@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -36,6 +36,9 @@ from aimu.serve.errors import BadRequest, Conflict, NotFound, ServeError
 from aimu.serve.http import JSON, BearerAuth, error_response, fields, read_json
 from aimu.serve.openapi import openapi_document
 from aimu.serve.runs import AgentFactory, LocalRuns, check_run_id, validate_name
+
+if TYPE_CHECKING:
+    from aimu.aio.control import RedisControl
 
 __all__ = ["DEFAULT_MAX_BODY", "ServeApp", "app"]
 
@@ -72,6 +75,8 @@ def app(
     cors_origins: Sequence[str] = (),
     max_body: int = DEFAULT_MAX_BODY,
     agents: AgentFactory | None = None,
+    redis: str | RedisControl | None = None,
+    redis_prefix: str = "aimu",
 ) -> ServeApp:
     """The runs API and the chat page as an ASGI application.
 
@@ -79,7 +84,9 @@ def app(
     ``store`` a SQLite path or a store (default ``$AIMU_HOME/sessions.db``). ``token`` (default: the
     ``AIMU_API_TOKEN`` variable) guards every route but ``/health`` and the page shell;
     ``cors_origins`` allows those browser origins (none by default). ``agents`` replaces
-    how the agent of a session's run is built.
+    how the agent of a session's run is built. ``redis`` (a URL or a control) shares
+    the runs with every server on the same Redis and store; the app checks that Redis
+    answers when it starts.
     """
     closers: list[Callable[[], Awaitable[None]]] = []
     if token is ...:
@@ -117,7 +124,17 @@ def app(
                 session=session,
             )
 
-    runs = LocalRuns(agents, opened)
+    runs: LocalRuns
+    control: RedisControl | None = None
+    if redis is None:
+        runs = LocalRuns(agents, opened)
+    else:
+        from aimu.aio.control import RedisControl
+        from aimu.serve.shared import SharedRuns
+
+        control = redis if isinstance(redis, RedisControl) else RedisControl(redis, redis_prefix)
+        runs = SharedRuns(agents, opened, control)
+        closers.insert(0, control.aclose)
     api = _Routes(runs, max_body)
     middleware = []
     if cors_origins:
@@ -134,6 +151,8 @@ def app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if control is not None:
+            await control.connect()  # a clear error naming the URL, before serving
         yield
         await application.aclose()
 
@@ -217,6 +236,7 @@ class _Routes:
     # -- sessions ----------------------------------------------------------------------
 
     async def sessions(self, request: Request) -> Response:
+        running = await self.runs.session_runs()
         listed = [
             {
                 "name": info.name,
@@ -224,7 +244,7 @@ class _Routes:
                 "updated": info.updated,
                 "message_count": info.message_count,
                 "status": info.status,
-                "run_id": self.runs.active_run(info.name),
+                "run_id": running.get(info.name),
             }
             for info in await self.runs.store.sessions()
         ]
@@ -234,26 +254,26 @@ class _Routes:
         name = validate_name(request.path_params["session"])
         store = self.runs.store
         info = await store.info(name)
-        active = self.runs.active_run(name)
+        active = await self.runs.session_run(name)
         if info is None and active is None:
             raise NotFound(f"no session {name!r} in the store")
         return JSON(
             {
                 "name": name,
                 "status": None if info is None else info.status,
-                "run_id": active,
-                "run_messages_from": None
-                if active is None
-                else self.runs.get(active).messages_from,
+                "run_id": None if active is None else active.run_id,
+                "run_messages_from": None if active is None else active.messages_from,
                 "messages": await store.load(name),
             }
         )
 
     async def delete_session(self, request: Request) -> Response:
         name = validate_name(request.path_params["session"])
-        active = self.runs.active_run(name)
+        active = await self.runs.session_run(name)
         if active is not None:
-            raise Conflict(f"session {name!r} has a run in progress ({active}); stop it first")
+            raise Conflict(
+                f"session {name!r} has a run in progress ({active.run_id}); stop it first"
+            )
         try:
             deleted = await self.runs.store.delete(name)
         except SessionLockedError as error:
@@ -286,12 +306,12 @@ class _Routes:
     # -- runs ----------------------------------------------------------------------------
 
     async def run(self, request: Request) -> Response:
-        return JSON(self.runs.get(request.path_params["run_id"]).public())
+        return JSON(await self.runs.public(request.path_params["run_id"]))
 
     async def events(self, request: Request) -> Response:
         run_id = check_run_id(request.path_params["run_id"])
         after = request.headers.get("last-event-id") or request.query_params.get("after")
-        self.runs.check_after(run_id, after)  # errors now, before the stream starts
+        await self.runs.check_follow(run_id, after)  # errors now, before the stream starts
         follow = self.runs.follow(run_id, after)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -312,12 +332,12 @@ class _Routes:
     async def cancel(self, request: Request) -> Response:
         body = fields(await self.body(request), {}, {"reason": str})
         record = await self.runs.cancel(request.path_params["run_id"], body.get("reason"))
-        return JSON(record.public(), status_code=202)
+        return JSON(record, status_code=202)
 
     async def interrupt(self, request: Request) -> Response:
         fields(await self.body(request), {})
         record = await self.runs.interrupt(request.path_params["run_id"])
-        return JSON(record.public(), status_code=202)
+        return JSON(record, status_code=202)
 
     async def stop(self, request: Request) -> Response:
         fields(await self.body(request), {})
@@ -327,7 +347,7 @@ class _Routes:
         except ValueError:
             raise BadRequest(f"grace must be a number of seconds, got {raw[:40]!r}") from None
         record = await self.runs.stop(request.path_params["run_id"], grace)
-        return JSON(record.public(), status_code=202)
+        return JSON(record, status_code=202)
 
     async def send(self, request: Request) -> Response:
         body = fields(await self.body(request), {"text": str})
@@ -335,7 +355,7 @@ class _Routes:
         if not text.strip():
             raise BadRequest("the text is empty: nothing to send")
         record = await self.runs.send(request.path_params["run_id"], text)
-        return JSON(record.public(), status_code=202)
+        return JSON(record, status_code=202)
 
     async def decide(self, request: Request) -> Response:
         body = fields(await self.body(request), {"approve": bool}, {"reason": str})

@@ -35,6 +35,12 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Redis URL shared by several server processes (runs stop and stream across them)",
     )
+    parser.add_argument(
+        "--redis-prefix",
+        default="aimu",
+        metavar="PREFIX",
+        help="key prefix in Redis; servers that work together use the same one (default aimu)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     parser.add_argument("--system", default=None, help="system prompt for every session")
@@ -71,12 +77,6 @@ def run_serve(options: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if options.redis is not None:
-        print(
-            "aimu serve: --redis needs aimu.aio.RedisControl, which this aimu does not have yet",
-            file=sys.stderr,
-        )
-        return 2
     if not 0 <= options.port <= 65535:
         print(f"aimu serve: --port {options.port} is not a TCP port", file=sys.stderr)
         return 2
@@ -93,6 +93,8 @@ def run_serve(options: argparse.Namespace) -> int:
         system=options.system,
         token=token,
         cors_origins=options.cors_origin,
+        redis=options.redis,
+        redis_prefix=options.redis_prefix,
     )
     config = uvicorn.Config(
         application,

@@ -7,7 +7,8 @@
      ├── Conflict            409    the session is busy, the run already ended
      ├── PayloadTooLarge     413    a request body over the server's limit
      ├── Unprocessable       422    well-formed JSON with the wrong fields or types
-     └── NotSupported        501    a feature this aimu or this control cannot do
+     ├── NotSupported        501    a feature this aimu or this control cannot do
+     └── ServiceUnavailable  503    Redis, shared by the servers, cannot be reached
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "NotSupported",
     "PayloadTooLarge",
     "ServeError",
+    "ServiceUnavailable",
     "Unauthorized",
     "Unprocessable",
 ]
@@ -60,3 +62,7 @@ class Unprocessable(ServeError):
 
 class NotSupported(ServeError):
     status = 501
+
+
+class ServiceUnavailable(ServeError):
+    status = 503

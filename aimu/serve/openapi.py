@@ -15,16 +15,18 @@ from aimu import __version__
 __all__ = ["openapi_document"]
 
 _JSON = "application/json"
-_RUN_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"}
+_RUN_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
 _SESSION = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$", "not": {"enum": [".", ".."]}}
 _STATUS = {
     "type": "string",
     "enum": [
         "pending", "running", "paused", "completed", "interrupted", "cancelled",
-        "timed_out", "failed",
+        "timed_out", "failed", "lost",
     ],
 }
 _NULLABLE_STR = {"type": ["string", "null"]}
+#: A local server numbers events 1, 2, ...; servers sharing Redis use its stream ids.
+_EVENT_ID = {"type": "string", "pattern": "^([0-9]{0,12}|[0-9]{1,20}-[0-9]{1,20})$"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -44,8 +46,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         413: "The request body is over the server's limit",
         422: "The JSON body has missing, unknown or mistyped fields",
         501: "Not supported by this server",
+        503: "Redis, shared by the servers, cannot be reached",
     }
-    return {str(s): _json(_ref("Error"), what[s]) for s in (401, *statuses)}
+    return {str(s): _json(_ref("Error"), what[s]) for s in (401, *statuses, 503)}
 
 
 def _body(schema: dict[str, Any], *, required: bool) -> dict[str, Any]:
@@ -114,17 +117,17 @@ def openapi_document() -> dict[str, Any]:
                         "reason": _NULLABLE_STR,
                         "reply": _NULLABLE_STR,
                         "error": _NULLABLE_STR,
-                        "usage": _object(
+                        "usage": {"anyOf": [{"type": "null"}, _object(
                             {
                                 "input_tokens": {"type": "integer"},
                                 "output_tokens": {"type": "integer"},
                             },
                             ("input_tokens", "output_tokens"),
-                        ),
+                        )]},
                         "created_at": {"type": "number"},
                         "finished_at": {"type": ["number", "null"]},
                         "duration": {"type": ["number", "null"]},
-                        "events": {"type": "integer", "minimum": 0},
+                        "events": {"type": ["integer", "null"], "minimum": 0},
                     },
                     (
                         "run_id", "session", "task", "status", "reason", "reply", "error",
@@ -242,13 +245,13 @@ def openapi_document() -> dict[str, Any]:
                             "name": "Last-Event-ID",
                             "in": "header",
                             "required": False,
-                            "schema": {"type": "string", "pattern": "^[0-9]{0,12}$"},
+                            "schema": _EVENT_ID,
                         },
                         {
                             "name": "after",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": "^[0-9]{0,12}$"},
+                            "schema": _EVENT_ID,
                         },
                     ],
                     "responses": {

@@ -34,8 +34,8 @@ __all__ = ["AgentFactory", "LocalRuns", "RunRecord", "check_run_id", "event_json
 AgentFactory: TypeAlias = Callable[[str], Agent]
 JSONEvent: TypeAlias = dict[str, Any]
 
-_RUN_ID_BYTES: Final = 16  # 128 bits: unguessable, so a run id is a capability
-_RUN_ID_LENGTH: Final = 22  # token_urlsafe(16)
+_RUN_ID_BYTES: Final = 18  # 144 bits: unguessable, so a run id is a capability
+_RUN_ID_LONGEST: Final = 128
 _RUN_ID_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 #: A follower with nothing to read hears a comment this often, so proxies keep it open.
 KEEPALIVE_SECONDS: Final = 15.0
@@ -44,8 +44,8 @@ MAX_GRACE_SECONDS: Final = 3600.0
 
 def check_run_id(run_id: str) -> str:
     """``run_id`` if it could be one of ours, else ``NotFound`` (a malformed id names no run)."""
-    if len(run_id) != _RUN_ID_LENGTH or not _RUN_ID_CHARS.issuperset(run_id):
-        raise NotFound(f"no run {run_id[:64]!r}: run ids are 22 characters from A-Z a-z 0-9 - _")
+    if not 0 < len(run_id) <= _RUN_ID_LONGEST or not _RUN_ID_CHARS.issuperset(run_id):
+        raise NotFound(f"no run {run_id[:64]!r}: run ids are 1-128 characters from A-Z a-z 0-9 - _")
     return run_id
 
 
@@ -73,6 +73,9 @@ class RunRecord:
     ended: bool = False
     messages_from: int = 0
     """How many messages the session held before this run added any."""
+    remote: bool = False
+    """Executing in another process: reply, usage and events are not known here."""
+    event_count: int | None = None
     handle: RunHandle[str] | None = dataclasses.field(default=None, repr=False)
     _waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list, repr=False)
 
@@ -87,11 +90,11 @@ class RunRecord:
             "reason": self.reason,
             "reply": self.reply,
             "error": self.error,
-            "usage": dict(self.usage),
+            "usage": None if self.remote else dict(self.usage),
             "created_at": self.created_at,
             "finished_at": finished,
             "duration": None if finished is None else max(0.0, finished - self.created_at),
-            "events": len(self.events),
+            "events": self.event_count if self.remote else len(self.events),
         }
 
     def add(self, event: JSONEvent) -> None:
@@ -193,9 +196,9 @@ class LocalRuns:
         except BaseException:
             await agent.aclose()
             raise
-        record = RunRecord(secrets.token_urlsafe(_RUN_ID_BYTES), session, task)
+        record = RunRecord("", session, task)
         record.messages_from = len(agent.model_client.messages)
-        handle = RunHandle.start(_closing(agent, run, record), name=f"run {record.run_id}")
+        handle = self._start_handle(_closing(agent, run, record), record)
         record.handle = handle
         record.status = handle.status
         handle.scope.add_listener(lambda event: self._on_event(record, event))
@@ -203,7 +206,16 @@ class LocalRuns:
         self._active[session] = record.run_id
         self._runs[record.run_id] = record
         self._forget_old()
+        await self._started(handle)
         return record
+
+    def _start_handle(self, run: Coroutine[Any, Any, str], record: RunRecord) -> RunHandle[str]:
+        """Start ``run`` under a handle and set ``record.run_id``."""
+        record.run_id = secrets.token_urlsafe(_RUN_ID_BYTES)
+        return RunHandle.start(run, name=f"run {record.run_id}")
+
+    async def _started(self, handle: RunHandle[str]) -> None:
+        """Called once the run is recorded here, before its id is handed out."""
 
     def _on_event(self, record: RunRecord, event: Event) -> None:
         if record.status == "pending":
@@ -247,6 +259,23 @@ class LocalRuns:
             raise NotFound(f"no run {run_id!r} on this server (finished long ago, or never)")
         return record
 
+    async def public(self, run_id: str) -> dict[str, Any]:
+        """The JSON body of ``GET /runs/{id}``."""
+        return self.get(run_id).public()
+
+    async def session_run(self, session: str) -> RunRecord | None:
+        """The run in progress on ``session``, if any."""
+        run_id = self._active.get(session)
+        return None if run_id is None else self._runs[run_id]
+
+    async def session_runs(self) -> dict[str, str]:
+        """session -> the id of its run in progress, for every session with one."""
+        return dict(self._active)
+
+    async def check_follow(self, run_id: str, after: str | None) -> None:
+        """Raise now what following ``run_id`` after ``after`` would: unknown run, bad id."""
+        self.check_after(run_id, after)
+
     def check_after(self, run_id: str, after: str | None) -> int:
         """Validate a follower's ``Last-Event-ID`` against ``run_id``'s log."""
         record = self.get(run_id)
@@ -286,31 +315,33 @@ class LocalRuns:
             raise Conflict(f"run {run_id} already ended ({record.status}): nothing to {what}")
         return record.handle
 
-    async def cancel(self, run_id: str, reason: str | None) -> RunRecord:
+    async def cancel(self, run_id: str, reason: str | None) -> dict[str, Any]:
         handle = self._live(run_id, "cancel")
         handle.cancel(reason or "cancelled over HTTP")
-        return self.get(run_id)
+        return self.get(run_id).public()
 
-    async def interrupt(self, run_id: str) -> RunRecord:
+    async def interrupt(self, run_id: str) -> dict[str, Any]:
         handle = self._live(run_id, "interrupt")
         if not handle.interrupt():
             raise Conflict(f"run {run_id} is being cancelled already: nothing to interrupt")
-        return self.get(run_id)
+        return self.get(run_id).public()
 
-    async def stop(self, run_id: str, grace: float) -> RunRecord:
+    async def stop(self, run_id: str, grace: float) -> dict[str, Any]:
         """Interrupt now and cancel after ``grace`` seconds, in the background."""
         handle = self._live(run_id, "stop")
         self._spawn(handle.stop(check_grace(grace)))
-        return self.get(run_id)
+        return self.get(run_id).public()
 
-    async def send(self, run_id: str, text: str) -> RunRecord:
+    async def send(self, run_id: str, text: str) -> dict[str, Any]:
         self._live(run_id, "send to")
         raise NotSupported(
             "sending input into a running run needs Agent.send, which this aimu does not have "
             "yet; start a new run after this one instead"
         )
 
-    async def decide(self, run_id: str, call_id: str, approve: bool, reason: str | None) -> Any:
+    async def decide(
+        self, run_id: str, call_id: str, approve: bool, reason: str | None
+    ) -> dict[str, Any]:
         record = self.get(run_id)
         raise Conflict(
             f"run {run_id} is {record.status}, not paused: no tool call {call_id[:64]!r} "

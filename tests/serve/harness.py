@@ -6,10 +6,15 @@ up where it matters: the model server records the stream abandoned.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +28,9 @@ from aimu import aio
 from aimu.serve import ServeApp, app
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LONG = " ".join(f"w{i}" for i in range(400))
 #: Seconds between the chunks of a "long" reply: it streams for about 8 s unless stopped.
@@ -171,3 +179,54 @@ async def start(client: httpx.AsyncClient, session: str, task: str) -> str:
     response = await client.post(f"/sessions/{session}/runs", json={"task": task})
     assert response.status_code == 202, response.text
     return str(response.json()["run_id"])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AIMU_API_TOKEN", "AIMU_MODEL")}
+    env.update(PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+@dataclass
+class ServeProcess:
+    url: str
+    process: asyncio.subprocess.Process
+    log: Path
+
+
+@contextlib.asynccontextmanager
+async def aimu_serve(
+    model: LoopbackServer, workdir: Path, *args: str, name: str = "serve"
+) -> AsyncIterator[ServeProcess]:
+    """``aimu serve ARGS`` in a child process on a free port, on the loopback model."""
+    port = free_port()
+    log_path = workdir / f"{name}.log"
+    env = clean_env(OPENAI_BASE_URL=model.openai_base_url, OPENAI_API_KEY="sk-test")
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aimu", "serve", "--port", str(port), "--model", "openai:loop",
+            "--log-level", "warning", *args,
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=url) as http:
+            deadline = time.monotonic() + 30
+            while True:  # the server starting up, not a race with the work under test
+                try:
+                    if (await http.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if process.returncode is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"aimu serve did not start: {log_path.read_text()}")
+                await asyncio.sleep(0.05)
+        yield ServeProcess(url, process, log_path)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,14 @@ from aimu.aio.store import SQLiteStore
 from aimu.aio.transcript import validate
 from aimu.serve.command import is_loopback
 from aimu.testing.server import LoopbackServer
-from tests.serve.harness import make_app, sse_events, start, uvicorn_serving
+from tests.serve.harness import (
+    aimu_serve,
+    clean_env,
+    make_app,
+    sse_events,
+    start,
+    uvicorn_serving,
+)
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,12 +103,6 @@ def aimu(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("AIMU_API_TOKEN", "AIMU_MODEL")}
-    env.update(PYTHONPATH=str(ROOT), **extra)
-    return env
-
-
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
 def test_binding_elsewhere_without_a_token_refuses_to_start(host: str) -> None:
     done = aimu("--host", host, "--port", str(free_port()), env=clean_env())
@@ -111,52 +110,31 @@ def test_binding_elsewhere_without_a_token_refuses_to_start(host: str) -> None:
     assert f"refusing to bind {host}" in done.stderr and "AIMU_API_TOKEN" in done.stderr
 
 
-def test_redis_before_redis_control_exists_is_refused_clearly(tmp_path: Path) -> None:
-    done = aimu("--redis", "redis://127.0.0.1:6379", "--store", str(tmp_path / "s.db"),
+def test_an_unreachable_redis_stops_the_start_naming_it(tmp_path: Path) -> None:
+    dead = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    done = aimu("--redis", dead, "--store", str(tmp_path / "s.db"), "--port", str(free_port()),
                 env=clean_env())
-    assert done.returncode == 2 and "RedisControl" in done.stderr
+    assert done.returncode != 0
+    assert "cannot reach Redis at redis://" in done.stderr and "hunter2" not in done.stderr
 
 
 async def test_the_command_serves_and_sigterm_stops_runs_keeping_them(
     model_server: LoopbackServer, tmp_path: Path
 ) -> None:
-    port = free_port()
     store = tmp_path / "s.db"
-    env = clean_env(OPENAI_BASE_URL=model_server.openai_base_url, OPENAI_API_KEY="sk-test")
-    log = (tmp_path / "serve.log").open("wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aimu", "serve", "--port", str(port), "--store", str(store),
-        "--model", "openai:loop", "--log-level", "warning",
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient(base_url=url, timeout=20) as http:
-            deadline = time.monotonic() + 30
-            while True:  # the server starting up, not a race with the work under test
-                try:
-                    if (await http.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-                await asyncio.sleep(0.05)
+    async with aimu_serve(model_server, tmp_path, "--store", str(store)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
             abandoned = len([s for s in model_server.streams if s.abandoned])
             run_id = await start(http, "kept", "long tale")
             follower = sse_events(http, f"/runs/{run_id}/events")
             seen = [await anext(follower)]
             while seen[-1].type != "text":
                 seen.append(await anext(follower))
-            process.send_signal(signal.SIGTERM)
+            server.process.send_signal(signal.SIGTERM)
             rest = [event async for event in follower]  # ends: the server closes it
             assert all(e.type != "handle_finished" for e in rest)
         # Uvicorn shuts down gracefully, then re-raises the signal it caught.
-        assert await asyncio.wait_for(process.wait(), 30) in (0, -signal.SIGTERM)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        log.close()
+        assert await asyncio.wait_for(server.process.wait(), 30) in (0, -signal.SIGTERM)
     await model_server.wait_abandoned(abandoned + 1)
     async with SQLiteStore(store) as opened:
         messages = await opened.load("kept")
