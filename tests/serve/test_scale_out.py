@@ -8,6 +8,7 @@ every event once; the session is busy on both while the run lasts.
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,20 @@ def shared(redis_url: str, tmp_path: Path) -> list[str]:
     return ["--redis", redis_url, "--redis-prefix", prefix, "--store", str(tmp_path / "s.db")]
 
 
+@pytest.fixture
+async def pair(
+    model_server: LoopbackServer, tmp_path: Path, shared: list[str]
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Clients of two server processes, A and B, sharing Redis and the store."""
+    async with (
+        aimu_serve(model_server, tmp_path, *shared, name="a") as a,
+        aimu_serve(model_server, tmp_path, *shared, name="b") as b,
+        httpx.AsyncClient(base_url=a.url, timeout=20) as on_a,
+        httpx.AsyncClient(base_url=b.url, timeout=20) as on_b,
+    ):
+        yield on_a, on_b
+
+
 async def until_text(http: httpx.AsyncClient, run_id: str) -> list[SSE]:
     seen: list[SSE] = []
     events = sse_events(http, f"/runs/{run_id}/events")
@@ -38,87 +53,77 @@ async def until_text(http: httpx.AsyncClient, run_id: str) -> list[SSE]:
 
 
 async def test_stop_on_one_server_reaches_a_run_in_the_other(
-    model_server: LoopbackServer, tmp_path: Path, shared: list[str]
+    model_server: LoopbackServer, pair: tuple[httpx.AsyncClient, httpx.AsyncClient]
 ) -> None:
-    async with (
-        aimu_serve(model_server, tmp_path, *shared, name="a") as a,
-        aimu_serve(model_server, tmp_path, *shared, name="b") as b,
-        httpx.AsyncClient(base_url=a.url, timeout=20) as on_a,
-        httpx.AsyncClient(base_url=b.url, timeout=20) as on_b,
-    ):
-        abandoned = len([s for s in model_server.streams if s.abandoned])
-        run_id = await start(on_a, "shared", "long across")
+    on_a, on_b = pair
+    abandoned = len([s for s in model_server.streams if s.abandoned])
+    run_id = await start(on_a, "shared", "long across")
 
-        # B follows A's run: its events, with Redis stream ids.
-        seen = await until_text(on_b, run_id)
-        assert seen[0].type == "run_started" and "-" in seen[0].id
+    # B follows A's run: its events, with Redis stream ids.
+    seen = await until_text(on_b, run_id)
+    assert seen[0].type == "run_started" and "-" in seen[0].id
 
-        # B knows the run and the busy session.
-        run = (await on_b.get(f"/runs/{run_id}")).json()
-        assert run["status"] == "running" and run["session"] == "shared"
-        assert run["task"] == "long across"
-        session = (await on_b.get("/sessions/shared")).json()
-        assert session["run_id"] == run_id
-        listed = {s["name"]: s["run_id"] for s in (await on_b.get("/sessions")).json()["sessions"]}
-        assert listed["shared"] == run_id
-        busy = await on_b.post("/sessions/shared/runs", json={"task": "meanwhile"})
-        assert busy.status_code == 409
+    # B knows the run and the busy session.
+    run = (await on_b.get(f"/runs/{run_id}")).json()
+    assert run["status"] == "running" and run["session"] == "shared"
+    assert run["task"] == "long across"
+    session = (await on_b.get("/sessions/shared")).json()
+    assert session["run_id"] == run_id
+    listed = {s["name"]: s["run_id"] for s in (await on_b.get("/sessions")).json()["sessions"]}
+    assert listed["shared"] == run_id
+    busy = await on_b.post("/sessions/shared/runs", json={"task": "meanwhile"})
+    assert busy.status_code == 409
 
-        # Stop pressed on B stops the run executing in A.
-        response = await on_b.post(f"/runs/{run_id}/cancel", json={"reason": "stop from B"})
-        assert response.status_code == 202, response.text
-        await model_server.wait_abandoned(abandoned + 1)
+    # Stop pressed on B stops the run executing in A.
+    response = await on_b.post(f"/runs/{run_id}/cancel", json={"reason": "stop from B"})
+    assert response.status_code == 202, response.text
+    await model_server.wait_abandoned(abandoned + 1)
 
-        # A follower that read a few events on A continues on B, missing nothing.
-        head = []
-        events = sse_events(on_a, f"/runs/{run_id}/events")
-        async for event in events:
-            head.append(event)
-            if len(head) == 3:
-                break
-        await events.aclose()
-        tail = await collect(on_b, run_id, {"Last-Event-ID": head[-1].id})
-        whole = await collect(on_a, run_id)
-        assert [e.id for e in head + tail] == [e.id for e in whole]
-        assert whole[-1].type == "handle_finished"
-        assert whole[-1].data["status"] == "cancelled"
-        assert whole[-1].data["reason"] == "stop from B"
+    # A follower that read a few events on A continues on B, missing nothing.
+    head = []
+    events = sse_events(on_a, f"/runs/{run_id}/events")
+    async for event in events:
+        head.append(event)
+        if len(head) == 3:
+            break
+    await events.aclose()
+    tail = await collect(on_b, run_id, {"Last-Event-ID": head[-1].id})
+    whole = await collect(on_a, run_id)
+    assert [e.id for e in head + tail] == [e.id for e in whole]
+    assert whole[-1].type == "handle_finished"
+    assert whole[-1].data["status"] == "cancelled"
+    assert whole[-1].data["reason"] == "stop from B"
 
-        for http in (on_a, on_b):
-            run = (await http.get(f"/runs/{run_id}")).json()
-            assert run["status"] == "cancelled" and run["reason"] == "stop from B"
-        messages = (await on_b.get("/sessions/shared")).json()["messages"]
-        validate(messages)
-        assert messages[-1].get("aimu_partial") and "w0" in messages[-1]["content"]
+    for http in (on_a, on_b):
+        run = (await http.get(f"/runs/{run_id}")).json()
+        assert run["status"] == "cancelled" and run["reason"] == "stop from B"
+    messages = (await on_b.get("/sessions/shared")).json()["messages"]
+    validate(messages)
+    assert messages[-1].get("aimu_partial") and "w0" in messages[-1]["content"]
 
-        # The session is free: the next run may go to either server.
-        again = await start(on_b, "shared", "short 3")
-        assert (await collect(on_a, again))[-1].data["status"] == "completed"
-        assert (await on_b.post(f"/runs/{run_id}/cancel")).status_code == 409
+    # The session is free: the next run may go to either server.
+    again = await start(on_b, "shared", "short 3")
+    assert (await collect(on_a, again))[-1].data["status"] == "completed"
+    assert (await on_b.post(f"/runs/{run_id}/cancel")).status_code == 409
 
 
 async def test_interrupt_and_stop_from_the_other_server(
-    model_server: LoopbackServer, tmp_path: Path, shared: list[str]
+    pair: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
-    async with (
-        aimu_serve(model_server, tmp_path, *shared, name="a") as a,
-        aimu_serve(model_server, tmp_path, *shared, name="b") as b,
-        httpx.AsyncClient(base_url=a.url, timeout=20) as on_a,
-        httpx.AsyncClient(base_url=b.url, timeout=20) as on_b,
-    ):
-        run_id = await start(on_a, "intr", "tool across")
-        await until_text(on_b, run_id)
-        assert (await on_b.post(f"/runs/{run_id}/interrupt")).status_code == 202
-        events = await collect(on_b, run_id)
-        assert events[-1].data["status"] == "interrupted"
+    on_a, on_b = pair
+    run_id = await start(on_a, "intr", "tool across")
+    await until_text(on_b, run_id)
+    assert (await on_b.post(f"/runs/{run_id}/interrupt")).status_code == 202
+    events = await collect(on_b, run_id)
+    assert events[-1].data["status"] == "interrupted"
 
-        run_id = await start(on_b, "grace", "long across")
-        await until_text(on_a, run_id)
-        assert (await on_a.post(f"/runs/{run_id}/stop?grace=0")).status_code == 202
-        events = await collect(on_a, run_id)
-        assert events[-1].data["status"] == "cancelled"
+    run_id = await start(on_b, "grace", "long across")
+    await until_text(on_a, run_id)
+    assert (await on_a.post(f"/runs/{run_id}/stop?grace=0")).status_code == 202
+    events = await collect(on_a, run_id)
+    assert events[-1].data["status"] == "cancelled"
 
-        unknown = await on_a.get("/runs/" + "Z" * 24)
-        assert unknown.status_code == 404
-        bad = await on_a.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": "7"})
-        assert bad.status_code == 400
+    unknown = await on_a.get("/runs/" + "Z" * 24)
+    assert unknown.status_code == 404
+    bad = await on_a.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": "7"})
+    assert bad.status_code == 400
