@@ -1,19 +1,23 @@
-"""Store overhead: the agent loop with each store against no store, and large loads.
+"""Store overhead: the agent loop with each store against no store, loads, and HTTP rounds.
 
-    python benchmarks/bench_store.py [--rounds 200] [--repeats 7]
+    python benchmarks/bench_store.py [--rounds 200] [--repeats 7] [--postgres DSN]
 
-Prints each figure next to its baseline measured in the same run:
+Every figure is printed next to its baseline from the same run (medians of interleaved
+repeats, so a noisy neighbour hurts every variant alike):
 
-- per-round time of a run of ``--rounds`` tool rounds with the scripted model and a
-  no-op async tool, with no store, ``SQLiteStore`` and ``JSONLStore`` (fsync on a
-  background thread, and off); median over ``--repeats`` fresh sessions. Target:
-  ``SQLiteStore`` at most 2x the no-store time per round (the script says whether it
-  was met).
-- one ``append`` alone, next to a bare ``sqlite3`` autocommit INSERT with the same
-  pragmas (the floor of a durable commit), and what an fsync per line would cost if it
-  ran on the loop.
-- loading a 10,000-message session (target under 100 ms), split into read+parse and
-  the transcript validation.
+- per tool round, ``--rounds`` rounds of the scripted model and a no-op tool (two
+  messages stored per round), with no store, ``SQLiteStore`` (and ``exclusive=True``),
+  ``JSONLStore`` (background fsync, and none) and ``PostgresStore`` (and
+  ``synchronous_commit=False``). Targets: SQLite <= 2.5x, PostgreSQL <= 3x no store.
+- one ``append`` alone, beside the floor under it: a bare ``sqlite3`` INSERT with the
+  same pragmas, a PostgreSQL ``SELECT 1`` round trip and an INSERT commit.
+- loading a 10,000-message session (target under 150 ms for PostgreSQL).
+- what a store adds to a real HTTP tool round: the same loop against the loopback
+  server (``openai:`` over httpx), the figure a user feels.
+
+PostgreSQL runs when ``--postgres`` (or ``AIMU_BENCH_POSTGRES_DSN``, else the local
+``postgresql://postgres@127.0.0.1:5432/test``) answers; it works in a schema of its own,
+dropped at the end.
 """
 
 from __future__ import annotations
@@ -27,14 +31,21 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from aimu.aio.agent import Agent
+from aimu.aio.client import client
 from aimu.aio.store import JSONLStore, SQLiteStore, Store
 from aimu.aio.transcript import Message, dumps, validate
-from aimu.testing.script import Turn
+from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel, tool_turn
+from aimu.testing.server import LoopbackServer
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+Maker = Callable[[], Store | None]
 
 
 async def noop() -> str:
@@ -46,8 +57,58 @@ def _script(rounds: int) -> list[Turn]:
     return [*(tool_turn(("noop", {})) for _ in range(rounds)), Turn(text="done")]
 
 
-async def _run_once(rounds: int, store: Store | None, session: str) -> float:
-    model = ScriptedModel(_script(rounds), record=False)
+def _served(rounds: int) -> Callable[[Mapping[str, Any]], Turn]:
+    """The loopback server's model: ``rounds`` tool calls after the task, then "done"."""
+
+    def turn(request: Mapping[str, Any]) -> Turn:
+        messages = request["messages"]
+        start = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        if sum(1 for m in messages[start:] if m["role"] == "tool") < rounds:
+            return Turn(tool_calls=(ScriptedCall("noop", {}, id=f"call_{len(messages)}"),))
+        return Turn(text="done")
+
+    return turn
+
+
+async def _postgres_answers(dsn: str) -> bool:
+    try:
+        import asyncpg
+    except ImportError:
+        return False
+    try:
+        conn = await asyncpg.connect(dsn, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError):
+        return False
+    await conn.close()
+    return True
+
+
+def _makers(directory: Path, dsn: str | None, schema: str) -> dict[str, Maker]:
+    makers: dict[str, Maker] = {
+        "no store": lambda: None,
+        "SQLiteStore (WAL, synchronous=NORMAL)": lambda: SQLiteStore(directory / "loop.db"),
+        "SQLiteStore (exclusive=True)": lambda: SQLiteStore(
+            directory / "loop-x.db", exclusive=True
+        ),
+        "JSONLStore (fsync per line, background)": lambda: JSONLStore(directory / "jsonl"),
+        "JSONLStore (fsync=False)": lambda: JSONLStore(directory / "jsonl-nofsync", fsync=False),
+    }
+    if dsn is not None:
+        from aimu.aio.store import PostgresStore
+
+        makers["PostgresStore (synchronous_commit on)"] = lambda: PostgresStore(
+            dsn, schema=schema
+        )
+        makers["PostgresStore (synchronous_commit=False)"] = lambda: PostgresStore(
+            dsn, schema=schema, synchronous_commit=False
+        )
+    return makers
+
+
+async def _timed_run(
+    model: Any, rounds: int, store: Store | None, session: str
+) -> float:
+    """One run of ``rounds`` tool rounds; the session is opened before the clock starts."""
     agent = Agent(
         model,
         tools=[noop],
@@ -56,6 +117,7 @@ async def _run_once(rounds: int, store: Store | None, session: str) -> float:
         session=session if store is not None else None,
     )
     try:
+        await agent.open()
         gc.collect()
         start = time.perf_counter()
         reply = await agent.run("go")
@@ -66,27 +128,27 @@ async def _run_once(rounds: int, store: Store | None, session: str) -> float:
     return elapsed
 
 
-def bench_loop(rounds: int, repeats: int, directory: Path) -> None:
-    print(f"\nagent loop, {rounds} tool rounds (2 messages each), median of {repeats}")
-    makers: dict[str, Callable[[], Store | None]] = {
-        "no store": lambda: None,
-        "SQLiteStore (WAL, synchronous=NORMAL)": lambda: SQLiteStore(directory / "loop.db"),
-        "JSONLStore (fsync per line, background)": lambda: JSONLStore(directory / "jsonl"),
-        "JSONLStore (fsync=False)": lambda: JSONLStore(directory / "jsonl-nofsync", fsync=False),
-    }
+async def _compare(
+    title: str,
+    makers: dict[str, Maker],
+    rounds: int,
+    repeats: int,
+    model: Callable[[], Any],
+    targets: dict[str, float],
+) -> None:
+    print(f"\n{title}")
     stores = {label: make() for label, make in makers.items()}
     times: dict[str, list[float]] = {label: [] for label in makers}
     try:
-        asyncio.run(_run_once(rounds, None, "warmup"))
+        await _timed_run(model(), rounds, None, "warmup")
         for repeat in range(repeats):
-            # Interleave the variants so a noisy neighbour hurts them all alike.
-            for label, store in stores.items():
-                elapsed = asyncio.run(_run_once(rounds, store, f"bench-{repeat}"))
-                times[label].append(elapsed)
+            for label, store in stores.items():  # interleaved
+                session = f"bench-{uuid.uuid4().hex[:8]}-{repeat}"
+                times[label].append(await _timed_run(model(), rounds, store, session))
     finally:
         for store in stores.values():
             if store is not None:
-                store.close()
+                await store.aclose()
     base = statistics.median(times["no store"]) / rounds
     for label, samples in times.items():
         per_round = statistics.median(samples) / rounds
@@ -94,9 +156,11 @@ def bench_loop(rounds: int, repeats: int, directory: Path) -> None:
             f"  {label:<42} {per_round * 1e6:8.1f} us/round   {per_round / base:5.2f}x no store"
             f"   (+{(per_round - base) * 1e6:.1f} us)"
         )
-    sqlite = statistics.median(times["SQLiteStore (WAL, synchronous=NORMAL)"]) / rounds
-    verdict = "met" if sqlite <= 2 * base else "MISSED"
-    print(f"  target SQLiteStore <= 2.00x no store: {verdict} ({sqlite / base:.2f}x)")
+    for label, target in targets.items():
+        if label in times:
+            ratio = statistics.median(times[label]) / rounds / base
+            verdict = "met" if ratio <= target else "MISSED"
+            print(f"  target {label} <= {target:.2f}x no store: {verdict} ({ratio:.2f}x)")
 
 
 def _messages(count: int) -> list[Message]:
@@ -126,43 +190,29 @@ def _messages(count: int) -> list[Message]:
     return messages[:count]
 
 
-async def _append_samples(store: Store, message: Message, count: int) -> list[float]:
+async def _median_us(operation: Callable[[], Awaitable[object]], count: int) -> float:
     samples = []
-    async with store, await store.open_session("a") as writer:
-        for _ in range(count):
-            start = time.perf_counter()
-            await writer.append(message)
-            samples.append(time.perf_counter() - start)
-    return samples
+    for _ in range(count):
+        start = time.perf_counter()
+        await operation()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
 
 
-async def _load_samples(
-    store: Store, messages: list[Message], repeats: int
-) -> tuple[list[float], list[Message]]:
-    samples = []
-    async with store:
-        async with await store.open_session("big") as writer:
-            await writer.replace(messages)
-        for _ in range(repeats):
-            gc.collect()
-            start = time.perf_counter()
-            loaded = await store.load("big")
-            samples.append(time.perf_counter() - start)
-    return samples, loaded
-
-
-def bench_append(directory: Path, count: int = 2000) -> None:
-    print(f"\none append from the loop thread, median over {count}")
+async def bench_append(
+    makers: dict[str, Maker], directory: Path, dsn: str | None, schema: str
+) -> None:
+    count = 1000
+    print(f"\none append, median over {count}, next to the floor under it")
     message: Message = {"role": "user", "content": "x" * 200}
-    for label, store in (
-        ("SQLiteStore", SQLiteStore(directory / "append.db")),
-        ("JSONLStore (background fsync)", JSONLStore(directory / "append")),
-        ("JSONLStore (fsync=False)", JSONLStore(directory / "append-nofsync", fsync=False)),
-    ):
-        samples = asyncio.run(_append_samples(store, message, count))
-        print(f"  {label:<42} {statistics.median(samples) * 1e6:8.1f} us")
-    # The floor under SQLiteStore.append: one autocommit INSERT on a bare connection with
-    # the same settings, so the per-round overhead above can be read against it.
+    for label, make in makers.items():
+        store = make()
+        if store is None:
+            continue
+        async with store, await store.open_session(f"a-{uuid.uuid4().hex[:8]}") as writer:
+            await writer.append(message)
+            us = await _median_us(lambda w=writer: w.append(message), count)  # type: ignore[misc]
+        print(f"  {label:<42} {us:8.1f} us")
     conn = sqlite3.connect(directory / "raw.db", isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
@@ -176,33 +226,46 @@ def bench_append(directory: Path, count: int = 2000) -> None:
             samples.append(time.perf_counter() - start)
     finally:
         conn.close()
-    label = "raw sqlite3 INSERT commit (same pragmas)"
-    print(f"  {label:<42} {statistics.median(samples) * 1e6:8.1f} us")
-    # What the loop would wait for if every line were fsynced before append returned.
-    path = directory / "fsync-probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        line = (dumps(message) + "\n").encode()
-        samples = []
-        for _ in range(200):
-            start = time.perf_counter()
-            os.write(fd, line)
-            os.fsync(fd)
-            samples.append(time.perf_counter() - start)
-    finally:
-        os.close(fd)
-    label = "write + fsync on the loop (not used)"
-    print(f"  {label:<42} {statistics.median(samples) * 1e6:8.1f} us")
+    print(f"  {'floor: bare sqlite3 INSERT commit':<42} {statistics.median(samples) * 1e6:8.1f} us")
+    if dsn is None:
+        return
+    import asyncpg
+
+    seqs = iter(range(10**9))
+    table = f'"{schema}".floor'
+    insert = f"INSERT INTO {table} VALUES ($1, $2)"
+    for commit in ("on", "off"):
+        pg = await asyncpg.connect(dsn, server_settings={"synchronous_commit": commit})
+        try:
+            if commit == "on":
+                print(f"  {'floor: PostgreSQL SELECT 1 round trip':<42} "
+                      f"{await _median_us(lambda p=pg: p.fetchval('SELECT 1'), count):8.1f} us")
+                await pg.execute(f"CREATE TABLE {table} (seq integer PRIMARY KEY, body text)")
+            us = await _median_us(lambda p=pg: p.execute(insert, next(seqs), body), count)
+            label = f"floor: PostgreSQL INSERT, synchronous_commit {commit}"
+            print(f"  {label:<42} {us:8.1f} us")
+        finally:
+            await pg.close()
 
 
-def bench_load(directory: Path, repeats: int, count: int = 10_000) -> None:
-    print(f"\nloading a {count}-message session, median of {repeats} (target < 100 ms)")
+async def bench_load(makers: dict[str, Maker], repeats: int, count: int = 10_000) -> None:
+    print(f"\nloading a {count}-message session, median of {repeats} (target < 150 ms)")
     messages = _messages(count)
-    for label, store in (
-        ("SQLiteStore", SQLiteStore(directory / "load.db")),
-        ("JSONLStore", JSONLStore(directory / "load")),
-    ):
-        samples, loaded = asyncio.run(_load_samples(store, messages, repeats))
+    for label, make in makers.items():
+        store = make()
+        if store is None or "fsync=False" in label or "exclusive" in label or "=False" in label:
+            if store is not None:
+                await store.aclose()
+            continue
+        async with store:
+            async with await store.open_session("big") as writer:
+                await writer.replace(messages)
+            samples = []
+            for _ in range(repeats):
+                gc.collect()
+                start = time.perf_counter()
+                loaded = await store.load("big")
+                samples.append(time.perf_counter() - start)
         assert loaded == messages
         start = time.perf_counter()
         validate(loaded)
@@ -213,17 +276,58 @@ def bench_load(directory: Path, repeats: int, count: int = 10_000) -> None:
         )
 
 
+async def _drop(dsn: str, schema: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def run(args: argparse.Namespace, directory: Path) -> None:
+    dsn = args.postgres or os.environ.get("AIMU_BENCH_POSTGRES_DSN") or LOCAL_POSTGRES
+    if not await _postgres_answers(dsn):
+        print("(PostgreSQL not reachable at the given DSN: its rows are left out)")
+        dsn = None
+    schema = f"aimu_bench_{uuid.uuid4().hex[:8]}"
+    makers = _makers(directory, dsn, schema)
+    targets = {"SQLiteStore (WAL, synchronous=NORMAL)": 2.5,
+               "PostgresStore (synchronous_commit on)": 3.0}
+    try:
+        rounds = args.rounds
+        await _compare(
+            f"agent loop, scripted model, {rounds} tool rounds (2 messages each), "
+            f"median of {args.repeats}",
+            makers, rounds, args.repeats, lambda: ScriptedModel(_script(rounds), record=False),
+            targets,
+        )
+        await bench_append(makers, directory, dsn, schema)
+        await bench_load(makers, args.repeats)
+        http_rounds = min(rounds, 50)
+        with LoopbackServer.in_thread(_served(http_rounds)) as server:
+            await _compare(
+                f"agent loop over HTTP (openai: to the loopback server), {http_rounds} tool "
+                f"rounds, median of {args.repeats}",
+                makers, http_rounds, args.repeats,
+                lambda: client("openai:bench", base_url=server.openai_base_url, api_key="x"),
+                {},
+            )
+    finally:
+        if dsn is not None:
+            await _drop(dsn, schema)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--postgres", default=None, help="a PostgreSQL DSN to measure")
     args = parser.parse_args(argv)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus")
     with tempfile.TemporaryDirectory(prefix="aimu-bench-store-") as name:
-        directory = Path(name)
-        bench_loop(args.rounds, args.repeats, directory)
-        bench_append(directory)
-        bench_load(directory, args.repeats)
+        asyncio.run(run(args, Path(name)))
 
 
 if __name__ == "__main__":

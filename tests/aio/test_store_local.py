@@ -337,3 +337,28 @@ def test_stores_and_the_cli_import_where_fcntl_does_not_exist() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "True True\n"
+
+
+async def test_sqlite_exclusive_mode_round_trips_and_shuts_others_out(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    store = SQLiteStore(path, exclusive=True)
+    assert "exclusive" in repr(store)
+    messages = conversation(3)
+    async with await store.open_session("x") as writer:
+        for i in range(600):  # past two checkpoint intervals
+            await writer.append({"role": "user", "content": str(i)})
+        await writer.replace(messages)
+        await writer.record_tool_start("c", "f", {})
+    assert await store.load("x") == messages
+    wal = Path(f"{path}-wal")
+    assert wal.exists() and not Path(f"{path}-shm").exists()  # the WAL index is in memory
+    # Another connection is shut out while the store is open (that is the trade-off).
+    other = sqlite3.connect(path, timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        other.execute("SELECT count(*) FROM messages").fetchall()
+    other.close()
+    store.close()
+    assert not wal.exists()
+    async with SQLiteStore(path) as shared:  # and a normal store reads it afterwards
+        assert await shared.load("x") == messages
+        assert [s.call_id for s in await shared.tool_starts("x")] == ["c"]

@@ -329,3 +329,15 @@ async def test_reading_is_allowed_while_another_host_writes(where: Backend) -> N
             await other.delete("busy")
         await other.aclose()
     await store.aclose()
+
+
+async def test_a_writer_without_synchronous_commit_still_stores_every_write(
+    where: Backend,
+) -> None:
+    fast = PostgresStore(services.postgres_dsn(), schema=_schema(where), synchronous_commit=False)
+    async with fast, await fast.open_session("fast") as writer:
+        for message in conversation(2):
+            await writer.append(message)
+    reader = where.make()
+    assert await reader.load("fast") == conversation(2)
+    await reader.aclose()

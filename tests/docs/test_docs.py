@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from aimu.testing.server import LoopbackServer
+from tests import services
 from tests.docs.runner import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +67,8 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
+    if page.name == "persist-and-resume.md":  # its PostgreSQL section needs a server
+        env["DATABASE_URL"] = services.postgres_dsn()
     completed = subprocess.run(
         [sys.executable, "-W", "error::ResourceWarning", str(ROOT / "tests/docs/runner.py"),
          str(page), *extra],

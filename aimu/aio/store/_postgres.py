@@ -141,8 +141,10 @@ class PostgresStore:
     """Sessions in PostgreSQL: one database (and schema) shared by many hosts.
 
     ``dsn`` is a ``postgresql://user:password@host:port/database`` URL; ``schema`` holds
-    the tables (created on first use). Every write is one transaction, durable when it
-    returns (``synchronous_commit`` as the server sets it, ``on`` by default). Nothing
+    the tables (created on first use). Every write is one transaction, on the server's
+    disk when it returns. ``synchronous_commit=False`` (opt-in) makes the writer's commits
+    return before the server flushes them: still safe from the writing process being
+    killed, but a crash of the database server may lose its last commits. Nothing
     connects until first use; an unreachable database is then a ``StoreError`` naming
     host and database, never the password. Use a store from one event loop.
     """
@@ -155,6 +157,7 @@ class PostgresStore:
         pool_size: int = 4,
         connect_timeout: float = 10.0,
         command_timeout: float = 60.0,
+        synchronous_commit: bool = True,
     ) -> None:
         self._where = _Where(dsn)
         self._dsn = dsn
@@ -163,6 +166,7 @@ class PostgresStore:
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
+        self.synchronous_commit = synchronous_commit
         self._pool: asyncpg.Pool | None = None
         self._setup_lock: asyncio.Lock | None = None
         self._writers: set[_PostgresWriter] = set()
@@ -346,7 +350,10 @@ class PostgresStore:
     async def open_session(self, session: str) -> _PostgresWriter:
         validate_session_name(session)
         await self._ready(f"open session {session!r}")
-        conn = await self._connect(server_settings={"application_name": _application_name()})
+        settings = {"application_name": _application_name()}
+        if not self.synchronous_commit:
+            settings["synchronous_commit"] = "off"
+        conn = await self._connect(server_settings=settings)
         try:
             await self._lock(conn, session)
             writer = _PostgresWriter(self, session, conn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -88,6 +89,8 @@ _SAVE_STATE = (
 )
 #: Commits between two checkpoints (each one writes a few 4 KiB pages to the WAL).
 _CHECKPOINT_EVERY: Final = 256
+#: Exclusive mode: how long without a commit counts as idle, for a checkpoint.
+_IDLE_SECONDS: Final = 0.2
 
 
 class _Checkpointer:
@@ -142,10 +145,16 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     the event loop is cheap: the methods are coroutines but run their SQLite calls
     inline (a thread hop would cost more than the statement). The file (and its
     directory) is created if missing; write locks live in ``<path>-locks/``.
+
+    ``exclusive=True`` (opt-in) keeps SQLite's file lock for as long as the store is
+    open (``locking_mode=EXCLUSIVE``): no lock calls per commit, but no other process
+    can read or write the file meanwhile, and checkpoints wait until the loop is idle.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, exclusive: bool = False) -> None:
         self.path = Path(path)
+        self.exclusive = exclusive
+        self._idle_checkpoint: asyncio.TimerHandle | None = None
         self._lock_dir = self.path.with_name(self.path.name + "-locks")
         self._mutex = threading.RLock()
         self._writers: set[_SQLiteWriter] = set()
@@ -179,6 +188,8 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # see _Checkpointer
+            if self.exclusive:
+                conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             if version < _SCHEMA_VERSION:
                 # Several processes may create the schema at once: IF NOT EXISTS, one step.
                 try:
@@ -197,7 +208,7 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             ) from error
 
     def __repr__(self) -> str:
-        return f"<SQLiteStore {str(self.path)!r}>"
+        return f"<SQLiteStore {str(self.path)!r}{' exclusive' if self.exclusive else ''}>"
 
     def _fail(self, error: sqlite3.Error, what: str) -> StoreError:
         kind = (
@@ -217,7 +228,35 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     def _committed(self) -> None:
         self._commits += 1
         if self._commits % _CHECKPOINT_EVERY == 0:
-            self._checkpointer.request()
+            if self.exclusive:
+                self._checkpoint_when_idle()
+            else:
+                self._checkpointer.request()
+
+    def _checkpoint_when_idle(self) -> None:
+        """Exclusive mode: no other connection may checkpoint, so this one does, on the
+        loop, once no commit came for a moment (never in the middle of a run's writes)."""
+        if self._idle_checkpoint is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop to wait on: close() checkpoints
+        seen = self._commits
+
+        def check() -> None:
+            nonlocal seen
+            if self._commits != seen:  # still busy: look again later
+                seen = self._commits
+                self._idle_checkpoint = loop.call_later(_IDLE_SECONDS, check)
+                return
+            self._idle_checkpoint = None
+            with self._mutex:
+                if self._conn is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+        self._idle_checkpoint = loop.call_later(_IDLE_SECONDS, check)
 
     def _write(self, sql: str, parameters: Sequence[object], what: Callable[[], str]) -> None:
         """One statement as its own transaction (the append path: keep it lean)."""
@@ -352,6 +391,8 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             conn, self._conn = self._conn, None
         if conn is None:
             return
+        if self._idle_checkpoint is not None:
+            self._idle_checkpoint.cancel()
         self._checkpointer.stop()
         conn.close()  # the last connection to close checkpoints and removes the WAL
 
