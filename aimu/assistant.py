@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import os
 import signal
 import sys
@@ -29,7 +30,7 @@ import time
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,8 @@ class ChatSettings:
     system: str | None = None
     home: Path = field(default_factory=default_home)
     tools: bool = True
+    log_level: str | None = None
+    """Send the "aimu" loggers' records at this level and above to stderr (None: off)."""
 
     @property
     def store_path(self) -> Path:
@@ -151,6 +154,7 @@ class ChatSettings:
             session=options.session,
             system=options.system,
             tools=not options.no_tools,
+            log_level=options.log_level,
         )
 
 
@@ -173,6 +177,12 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", metavar="TEXT", default=None, help="the system prompt")
     parser.add_argument(
         "--no-tools", action="store_true", help="offer the model no tools (for models without)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=None,
+        help="log aimu's records at this level to stderr (debug shows message contents)",
     )
 
 
@@ -763,6 +773,35 @@ async def run_chat(
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    with _logging_to(err, settings.log_level):
+        return await _run_chat(settings, tools, out, err)
+
+
+@contextlib.contextmanager
+def _logging_to(err: TextIO, level: str | None) -> Iterator[None]:
+    """While the chat runs, the "aimu" loggers' records at ``level`` go to ``err``."""
+    if level is None:
+        yield
+        return
+    logger = logging.getLogger("aimu")
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    previous = logger.level
+    logger.setLevel(level.upper())
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
+async def _run_chat(
+    settings: ChatSettings,
+    tools: Sequence[Callable[..., Any] | Tool] | None,
+    out: TextIO,
+    err: TextIO,
+) -> int:
 
     def fail(error: BaseException, status: int) -> int:
         err.write(f"error: {_error_line(error)}\n")

@@ -572,3 +572,19 @@ def test_the_command_imports_where_posix_only_modules_do_not_exist() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("aimu ")
+
+
+def test_log_level_sends_aimu_records_to_stderr(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "aimu", "chat", "--model", "test", "--session", "logs"]
+    quiet = subprocess.run(
+        command, input="count the words in hello world\n", capture_output=True, text=True,
+        timeout=WAIT, env=environment(tmp_path, "127.0.0.1:9"), cwd=ROOT,
+    )
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    logged = subprocess.run(
+        [*command, "--log-level", "debug"], input="count the words in hello world\n",
+        capture_output=True, text=True, timeout=WAIT,
+        env=environment(tmp_path, "127.0.0.1:9"), cwd=ROOT,
+    )
+    assert logged.returncode == 0, logged.stderr
+    assert "DEBUG aimu.aio.tools: tool 'word_count'" in logged.stderr, logged.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,10 @@ from aimu.aio.tools._parameters import BadArguments
 from aimu.aio.transcript import ToolCall
 
 __all__ = ["ToolOutcome", "invoke"]
+
+# Problems at INFO (the model's) and WARNING (the tool's), named but without contents;
+# arguments and results only at DEBUG.
+log = logging.getLogger("aimu.aio.tools")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,33 +52,50 @@ async def invoke(tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext) ->
     name = function["name"]
     tool = tools.get(name)
     if tool is None:
+        log.info("the model called an unknown tool %r (call %s)", name, call["id"])
         available = ", ".join(repr(n) for n in tools) or "none"
         return ToolOutcome(f"unknown tool {name!r}; available tools: {available}", True)
     try:
         args, kwargs = _arguments(tool, function.get("arguments", {}), ctx)
     except BadArguments as exc:
+        log.info("tool %r: the model sent invalid arguments (call %s)", name, call["id"])
+        log.debug("tool %r (call %s): %s", name, call["id"], exc)
         return ToolOutcome(str(exc), True)
     try:
-        if tool.timeout is None:
-            return ToolOutcome(await _run(tool, args, kwargs), False)
-        deadline = asyncio.timeout(tool.timeout)
-        try:
-            async with deadline:
-                text = await _run(tool, args, kwargs)
-        except TimeoutError:
-            if not deadline.expired():
-                raise  # the tool's own TimeoutError: a failure like any other
-            ctx.mark_cancelled()
-            return ToolOutcome(f"tool {name!r} timed out after {tool.timeout:g} s", True)
-        return ToolOutcome(text, False)
+        outcome = await _run_within_timeout(tool, args, kwargs, ctx)
     except asyncio.CancelledError:
         ctx.mark_cancelled()
         raise
     except NotText as exc:
+        log.warning("tool %r returned a value that is not text or JSON (call %s)", name, call["id"])
         return ToolOutcome(f"tool {name!r} returned {exc}", True)
     except Exception as exc:
+        log.warning("tool %r raised %s (call %s)", name, type(exc).__name__, call["id"])
+        log.debug("tool %r (call %s) raised", name, call["id"], exc_info=exc)
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return ToolOutcome(f"tool {name!r} failed: {detail}", True)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("tool %r (call %s): %r -> %r", name, call["id"], kwargs, outcome.content)
+    return outcome
+
+
+async def _run_within_timeout(
+    tool: Tool, args: list[object], kwargs: dict[str, object], ctx: ToolContext
+) -> ToolOutcome:
+    """The tool's result as text, or an error outcome if its own timeout passed."""
+    if tool.timeout is None:
+        return ToolOutcome(await _run(tool, args, kwargs), False)
+    deadline = asyncio.timeout(tool.timeout)
+    try:
+        async with deadline:
+            text = await _run(tool, args, kwargs)
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the tool's own TimeoutError: a failure like any other
+        ctx.mark_cancelled()
+        log.warning("tool %r timed out after %g s (call %s)", tool.name, tool.timeout, ctx.call_id)
+        return ToolOutcome(f"tool {tool.name!r} timed out after {tool.timeout:g} s", True)
+    return ToolOutcome(text, False)
 
 
 def _arguments(
