@@ -13,14 +13,12 @@ ECHO_LIMIT = 60
 
 
 def echo(value: object, limit: int = ECHO_LIMIT) -> str:
-    """``repr(value)``, or its first ``limit`` characters and the value's size when longer."""
+    """``repr(value)``, or its first ``limit`` characters and the value's size when longer;
+    a container is named by its type and length only."""
     if isinstance(value, str | bytes) and len(value) > limit:
         unit = "characters" if isinstance(value, str) else "bytes"
         return f"{value[:limit]!r}… ({len(value)} {unit})"
-    if isinstance(value, list | tuple | dict | set) and len(value) > limit:
-        return f"<{type(value).__name__} of {len(value)} items>"
-    try:
-        text = repr(value)
-    except RecursionError:  # a cyclic or very deep container
-        return f"<{type(value).__name__}>"
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"<{type(value).__name__} of {len(value)} items>"  # its repr may be huge
+    text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"

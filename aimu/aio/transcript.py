@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypeAlias, TypedDict, cast
 
+from aimu.aio._echo import echo
 from aimu.aio.errors import TranscriptError
 
 __all__ = [
     "CANCELLED_RESULT",
+    "MAX_DEPTH",
     "AssistantMessage",
     "FunctionSpec",
     "JSONValue",
@@ -125,29 +128,77 @@ _KEYS: dict[str, frozenset[str]] = {
 }
 
 
+#: How deep tool-call arguments may nest (JSON encoders recurse; stores must write them).
+MAX_DEPTH = 200
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _fail(index: int, message: str) -> TranscriptError:
     return TranscriptError(f"message {index}: {message}", index=index)
 
 
+def _encodable(text: str) -> bool:
+    """True if ``text`` is valid Unicode text (no unpaired surrogate), so UTF-8 can hold it."""
+    return text.isascii() or _SURROGATE.search(text) is None
+
+
+def _check_text(value: str, index: int, where: str) -> None:
+    if not _encodable(value):
+        found = _SURROGATE.search(value)
+        at = found.start() if found is not None else 0
+        near = echo(value[max(0, at - 20) : at + 1])
+        raise _fail(
+            index,
+            f"{where} holds a lone surrogate code point at character {at} (after {near}), which "
+            "no UTF-8 store can hold; replace it (e.g. with U+FFFD)",
+        )
+
+
 def _check_json(value: object, index: int, where: str) -> None:
-    """Raise unless ``value`` is plain JSON data (dicts with str keys, lists, scalars)."""
-    if value is None or isinstance(value, str | bool | int):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise _fail(index, f"{where} holds a non-finite number")
-        return
-    if isinstance(value, list):
-        for item in value:
-            _check_json(item, index, where)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise _fail(index, f"{where} has a non-string key {key!r}")
-            _check_json(item, index, where)
-        return
-    raise _fail(index, f"{where} holds {type(value).__name__}, which is not JSON data")
+    """Raise unless ``value`` is plain, encodable, acyclic JSON data at most MAX_DEPTH deep.
+
+    Iterative, so a 50,000-deep value is refused, not a RecursionError.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    open_containers: set[int] = set()
+    exits: list[tuple[int, int]] = []  # (stack height to close at, container id)
+    while stack:
+        while exits and len(stack) <= exits[-1][0]:
+            open_containers.discard(exits.pop()[1])
+        item, depth = stack.pop()
+        if item is None or isinstance(item, bool | int):
+            continue
+        if isinstance(item, str):
+            _check_text(item, index, where)
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise _fail(index, f"{where} holds a non-finite number")
+            continue
+        if not isinstance(item, list | dict):
+            raise _fail(index, f"{where} holds {type(item).__name__}, which is not JSON data")
+        if depth >= MAX_DEPTH:
+            raise _fail(index, f"{where} nests deeper than {MAX_DEPTH} levels")
+        if id(item) in open_containers:
+            raise _fail(index, f"{where} contains itself (a cycle), which JSON cannot hold")
+        open_containers.add(id(item))
+        exits.append((len(stack), id(item)))
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise _fail(index, f"{where} has a non-string key {echo(key)}")
+                _check_text(key, index, where)
+                stack.append((child, depth + 1))
+        else:
+            stack.extend((child, depth + 1) for child in item)
+
+
+def _check_string(message: Mapping[str, Any], key: str, index: int, role: str) -> str:
+    value = message.get(key)
+    if not isinstance(value, str):
+        raise _fail(index, f"{role} message needs string {key!r}, got {echo(value)}")
+    _check_text(value, index, f"{key!r}")
+    return value
 
 
 def _check_tool_call(call: object, index: int, position: int) -> str:
@@ -156,15 +207,17 @@ def _check_tool_call(call: object, index: int, position: int) -> str:
         raise _fail(index, f"{where} must be a dict, got {type(call).__name__}")
     call_id = call.get("id")
     if not isinstance(call_id, str) or not call_id:
-        raise _fail(index, f"{where} needs a non-empty string 'id'")
+        raise _fail(index, f"{where} needs a non-empty string 'id', got {echo(call_id)}")
+    _check_text(call_id, index, f"{where}.id")
     if call.get("type", "function") != "function":
-        raise _fail(index, f"{where} has type {call.get('type')!r}; only 'function' exists")
+        raise _fail(index, f"{where} has type {echo(call.get('type'))}; only 'function' exists")
     function = call.get("function")
     if not isinstance(function, Mapping):
         raise _fail(index, f"{where} needs a 'function' dict with 'name' and 'arguments'")
     name = function.get("name")
     if not isinstance(name, str) or not name:
-        raise _fail(index, f"{where}.function needs a non-empty string 'name'")
+        raise _fail(index, f"{where}.function needs a non-empty string 'name', got {echo(name)}")
+    _check_text(name, index, f"{where}.function.name")
     arguments = function.get("arguments")
     if not isinstance(arguments, dict):
         raise _fail(
@@ -178,10 +231,11 @@ def validate(messages: object) -> None:
     """Raise :class:`TranscriptError` (a ``ValueError``) naming the first bad message.
 
     Checked: every message is a dict with a known role, the keys that role allows and
-    string content; a system message only first; tool calls well formed with unique
-    ids within their turn; every tool result answers a call of the assistant turn
-    before it, once.
-    Tool calls still unanswered are allowed: :func:`settle` answers them.
+    string content; every string valid Unicode (storable as UTF-8); a system message
+    only first; tool calls well formed, their arguments JSON data without cycles and at
+    most :data:`MAX_DEPTH` deep, with unique ids within their turn; every tool result
+    answers a call of the assistant turn before it, once. Bad values are echoed
+    bounded. Tool calls still unanswered are allowed: :func:`settle` answers them.
     """
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
         raise TranscriptError(f"a transcript is a list of messages, got {type(messages).__name__}")
@@ -192,13 +246,15 @@ def validate(messages: object) -> None:
             raise _fail(index, f"must be a dict, got {type(message).__name__}")
         role = message.get("role")
         if role not in _ROLES:
-            raise _fail(index, f"unknown role {role!r}; expected one of {', '.join(_ROLES)}")
+            raise _fail(
+                index, f"unknown role {echo(role)}; expected one of {', '.join(_ROLES)}"
+            )
         extra = set(message) - _KEYS[role]
         if extra:
-            raise _fail(index, f"{role} message has unexpected keys {sorted(extra)}")
-        content = message.get("content")
-        if not isinstance(content, str):
-            raise _fail(index, f"{role} message needs string 'content', got {content!r:.60}")
+            shown = ", ".join(echo(key) for key in sorted(map(str, extra))[:5])
+            more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+            raise _fail(index, f"{role} message has unexpected keys {shown}{more}")
+        _check_string(message, "content", index, role)
         if role == "system" and index != 0:
             raise _fail(index, "a system message may only be the first message")
         if role == "assistant":
@@ -210,32 +266,28 @@ def validate(messages: object) -> None:
             for position, call in enumerate(calls):
                 call_id = _check_tool_call(call, index, position)
                 if call_id in open_calls:
-                    raise _fail(index, f"tool call id {call_id!r} is used twice in one turn")
+                    raise _fail(index, f"tool call id {echo(call_id)} is used twice in one turn")
                 open_calls[call_id] = call["function"]["name"]
-            thinking = message.get("thinking", "")
-            if not isinstance(thinking, str):
-                raise _fail(index, "'thinking' must be a string")
+            if "thinking" in message:
+                _check_string(message, "thinking", index, role)
             if not isinstance(message.get("aimu_partial", False), bool):
                 raise _fail(index, "'aimu_partial' must be a bool")
         elif role == "tool":
-            result_id = message.get("tool_call_id")
-            name = message.get("name")
-            if not isinstance(result_id, str) or not isinstance(name, str):
-                raise _fail(index, "tool message needs string 'tool_call_id' and 'name'")
-            call_id = result_id
+            call_id = _check_string(message, "tool_call_id", index, role)
+            name = _check_string(message, "name", index, role)
             if call_id not in open_calls:
                 raise _fail(
                     index,
-                    f"tool result for {call_id!r} answers no tool call of the assistant turn "
-                    "before it",
+                    f"tool result for {echo(call_id)} answers no tool call of the assistant "
+                    "turn before it",
                 )
             if call_id in answered:
-                raise _fail(index, f"tool call {call_id!r} already has a result")
+                raise _fail(index, f"tool call {echo(call_id)} already has a result")
             if open_calls[call_id] != name:
                 raise _fail(
                     index,
-                    f"tool result names {name!r} but call {call_id!r} was to "
-                    f"{open_calls[call_id]!r}",
+                    f"tool result names {echo(name)} but call {echo(call_id)} was to "
+                    f"{echo(open_calls[call_id])}",
                 )
             answered.add(call_id)
         else:

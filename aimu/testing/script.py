@@ -17,7 +17,11 @@ __all__ = ["Fault", "Script", "ScriptedCall", "Turn", "split_text"]
 
 Fault: TypeAlias = Literal[
     "http_500",  # answer 500 with an error body
-    "http_429",  # answer 429 with an error body
+    "http_429",  # answer 429 with an error body and Retry-After (see Turn.retry_after)
+    "http_502",  # answer 502 (bad gateway)
+    "http_503",  # answer 503 (unavailable), with Retry-After if Turn.retry_after is set
+    "http_504",  # answer 504 (gateway timeout)
+    "reset",  # read the request, then close the connection without a byte of reply
     "bad_json",  # after `fault_after` chunks, send a line that is not JSON
     "drop",  # after `fault_after` chunks, close the connection mid-stream
     "hang",  # after `fault_after` chunks, never send anything again
@@ -49,6 +53,10 @@ class Turn:
     input_tokens: int = 0
     output_tokens: int | None = None
     """None: the number of text chunks."""
+    stop_reason: str | None = None
+    """The reply's done/finish reason (e.g. ``"length"``); None: stop or tool_calls."""
+    retry_after: str | None = None
+    """The ``Retry-After`` header of an HTTP fault; None: ``"1"`` on a 429, else none."""
 
 
 Script: TypeAlias = Sequence[Turn] | Callable[[Mapping[str, Any]], Turn]

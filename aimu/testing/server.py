@@ -48,7 +48,14 @@ _OLLAMA_VERSION = "0.6.0"
 _REDACTED = "***"
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
 _MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang"})
-_HTTP_FAULTS = {"http_500": 500, "http_429": 429}
+_HTTP_FAULTS = {"http_500": 500, "http_429": 429, "http_502": 502, "http_503": 503, "http_504": 504}
+_FAULT_WORDS = {
+    429: "rate limited",
+    500: "internal server error",
+    502: "bad gateway",
+    503: "service unavailable",
+    504: "gateway timeout",
+}
 _REASONS = {
     100: "Continue",
     200: "OK",
@@ -57,9 +64,13 @@ _REASONS = {
     405: "Method Not Allowed",
     429: "Too Many Requests",
     500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
 }
 _JSON = "application/json"
 _END_OF_BODY = b"0\r\n\r\n"
+_OPENAI_CHAT = "/v1/chat/completions"
 _ROUTES = {
     "/api/chat": "POST",
     "/api/version": "GET",
@@ -313,7 +324,12 @@ class _Connection:
 
 
 def _json_bytes(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A scripted lone surrogate goes out as a JSON escape, as a buggy server sends it.
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _frame(data: bytes) -> bytes:
@@ -411,7 +427,7 @@ class _OllamaWire(_Wire):
     def _done_fields(self, turn: Turn) -> dict[str, Any]:
         return {
             "done": True,
-            "done_reason": "stop",
+            "done_reason": turn.stop_reason or "stop",  # Ollama says "stop" after tool calls too
             "total_duration": 0,
             "load_duration": 0,
             "prompt_eval_count": turn.input_tokens,
@@ -512,7 +528,7 @@ class _OpenAIWire(_Wire):
         return events
 
     def final(self, turn: Turn) -> list[bytes]:
-        reason = "tool_calls" if turn.tool_calls else "stop"
+        reason = turn.stop_reason or ("tool_calls" if turn.tool_calls else "stop")
         events = [self._event({}, reason)]
         options = self.body.get("stream_options")
         if isinstance(options, Mapping) and options.get("include_usage"):
@@ -545,9 +561,11 @@ class _OpenAIWire(_Wire):
                 }
                 for call, call_id in zip(turn.tool_calls, self._ids(turn.tool_calls), strict=True)
             ]
-        reason = ("tool_calls" if turn.tool_calls else "stop") if finished else None
+        reason = turn.stop_reason or ("tool_calls" if turn.tool_calls else "stop")
         reply = self._envelope("chat.completion")
-        reply["choices"] = [{"index": 0, "message": message, "finish_reason": reason}]
+        reply["choices"] = [
+            {"index": 0, "message": message, "finish_reason": reason if finished else None}
+        ]
         reply["usage"] = self._usage(turn)
         return _json_bytes(reply)
 
@@ -626,6 +644,22 @@ def _unanswered_tool_calls(messages: object) -> str | None:
     return None
 
 
+def _alternation_error(messages: object) -> str | None:
+    """The 400 a strict chat template gives two user, or two assistant, turns in a row."""
+    if not isinstance(messages, list):
+        return None
+    previous = ""
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role in ("user", "assistant") and role == previous:
+            return (
+                "Conversation roles must alternate user/assistant/user/assistant/...: "
+                f"messages {index - 1} and {index} are both {role!r}"
+            )
+        previous = str(role)
+    return None
+
+
 def _tool_specs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Offered tools in the full ToolSpec shape, whatever keys the client left out."""
     specs: list[dict[str, Any]] = []
@@ -689,10 +723,18 @@ class LoopbackServer:
     """
 
     def __init__(
-        self, script: Script | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        script: Script | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        strict_alternation: bool = False,
     ) -> None:
         self.host = host
         self.port = port
+        #: Refuse (400) a chat whose user and assistant turns do not alternate, as the
+        #: chat templates of Mistral or Gemma on vLLM do.
+        self.strict_alternation = strict_alternation
         self.requests: list[RecordedRequest] = []
         self.streams: list[StreamRecord] = []
         self.connections_accepted = 0
@@ -837,25 +879,56 @@ class LoopbackServer:
 
         Works from any event loop (also with :meth:`in_thread`).
         """
+        await self.wait_until(
+            lambda: len(self._abandoned()) >= count,
+            timeout,
+            lambda: f"{len(self._abandoned())} of {count} expected streams were abandoned",
+        )
+        return self._abandoned()
+
+    async def wait_requests(
+        self,
+        count: int = 1,
+        timeout: float = 5.0,  # noqa: ASYNC109 - the documented API takes a timeout
+    ) -> list[RecordedRequest]:
+        """Wait until the server has read ``count`` requests in all: a provable point."""
+        await self.wait_until(
+            lambda: len(self.requests) >= count,
+            timeout,
+            lambda: f"{len(self.requests)} of {count} expected requests arrived",
+        )
+        return self.requests
+
+    async def wait_until(
+        self,
+        condition: Callable[[], bool],
+        timeout: float = 5.0,  # noqa: ASYNC109 - the documented API takes a timeout
+        what: Callable[[], str] = lambda: "the awaited state was not reached",
+    ) -> None:
+        """Wait until ``condition()`` holds; checked whenever a request arrives, a chunk is
+        sent or a reply is abandoned. TimeoutError naming ``what()`` if it does not."""
         waiter = (asyncio.get_running_loop(), asyncio.Event())
         self._waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout):
-                while len(self._abandoned()) < count:
+                while not condition():
                     await waiter[1].wait()
                     waiter[1].clear()
         except TimeoutError:
             raise TimeoutError(
-                f"loopback server: {len(self._abandoned())} of {count} expected streams "
-                f"were abandoned within {timeout}s ({len(self.streams)} streams in all)"
+                f"loopback server: {what()} within {timeout}s ({len(self.streams)} streams "
+                "in all)"
             ) from None
         finally:
             self._waiters.remove(waiter)
-        return self._abandoned()
 
     def _record_abandoned(self, record: StreamRecord, connection: _Connection) -> None:
         record.abandoned = True
         record.abandoned_at = connection.peer_closed_at or time.monotonic()
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake every ``wait_until``, whichever loop it waits on."""
         here = asyncio.get_running_loop()
         for loop, wake in list(self._waiters):
             if loop is here:
@@ -929,6 +1002,7 @@ class LoopbackServer:
                 request.method, path, protocol, body, headers, time.monotonic(), connection.number
             )
         )
+        self._notify()
         model = str(body.get("model") or "test")
         wire_class = _OpenAIWire if protocol == "openai" else _OllamaWire
         wire = wire_class(model, body, self._serial)
@@ -955,6 +1029,8 @@ class LoopbackServer:
             return await reply(200, self._model_list())
         if error is None and protocol == "openai" and path == "/v1/chat/completions":
             error = _unanswered_tool_calls(body.get("messages"))
+        if error is None and self.strict_alternation and path in ("/api/chat", _OPENAI_CHAT):
+            error = _alternation_error(body.get("messages"))
         if error is not None:
             return await reply(400, wire.error_body(400, error))
         self._models[model] = None
@@ -1005,6 +1081,12 @@ class LoopbackServer:
             record.finished_at = time.monotonic()
             await connection.unwatch()
 
+    @staticmethod
+    def _reset(connection: _Connection) -> bool:
+        """Close the connection at once (RST) before any byte of the reply."""
+        connection.writer.transport.abort()
+        return False
+
     def _gone(self, connection: _Connection, record: StreamRecord) -> bool:
         self._record_abandoned(record, connection)
         return False
@@ -1013,9 +1095,10 @@ class LoopbackServer:
         self, connection: _Connection, wire: _Wire, turn: Turn, record: StreamRecord, keep: bool
     ) -> bool:
         status = _HTTP_FAULTS[str(turn.fault)]
-        what = "rate limited" if status == 429 else "internal server error"
+        what = _FAULT_WORDS[status]
         body = wire.error_body(status, f"{what} (scripted {turn.fault} fault)")
-        extra = [("Retry-After", "1")] if status == 429 else []
+        retry_after = turn.retry_after or ("1" if status == 429 else None)
+        extra = [("Retry-After", retry_after)] if retry_after is not None else []
         response = _plain_response(status, body, keep_alive=keep, extra=extra)
         if not await connection.send(response):
             return self._gone(connection, record)
@@ -1033,8 +1116,8 @@ class LoopbackServer:
             return self._gone(connection, record)
         if turn.fault in _HTTP_FAULTS:
             return await self._http_fault(connection, wire, turn, record, keep)
-        if turn.fault == "drop":
-            return False
+        if turn.fault in ("drop", "reset"):
+            return self._reset(connection) if turn.fault == "reset" else False
         if turn.fault == "hang":
             await connection.wait(None)
             return self._gone(connection, record)
@@ -1055,6 +1138,8 @@ class LoopbackServer:
             return self._gone(connection, record)
         if turn.fault in _HTTP_FAULTS:
             return await self._http_fault(connection, wire, turn, record, keep)
+        if turn.fault == "reset":
+            return self._reset(connection)
         head = _head(
             200,
             [
@@ -1078,6 +1163,7 @@ class LoopbackServer:
             if not await connection.send(_frame(pieces[position])):
                 return self._gone(connection, record)
             record.chunks_sent += 1
+            self._notify()
         if turn.fault == "no_done":
             if not await connection.send(_END_OF_BODY):
                 return self._gone(connection, record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -81,3 +82,83 @@ def test_wire_view_drops_our_markers_only() -> None:
     assert wire_view(partial) == {"role": "assistant", "content": "half"}
     plain: Any = {"role": "user", "content": "x"}
     assert wire_view(plain) is plain
+
+
+# -- hardening: everything validated before anything changes, bounded echoes ----------
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"v": value}
+    return value
+
+
+def calling(arguments: Any, call_id: str = "c1", name: str = "f") -> list[Any]:
+    return [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        ]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("messages", "where"),
+    [
+        ([{"role": "user", "content": "bad \ud800"}], "'content'"),
+        ([{"role": "user", "content": "half \ud83d\ude00 pair"}], "'content'"),
+        (calling({"q": "x\udfff"}), "arguments"),
+        (calling({"k\ud800": 1}), "arguments"),
+        (calling({}, call_id="id\ud800"), "tool_calls[0].id"),
+        (calling({}, name="f\ud800"), "function.name"),
+        ([{"role": "assistant", "content": "", "thinking": "\ud800"}], "'thinking'"),
+    ],
+)
+def test_text_no_utf8_store_can_hold_is_refused_naming_the_message(
+    messages: list[Any], where: str
+) -> None:
+    pattern = rf"message \d+: .*{re.escape(where)}.*surrogate"
+    with pytest.raises(TranscriptError, match=pattern) as caught:
+        validate(messages)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_cyclic_arguments_are_a_value_error_not_a_recursion_error() -> None:
+    cycle: dict[str, Any] = {"a": []}
+    cycle["a"].append(cycle)
+    with pytest.raises(TranscriptError, match=r"message 1: .*cycle"):
+        validate(calling(cycle))
+    shared = {"x": 1}
+    validate(calling({"a": shared, "b": [shared, shared]}))  # shared, not cyclic: fine
+
+
+def test_arguments_50000_deep_are_a_value_error_not_a_recursion_error() -> None:
+    with pytest.raises(TranscriptError, match=r"message 1: .*deeper than 200"):
+        validate(calling(nested(50_000)))
+    validate(calling(nested(150)))
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "x" * 10_000_000, "content": ""}],
+        [{"role": "user", "content": "", "k" * 10_000_000: 1}],
+        [{"role": "user", "content": ["x" * 10_000_000]}],
+        calling({}) + [
+            {"role": "tool", "content": "", "tool_call_id": "i" * 10_000_000, "name": "f"}
+        ],
+        [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "t" * 10_000_000, "function": {"name": "f", "arguments": {}}}
+        ]}],
+        calling({}, name="f") + [
+            {"role": "tool", "content": "", "tool_call_id": "c1", "name": "n" * 10_000_000}
+        ],
+    ],
+)
+def test_a_10_mb_bad_value_gives_a_short_error_with_its_length(messages: list[Any]) -> None:
+    with pytest.raises(TranscriptError) as caught:
+        validate(messages)
+    text = str(caught.value)
+    assert len(text) < 400, text[:400]
+    assert re.search(r"\(10000000 characters\)|<list of 1 items>", text), text
