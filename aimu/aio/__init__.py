@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from aimu.aio.events import (
         Event,
         HandleFinished,
+        ModelRetry,
         RunFinished,
         RunStarted,
         StepFinished,
@@ -70,6 +71,7 @@ __all__ = [
     "ModelError",
     "ModelHTTPError",
     "ModelProtocolError",
+    "ModelRetry",
     "Parallel",
     "PostgresStore",
     "RedisControl",
@@ -142,7 +144,7 @@ _ERRORS = (
 )
 _EVENTS = (
     "Event", "HandleFinished", "RunFinished", "RunStarted", "StepFinished", "TextChunk",
-    "ThinkingChunk", "ToolCallStarted", "ToolResult",
+    "ThinkingChunk", "ToolCallStarted", "ToolResult", "ModelRetry",
 )
 _WHERE.update(dict.fromkeys(_ERRORS, "errors"))
 _WHERE.update(dict.fromkeys(_EVENTS, "events"))

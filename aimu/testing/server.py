@@ -1072,6 +1072,7 @@ class LoopbackServer:
             streamed = wire.body.get("stream") is True
         record = StreamRecord(path, wire.protocol, streamed, time.monotonic(), turn.fault)
         self.streams.append(record)
+        self._notify()
         connection.watch()
         try:
             if streamed:

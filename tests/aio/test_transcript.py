@@ -145,15 +145,13 @@ def test_arguments_50000_deep_are_a_value_error_not_a_recursion_error() -> None:
         [{"role": "x" * 10_000_000, "content": ""}],
         [{"role": "user", "content": "", "k" * 10_000_000: 1}],
         [{"role": "user", "content": ["x" * 10_000_000]}],
-        calling({}) + [
-            {"role": "tool", "content": "", "tool_call_id": "i" * 10_000_000, "name": "f"}
-        ],
+        [*calling({}), {"role": "tool", "content": "", "tool_call_id": "i" * 10_000_000,
+                        "name": "f"}],
         [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [
             {"id": "c", "type": "t" * 10_000_000, "function": {"name": "f", "arguments": {}}}
         ]}],
-        calling({}, name="f") + [
-            {"role": "tool", "content": "", "tool_call_id": "c1", "name": "n" * 10_000_000}
-        ],
+        [*calling({}), {"role": "tool", "content": "", "tool_call_id": "c1",
+                        "name": "n" * 10_000_000}],
     ],
 )
 def test_a_10_mb_bad_value_gives_a_short_error_with_its_length(messages: list[Any]) -> None:

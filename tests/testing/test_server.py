@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 import httpx
@@ -48,15 +48,6 @@ async def serving(script: Script | None = None) -> AsyncIterator[LoopbackServer]
     async with LoopbackServer(script) as server:
         yield server
     await no_other_tasks()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Poll for a server-side state no client can see (a request in the server's hands)."""
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the server never reached the expected state")
 
 
 def chat_url(server: LoopbackServer, protocol: str) -> str:
@@ -606,7 +597,7 @@ async def test_stop_during_a_reply_leaves_nothing_behind(phase: str, turn: Turn)
 
     async with httpx.AsyncClient() as http:
         task = asyncio.create_task(client(http))
-        await until(lambda: bool(server.streams))
+        await server.wait_until(lambda: bool(server.streams))
         if phase in ("between chunks", "hang"):
             await started.wait()
         await server.stop()

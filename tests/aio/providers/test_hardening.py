@@ -6,6 +6,7 @@ the stop reason, and strict chat templates."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import subprocess
@@ -240,9 +241,10 @@ def tool_call_reply(arguments: object) -> bytes:
 async def test_ollama_arguments_as_a_string_are_parsed_or_become_a_tool_error(
     arguments: object, expected: dict[str, Any], error: str | None
 ) -> None:
-    async with RawServer(tool_call_reply(arguments)) as raw:
-        async with OllamaClient("m", host=raw.url) as model:
-            chunks = [c async for c in model.stream_turn([{"role": "user", "content": "x"}])]
+    async with RawServer(tool_call_reply(arguments)) as raw, OllamaClient(
+        "m", host=raw.url
+    ) as model:
+        chunks = [c async for c in model.stream_turn([{"role": "user", "content": "x"}])]
     (call,) = [c for c in chunks if isinstance(c, ToolCallDelta)]
     assert call.call["function"]["arguments"] == expected
     if error is None:
@@ -342,7 +344,7 @@ async def test_every_stop_and_resume_path_passes_a_strict_alternation_template(
         assert ["user", "user"] in [roles[i : i + 2] for i in range(len(roles))]
         assert len(server.requests) == 8  # each run above would have raised on a 400
         last = server.requests[-1].body["messages"]
-        assert all(a["role"] != b["role"] for a, b in zip(last, last[1:], strict=False))
+        assert all(a["role"] != b["role"] for a, b in itertools.pairwise(last))
         await model.aclose()
 
 

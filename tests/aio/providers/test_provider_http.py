@@ -300,7 +300,7 @@ async def test_cancelling_a_task_awaiting_a_reply_closes_the_connection(
 
         task = asyncio.create_task(consume())
         await got_first.wait()
-        await asyncio.sleep(0.06)  # let it wait on the server, mid-reply
+        await server.wait_requests(1)  # the reply is under way: 40 chunks, 50 ms apart
         assert task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -317,8 +317,7 @@ async def test_cancel_before_the_first_byte_closes_the_connection(provider: str)
     async with LoopbackServer([Turn(text="late", first_byte_delay=30)]) as server:
         model = make_for(provider, server)
         task = asyncio.create_task(collect(await model.chat("go", stream=True)))
-        while not server.requests:  # noqa: ASYNC110 - the server has no request event
-            await asyncio.sleep(0.01)
+        await server.wait_requests(1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
