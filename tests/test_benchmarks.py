@@ -16,6 +16,7 @@ SMOKE = {
     "bench_store.py": ["--rounds", "20", "--repeats", "1"],
     "bench_client.py": ["--repeats", "5"],
     "bench_tools.py": ["--repeats", "1", "--calls", "100"],
+    "bench_wire.py": ["--quick"],
 }
 
 

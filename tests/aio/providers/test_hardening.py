@@ -84,7 +84,7 @@ async def test_lone_and_split_surrogates_leave_an_encodable_transcript_and_store
         assert replies == ["bad \ufffd end", "a\U0001f600b", "fine"]
         if stream:
             assert "".join(seen) == "".join(replies)
-        assert store.load("s") == messages
+        assert await store.load("s") == messages
         validate(messages)
         await agent.aclose()
         await model.aclose()
@@ -128,7 +128,7 @@ async def test_a_bad_restore_is_a_value_error_and_changes_neither_memory_nor_sto
     with pytest.raises(ValueError, match=r"message 1|message 0"):
         agent.restore(bad)
     assert agent.model_client.messages == before
-    assert store.load("s") == before
+    assert await store.load("s") == before
     await agent.aclose()
 
 

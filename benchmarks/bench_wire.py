@@ -1,0 +1,362 @@
+"""Whole tool rounds over the wire: ``ollama:`` and ``openai:`` against bare httpx.
+
+    python benchmarks/bench_wire.py                    # wall time, growth, concurrency
+    python benchmarks/bench_wire.py --callgrind        # + instructions (valgrind)
+    python benchmarks/bench_wire.py --quick            # a smoke run (CI)
+
+The loopback server runs in a separate process, so the client side is all that this
+process (and callgrind) measures. Each sample is one whole run built the way a user
+builds it: a client made, an agent with one no-op tool, ``rounds`` tool rounds (the
+transcript grows by two messages a round), the answer, the client closed. The baseline
+is a bare ``httpx.AsyncClient`` doing the same requests in the same run: it keeps the
+transcript as wire dicts, posts it with ``json=``, parses each streamed line and joins
+the tool-call fragments. Both share one TLS context, as every aimu client does.
+
+Prints, with medians of interleaved repeats:
+
+- µs per round at 50 rounds, ours / bare (target ≤ 1.2x);
+- growth: µs per round at 10, 100, 500 rounds and the per-message slope, ours / bare
+  (target ≤ 2x);
+- with ``--callgrind``: instructions per round at 50 rounds (runs of 1 and 3, the
+  difference, so start-up and imports cancel);
+- 1,000 and 10,000 concurrent single-turn runs: client CPU per request, and memory per
+  run in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from aimu import aio
+from aimu.aio.providers._http import ssl_context
+
+Run = Callable[[], Awaitable[None]]
+PROVIDERS = ("ollama", "openai")
+
+
+async def noop(n: int) -> str:
+    """Does nothing; returns its argument."""
+    return f"done {n}"
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "noop", "description": "Does nothing; returns its argument.",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                   "required": ["n"]}}}]
+
+
+# -- the server process --------------------------------------------------------------
+
+
+def serve() -> None:
+    """``--serve``: a loopback server that plays "rounds=N": N tool calls, then an answer."""
+    from aimu.testing.script import ScriptedCall, Turn
+    from aimu.testing.server import LoopbackServer
+
+    def script(request: Mapping[str, Any]) -> Turn:
+        messages = request.get("messages") or []
+        task = next((m.get("content", "") for m in messages if m.get("role") == "user"), "")
+        found = re.search(r"rounds=(\d+)", str(task))
+        rounds = int(found.group(1)) if found else 0
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        if done < rounds:
+            return Turn(text="Calling.", tool_calls=[ScriptedCall("noop", {"n": done})])
+        return Turn(text="All rounds are done.", delay=0.2 if "slow" in str(task) else 0.0)
+
+    async def main() -> None:
+        async with LoopbackServer(script) as server:
+            print(server.url, flush=True)
+            await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def server_process() -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        process.terminate()
+        process.wait()
+
+
+# -- one run each way ----------------------------------------------------------------
+
+
+def ours(provider: str, url: str, rounds: int) -> Run:
+    async def run() -> None:
+        if provider == "ollama":
+            model = aio.client("ollama:bench", host=url)
+        else:
+            model = aio.client("openai:bench", base_url=url + "/v1", api_key="sk-bench")
+        agent = aio.Agent(model, tools=[noop], max_rounds=rounds + 1)
+        await agent.run(f"rounds={rounds}")
+        await model.aclose()
+
+    return run
+
+
+async def _bare_turn(
+    http: httpx.AsyncClient, provider: str, url: str, messages: list[dict[str, Any]]
+) -> tuple[str, list[dict[str, Any]]]:
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    if provider == "ollama":
+        body = {"model": "bench", "messages": messages, "tools": TOOLS, "stream": True}
+        async with http.stream("POST", url + "/api/chat", json=body) as response:
+            async for line in response.aiter_lines():
+                if line:
+                    message = json.loads(line)["message"]
+                    text.append(message.get("content", ""))
+                    for call in message.get("tool_calls") or ():
+                        calls[len(calls)] = call
+        return "".join(text), list(calls.values())
+    body = {"model": "bench", "messages": messages, "tools": TOOLS, "stream": True,
+            "stream_options": {"include_usage": True}}
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                delta = choice["delta"]
+                text.append(delta.get("content") or "")
+                for fragment in delta.get("tool_calls") or ():
+                    call = calls.setdefault(fragment["index"], {
+                        "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    call["id"] = fragment.get("id") or call["id"]
+                    function = fragment.get("function") or {}
+                    call["function"]["name"] = function.get("name") or call["function"]["name"]
+                    call["function"]["arguments"] += function.get("arguments") or ""
+    return "".join(text), list(calls.values())
+
+
+def bare(provider: str, url: str, rounds: int) -> Run:
+    async def run() -> None:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"rounds={rounds}"}]
+            while True:
+                text, calls = await _bare_turn(http, provider, url, messages)
+                reply: dict[str, Any] = {"role": "assistant", "content": text}
+                if calls:
+                    reply["tool_calls"] = calls
+                messages.append(reply)
+                if not calls:
+                    return
+                for call in calls:
+                    arguments = call["function"]["arguments"]
+                    if isinstance(arguments, str):
+                        arguments = json.loads(arguments)
+                    result = await noop(**arguments)
+                    if provider == "ollama":
+                        messages.append({"role": "tool", "content": result,
+                                         "tool_name": call["function"]["name"]})
+                    else:
+                        messages.append({"role": "tool", "content": result,
+                                         "tool_call_id": call["id"]})
+
+    return run
+
+
+# -- measurements --------------------------------------------------------------------
+
+
+async def interleaved(runs: Mapping[str, Run], repeats: int) -> dict[str, float]:
+    """Median ms per run of each, run in turn so drift and noise hit all alike."""
+    for run in runs.values():
+        await run()  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            gc.collect()
+            start = time.perf_counter()
+            await run()
+            samples[name].append((time.perf_counter() - start) * 1000)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+async def per_round(url: str, rounds: int, repeats: int) -> dict[str, float]:
+    runs: dict[str, Run] = {}
+    for provider in PROVIDERS:
+        runs[f"bare {provider}"] = bare(provider, url, rounds)
+        runs[f"{provider}:"] = ours(provider, url, rounds)
+    medians = await interleaved(runs, repeats)
+    return {name: ms * 1000 / rounds for name, ms in medians.items()}
+
+
+async def rounds_table(url: str, repeats: int) -> None:
+    figures = await per_round(url, 50, repeats)
+    print(f"\nWhole tool rounds, 50 rounds, median of {repeats} interleaved runs (µs/round)")
+    print(f"{'client':<9} {'ours':>9} {'bare httpx':>11} {'ratio':>7}")
+    for provider in PROVIDERS:
+        mine, base = figures[f"{provider}:"], figures[f"bare {provider}"]
+        print(f"{provider + ':':<9} {mine:>9.0f} {base:>11.0f} {mine / base:>6.2f}x")
+
+
+async def growth(url: str, repeats: int, sizes: tuple[int, ...]) -> None:
+    print(f"\nGrowth: µs/round at {', '.join(map(str, sizes))} rounds "
+          f"(the transcript reaches ~2x rounds messages), median of {repeats}")
+    table = {size: await per_round(url, size, repeats if size < 500 else max(3, repeats // 3))
+             for size in sizes}
+    for provider in PROVIDERS:
+        cells = "  ".join(
+            f"{size}: {table[size][f'{provider}:']:.0f} vs {table[size][f'bare {provider}']:.0f}"
+            for size in sizes
+        )
+        print(f"{provider + ':':<9} {cells}")
+        low, high = sizes[-2], sizes[-1]
+        # A run of R rounds sends on average ~R messages per request.
+        slope_ours = (table[high][f"{provider}:"] - table[low][f"{provider}:"]) / (high - low)
+        slope_bare = (table[high][f"bare {provider}"] - table[low][f"bare {provider}"]) / (
+            high - low
+        )
+        print(f"{'':<9} per-message slope ({low}->{high}): ours {slope_ours * 1000:.0f} ns, "
+              f"bare {slope_bare * 1000:.0f} ns, ratio {slope_ours / slope_bare:.2f}x")
+
+
+# -- instructions ----------------------------------------------------------------------
+
+
+def count(url: str, name: str, runs: int, rounds: int) -> int:
+    """Instructions of this script doing ``runs`` runs of ``name`` under callgrind."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             sys.executable, __file__, "--instructions", name, "--url", url,
+             "--runs", str(runs), "--rounds", str(rounds)],
+            check=True, capture_output=True,
+        )
+        with open(out) as file:
+            for line in file:
+                if line.startswith("summary:") or line.startswith("totals:"):
+                    return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no summary")
+
+
+def instructions(url: str, rounds: int) -> None:
+    print(f"\nInstructions per round (callgrind), {rounds} rounds: (3 runs - 1 run) / 2")
+    per: dict[str, float] = {}
+    for provider in PROVIDERS:
+        for name in (f"bare {provider}", f"{provider}:"):
+            one, three = count(url, name, 1, rounds), count(url, name, 3, rounds)
+            per[name] = (three - one) / 2 / rounds
+    print(f"{'client':<9} {'ours':>12} {'bare httpx':>12} {'ratio':>7}")
+    for provider in PROVIDERS:
+        mine, base = per[f"{provider}:"], per[f"bare {provider}"]
+        print(f"{provider + ':':<9} {mine:>12,.0f} {base:>12,.0f} {mine / base:>6.2f}x")
+
+
+def play(name: str, url: str, runs: int, rounds: int) -> None:
+    """``--instructions``: one warm-up run (excluded by the difference), then ``runs``."""
+    provider = name.split()[-1].rstrip(":")
+    run = bare(provider, url, rounds) if name.startswith("bare") else ours(provider, url, rounds)
+
+    async def main() -> None:
+        for _ in range(runs):
+            await run()
+
+    asyncio.run(main())
+
+
+# -- many runs at once ------------------------------------------------------------------
+
+
+async def concurrent(url: str, provider: str, count_: int, mine: bool) -> tuple[float, float]:
+    """Client CPU µs per request for ``count_`` concurrent single-turn runs, and KiB of
+    memory per run in flight (traced in a second pass while every run awaits its reply)."""
+
+    async def go(slow: bool) -> None:
+        task = "rounds=0 slow" if slow else "rounds=0"
+        if mine:
+            model = (aio.client("ollama:bench", host=url) if provider == "ollama" else
+                     aio.client("openai:bench", base_url=url + "/v1", api_key="k"))
+            agent = aio.Agent(model, tools=[noop])
+            sessions = [agent.start() for _ in range(count_)]
+            await asyncio.gather(*(s.run(task) for s in sessions))
+            await model.aclose()
+        else:
+            limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+            async with httpx.AsyncClient(verify=ssl_context(), timeout=60, limits=limits) as http:
+                await asyncio.gather(*(
+                    _bare_turn(http, provider, url, [{"role": "user", "content": task}])
+                    for _ in range(count_)
+                ))
+
+    await go(False)  # warm-up: connections open
+    gc.collect()
+    start = time.process_time()
+    await go(False)
+    cpu = (time.process_time() - start) * 1e6 / count_
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    task = asyncio.create_task(go(True))
+    await asyncio.sleep(0.1)  # every run has started and waits: the reply takes 0.2 s
+    in_flight = tracemalloc.get_traced_memory()[0] - base
+    await task
+    tracemalloc.stop()
+    return cpu, in_flight / count_ / 1024
+
+
+async def concurrency(url: str, sizes: tuple[int, ...]) -> None:
+    print("\nConcurrent single-turn runs: client CPU µs per request, KiB per run in flight")
+    for provider in PROVIDERS:
+        for size in sizes:
+            mine = await concurrent(url, provider, size, True)
+            base = await concurrent(url, provider, size, False)
+            print(f"{provider + ':':<9} {size:>6} runs: ours {mine[0]:>6.0f} µs "
+                  f"{mine[1]:>5.1f} KiB | bare httpx (100 connections) {base[0]:>6.0f} µs "
+                  f"{base[1]:>5.1f} KiB | ratio {mine[0] / base[0]:.2f}x")
+
+
+async def main(options: argparse.Namespace) -> None:
+    with server_process() as url:
+        if options.quick:
+            await rounds_table(url, 2)
+            await growth(url, 1, (5, 10, 20))
+            await concurrency(url, (50,))
+            return
+        await rounds_table(url, options.repeats)
+        await growth(url, options.repeats, (10, 100, 500))
+        if options.callgrind:
+            instructions(url, 50)
+        await concurrency(url, (1000, 10000))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--callgrind", action="store_true", help="also count instructions")
+    parser.add_argument("--quick", action="store_true", help="a smoke run")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--instructions", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=50, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.serve:
+        serve()
+    elif options.instructions:
+        play(options.instructions, options.url, options.runs, options.rounds)
+    else:
+        print(f"python {sys.version.split()[0]}, httpx {httpx.__version__}")
+        asyncio.run(main(options))
