@@ -17,6 +17,7 @@ SMOKE = {
     "bench_client.py": ["--repeats", "5"],
     "bench_tools.py": ["--repeats", "1", "--calls", "100"],
     "bench_wire.py": ["--quick"],
+    "bench_serve.py": ["--quick"],
 }
 
 
