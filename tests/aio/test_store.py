@@ -30,6 +30,7 @@ from aimu.aio.store import (
     validate_session_name,
 )
 from aimu.aio.transcript import Message, validate
+from aimu.testing.script import Turn
 from tests.aio.store_backends import KINDS, Backend, backend, conversation
 
 StoreFactory = Callable[[], Store]
@@ -500,3 +501,37 @@ async def test_concurrent_appends_of_one_writer_keep_their_call_order(store: Sto
         messages: list[Message] = [{"role": "user", "content": str(i)} for i in range(40)]
         await asyncio.gather(*(writer.append(m) for m in messages))
         assert await writer.load() == messages
+
+
+async def _noop_step(n: int) -> str:
+    """One step."""
+    await asyncio.sleep(0)
+    return f"step {n}"
+
+
+@pytest.mark.parametrize("passes", [*range(20), 30, 60, 120, 250, 500])
+async def test_a_cancel_at_any_point_of_an_agent_run_leaves_store_and_memory_equal(
+    store: Store, passes: int
+) -> None:
+    """Wherever the cancel lands (loop passes stand in for await points), every message
+    recorded in memory is stored, the settled transcript included."""
+    from aimu import aio
+    from aimu.testing.scripted import ScriptedModel, tool_turn
+
+    script = [*(tool_turn(("_noop_step", {"n": n})) for n in range(6)), Turn(text="done")]
+    agent = aio.Agent(ScriptedModel(script), tools=[_noop_step], store=store, session="sweep")
+    await agent.open()
+    handle = aio.RunHandle.start(agent.run("go"))
+    for _ in range(passes):
+        await asyncio.sleep(0)
+    handle.cancel()
+    try:
+        assert await handle == "done"  # the cancel came after the end
+    except asyncio.CancelledError:
+        assert handle.status == "cancelled" and agent.last_status == "cancelled"
+    memory = agent.model_client.messages
+    validate(memory)
+    assert await store.load("sweep") == memory
+    info = await store.info("sweep")
+    assert info is not None and info.status == agent.last_status
+    await agent.aclose()

@@ -489,12 +489,16 @@ class _PostgresWriter:
         while True:
             try:
                 await asyncio.shield(task)
-                break
             except asyncio.CancelledError:
-                if task.done():
-                    break
-                cancelled = True  # let the write finish; the cancel is raised after it
+                if task.cancelled():
+                    raise  # the write itself was cancelled (the loop is closing)
+                cancelled = True  # ours: let the write finish, then raise the cancel
+                if not task.done():
+                    continue
+            break
         if cancelled:
+            if not task.cancelled():
+                task.exception()  # retrieved: the cancel is what the caller gets
             raise asyncio.CancelledError
         task.result()
 
