@@ -18,6 +18,7 @@ SMOKE = {
     "bench_tools.py": ["--repeats", "1", "--calls", "100"],
     "bench_wire.py": ["--quick"],
     "bench_serve.py": ["--quick"],
+    "bench_control.py": ["--quick"],
 }
 
 

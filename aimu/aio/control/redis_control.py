@@ -190,6 +190,15 @@ class RedisControl:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    async def flush(self) -> None:
+        """Wait until the runs attached here that have ended are in Redis to their end.
+
+        Their events are published in the background; while Redis is away this waits
+        for it to come back (wrap it in ``asyncio.timeout`` to bound that).
+        """
+        if self._worker is not None:
+            await self._worker.flush()
+
     async def aclose(self, *, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         """Publish what finished runs still hold, then close the connections."""
         if self._closed:

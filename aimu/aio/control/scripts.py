@@ -47,13 +47,16 @@ return {'ok', seen, redis.call('XRANGE', KEYS[4], '(' .. seen, '+')}
 
 #: KEYS run, events, lease, requests; ARGV worker, maxlen, final status ('' while
 #: running), reason, error, ended_at, retention_s, requests_seen (''), then triples
-#: (batch number, type, JSON). -> last batch number appended, or -1: not this worker's run.
+#: (batch number, type, JSON). -> last batch number appended; -1: not this worker's run;
+#: -2: the record is gone (Redis restarted empty, or it was deleted): register again.
 PUBLISH = """
-if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return -1 end
+local owner = redis.call('HGET', KEYS[1], 'worker')
+if not owner then return -2 end
+if owner ~= ARGV[1] then return -1 end
 local status = redis.call('HGET', KEYS[1], 'status')
 local pub = tonumber(redis.call('HGET', KEYS[1], 'pub') or '0')
 if status ~= 'running' then
-  if status == 'pending' or not status then return -1 end
+  if status == 'pending' then return -1 end
   return pub
 end
 local i = 9
@@ -81,11 +84,13 @@ return pub
 """
 
 #: KEYS run, lease, requests; ARGV worker, lease_ms, requests cursor.
-#: -> {1, requests after the cursor} | {0}: not ours any more | {2}: the record is gone.
+#: -> {1, requests after the cursor} | {0}: not ours any more | {2}: the record is gone
+#: | {3}: it has ended (its end was written while this renewal was on its way).
 RENEW = """
 local owner = redis.call('HGET', KEYS[1], 'worker')
 if not owner then return {2} end
-if owner ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'running' then return {0} end
+if owner ~= ARGV[1] then return {0} end
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return {3} end
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return {0} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])

@@ -36,6 +36,7 @@ logger = logging.getLogger("aimu.control")
 
 _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH = 256
+_LINGER = 0.002
 _BUFFER = 100_000
 _BACKOFF_FIRST = 0.05
 _BACKOFF_CAP = 2.0
@@ -226,6 +227,9 @@ class Worker:
         failures = 0
         while not self._stopping:
             await self._kick.wait()
+            if not any(r.final_stream or not r.registered for r in self.runs.values()):
+                # Only events to send: let a few more gather (fewer, fuller batches).
+                await asyncio.sleep(_LINGER)
             self._kick.clear()
             try:
                 more = await self._flush()
@@ -344,6 +348,9 @@ class Worker:
         return False
 
     def _published(self, run: _Run, step: str, last: int, result: int) -> bool:
+        if result == -2:
+            run.registered = False  # Redis forgot the run: register it again, then resend
+            return True
         if result < 0:
             self._reject(run, f"run {run.run_id!r} was taken over by another worker")
             return False
@@ -424,7 +431,7 @@ class Worker:
                 self._note_down(error)
                 continue
             for run, result in zip(live, results, strict=True):
-                if isinstance(result, BaseException):
+                if isinstance(result, BaseException) or run.ended or result[0] == 3:
                     continue
                 if result[0] == 0:
                     self._reject(run, f"run {run.run_id!r} was taken over by another worker")
@@ -454,6 +461,13 @@ class Worker:
             )
             self._down_since = None
 
+    async def flush(self) -> None:
+        """Wait until every finished run is published to the end (Redis may be away)."""
+        while any(r.handle.done and not r.rejected for r in self.runs.values()):
+            self._flushed.clear()
+            self._kick.set()
+            await self._flushed.wait()
+
     async def aclose(self, timeout: float) -> None:  # noqa: ASYNC109
         """Publish what finished runs still hold (up to ``timeout`` s), then stop.
 
@@ -461,10 +475,7 @@ class Worker:
         """
         try:
             async with asyncio.timeout(timeout):
-                while any(r.handle.done and not r.rejected for r in self.runs.values()):
-                    self._flushed.clear()
-                    self._kick.set()
-                    await self._flushed.wait()
+                await self.flush()
         except TimeoutError:
             logger.warning(
                 "closing with %d runs not fully published to Redis at %s",
