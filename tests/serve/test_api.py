@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from aimu.aio.transcript import validate
 from aimu.serve.openapi import openapi_document
@@ -353,3 +354,45 @@ async def test_422s(http: httpx.AsyncClient) -> None:
     assert (await http.get(f"/runs/{run_id}")).json()["status"] == "running"  # nothing changed
     await http.post(f"/runs/{run_id}/cancel")
     await collect(http, run_id)
+
+
+# -- a stop landing at each point of a run --------------------------------------------------
+
+ALLOWED = {
+    "cancel": {"cancelled"},
+    "interrupt": {"interrupted"},
+    "stop?grace=0": {"cancelled", "interrupted"},
+}
+STOP_POINTS = ["accepted", "run_started", "text", "tool_call", "tool_result", "step_finished"]
+
+
+@pytest.mark.parametrize("action", ["cancel", "interrupt", "stop?grace=0"])
+@pytest.mark.parametrize("point", STOP_POINTS)
+async def test_a_stop_landing_at_each_point(
+    http: httpx.AsyncClient, served: Served, point: str, action: str
+) -> None:
+    session = f"sweep-{point}-{action[:4]}"
+    run_id = await start(http, session, "tool sweep")
+    if point != "accepted":
+        events = sse_events(http, f"/runs/{run_id}/events")
+        async for event in events:
+            if event.type == point:
+                break
+        await events.aclose()
+    response = await http.post(f"/runs/{run_id}/{action}")
+    assert response.status_code in (202, 409), response.text  # 409: it had just ended
+    whole = await collect(http, run_id)
+    assert [e.type for e in whole].count("handle_finished") == 1
+    assert whole[-1].type == "handle_finished"
+    status = whole[-1].data["status"]
+    assert status in ALLOWED[action] | {"completed"}, status
+    if response.status_code == 409:
+        assert status == "completed"
+    messages = (await http.get(f"/sessions/{session}")).json()["messages"]
+    validate(messages)  # a valid transcript wherever the stop landed
+    assert [m["role"] for m in messages].count("user") == 1
+    # The session is free again, and resuming it goes on from there.
+    resumed = await http.post(f"/sessions/{session}/resume")
+    assert resumed.status_code == 202, resumed.text
+    assert (await finished(http, resumed.json()["run_id"]))["status"] == "completed"
+    validate((await http.get(f"/sessions/{session}")).json()["messages"])
