@@ -192,6 +192,14 @@ async def _unexpected(request: Request, error: Exception) -> Response:
     return error_response(500, f"internal error: {type(error).__name__}; see the server log")
 
 
+def _sse(item: tuple[str, dict[str, Any]]) -> str:
+    """One Server-Sent Event (an empty id: a message without one, never resumed from)."""
+    event_id, event = item
+    data = json.dumps(event, separators=(",", ":"), default=str)
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event['type']}\ndata: {data}\n\n"
+
+
 class _Routes:
     """The route handlers, sharing the runs and the body limit."""
 
@@ -316,12 +324,8 @@ class _Routes:
 
         async def stream() -> AsyncIterator[bytes]:
             async with contextlib.aclosing(follow):
-                async for event_id, event in follow:
-                    if not event_id:
-                        yield b": keep-alive\n\n"
-                        continue
-                    data = json.dumps(event, separators=(",", ":"), default=str)
-                    yield f"id: {event_id}\nevent: {event['type']}\ndata: {data}\n\n".encode()
+                async for batch in follow:
+                    yield "".join(map(_sse, batch)).encode() if batch else b": keep-alive\n\n"
 
         return StreamingResponse(
             stream(),

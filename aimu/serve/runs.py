@@ -28,11 +28,13 @@ from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage, zero_usage
 from aimu.serve.errors import BadRequest, Conflict, NotFound, NotSupported
 
-__all__ = ["AgentFactory", "LocalRuns", "RunRecord", "check_run_id", "event_json"]
+__all__ = ["AgentFactory", "Batch", "LocalRuns", "RunRecord", "check_run_id", "event_json"]
 
 #: Builds the agent for one run of ``session``, writing to that session in the store.
 AgentFactory: TypeAlias = Callable[[str], Agent]
 JSONEvent: TypeAlias = dict[str, Any]
+#: Events in order, each with its id; empty: nothing happened for a while (keep-alive).
+Batch: TypeAlias = list[tuple[str, JSONEvent]]
 
 _RUN_ID_BYTES: Final = 18  # 144 bits: unguessable, so a run id is a capability
 _RUN_ID_LONGEST: Final = 128
@@ -287,25 +289,27 @@ class LocalRuns:
             )
         return seen
 
-    async def follow(
-        self, run_id: str, after: str | None
-    ) -> AsyncGenerator[tuple[str, JSONEvent], None]:
+    async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
         """The run's events after ``after`` (an id it sent), then its terminal event.
 
-        Yields ``("", {})`` as a keep-alive when nothing happened for a while; ends early,
-        without the terminal event, when the server shuts down (the follower reconnects).
+        Yields them in batches of ``(id, event)``, as many as are there (one write for a
+        follower that fell behind); an empty batch is a keep-alive after a quiet while.
+        Ends early, without the terminal event, when the server shuts down (the follower
+        reconnects).
         """
         record = self.get(run_id)
         seen = self.check_after(run_id, after)
         while True:
             events = record.events
-            while seen < len(events):
-                seen += 1
-                yield str(seen), events[seen - 1]
+            if seen < len(events):
+                end = len(events)
+                yield [(str(i), events[i - 1]) for i in range(seen + 1, end + 1)]
+                seen = end
+                continue
             if record.ended or self._closing.is_set():
                 return
             if not await record.changed(KEEPALIVE_SECONDS):
-                yield "", {}
+                yield []
 
     # -- control -------------------------------------------------------------------
 

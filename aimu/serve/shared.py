@@ -21,6 +21,7 @@ from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
     AgentFactory,
+    Batch,
     JSONEvent,
     LocalRuns,
     RunRecord,
@@ -110,9 +111,7 @@ class SharedRuns(LocalRuns):
         await self._info(run_id)
         _check_stream_id(after)
 
-    async def follow(
-        self, run_id: str, after: str | None
-    ) -> AsyncGenerator[tuple[str, JSONEvent], None]:
+    async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
         """The run's events through Redis, wherever it runs; keep-alives while idle."""
         events = self.control.events(run_id, _check_stream_id(after))
         closing = asyncio.ensure_future(self._closing.wait())
@@ -129,18 +128,18 @@ class SharedRuns(LocalRuns):
                 if closing in done:
                     return  # the server shuts down: the follower reconnects elsewhere
                 if pending not in done:
-                    yield "", {}
+                    yield []
                     continue
                 step, pending = pending, None
                 try:
                     event = step.result()
                 except ControlError as error:  # lost, expired: say so, then end
-                    yield "", {"type": "error", "error": str(error)}
+                    yield [("", {"type": "error", "error": str(error)})]
                     return
                 if event is None:
                     return
                 data: JSONEvent = json.loads(event.data)
-                yield event.id, data
+                yield [(event.id, data)]
         finally:
             closing.cancel()
             if pending is not None:
