@@ -88,6 +88,14 @@ def fields(
             continue
         if kind is str and not isinstance(value, str):
             raise Unprocessable(f"the field {name!r} must be a string, not {_kind(value)}")
+        if kind is str:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise Unprocessable(
+                    f"the field {name!r} holds a lone surrogate at character {error.start}: "
+                    "send valid Unicode"
+                ) from None
         if kind is bool and not isinstance(value, bool):
             raise Unprocessable(f"the field {name!r} must be true or false, not {_kind(value)}")
     return given

@@ -339,6 +339,8 @@ async def test_422s(http: httpx.AsyncClient) -> None:
     await expect(await http.post("/sessions/a/runs", json={}), 422, "'task' is required")
     await expect(await http.post("/sessions/a/runs", json={"task": 3}), 422, "must be a string")
     await expect(await http.post("/sessions/a/runs", json=["task"]), 422, "JSON object")
+    surrogate = b'{"task": "hi \\ud800"}'
+    await expect(await http.post("/sessions/a/runs", content=surrogate), 422, "lone surrogate")
     await expect(
         await http.post("/sessions/a/runs", json={"task": "x", "model": "y"}), 422, "unknown field"
     )
