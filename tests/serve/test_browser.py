@@ -198,3 +198,23 @@ async def test_readable_on_a_phone(browser: object, served: Served) -> None:
         raise
     finally:
         await context.close()
+
+
+async def test_input_typed_during_a_run_is_not_lost(page: object, served: Served) -> None:
+    # This aimu has no Agent.send yet: the server answers 501 and the page queues the
+    # message, says so, and sends it when the run ends.
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=during")
+    await page.locator("#input").fill("long first")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("w2 ")
+    await page.locator("#input").fill("hello later")
+    await page.locator("#input").press("Enter")
+    queued = page.locator(".msg.user").last
+    await expect(queued.locator(".mark")).to_contain_text("queued")
+    await page.locator("#stop").click()
+    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello later")
+    messages = await stored(served, "during")
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["long first", "hello later"]
