@@ -1,15 +1,55 @@
-"""Fixtures of the serve tests (see harness.py), and each test's outcome for screenshots."""
+"""Fixtures of the serve tests (see harness.py): servers, and a Chromium page that saves a
+screenshot under ``$AIMU_TEST_ARTIFACTS`` (default ``test-artifacts/``) when its test fails."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import re
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 import pytest
 
-from tests.serve.harness import http, model_server, served
+from tests.serve.harness import ARTIFACTS, WAIT_MS, http, model_server, served
 
-__all__ = ["http", "model_server", "served"]
+__all__ = ["browser", "http", "model_server", "page", "served"]
+
+
+
+@pytest.fixture
+async def browser(chromium_path: str) -> AsyncIterator[object]:
+    from playwright.async_api import async_playwright, expect
+
+    expect.set_options(timeout=WAIT_MS)  # a loaded machine, not a slow page
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=chromium_path,
+            args=["--no-sandbox", "--disable-dev-shm-usage"],  # as root, in a container
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def page(browser: object, request: pytest.FixtureRequest) -> AsyncIterator[object]:
+    from playwright.async_api import Browser
+
+    assert isinstance(browser, Browser)
+    context = await browser.new_context(viewport={"width": 1100, "height": 800})
+    opened = await context.new_page()
+    opened.set_default_timeout(WAIT_MS)
+    try:
+        yield opened
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            name = re.sub(r"[^\w.-]", "_", request.node.name)
+            await opened.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        await context.close()
+
+
 
 
 @pytest.hookimpl(wrapper=True)

@@ -31,6 +31,10 @@ from aimu.testing.server import LoopbackServer
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Where browser tests save a screenshot when they fail.
+ARTIFACTS = Path(os.environ.get("AIMU_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+#: Milliseconds a browser test waits for the page: a loaded machine, not a slow page.
+WAIT_MS = 20_000
 
 LONG = " ".join(f"w{i}" for i in range(400))
 #: Seconds between the chunks of a "long" reply: it streams for about 8 s unless stopped.

@@ -7,57 +7,13 @@ On failure each test saves a screenshot under ``$AIMU_TEST_ARTIFACTS`` (default
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import Served
+from tests.serve.harness import ARTIFACTS, WAIT_MS, Served
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("AIMU_TEST_ARTIFACTS") or ROOT / "test-artifacts")
-WAIT_MS = 20_000
-
-
-@pytest.fixture
-async def browser(chromium_path: str) -> AsyncIterator[object]:
-    from playwright.async_api import async_playwright, expect
-
-    expect.set_options(timeout=WAIT_MS)  # a loaded machine, not a slow page
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(
-            executable_path=chromium_path,
-            args=["--no-sandbox", "--disable-dev-shm-usage"],  # as root, in a container
-        )
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@pytest.fixture
-async def page(browser: object, request: pytest.FixtureRequest) -> AsyncIterator[object]:
-    from playwright.async_api import Browser
-
-    assert isinstance(browser, Browser)
-    context = await browser.new_context(viewport={"width": 1100, "height": 800})
-    opened = await context.new_page()
-    opened.set_default_timeout(WAIT_MS)
-    try:
-        yield opened
-    finally:
-        report = getattr(request.node, "rep_call", None)
-        if report is None or report.failed:
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, on failure
-            name = re.sub(r"[^\w.-]", "_", request.node.name)
-            await opened.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-        await context.close()
 
 
 async def stored(served: Served, session: str) -> list[dict[str, object]]:
@@ -193,7 +149,7 @@ async def test_readable_on_a_phone(browser: object, served: Served) -> None:
         await page.locator("#toggle-sessions").tap()
         await expect(page.locator("#session-list")).to_contain_text("phone")
     except BaseException:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, on failure
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         await page.screenshot(path=str(ARTIFACTS / "test_readable_on_a_phone.png"))
         raise
     finally:

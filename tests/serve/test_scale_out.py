@@ -127,3 +127,26 @@ async def test_interrupt_and_stop_from_the_other_server(
     assert unknown.status_code == 404
     bad = await on_a.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": "7"})
     assert bad.status_code == 400
+
+
+async def test_stop_pressed_on_a_page_served_by_one_process_stops_a_run_in_the_other(
+    model_server: LoopbackServer,
+    pair: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    page: object,
+) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    on_a, on_b = pair
+    abandoned = len([s for s in model_server.streams if s.abandoned])
+    run_id = await start(on_a, "web-shared", "long for the page")  # executes in A
+    await until_text(on_a, run_id)
+
+    await page.goto(f"{on_b.base_url}/?session=web-shared")  # the page comes from B
+    reply = page.locator(".msg.assistant").last
+    await expect(reply).to_contain_text("w3 ")  # B's page follows A's run as it streams
+    await page.locator("#stop").click()
+    await expect(reply.locator(".mark")).to_have_text("(stopped)")
+    await model_server.wait_abandoned(abandoned + 1)
+    run = (await on_a.get(f"/runs/{run_id}")).json()
+    assert run["status"] == "cancelled" and run["reason"] == "Stop pressed in the web chat"
