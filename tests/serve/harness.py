@@ -73,7 +73,9 @@ def lookup(query: str) -> str:
     return f"found {query}"
 
 
-@pytest.fixture(scope="session")
+# Per module: a session-long server thread would outlive tests/serve and be seen as a
+# leak by the loopback server's own tests.
+@pytest.fixture(scope="module")
 def model_server() -> Iterator[LoopbackServer]:
     with LoopbackServer.in_thread(script) as server:
         yield server
