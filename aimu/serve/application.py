@@ -81,7 +81,8 @@ def app(
     """The runs API and the chat page as an ASGI application.
 
     ``model`` is a spec for :func:`aimu.aio.client` or a client (closed with the app);
-    ``store`` a SQLite path or a store (default ``$AIMU_HOME/sessions.db``). ``token`` (default: the
+    ``store`` a SQLite path, a ``postgresql://`` URL, or a store (default
+    ``$AIMU_HOME/sessions.db``). ``token`` (default: the
     ``AIMU_API_TOKEN`` variable) guards every route but ``/health`` and the page shell;
     ``cors_origins`` allows those browser origins (none by default). ``agents`` replaces
     how the agent of a session's run is built. ``redis`` (a URL or a control) shares
@@ -91,19 +92,21 @@ def app(
     closers: list[Callable[[], Awaitable[None]]] = []
     if token is ...:
         token = os.environ.get("AIMU_API_TOKEN") or None
+    opened: Store
     if isinstance(store, Store):
         opened = store
+    elif isinstance(store, str) and store.startswith(("postgres://", "postgresql://")):
+        from aimu.aio.store import PostgresStore  # the aimu[postgres] extra
+
+        opened = PostgresStore(store)
+        closers.append(opened.aclose)
     else:
         from aimu.assistant import default_home  # the same home as `aimu chat`
 
         path = Path(store) if store is not None else default_home() / "sessions.db"
         path.parent.mkdir(parents=True, exist_ok=True)
         opened = SQLiteStore(path)
-
-        async def close_store() -> None:
-            opened.close()
-
-        closers.append(close_store)
+        closers.append(opened.aclose)
     if agents is None:
         if isinstance(model, ModelClient):
             root = model

@@ -26,8 +26,9 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
         default=None,
-        metavar="PATH",
-        help="SQLite file holding the sessions (default: $AIMU_HOME/sessions.db)",
+        metavar="PATH-OR-URL",
+        help="the sessions: a SQLite file, or a postgresql:// URL for a store every host "
+        "reaches (default: $AIMU_HOME/sessions.db)",
     )
     parser.add_argument(
         "--redis",

@@ -1,4 +1,4 @@
-"""Two `aimu serve` processes sharing Redis and a SQLite store behave as one.
+"""Two `aimu serve` processes sharing Redis and a store (SQLite, PostgreSQL) behave as one.
 
 A run started on A is followed from B, stopped from B (the model server sees A's stream
 abandoned), and read from B; a follower moves from A to B with Last-Event-ID and sees
@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -22,9 +23,30 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def shared(redis_url: str, tmp_path: Path) -> list[str]:
+async def shared(
+    redis_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[list[str]]:
+    """Options of servers sharing one Redis prefix and one store: SQLite by default,
+    or (``indirect`` "postgres") a PostgreSQL database made for the test and dropped."""
     prefix = f"aimu-serve-test-{secrets.token_hex(4)}"
-    return ["--redis", redis_url, "--redis-prefix", prefix, "--store", str(tmp_path / "s.db")]
+    options = ["--redis", redis_url, "--redis-prefix", prefix]
+    if getattr(request, "param", "sqlite") == "sqlite":
+        yield [*options, "--store", str(tmp_path / "s.db")]
+        return
+    import asyncpg
+
+    from tests.services import postgres_dsn
+
+    admin_dsn = postgres_dsn()
+    database = f"aimu_serve_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        parts = urlsplit(admin_dsn)
+        yield [*options, "--store", urlunsplit(parts._replace(path=f"/{database}"))]
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
 
 
 @pytest.fixture
@@ -52,6 +74,7 @@ async def until_text(http: httpx.AsyncClient, run_id: str) -> list[SSE]:
     return seen
 
 
+@pytest.mark.parametrize("shared", ["sqlite", "postgres"], indirect=True)
 async def test_stop_on_one_server_reaches_a_run_in_the_other(
     model_server: LoopbackServer, pair: tuple[httpx.AsyncClient, httpx.AsyncClient]
 ) -> None:
