@@ -341,3 +341,31 @@ async def test_a_writer_without_synchronous_commit_still_stores_every_write(
     reader = where.make()
     assert await reader.load("fast") == conversation(2)
     await reader.aclose()
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("{not json", "a stored message is not JSON"),
+        ("1,2", "a stored message is not JSON"),  # joins into valid JSON: the count tells
+        ('{"role":"banana","content":"x"}', r"row seq=2 is not a valid message.*banana"),
+    ],
+)
+async def test_a_corrupt_stored_message_is_a_format_error_naming_the_session(
+    where: Backend, body: str, error: str
+) -> None:
+    store = where.make()
+    async with await store.open_session("bad") as writer:
+        for message in conversation(1):
+            await writer.append(message)
+    conn = await asyncpg.connect(services.postgres_dsn())
+    try:
+        await conn.execute(
+            f'UPDATE "{_schema(where)}".messages SET body = $1 WHERE session = $2 AND seq = 2',
+            body, "bad",
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(aio.StoreFormatError, match=rf"session 'bad'.*{error}"):
+        await store.load("bad")
+    await store.aclose()

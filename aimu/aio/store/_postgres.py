@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from aimu.aio.errors import SessionLockedError, StoreError, StoreFormatError, TranscriptError
-from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
+from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value
 from aimu.aio.store._protocol import (
     SessionInfo,
     SessionStatus,
@@ -278,26 +278,30 @@ class PostgresStore:
 
     async def load(self, session: str) -> list[Message]:
         validate_session_name(session)
-        rows = await self._read(
+        # One JSON array built by the server: one value to fetch, one parse here.
+        row = await self._read(
             f"load session {session!r}",
-            lambda conn: conn.fetch(
-                f"SELECT seq, body FROM {self._s}.messages WHERE session = $1 ORDER BY seq",
+            lambda conn: conn.fetchrow(
+                "SELECT count(*), '[' || coalesce(string_agg(body, ',' ORDER BY seq), '') || ']' "
+                f"FROM {self._s}.messages WHERE session = $1",
                 session,
             ),
         )
-        return self._decode(session, [(row[0], row[1]) for row in rows])
-
-    def _decode(self, session: str, rows: list[tuple[int, str]]) -> list[Message]:
-        parsed = parse_array([body for _, body in rows])
+        assert row is not None
+        count, text = row[0], row[1]
         where = f"{self._where}, schema {self.schema!r}: session {session!r}"
-        if parsed is None:
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        # A corrupt body can still join into valid JSON (e.g. '1,2'): check the count.
+        if not isinstance(parsed, list) or len(parsed) != count:
             raise StoreFormatError(f"{where}: a stored message is not JSON; cannot read it")
         try:
             validate(parsed)
         except TranscriptError as error:
-            index = error.index
-            row = f"row seq={rows[index][0]}" if index is not None and index < len(rows) else "rows"
-            raise StoreFormatError(f"{where} {row} is not a valid message: {error}") from error
+            row_name = f"row seq={error.index}" if error.index is not None else "rows"
+            raise StoreFormatError(f"{where} {row_name} is not a valid message: {error}") from error
         return cast(list[Message], parsed)
 
     async def load_state(self, session: str) -> dict[str, Any]:
