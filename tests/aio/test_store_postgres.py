@@ -263,7 +263,6 @@ def _line(host: subprocess.Popen[str]) -> list[Any]:
     return list(json.loads(line))
 
 
-@pytest.mark.slow
 def test_a_run_started_on_one_host_resumes_on_another_after_a_kill(where: Backend) -> None:
     with _host(where, "first") as first:
         try:
