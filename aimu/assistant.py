@@ -141,10 +141,17 @@ class ChatSettings:
     tools: bool = True
     log_level: str | None = None
     """Send the "aimu" loggers' records at this level and above to stderr (None: off)."""
+    plain: bool = False
+    """Plain line input even on a terminal (no line editing, history or colour)."""
 
     @property
     def store_path(self) -> Path:
         return self.home / "sessions.db"
+
+    @property
+    def history_path(self) -> Path:
+        """The lines typed at a terminal, for Up and Ctrl+R (readable by the user only)."""
+        return self.home / "history"
 
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> ChatSettings:
@@ -155,6 +162,7 @@ class ChatSettings:
             system=options.system,
             tools=not options.no_tools,
             log_level=options.log_level,
+            plain=options.plain,
         )
 
 
@@ -177,6 +185,11 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", metavar="TEXT", default=None, help="the system prompt")
     parser.add_argument(
         "--no-tools", action="store_true", help="offer the model no tools (for models without)"
+    )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain line input on a terminal too: no line editing, history, colour or spinner",
     )
     parser.add_argument(
         "--log-level",
@@ -204,8 +217,18 @@ class _Turn:
 
 
 def _one_line(text: str, limit: int = _CLIP) -> str:
-    text = " ".join(text.split())
+    text = _printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# Control characters other than newline and tab, shown as escapes (ESC as \x1b).
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]}
+_COLOURS = {"note": "\x1b[2m", "tool": "\x1b[36m", "error": "\x1b[31m"}
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped, so showing it cannot drive a terminal."""
+    return text.translate(_CONTROL)
 
 
 def _as_message(text: str) -> str | None:
@@ -255,6 +278,7 @@ class Assistant:
         out: TextIO | None = None,
         err: TextIO | None = None,
         prompt: bool = False,
+        colour: bool = False,
         max_rounds: int = 10,
     ) -> None:
         self._client = client
@@ -265,6 +289,9 @@ class Assistant:
         self._out = out if out is not None else sys.stdout
         self._err = err if err is not None else sys.stderr
         self._prompt = prompt
+        self._colour = colour
+        self._partial = ""
+        self._waiting: str | None = None
         self._agent = self._open(session)
         self._backlog: deque[str] = deque()
         self._current: _Turn | None = None
@@ -314,6 +341,11 @@ class Assistant:
         return self._running() is not None
 
     @property
+    def waiting(self) -> str | None:
+        """What the running turn waits for ("the model", a tool), for a spinner; else None."""
+        return self._waiting if self._current is not None else None
+
+    @property
     def turn(self) -> RunHandle[RunFinished] | None:
         """The handle of the turn running now (or settling, not yet reported), else None."""
         return self._current.handle if self._current is not None else None
@@ -327,12 +359,32 @@ class Assistant:
     def _write(self, text: str) -> None:
         if not text:
             return
+        if self._colour:
+            # On a terminal whole lines go above the input line; the line still streaming
+            # is shown by the prompt (partial_line), which redraws in place.
+            done, newline, self._partial = (self._partial + text).rpartition("\n")
+            if newline:
+                self._out.write(done + newline)
+                self._out.flush()
+            self._at_line_start = not self._partial
+            return
         self._out.write(text)
         self._out.flush()
         self._at_line_start = text.endswith("\n")
 
-    def _line(self, text: str) -> None:
-        """``text`` on a line of its own, after the streamed text if a reply is mid-line."""
+    @property
+    def partial_line(self) -> str:
+        """On a terminal (``colour=True``): the reply's line still streaming, not yet printed."""
+        return self._partial
+
+    def _line(self, text: str, kind: str = "") -> None:
+        """``text`` on a line of its own, after the streamed text if a reply is mid-line.
+
+        ``kind`` (``note``, ``tool``, ``error``) colours the line on a terminal.
+        """
+        kind = kind or ("note" if text.startswith("(") else "")  # (stopped), (bye)...
+        if self._colour and kind:
+            text = f"{_COLOURS[kind]}{text}\x1b[0m"
         self._write(("" if self._at_line_start else "\n") + text + "\n")
 
     def _end_line(self) -> None:
@@ -343,8 +395,10 @@ class Assistant:
         """One ``error: text`` line on ``err``, after the output so far (same terminal)."""
         self._end_line()
         if self._err is self._out:
-            self._write(f"error: {text}\n")
+            self._line(f"error: {text}", "error")
             return
+        if self._colour:
+            text = f"{_COLOURS['error']}{text}\x1b[0m"
         self._err.write(f"error: {text}\n")
         self._err.flush()
 
@@ -357,23 +411,28 @@ class Assistant:
 
     def _show(self, event: Event) -> None:
         if isinstance(event, ThinkingChunk):
+            self._waiting = None
             # Thinking can take a while before any text: say so once, not word by word.
             if not self._thinking:
-                self._line("(thinking…)")
+                self._line("(thinking…)", "note")
                 self._thinking = True
             return
         self._thinking = False
         if isinstance(event, TextChunk):
-            self._write(event.text)
+            self._waiting = None
+            # On a terminal a model's escape sequences would act on it: show them instead.
+            self._write(_printable(event.text) if self._colour else event.text)
         elif isinstance(event, ToolCallStarted):
+            self._waiting = f"running {event.name}"
             arguments = ", ".join(
                 f"{key}={json.dumps(value, ensure_ascii=False)}"
                 for key, value in event.arguments.items()
             )
-            self._line(f"[calling {event.name}({_one_line(arguments)})]")
+            self._line(f"[calling {event.name}({_one_line(arguments)})]", "tool")
         elif isinstance(event, ToolResult):
+            self._waiting = "waiting for the model"
             verb = "failed" if event.is_error else "→"
-            self._line(f"[{event.name} {verb} {_one_line(event.content)}]")
+            self._line(f"[{event.name} {verb} {_one_line(event.content)}]", "tool")
 
     # -- input ---------------------------------------------------------------------
 
@@ -427,7 +486,7 @@ class Assistant:
         if turn is not None and turn.handle.interrupt():
             self._line("(interrupting: this step finishes, then the turn stops; /stop stops now)")
 
-    def _on_sigint(self) -> None:
+    def press_ctrl_c(self) -> None:
         """Ctrl+C: interrupt the running turn, cancel it on a second press; exit when idle.
 
         A press counts against the turn that is running or settling, or against the
@@ -496,19 +555,28 @@ class Assistant:
 
     # -- serving -------------------------------------------------------------------
 
-    async def serve(self, *, stdin: bool = False, sigint: bool = False) -> int:
+    async def serve(
+        self, *, stdin: bool = False, sigint: bool = False, terminal: Path | None = None
+    ) -> int:
         """Serve until the input ends (after the queued input is done) or Ctrl+C when idle.
 
-        ``stdin=True`` reads lines from standard input in a daemon thread; ``sigint=True``
-        wires Ctrl+C (main thread only). Returns the exit status: 1 if the last turn
-        failed, else 0.
+        ``stdin=True`` reads lines from standard input in a daemon thread; ``terminal``
+        (a history file) reads them with line editing instead (``aimu._terminal``);
+        ``sigint=True`` wires Ctrl+C (main thread only). Returns the exit status: 1 if
+        the last turn failed, else 0.
         """
         if self._serving:
             raise RuntimeError("this Assistant is already serving")
         await self.open()
         self._serving = True
         loop = asyncio.get_running_loop()
-        if stdin:
+        editor: asyncio.Task[None] | None = None
+        if terminal is not None:
+            from aimu._terminal import read_lines
+
+            editor = asyncio.create_task(read_lines(self, terminal), name="aimu-chat-input")
+            editor.add_done_callback(lambda _: self.end_input())
+        elif stdin:
             reader = threading.Thread(
                 target=self._read_stdin, args=(loop,), name="aimu-chat-stdin", daemon=True
             )
@@ -540,6 +608,9 @@ class Assistant:
                         break
                 await self._wake.wait()
         finally:
+            if editor is not None:
+                editor.cancel()
+                await asyncio.wait([editor])  # ours to cancel: its CancelledError stays in it
             if restore_sigint is not None:
                 restore_sigint()
             try:
@@ -558,7 +629,7 @@ class Assistant:
         def on_signal(signum: int, frame: types.FrameType | None) -> None:
             # Runs between two bytecodes of the main thread: queue the work, touch nothing.
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._on_sigint)
+                loop.call_soon_threadsafe(self.press_ctrl_c)
 
         try:
             previous = signal.signal(signal.SIGINT, on_signal)
@@ -636,6 +707,7 @@ class Assistant:
 
     def _start(self, task: str | None) -> None:
         self._pressed = None
+        self._waiting = "waiting for the model"
         self._turns += 1
         handle = RunHandle.start(self._turn(self._agent, task), name=f"turn {self._turns}")
         handle.add_done_callback(lambda _: self._wake.set())
@@ -658,6 +730,7 @@ class Assistant:
     async def _report(self, turn: _Turn) -> None:
         """Say how a finished turn ended: nothing more, (stopped), (interrupted), an error."""
         handle = turn.handle
+        self._waiting = None
         self._last_turn_failed = False
         if handle.cancelled:
             self._line(STOPPED)
@@ -773,8 +846,24 @@ async def run_chat(
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    with _logging_to(err, settings.log_level):
-        return await _run_chat(settings, tools, out, err)
+    if not _wants_terminal(settings, out):
+        with _logging_to(err, settings.log_level):
+            return await _run_chat(settings, tools, out, err, history=None)
+    from aimu._terminal import terminal_output
+
+    with terminal_output() as (out, err), _logging_to(err, settings.log_level):
+        return await _run_chat(settings, tools, out, err, history=settings.history_path)
+
+
+def _wants_terminal(settings: ChatSettings, out: TextIO) -> bool:
+    """Line editing when a person types at a capable terminal and prompt_toolkit is there."""
+    if settings.plain or os.environ.get("TERM") == "dumb":
+        return False
+    if not (out is sys.stdout and _is_tty(sys.stdin) and _is_tty(sys.stdout)):
+        return False
+    from aimu._terminal import available
+
+    return available()
 
 
 @contextlib.contextmanager
@@ -801,8 +890,9 @@ async def _run_chat(
     tools: Sequence[Callable[..., Any] | Tool] | None,
     out: TextIO,
     err: TextIO,
+    *,
+    history: Path | None,
 ) -> int:
-
     def fail(error: BaseException, status: int) -> int:
         err.write(f"error: {_error_line(error)}\n")
         err.flush()
@@ -830,7 +920,8 @@ async def _run_chat(
                     tools=chosen,
                     out=out,
                     err=err,
-                    prompt=_is_tty(sys.stdin) and _is_tty(out),
+                    prompt=history is None and _is_tty(sys.stdin) and _is_tty(out),
+                    colour=history is not None,
                 )
             except AimuError as error:
                 return fail(error, 1)
@@ -840,7 +931,7 @@ async def _run_chat(
                 except AimuError as error:
                     return fail(error, 1)
                 sigint = threading.current_thread() is threading.main_thread()
-                return await assistant.serve(stdin=True, sigint=sigint)
+                return await assistant.serve(stdin=True, sigint=sigint, terminal=history)
             finally:
                 await assistant.aclose()
         finally:

@@ -36,7 +36,8 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         description=(
             "Chat with an assistant whose turns you can /stop, /interrupt and /resume. "
             "Type /help once it runs. Ctrl+C interrupts the running turn (twice: stops "
-            "it now), or exits when idle; Ctrl+D exits."
+            "it now), or exits when idle; Ctrl+D exits. On a terminal, with "
+            "aimu[chat] installed, lines can be edited and recalled (Up, Ctrl+R)."
         ),
     )
     add_chat_options(chat)

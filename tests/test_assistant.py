@@ -576,7 +576,7 @@ async def test_a_second_ctrl_c_while_the_turn_settles_never_exits(store: SQLiteS
     # The second press lands the moment the turn has ended, before the chat reported it
     # (a done callback runs before the serve loop wakes); the handler itself, since a
     # signal's handler would be queued behind the serve loop's wake-up.
-    turn.add_done_callback(lambda _: screen.assistant._on_sigint())
+    turn.add_done_callback(lambda _: screen.assistant.press_ctrl_c())
     gate.opened.set()
     await screen.until(lambda: ALREADY_ENDED in screen.out.getvalue())
     await screen.expect("(interrupted)\n")
@@ -667,3 +667,16 @@ async def test_cancelling_serve_mid_turn_stops_the_turn_keeps_it_and_propagates(
     model = screen.assistant.agent.model_client
     assert isinstance(model, ScriptedModel) and model.open_streams == 0
     await screen.assistant.aclose()
+
+
+async def test_control_characters_a_model_sends_are_shown_escaped(store: SQLiteStore) -> None:
+    model = ScriptedModel([Turn(text="clear\x1b[2J me\x07\n"), Turn(text="plain")])
+    screen = Screen.of(model, store, tools=(), colour=True)
+    await screen.expect("/help lists the commands.")
+    screen.send("hi")
+    # On a terminal the reply's line is printed once it ends; escapes cannot act on it.
+    await screen.expect("clear\\x1b[2J me\\x07\n")
+    assert "\x1b[2J" not in screen.out.getvalue() and "\x07" not in screen.out.getvalue()
+    screen.send("/history")
+    await screen.expect("assistant: clear\\x1b[2J me\\x07")
+    assert await screen.finish() == 0

@@ -8,12 +8,15 @@ the pty tests press Ctrl+C (``\\x03``) on the embedded test model, whose turns c
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -109,6 +112,8 @@ class Chat:
         self._closed = False
         if tty:
             master, slave = os.openpty()
+            # 24 rows of 100 columns: a pty starts at 0x0, where an editor draws no bar.
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _ON_TTY, *command[1:]],
                 stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT,
@@ -140,6 +145,10 @@ class Chat:
                 data = os.read(fd, 65536)
             except OSError:  # a pty whose other side closed reads as EIO
                 data = b""
+            if self.tty and b"\x1b[6n" in data:
+                # Answer "where is the cursor?" as a terminal would (row 1, column 1); an
+                # editor that gets no answer draws no bottom bar.
+                os.write(fd, b"\x1b[1;1R")
             with self._changed:
                 into += data
                 self._changed.notify_all()
@@ -465,7 +474,7 @@ def gated_environment(home: Path) -> tuple[dict[str, str], Path]:
 
 def test_ctrl_c_once_interrupts_at_the_step_boundary(tmp_path: Path, chats: list[Chat]) -> None:
     env, gate = gated_environment(tmp_path)
-    chat = start(chats, "--model", "test", env=env, tty=True, gated=True)
+    chat = start(chats, "--model", "test", "--plain", env=env, tty=True, gated=True)
     chat.send("look into Paris")
     chat.expect("[calling research(topic=\"Paris\")]\n")
     chat.press("\x03")
@@ -483,7 +492,7 @@ def test_ctrl_c_once_interrupts_at_the_step_boundary(tmp_path: Path, chats: list
 
 def test_ctrl_c_twice_cancels_the_turn(tmp_path: Path, chats: list[Chat]) -> None:
     env, _ = gated_environment(tmp_path)  # the gate never opens: only a cancel ends research
-    chat = start(chats, "--model", "test", env=env, tty=True, gated=True)
+    chat = start(chats, "--model", "test", "--plain", env=env, tty=True, gated=True)
     chat.send("look into Rome")
     chat.expect("[calling research(topic=\"Rome\")]\n")
     chat.press("\x03")
@@ -499,7 +508,8 @@ def test_ctrl_c_twice_cancels_the_turn(tmp_path: Path, chats: list[Chat]) -> Non
 
 
 def test_ctrl_c_when_idle_exits(tmp_path: Path, chats: list[Chat]) -> None:
-    chat = start(chats, "--model", "test", env=environment(tmp_path, "127.0.0.1:9"), tty=True)
+    env = environment(tmp_path, "127.0.0.1:9")
+    chat = start(chats, "--model", "test", "--plain", env=env, tty=True)
     chat.expect("> ")
     chat.press("\x03")
     chat.expect("(bye)\n")
@@ -588,3 +598,67 @@ def test_log_level_sends_aimu_records_to_stderr(tmp_path: Path) -> None:
     )
     assert logged.returncode == 0, logged.stderr
     assert "DEBUG aimu.aio.tools: tool 'word_count'" in logged.stderr, logged.stderr
+
+
+# --------------------------------------------------------------------------- a terminal
+
+
+def terminal_environment(home: Path) -> tuple[dict[str, str], Path]:
+    env, gate = gated_environment(home)
+    # A terminal that answers no cursor-position request, as a pty here does not.
+    env.update(TERM="xterm-256color")
+    return env, gate
+
+
+def start_on_terminal(chats: list[Chat], *args: str, env: dict[str, str], gated: bool) -> Chat:
+    chat = start(chats, "--model", "test", *args, env=env, tty=True, gated=gated)
+    chat.expect(" Enter sends")  # the editor's bottom bar: keys now reach the editor
+    return chat
+
+
+def test_on_a_terminal_lines_are_edited_recalled_and_kept_in_a_private_history(
+    tmp_path: Path, chats: list[Chat]
+) -> None:
+    env, _ = terminal_environment(tmp_path)
+    chat = start_on_terminal(chats, "--no-tools", env=env, gated=False)
+    chat.press("hello therx\x7fe\r")  # a typo, Backspace, the rest, Enter
+    chat.expect("You said: hello there")
+    # The editor redraws its bar once it has the terminal back after printing above it:
+    # a key pressed before that would meet the terminal in line mode.
+    chat.expect(" Enter sends")
+    chat.press("\x1b[A\r")  # Up recalls the line; Enter sends it again
+    chat.expect("You said: hello there")
+    chat.expect(" Enter sends")
+    chat.press("\x04")  # Ctrl+D on an empty line
+    assert chat.wait() == 0
+    history = tmp_path / "history"
+    assert history.read_text().count("+hello there\n") == 1  # a repeated line is kept once
+    assert history.stat().st_mode & 0o777 == 0o600
+
+
+def test_on_a_terminal_ctrl_c_is_a_key_with_the_same_meaning(
+    tmp_path: Path, chats: list[Chat]
+) -> None:
+    env, gate = terminal_environment(tmp_path)
+    chat = start_on_terminal(chats, env=env, gated=True)
+    chat.press("look into Paris\r")
+    chat.expect("[calling research(topic=\"Paris\")]")
+    chat.expect("running research…")  # the spinner in the bottom bar, drawn by the editor
+    chat.press("\x03")
+    chat.expect("press Ctrl+C again to stop now)")
+    gate.touch()
+    chat.expect("(interrupted)")
+    chat.expect(" Enter sends")
+    gate.unlink()  # closed again: the next research waits
+    chat.press("look into Rome\r")
+    chat.expect("[calling research(topic=\"Rome\")]")
+    chat.expect("running research…")
+    chat.press("\x03")
+    chat.expect("press Ctrl+C again to stop now)")
+    chat.expect("running research…")
+    chat.press("\x03")
+    chat.expect("(stopped)")
+    chat.expect(" Enter sends")
+    chat.press("\x03")  # a third press: exit
+    chat.expect("(bye)")
+    assert chat.wait() == 0

@@ -1,0 +1,91 @@
+"""``aimu chat`` on a terminal: line editing, history and a spinner (extra ``aimu[chat]``).
+
+prompt_toolkit keeps the input line at the bottom while replies stream above it
+(``patch_stdout``; the line still streaming is drawn by the prompt itself, since a
+partial line printed above a live prompt would be overwritten), recalls earlier lines
+(Up, Ctrl+R) from a history file under ``AIMU_HOME``, and shows a spinner in the
+bottom bar while a turn waits for the model or a tool. In raw mode Ctrl+C is a key, not
+a signal: it reaches the same :meth:`~aimu.assistant.Assistant.press_ctrl_c` as the
+signal does in plain mode, and leaves the line being typed as it is.
+rich is not used: its live display redraws the screen and fights prompt_toolkit's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from aimu.assistant import Assistant
+
+__all__ = ["available", "read_lines", "terminal_output"]
+
+_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+_IDLE = " Enter sends · /help lists the commands · Ctrl+C interrupts a turn · Ctrl+D exits"
+
+
+def available() -> bool:
+    """True when prompt_toolkit is installed (``pip install 'aimu[chat]'``)."""
+    return importlib.util.find_spec("prompt_toolkit") is not None
+
+
+@contextlib.contextmanager
+def terminal_output() -> Iterator[tuple[TextIO, TextIO]]:
+    """stdout and stderr that print above the input line while it is shown."""
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    with patch_stdout(raw=True):  # raw: our colour codes pass through as written
+        yield sys.stdout, sys.stderr
+
+
+def _private_file(path: Path) -> Path:
+    """``path``, created empty and readable by the user only if it does not exist."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
+    return path
+
+
+async def read_lines(assistant: Assistant, history: Path) -> None:
+    """Prompt for lines until Ctrl+D, handing each to ``assistant``; Ctrl+C presses too."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory
+    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+
+    keys = KeyBindings()
+
+    @keys.add("c-c")
+    def _(event: KeyPressEvent) -> None:
+        assistant.press_ctrl_c()  # a press, as in plain mode; the typed line stays
+
+    def toolbar() -> str:
+        waiting = assistant.waiting
+        if waiting is None:
+            return _IDLE
+        frame = _FRAMES[int(time.monotonic() * 10) % len(_FRAMES)]
+        return f" {frame} {waiting}…  (Ctrl+C interrupts, twice stops)"
+
+    session: PromptSession[str] = PromptSession(
+        history=FileHistory(str(_private_file(history))),
+        bottom_toolbar=toolbar,
+        refresh_interval=0.1,
+        key_bindings=keys,
+    )
+    def prompt() -> str:
+        partial = assistant.partial_line
+        return f"{partial}\n> " if partial else "> "
+
+    while True:
+        try:
+            # Leave SIGINT to the chat's own handler: a ^C typed while the editor is
+            # briefly out of raw mode (printing above it) arrives as the signal.
+            line = await session.prompt_async(prompt, handle_sigint=False)
+        except EOFError:
+            assistant.end_input()
+            return
+        assistant.submit(line)
