@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from aimu.aio import _tracing as tracing
 from aimu.aio.tools._context import ToolContext
 from aimu.aio.tools._definition import Tool
 from aimu.aio.tools._json_values import NotText, to_text
@@ -46,8 +47,28 @@ async def invoke(tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext) ->
 
     Unknown tool, invalid arguments, a raising tool, a timeout (which also marks ``ctx``
     cancelled) and an unserialisable result are outcomes; ``CancelledError`` marks
-    ``ctx`` cancelled and propagates.
+    ``ctx`` cancelled and propagates. With OpenTelemetry set up, the call is a span.
     """
+    if not tracing.enabled():
+        return await _invoke(tools, call, ctx)
+    name = call["function"]["name"]
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": name,
+        "gen_ai.tool.call.id": call["id"],
+        "gen_ai.tool.type": "function",
+    }
+    with tracing.span(f"execute_tool {name}", attributes) as notes:
+        outcome = await _invoke(tools, call, ctx)
+        if notes is not None:
+            if outcome.is_error:
+                notes.ended("failed", error="tool_error")
+            else:
+                notes.ended("completed")
+        return outcome
+
+
+async def _invoke(tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext) -> ToolOutcome:
     function = call["function"]
     name = function["name"]
     tool = tools.get(name)

@@ -1,0 +1,146 @@
+"""OpenTelemetry spans with the SDK's in-memory exporter: names, GenAI attributes, stops.
+
+Agents run over the loopback server's OpenAI endpoint; each test reads the finished
+spans. A cancel lands while a tool provably runs (the tool set an event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from aimu import aio
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+
+SECRET_WORD = "pelican-7781"  # message contents: never on a span
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """The process's tracer provider (set once, as an application would)."""
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()  # later tests make spans that go nowhere
+
+
+@pytest.fixture
+def spans(exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
+    exporter.clear()
+    yield exporter
+
+
+def named(spans: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:
+    return [s for s in spans.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def lookup(word: str) -> str:
+    """Look a word up."""
+    return f"{word} is a bird"
+
+
+def broken(word: str) -> str:
+    """Fail."""
+    raise KeyError(word)
+
+
+def calls(*names: str) -> Any:
+    def script(request: Mapping[str, Any]) -> Turn:
+        if request["messages"][-1]["role"] == "tool":
+            return Turn(text="done")
+        return Turn(tool_calls=tuple(ScriptedCall(n, {"word": SECRET_WORD}) for n in names))
+
+    return script
+
+
+async def run_agent(script: Any, tools: list[Any]) -> str:
+    async with LoopbackServer(script) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
+        try:
+            return await aio.Agent(model, tools=tools).run(f"what is a {SECRET_WORD}?")
+        finally:
+            await model.aclose()
+
+
+def no_contents(spans: InMemorySpanExporter) -> None:
+    for finished in spans.get_finished_spans():
+        assert SECRET_WORD not in str(dict(finished.attributes or {})), finished.name
+
+
+async def test_a_tool_call_is_a_span_with_genai_attributes(spans: InMemorySpanExporter) -> None:
+    assert await run_agent(calls("lookup", "broken"), [lookup, broken]) == "done"
+    (ok,) = named(spans, "execute_tool lookup")
+    attributes = dict(ok.attributes or {})
+    assert attributes["gen_ai.operation.name"] == "execute_tool"
+    assert attributes["gen_ai.tool.name"] == "lookup"
+    assert attributes["gen_ai.tool.type"] == "function"
+    assert str(attributes["gen_ai.tool.call.id"]).startswith("call_")
+    assert attributes["aimu.run.status"] == "completed"
+    assert ok.status.status_code is StatusCode.UNSET
+    (failed,) = named(spans, "execute_tool broken")
+    assert dict(failed.attributes or {})["error.type"] == "tool_error"
+    assert failed.status.status_code is StatusCode.ERROR
+    no_contents(spans)
+
+
+async def test_a_cancel_during_a_tool_is_recorded_on_its_span_and_propagates(
+    spans: InMemorySpanExporter,
+) -> None:
+    started = asyncio.Event()
+
+    async def wait(word: str) -> str:
+        """Wait for ever."""
+        started.set()
+        await asyncio.Event().wait()
+        return word
+
+    async with LoopbackServer(calls("wait")) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
+        try:
+            handle = aio.RunHandle.start(aio.Agent(model, tools=[wait]).run("go"))
+            await started.wait()  # the tool runs: the span is open
+            handle.cancel("the user pressed Stop")
+            with pytest.raises(asyncio.CancelledError):
+                await handle
+        finally:
+            await model.aclose()
+    (stopped,) = named(spans, "execute_tool wait")
+    attributes = dict(stopped.attributes or {})
+    assert attributes["aimu.run.status"] == "cancelled"
+    assert stopped.status.status_code is StatusCode.UNSET  # a stop, not an error
+    assert stopped.end_time is not None
+
+
+NO_PROVIDER = """
+import asyncio, sys
+from aimu import aio
+
+def add(a: int) -> int:
+    "Add."
+    return a
+
+asyncio.run(aio.Agent(aio.client("test"), tools=[add]).run("add"))
+assert not any(m.startswith("opentelemetry") for m in sys.modules), "opentelemetry imported"
+"""
+
+
+def test_without_a_tracer_provider_nothing_is_imported_or_made() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", NO_PROVIDER], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
