@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from aimu.aio.errors import SessionLockedError, StoreError, StoreFormatError, TranscriptError
-from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value
+from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
 from aimu.aio.store._protocol import (
     SessionInfo,
     SessionStatus,
@@ -278,24 +278,17 @@ class PostgresStore:
 
     async def load(self, session: str) -> list[Message]:
         validate_session_name(session)
-        # One JSON array built by the server: one value to fetch, one parse here.
-        row = await self._read(
+        # Bodies only (seq runs 0..n-1), joined and parsed in one C call here: cheaper
+        # than asking the server to join them (measured in benchmarks/bench_store.py).
+        rows = await self._read(
             f"load session {session!r}",
-            lambda conn: conn.fetchrow(
-                "SELECT count(*), '[' || coalesce(string_agg(body, ',' ORDER BY seq), '') || ']' "
-                f"FROM {self._s}.messages WHERE session = $1",
-                session,
+            lambda conn: conn.fetch(
+                f"SELECT body FROM {self._s}.messages WHERE session = $1 ORDER BY seq", session
             ),
         )
-        assert row is not None
-        count, text = row[0], row[1]
+        parsed = parse_array([row[0] for row in rows])
         where = f"{self._where}, schema {self.schema!r}: session {session!r}"
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = None
-        # A corrupt body can still join into valid JSON (e.g. '1,2'): check the count.
-        if not isinstance(parsed, list) or len(parsed) != count:
+        if parsed is None:
             raise StoreFormatError(f"{where}: a stored message is not JSON; cannot read it")
         try:
             validate(parsed)
