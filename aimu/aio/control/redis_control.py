@@ -381,10 +381,10 @@ class RedisControl:
         """The run as Redis knows it; UnknownRunError if there is no such run."""
         check_run_id(run_id, self.prefix)
         with self._errors("status", run_id):
-            pipe = self._client.pipeline(transaction=True)
-            pipe.hgetall(self._keys.run(run_id))
-            pipe.exists(self._keys.lease(run_id))
-            fields, leased = await pipe.execute()
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self._keys.run(run_id))
+                pipe.exists(self._keys.lease(run_id))
+                fields, leased = await pipe.execute()
         if not fields:
             self._unknown(run_id)
         return _info(run_id, fields, bool(leased))
@@ -396,11 +396,11 @@ class RedisControl:
             ids: list[str] = [str(i) for i in await self._client.zrange(keys.runs, 0, -1)]
             if not ids:
                 return []
-            pipe = self._client.pipeline(transaction=False)
-            for run_id in ids:
-                pipe.hgetall(keys.run(run_id))
-                pipe.exists(keys.lease(run_id))
-            replies = await pipe.execute()
+            async with self._client.pipeline(transaction=False) as pipe:
+                for run_id in ids:
+                    pipe.hgetall(keys.run(run_id))
+                    pipe.exists(keys.lease(run_id))
+                replies = await pipe.execute()
             found: list[RunInfo] = []
             gone: list[str] = []
             for i, run_id in enumerate(ids):

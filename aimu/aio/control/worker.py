@@ -320,7 +320,7 @@ class Worker:
             run.cursor_pending = run.cursor
         if not plan:
             return False
-        results = await pipe.execute(raise_on_error=False)
+        results = await _execute(pipe)
         more = False
         for (step, run, last), result in zip(plan, results, strict=True):
             if isinstance(result, _DOWN):
@@ -425,7 +425,7 @@ class Worker:
                     client=pipe,
                 )
             try:
-                results = await pipe.execute(raise_on_error=False)
+                results = await _execute(pipe)
             except _DOWN as error:
                 _reraise_cancel()
                 self._note_down(error)
@@ -489,6 +489,14 @@ class Worker:
         for task in (*self._main, *self._tasks):
             task.cancel()
         await asyncio.gather(*self._main, *self._tasks, return_exceptions=True)
+
+
+async def _execute(pipe: Any) -> list[Any]:
+    """Run a pipeline; its connection goes back to the pool whatever happens."""
+    try:
+        return list(await pipe.execute(raise_on_error=False))
+    finally:
+        await pipe.reset()
 
 
 def _reraise_cancel() -> None:
