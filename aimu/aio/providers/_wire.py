@@ -1,9 +1,9 @@
 """A transcript's wire form, encoded once per message and merged where templates need it.
 
-:class:`WireEncoder` keeps each message's encoded JSON while the message stays in the
-transcript, so a request costs one join, not a re-encoding of every message. Messages
-are treated as immutable once sent: replace a message instead of editing it in place
-(its content and tool calls are compared by identity to notice a replacement).
+:class:`WireEncoder` keeps the encoded JSON of the messages sent last time, so a request
+encodes only what was added since. Messages are treated as immutable once sent: replace
+a message instead of editing it in place (identity and content are compared to notice
+a replacement).
 
 With ``merge_roles`` (the default), adjacent user messages, or adjacent assistant
 messages (a stopped reply and its resumed continuation), go out as one, so servers
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from operator import is_, itemgetter
 from typing import Any, cast
 
 from aimu.aio.providers._errors import clip
@@ -25,6 +26,7 @@ __all__ = ["WireEncoder", "decode_arguments", "dumps", "dumps_text", "merge_mess
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _MERGED = frozenset({"user", "assistant"})
 _JOIN = "\n\n"
+_CONTENT = itemgetter("content")
 _RAW_LIMIT = 200
 
 
@@ -58,48 +60,57 @@ def merge_messages(group: Sequence[Message]) -> Message:
     return merged
 
 
-_Entry = tuple[Message, str, object, bytes]
-
-
 class WireEncoder:
-    """Encodes transcripts for one client with ``to_wire``, caching each message's bytes."""
+    """Encodes transcripts for one client with ``to_wire``, caching the encoded messages.
 
-    __slots__ = ("_entries", "_to_wire", "_tools", "merge_roles")
+    A transcript usually grows at its end: the messages sent last time are checked to be
+    the same objects with the same content (two passes at C speed), and only the new
+    ones are encoded. Anything else (a restore, an insertion) starts the cache afresh.
+    """
+
+    __slots__ = ("_contents", "_group", "_objects", "_parts", "_to_wire", "_tools", "merge_roles")
 
     def __init__(self, to_wire: Callable[[Message], dict[str, Any]], merge_roles: bool) -> None:
         self._to_wire = to_wire
         self.merge_roles = merge_roles
-        self._entries: dict[int, _Entry] = {}
+        self._objects: list[Message] = []
+        self._contents: list[str] = []
+        self._parts: list[bytes] = []
+        self._group: list[Message] = []  # the last run of same-role messages (merged)
         self._tools: tuple[object, bytes] = (None, b"[]")
+
+    def _cached(self, messages: Sequence[Message]) -> int:
+        """How many leading messages are as they were last time (0: start afresh)."""
+        known = len(self._objects)
+        if not known or len(messages) < known:
+            return 0
+        sent = messages[:known]
+        if all(map(is_, self._objects, sent)) and all(
+            map(is_, self._contents, map(_CONTENT, sent))
+        ):
+            return known
+        return 0
 
     def messages(self, messages: Sequence[Message]) -> bytes:
         """The JSON array of ``messages`` in wire form."""
-        entries = self._entries
-        fresh: dict[int, _Entry] = {}
-        parts: list[bytes] = []
-        previous = ""
-        group: list[Message] = []
-        for message in messages:
-            key = id(message)
-            entry = entries.get(key)
-            calls = message.get("tool_calls")
-            if (
-                entry is None
-                or entry[0] is not message
-                or entry[1] is not message["content"]
-                or entry[2] is not calls
-            ):
-                entry = (message, message["content"], calls, dumps(self._to_wire(message)))
-            fresh[key] = entry
+        start = self._cached(messages)
+        if not start:
+            self._objects, self._contents, self._parts, self._group = [], [], [], []
+        parts = self._parts
+        group = self._group
+        to_wire = self._to_wire
+        merge = self.merge_roles
+        for message in messages[start:] if start else messages:
+            self._objects.append(message)
+            self._contents.append(message["content"])
             role = message["role"]
-            if role == previous and self.merge_roles and role in _MERGED:
+            if merge and group and role == group[-1]["role"] and role in _MERGED:
                 group.append(message)
-                parts[-1] = dumps(self._to_wire(merge_messages(group)))
+                parts[-1] = dumps(to_wire(merge_messages(group)))
                 continue
             group = [message]
-            previous = role
-            parts.append(entry[3])
-        self._entries = fresh  # only messages still in the transcript stay cached
+            parts.append(dumps(to_wire(message)))
+        self._group = group
         return b"[" + b",".join(parts) + b"]"
 
     def tools(self, tools: Sequence[ToolSpec]) -> bytes:
