@@ -180,57 +180,64 @@ def bare(provider: str, url: str, rounds: int) -> Run:
 # -- measurements --------------------------------------------------------------------
 
 
-async def interleaved(runs: Mapping[str, Run], repeats: int) -> dict[str, float]:
-    """Median ms per run of each, run in turn so drift and noise hit all alike."""
+async def interleaved(runs: Mapping[str, Run], repeats: int) -> dict[str, tuple[float, float]]:
+    """Median ms per run of each, wall and this process's CPU, run in turn so drift and
+    noise hit all alike (the server's CPU is its own process's, not counted)."""
     for run in runs.values():
         await run()  # warm-up
-    samples: dict[str, list[float]] = {name: [] for name in runs}
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
             gc.collect()
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             await run()
-            samples[name].append((time.perf_counter() - start) * 1000)
-    return {name: statistics.median(values) for name, values in samples.items()}
+            cpus[name].append((time.process_time() - cpu) * 1000)
+            walls[name].append((time.perf_counter() - wall) * 1000)
+    return {
+        name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in runs
+    }
 
 
-async def per_round(url: str, rounds: int, repeats: int) -> dict[str, float]:
+async def per_round(url: str, rounds: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """µs per round, wall and client CPU, of each client and its bare twin."""
     runs: dict[str, Run] = {}
     for provider in PROVIDERS:
         runs[f"bare {provider}"] = bare(provider, url, rounds)
         runs[f"{provider}:"] = ours(provider, url, rounds)
     medians = await interleaved(runs, repeats)
-    return {name: ms * 1000 / rounds for name, ms in medians.items()}
+    return {name: (w * 1000 / rounds, c * 1000 / rounds) for name, (w, c) in medians.items()}
 
 
 async def rounds_table(url: str, repeats: int) -> None:
     figures = await per_round(url, 50, repeats)
-    print(f"\nWhole tool rounds, 50 rounds, median of {repeats} interleaved runs (µs/round)")
-    print(f"{'client':<9} {'ours':>9} {'bare httpx':>11} {'ratio':>7}")
+    print(f"\nWhole tool rounds, 50 rounds, median of {repeats} interleaved runs, µs/round")
+    print(f"{'client':<9} {'wall ours':>10} {'bare':>8} {'ratio':>6}   "
+          f"{'client CPU ours':>15} {'bare':>8} {'ratio':>6}")
     for provider in PROVIDERS:
-        mine, base = figures[f"{provider}:"], figures[f"bare {provider}"]
-        print(f"{provider + ':':<9} {mine:>9.0f} {base:>11.0f} {mine / base:>6.2f}x")
+        (wall, cpu), (bare_wall, bare_cpu) = figures[f"{provider}:"], figures[f"bare {provider}"]
+        print(f"{provider + ':':<9} {wall:>10.0f} {bare_wall:>8.0f} {wall / bare_wall:>5.2f}x   "
+              f"{cpu:>15.0f} {bare_cpu:>8.0f} {cpu / bare_cpu:>5.2f}x")
 
 
 async def growth(url: str, repeats: int, sizes: tuple[int, ...]) -> None:
-    print(f"\nGrowth: µs/round at {', '.join(map(str, sizes))} rounds "
-          f"(the transcript reaches ~2x rounds messages), median of {repeats}")
+    print(f"\nGrowth: client CPU µs/round at {', '.join(map(str, sizes))} rounds (a run of R "
+          f"rounds sends ~R messages per request on average), median of {repeats}")
     table = {size: await per_round(url, size, repeats if size < 500 else max(3, repeats // 3))
              for size in sizes}
     for provider in PROVIDERS:
+        mine, base = f"{provider}:", f"bare {provider}"
         cells = "  ".join(
-            f"{size}: {table[size][f'{provider}:']:.0f} vs {table[size][f'bare {provider}']:.0f}"
-            for size in sizes
+            f"{size}: {table[size][mine][1]:.0f} vs {table[size][base][1]:.0f}" for size in sizes
         )
         print(f"{provider + ':':<9} {cells}")
         low, high = sizes[-2], sizes[-1]
-        # A run of R rounds sends on average ~R messages per request.
-        slope_ours = (table[high][f"{provider}:"] - table[low][f"{provider}:"]) / (high - low)
-        slope_bare = (table[high][f"bare {provider}"] - table[low][f"bare {provider}"]) / (
-            high - low
-        )
-        print(f"{'':<9} per-message slope ({low}->{high}): ours {slope_ours * 1000:.0f} ns, "
-              f"bare {slope_bare * 1000:.0f} ns, ratio {slope_ours / slope_bare:.2f}x")
+        slopes = [
+            (table[high][name][1] - table[low][name][1]) / (high - low)
+            for name in (f"{provider}:", f"bare {provider}")
+        ]
+        print(f"{'':<9} per-message slope ({low}->{high}): ours {slopes[0] * 1000:.0f} ns, "
+              f"bare {slopes[1] * 1000:.0f} ns, ratio {slopes[0] / slopes[1]:.2f}x")
 
 
 # -- instructions ----------------------------------------------------------------------
