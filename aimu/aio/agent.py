@@ -1,25 +1,36 @@
 """The agent: a tool loop whose transcript survives any stop.
 
-One async generator (:meth:`Agent._loop`) does the work; ``run()`` drains it and
-``run(stream=True)`` hands it out, so both share one code path. The loop records
-every message the moment it exists and settles in a ``finally``: whatever ends a run
+One async generator (:meth:`Agent._events`) does the work; ``run()`` drains it and
+``run(stream=True)`` hands it out, so both share one code path. It runs named steps,
+a model turn (:meth:`Agent._model_turn`) and the tool round it asked for
+(:meth:`Agent._tool_round`); each turn ends in an :class:`Outcome`. Every message is
+recorded the moment it exists and one ``finally`` settles the run: whatever ends it
 (answer, error, cancel, interrupt, a consumer that stops iterating), the transcript in
 ``agent.model_client.messages`` is valid to send to a model again.
 
-A step is one model turn and the tool round it asked for. ``interrupt()`` stops the
-run at the next step boundary; ``resume()`` continues where it stopped.
+``interrupt()`` stops the run at the next step boundary; ``resume()`` continues where
+it stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+import enum
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from types import CoroutineType, EllipsisType
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, cast
 
-from aimu.aio.client import ModelClient, TextDelta, ThinkingDelta, ToolCallDelta, TurnAssembler
+from aimu.aio.client import (
+    Chunk,
+    ModelClient,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnAssembler,
+    TurnDone,
+)
 from aimu.aio.errors import ModelProtocolError, StoreError
 from aimu.aio.events import (
     Event,
@@ -32,10 +43,12 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolResult,
 )
-from aimu.aio.scope import current_scope
+from aimu.aio.runnable import Runnable, load_usage
+from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
 from aimu.aio.transcript import (
+    AssistantMessage,
     Message,
     ToolCall,
     ToolMessage,
@@ -51,7 +64,7 @@ from aimu.aio.transcript import (
 if TYPE_CHECKING:
     from aimu.aio.store import SessionWriter, Store
 
-__all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent"]
+__all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Outcome"]
 
 #: What a run returns when ``interrupt()`` stopped it at a step boundary.
 INTERRUPTED = "Run interrupted."
@@ -63,7 +76,6 @@ FINAL_TURN_PROMPT = (
 )
 
 _NO_ROUNDS_LEFT = "[not run: no tool rounds were left]"
-_BUSY = "a run is already in progress on this session; use agent.start() for another"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,27 +91,77 @@ class _Config:
     specs: tuple[ToolSpec, ...]
 
 
-class _RunState:
-    """The pieces of a run in flight that the settling ``finally`` must see."""
+class Outcome(enum.Enum):
+    """How a step of the loop ended, and so what the run does next."""
+
+    ANSWERED = "answered"
+    """The model answered without calling a tool: the run completes."""
+    NEEDS_TOOLS = "needs_tools"
+    """The model called tools: a tool round comes next."""
+    INTERRUPTED = "interrupted"
+    """An interrupt was honoured at a step boundary: the run returns INTERRUPTED."""
+    OUT_OF_ROUNDS = "out_of_rounds"
+    """The last, tool-less turn ended: the run ends with status max_rounds."""
+
+
+_STATUS_OF: dict[Outcome, RunStatus] = {
+    Outcome.ANSWERED: "completed",
+    Outcome.INTERRUPTED: "interrupted",
+    Outcome.OUT_OF_ROUNDS: "max_rounds",
+}
+
+
+class _Run:
+    """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "assembler", "closed", "closing", "contexts", "interrupt_asked", "store_error", "usage"
+        "argument_errors", "assembler", "calls", "closing", "contexts", "error",
+        "final_prompted", "outcome", "reply", "rounds", "scope", "settled", "status",
+        "stop_reason", "store_error", "usage",
     )
 
-    def __init__(self, interrupt_asked: Callable[[], bool]) -> None:
-        #: True once this agent or a scope around the run asked for an interrupt.
-        self.interrupt_asked = interrupt_asked
+    def __init__(self, scope: RunScope) -> None:
+        self.scope = scope
+        self.outcome: Outcome | None = None
+        self.status: RunStatus = "failed"
+        self.reply = ""
+        self.error: str | None = None
+        self.stop_reason: str | None = None
+        self.rounds = 0
+        #: The final-turn prompt is in the transcript for this task (after max_rounds).
+        self.final_prompted = False
+        #: The turn in flight (None between turns) and its argument errors by call id.
         self.assembler: TurnAssembler | None = None
+        self.argument_errors: dict[str, str] = {}
+        #: The tool calls of the last turn, while its tool round is due.
+        self.calls: list[ToolCall] = []
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
-        self.closed = False
         #: The consumer closed the stream (GeneratorExit came in at a yield).
         self.closing = False
+        self.settled = False
         #: A store write that failed while the run settled; the run then ends ``failed``.
         self.store_error: StoreError | None = None
 
+    def publish(self, event: Event) -> Event:
+        """Send ``event`` to the scope's listeners; return it for the consumer."""
+        self.scope.emit(event)
+        return event
 
-class Agent:
+    def interrupt_asked(self) -> bool:
+        return self.scope.interrupt_requested
+
+    def end(self, outcome: Outcome, reply: str) -> None:
+        self.outcome, self.status, self.reply = outcome, _STATUS_OF[outcome], reply
+
+    def stopped_by(self, error: BaseException) -> None:
+        """The run ends by ``error`` (GeneratorExit: the consumer closed the stream)."""
+        self.status = "failed" if isinstance(error, Exception) else "cancelled"
+        if not isinstance(error, GeneratorExit):
+            self.error = _describe(error)
+
+
+class Agent(Runnable):
     """A model client, tools and a system prompt, running a tool loop on one transcript.
 
     ``agent.start()`` makes another session of the same agent with its own transcript.
@@ -108,6 +170,8 @@ class Agent:
     session is opened (its write lock taken, its transcript loaded) by :meth:`open`,
     ``async with agent``, or the first run.
     """
+
+    kind = "agent"
 
     def __init__(
         self,
@@ -168,9 +232,8 @@ class Agent:
         #: Memory changed in a way the store has not seen (restore(), reset, the system
         #: prompt): the stored transcript is rewritten from memory at the next store write.
         self._store_stale = False
-        self._run_active = False
-        self._interrupt_requested = False
-        #: How the last run on this session ended (None before the first).
+        self._scope: RunScope | None = None
+        self._usage = zero_usage()
         self.last_status: RunStatus | None = None
         if session is not None:
             validate_session_name(session)
@@ -200,9 +263,23 @@ class Agent:
         return self._session
 
     @property
-    def running(self) -> bool:
-        """True while a run is in progress on this session."""
-        return self._run_active
+    def usage(self) -> Usage:
+        """Tokens used by this session's runs so far, resumes included."""
+        return {"input_tokens": self._usage["input_tokens"],
+                "output_tokens": self._usage["output_tokens"]}
+
+    @property
+    def resumable(self) -> bool:
+        return any(m["role"] == "user" for m in self.model_client.messages)
+
+    def _check_resumable(self) -> None:
+        if self._store is not None and self._writer is None:
+            return  # checked once the run has loaded the stored session
+        self._require_task()
+
+    def _require_task(self) -> None:
+        if not self.resumable:
+            raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
 
     def start(self, *, session: str | None = None) -> Agent:
         """A new session of this agent: same model settings, tools and limits.
@@ -212,18 +289,18 @@ class Agent:
         """
         if session is not None and self._store is None:
             raise ValueError("start(session=...) needs an agent built with a store")
-        twin = Agent.__new__(Agent)
-        twin._setup(
+        fresh = Agent.__new__(Agent)
+        fresh._setup(
             self._config,
             self.model_client.fork(),
             self._store if session is not None else None,
             session,
             owns_client=False,
         )
-        return twin
+        return fresh
 
     def __repr__(self) -> str:
-        state = "running" if self._run_active else "idle"
+        state = "running" if self.running else "idle"
         return (
             f"<Agent {self.name!r} {state} messages={len(self.model_client.messages)} "
             f"tools={[t.name for t in self.tools]}>"
@@ -321,7 +398,7 @@ class Agent:
         nothing. Messages are copied in; dangling tool calls get "cancelled" results;
         this agent's system prompt is kept.
         """
-        if self._run_active:
+        if self.running:
             raise RuntimeError("cannot restore() while a run is in progress on this session")
         validate(messages)
         restored = copy_messages(messages)
@@ -334,246 +411,51 @@ class Agent:
         self.model_client.messages[:] = restored
         self._store_stale = True
 
-    # -- stopping ------------------------------------------------------------------
+    # -- progress, for workflows ---------------------------------------------------
 
-    def interrupt(self) -> bool:
-        """Ask the run in progress to stop at its next step boundary.
+    def snapshot(self) -> dict[str, Any]:
+        """This session's transcript and token usage as plain JSON data (copies)."""
+        return {"messages": copy_messages(self.model_client.messages), "usage": self.usage}
 
-        The model turn and tool round in flight finish and are recorded; the run then
-        returns ``"Run interrupted."``. With no run in progress this does nothing and
-        returns False. Safe to call from a signal handler or another thread.
-        """
-        if not self._run_active:
-            return False
-        self._interrupt_requested = True
-        return True
+    def blank_snapshot(self) -> dict[str, Any]:
+        return {"messages": [], "usage": zero_usage()}
 
-    @property
-    def interrupt_requested(self) -> bool:
-        return self._interrupt_requested
-
-    # -- running -------------------------------------------------------------------
-
-    @overload
-    def run(
-        self, task: str, *, reset: bool = False, stream: Literal[False] = False
-    ) -> Coroutine[Any, Any, str]: ...
-
-    @overload
-    def run(
-        self, task: str, *, reset: bool = False, stream: Literal[True]
-    ) -> AsyncGenerator[Event, None]: ...
-
-    def run(
-        self, task: str, *, reset: bool = False, stream: bool = False
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
-        """Run ``task`` until the model answers; return the answer.
-
-        ``stream=True`` returns the run as an async iterator of events instead, ending
-        with one :class:`RunFinished`. ``reset=True`` starts from an empty transcript
-        (keeping the system prompt).
-        """
-        if not isinstance(task, str):
-            raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
-        self._check_idle()
-        events = self._loop(task, reset=reset)
-        return events if stream else self._drain(events)
-
-    @overload
-    def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, str]: ...
-
-    @overload
-    def resume(self, *, stream: Literal[True]) -> AsyncGenerator[Event, None]: ...
-
-    def resume(
-        self, *, stream: bool = False
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
-        """Continue exactly where the last run stopped, adding no user message.
-
-        The round budget goes on from where it was. On a transcript whose last turn is
-        a finished answer this returns that answer without calling the model.
-        """
-        self._check_idle()
-        if self._store is None or self._writer is not None:
-            self._check_resumable()  # else once the first run has loaded the session
-        events = self._loop(None, reset=False)
-        return events if stream else self._drain(events)
-
-    def _drain(self, events: AsyncGenerator[Event, None]) -> CoroutineType[Any, Any, str]:
-        coroutine = cast("CoroutineType[Any, Any, str]", _drain(events))
-        # A RunHandle names itself after its coroutine: make that the agent's name.
-        coroutine.__qualname__ = coroutine.__name__ = self._config.name
-        return coroutine
-
-    def _check_resumable(self) -> None:
-        if not any(m["role"] == "user" for m in self.model_client.messages):
-            raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
-
-    def _check_idle(self) -> None:
-        if self._run_active:
-            raise RuntimeError(_BUSY)
-
-    def _rounds_used(self) -> int:
-        """Model turns already made for the current task, derived from the transcript."""
-        rounds = 0
-        for message in reversed(self.model_client.messages):
-            role = message["role"]
-            if role == "user":
-                if message["content"] == FINAL_TURN_PROMPT:
-                    return self._config.max_rounds
-                break
-            if role == "assistant" and not message.get("aimu_partial"):
-                rounds += 1
-        return rounds
-
-    def _finished_answer(self) -> str | None:
-        messages = self.model_client.messages
+    def session_from(self, snapshot: Mapping[str, Any]) -> Agent | None:
+        """A new session holding ``snapshot``; None when it holds no transcript."""
+        messages = snapshot.get("messages") or []
         if not messages:
             return None
-        last = messages[-1]
-        if last["role"] != "assistant":
-            return None
-        last_assistant = last
-        if last_assistant.get("tool_calls") or last_assistant.get("aimu_partial"):
-            return None
-        return last_assistant["content"]
+        session = self.start()
+        session.restore(cast(list[Message], messages))
+        session._usage = load_usage(snapshot.get("usage"), "the snapshot")
+        return session
 
-    async def _loop(self, task: str | None, *, reset: bool) -> AsyncGenerator[Event, None]:
-        self._check_idle()
-        self._run_active = True
-        self._interrupt_requested = False
-        config = self._config
-        name = config.name
-        client = self.model_client
-        messages = client.messages
-        scope = current_scope.get()
-        emit = scope.emit if scope is not None else None
-        state = _RunState(
-            (lambda: self._interrupt_requested or scope.interrupt_requested)
-            if scope is not None
-            else (lambda: self._interrupt_requested)
-        )
-        status: RunStatus = "failed"
-        reply = ""
+    # -- the run ---------------------------------------------------------------------
+
+    async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
+        run = _Run(self._open_scope())
         failure: BaseException | None = None
         try:
-            await self.open()
-            if reset:
-                messages.clear()
-                self._store_stale = True
-            self._place_system()
-            if self._writer is not None:
-                await self._sync_store(self._writer)
-            if task is None:
-                self._check_resumable()
-            else:
-                await self._record({"role": "user", "content": task})
-            if self._writer is not None:
-                await self._writer.set_status("in_progress")
-            event: Event = RunStarted(name, task)
-            if emit is not None:
-                emit(event)
-            yield event
-            rounds = self._rounds_used()
-            answer = self._finished_answer() if task is None else None
-            if answer is not None:
-                status, reply = "completed", answer
-            while answer is None:
-                if state.interrupt_asked():
-                    status, reply = "interrupted", INTERRUPTED
-                    if scope is not None:
-                        scope.note_interrupted()
-                    break
-                final_turn = rounds >= config.max_rounds
-                if final_turn and not (
-                    messages[-1]["role"] == "user" and messages[-1]["content"] == FINAL_TURN_PROMPT
-                ):
-                    await self._record({"role": "user", "content": FINAL_TURN_PROMPT})
-                assembler = state.assembler = TurnAssembler()
-                argument_errors: dict[str, str] = {}
-                turn = client.stream_turn(messages, None if final_turn else config.specs)
-                try:
-                    async for chunk in turn:
-                        assembler.add(chunk)
-                        if isinstance(chunk, TextDelta):
-                            event = TextChunk(name, chunk.text)
-                        elif isinstance(chunk, ThinkingDelta):
-                            event = ThinkingChunk(name, chunk.text)
-                        elif isinstance(chunk, ToolCallDelta):
-                            if chunk.error is not None:
-                                argument_errors[chunk.call["id"]] = chunk.error
-                            continue
-                        else:
-                            continue
-                        if emit is not None:
-                            emit(event)
-                        yield event
-                except GeneratorExit:
-                    state.closing = True  # the await below may raise a pending cancel instead
-                    raise
-                finally:
-                    await turn.aclose()
-                if not assembler.done:
-                    raise ModelProtocolError(
-                        f"the model at {client.host} ended its turn without finishing it",
-                        host=client.host,
-                    )
-                state.assembler = None
-                message = assembler.message()
-                await self._record(message)
-                add_usage(state.usage, assembler.usage)
-                rounds += 1
-                calls = message.get("tool_calls")
-                if not calls:
-                    status = "max_rounds" if final_turn else "completed"
-                    reply = message["content"]
-                    break
-                if final_turn:
-                    for call in calls:
-                        await self._record(_result(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
-                    status, reply = "max_rounds", message["content"]
-                    break
-                async with aclosing(
-                    self._tool_round(calls, argument_errors, state)
-                ) as round_events:
-                    try:
-                        async for event in round_events:
-                            if emit is not None:
-                                emit(event)
-                            yield event
-                    except GeneratorExit:
-                        state.closing = True  # closing the round awaits its cancelled tools
-                        raise
-                event = StepFinished(name, rounds)
-                if emit is not None:
-                    emit(event)
-                yield event
-        except BaseException as exc:
-            status = "failed" if isinstance(exc, Exception) else "cancelled"
-            closed = isinstance(exc, GeneratorExit)
-            if closed or state.closing:
-                # The consumer stopped iterating (or a cleanup await then raised a cancel
-                # pending on the task in its place): settle, tell the scope, never yield.
-                reply = await self._settle(state, status, reply)
-                if emit is not None:
-                    error = None if closed else _describe(exc)
-                    emit(RunFinished(name, status, reply, state.usage, error))
-                raise
-            failure = exc
+            await self._open(task, reset)
+            yield run.publish(RunStarted(self.name, task))
+            self._pick_up(run, task)
+            while (step := self._next_step(run)) is not None:
+                async with aclosing(step):
+                    async for event in step:
+                        try:
+                            yield run.publish(event)
+                        except GeneratorExit:
+                            run.closing = True  # closing the step awaits: a cancel may come
+                            raise
+        except BaseException as error:
+            run.stopped_by(error)
+            if isinstance(error, GeneratorExit) or run.closing:
+                raise  # the consumer stopped iterating: settle below, never yield again
+            failure = error
         finally:
-            if not state.closed:
-                reply = await self._settle(state, status, reply)
-        if state.store_error is not None and failure is None:
-            status, failure = "failed", state.store_error
-        final = RunFinished(
-            name,
-            status,
-            reply,
-            state.usage,
-            None if failure is None else _describe(failure),
-        )
-        if emit is not None:
-            emit(final)
+            final = await self._settle(run)
+        if failure is None:
+            failure = run.store_error
         if failure is None:
             yield final
             return
@@ -584,21 +466,108 @@ class Agent:
             raise failure from None
         raise failure
 
-    async def _tool_round(
-        self,
-        calls: list[ToolCall],
-        argument_errors: dict[str, str],
-        state: _RunState,
-    ) -> AsyncGenerator[Event, None]:
+    async def _open(self, task: str | None, reset: bool) -> None:
+        """Put the session in order for a run: the store opened, reset, system prompt,
+        the task recorded."""
+        await self.open()
+        if reset:
+            self.model_client.messages.clear()
+            self._store_stale = True
+        self._place_system()
+        if self._writer is not None:
+            await self._sync_store(self._writer)
+        if task is None:
+            self._require_task()
+        else:
+            await self._record({"role": "user", "content": task})
+        if self._writer is not None:
+            await self._writer.set_status("in_progress")
+
+    def _pick_up(self, run: _Run, task: str | None) -> None:
+        """Where the run starts: the rounds the task has used, or a resumed answer."""
+        run.rounds, run.final_prompted = self._rounds_used()
+        if task is None:
+            answer = self._finished_answer()
+            if answer is not None:
+                run.end(Outcome.ANSWERED, answer)
+
+    def _next_step(self, run: _Run) -> AsyncGenerator[Event, None] | None:
+        """The step to run next, or None once the run has its outcome."""
+        if run.outcome is Outcome.NEEDS_TOOLS:
+            return self._tool_round(run)
+        if run.outcome is not None:
+            return None
+        if run.interrupt_asked():  # the step boundary
+            run.end(Outcome.INTERRUPTED, INTERRUPTED)
+            run.scope.note_interrupted()
+            return None
+        return self._model_turn(run)
+
+    async def _model_turn(self, run: _Run) -> AsyncGenerator[Event, None]:
+        """One model turn, streamed; it ends recorded, with ``run.outcome`` set."""
+        config = self._config
+        final_turn = run.rounds >= config.max_rounds
+        if final_turn and not run.final_prompted:
+            await self._record({"role": "user", "content": FINAL_TURN_PROMPT})
+            run.final_prompted = True
+        client = self.model_client
+        assembler = run.assembler = TurnAssembler()
+        run.argument_errors = {}
+        turn = client.stream_turn(client.messages, None if final_turn else config.specs)
+        try:
+            async for chunk in turn:
+                assembler.add(chunk)
+                event = self._chunk_event(chunk, run)
+                if event is not None:
+                    yield event
+        finally:
+            await turn.aclose()
+        if not assembler.done:
+            raise ModelProtocolError(
+                f"the model at {client.host} ended its turn without finishing it",
+                host=client.host,
+            )
+        run.assembler = None
+        await self._end_turn(run, assembler.message(), assembler.usage, final_turn)
+
+    def _chunk_event(self, chunk: Chunk, run: _Run) -> Event | None:
+        """The event for a streamed chunk, if the consumer sees one; notes the rest."""
+        if isinstance(chunk, TextDelta):
+            return TextChunk(self._config.name, chunk.text)
+        if isinstance(chunk, ThinkingDelta):
+            return ThinkingChunk(self._config.name, chunk.text)
+        if isinstance(chunk, ToolCallDelta):
+            if chunk.error is not None:
+                run.argument_errors[chunk.call["id"]] = chunk.error
+        elif isinstance(chunk, TurnDone):
+            run.stop_reason = chunk.done_reason
+        return None
+
+    async def _end_turn(
+        self, run: _Run, message: AssistantMessage, usage: Usage, final_turn: bool
+    ) -> None:
+        """Record a finished turn and decide the outcome: answered, tools, or out of rounds."""
+        await self._record(message)
+        add_usage(run.usage, usage)
+        run.rounds += 1
+        calls = message.get("tool_calls")
+        if not calls:
+            run.end(Outcome.OUT_OF_ROUNDS if final_turn else Outcome.ANSWERED, message["content"])
+        elif final_turn:
+            for call in calls:
+                await self._record(_result(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
+            run.end(Outcome.OUT_OF_ROUNDS, message["content"])
+        else:
+            run.calls, run.outcome = calls, Outcome.NEEDS_TOOLS
+
+    async def _tool_round(self, run: _Run) -> AsyncGenerator[Event, None]:
+        """Run the last turn's calls, recording each result as it exists; ends the step."""
         name = self._config.name
+        calls = run.calls
         if self._config.concurrent_tools and len(calls) > 1:
             for call in calls:
-                yield ToolCallStarted(name, call["id"], call["function"]["name"],
-                                      call["function"]["arguments"])
-            tasks = [
-                asyncio.ensure_future(self._call_tool(call, argument_errors, state))
-                for call in calls
-            ]
+                yield _call_started(name, call)
+            tasks = [asyncio.ensure_future(self._call_tool(call, run)) for call in calls]
             try:
                 for finished in asyncio.as_completed(tasks):
                     yield await finished
@@ -608,20 +577,16 @@ class Agent:
                     t.cancel()
                 if pending:
                     await asyncio.gather(*pending, return_exceptions=True)
-            return
-        for call in calls:
-            yield ToolCallStarted(name, call["id"], call["function"]["name"],
-                                  call["function"]["arguments"])
-            yield await self._call_tool(call, argument_errors, state)
+        else:
+            for call in calls:
+                yield _call_started(name, call)
+                yield await self._call_tool(call, run)
+        run.calls, run.outcome = [], None
+        yield StepFinished(name, run.rounds)
 
-    async def _call_tool(
-        self,
-        call: ToolCall,
-        argument_errors: dict[str, str],
-        state: _RunState,
-    ) -> ToolResult:
+    async def _call_tool(self, call: ToolCall, run: _Run) -> ToolResult:
         """Run one call and record its result the moment it exists."""
-        error = argument_errors.get(call["id"])
+        error = run.argument_errors.get(call["id"])
         if error is not None:
             outcome = ToolOutcome(error, True)
         else:
@@ -629,50 +594,91 @@ class Agent:
                 agent=self._config.name,
                 call_id=call["id"],
                 tool_name=call["function"]["name"],
-                interrupt_probe=state.interrupt_asked,
+                interrupt_probe=run.interrupt_asked,
             )
-            state.contexts.append(context)
+            run.contexts.append(context)
             outcome = await invoke(self._config.tools_by_name, call, context)
         result = _result(call, outcome)
-        if not state.closed:
+        if not run.settled:
             await self._record(result)
         return ToolResult(
             self._config.name, call["id"], result["name"], outcome.content, outcome.is_error
         )
 
-    async def _settle(self, state: _RunState, status: RunStatus, reply: str) -> str:
-        """Leave a valid transcript however the run ended; return the reply to report.
+    async def _settle(self, run: _Run) -> RunFinished:
+        """Leave a valid transcript however the run ended, release the session, and
+        publish the run's RunFinished (returned for the consumer).
 
-        Memory is settled first; a store that fails now is kept in ``state.store_error``
+        Memory is settled first; a store that fails now is kept in ``run.store_error``
         (the run ends ``failed``, its transcript in memory and restorable).
         """
-        state.closed = True
-        messages = self.model_client.messages
-        for context in state.contexts:
+        run.settled = True
+        for context in run.contexts:
             context.mark_cancelled()
         unstored: list[Message] = []
-        assembler = state.assembler
+        assembler = run.assembler
         if assembler is not None and assembler.started:
             unstored.append(assembler.message())
-            messages.append(unstored[-1])
-            reply = reply or assembler.text
-        if status in ("cancelled", "failed"):
-            last_assistant = len(messages) - 1
-            while last_assistant > 0 and messages[last_assistant]["role"] == "tool":
-                last_assistant -= 1
-            unstored.extend(settle(messages, start=max(last_assistant, 0)))
+            self.model_client.messages.append(unstored[-1])
+            run.reply = run.reply or assembler.text
+        if run.status in ("cancelled", "failed"):
+            unstored.extend(self._settle_calls())
         try:
-            if self._writer is not None:
-                for message in unstored:
-                    await self._writer.append(message)
-                await self._writer.set_status(status)
+            await self._store_settled(unstored, run.status)
         except StoreError as error:
-            state.store_error = error
+            run.store_error = error
+            run.status, run.error = "failed", _describe(error)
         finally:
-            self.last_status = status
-            self._interrupt_requested = False
-            self._run_active = False
-        return reply
+            add_usage(self._usage, run.usage)
+            self._close_scope(run.status)
+        final = RunFinished(
+            self._config.name, run.status, run.reply, run.usage, run.error, run.stop_reason
+        )
+        run.scope.emit(final)
+        return final
+
+    def _settle_calls(self) -> list[ToolMessage]:
+        """Give each dangling call of the last assistant turn a "cancelled" result (in
+        memory); return those results."""
+        messages = self.model_client.messages
+        last_assistant = len(messages) - 1
+        while last_assistant > 0 and messages[last_assistant]["role"] == "tool":
+            last_assistant -= 1
+        return settle(messages, start=max(last_assistant, 0))
+
+    async def _store_settled(self, unstored: list[Message], status: RunStatus) -> None:
+        if self._writer is not None:
+            for message in unstored:
+                await self._writer.append(message)
+            await self._writer.set_status(status)
+
+    def _rounds_used(self) -> tuple[int, bool]:
+        """Model turns made for the current task (from the transcript), and whether its
+        final-turn prompt was given already."""
+        rounds = 0
+        for message in reversed(self.model_client.messages):
+            role = message["role"]
+            if role == "user":
+                if message["content"] == FINAL_TURN_PROMPT:
+                    return self._config.max_rounds, True
+                break
+            if role == "assistant" and not message.get("aimu_partial"):
+                rounds += 1
+        return rounds, False
+
+    def _finished_answer(self) -> str | None:
+        messages = self.model_client.messages
+        last = messages[-1] if messages else None
+        if last is None or last["role"] != "assistant":
+            return None
+        if last.get("tool_calls") or last.get("aimu_partial"):
+            return None
+        return last["content"]
+
+
+def _call_started(name: str, call: ToolCall) -> ToolCallStarted:
+    function = call["function"]
+    return ToolCallStarted(name, call["id"], function["name"], function["arguments"])
 
 
 def _describe(error: BaseException) -> str:
@@ -686,13 +692,3 @@ def _result(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
         "tool_call_id": call["id"],
         "name": call["function"]["name"],
     }
-
-
-async def _drain(events: AsyncGenerator[Event, None]) -> str:
-    """Run the loop to its end for ``run()``; return the reply of its RunFinished."""
-    reply = ""
-    async with aclosing(events):
-        async for event in events:
-            if isinstance(event, RunFinished):
-                reply = event.reply
-    return reply

@@ -3,7 +3,8 @@
 An agent run emits ``RunStarted``, then chunks, tool calls and results and a
 ``StepFinished`` per tool round, and exactly one ``RunFinished``, last, whatever
 ended the run. A :class:`~aimu.aio.RunHandle` adds its own terminal
-``HandleFinished`` after everything the loops inside it emitted.
+``HandleFinished`` after everything the loops inside it emitted. Every run event's
+first field, ``source``, names the agent or workflow whose run emitted it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ HandleStatus: TypeAlias = Literal[
 
 @dataclass(frozen=True, slots=True)
 class RunStarted:
-    agent: str
+    source: str
     task: str | None
     """The user message this run added, or None for a resume."""
     type: Literal["run_started"] = field(default="run_started", init=False)
@@ -44,21 +45,21 @@ class RunStarted:
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
-    agent: str
+    source: str
     text: str
     type: Literal["text"] = field(default="text", init=False)
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingChunk:
-    agent: str
+    source: str
     text: str
     type: Literal["thinking"] = field(default="thinking", init=False)
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallStarted:
-    agent: str
+    source: str
     call_id: str
     name: str
     arguments: dict[str, Any]
@@ -67,7 +68,7 @@ class ToolCallStarted:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    agent: str
+    source: str
     call_id: str
     name: str
     content: str
@@ -77,7 +78,7 @@ class ToolResult:
 
 @dataclass(frozen=True, slots=True)
 class StepFinished:
-    agent: str
+    source: str
     step: int
     """Model turns made so far in this conversation's current task."""
     type: Literal["step_finished"] = field(default="step_finished", init=False)
@@ -85,14 +86,17 @@ class StepFinished:
 
 @dataclass(frozen=True, slots=True)
 class RunFinished:
-    """The last event of every agent run, on every outcome."""
+    """The last event of every agent or workflow run, on every outcome."""
 
-    agent: str
+    source: str
     status: RunStatus
     reply: str
     """The answer, ``"Run interrupted."``, or the partial text a stop cut short."""
     usage: Usage
     error: str | None = None
+    stop_reason: str | None = None
+    """Why the model stopped its last turn ("stop", "length", ...), as its server said;
+    None when no turn finished or the server did not say."""
     type: Literal["run_finished"] = field(default="run_finished", init=False)
 
 

@@ -89,7 +89,7 @@ async def test_stream_events_end_with_exactly_one_terminal_event() -> None:
     assert final.status == "completed" and final.reply.startswith("the answer")
     text = "".join(e.text for e in events if isinstance(e, TextChunk))
     assert text == "let me add" + "the answer is 3 and Paris is sunny"
-    assert all(e.agent == "agent" for e in events if hasattr(e, "agent"))
+    assert all(e.source == "agent" for e in events if hasattr(e, "source"))
 
 
 async def test_max_rounds_withholds_tools_on_the_final_turn() -> None:

@@ -1107,7 +1107,7 @@ async def test_a_workflow_under_a_handle_is_cancelled_everywhere() -> None:
     chain = aio.Chain([first, second])
     handle = RunHandle.start(chain.run("go"))
     async for event in handle.events():
-        if isinstance(event, TextChunk) and event.agent == "first":
+        if isinstance(event, TextChunk) and event.source == "first":
             handle.cancel()
     with pytest.raises(asyncio.CancelledError):
         await handle

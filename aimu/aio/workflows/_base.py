@@ -1,10 +1,12 @@
 """What every workflow shares: the run wrapper, events, state and the step slots.
 
-A workflow run opens its own :class:`~aimu.aio.scope.RunScope` under the one it runs
-in, so an interrupt of a handle around it reaches every agent inside, and the agents'
-events bubble out through it. Each step runs in a :class:`_Slot`: a fresh session of
-the configured step (``step.start()``), its answer once finished, and the partial
-transcript (or nested workflow state) while it is not.
+A workflow is a :class:`~aimu.aio.runnable.Runnable`: its run opens its own
+:class:`~aimu.aio.scope.RunScope` under the one it runs in, so an interrupt of a
+handle around it reaches every agent inside, and the agents' events bubble out
+through it. Each step runs in a :class:`_Slot`: a fresh session of the configured
+step (``step.start()``), its answer once finished, and the step's snapshot (an agent's
+transcript, a nested workflow's state) while it is not. A slot knows a step only
+through the Runnable surface: ``finish``, ``snapshot``, ``session_from``.
 """
 
 from __future__ import annotations
@@ -13,24 +15,14 @@ import abc
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from contextlib import aclosing
-from typing import (
-    Any,
-    ClassVar,
-    Literal,
-    Protocol,
-    TypeAlias,
-    TypeVar,
-    cast,
-    get_args,
-    overload,
-)
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
-from aimu.aio.agent import INTERRUPTED, Agent
+from aimu.aio.agent import INTERRUPTED
 from aimu.aio.events import Event, RunFinished, RunStarted, RunStatus, StepFinished
+from aimu.aio.runnable import Runnable
 from aimu.aio.scope import RunScope, current_scope
-from aimu.aio.transcript import Message, Usage, add_usage, copy_messages, zero_usage
+from aimu.aio.transcript import Usage, add_usage, zero_usage
 
 __all__ = ["INTERRUPTED", "STATE_VERSION", "Resumable", "SlotStatus", "Step", "Workflow"]
 
@@ -43,34 +35,16 @@ _SLOT_STATUSES = get_args(SlotStatus)
 _RUN_STATUSES = get_args(RunStatus)
 _FINISHED: tuple[RunStatus, ...] = ("completed", "max_rounds")
 _F = TypeVar("_F", bound=Callable[..., Any])
-_BUSY = "a run is already in progress on this workflow; use workflow.start() for another"
-
-
-class Resumable(Protocol):
-    """What a workflow needs of a step; :class:`~aimu.aio.Agent` and workflows have it."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def last_status(self) -> RunStatus | None: ...
-
-    def start(self) -> Resumable: ...
-
-    def run(self, task: str) -> Awaitable[str]: ...
-
-    def resume(self) -> Awaitable[str]: ...
-
-    def interrupt(self) -> bool: ...
-
 
 #: A step of a workflow: an agent, or another workflow (nesting).
-Step: TypeAlias = "Agent | Workflow"
+Step: TypeAlias = Runnable
+#: The former name of what a workflow needs of a step: the Runnable surface.
+Resumable: TypeAlias = Runnable
 
 
 def check_step(step: object, where: str) -> Step:
     """``step`` if it can be a workflow step, else a TypeError naming ``where``."""
-    if not isinstance(step, Agent | Workflow):
+    if not isinstance(step, Runnable):
         raise TypeError(
             f"{where} must be an aio.Agent or a workflow (Chain, Router, Parallel, "
             f"EvaluatorOptimizer), got {type(step).__name__}"
@@ -87,23 +61,8 @@ def check_steps(steps: object, owner: str, noun: str, nouns: str) -> tuple[Step,
     return tuple(check_step(step, f"{owner} {noun} {i + 1}") for i, step in enumerate(steps))
 
 
-def kind_of(step: Step) -> str:
-    return "agent" if isinstance(step, Agent) else step.kind
-
-
-def load_usage(value: object, where: str) -> Usage:
-    if value is None:
-        return zero_usage()
-    if (
-        not isinstance(value, Mapping)
-        or not isinstance(value.get("input_tokens"), int)
-        or not isinstance(value.get("output_tokens"), int)
-    ):
-        raise ValueError(f"{where}: 'usage' must be {{'input_tokens': int, 'output_tokens': int}}")
-    return {"input_tokens": value["input_tokens"], "output_tokens": value["output_tokens"]}
-
-
-def mapping(value: object, where: str) -> Mapping[str, Any]:
+def expect_dict(value: object, where: str) -> Mapping[str, Any]:
+    """``value`` if it is a dict (a record of a state); ValueError naming ``where``."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{where} must be a dict (as workflow.state gives), got "
                          f"{type(value).__name__}")
@@ -112,7 +71,7 @@ def mapping(value: object, where: str) -> Mapping[str, Any]:
 
 def step_or_function(value: Step | _F, what: str, function: str) -> tuple[Step | None, _F | None]:
     """Split a step argument that may also be a plain function; TypeError naming ``what``."""
-    if isinstance(value, Agent | Workflow):
+    if isinstance(value, Runnable):
         return value, None
     if callable(value):
         return None, value
@@ -159,7 +118,7 @@ async def call_user_function(function: Callable[..., Any], *args: object) -> Any
 class _Slot:
     """One step of one run: its own session of the step, and how far it got."""
 
-    __slots__ = ("_usage", "answer", "error", "finished", "label", "session", "step")
+    __slots__ = ("answer", "error", "finished", "label", "session", "step")
 
     def __init__(self, step: Step, label: str) -> None:
         self.step = step
@@ -168,7 +127,6 @@ class _Slot:
         self.finished = False
         self.answer = ""
         self.error: str | None = None
-        self._usage = zero_usage()
 
     @property
     def status(self) -> SlotStatus:
@@ -177,44 +135,30 @@ class _Slot:
         return "in_flight" if self._started() else "pending"
 
     def _started(self) -> bool:
-        session = self.session
-        if session is None:
-            return False
-        if isinstance(session, Agent):
-            return any(m["role"] == "user" for m in session.model_client.messages)
-        return session.task is not None
+        return self.session is not None and self.session.resumable
 
     def usage(self) -> Usage:
-        session = self.session
-        if isinstance(session, Workflow):
-            return session.usage
-        return {"input_tokens": self._usage["input_tokens"],
-                "output_tokens": self._usage["output_tokens"]}
+        return zero_usage() if self.session is None else self.session.usage
 
     def record(self) -> dict[str, Any]:
         """This slot as plain JSON data (nothing shared with the live session)."""
         record: dict[str, Any] = {
             "name": self.step.name,
-            "kind": kind_of(self.step),
+            "kind": self.step.kind,
             "status": self.status,
             "answer": self.answer if self.finished else None,
         }
         if self.error is not None:
             record["error"] = self.error
         session = self.session
-        if isinstance(self.step, Agent):
-            messages = session.model_client.messages if isinstance(session, Agent) else []
-            record["messages"] = copy_messages(messages)
-            record["usage"] = dict(self._usage)
-        else:
-            record["state"] = session.state if isinstance(session, Workflow) else None
+        record.update(self.step.blank_snapshot() if session is None else session.snapshot())
         return record
 
     @classmethod
     def load(cls, step: Step, label: str, record: object, where: str) -> _Slot:
         """A slot holding ``record`` (from :meth:`record`); ValueError naming ``where``."""
-        data = mapping(record, where)
-        kind, found = kind_of(step), data.get("kind")
+        data = expect_dict(record, where)
+        kind, found = step.kind, data.get("kind")
         if found != kind:
             raise ValueError(
                 f"{where}: the state has {_article(found)} here and this workflow has "
@@ -225,17 +169,7 @@ class _Slot:
             raise ValueError(f"{where}: 'status' must be one of {_SLOT_STATUSES}, got {status!r}")
         slot = cls(step, label)
         try:
-            if isinstance(step, Agent):
-                messages = data.get("messages") or []
-                if messages:
-                    session = step.start()
-                    session.restore(cast(list[Message], messages))
-                    slot.session = session
-                slot._usage = load_usage(data.get("usage"), where)
-            elif data.get("state") is not None:
-                nested = step.start()
-                nested.restore(data["state"])
-                slot.session = nested
+            slot.session = step.session_from(data)
         except (ValueError, TypeError) as error:
             raise ValueError(f"{where}: {error}") from error
         if status == "finished":
@@ -259,32 +193,15 @@ class _Slot:
             session = self.session = self.step.start()
         resume = self._started()
         self.error = None
-        status: RunStatus | None
         try:
-            if isinstance(session, Agent):
-                status, reply = await self._run_agent(session, task, resume)
-            else:
-                reply = await (session.resume() if resume else session.run(task))
-                status = session.last_status
+            final = await session.finish(None if resume else task)
         except Exception as error:
             self.error = f"{type(error).__name__}: {error}"
             raise
-        if status in _FINISHED:
-            self.finished, self.answer = True, reply
-            return reply
+        if final.status in _FINISHED:
+            self.finished, self.answer = True, final.reply
+            return final.reply
         return None
-
-    async def _run_agent(self, session: Agent, task: str, resume: bool) -> tuple[RunStatus, str]:
-        # Drained here rather than with run(): the final event carries status and usage.
-        events = session.resume(stream=True) if resume else session.run(task, stream=True)
-        final: RunFinished | None = None
-        async with aclosing(events):
-            async for event in events:
-                if isinstance(event, RunFinished):
-                    final = event
-                    add_usage(self._usage, event.usage)
-        assert final is not None, "an agent run always ends with RunFinished"
-        return final.status, final.reply
 
 
 def numbered_slots(steps: Sequence[Step], label: str) -> list[_Slot]:
@@ -324,7 +241,7 @@ class _End:
 _END = _End()
 
 
-class Workflow(abc.ABC):
+class Workflow(Runnable):
     """Base of Chain, Router, Parallel and EvaluatorOptimizer: run, stop, snapshot, resume.
 
     One run at a time per workflow object (``start()`` gives another). ``state`` is a
@@ -339,11 +256,10 @@ class Workflow(abc.ABC):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a string or None, got {type(name).__name__}")
         self._name = name or self.kind
-        self._scope: RunScope | None = None
+        self._scope = None
         self._task: str | None = None
         self._answer: str | None = None
-        #: How the last run of this workflow ended (None before the first).
-        self.last_status: RunStatus | None = None
+        self.last_status = None
 
     # -- what each workflow defines ------------------------------------------------------
 
@@ -371,6 +287,22 @@ class Workflow(abc.ABC):
     def start(self) -> Workflow:
         """A new workflow of the same configuration, with no progress."""
 
+    # -- progress, as a step of another workflow -------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": self.state}
+
+    def blank_snapshot(self) -> dict[str, Any]:
+        return {"state": None}
+
+    def session_from(self, snapshot: Mapping[str, Any]) -> Workflow | None:
+        state = snapshot.get("state")
+        if state is None:
+            return None
+        nested = self.start()
+        nested.restore(state)
+        return nested
+
     # -- the public surface --------------------------------------------------------------
 
     @property
@@ -383,8 +315,8 @@ class Workflow(abc.ABC):
         return self._task
 
     @property
-    def running(self) -> bool:
-        return self._scope is not None
+    def resumable(self) -> bool:
+        return self._task is not None
 
     @property
     def usage(self) -> Usage:
@@ -397,55 +329,6 @@ class Workflow(abc.ABC):
     def __repr__(self) -> str:
         state = "running" if self.running else (self.last_status or "idle")
         return f"<{type(self).__name__} {self._name!r} {state}>"
-
-    def interrupt(self) -> bool:
-        """Stop the run at its next step boundary; False when no run is in progress.
-
-        Every agent inside finishes the step it is in (its model turn and tool round)
-        and stops; no further step starts; the run returns ``"Run interrupted."``.
-        """
-        scope = self._scope
-        if scope is None:
-            return False
-        scope.request_interrupt()
-        return True
-
-    @overload
-    def run(self, task: str, *, stream: Literal[False] = False) -> Coroutine[Any, Any, str]: ...
-
-    @overload
-    def run(self, task: str, *, stream: Literal[True]) -> AsyncGenerator[Event, None]: ...
-
-    def run(
-        self, task: str, *, stream: bool = False
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
-        """Run ``task`` through the workflow from the start; return the final answer.
-
-        ``stream=True`` returns the events of every agent inside and the workflow's own
-        (``RunStarted``, ``StepFinished``, ``RunFinished`` named after the workflow, last).
-        """
-        if not isinstance(task, str):
-            raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
-        self._check_idle()
-        return self._stream(task) if stream else self._run(task)
-
-    @overload
-    def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, str]: ...
-
-    @overload
-    def resume(self, *, stream: Literal[True]) -> AsyncGenerator[Event, None]: ...
-
-    def resume(
-        self, *, stream: bool = False
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
-        """Continue the last or restored run: finished steps are not run again.
-
-        Steps in flight continue their agents' transcripts (``agent.resume()``); a
-        finished run returns its answer at once.
-        """
-        self._check_idle()
-        self._check_resumable()
-        return self._stream(None) if stream else self._run(None)
 
     @property
     def state(self) -> dict[str, Any]:
@@ -478,7 +361,7 @@ class Workflow(abc.ABC):
                 f"cannot restore() {where} while a run is in progress on it; "
                 "wait for the run to end, or restore into workflow.start()"
             )
-        data = mapping(state, f"the state given to {where}.restore()")
+        data = expect_dict(state, f"the state given to {where}.restore()")
         if data.get("kind") != self.kind:
             raise ValueError(
                 f"the state is of {_article(data.get('kind'))} workflow and {where} is "
@@ -505,10 +388,6 @@ class Workflow(abc.ABC):
     def _where(self) -> str:
         return f"{self.kind} {self._name!r}"
 
-    def _check_idle(self) -> None:
-        if self._scope is not None:
-            raise RuntimeError(f"{self._where()}: {_BUSY}")
-
     def _check_resumable(self) -> None:
         if self._task is None:
             raise ValueError(
@@ -516,27 +395,27 @@ class Workflow(abc.ABC):
                 "use run(task), or restore(state) first"
             )
 
-    def _begin(self, task: str | None) -> RunScope:
+    def _claim(self, task: str | None) -> RunScope:
         """Claim this workflow for one run and open the run's scope."""
-        self._check_idle()
-        if task is None:
-            self._check_resumable()
-        else:
+        scope = self._open_scope()
+        if task is not None:
             self._task = task
             self._answer = None
             self._fresh()
-        scope = self._scope = RunScope(self._name, parent=current_scope.get())
         return scope
 
-    def _end(self, scope: RunScope, status: RunStatus, reply: str, error: str | None) -> None:
+    def _end(
+        self, scope: RunScope, status: RunStatus, reply: str, error: str | None
+    ) -> RunFinished | None:
         """Release the workflow and emit its one terminal event (once per run)."""
         if self._scope is not scope:
-            return
-        self._scope = None
-        self.last_status = status
+            return None
+        self._close_scope(status)
         if status in _FINISHED:
             self._answer = reply
-        scope.emit(RunFinished(self._name, status, reply, self.usage, error))
+        final = RunFinished(self._name, status, reply, self.usage, error)
+        scope.emit(final)
+        return final
 
     async def _step(self, slot: _Slot, task: str, scope: RunScope) -> bool:
         """Run ``slot`` on ``task`` at a step boundary unless it has finished already;
@@ -552,12 +431,12 @@ class Workflow(abc.ABC):
         done = sum(slot.finished for slot in self._slots())
         scope.emit(StepFinished(self._name, done))
 
-    async def _run(self, task: str | None) -> str:
-        scope = self._begin(task)
+    async def _finish(self, task: str | None, reset: bool) -> RunFinished:
+        scope = self._claim(task)
         scope.emit(RunStarted(self._name, task))
         return await self._body(scope)
 
-    async def _body(self, scope: RunScope) -> str:
+    async def _body(self, scope: RunScope) -> RunFinished:
         assert self._task is not None
         token = current_scope.set(scope)
         status: RunStatus = "failed"
@@ -565,7 +444,6 @@ class Workflow(abc.ABC):
         error: str | None = None
         try:
             status, reply = await self._execute(self._task, scope)
-            return reply
         except BaseException as exc:
             status = "failed" if isinstance(exc, Exception) else "cancelled"
             error = f"{type(exc).__name__}: {exc}"
@@ -574,12 +452,14 @@ class Workflow(abc.ABC):
             # Closed from another context (a task destroyed unfinished): nothing to reset.
             with contextlib.suppress(ValueError):
                 current_scope.reset(token)
-            self._end(scope, status, reply, error)
+            final = self._end(scope, status, reply, error)
+        assert final is not None, "a workflow run ends once"
+        return final
 
-    async def _stream(self, task: str | None) -> AsyncGenerator[Event, None]:
+    async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
         # The run goes on in a task of its own and its events arrive through a queue, so
         # no yield of this generator ever sits inside a TaskGroup or a timeout.
-        scope = self._begin(task)
+        scope = self._claim(task)
         queue: asyncio.Queue[Event | _End] = asyncio.Queue()
         remove = scope.add_listener(queue.put_nowait)
         scope.emit(RunStarted(self._name, task))
@@ -624,7 +504,7 @@ class Workflow(abc.ABC):
             raise failure from None
         raise failure
 
-    async def _stop_driver(self, driver: asyncio.Task[str], scope: RunScope) -> None:
+    async def _stop_driver(self, driver: asyncio.Task[RunFinished], scope: RunScope) -> None:
         """Cancel the run's task and wait until it has ended, however often we are cancelled.
 
         As a TaskGroup does: the stream never ends while its run still works on the
@@ -644,7 +524,7 @@ class Workflow(abc.ABC):
             raise again
 
 
-def _outcome(task: asyncio.Task[str]) -> BaseException | None:
+def _outcome(task: asyncio.Task[RunFinished]) -> BaseException | None:
     if task.cancelled():
         return asyncio.CancelledError()
     return task.exception()

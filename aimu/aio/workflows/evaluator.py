@@ -14,10 +14,10 @@ from aimu.aio.workflows._base import (
     _Slot,
     call_user_function,
     check_step,
+    expect_dict,
     function_record,
     interrupted,
     load_function_record,
-    mapping,
     step_or_function,
 )
 
@@ -204,11 +204,11 @@ class EvaluatorOptimizer(Workflow):
         rounds: list[_Round] = []
         for index, raw in enumerate(records):
             at = f"{where} round {index + 1}"
-            record = mapping(raw, at)
+            record = expect_dict(raw, at)
             fresh = self._new_round(index)
             generate = _Slot.load(self._generator, fresh.generate.label, record.get("generate"),
                                   f"{at} generator")
-            evaluate_record = mapping(record.get("evaluate"), f"{at}: 'evaluate'")
+            evaluate_record = expect_dict(record.get("evaluate"), f"{at}: 'evaluate'")
             evaluate: _Slot | None = None
             if fresh.evaluate is not None:
                 evaluate = _Slot.load(fresh.evaluate.step, fresh.evaluate.label,

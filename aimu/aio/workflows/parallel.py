@@ -14,11 +14,11 @@ from aimu.aio.workflows._base import (
     _Slot,
     call_user_function,
     check_steps,
+    expect_dict,
     function_record,
     interrupted,
     load_function_record,
     load_numbered_slots,
-    mapping,
     numbered_slots,
     step_or_function,
 )
@@ -146,7 +146,7 @@ class Parallel(Workflow):
     def _load(self, state: Mapping[str, Any]) -> Callable[[], None]:
         where = self._where()
         lanes = load_numbered_slots(self._branches, state, "branches", "branch", where)
-        combine = mapping(state.get("combine"), f"{where}: 'combine'")
+        combine = expect_dict(state.get("combine"), f"{where}: 'combine'")
         combiner: _Slot | None = None
         combined: str | None = None
         if self._combine_step is not None:

@@ -13,10 +13,10 @@ from aimu.aio.workflows._base import (
     _Slot,
     call_user_function,
     check_step,
+    expect_dict,
     function_record,
     interrupted,
     load_function_record,
-    mapping,
     step_or_function,
 )
 
@@ -155,7 +155,7 @@ class Router(Workflow):
 
     def _load(self, state: Mapping[str, Any]) -> Callable[[], None]:
         where = self._where()
-        records = mapping(state.get("routes"), f"{where}: 'routes'")
+        records = expect_dict(state.get("routes"), f"{where}: 'routes'")
         if set(records) != set(self._routes):
             raise ValueError(
                 f"{where} has routes {sorted(self._routes)} and the state has "
@@ -165,7 +165,7 @@ class Router(Workflow):
             key: _Slot.load(step, f"route {key!r}", records[key], f"{where} route {key!r}")
             for key, step in self._routes.items()
         }
-        record = mapping(state.get("classifier"), f"{where}: 'classifier'")
+        record = expect_dict(state.get("classifier"), f"{where}: 'classifier'")
         classifier: _Slot | None = None
         choice: str | None = None
         if self._classifier_step is not None:

@@ -51,13 +51,13 @@ async def test_each_answer_is_the_next_task() -> None:
 async def test_stream_has_the_agents_events_and_one_terminal_event_last() -> None:
     chain = three_steps(scripted())
     events = [event async for event in chain.run("go", stream=True)]
-    assert isinstance(events[0], RunStarted) and events[0].agent == "chain"
+    assert isinstance(events[0], RunStarted) and events[0].source == "chain"
     final = events[-1]
-    assert isinstance(final, RunFinished) and final.agent == "chain"
+    assert isinstance(final, RunFinished) and final.source == "chain"
     assert final.status == "completed" and final.reply == "s3<s2<s1<go>>>"
     finals = [e for e in events if isinstance(e, RunFinished)]
-    assert [e.agent for e in finals] == ["s1", "s2", "s3", "chain"]
-    steps = [e.step for e in events if isinstance(e, StepFinished) and e.agent == "chain"]
+    assert [e.source for e in finals] == ["s1", "s2", "s3", "chain"]
+    steps = [e.step for e in events if isinstance(e, StepFinished) and e.source == "chain"]
     assert steps == [1, 2, 3]
     assert sum(isinstance(e, ToolResult) for e in events) == 3
     assert any(isinstance(e, TextChunk) for e in events)
@@ -86,10 +86,10 @@ async def test_interrupt_finishes_the_step_in_flight_then_stops() -> None:
     seen: list[Any] = []
     async for event in chain.run("go", stream=True):
         seen.append(event)
-        if isinstance(event, TextChunk) and event.agent == "s2":
+        if isinstance(event, TextChunk) and event.source == "s2":
             assert chain.interrupt() is True
     final = seen[-1]
-    assert isinstance(final, RunFinished) and final.agent == "chain"
+    assert isinstance(final, RunFinished) and final.source == "chain"
     assert final.status == "interrupted" and final.reply == INTERRUPTED
     state = check_state(chain.state)
     assert [s["status"] for s in state["steps"]] == ["finished", "in_flight", "pending"]
@@ -126,7 +126,7 @@ async def test_an_interrupt_during_an_answer_stops_at_the_next_boundary(stop_at:
 
     def on_event(event: Event) -> None:
         if isinstance(event, ToolResult):
-            answered_tools.append(event.agent)
+            answered_tools.append(event.source)
         if answered_tools[-1:] == [stop_at] and isinstance(event, TextChunk):
             outer.request_interrupt()  # while stop_at streams its answer
 
@@ -155,7 +155,7 @@ async def test_handle_cancel_keeps_the_partial_transcript_and_resumes() -> None:
     handle = aio.RunHandle.start(chain.run("go"))
     tool_done = False
     async for event in handle.events():
-        tool_done = tool_done or (isinstance(event, ToolResult) and event.agent == "s2")
+        tool_done = tool_done or (isinstance(event, ToolResult) and event.source == "s2")
         if tool_done and isinstance(event, TextChunk):
             assert handle.cancel() is True  # during s2's streamed answer
     with pytest.raises(asyncio.CancelledError):
@@ -196,7 +196,7 @@ async def test_the_loopback_server_never_sees_a_finished_step_again() -> None:
         async with client:
             handle = aio.RunHandle.start(chain.run("hello"))
             async for event in handle.events():
-                if isinstance(event, TextChunk) and event.agent == "step2":
+                if isinstance(event, TextChunk) and event.source == "step2":
                     handle.cancel()  # mid-stream: the server is between chunks
             with pytest.raises(asyncio.CancelledError):
                 await handle

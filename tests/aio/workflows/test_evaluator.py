@@ -83,7 +83,7 @@ async def test_interrupt_between_draft_and_evaluation() -> None:
 
     def on_event(event: Event) -> None:
         # Called as the event is emitted, so the interrupt lands exactly at the boundary.
-        if isinstance(event, StepFinished) and event.agent == "evaluator_optimizer":
+        if isinstance(event, StepFinished) and event.source == "evaluator_optimizer":
             handle.interrupt()
 
     handle.scope.add_listener(on_event)

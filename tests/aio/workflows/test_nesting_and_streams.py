@@ -60,8 +60,8 @@ async def test_nested_cancel_by_handle_then_resume_in_a_new_workflow() -> None:
     def on_event(event: Event) -> None:
         # Called as the event is emitted: the cancel lands while "right" still runs.
         if isinstance(event, RunFinished):
-            finished.append(event.agent)
-            if event.agent == "left":
+            finished.append(event.source)
+            if event.source == "left":
                 handle.cancel()
 
     handle.scope.add_listener(on_event)
@@ -125,10 +125,10 @@ async def test_every_stream_ends_with_the_workflows_one_terminal_event() -> None
     for workflow in every_workflow(scripted()):
         events = [event async for event in workflow.run("go", stream=True)]
         final = events[-1]
-        assert isinstance(final, RunFinished) and final.agent == workflow.name
+        assert isinstance(final, RunFinished) and final.source == workflow.name
         assert final.status == "completed"
         assert final.reply == workflow.state["answer"]
-        own = [e for e in events if isinstance(e, RunFinished) and e.agent == workflow.name]
+        own = [e for e in events if isinstance(e, RunFinished) and e.source == workflow.name]
         assert own == [final]
         resumed = [event async for event in workflow.resume(stream=True)]
         assert [type(e).__name__ for e in resumed] == ["RunStarted", "RunFinished"]
@@ -152,7 +152,7 @@ async def test_a_stream_cancelled_at_every_point() -> None:
             await task
         # Cancelled, or completed just before while the consumer had events left to read.
         assert not chain.running and chain.last_status in ("cancelled", "completed")
-        own = [e for e in seen if isinstance(e, RunFinished) and e.agent == "chain"]
+        own = [e for e in seen if isinstance(e, RunFinished) and e.source == "chain"]
         assert len(own) == 1 and seen[-1] is own[0] and own[0].status == chain.last_status
         assert model.open_streams == 0
         assert asyncio.all_tasks() == {asyncio.current_task()}
@@ -170,7 +170,7 @@ async def test_a_consumer_that_stops_reading_cancels_the_run() -> None:
     chain = nested(model)
     async with aclosing(chain.run("go", stream=True)) as events:
         async for event in events:
-            if isinstance(event, TextChunk) and event.agent == "left":
+            if isinstance(event, TextChunk) and event.source == "left":
                 break
     assert not chain.running and chain.last_status == "cancelled"
     assert model.open_streams == 0
@@ -202,7 +202,7 @@ async def test_handle_events_of_a_workflow_and_interrupt_through_the_handle() ->
             handle.interrupt()
     assert await handle == INTERRUPTED and handle.status == "interrupted"
     assert isinstance(events[-1], HandleFinished)
-    own = [e for e in events if isinstance(e, RunFinished) and e.agent == "parallel"]
+    own = [e for e in events if isinstance(e, RunFinished) and e.source == "parallel"]
     assert len(own) == 1 and own[0].status == "interrupted" and events[-2] is own[0]
     assert parallel.interrupt() is False
 
@@ -268,7 +268,7 @@ async def test_a_second_cancel_still_waits_for_the_run_to_stop(close: bool) -> N
     async def consume() -> None:
         try:
             async for event in stream:
-                if isinstance(event, TextChunk) and event.agent == "left":
+                if isinstance(event, TextChunk) and event.source == "left":
                     in_parallel.set()
                     if close:
                         break
@@ -322,7 +322,7 @@ async def test_a_handle_around_a_stream_interrupts_or_cancels_its_run(mode: str)
         assert handles[0].status == "cancelled"
         assert parallel.last_status == "cancelled"
     final = seen[-1]
-    assert isinstance(final, RunFinished) and final.agent == "parallel"
+    assert isinstance(final, RunFinished) and final.source == "parallel"
     assert final.status == parallel.last_status
     assert model.open_streams == 0
     assert asyncio.all_tasks() == {asyncio.current_task()}

@@ -103,7 +103,7 @@ async def test_interrupt_lets_every_branch_finish_its_step() -> None:
         if isinstance(event, TextChunk):
             parallel.interrupt()
     final = seen[-1]
-    assert isinstance(final, RunFinished) and final.agent == "parallel"
+    assert isinstance(final, RunFinished) and final.source == "parallel"
     assert final.reply == INTERRUPTED and final.status == "interrupted"
     state = check_state(parallel.state)
     for branch in state["branches"]:
@@ -203,7 +203,7 @@ async def test_cancel_abandons_every_branch_stream_at_the_server() -> None:
             streaming: set[str] = set()
             async for event in handle.events():
                 if isinstance(event, TextChunk):
-                    streaming.add(event.agent)
+                    streaming.add(event.source)
                     if len(streaming) == 3:
                         handle.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -227,7 +227,7 @@ async def test_finished_branches_are_not_rerun_on_resume() -> None:
         async with client:
             handle = aio.RunHandle.start(parallel.run("hello"))
             async for event in handle.events():
-                if isinstance(event, RunFinished) and event.agent == "b1":
+                if isinstance(event, RunFinished) and event.source == "b1":
                     handle.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await handle

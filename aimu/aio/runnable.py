@@ -1,0 +1,222 @@
+"""What agents and workflows share: one run at a time in a run scope, and how it is driven.
+
+A :class:`Runnable` runs ``run(task)`` or ``resume()`` to an answer, or hands the same
+run out as events (``stream=True``). Every run opens a :class:`~aimu.aio.scope.RunScope`
+under the one it runs in: ``interrupt()`` asks that scope, so an interrupt from the
+object itself, from a workflow around it or from a handle reaches the run the same way.
+Workflows drive their steps through the same surface (:meth:`Runnable.finish`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncGenerator, Coroutine, Mapping
+from contextlib import aclosing
+from types import CoroutineType
+from typing import Any, ClassVar, Literal, TypeAlias, cast, overload
+
+from aimu.aio.events import Event, RunFinished, RunStatus
+from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.transcript import Usage, zero_usage
+
+__all__ = ["Runnable", "RunnerStatus", "load_usage"]
+
+#: How a runnable stands: ``idle`` before its first run, ``running``, or how the last ended.
+RunnerStatus: TypeAlias = Literal["idle", "running"] | RunStatus
+
+
+class Runnable(abc.ABC):
+    """Base of :class:`~aimu.aio.Agent` and the workflows: run, resume, stream, interrupt.
+
+    One run at a time per object (``start()`` gives another session). ``status`` says
+    whether a run is in progress and how the last one ended.
+    """
+
+    #: The ``kind`` written in a workflow's ``state`` for a step of this class.
+    kind: ClassVar[str]
+
+    _scope: RunScope | None
+    #: How the last run ended (None before the first).
+    last_status: RunStatus | None
+
+    # -- what each runnable defines ------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def usage(self) -> Usage:
+        """Tokens used by this session's runs so far, resumes included."""
+
+    @property
+    @abc.abstractmethod
+    def resumable(self) -> bool:
+        """True when ``resume()`` has a task to continue."""
+
+    @abc.abstractmethod
+    def start(self) -> Runnable:
+        """A new session of the same configuration, with no progress."""
+
+    @abc.abstractmethod
+    def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
+        """The run as events, ending with one RunFinished (``task`` None: resume)."""
+
+    @abc.abstractmethod
+    def _check_resumable(self) -> None:
+        """Raise ValueError saying why there is nothing to resume."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> dict[str, Any]:
+        """This session's progress as plain JSON data (a workflow keeps it per step)."""
+
+    @abc.abstractmethod
+    def blank_snapshot(self) -> dict[str, Any]:
+        """The :meth:`snapshot` of a step that has not started."""
+
+    @abc.abstractmethod
+    def session_from(self, snapshot: Mapping[str, Any]) -> Runnable | None:
+        """A new session holding a :meth:`snapshot`, or None when it holds no progress;
+        ValueError (or TypeError) when it does not fit this configuration."""
+
+    # -- the shared surface --------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while a run is in progress on this session."""
+        return self._scope is not None
+
+    @property
+    def status(self) -> RunnerStatus:
+        """``running``, else how the last run ended, else ``idle``."""
+        if self._scope is not None:
+            return "running"
+        return self.last_status or "idle"
+
+    def interrupt(self) -> bool:
+        """Ask the run in progress to stop at its next step boundary.
+
+        The step in flight (a model turn and its tool round) finishes and is recorded;
+        the run then returns ``"Run interrupted."``. With no run in progress this does
+        nothing and returns False. Safe from a signal handler or another thread.
+        """
+        scope = self._scope
+        if scope is None:
+            return False
+        scope.request_interrupt()
+        return True
+
+    @property
+    def interrupt_requested(self) -> bool:
+        """True while the run in progress has been asked to stop (by anyone around it)."""
+        scope = self._scope
+        return scope is not None and scope.interrupt_requested
+
+    def _open_scope(self) -> RunScope:
+        """Claim this session for one run: its scope, under the one it runs in."""
+        if self._scope is not None:
+            raise RuntimeError(self._busy())
+        scope = self._scope = RunScope(self.name, parent=current_scope.get())
+        return scope
+
+    def _close_scope(self, status: RunStatus) -> None:
+        self._scope = None
+        self.last_status = status
+
+    def _busy(self) -> str:
+        return (
+            f"{self.kind} {self.name!r}: a run is already in progress on this session; "
+            f"use {self.kind}.start() for another"
+        )
+
+    @overload
+    def run(
+        self, task: str, *, reset: bool = False, stream: Literal[False] = False
+    ) -> Coroutine[Any, Any, str]: ...
+
+    @overload
+    def run(
+        self, task: str, *, reset: bool = False, stream: Literal[True]
+    ) -> AsyncGenerator[Event, None]: ...
+
+    def run(
+        self, task: str, *, reset: bool = False, stream: bool = False
+    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
+        """Run ``task`` to its answer and return it.
+
+        ``stream=True`` returns the same run as an async iterator of events, ending with
+        one :class:`RunFinished`. ``reset=True`` starts an agent from an empty transcript
+        (keeping its system prompt); a workflow's run always starts from its first step.
+        """
+        if not isinstance(task, str):
+            raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
+        if self._scope is not None:
+            raise RuntimeError(self._busy())
+        return self._begin(task, reset, stream)
+
+    @overload
+    def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, str]: ...
+
+    @overload
+    def resume(self, *, stream: Literal[True]) -> AsyncGenerator[Event, None]: ...
+
+    def resume(
+        self, *, stream: bool = False
+    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
+        """Continue exactly where the last run stopped, adding no user message.
+
+        What was finished is not done again; a run that had answered returns its
+        answer at once.
+        """
+        if self._scope is not None:
+            raise RuntimeError(self._busy())
+        self._check_resumable()
+        return self._begin(None, False, stream)
+
+    def _begin(
+        self, task: str | None, reset: bool, stream: bool
+    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
+        if stream:
+            return self._events(task, reset)
+        coroutine = cast("CoroutineType[Any, Any, str]", _reply(self._finish(task, reset)))
+        # A RunHandle names itself after its coroutine: make that this runnable's name.
+        coroutine.__qualname__ = coroutine.__name__ = self.name
+        return coroutine
+
+    async def finish(self, task: str | None) -> RunFinished:
+        """Run ``task`` (None: resume) to its end; return its RunFinished.
+
+        What a workflow calls for each step. Raises the run's error, or CancelledError.
+        """
+        if task is None:
+            self._check_resumable()
+        return await self._finish(task, False)
+
+    async def _finish(self, task: str | None, reset: bool) -> RunFinished:
+        """The run, drained; the default goes through :meth:`_events`."""
+        final: RunFinished | None = None
+        events = self._events(task, reset)
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, RunFinished):
+                    final = event  # the last one is the run's own
+        assert final is not None, f"the run of {self.name!r} ended without its RunFinished"
+        return final
+
+
+async def _reply(finished: Coroutine[Any, Any, RunFinished]) -> str:
+    return (await finished).reply
+
+
+def load_usage(value: object, where: str) -> Usage:
+    """Token usage read back from JSON (None: zero); ValueError naming ``where``."""
+    if value is None:
+        return zero_usage()
+    if (
+        not isinstance(value, Mapping)
+        or not isinstance(value.get("input_tokens"), int)
+        or not isinstance(value.get("output_tokens"), int)
+    ):
+        raise ValueError(f"{where}: 'usage' must be {{'input_tokens': int, 'output_tokens': int}}")
+    return {"input_tokens": value["input_tokens"], "output_tokens": value["output_tokens"]}
