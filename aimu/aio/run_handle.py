@@ -1,9 +1,10 @@
 """RunHandle: a run scheduled as a task that can be cancelled, interrupted or stopped.
 
-:meth:`RunHandle.start` runs any awaitable in a task whose context holds a fresh
-:class:`~aimu.aio.scope.RunScope` (``current_scope``); every aimu loop inside finds it,
-stops at its next step boundary when asked to (``interrupt()``) and emits its events
-there (``events()``). ``cancel()`` is the hard stop; a deadline cancels on its own.
+:meth:`RunHandle.start` runs any awaitable in a task of its own. A handle is the
+:class:`~aimu.aio.scope.RunScope` of that run: the task's context holds it as
+``current_scope``, so every aimu loop inside finds it, stops at its next step boundary
+when asked to (``interrupt()``) and emits its events there (``events()``). ``cancel()``
+is the hard stop; a deadline cancels on its own.
 
 The state machine (``_State``)::
 
@@ -29,6 +30,13 @@ asked for. The deadline counts its cancel as ``asyncio.timeout`` does: TIMED_OUT
 when its cancel is the task's only one (``task.cancelling()``), so a cancel from
 anywhere else, even in the same loop iteration, is reported as CANCELLED.
 
+Handles nest, as tasks do in a ``TaskGroup``: a handle started inside another handle's
+run belongs to that run. Its scope is inside the outer one (the outer deadline bounds
+it, an outer interrupt reaches it), ``cancel()`` of the outer handle cancels it too,
+and the outer run ends only once it has ended: when the outer run returns, it waits
+for it; when the outer run fails or is cancelled, it cancels it and waits.
+``RunHandle.start(coro, detached=True)`` starts a run that belongs to no other.
+
 Awaiting a handle never cancels the run. Unlike awaiting a task, a waiter that is itself
 cancelled only stops waiting::
 
@@ -38,6 +46,13 @@ cancelled only stops waiting::
             reply = await handle          # gives up after 2 s ...
     except TimeoutError:
         print(handle.status)              # ... and the run is still "running"
+
+That is also why a handle is not an ``asyncio.Future``: ``asyncio.wait`` calls
+``done()`` (here ``done`` is a property, as the seed API has it), and ``asyncio.gather``
+cancels its futures when it is cancelled. ``handle.task`` is the task that runs the run,
+for those: its outcome is the run's (its result, its exception, ``TimeoutError`` for a
+deadline, cancelled for a cancel), and cancelling it cancels the run.
+``asyncio.gather(handle)`` works as for any awaitable: it waits, and never cancels.
 """
 
 from __future__ import annotations
@@ -50,11 +65,10 @@ import signal
 import threading
 import time
 import types
-from asyncio import CancelledError, Future, InvalidStateError, Task
-from asyncio.events import _get_running_loop
+from asyncio import CancelledError, Future, Task
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, final
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from typing import Any, Generic, Protocol, TypeVar, final
 
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope
@@ -66,7 +80,7 @@ DoneCallback = Callable[["RunHandle[Any]"], object]
 
 
 class _State(enum.Enum):
-    # Members are singletons: identity hashing keeps ``state in _LIVE`` in C.
+    # Members are singletons: hashing by identity keeps ``state in _LIVE`` in C.
     __hash__ = object.__hash__
 
     PENDING = "pending"
@@ -80,47 +94,89 @@ class _State(enum.Enum):
     FAILED = "failed"
 
 
-# Module-level names: the hot path reads globals, not enum class attributes.
-_PENDING = _State.PENDING
-_RUNNING = _State.RUNNING
-_CANCELLING = _State.CANCELLING
-_EXPIRING = _State.EXPIRING
-_COMPLETED = _State.COMPLETED
-_INTERRUPTED = _State.INTERRUPTED
-_LIVE = frozenset({_PENDING, _RUNNING, _CANCELLING, _EXPIRING})
+_LIVE = frozenset({_State.PENDING, _State.RUNNING, _State.CANCELLING, _State.EXPIRING})
+_RETURNED = frozenset({_State.COMPLETED, _State.INTERRUPTED})
+_STATUS: dict[_State, HandleStatus] = {
+    _State.PENDING: "pending",
+    _State.RUNNING: "running",
+    _State.COMPLETED: "completed",
+    _State.INTERRUPTED: "interrupted",
+    _State.CANCELLED: "cancelled",
+    _State.TIMED_OUT: "timed_out",
+    _State.FAILED: "failed",
+}
 _DROPPABLE = (TextChunk, ThinkingChunk)
-_new = object.__new__
-_monotonic = time.monotonic
-_CoroutineType = types.CoroutineType
 
 
-class _Suspend(tuple[None]):
-    """``await _SUSPEND`` yields once, with no Python frame (a tuple iterator)."""
 
-    __slots__ = ()
-    if TYPE_CHECKING:
-
-        def __await__(self) -> Generator[None, None, None]: ...
-
-    else:
-        __await__ = tuple.__iter__
+def _owner_of(scope: RunScope | None) -> RunHandle[Any] | None:
+    """The live handle nearest around ``scope`` (itself included): the run it belongs to."""
+    while scope is not None:
+        if isinstance(scope, RunHandle):
+            return scope if scope._state in _LIVE else None
+        scope = scope.parent
+    return None
 
 
-_SUSPEND = _Suspend((None,))
+class _Observers:
+    """Who hears of a run's end besides its first awaiter; made on first use."""
+
+    __slots__ = ("callbacks", "streams", "terminal", "waiters", "watchers")
+
+    def __init__(self) -> None:
+        self.waiters: list[Future[Any]] = []
+        self.watchers: list[Future[None]] = []
+        """Futures set to None when the run ends (stop() and nesting wait on these)."""
+        self.callbacks: list[tuple[DoneCallback, contextvars.Context]] = []
+        self.streams: list[EventStream] = []
+        self.terminal: HandleFinished | None = None
 
 
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+@types.coroutine
+def _first_step() -> Generator[None, None, None]:
+    """Suspend once. ``start()`` runs the driver up to here before its task exists, so
+    that a cancel reaching the task before its first step still finds the driver's
+    handlers (which settle the handle and close the run's coroutine)."""
+    yield
 
 
 def _noop() -> None:
     pass
 
 
-def _close_unstarted(coro: types.CoroutineType[Any, Any, Any]) -> None:
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """True when called on the thread running ``loop`` (where a handle acts directly)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
     """Close a run coroutine that a stop reached before it began (no "never awaited")."""
-    if coro.cr_frame is not None and not coro.cr_suspended and not coro.cr_running:
+    if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
         coro.close()
+
+
+def _retrieve(task: Task[Any]) -> None:
+    """Mark a finished task's exception as seen: its handle reports it to its awaiters,
+    so a handle nobody awaits never logs "Task exception was never retrieved"."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _await(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _as_coroutine(run: Awaitable[T], name: str | None) -> tuple[Coroutine[Any, Any, T], str]:
+    """``run`` (an awaitable, not a coroutine) as a coroutine, and the handle's name."""
+    if inspect.isawaitable(run):
+        default = getattr(run, "__qualname__", None) or type(run).__qualname__
+        return _await(run), name or default
+    raise TypeError(
+        f"RunHandle.start() needs a coroutine or another awaitable, not {type(run).__name__}"
+    )
 
 
 class RunControl(Protocol):
@@ -135,71 +191,41 @@ class RunControl(Protocol):
     def attach(self, handle: RunHandle[Any]) -> None: ...
 
 
-class _Extra:
-    """What only some runs need, made on first use so that ``start()`` stays thin."""
-
-    __slots__ = (
-        "callbacks",
-        "cancels",
-        "reason",
-        "run_id",
-        "started",
-        "streams",
-        "terminal",
-        "timer",
-        "waiters",
-        "watchers",
-    )
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.started = True
-        """False when a cancel or the deadline came before the first step."""
-        self.timer: asyncio.TimerHandle | None = None
-        self.cancels = 0
-        """``task.cancelling()`` just before the deadline's own cancel."""
-        self.callbacks: list[tuple[DoneCallback, contextvars.Context]] | None = None
-        self.streams: list[EventStream] | None = None
-        self.waiters: list[Future[Any]] | None = None
-        """Awaiters after the first (the first is ``RunHandle._waiter``)."""
-        self.watchers: list[Future[None]] | None = None
-        """Futures set to None when the run ends (stop() waits on these)."""
-        self.terminal: HandleFinished | None = None
-        self.run_id: str | None = None
-
-
 @final
-class RunHandle(Generic[T]):
+class RunHandle(RunScope, Generic[T]):
     """A run scheduled as a task: cancel, interrupt, stop, await, observe.
 
     Make one with :meth:`start`. ``await handle`` (or ``await handle.result()``) returns
     the run's result or raises ``CancelledError``, ``TimeoutError`` or the run's error.
+    ``name`` is the ``name=`` given to start(), else the coroutine's qualified name.
     """
 
     __slots__ = (
         "__weakref__",
+        "_children",
+        "_deadline_cancels",
         "_error",
-        "_extra",
+        "_observers",
         "_loop",
+        "_owner",
+        "_reason",
         "_result",
-        "_scope",
+        "_run_id",
+        "_started",
         "_started_at",
         "_state",
         "_task",
+        "_timer",
         "_waiter",
     )
+    # Assigned before they are read, so not at start (each store costs every run):
+    _result: T  # once the run returned
+    _error: BaseException | None  # once it ended otherwise
+    _started: bool  # once the task stepped, or a stop came before it did
+    _deadline_cancels: int  # ``task.cancelling()`` just before the deadline's own cancel
+    _run_id: str | None
 
-    _loop: asyncio.AbstractEventLoop
-    _task: Task[None]
-    _scope: RunScope
-    _state: _State
-    _waiter: Future[T] | None
-    _extra: _Extra | None
-    _started_at: float
-    _result: T
-    _error: BaseException | None
-
-    def __init__(self) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use RunHandle.start(coro) to make a RunHandle")
 
     @classmethod
@@ -210,158 +236,178 @@ class RunHandle(Generic[T]):
         name: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        detached: bool = False,
         run_id: str | None = None,
         control: RunControl | None = None,
     ) -> RunHandle[T]:
         """Schedule ``coro`` (any awaitable) as a task in a fresh run scope; return its handle.
 
         ``timeout`` (seconds) or ``deadline`` (``loop.time()``) cancel the run when they
-        pass (the earlier wins, and so does a deadline of the scope around). Needs a
-        running event loop; a non-awaitable raises ``TypeError``. ``control`` (such as
-        ``aio.RedisControl``) registers the run under ``run_id`` (made when None).
+        pass (the earlier wins, and so does a deadline of the scope around). Inside
+        another handle's run the new one belongs to it (see the module docstring) unless
+        ``detached=True``. Needs a running event loop; a non-awaitable raises ``TypeError``.
+        ``control`` (such as ``aio.RedisControl``) registers the run under ``run_id``
+        (made when None).
         """
-        run: types.CoroutineType[Any, Any, T]
-        if type(coro) is _CoroutineType:
-            run = coro
-            if name is None:
-                name = coro.__qualname__
-        elif inspect.isawaitable(coro):
-            run = cast("types.CoroutineType[Any, Any, T]", _await(coro))
-            if name is None:
-                name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
+        run: Coroutine[Any, Any, T]
+        if isinstance(coro, types.CoroutineType):
+            run, name = coro, name or coro.__qualname__
         else:
-            raise TypeError(
-                f"RunHandle.start() needs a coroutine or another awaitable, "
-                f"not {type(coro).__name__}"
-            )
-        loop = _get_running_loop()
-        if loop is None:
+            run, name = _as_coroutine(coro, name)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
             run.close()  # no "coroutine was never awaited" warning
             raise RuntimeError(
                 "RunHandle.start() needs a running event loop: call it from async code "
                 "(for example inside asyncio.run())"
-            )
+            ) from None
         if control is not None:
             try:
                 run_id = control.run_id(run_id)
             except BaseException:
                 run.close()
                 raise
-        self = _new(cls)
-        self._loop = loop
-        self._state = _PENDING
-        self._waiter = None
-        self._extra = None
-        self._started_at = _monotonic()
         if timeout is not None:
             at = loop.time() + timeout
             deadline = at if deadline is None else min(at, deadline)
-        parent = current_scope.get()
-        if parent is not None and parent.deadline is not None:
-            deadline = parent.deadline if deadline is None else min(deadline, parent.deadline)
-        # RunScope(name, parent=parent, deadline=deadline), field by field: its Python
-        # __init__ would cost a twentieth of a trivial run (tests hold the two equal).
-        self._scope = scope = _new(RunScope)
-        scope.name = name
-        scope.parent = parent
-        scope.deadline = deadline
-        scope._interrupt_requested = False
-        scope.interrupt_honoured = False
-        scope._listeners = None
-        # Started here up to its first await, so that a cancel from outside landing before
-        # the task's first step (asyncio.run() cancelling every task as it ends) still
-        # runs _drive's handlers, which settle the handle and close the run's coroutine.
-        drive = self._drive(run)
-        drive.send(None)
-        try:  # BaseEventLoop keeps it here; other loops answer get_task_factory()
-            factory = loop._task_factory  # type: ignore[attr-defined]
-        except AttributeError:
-            factory = loop.get_task_factory()
-        if factory is None:
-            self._task = Task(drive, loop=loop)  # what loop.create_task() does, less a call
-        else:
-            self._task = loop.create_task(drive)
-        if deadline is not None:
-            self._more().timer = loop.call_at(deadline, self._expire)
-        if run_id is not None:
-            self._more().run_id = run_id
-            if control is not None:
-                control.attach(self)
+        self = cls.__new__(cls)
+        RunScope.__init__(self, name, None if detached else current_scope.get(), deadline)
+        self._run_id = run_id
+        self._setup(loop, run)
+        if control is not None:
+            control.attach(self)
         return self
+
+    def _setup(self, loop: asyncio.AbstractEventLoop, run: Coroutine[Any, Any, T]) -> None:
+        self._loop = loop
+        self._state = _State.PENDING
+        self._started_at = time.monotonic()
+        #: Why it was cancelled ("deadline passed" for a timeout).
+        self._reason: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        #: The first awaiter's future (the rest are in ``_observers``).
+        self._waiter: Future[T] | None = None
+        self._observers: _Observers | None = None
+        #: The handle this run belongs to, and the live handles that belong to it.
+        self._owner = None if self.parent is None else _owner_of(self.parent)
+        self._children: set[RunHandle[Any]] | None = None
+        driver = self._drive(run)
+        driver.send(None)  # up to _first_step
+        # What loop.create_task() does when no task factory is set, one call shorter.
+        if loop.get_task_factory() is None:
+            self._task = Task(driver, loop=loop)
+        else:
+            self._task = loop.create_task(driver)
+        if self._owner is not None:
+            self._owner._adopt(self)
+        if self.deadline is not None:
+            self._timer = loop.call_at(self.deadline, self._expire)
 
     # -- the run -------------------------------------------------------------------
 
-    async def _drive(self, coro: types.CoroutineType[Any, Any, T]) -> None:
+    async def _drive(self, run: Coroutine[Any, Any, T]) -> T:
         try:
-            await _SUSPEND
-            current_scope.set(self._scope)
-            if self._state is _PENDING:
-                self._state = _RUNNING
+            await _first_step()
+            current_scope.set(self)
+            self._started = True
+            if self._state is _State.PENDING:
+                self._state = _State.RUNNING
             else:
-                # cancel() or the deadline came before this first step: deliver it now,
-                # so that it lands at the run's first await (its opening lines still run).
-                extra = self._more()
-                extra.started = True
-                extra.cancels = self._task.cancelling()
-                self._task.cancel(extra.reason if self._state is _CANCELLING else None)
-            result = await coro
+                self._deliver_early_stop()
+            result = await run
         except CancelledError as stop:
-            _close_unstarted(coro)
-            self._cancelled(stop)
-            raise
+            _close_unstarted(run)
+            # Past our deadline, the inner runs are past theirs (never later): they time out.
+            await self._join_children(cancel=self._state is not _State.EXPIRING)
+            error = self._cancelled(stop)
+            if error is stop:
+                raise
+            raise error from stop
         except GeneratorExit:
             # The task was destroyed unfinished (its loop closed): nothing to report to.
-            _close_unstarted(coro)
+            _close_unstarted(run)
             raise
         except (KeyboardInterrupt, SystemExit) as error:
             self._failed(error)
             raise  # asyncio stops the loop with these; they are not the run's to keep
         except BaseException as error:
-            # Kept on the handle (and raised to its waiters), not left in the task: a
-            # handle nobody awaits never logs "Task exception was never retrieved".
+            await self._join_children(cancel=True)
             self._failed(error)
-        else:
-            # Inline, not a method: this is every run's way out.
-            self._result = result
-            self._state = _INTERRUPTED if self._scope.interrupt_honoured else _COMPLETED
-            if self._extra is not None:
-                self._finish_extra()
-            waiter = self._waiter
-            if waiter is not None:
-                try:  # noqa: SIM105 - cheaper than contextlib.suppress on this path
-                    waiter.set_result(result)
-                except InvalidStateError:  # its awaiter gave up waiting
-                    pass
+            raise
+        if self._children:
+            late_cancel = await self._join_children(cancel=False)
+            if late_cancel is not None:
+                raise self._cancelled(late_cancel)
+        self._result = result
+        self._state = _State.INTERRUPTED if self.interrupt_honoured else _State.COMPLETED
+        self._finish()
+        return result
+
+    def _deliver_early_stop(self) -> None:
+        """cancel() or the deadline came before the first step: deliver it now, so that it
+        lands at the run's first await (its opening lines still run)."""
+        self._deadline_cancels = self._task.cancelling()
+        self._task.cancel(self._reason if self._state is _State.CANCELLING else None)
 
     def _failed(self, error: BaseException) -> None:
-        state = self._state
-        if state not in _LIVE:
-            raise RuntimeError(f"RunHandle {self.name!r} is already {state.value}")
+        self._check_live()
         self._error = error
         self._state = _State.FAILED
-        self._settle_waiters()
+        self._task.add_done_callback(_retrieve)
+        self._finish()
 
-    def _cancelled(self, stop: CancelledError) -> None:
+    def _cancelled(self, stop: CancelledError) -> BaseException:
+        """End as cancelled, or timed out; return what the task raises (``stop``, or a
+        TimeoutError when the deadline's cancel was the only one)."""
+        state = self._check_live()
+        if state is _State.EXPIRING and self._task.uncancel() <= self._deadline_cancels:
+            self._state = _State.TIMED_OUT
+            self._reason = self._reason or "deadline passed"
+            self._error = TimeoutError(f"run {self.name!r} passed its deadline")
+            self._task.add_done_callback(_retrieve)
+        else:
+            self._state = _State.CANCELLED
+            self._error = None
+            if state is not _State.CANCELLING and stop.args and isinstance(stop.args[0], str):
+                self._reason = stop.args[0]  # a cancel from outside, with a message
+        self._finish()
+        return stop if self._error is None else self._error
+
+    def _check_live(self) -> _State:
         state = self._state
         if state not in _LIVE:
             raise RuntimeError(f"RunHandle {self.name!r} is already {state.value}")
-        extra = self._extra
-        if state is _EXPIRING and extra is not None and self._task.uncancel() <= extra.cancels:
-            # No cancel came besides the deadline's own: a timeout (as in asyncio.timeout).
-            self._state = _State.TIMED_OUT
-            if extra.reason is None:
-                extra.reason = "deadline passed"
-            self._error = TimeoutError(f"run {self.name!r} passed its deadline")
-        else:
-            self._state = _State.CANCELLED
-            if state is not _CANCELLING and stop.args and isinstance(stop.args[0], str):
-                self._more().reason = stop.args[0]  # a cancel from outside, with a message
-            self._error = None
-        self._settle_waiters()
+        return state
 
-    def _settle_waiters(self) -> None:
-        if self._extra is not None:
-            self._finish_extra()
+    def _finish(self) -> None:
+        """Tell everyone the run has ended, in the order they hear of it: done callbacks
+        (on_sigint's restore among them), event streams, stop(), then the awaiters."""
+        # Called in the run's task, whose context holds this handle: drop it, so that the
+        # handle and the task (which holds the context) go by refcount, not by the GC.
+        current_scope.set(None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._owner is not None and self._owner._children is not None:
+            self._owner._children.discard(self)
+        observers = self._observers
+        if observers is not None:
+            for callback, context in observers.callbacks:
+                self._loop.call_soon(callback, self, context=context)
+            observers.callbacks.clear()
+            if observers.streams:
+                terminal = self._terminal_event()
+                for stream in observers.streams:
+                    stream._end(terminal)
+                observers.streams.clear()
+            for watcher in observers.watchers:
+                if not watcher.done():
+                    watcher.set_result(None)
+            observers.watchers.clear()
+            for waiter in observers.waiters:
+                self._settle(waiter)
+            observers.waiters.clear()
         if self._waiter is not None:
             self._settle(self._waiter)
 
@@ -370,72 +416,67 @@ class RunHandle(Generic[T]):
         if waiter.done():
             return
         state = self._state
-        if state is _COMPLETED or state is _INTERRUPTED:
+        if state in _RETURNED:
             waiter.set_result(self._result)
         elif state is _State.CANCELLED:
-            waiter.cancel(self.reason)
+            waiter.cancel(self._reason)
         else:
             assert self._error is not None
             waiter.set_exception(self._error)
 
-    def _finish_extra(self) -> None:
-        """End what only some runs have, in the order they hear of it: done callbacks
-        (on_sigint's restore among them), event streams, stop() and then the waiters."""
-        extra = self._extra
-        assert extra is not None
-        if extra.timer is not None:
-            extra.timer.cancel()
-            extra.timer = None
-        if extra.callbacks is not None:
-            for callback, context in extra.callbacks:
-                self._loop.call_soon(callback, self, context=context)
-            extra.callbacks = None
-        if extra.streams is not None:
-            terminal = self._terminal()
-            for stream in extra.streams:
-                stream._end(terminal)
-            extra.streams = None
-        if extra.watchers is not None:
-            for watcher in extra.watchers:
-                if not watcher.done():
-                    watcher.set_result(None)
-            extra.watchers = None
-        if extra.waiters is not None:
-            for waiter in extra.waiters:
-                self._settle(waiter)
-            extra.waiters = None
+    def _observing(self) -> _Observers:
+        if self._observers is None:
+            self._observers = _Observers()
+        return self._observers
 
-    def _more(self) -> _Extra:
-        extra = self._extra
-        if extra is None:
-            extra = self._extra = _Extra()
-        return extra
-
-    def _terminal(self) -> HandleFinished:
-        extra = self._more()
-        if extra.terminal is None:
+    def _terminal_event(self) -> HandleFinished:
+        observers = self._observing()
+        if observers.terminal is None:
             returned = self._state in _RETURNED
             error = None if returned else self._error
-            extra.terminal = HandleFinished(
+            observers.terminal = HandleFinished(
                 self.name,
                 self.status,
-                extra.reason,
+                self._reason,
                 self._result if returned else None,
                 None if error is None else f"{type(error).__name__}: {error}",
             )
-        return extra.terminal
+        return observers.terminal
 
     def _expire(self) -> None:
         state = self._state
-        if state is _PENDING or state is _RUNNING:
-            extra = self._more()
-            extra.timer = None
-            self._state = _EXPIRING
-            if state is _RUNNING:
-                extra.cancels = self._task.cancelling()
+        if state is _State.PENDING or state is _State.RUNNING:
+            self._timer = None
+            self._state = _State.EXPIRING
+            if state is _State.RUNNING:
+                self._deadline_cancels = self._task.cancelling()
                 self._task.cancel()
             else:
-                extra.started = False  # _drive delivers the cancel at the task's first step
+                self._started = False  # _enter delivers the cancel at the task's first step
+
+    # -- nesting -------------------------------------------------------------------
+
+    def _adopt(self, child: RunHandle[Any]) -> None:
+        if self._children is None:
+            self._children = set()
+        self._children.add(child)
+        if self._state is _State.CANCELLING:
+            child._cancel(self._reason)
+
+    async def _join_children(self, *, cancel: bool) -> CancelledError | None:
+        """Wait until every handle started in this run has ended; cancel them first when
+        ``cancel``. A cancel of ours meanwhile cancels them and is returned, not raised."""
+        late_cancel: CancelledError | None = None
+        while self._children:
+            child = next(iter(self._children))
+            if cancel:
+                child._cancel(self._reason)
+            try:
+                await child._wait_done(None)
+            except CancelledError as error:
+                late_cancel, cancel = error, True
+            self._children.discard(child)
+        return late_cancel
 
     # -- requests ------------------------------------------------------------------
 
@@ -448,7 +489,7 @@ class RunHandle(Generic[T]):
         finished when asked, False that it had (or that its loop is closed).
         """
         loop = self._loop
-        if _get_running_loop() is not loop:
+        if not _on_loop(loop):
             return self._queue(self._cancel, reason)
         accepted = self._cancel(reason)
         if accepted and asyncio.current_task(loop) is None:
@@ -459,18 +500,19 @@ class RunHandle(Generic[T]):
 
     def _cancel(self, reason: str | None) -> bool:
         state = self._state
-        if state is _CANCELLING:
+        if state is _State.CANCELLING:
             return True
-        if state is not _PENDING and state is not _RUNNING and state is not _EXPIRING:
+        if state not in _LIVE:
             return False
-        extra = self._more()
-        extra.reason = reason
-        self._state = _CANCELLING
-        if state is _PENDING:
-            extra.started = False  # _drive delivers the cancel at the task's first step
-        elif state is _RUNNING:
+        self._reason = reason
+        self._state = _State.CANCELLING
+        if state is _State.PENDING:
+            self._started = False  # _enter delivers the cancel at the task's first step
+        elif state is _State.RUNNING:
             self._task.cancel(reason)
         # EXPIRING: the deadline's cancel is on its way; this one only changes the verdict.
+        for child in tuple(self._children or ()):
+            child._cancel(reason)
         return True
 
     def interrupt(self) -> bool:
@@ -479,14 +521,14 @@ class RunHandle(Generic[T]):
         True if asked; False if the run had finished or is being cancelled. Off the
         loop's thread it is queued as for :meth:`cancel`, with the same return values.
         """
-        if _get_running_loop() is not self._loop:
+        if not _on_loop(self._loop):
             return self._queue(self._interrupt)
         return self._interrupt()
 
     def _interrupt(self) -> bool:
         state = self._state
-        if state is _PENDING or state is _RUNNING:
-            self._scope.request_interrupt()
+        if state is _State.PENDING or state is _State.RUNNING:
+            self.request_interrupt()
             return True
         return False
 
@@ -507,7 +549,7 @@ class RunHandle(Generic[T]):
         stops the waiting.
         """
         loop = self._loop
-        if _get_running_loop() is not loop:
+        if not _on_loop(loop):
             future = asyncio.run_coroutine_threadsafe(self._stop(grace), loop)
             return await asyncio.wrap_future(future)
         return await self._stop(grace)
@@ -527,58 +569,67 @@ class RunHandle(Generic[T]):
         if seconds is not None and seconds <= 0:
             return False
         watcher: Future[None] = self._loop.create_future()
-        extra = self._more()
-        if extra.watchers is None:
-            extra.watchers = []
-        extra.watchers.append(watcher)
+        watchers = self._observing().watchers
+        watchers.append(watcher)
         try:
             done, _ = await asyncio.wait((watcher,), timeout=seconds)
         finally:
             if not watcher.done():
                 watcher.cancel()
-                if extra.watchers is not None:
-                    extra.watchers.remove(watcher)
+                watchers.remove(watcher)
         return bool(done)
 
     # -- results -------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, T]:
-        # Our own future, settled by _drive: cancelling the awaiter cancels only it.
+        # Our own future, settled when the run ends: cancelling the awaiter cancels only it.
         waiter: Future[T] = Future(loop=self._loop)
-        state = self._state
-        if state is _PENDING or state is _RUNNING or state is _CANCELLING or state is _EXPIRING:
-            if self._waiter is None:
-                self._waiter = waiter
-            else:
-                extra = self._more()
-                if extra.waiters is None:
-                    extra.waiters = []
-                extra.waiters.append(waiter)
-        else:
+        if self._state not in _LIVE:
             self._settle(waiter)
+        elif self._waiter is None:
+            self._waiter = waiter
+        else:
+            self._observing().waiters.append(waiter)
         return waiter.__await__()
 
     async def result(self) -> T:
         """The run's result; raises ``CancelledError``, ``TimeoutError`` or its error."""
         return await self
 
-    # -- observing -------------------------------------------------------------------
+    def exception(self) -> BaseException | None:
+        """The run's exception (``TimeoutError`` for its deadline), None if it returned.
 
-    @property
-    def name(self) -> str:
-        """The ``name=`` given to start(), else the coroutine's qualified name."""
-        return self._scope.name
+        As ``Future.exception()``: ``CancelledError`` if it was cancelled, and
+        ``asyncio.InvalidStateError`` while it runs.
+        """
+        state = self._state
+        if state in _LIVE:
+            raise asyncio.InvalidStateError(f"run {self.name!r} is still {self.status}")
+        if state is _State.CANCELLED:
+            raise CancelledError(self._reason)
+        return self._error
+
+    # -- observing -------------------------------------------------------------------
 
     @property
     def run_id(self) -> str | None:
         """The ``run_id`` given to start() (made by its ``control`` when not given)."""
-        extra = self._extra
-        return None if extra is None else extra.run_id
+        return self._run_id
+
+    def get_name(self) -> str:
+        """The handle's name, as ``Task.get_name()`` gives a task's."""
+        return self.name
+
+    @property
+    def task(self) -> Task[T]:
+        """The task running the run, for ``asyncio.wait`` and friends (see the module
+        docstring). Its outcome is the run's; cancelling it cancels the run."""
+        return self._task
 
     @property
     def scope(self) -> RunScope:
-        """The run scope the loops inside this run find in ``current_scope``."""
-        return self._scope
+        """The run scope the loops inside this run find in ``current_scope``: the handle."""
+        return self
 
     @property
     def done(self) -> bool:
@@ -597,16 +648,14 @@ class RunHandle(Generic[T]):
     def status(self) -> HandleStatus:
         """pending, running, completed, interrupted, cancelled, timed_out or failed."""
         state = self._state
-        if state is _CANCELLING or state is _EXPIRING:
-            extra = self._extra
-            return "running" if extra is None or extra.started else "pending"
+        if state is _State.CANCELLING or state is _State.EXPIRING:
+            return "running" if self._started else "pending"
         return _STATUS[state]
 
     @property
     def reason(self) -> str | None:
         """Why the run was cancelled (the reason given, "SIGINT", "deadline passed")."""
-        extra = self._extra
-        return None if extra is None else extra.reason
+        return self._reason
 
     def add_done_callback(self, fn: DoneCallback) -> None:
         """Call ``fn(handle)`` on the loop soon after the run ends (soon, if it has ended).
@@ -617,19 +666,16 @@ class RunHandle(Generic[T]):
         if self._state not in _LIVE:
             self._loop.call_soon(fn, self, context=context)
             return
-        extra = self._more()
-        if extra.callbacks is None:
-            extra.callbacks = []
-        extra.callbacks.append((fn, context))
+        self._observing().callbacks.append((fn, context))
 
     def remove_done_callback(self, fn: DoneCallback) -> int:
         """Remove every registration of ``fn``; return how many were removed."""
-        extra = self._extra
-        if extra is None or not extra.callbacks:
+        if self._observers is None:
             return 0
-        kept = [(f, c) for f, c in extra.callbacks if f != fn]
-        removed = len(extra.callbacks) - len(kept)
-        extra.callbacks = kept
+        callbacks = self._observers.callbacks
+        kept = [(f, c) for f, c in callbacks if f != fn]
+        removed = len(callbacks) - len(kept)
+        callbacks[:] = kept
         return removed
 
     def events(self, *, maxsize: int = 1024) -> EventStream:
@@ -640,32 +686,17 @@ class RunHandle(Generic[T]):
         """
         stream = EventStream(self._loop, maxsize)
         if self._state not in _LIVE:
-            stream._end(self._terminal())
+            stream._end(self._terminal_event())
             return stream
-        extra = self._more()
-        if extra.streams is None:
-            extra.streams = []
-        extra.streams.append(stream)
-        stream._remove = self._scope.add_listener(stream._push)
+        self._observing().streams.append(stream)
+        stream._remove = self.add_listener(stream._push)
         return stream
 
     def __repr__(self) -> str:
-        age = _monotonic() - self._started_at
+        age = time.monotonic() - self._started_at
         reason = self.reason
         extra = f" reason={reason!r}" if reason else ""
         return f"<RunHandle {self.name!r} {self.status} age={age:.3f}s{extra}>"
-
-
-_RETURNED = frozenset({_State.COMPLETED, _State.INTERRUPTED})
-_STATUS: dict[_State, HandleStatus] = {
-    _PENDING: "pending",
-    _RUNNING: "running",
-    _State.COMPLETED: "completed",
-    _State.INTERRUPTED: "interrupted",
-    _State.CANCELLED: "cancelled",
-    _State.TIMED_OUT: "timed_out",
-    _State.FAILED: "failed",
-}
 
 
 @final
@@ -749,7 +780,7 @@ def on_sigint(handle: RunHandle[Any]) -> Callable[[], None]:
     """
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("on_sigint() must be called from the main thread (signal.signal)")
-    if _get_running_loop() is not handle._loop:
+    if not _on_loop(handle._loop):
         raise RuntimeError(
             f"on_sigint({handle!r}) must be called on the thread running the handle's loop"
         )

@@ -32,7 +32,7 @@ class RunScope:
     )
 
     def __init__(
-        self, name: str, *, parent: RunScope | None = None, deadline: float | None = None
+        self, name: str, parent: RunScope | None = None, deadline: float | None = None
     ) -> None:
         self.name = name
         self.parent = parent
