@@ -318,7 +318,7 @@ class RunHandle(RunScope, Generic[T]):
             result = await run
         except CancelledError as stop:
             _close_unstarted(run)
-            # Past our deadline, the inner runs are past theirs (never later): they time out.
+            # Past our deadline, the inner runs are past theirs (see _expire): they time out.
             await self._join_children(cancel=self._state is not _State.EXPIRING)
             error = self._cancelled(stop)
             if error is stop:
@@ -452,7 +452,9 @@ class RunHandle(RunScope, Generic[T]):
                 self._deadline_cancels = self._task.cancelling()
                 self._task.cancel()
             else:
-                self._started = False  # _enter delivers the cancel at the task's first step
+                self._started = False  # delivered at the task's first step
+            for child in tuple(self._children or ()):
+                child._expire()  # our deadline bounds theirs
 
     # -- nesting -------------------------------------------------------------------
 
@@ -507,13 +509,36 @@ class RunHandle(RunScope, Generic[T]):
         self._reason = reason
         self._state = _State.CANCELLING
         if state is _State.PENDING:
-            self._started = False  # _enter delivers the cancel at the task's first step
+            self._started = False  # delivered at the task's first step
         elif state is _State.RUNNING:
             self._task.cancel(reason)
         # EXPIRING: the deadline's cancel is on its way; this one only changes the verdict.
         for child in tuple(self._children or ()):
             child._cancel(reason)
         return True
+
+    def when(self) -> float | None:
+        """The deadline as ``loop.time()``, or None; as ``asyncio.Timeout.when()``."""
+        return self.deadline
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to ``when`` (``loop.time()``; None removes it).
+
+        As ``asyncio.Timeout.reschedule()``; a deadline of the scope around still bounds
+        it, and handles started inside before the call keep theirs. Call it on the
+        loop's thread while the run is pending or running, else ``RuntimeError``.
+        """
+        if self._state is not _State.PENDING and self._state is not _State.RUNNING:
+            raise RuntimeError(f"cannot reschedule run {self.name!r}: it is {self.status}")
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        outer = None if self.parent is None else self.parent.deadline
+        if outer is not None:
+            when = outer if when is None else min(when, outer)
+        self.deadline = when
+        if when is not None:
+            self._timer = self._loop.call_at(when, self._expire)
 
     def interrupt(self) -> bool:
         """Ask every aimu loop in the run to stop at its next step boundary.
@@ -607,7 +632,7 @@ class RunHandle(RunScope, Generic[T]):
             raise asyncio.InvalidStateError(f"run {self.name!r} is still {self.status}")
         if state is _State.CANCELLED:
             raise CancelledError(self._reason)
-        return self._error
+        return None if state in _RETURNED else self._error
 
     # -- observing -------------------------------------------------------------------
 

@@ -655,3 +655,53 @@ async def test_break_without_aclose_and_with_aclosing_both_close_the_run() -> No
     assert not agent.running and model.open_streams == 0
     assert agent.last_status == "cancelled"
     validate(agent.model_client.messages)
+
+
+async def test_resume_after_a_cancel_in_the_final_turn_adds_no_user_message() -> None:
+    # Regression (hardening issue, defect 5): the final-turn prompt was added again.
+    looping = Turn(tool_calls=[call("add", a=1, b=1)])
+    final_turn = Turn(text="one two three four five", delay=30)  # first word, then a wait
+    model = ScriptedModel([looping, final_turn, Turn(text="done at last")])
+    agent = aio.Agent(model, tools=[add], max_rounds=1)
+    handle = aio.RunHandle.start(agent.run("loop"))
+    events = handle.events()
+    async for event in events:
+        if isinstance(event, TextChunk):  # the final turn is streaming: provably in flight
+            handle.cancel("stop in the final turn")
+            break
+    await events.aclose()
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    before = [m for m in agent.model_client.messages if m["role"] == "user"]
+    assert [m["content"] for m in before] == ["loop", FINAL_TURN_PROMPT]
+    assert await agent.resume() == "done at last"
+    after = [m for m in agent.model_client.messages if m["role"] == "user"]
+    assert after == before
+    assert model.requests[-1]["tools"] == []  # still the final, tool-less turn
+    assert agent.last_status == "max_rounds"
+    validate(agent.model_client.messages)
+
+
+async def test_the_stop_reason_of_the_last_turn_is_on_run_finished() -> None:
+    agent = aio.Agent(ScriptedModel(two_round_script()), tools=[add, lookup])
+    events = [event async for event in agent.run("go", stream=True)]
+    final = events[-1]
+    assert isinstance(final, RunFinished) and final.stop_reason == "stop"
+
+
+async def test_interrupt_requested_tells_the_truth_whoever_asked() -> None:
+    agent = aio.Agent(ScriptedModel([Turn(text="slow reply here", delay=30)]))
+    assert not agent.interrupt_requested and agent.status == "idle"
+    handle = aio.RunHandle.start(agent.run("go"))
+    events = handle.events()
+    async for event in events:
+        if isinstance(event, TextChunk):
+            break
+    await events.aclose()
+    assert agent.status == "running" and not agent.interrupt_requested
+    assert handle.interrupt()
+    assert agent.interrupt_requested  # the handle's interrupt reaches the agent's run scope
+    handle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert not agent.interrupt_requested and agent.status == "cancelled"

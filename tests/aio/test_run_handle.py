@@ -1091,7 +1091,10 @@ async def test_a_deadline_while_awaiting_a_streamed_loopback_reply(
 ) -> None:
     agent = aio.Agent(aio.client("ollama:test", host=slow_server.url))
     try:
-        handle = RunHandle.start(agent.run("stream to me"), timeout=0.08)
+        handle = RunHandle.start(agent.run("stream to me"), timeout=60)
+        async for event in handle.events():
+            if isinstance(event, TextChunk):  # the reply is provably streaming: now
+                handle.reschedule(asyncio.get_running_loop().time())
         with pytest.raises(TimeoutError):
             await handle
         assert handle.status == "timed_out"
@@ -1114,3 +1117,165 @@ async def test_a_workflow_under_a_handle_is_cancelled_everywhere() -> None:
     assert handle.status == "cancelled"
     validate(first.model_client.messages)
     assert model.open_streams == 0
+
+
+# -- nesting ----------------------------------------------------------------------------------
+
+
+async def test_reschedule_moves_the_deadline_and_refuses_a_finished_run() -> None:
+    loop = asyncio.get_running_loop()
+    handle = RunHandle.start(forever(), timeout=60)
+    assert handle.when() == handle.scope.deadline
+    handle.reschedule(None)
+    assert handle.when() is None
+    handle.reschedule(loop.time())
+    with pytest.raises(TimeoutError):
+        await handle
+    assert handle.status == "timed_out"
+    with pytest.raises(RuntimeError, match="cannot reschedule run 'forever': it is timed_out"):
+        handle.reschedule(None)
+
+
+async def test_outer_cancel_reaches_an_inner_run_streaming_over_http(
+    slow_server: LoopbackServer,
+) -> None:
+    # Regression (hardening issue, defect 6): the inner run kept streaming.
+    agent = aio.Agent(aio.client("ollama:test", host=slow_server.url))
+    inner: list[RunHandle[str]] = []
+    streaming = asyncio.Event()
+
+    async def supervisor() -> str:
+        handle = RunHandle.start(agent.run("stream to me"), name="inner")
+        inner.append(handle)
+        async for event in handle.events():
+            if isinstance(event, TextChunk):
+                streaming.set()
+        return await handle
+
+    try:
+        outer = RunHandle.start(supervisor(), name="outer")
+        await streaming.wait()
+        outer.cancel("supervisor stopped")
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        assert inner[0].done and inner[0].status == "cancelled"
+        assert inner[0].reason == "supervisor stopped"
+        (record,) = await slow_server.wait_abandoned(1)
+        assert record.abandoned and not record.completed
+        validate(agent.model_client.messages)
+    finally:
+        await agent.aclose()
+
+
+async def test_an_outer_deadline_ends_the_outer_run_after_the_inner_one_over_http(
+    slow_server: LoopbackServer,
+) -> None:
+    # Regression (defect 6): the outer handle reported timed_out while the inner streamed.
+    agent = aio.Agent(aio.client("ollama:test", host=slow_server.url))
+    inner: list[RunHandle[str]] = []
+
+    async def supervisor() -> str:
+        handle = RunHandle.start(agent.run("stream to me"), name="inner", timeout=60)
+        inner.append(handle)
+        async for event in handle.events():
+            if isinstance(event, TextChunk):  # streaming: the outer deadline passes now
+                outer.reschedule(asyncio.get_running_loop().time())
+        return await handle
+
+    try:
+        outer = RunHandle.start(supervisor(), name="outer", timeout=60)
+        with pytest.raises(TimeoutError):
+            await outer
+        assert outer.status == "timed_out"
+        assert inner[0].done and inner[0].status == "timed_out"  # ended before the outer
+        (record,) = await slow_server.wait_abandoned(1)
+        assert record.abandoned
+    finally:
+        await agent.aclose()
+
+
+async def test_an_outer_run_that_returns_waits_for_the_inner_one() -> None:
+    release = asyncio.Event()
+    inner: list[RunHandle[Any]] = []
+
+    async def worker() -> str:
+        await release.wait()
+        return "inner done"
+
+    async def supervisor() -> str:
+        inner.append(RunHandle.start(worker(), name="worker"))
+        return "outer returned"
+
+    outer = RunHandle.start(supervisor())
+    done_at: list[str] = []
+    outer.add_done_callback(lambda h: done_at.append(inner[0].status))
+    await settle()
+    assert outer.status == "running" and inner[0].status == "running"
+    release.set()
+    assert await outer == "outer returned"
+    assert done_at == ["completed"] and await inner[0] == "inner done"
+
+
+async def test_a_detached_run_outlives_its_starter() -> None:
+    release = asyncio.Event()
+    detached: list[RunHandle[Any]] = []
+
+    async def worker() -> str:
+        await release.wait()
+        return "detached done"
+
+    async def supervisor() -> None:
+        detached.append(RunHandle.start(worker(), detached=True))
+        await asyncio.Event().wait()
+
+    outer = RunHandle.start(supervisor(), timeout=60)
+    await settle()
+    outer.interrupt()
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    handle = detached[0]
+    assert handle.status == "running" and handle.scope.parent is None
+    assert handle.when() is None and not handle.scope.interrupt_requested
+    release.set()
+    assert await handle == "detached done"
+
+
+async def test_a_failing_outer_run_cancels_its_inner_runs() -> None:
+    inner: list[RunHandle[Any]] = []
+
+    async def supervisor() -> None:
+        inner.append(RunHandle.start(forever(), name="left behind"))
+        await asyncio.sleep(0)
+        raise ValueError("supervisor broke")
+
+    outer = RunHandle.start(supervisor())
+    with pytest.raises(ValueError, match="supervisor broke"):
+        await outer
+    assert inner[0].status == "cancelled"
+
+
+async def test_a_handle_is_a_good_asyncio_citizen() -> None:
+    ok = RunHandle.start(value("fine"), name="ok")
+    bad = RunHandle.start(boom(), name="bad")
+    done, pending = await asyncio.wait([ok.task, bad.task])
+    assert not pending and ok.done and bad.done
+    assert ok.task.result() == "fine" and ok.exception() is None
+    assert isinstance(bad.exception(), ValueError) and bad.task.exception() is bad.exception()
+    assert ok.get_name() == "ok"
+    assert await asyncio.gather(ok, ok.result()) == ["fine", "fine"]
+    late = RunHandle.start(forever(), timeout=60)
+    with pytest.raises(asyncio.InvalidStateError, match="still"):
+        late.exception()
+    gathered = asyncio.gather(late.task)
+    await settle()
+    gathered.cancel()  # a gather cancels its tasks: the task's cancel is the run's
+    with pytest.raises(asyncio.CancelledError):
+        await gathered
+    assert late.status == "cancelled"
+    with pytest.raises(asyncio.CancelledError):
+        late.exception()
+    timed = RunHandle.start(forever(), timeout=0)
+    with pytest.raises(TimeoutError):
+        await timed.task
+    assert isinstance(timed.exception(), TimeoutError)
