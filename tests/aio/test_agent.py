@@ -402,9 +402,10 @@ async def test_model_failure_mid_stream_keeps_the_partial_turn() -> None:
 async def test_seed_cancel_then_restore_and_continue() -> None:
     slow_model = ScriptedModel([Turn(text="a long streamed answer", delay=0.05)])
     agent = aio.Agent(slow_model, tools=[add])
-    handle = asyncio.ensure_future(agent.run("a big task"))
-    await asyncio.sleep(0.07)
-    handle.cancel()
+    handle = aio.RunHandle.start(agent.run("a big task"))
+    async for event in handle.events():
+        if isinstance(event, TextChunk) and event.text.startswith("long"):
+            handle.cancel()  # provably mid-answer: two words streamed
     with pytest.raises(asyncio.CancelledError):
         await handle
     partial = list(agent.model_client.messages)
@@ -532,8 +533,11 @@ async def test_cancel_during_concurrent_tools_keeps_finished_results() -> None:
         """Fast."""
         return "charged the card"
 
+    slow_started = asyncio.Event()
+
     async def slow() -> str:
         """Slow."""
+        slow_started.set()
         await asyncio.sleep(10)
         return "never"
 
@@ -541,8 +545,12 @@ async def test_cancel_during_concurrent_tools_keeps_finished_results() -> None:
     for concurrent in (False, True):
         agent = aio.Agent(model.fork(), tools=[fast, slow], concurrent_tools=concurrent)
         model._shared.position = 0
-        task = asyncio.ensure_future(agent.run("pay"))
-        await asyncio.sleep(0.02)
+        slow_started.clear()
+        task = aio.RunHandle.start(agent.run("pay"))
+        async for event in task.events():
+            if isinstance(event, ToolResult) and event.name == "fast":
+                break  # the fast call's result is recorded
+        await slow_started.wait()  # and the slow one is running
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -553,16 +561,18 @@ async def test_cancel_during_concurrent_tools_keeps_finished_results() -> None:
 
 async def test_thread_sees_the_cancel_and_its_result_is_dropped() -> None:
     noticed = threading.Event()
+    started = threading.Event()
 
     def blocking(ctx: aio.ToolContext) -> str:
         """Wait for a cancel."""
+        started.set()
         if ctx.wait_cancelled(5):
             noticed.set()
         return "late result"
 
     agent = aio.Agent(ScriptedModel([Turn(tool_calls=[call("blocking")])]), tools=[blocking])
     task = asyncio.ensure_future(agent.run("go"))
-    await asyncio.sleep(0.02)
+    assert await asyncio.to_thread(started.wait, 5)  # the tool's thread is running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -574,13 +584,16 @@ async def test_thread_sees_the_cancel_and_its_result_is_dropped() -> None:
 async def test_cancelled_error_is_never_swallowed_by_a_stream_consumer() -> None:
     agent = aio.Agent(ScriptedModel([Turn(text="a b c d e f", delay=0.01)]))
     seen: list[Any] = []
+    two_chunks = asyncio.Event()
 
     async def consume() -> None:
         async for event in agent.run("go", stream=True):
             seen.append(event)
+            if sum(isinstance(e, TextChunk) for e in seen) == 2:
+                two_chunks.set()
 
     task = asyncio.ensure_future(consume())
-    await asyncio.sleep(0.025)
+    await two_chunks.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -595,8 +608,13 @@ SIGINT_SCRIPT = textwrap.dedent(
     from aimu.testing.script import Turn, ScriptedCall
     from aimu.testing.scripted import ScriptedModel
 
+    calls = []
+
     async def wait(seconds: float = 0.2) -> str:
         '''Wait a while.'''
+        calls.append(seconds)
+        if len(calls) == 1:
+            print("ready", flush=True)  # the run is provably in progress: interrupt it now
         await asyncio.sleep(seconds)
         return "waited"
 
@@ -606,7 +624,6 @@ SIGINT_SCRIPT = textwrap.dedent(
     async def main() -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, agent.interrupt)
-        print("ready", flush=True)
         answer = await agent.run("Research this topic thoroughly.")
         print(answer, flush=True)
 
@@ -623,7 +640,6 @@ def test_sigint_handler_interrupts_gracefully() -> None:
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
-    time.sleep(0.3)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err

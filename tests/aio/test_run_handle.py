@@ -545,15 +545,20 @@ async def test_a_run_that_swallows_its_deadline_and_returns_completes() -> None:
 async def test_the_deadline_counts_only_its_own_cancel() -> None:
     # An outside cancel the run swallowed earlier (without uncancel) does not turn the
     # later deadline into a "cancel": only the cancels since the deadline count.
+    swallowed = asyncio.Event()
+
     async def run() -> None:
         task = asyncio.current_task()
         assert task is not None
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(0)
+        swallowed.set()
         await forever()
 
-    handle = RunHandle.start(run(), timeout=0.01)
+    handle = RunHandle.start(run(), timeout=60)
+    await swallowed.wait()  # the deadline passes only once the outside cancel was swallowed
+    handle.reschedule(asyncio.get_running_loop().time())
     with pytest.raises(TimeoutError):
         await handle
     assert handle.status == "timed_out"
@@ -1258,7 +1263,7 @@ async def test_a_failing_outer_run_cancels_its_inner_runs() -> None:
 async def test_a_handle_is_a_good_asyncio_citizen() -> None:
     ok = RunHandle.start(value("fine"), name="ok")
     bad = RunHandle.start(boom(), name="bad")
-    done, pending = await asyncio.wait([ok.task, bad.task])
+    _, pending = await asyncio.wait([ok.task, bad.task])
     assert not pending and ok.done and bad.done
     assert ok.task.result() == "fine" and ok.exception() is None
     assert isinstance(bad.exception(), ValueError) and bad.task.exception() is bad.exception()

@@ -70,7 +70,10 @@ async def test_stop_with_grace_bounds_the_wait_for_a_silent_model() -> None:
     async with silent as server, openai_client(server) as model:
         agent = aio.Agent(model)
         handle = aio.RunHandle.start(agent.run("think hard"))
-        await asyncio.sleep(0.05)
+        for _ in range(10_000):  # until the server provably has the request
+            if server.requests:
+                break
+            await asyncio.sleep(0.001)
         assert await handle.stop(grace=0.1) == "cancelled"
         assert (await server.wait_abandoned(1))[0].abandoned
         validate(agent.model_client.messages)

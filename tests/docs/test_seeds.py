@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import types
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
@@ -500,12 +499,20 @@ CHILD = textwrap.dedent(
     from aimu import aio
 
     MODE, STORE, SECONDS = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    KEEP_ON = sys.argv[4] == "keep-on"
 
 
-    async def search(query: str) -> str:
+    async def search(query: str, ctx: aio.ToolContext) -> str:
         '''Search the web for a query.'''
         print("searching", flush=True)
-        await asyncio.sleep(SECONDS)
+        # Runs until an interrupt is seen (then says so), or SECONDS with KEEP_ON.
+        for _ in range(int(SECONDS * 100)):
+            if ctx.interrupt_requested:
+                print("interrupt seen", flush=True)
+                if not KEEP_ON:
+                    break
+                await asyncio.sleep(SECONDS)
+            await asyncio.sleep(0.01)
         return f"found {query}"
 
 
@@ -554,8 +561,10 @@ def thread_server() -> Iterator[LoopbackServer]:
 
 
 def start_child(
-    server: LoopbackServer, mode: str, store: str = "-", tool_seconds: float = 0.5
+    server: LoopbackServer, mode: str, store: str = "-", *, keep_on: bool = False
 ) -> subprocess.Popen[str]:
+    """A child running the seed; its tool runs until an interrupt reaches it (or, with
+    ``keep_on``, 30 s whatever happens)."""
     env = {
         **os.environ,
         "OPENAI_BASE_URL": server.openai_base_url,
@@ -565,23 +574,25 @@ def start_child(
     }
     return subprocess.Popen(
         [sys.executable, "-W", "error::ResourceWarning", "-c", CHILD, mode, store,
-         str(tool_seconds)],
+         "30", "keep-on" if keep_on else "-"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         text=True, env=env,
     )
 
 
 def press_ctrl_c(child: subprocess.Popen[str], times: int = 1) -> tuple[list[str], str]:
-    """Send SIGINT ``times`` once the child's tool is running; return its output lines."""
+    """Send SIGINT ``times`` once the child's tool is running; return its output lines
+    (without the tool's "interrupt seen")."""
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "searching"
-    for press in range(times):
-        if press:
-            time.sleep(0.1)  # apart, so that the OS does not merge the two signals
+    child.send_signal(signal.SIGINT)
+    if times == 2:
+        # The first press provably reached the run: now the second cannot merge with it.
+        assert child.stdout.readline().strip() == "interrupt seen"
         child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=30)
     assert child.returncode == 0, err
-    return out.splitlines(), err
+    return [line for line in out.splitlines() if line != "interrupt seen"], err
 
 
 def test_sigint_wired_to_interrupt_winds_the_run_down(thread_server: LoopbackServer) -> None:
@@ -597,7 +608,7 @@ def test_on_sigint_first_press_interrupts(thread_server: LoopbackServer) -> None
 
 def test_on_sigint_second_press_cancels(thread_server: LoopbackServer) -> None:
     # The tool would run 30 s: only the cancel of the second press ends the run early.
-    child = start_child(thread_server, "on_sigint", tool_seconds=30)
+    child = start_child(thread_server, "on_sigint", keep_on=True)
     lines, _ = press_ctrl_c(child, times=2)
     assert lines == ["cancelled", "(cancelled)"]
 
