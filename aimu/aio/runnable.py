@@ -179,10 +179,13 @@ class Runnable(abc.ABC):
     ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
         if stream:
             return self._events(task, reset)
-        coroutine = cast("CoroutineType[Any, Any, str]", _reply(self._finish(task, reset)))
+        coroutine = cast("CoroutineType[Any, Any, str]", self._reply(task, reset))
         # A RunHandle names itself after its coroutine: make that this runnable's name.
         coroutine.__qualname__ = coroutine.__name__ = self.name
         return coroutine
+
+    async def _reply(self, task: str | None, reset: bool) -> str:
+        return (await self._finish(task, reset)).reply
 
     async def finish(self, task: str | None) -> RunFinished:
         """Run ``task`` (None: resume) to its end; return its RunFinished.
@@ -203,10 +206,6 @@ class Runnable(abc.ABC):
                     final = event  # the last one is the run's own
         assert final is not None, f"the run of {self.name!r} ended without its RunFinished"
         return final
-
-
-async def _reply(finished: Coroutine[Any, Any, RunFinished]) -> str:
-    return (await finished).reply
 
 
 def load_usage(value: object, where: str) -> Usage:
