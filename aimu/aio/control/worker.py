@@ -233,7 +233,7 @@ class Worker:
             self._kick.clear()
             try:
                 more = await self._flush()
-            except _DOWN as error:
+            except (*_DOWN, RedisError) as error:
                 _reraise_cancel()
                 failures += 1
                 self._note_down(error)
@@ -249,7 +249,6 @@ class Worker:
 
     async def _flush(self) -> bool:
         """Send what is pending for every run in one pipeline; True if more is left."""
-        control = self._control
         pipe = self._client.pipeline(transaction=False)
         plan: list[tuple[str, _Run, int]] = []
         for run in list(self.runs.values()):
@@ -258,94 +257,103 @@ class Worker:
                     self.runs.pop(run.run_id, None)
                 continue
             if run.final_stream is not None and run.final is None:
-                final = await anext(run.final_stream)
-                assert isinstance(final, HandleFinished)
-                run.final = final
-                run.final_stream = None
-                kind, data = encode_event(final)
-                run.queue.append((run.next_number, kind, data))
-                run.next_number += 1
-            keys = self._keys
+                await self._take_final(run)
             if not run.registered:
-                await self._scripts.register(
-                    keys=[
-                        keys.run(run.run_id),
-                        keys.lease(run.run_id),
-                        keys.runs,
-                        keys.requests(run.run_id),
-                    ],
-                    args=[
-                        control.worker_id,
-                        int(control.lease * 1000),
-                        f"{time.time():.6f}",
-                        run.handle.name,
-                        run.info,
-                        run.run_id,
-                        "0" if run.was_registered else "1",
-                    ],
-                    client=pipe,
-                )
+                await self._register(pipe, run)
                 plan.append(("register", run, 0))
-            if not run.queue and run.cursor == run.cursor_sent:
-                continue
-            batch = [run.queue[i] for i in range(min(len(run.queue), _BATCH))]
-            last = batch[-1][0] if batch else 0
-            final_now = run.final is not None and last == run.next_number - 1
-            args: list[str | int] = [control.worker_id, control.max_events]
-            if final_now:
-                assert run.final is not None
-                args += [
-                    run.final.status,
-                    run.final.reason or "",
-                    run.final.error or "",
-                    f"{time.time():.6f}",
-                    int(control.retention),
-                ]
-            else:
-                args += ["", "", "", "", 0]
-            args.append(run.cursor if run.cursor != run.cursor_sent else "")
-            for number, kind, data in batch:
-                args += [number, kind, data]
-            await self._scripts.publish(
-                keys=[
-                    keys.run(run.run_id),
-                    keys.events(run.run_id),
-                    keys.lease(run.run_id),
-                    keys.requests(run.run_id),
-                ],
-                args=args,
-                client=pipe,
-            )
-            plan.append(("publish" if not final_now else "final", run, last))
-            run.cursor_pending = run.cursor
+            if run.queue or run.cursor != run.cursor_sent:
+                plan.append(await self._publish(pipe, run))
         if not plan:
             return False
         results = await _execute(pipe)
         more = False
+        refused: RedisError | None = None
         for (step, run, last), result in zip(plan, results, strict=True):
             if isinstance(result, _DOWN):
                 raise result
             if isinstance(result, RedisError):
                 logger.warning("run %s: Redis refused the %s step: %s", run.run_id, step, result)
-                continue
-            if step == "register":
-                more |= self._registered(run, result)
+                refused = result
+            elif step == "register":
+                self._registered(run, result)
             else:
                 more |= self._published(run, step, last, int(result))
+        if refused is not None:
+            raise refused  # the pump backs off before trying again
         return more or any(r.queue or r.final_stream for r in self.runs.values() if not r.rejected)
 
-    def _registered(self, run: _Run, result: list[Any]) -> bool:
+    async def _take_final(self, run: _Run) -> None:
+        """Queue the run's terminal event (its handle has ended)."""
+        assert run.final_stream is not None
+        final = await anext(run.final_stream)
+        assert isinstance(final, HandleFinished)
+        run.final = final
+        run.final_stream = None
+        kind, data = encode_event(final)
+        run.queue.append((run.next_number, kind, data))
+        run.next_number += 1
+
+    async def _register(self, pipe: Any, run: _Run) -> None:
+        control, keys = self._control, self._keys
+        await self._scripts.register(
+            keys=[
+                keys.run(run.run_id),
+                keys.lease(run.run_id),
+                keys.runs,
+                keys.requests(run.run_id),
+            ],
+            args=[
+                control.worker_id,
+                int(control.lease * 1000),
+                f"{time.time():.6f}",
+                run.handle.name,
+                run.info,
+                run.run_id,
+                "0" if run.was_registered else "1",
+            ],
+            client=pipe,
+        )
+
+    async def _publish(self, pipe: Any, run: _Run) -> tuple[str, _Run, int]:
+        """Queue the next batch of the run's events (and its end, when it is in it)."""
+        control, keys = self._control, self._keys
+        batch = [run.queue[i] for i in range(min(len(run.queue), _BATCH))]
+        last = batch[-1][0] if batch else 0
+        final = run.final if run.final is not None and last == run.next_number - 1 else None
+        args: list[str | int] = [control.worker_id, control.max_events]
+        if final is not None:
+            ended_at = f"{time.time():.6f}"
+            args += [final.status, final.reason or "", final.error or "", ended_at]
+            args.append(int(control.retention))
+        else:
+            args += ["", "", "", "", 0]
+        args.append(run.cursor if run.cursor != run.cursor_sent else "")
+        for number, kind, data in batch:
+            args += [number, kind, data]
+        await self._scripts.publish(
+            keys=[
+                keys.run(run.run_id),
+                keys.events(run.run_id),
+                keys.lease(run.run_id),
+                keys.requests(run.run_id),
+            ],
+            args=args,
+            client=pipe,
+        )
+        run.cursor_pending = run.cursor
+        return ("final" if final is not None else "publish"), run, last
+
+    def _registered(self, run: _Run, result: list[Any]) -> None:
         if result[0] != "ok":
             what = "is already held by worker" if result[0] == "busy" else "has already ended as"
             self._reject(run, f"run {run.run_id!r} {what} {result[1]}")
-            return False
+            return
         run.registered = run.was_registered = True
         run.ready.set()
         seen = result[1]
         if stream_id(seen) > stream_id(run.cursor):
             run.cursor = run.cursor_sent = seen
         self._apply(run, result[2])
-        return False
 
     def _published(self, run: _Run, step: str, last: int, result: int) -> bool:
         if result == -2:
@@ -389,7 +397,7 @@ class Worker:
                     message = await pubsub.get_message(timeout=None)
                     if message is not None:
                         self._on_message(message.get("data"))
-            except _DOWN as error:
+            except (*_DOWN, RedisError) as error:
                 _reraise_cancel()
                 failures += 1
                 self._note_down(error)

@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,7 +107,7 @@ class DurableRedis:
     """A redis-server this test owns, with an fsync'd append-only file: a restart keeps
     what was written, as a production Redis with persistence does."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             services.unavailable("redis-server is not on PATH (needed to restart Redis)")
@@ -114,6 +115,7 @@ class DurableRedis:
         self._dir = tempfile.mkdtemp(prefix="aimu-redis-")
         self.port = services.free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._auth = [] if password is None else ["--requirepass", password]
         self._process: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -133,12 +135,13 @@ class DurableRedis:
                 "always",
                 "--dir",
                 self._dir,
+                *self._auth,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20
-        while not services._redis_answers(self.url):
+        while not _answers(self.port):
             assert self._process.poll() is None, "redis-server exited at start"
             assert time.monotonic() < deadline, "redis-server did not answer within 20 s"
             time.sleep(0.02)
@@ -152,6 +155,16 @@ class DurableRedis:
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _answers(port: int) -> bool:
+    """Whether a Redis listens on ``port`` (a password-protected one answers -NOAUTH)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+    except OSError:
+        return False
 
 
 @pytest.fixture

@@ -108,3 +108,33 @@ async def test_cancelling_a_follower_or_a_waiter_leaves_the_control_usable(
             await task
     assert (await control.status(run_id)).status == "pending"
     assert await control.cancel(run_id)
+
+
+async def test_a_password_works_and_never_shows(
+    prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = DurableRedis(password="s3cret-pw")
+    try:
+        url = f"redis://:s3cret-pw@127.0.0.1:{server.port}/0"
+        async with aio.RedisControl(url, prefix, lease=LEASE) as control:
+            agent = aio.Agent(aio.client("test"))
+            handle = aio.RunHandle.start(agent.run("hello"), control=control)
+            await handle
+            run_id = await control.registered(handle)
+            assert (await control.wait(run_id, timeout=10)).status == "completed"
+            server.kill()  # the worker logs the outage: without the password
+            with pytest.raises(aio.ControlConnectionError) as down:
+                await control.status(run_id)
+            await agent.aclose()
+        wrong = aio.RedisControl(f"redis://:wrong-pw@127.0.0.1:{server.port}/0", prefix)
+        server.start()
+        with pytest.raises(aio.ControlConnectionError, match="refused the credentials") as refused:
+            await wrong.connect()
+        await wrong.aclose()
+        tls = aio.RedisControl(f"rediss://user:s3cret-pw@127.0.0.1:{server.port}/0", prefix)
+        assert tls.url == f"rediss://***@127.0.0.1:{server.port}/0"
+        await tls.aclose()
+        shown = [str(down.value), str(refused.value), repr(control), repr(tls), caplog.text]
+        assert not [text for text in shown if "s3cret" in text or "wrong-pw" in text]
+    finally:
+        server.close()
