@@ -1,0 +1,152 @@
+"""The import arrows of docs/architecture.md hold: no module imports upward, no cycles.
+
+The layers are read from the page's "Layers" table (first row lowest), so the page and
+the code cannot drift apart. Imports inside ``if TYPE_CHECKING:`` are not dependencies;
+imports inside functions (lazy ones) are.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "architecture.md"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in (ROOT / "aimu").rglob("*.py")}
+
+
+def layers() -> list[tuple[str, list[str]]]:
+    """(layer, names) from the page's Layers table, lowest first.
+
+    A name is a module or package (``aimu.aio.store``: it and everything under it);
+    ``aimu.aio.*`` means every module under ``aimu.aio`` that no longer name claims.
+    """
+    section = PAGE.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`aimu" in line]
+    found = []
+    for row in rows:
+        name = row.split("|")[1].strip().strip("*")
+        found.append((name, re.findall(r"`(aimu[\w.]*(?:\.\*)?)`", row)))
+    return found
+
+
+def layer_of(module: str, table: list[tuple[str, list[str]]]) -> int:
+    """The layer of the longest name that claims ``module``."""
+    best, index = -1, -1
+    for position, (_, names) in enumerate(table):
+        for name in names:
+            wildcard = name.endswith(".*")
+            prefix = name.removesuffix(".*")
+            claims = module.startswith(prefix + ".") or (module == prefix and not wildcard)
+            if claims and len(name) - 2 * wildcard > best:
+                best, index = len(name) - 2 * wildcard, position
+    assert index >= 0, f"{module} is in no layer of {PAGE.name}: add it to the Layers table"
+    return index
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for other in node.orelse:
+                yield from _imports(other)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        else:
+            yield from _imports(node)
+
+
+def dependencies(module: str) -> set[str]:
+    """The aimu modules ``module`` imports (a package's own submodules resolved)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                for alias in node.names
+            ]
+        found.update(t for t in targets if t in MODULES and t != module)
+    return found
+
+
+GRAPH = {module: dependencies(module) for module in MODULES}
+
+
+def test_every_layer_names_modules_that_exist() -> None:
+    table = layers()
+    assert len(table) >= 5, table
+    for name, prefixes in table:
+        for prefix in prefixes:
+            prefix = prefix.removesuffix(".*")
+            assert any(m == prefix or m.startswith(prefix + ".") for m in MODULES), (
+                f"layer {name!r} names {prefix}, which does not exist"
+            )
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    table = layers()
+    upward = [
+        f"{module} ({table[layer_of(module, table)][0]}) imports {target} "
+        f"({table[layer_of(target, table)][0]})"
+        for module, targets in GRAPH.items()
+        for target in sorted(targets)
+        if layer_of(target, table) > layer_of(module, table)
+    ]
+    assert upward == [], "\n".join(upward)
+
+
+def test_the_library_never_imports_the_test_kit() -> None:
+    offenders = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if not module.startswith("aimu.testing")
+        for target in targets
+        if target.startswith("aimu.testing")
+    ]
+    assert offenders == [], offenders
+
+
+def test_no_import_cycles() -> None:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert cycles == [], "\n".join(" -> ".join(cycle) for cycle in cycles)
