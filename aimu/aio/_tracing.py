@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["SpanNotes", "enabled", "span"]
+__all__ = ["RunSpans", "SpanNotes", "enabled", "span"]
 
 _cache: tuple[object, Any] | None = None  # (provider, tracer) last made
+# The span of the run a tool call belongs to: set by the agent around one call (in one
+# coroutine frame), read by invoke() to parent the call's span.
+_run_span: contextvars.ContextVar[Any] = contextvars.ContextVar("aimu_run_span", default=None)
 
 
 def _tracer() -> Any:
@@ -82,11 +86,13 @@ def span(
     if tracer is None:
         yield None
         return
-    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace import SpanKind, set_span_in_context
 
     kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
+    parent = _run_span.get()
     with tracer.start_as_current_span(
         name,
+        context=set_span_in_context(parent) if parent is not None else None,
         kind=kind,
         attributes=dict(attributes),
         record_exception=False,
@@ -105,3 +111,99 @@ def span(
             current.record_exception(error)
             notes.ended("failed", error=type(error).__qualname__)
             raise
+
+
+class RunSpans:
+    """The spans of one agent run: the run, each model turn, and the tool calls' parent.
+
+    An agent run is an async generator, so its spans are started and ended explicitly
+    (never made current: a context attached across a ``yield`` would leak into the
+    consumer). Every method is a no-op when tracing is off.
+    """
+
+    __slots__ = ("_model", "_provider", "_run", "_tracer", "_turn")
+
+    def __init__(self, agent: str, model: str, provider: str) -> None:
+        self._tracer = _tracer()
+        self._model = model
+        self._provider = provider
+        self._run: Any = None
+        self._turn: Any = None
+        if self._tracer is not None:
+            self._run = self._tracer.start_span(
+                f"invoke_agent {agent}",
+                attributes={
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": agent,
+                    "gen_ai.request.model": model,
+                    "gen_ai.provider.name": provider,
+                },
+            )
+
+    def turn_started(self) -> None:
+        if self._run is None:
+            return
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        self._turn = self._tracer.start_span(
+            f"chat {self._model}",
+            context=set_span_in_context(self._run),
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": self._model,
+                "gen_ai.provider.name": self._provider,
+            },
+        )
+
+    def turn_ended(
+        self, usage: Mapping[str, int] | None, stop_reason: str | None, error: BaseException | None
+    ) -> None:
+        """End the model turn's span: its usage and finish reason, or how it stopped."""
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        notes = SpanNotes(turn)
+        if usage is not None:
+            notes.set("gen_ai.usage.input_tokens", usage.get("input_tokens"))
+            notes.set("gen_ai.usage.output_tokens", usage.get("output_tokens"))
+        if stop_reason is not None:
+            notes.set("gen_ai.response.finish_reasons", [stop_reason])
+        _end(notes, error)
+        turn.end()
+
+    @contextlib.contextmanager
+    def tool_calls(self) -> Iterator[None]:
+        """While the block runs, tool-call spans made by ``invoke()`` are this run's."""
+        token = _run_span.set(self._run)
+        try:
+            yield
+        finally:
+            _run_span.reset(token)
+
+    def finished(
+        self, status: str, stop_reason: str | None, usage: Mapping[str, int], error: str | None
+    ) -> None:
+        """End the run's span with how the run ended (``RunFinished``'s fields)."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        self.turn_ended(None, None, None)  # a turn cut short ends with the run
+        notes = SpanNotes(run)
+        notes.set("gen_ai.usage.input_tokens", usage.get("input_tokens"))
+        notes.set("gen_ai.usage.output_tokens", usage.get("output_tokens"))
+        if stop_reason is not None:
+            notes.set("gen_ai.response.finish_reasons", [stop_reason])
+        notes.ended(status, error=error if status == "failed" else None)
+        run.end()
+
+
+def _end(notes: SpanNotes, error: BaseException | None) -> None:
+    if error is None:
+        notes.ended("completed")
+    elif isinstance(error, asyncio.CancelledError):
+        notes.ended("cancelled", str(error.args[0]) if error.args else None)
+    elif isinstance(error, GeneratorExit):
+        notes.ended("closed")
+    else:
+        notes.ended("failed", error=type(error).__qualname__)
