@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from aimu.aio.transcript import Usage
+
 __all__ = ["RunSpans", "SpanNotes", "enabled", "span"]
 
 _cache: tuple[object, Any] | None = None  # (provider, tracer) last made
@@ -156,54 +158,58 @@ class RunSpans:
             },
         )
 
-    def turn_ended(
-        self, usage: Mapping[str, int] | None, stop_reason: str | None, error: BaseException | None
-    ) -> None:
-        """End the model turn's span: its usage and finish reason, or how it stopped."""
+    def turn_ended(self, usage: Usage, stop_reason: str | None) -> None:
+        """End the model turn's span once the reply is whole: its usage and finish reason."""
         turn, self._turn = self._turn, None
         if turn is None:
             return
         notes = SpanNotes(turn)
-        if usage is not None:
-            notes.set("gen_ai.usage.input_tokens", usage.get("input_tokens"))
-            notes.set("gen_ai.usage.output_tokens", usage.get("output_tokens"))
+        notes.set("gen_ai.usage.input_tokens", usage["input_tokens"])
+        notes.set("gen_ai.usage.output_tokens", usage["output_tokens"])
         if stop_reason is not None:
             notes.set("gen_ai.response.finish_reasons", [stop_reason])
-        _end(notes, error)
+        notes.ended("completed")
         turn.end()
 
-    @contextlib.contextmanager
-    def tool_calls(self) -> Iterator[None]:
+    def tool_calls(self) -> contextlib.AbstractContextManager[None]:
         """While the block runs, tool-call spans made by ``invoke()`` are this run's."""
-        token = _run_span.set(self._run)
-        try:
-            yield
-        finally:
-            _run_span.reset(token)
+        if self._run is None:
+            return _NOTHING  # the hot path when tracing is off: no generator, no context
+        return _parent(self._run)
+
 
     def finished(
-        self, status: str, stop_reason: str | None, usage: Mapping[str, int], error: str | None
+        self, status: str, stop_reason: str | None, usage: Usage, error: str | None
     ) -> None:
-        """End the run's span with how the run ended (``RunFinished``'s fields)."""
+        """End the run's span with how the run ended (``RunFinished``'s fields).
+
+        A model turn the stop cut short ends here too, with the run's status.
+        """
         run, self._run = self._run, None
         if run is None:
             return
-        self.turn_ended(None, None, None)  # a turn cut short ends with the run
-        notes = SpanNotes(run)
-        notes.set("gen_ai.usage.input_tokens", usage.get("input_tokens"))
-        notes.set("gen_ai.usage.output_tokens", usage.get("output_tokens"))
-        if stop_reason is not None:
-            notes.set("gen_ai.response.finish_reasons", [stop_reason])
-        notes.ended(status, error=error if status == "failed" else None)
-        run.end()
+        failed = error if status == "failed" else None
+        for span_ in (self._turn, run):
+            if span_ is None:
+                continue
+            notes = SpanNotes(span_)
+            if span_ is run:
+                notes.set("gen_ai.usage.input_tokens", usage["input_tokens"])
+                notes.set("gen_ai.usage.output_tokens", usage["output_tokens"])
+                if stop_reason is not None:
+                    notes.set("gen_ai.response.finish_reasons", [stop_reason])
+            notes.ended(status, error=failed)
+            span_.end()
+        self._turn = None
 
 
-def _end(notes: SpanNotes, error: BaseException | None) -> None:
-    if error is None:
-        notes.ended("completed")
-    elif isinstance(error, asyncio.CancelledError):
-        notes.ended("cancelled", str(error.args[0]) if error.args else None)
-    elif isinstance(error, GeneratorExit):
-        notes.ended("closed")
-    else:
-        notes.ended("failed", error=type(error).__qualname__)
+_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _parent(run: Any) -> Iterator[None]:
+    token = _run_span.set(run)
+    try:
+        yield
+    finally:
+        _run_span.reset(token)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, cast
 
+from aimu.aio._tracing import RunSpans
 from aimu.aio.client import (
     Chunk,
     ModelClient,
@@ -116,12 +117,14 @@ class _Run:
 
     __slots__ = (
         "argument_errors", "assembler", "calls", "closing", "contexts", "error",
-        "final_prompted", "outcome", "reply", "rounds", "scope", "settled", "status",
-        "stop_reason", "store_error", "usage",
+        "final_prompted", "outcome", "reply", "rounds", "scope", "settled", "spans",
+        "status", "stop_reason", "store_error", "usage",
     )
 
-    def __init__(self, scope: RunScope) -> None:
+    def __init__(self, scope: RunScope, spans: RunSpans) -> None:
         self.scope = scope
+        #: The run's OpenTelemetry spans (no-ops unless a tracer provider is set).
+        self.spans = spans
         self.outcome: Outcome | None = None
         self.status: RunStatus = "failed"
         self.reply = ""
@@ -433,7 +436,8 @@ class Agent(Runnable):
     # -- the run ---------------------------------------------------------------------
 
     async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
-        run = _Run(self._open_scope())
+        client = self.model_client
+        run = _Run(self._open_scope(), RunSpans(self.name, client.model, client.provider))
         failure: BaseException | None = None
         try:
             await self._open(task, reset)
@@ -454,6 +458,7 @@ class Agent(Runnable):
             failure = error
         finally:
             final = await self._settle(run)
+            run.spans.finished(final.status, final.stop_reason, final.usage, final.error)
         if failure is None:
             failure = run.store_error
         if failure is None:
@@ -513,6 +518,7 @@ class Agent(Runnable):
         client = self.model_client
         assembler = run.assembler = TurnAssembler()
         run.argument_errors = {}
+        run.spans.turn_started()
         turn = client.stream_turn(client.messages, None if final_turn else config.specs)
         try:
             async for chunk in turn:
@@ -528,6 +534,7 @@ class Agent(Runnable):
                 host=client.host,
             )
         run.assembler = None
+        run.spans.turn_ended(assembler.usage, assembler.stop_reason)
         await self._end_turn(run, assembler.message(), assembler.usage, final_turn)
 
     def _chunk_event(self, chunk: Chunk, run: _Run) -> Event | None:
@@ -597,7 +604,8 @@ class Agent(Runnable):
                 interrupt_probe=run.interrupt_asked,
             )
             run.contexts.append(context)
-            outcome = await invoke(self._config.tools_by_name, call, context)
+            with run.spans.tool_calls():
+                outcome = await invoke(self._config.tools_by_name, call, context)
         result = _result(call, outcome)
         if not run.settled:
             await self._record(result)

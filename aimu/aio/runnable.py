@@ -10,6 +10,7 @@ Workflows drive their steps through the same surface (:meth:`Runnable.finish`).
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncGenerator, Coroutine, Mapping
 from contextlib import aclosing
 from types import CoroutineType
@@ -173,6 +174,22 @@ class Runnable(abc.ABC):
             raise RuntimeError(self._busy())
         self._check_resumable()
         return self._begin(None, False, stream)
+
+    def run_sync(self, task: str, *, reset: bool = False) -> str:
+        """``run(task)`` for code with no event loop (a script, a notebook without one).
+
+        Runs in a new event loop (``asyncio.run``) and returns the answer; the same agent
+        runs again later, in another loop. Ctrl+C cancels the run, which settles as any
+        cancel does. Inside a running loop it raises ``RuntimeError``: await ``run()``.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run(task, reset=reset))
+        raise RuntimeError(
+            f"{self.kind} {self.name!r}: run_sync() cannot run inside a running event loop; "
+            "use `await ....run(task)` there"
+        )
 
     def _begin(
         self, task: str | None, reset: bool, stream: bool

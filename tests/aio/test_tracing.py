@@ -144,3 +144,57 @@ def test_without_a_tracer_provider_nothing_is_imported_or_made() -> None:
         [sys.executable, "-c", NO_PROVIDER], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_run_is_a_span_with_its_model_turns_and_tool_calls_inside(
+    spans: InMemorySpanExporter,
+) -> None:
+    assert await run_agent(calls("lookup"), [lookup]) == "done"
+    (run,) = named(spans, "invoke_agent ")
+    turns = named(spans, "chat m")
+    (tool,) = named(spans, "execute_tool lookup")
+    assert len(turns) == 2
+    for child in [*turns, tool]:
+        assert child.parent is not None and child.parent.span_id == run.context.span_id
+    attributes = dict(run.attributes or {})
+    assert attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert attributes["gen_ai.request.model"] == "m"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["aimu.run.status"] == "completed"
+    assert isinstance(attributes["gen_ai.usage.output_tokens"], int)
+    turn = dict(turns[-1].attributes or {})
+    assert turn["gen_ai.operation.name"] == "chat"
+    assert turn["gen_ai.response.finish_reasons"] == ("stop",)
+    assert turn["gen_ai.usage.output_tokens"] >= 1
+    assert turns[-1].kind is trace.SpanKind.CLIENT
+    no_contents(spans)
+
+
+async def test_a_cancel_mid_reply_ends_the_turn_and_the_run_spans_as_cancelled(
+    spans: InMemorySpanExporter,
+) -> None:
+    long_reply = " ".join(f"w{i}" for i in range(2000))
+    streaming = asyncio.Event()
+
+    async with LoopbackServer([Turn(text=long_reply, delay=0.02)]) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
+        agent = aio.Agent(model)
+
+        async def consume() -> None:
+            async for event in agent.run("talk", stream=True):
+                if isinstance(event, aio.TextChunk):
+                    streaming.set()
+
+        try:
+            handle = aio.RunHandle.start(consume())
+            await streaming.wait()  # the reply provably streams: the turn's span is open
+            handle.cancel("Stop")
+            with pytest.raises(asyncio.CancelledError):
+                await handle
+        finally:
+            await model.aclose()
+    (turn,) = named(spans, "chat m")
+    (run,) = named(spans, "invoke_agent ")
+    assert dict(turn.attributes or {})["aimu.run.status"] == "cancelled"
+    assert dict(run.attributes or {})["aimu.run.status"] == "cancelled"
+    assert run.status.status_code is StatusCode.UNSET
