@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -77,6 +77,15 @@ async def run_agent(script: Any, tools: list[Any]) -> str:
             await model.aclose()
 
 
+async def cancel_once(run: Coroutine[Any, Any, object], seen: asyncio.Event) -> None:
+    """Start ``run`` in a handle, cancel it once ``seen`` is set; the cancel propagates."""
+    handle = aio.RunHandle.start(run)
+    await seen.wait()
+    handle.cancel("the user pressed Stop")
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+
+
 def no_contents(spans: InMemorySpanExporter) -> None:
     for finished in spans.get_finished_spans():
         assert SECRET_WORD not in str(dict(finished.attributes or {})), finished.name
@@ -111,12 +120,8 @@ async def test_a_cancel_during_a_tool_is_recorded_on_its_span_and_propagates(
 
     async with LoopbackServer(calls("wait")) as server:
         model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
-        try:
-            handle = aio.RunHandle.start(aio.Agent(model, tools=[wait]).run("go"))
-            await started.wait()  # the tool runs: the span is open
-            handle.cancel("the user pressed Stop")
-            with pytest.raises(asyncio.CancelledError):
-                await handle
+        try:  # the tool runs: its span is open
+            await cancel_once(aio.Agent(model, tools=[wait]).run("go"), started)
         finally:
             await model.aclose()
     (stopped,) = named(spans, "execute_tool wait")
@@ -185,12 +190,8 @@ async def test_a_cancel_mid_reply_ends_the_turn_and_the_run_spans_as_cancelled(
                 if isinstance(event, aio.TextChunk):
                     streaming.set()
 
-        try:
-            handle = aio.RunHandle.start(consume())
-            await streaming.wait()  # the reply provably streams: the turn's span is open
-            handle.cancel("Stop")
-            with pytest.raises(asyncio.CancelledError):
-                await handle
+        try:  # the reply provably streams: the turn's span is open
+            await cancel_once(consume(), streaming)
         finally:
             await model.aclose()
     (turn,) = named(spans, "chat m")
