@@ -44,6 +44,7 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolResult,
 )
+from aimu.aio.journal import IN_DOUBT_RESULT, RERUN_NOTE, settle_in_doubt
 from aimu.aio.runnable import Runnable, load_usage
 from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
@@ -57,6 +58,7 @@ from aimu.aio.transcript import (
     Usage,
     add_usage,
     copy_messages,
+    dangling_calls,
     settle,
     validate,
     zero_usage,
@@ -117,8 +119,8 @@ class _Run:
 
     __slots__ = (
         "argument_errors", "assembler", "calls", "closing", "contexts", "error",
-        "final_prompted", "outcome", "reply", "rounds", "scope", "settled", "spans",
-        "status", "stop_reason", "store_error", "usage",
+        "final_prompted", "outcome", "reply", "reruns", "rounds", "scope", "settled",
+        "spans", "status", "stop_reason", "store_error", "usage",
     )
 
     def __init__(self, scope: RunScope, spans: RunSpans) -> None:
@@ -138,6 +140,8 @@ class _Run:
         self.argument_errors: dict[str, str] = {}
         #: The tool calls of the last turn, while its tool round is due.
         self.calls: list[ToolCall] = []
+        #: Ids of the calls a crash left in doubt that this run runs again.
+        self.reruns: frozenset[str] = frozenset()
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
         #: The consumer closed the stream (GeneratorExit came in at a yield).
@@ -235,6 +239,8 @@ class Agent(Runnable):
         #: Memory changed in a way the store has not seen (restore(), reset, the system
         #: prompt): the stored transcript is rewritten from memory at the next store write.
         self._store_stale = False
+        #: In-doubt calls of idempotent tools found on load: resume() runs them again.
+        self._reruns: list[ToolCall] = []
         self._scope: RunScope | None = None
         self._usage = zero_usage()
         self.last_status: RunStatus | None = None
@@ -386,13 +392,31 @@ class Agent(Runnable):
         if stored:
             validate(stored)
             settled = copy_messages(stored)
-            self._store_stale = bool(settle(settled))
+            await self._settle_stored(settled)
+            self._store_stale = len(settled) != len(stored)
             messages[:] = settled
         elif messages:
             validate(messages)
             self._store_stale = True
         self._place_system()
         await self._sync_store(writer)
+
+    async def _settle_stored(self, messages: list[Message]) -> None:
+        """Answer the dangling calls of a loaded transcript, the tool journal deciding
+        which were in doubt (see :mod:`aimu.aio.journal`)."""
+        self._reruns = []
+        if self._store is None or self._session is None or not dangling_calls(messages):
+            return
+        starts = await self._store.tool_starts(self._session)
+        self._reruns = settle_in_doubt(messages, starts, self._config.tools_by_name).rerun
+
+    def _abandon_reruns(self) -> list[ToolMessage]:
+        """Give up running the in-doubt calls again (a new task instead of resume(), or a
+        stop before the run reached them): they get IN_DOUBT_RESULT in memory, returned."""
+        if not self._reruns:
+            return []
+        self._reruns = []
+        return settle(self.model_client.messages, IN_DOUBT_RESULT)
 
     def restore(self, messages: Sequence[Message]) -> None:
         """Load ``messages`` as this session's transcript, validating them first.
@@ -412,6 +436,7 @@ class Agent(Runnable):
         elif system is not None:
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
+        self._reruns = []
         self._store_stale = True
 
     # -- progress, for workflows ---------------------------------------------------
@@ -477,6 +502,9 @@ class Agent(Runnable):
         await self.open()
         if reset:
             self.model_client.messages.clear()
+            self._reruns = []
+            self._store_stale = True
+        elif task is not None and self._abandon_reruns():
             self._store_stale = True
         self._place_system()
         if self._writer is not None:
@@ -491,7 +519,11 @@ class Agent(Runnable):
     def _pick_up(self, run: _Run, task: str | None) -> None:
         """Where the run starts: the rounds the task has used, or a resumed answer."""
         run.rounds, run.final_prompted = self._rounds_used()
-        if task is None:
+        if self._reruns:  # resume(): finish the tool round a crash cut, in-doubt calls first
+            run.calls, self._reruns = self._reruns, []
+            run.reruns = frozenset(call["id"] for call in run.calls)
+            run.outcome = Outcome.NEEDS_TOOLS
+        elif task is None:
             answer = self._finished_answer()
             if answer is not None:
                 run.end(Outcome.ANSWERED, answer)
@@ -604,14 +636,25 @@ class Agent(Runnable):
                 interrupt_probe=run.interrupt_asked,
             )
             run.contexts.append(context)
+            await self._journal_start(call)
             with run.spans.tool_calls():
                 outcome = await invoke(self._config.tools_by_name, call, context)
+            if call["id"] in run.reruns:
+                outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
         result = _result(call, outcome)
         if not run.settled:
             await self._record(result)
         return ToolResult(
             self._config.name, call["id"], result["name"], outcome.content, outcome.is_error
         )
+
+    async def _journal_start(self, call: ToolCall) -> None:
+        """With a store, durably note that ``call`` starts: if the process dies before
+        its result is recorded, the next load knows the call is in doubt."""
+        function = call["function"]
+        if self._writer is not None and function["name"] in self._config.tools_by_name:
+            await self._writer.record_tool_start(call["id"], function["name"],
+                                                 function["arguments"])
 
     async def _settle(self, run: _Run) -> RunFinished:
         """Leave a valid transcript however the run ended, release the session, and
@@ -623,7 +666,7 @@ class Agent(Runnable):
         run.settled = True
         for context in run.contexts:
             context.mark_cancelled()
-        unstored: list[Message] = []
+        unstored: list[Message] = [*self._abandon_reruns()]
         assembler = run.assembler
         if assembler is not None and assembler.started:
             unstored.append(assembler.message())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypeAlias, TypedDict, cast
 
 from aimu.aio._echo import echo
@@ -328,27 +328,35 @@ def cancelled_result(call: ToolCall, content: str = CANCELLED_RESULT) -> ToolMes
 
 
 def settle(
-    messages: list[Message], content: str = CANCELLED_RESULT, *, start: int = 0
+    messages: list[Message],
+    content: str | Callable[[int, ToolCall], str | None] = CANCELLED_RESULT,
+    *,
+    start: int = 0,
 ) -> list[ToolMessage]:
     """Answer every dangling tool call in place; return the results it added.
 
     Each result goes right after the results its assistant turn already has, so the
     transcript stays valid. Idempotent: a settled transcript is left unchanged.
-    ``start`` skips messages known to be settled already.
+    ``start`` skips messages known to be settled already. ``content`` may be a function
+    of (index of the assistant message, call) giving each result's text, or None to
+    leave that call dangling.
     """
     dangling = dangling_calls(messages, start)
     if not dangling:
         return []
+    text_of = content if callable(content) else (lambda _index, _call: content)
     added: list[ToolMessage] = []
     # Insert from the back so earlier indices stay true.
-    by_turn: dict[int, list[ToolCall]] = {}
+    by_turn: dict[int, list[ToolMessage]] = {}
     for index, call in dangling:
-        by_turn.setdefault(index, []).append(call)
+        text = text_of(index, call)
+        if text is not None:
+            by_turn.setdefault(index, []).append(cancelled_result(call, text))
     for index in sorted(by_turn, reverse=True):
         end = index + 1
         while end < len(messages) and messages[end]["role"] == "tool":
             end += 1
-        results = [cancelled_result(call, content) for call in by_turn[index]]
+        results = by_turn[index]
         messages[end:end] = results
         added[:0] = results
     return added

@@ -47,6 +47,7 @@ class Tool:
         "context_param",
         "description",
         "fn",
+        "idempotent",
         "is_async",
         "name",
         "parameters",
@@ -61,6 +62,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         timeout: float | None = None,
+        idempotent: bool = False,
     ) -> None:
         if not callable(fn):
             raise ToolDefinitionError(f"a tool must be callable, got {type(fn).__name__}")
@@ -73,6 +75,8 @@ class Tool:
         self.name = name
         self.fn = fn
         self.timeout = float(timeout) if timeout is not None else None
+        #: Safe to run twice: a call in doubt after a crash is run again.
+        self.idempotent = bool(idempotent)
         # A callable object counts as async when its __call__ is.
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             type(fn).__call__
@@ -141,6 +145,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    idempotent: bool | None = None,
 ) -> Tool: ...
 
 
@@ -152,6 +157,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    idempotent: bool | None = None,
 ) -> Callable[[Callable[..., Any] | Tool], Tool]: ...
 
 
@@ -162,11 +168,13 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    idempotent: bool | None = None,
 ) -> Tool | Callable[[Callable[..., Any] | Tool], Tool]:
     """Make a :class:`Tool`, overriding the inferred name, description or timeout.
 
     Usable bare (``@tool``) or with arguments (``@tool(timeout=2)``); given a Tool it
-    returns a new Tool with the overrides applied.
+    returns a new Tool with the overrides applied. ``idempotent=True``: a call in doubt
+    after a crash is run again (the default gives it an "outcome unknown" result instead).
     """
 
     def make(obj: Callable[..., Any] | Tool) -> Tool:
@@ -176,8 +184,12 @@ def tool(
                 name=obj.name if name is None else name,
                 description=obj.description if description is None else description,
                 timeout=obj.timeout if timeout is None else timeout,
+                idempotent=obj.idempotent if idempotent is None else idempotent,
             )
-        return Tool(obj, name=name, description=description, timeout=timeout)
+        return Tool(
+            obj, name=name, description=description, timeout=timeout,
+            idempotent=bool(idempotent),
+        )
 
     return make if fn is None else make(fn)
 
