@@ -703,3 +703,61 @@ async def test_openai_rejects_dangling_tool_calls_like_a_real_server(
             f"{server.openai_base_url}/chat/completions", json={"model": "m", "messages": answered}
         )
         assert ok.status_code == 200
+
+
+# -- strict templates, retryable faults, stop reasons --------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_strict_alternation_refuses_two_turns_of_one_role(protocol: str) -> None:
+    async with serving([Turn(text="ok")]) as server:
+        server.strict_alternation = True
+        payload = body(protocol, stream=False)
+        payload["messages"] = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "a"},
+            {"role": "user", "content": "b"},
+        ]
+        async with httpx.AsyncClient() as http:
+            refused = await http.post(chat_url(server, protocol), json=payload)
+            payload["messages"][2] = {"role": "assistant", "content": "b"}
+            accepted = await http.post(chat_url(server, protocol), json=payload)
+    assert refused.status_code == 400
+    assert "messages 1 and 2 are both 'user'" in refused.text
+    assert accepted.status_code == 200 and not server.streams[0].fault
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    ("fault", "status", "retry_after"),
+    [("http_502", 502, None), ("http_503", 503, "7"), ("http_504", 504, None),
+     ("http_429", 429, "1")],
+)
+async def test_retryable_http_faults_answer_their_status(
+    protocol: str, fault: Any, status: int, retry_after: str | None
+) -> None:
+    turn = Turn(fault=fault, retry_after="7" if status == 503 else None)
+    async with serving([turn]) as server, httpx.AsyncClient() as http:
+        response = await http.post(chat_url(server, protocol), json=body(protocol, stream=True))
+    assert response.status_code == status
+    assert response.headers.get("retry-after") == retry_after
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_reset_closes_the_connection_before_any_byte(protocol: str) -> None:
+    async with serving([Turn(fault="reset")]) as server, httpx.AsyncClient() as http:
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+            await http.post(chat_url(server, protocol), json=body(protocol, stream=True))
+        await server.wait_requests(1)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_scripted_stop_reason_is_sent(protocol: str) -> None:
+    async with serving([Turn(text="cut", stop_reason="length")]) as server:
+        async with httpx.AsyncClient() as http:
+            reply = (await http.post(chat_url(server, protocol),
+                                     json=body(protocol, stream=False))).json()
+    if protocol == "ollama":
+        assert reply["done_reason"] == "length"
+    else:
+        assert reply["choices"][0]["finish_reason"] == "length"
