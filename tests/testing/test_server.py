@@ -753,10 +753,10 @@ async def test_a_reset_closes_the_connection_before_any_byte(protocol: str) -> N
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_a_scripted_stop_reason_is_sent(protocol: str) -> None:
-    async with serving([Turn(text="cut", stop_reason="length")]) as server:
-        async with httpx.AsyncClient() as http:
-            reply = (await http.post(chat_url(server, protocol),
-                                     json=body(protocol, stream=False))).json()
+    turn = Turn(text="cut", stop_reason="length")
+    async with serving([turn]) as server, httpx.AsyncClient() as http:
+        url = chat_url(server, protocol)
+        reply = (await http.post(url, json=body(protocol, stream=False))).json()
     if protocol == "ollama":
         assert reply["done_reason"] == "length"
     else:
