@@ -48,8 +48,11 @@ async def control(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl
 class Workers:
     """Worker OS processes (worker_proc.py) sharing one Redis prefix, store and model."""
 
-    def __init__(self, url: str, prefix: str, model_url: str, store: Path) -> None:
+    def __init__(
+        self, url: str, prefix: str, model_url: str, store: Path, lease: float = LEASE
+    ) -> None:
         self.url, self.prefix, self.model_url, self.store = url, prefix, model_url, store
+        self.lease = lease
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, count: int) -> None:
@@ -64,7 +67,7 @@ class Workers:
                         self.prefix,
                         self.model_url,
                         str(self.store),
-                        str(LEASE),
+                        str(self.lease),
                     ],
                     env=env,
                     stdin=subprocess.DEVNULL,

@@ -30,11 +30,16 @@ async def seen_text(control: aio.RedisControl, run_id: str, kind: type[object] =
 
 @contextlib.asynccontextmanager
 async def worker_processes(
-    url: str, prefix: str, control: aio.RedisControl, store: Path, count: int
+    url: str,
+    prefix: str,
+    control: aio.RedisControl,
+    store: Path,
+    count: int,
+    lease: float = LEASE,
 ) -> AsyncIterator[tuple[LoopbackServer, Workers]]:
     """The model server, and ``count`` connected worker processes (stopped after)."""
     async with LoopbackServer(Answers()) as server:
-        workers = Workers(url, prefix, server.url, store)
+        workers = Workers(url, prefix, server.url, store, lease)
         workers.spawn(count)
         try:
             await workers.ready(control, count)
@@ -156,7 +161,11 @@ async def test_a_cancel_reaches_a_worker_after_redis_restarts(
 ) -> None:
     async with (
         aio.RedisControl(durable_redis.url, prefix, lease=LEASE) as control,
-        worker_processes(durable_redis.url, prefix, control, store_path, 1) as (server, workers),
+        # A lease longer than the outage: the run is never lost, only cut off for a while.
+        worker_processes(durable_redis.url, prefix, control, store_path, 1, lease=30.0) as (
+            server,
+            workers,
+        ),
     ):
         await submit(control, workers, "r1", "endless")
         last = await seen_text(control, "r1")
