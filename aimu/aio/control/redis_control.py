@@ -184,7 +184,11 @@ class RedisControl:
             await self._client.ping()
 
     async def __aenter__(self) -> RedisControl:
-        await self.connect()
+        try:
+            await self.connect()
+        except BaseException:
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -319,7 +323,7 @@ class RedisControl:
                 args=[
                     f"{time.time():.6f}",
                     json.dumps(info, sort_keys=True) if info else "",
-                    int(self.retention),
+                    max(1, round(self.retention)),
                     run_id,
                 ],
             )

@@ -324,7 +324,7 @@ class Worker:
         if final is not None:
             ended_at = f"{time.time():.6f}"
             args += [final.status, final.reason or "", final.error or "", ended_at]
-            args.append(int(control.retention))
+            args.append(max(1, round(control.retention)))  # EXPIRE takes whole seconds
         else:
             args += ["", "", "", "", 0]
         args.append(run.cursor if run.cursor != run.cursor_sent else "")
