@@ -14,7 +14,7 @@ from aimu import aio
 from aimu.aio.events import TextChunk, ToolCallStarted, ToolResult
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
-from tests.aio.control.conftest import LEASE, DurableRedis, Workers
+from tests.aio.control.helpers import LEASE, DurableRedis, Workers
 from tests.aio.control.scripts import Answers
 
 pytestmark = pytest.mark.slow

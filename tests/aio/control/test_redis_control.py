@@ -13,7 +13,7 @@ from aimu.aio.events import HandleFinished, TextChunk, ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
 from tests import services
-from tests.aio.control.conftest import LEASE
+from tests.aio.control.helpers import LEASE
 from tests.aio.control.scripts import TOOLS, Answers
 
 

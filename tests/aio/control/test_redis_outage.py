@@ -12,7 +12,7 @@ from aimu import aio
 from aimu.aio.events import TextChunk
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
-from tests.aio.control.conftest import LEASE, DurableRedis
+from tests.aio.control.helpers import LEASE, DurableRedis
 from tests.aio.control.scripts import TOOLS, Answers
 
 
