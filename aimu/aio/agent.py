@@ -175,7 +175,8 @@ class Agent(Runnable):
     With ``store`` and ``session`` every message is written durably as it is recorded,
     and a new process building the same agent continues from the stored transcript: the
     session is opened (its write lock taken, its transcript loaded) by :meth:`open`,
-    ``async with agent``, or the first run.
+    ``async with agent``, or the first run. Each tool call's start is journalled first,
+    so a call a crash cut is known to be in doubt (see :mod:`aimu.aio.journal`).
     """
 
     kind = "agent"

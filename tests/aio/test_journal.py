@@ -301,3 +301,72 @@ async def test_a_cancel_landing_during_the_start_or_the_tool_keeps_the_journal_r
     finally:
         await agent.aclose()
         await inner.aclose()
+
+
+async def test_concurrent_tools_rerun_every_in_doubt_idempotent_call(where: Backend) -> None:
+    store = where.make()
+    writer = await store.open_session(SESSION)
+    calls = [{"id": f"r{i}", "type": "function",
+              "function": {"name": "lookup", "arguments": {"key": str(i)}}} for i in range(3)]
+    await writer.append({"role": "user", "content": "look up three"})
+    await writer.append({"role": "assistant", "content": "", "tool_calls": calls})  # type: ignore[typeddict-item]
+    await writer.append({"role": "tool", "content": "value of 0", "tool_call_id": "r0",
+                         "name": "lookup"})
+    for call in calls:
+        await writer.record_tool_start(call["id"], "lookup", call["function"]["arguments"])
+    await writer.aclose()
+    ledger = Ledger()
+    try:
+        agent = aio.Agent(ScriptedModel([Turn(text="ok")]), tools=ledger.tools(), store=store,
+                          session=SESSION, concurrent_tools=True)
+        async with agent:
+            assert await agent.resume() == "ok"
+            messages = agent.model_client.messages
+    finally:
+        await store.aclose()
+    # r0 had its result before the crash: it is not in doubt and does not run again.
+    assert sorted(ledger.ran) == [("lookup", "r1"), ("lookup", "r2")]
+    assert results(messages) == {"r0": "value of 0", "r1": f"{RERUN_NOTE}\nvalue of 1",
+                                 "r2": f"{RERUN_NOTE}\nvalue of 2"}
+    validate(messages)
+    assert await stored(where) == messages
+
+
+async def test_a_cancel_during_the_rerun_settles_it_and_nothing_is_in_doubt_after(
+    where: Backend,
+) -> None:
+    store = where.make()
+    await write_crash(store, started=("c_lookup",))
+    running = asyncio.Event()
+    ran: list[str] = []
+
+    @aio.tool(idempotent=True)
+    async def lookup(key: str) -> str:
+        """Read a value."""
+        ran.append(key)
+        running.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    agent = aio.Agent(ScriptedModel([]), tools=[lookup, Ledger().tools()[1]], store=store,
+                      session=SESSION)
+    try:
+        task = asyncio.ensure_future(agent.resume())
+        await running.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        messages = agent.model_client.messages
+        validate(messages)
+        assert results(messages) == {"c_lookup": CANCELLED_RESULT,
+                                     "c_charge": CANCELLED_RESULT, "c_never": CANCELLED_RESULT}
+        await agent.aclose()
+        assert await store.load(SESSION) == messages
+        again = aio.Agent(ScriptedModel([Turn(text="ok")]), tools=[lookup], store=store,
+                          session=SESSION)
+        async with again:
+            assert await again.resume() == "ok"
+        assert ran == ["k"]  # the cancelled re-run has its result: not in doubt any more
+    finally:
+        await agent.aclose()
+        await store.aclose()
