@@ -19,6 +19,7 @@ SMOKE = {
     "bench_wire.py": ["--quick"],
     "bench_serve.py": ["--quick"],
     "bench_control.py": ["--quick"],
+    "bench_journal.py": ["--rounds", "10", "--repeats", "1"],
 }
 
 
