@@ -9,7 +9,7 @@ kill -9 loop itself is in test_journal_crash.py). Every backend of the contract 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +229,20 @@ async def test_a_crash_during_the_rerun_leaves_it_in_doubt_again(where: Backend)
     assert results(await stored(where))["c_charge"] == CANCELLED_RESULT  # never started
 
 
+async def cancel_at(
+    agent: aio.Agent, run: Coroutine[Any, Any, str], landed: asyncio.Event
+) -> list[Message]:
+    """Cancel ``run`` once ``landed`` is set; the transcript it leaves must be valid."""
+    task = asyncio.ensure_future(run)
+    await landed.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    messages = agent.model_client.messages
+    validate(messages)
+    return messages
+
+
 class StallingStore:
     """A store whose writers stall in record_tool_start until released, keeping the
     contract: a cancel landing there lets the write complete, then raises."""
@@ -277,14 +291,8 @@ async def test_a_cancel_landing_during_the_start_or_the_tool_keeps_the_journal_r
     model = ScriptedModel([Turn(tool_calls=(ScriptedCall("charge", {"amount": 1}, id="p"),))])
     agent = aio.Agent(model, tools=[charge], store=store, session=SESSION)  # type: ignore[arg-type]
     try:
-        task = asyncio.ensure_future(agent.run("pay"))
         landed = store.entered if isinstance(store, StallingStore) else tool_running
-        await landed.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        messages = agent.model_client.messages
-        validate(messages)
+        messages = await cancel_at(agent, agent.run("pay"), landed)
         assert results(messages) == {"p": CANCELLED_RESULT}
         assert ran == ([] if landing == "record_tool_start" else ["charge"])
         await agent.aclose()
@@ -351,13 +359,7 @@ async def test_a_cancel_during_the_rerun_settles_it_and_nothing_is_in_doubt_afte
     agent = aio.Agent(ScriptedModel([]), tools=[lookup, Ledger().tools()[1]], store=store,
                       session=SESSION)
     try:
-        task = asyncio.ensure_future(agent.resume())
-        await running.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        messages = agent.model_client.messages
-        validate(messages)
+        messages = await cancel_at(agent, agent.resume(), running)
         assert results(messages) == {"c_lookup": CANCELLED_RESULT,
                                      "c_charge": CANCELLED_RESULT, "c_never": CANCELLED_RESULT}
         await agent.aclose()
