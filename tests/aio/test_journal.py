@@ -245,11 +245,13 @@ async def cancel_at(
 
 class StallingStore:
     """A store whose writers stall in record_tool_start until released, keeping the
-    contract: a cancel landing there lets the write complete, then raises."""
+    contract: a cancel landing there lets the write complete, then raises. With
+    ``fail``, the journal write fails instead (a full disk)."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, *, fail: bool = False) -> None:
         self.inner = inner
         self.entered = asyncio.Event()
+        self.fail = fail
 
     async def open_session(self, session: str) -> SessionWriter:
         writer = await self.inner.open_session(session)
@@ -261,6 +263,8 @@ class StallingStore:
 
             async def record_tool_start(self, call_id: str, name: str, arguments: Any) -> None:
                 outer.entered.set()
+                if outer.fail:
+                    raise aio.StoreError(f"disk full: cannot journal {call_id!r}")
                 try:
                     await asyncio.Event().wait()
                 finally:
@@ -372,3 +376,27 @@ async def test_a_cancel_during_the_rerun_settles_it_and_nothing_is_in_doubt_afte
     finally:
         await agent.aclose()
         await store.aclose()
+
+
+async def test_a_tool_whose_start_cannot_be_journalled_does_not_run(where: Backend) -> None:
+    inner = where.make()
+    ran: list[int] = []
+
+    def charge(amount: int) -> str:
+        """Charge a card."""
+        ran.append(amount)
+        return "charged"
+
+    model = ScriptedModel([Turn(tool_calls=(ScriptedCall("charge", {"amount": 1}, id="p"),))])
+    store = StallingStore(inner, fail=True)
+    agent = aio.Agent(model, tools=[charge], store=store, session=SESSION)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(aio.StoreError, match="cannot journal 'p'"):
+            await agent.run("pay")
+        assert ran == []
+        assert agent.last_status == "failed"
+        validate(agent.model_client.messages)
+        assert results(agent.model_client.messages) == {"p": CANCELLED_RESULT}
+    finally:
+        await agent.aclose()
+        await inner.aclose()
