@@ -23,6 +23,14 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, cast
 
 from aimu.aio._tracing import RunSpans
+from aimu.aio.approvals import (
+    PAUSED,
+    ApprovalPolicy,
+    Approvals,
+    Decision,
+    PendingApproval,
+    denied_result,
+)
 from aimu.aio.client import (
     Chunk,
     ModelClient,
@@ -50,6 +58,7 @@ from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
 from aimu.aio.transcript import (
+    CANCELLED_RESULT,
     AssistantMessage,
     Message,
     ToolCall,
@@ -65,7 +74,7 @@ from aimu.aio.transcript import (
 )
 
 if TYPE_CHECKING:
-    from aimu.aio.store import SessionWriter, Store
+    from aimu.aio.store import SessionWriter, Store, ToolStart
 
 __all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Outcome"]
 
@@ -92,6 +101,7 @@ class _Config:
     tools: tuple[Tool, ...]
     tools_by_name: dict[str, Tool]
     specs: tuple[ToolSpec, ...]
+    approve: ApprovalPolicy | None
 
 
 class Outcome(enum.Enum):
@@ -105,12 +115,15 @@ class Outcome(enum.Enum):
     """An interrupt was honoured at a step boundary: the run returns INTERRUPTED."""
     OUT_OF_ROUNDS = "out_of_rounds"
     """The last, tool-less turn ended: the run ends with status max_rounds."""
+    PAUSED = "paused"
+    """Tool calls wait for a person's decision: the run returns paused."""
 
 
 _STATUS_OF: dict[Outcome, RunStatus] = {
     Outcome.ANSWERED: "completed",
     Outcome.INTERRUPTED: "interrupted",
     Outcome.OUT_OF_ROUNDS: "max_rounds",
+    Outcome.PAUSED: "paused",
 }
 
 
@@ -119,7 +132,7 @@ class _Run:
 
     __slots__ = (
         "argument_errors", "assembler", "calls", "closing", "contexts", "error",
-        "final_prompted", "outcome", "reply", "reruns", "rounds", "scope", "settled",
+        "final_prompted", "opened", "outcome", "reply", "rounds", "scope", "settled",
         "spans", "status", "stop_reason", "store_error", "usage",
     )
 
@@ -140,13 +153,13 @@ class _Run:
         self.argument_errors: dict[str, str] = {}
         #: The tool calls of the last turn, while its tool round is due.
         self.calls: list[ToolCall] = []
-        #: Ids of the calls a crash left in doubt that this run runs again.
-        self.reruns: frozenset[str] = frozenset()
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
         #: The consumer closed the stream (GeneratorExit came in at a yield).
         self.closing = False
         self.settled = False
+        #: The session was put in order for this run (until then nothing is its to settle).
+        self.opened = False
         #: A store write that failed while the run settled; the run then ends ``failed``.
         self.store_error: StoreError | None = None
 
@@ -192,6 +205,7 @@ class Agent(Runnable):
         store: Store | None = None,
         session: str | None = None,
         concurrent_tools: bool = False,
+        approve: ApprovalPolicy | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise TypeError(
@@ -219,6 +233,7 @@ class Agent(Runnable):
             tools=built,
             tools_by_name=by_name,
             specs=tuple(t.spec for t in built),
+            approve=approve,
         )
         self._setup(config, client, store, session, owns_client=True)
 
@@ -240,9 +255,15 @@ class Agent(Runnable):
         #: Memory changed in a way the store has not seen (restore(), reset, the system
         #: prompt): the stored transcript is rewritten from memory at the next store write.
         self._store_stale = False
-        #: In-doubt calls of idempotent tools found on load: resume() runs them again.
-        self._reruns: list[ToolCall] = []
+        #: Approvals changed since the store last saw them (a decision given).
+        self._state_stale = False
+        #: Ids of the in-doubt calls of idempotent tools found on load: resume() runs
+        #: them again (their results start with RERUN_NOTE).
+        self._reruns: set[str] = set()
         self._scope: RunScope | None = None
+        self._approvals = Approvals()
+        #: Text sent while the last run paused: it joins the next run at its first boundary.
+        self._carried: list[str] = []
         self._usage = zero_usage()
         self.last_status: RunStatus | None = None
         if session is not None:
@@ -290,6 +311,37 @@ class Agent(Runnable):
     def _require_task(self) -> None:
         if not self.resumable:
             raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
+        self._approvals.check_decided(f"agent {self.name!r}")
+
+    # -- approvals -------------------------------------------------------------------
+
+    @property
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The tool calls the paused run waits on (call id, tool, arguments)."""
+        return self._approvals.waiting()
+
+    def approve(self, call_id: str) -> None:
+        """Let the waiting call ``call_id`` run when the run resumes."""
+        self._decide(call_id, Decision(True))
+
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        """Refuse the waiting call ``call_id``: on resume the model reads that it was
+        denied, and ``reason``."""
+        self._decide(call_id, Decision(False, reason))
+
+    def _decide(self, call_id: str, decision: Decision) -> None:
+        if self.running:
+            raise RuntimeError(
+                f"agent {self.name!r}: cannot decide on call {call_id!r:.80} while a run is "
+                "in progress; decide once it has paused"
+            )
+        self._approvals.decide(call_id, decision, f"agent {self.name!r}")
+        self._state_stale = True
+
+    async def _save_approvals(self) -> None:
+        if self._writer is not None:
+            await self._writer.save_state({"approvals": self._approvals.dump()})
+            self._state_stale = False
 
     def start(self, *, session: str | None = None) -> Agent:
         """A new session of this agent: same model settings, tools and limits.
@@ -393,31 +445,18 @@ class Agent(Runnable):
         if stored:
             validate(stored)
             settled = copy_messages(stored)
-            await self._settle_stored(settled)
-            self._store_stale = len(settled) != len(stored)
+            assert self._store is not None and self._session is not None
+            state = await self._store.load_state(self._session)
+            approvals = Approvals.load(state.get("approvals"), f"session {self._session!r}")
+            starts = await self._store.tool_starts(self._session)
+            self._store_stale = self._settle_loaded(settled, approvals, starts)
+            self._approvals = approvals
             messages[:] = settled
         elif messages:
             validate(messages)
             self._store_stale = True
         self._place_system()
         await self._sync_store(writer)
-
-    async def _settle_stored(self, messages: list[Message]) -> None:
-        """Answer the dangling calls of a loaded transcript, the tool journal deciding
-        which were in doubt (see :mod:`aimu.aio.journal`)."""
-        self._reruns = []
-        if self._store is None or self._session is None or not dangling_calls(messages):
-            return
-        starts = await self._store.tool_starts(self._session)
-        self._reruns = settle_in_doubt(messages, starts, self._config.tools_by_name).rerun
-
-    def _abandon_reruns(self) -> list[ToolMessage]:
-        """Give up running the in-doubt calls again (a new task instead of resume(), or a
-        stop before the run reached them): they get IN_DOUBT_RESULT in memory, returned."""
-        if not self._reruns:
-            return []
-        self._reruns = []
-        return settle(self.model_client.messages, IN_DOUBT_RESULT)
 
     def restore(self, messages: Sequence[Message]) -> None:
         """Load ``messages`` as this session's transcript, validating them first.
@@ -428,26 +467,49 @@ class Agent(Runnable):
         """
         if self.running:
             raise RuntimeError("cannot restore() while a run is in progress on this session")
+        self._restore(messages, Approvals())
+
+    def _restore(self, messages: Sequence[Message], approvals: Approvals) -> None:
         validate(messages)
         restored = copy_messages(messages)
-        settle(restored)
+        self._settle_loaded(restored, approvals, ())
+        self._approvals = approvals
         system = self._config.system
         if system is not None and restored and restored[0]["role"] == "system":
             restored[0] = {"role": "system", "content": system}
         elif system is not None:
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
-        self._reruns = []
-        self._store_stale = True
+        self._store_stale = self._state_stale = True
+
+    def _settle_loaded(
+        self, messages: list[Message], approvals: Approvals, starts: Sequence[ToolStart]
+    ) -> bool:
+        """Answer the dangling calls of a loaded transcript, the tool journal ``starts``
+        deciding which were in doubt (see :mod:`aimu.aio.journal`); True if any was
+        answered. Calls waiting for a person stay open, and so do in-doubt calls of
+        idempotent tools (resume runs them again) and of approval tools (a person
+        decides: they join the waiting calls)."""
+        approvals.keep_only({call["id"]: call for _, call in dangling_calls(messages)})
+        before = len(messages)
+        found = settle_in_doubt(messages, starts, self._config.tools_by_name, approvals.pending)
+        for call in found.asked:
+            approvals.ask(call, in_doubt=True)
+        self._reruns = {call["id"] for call in found.rerun}
+        return len(messages) != before
 
     # -- progress, for workflows ---------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """This session's transcript and token usage as plain JSON data (copies)."""
-        return {"messages": copy_messages(self.model_client.messages), "usage": self.usage}
+        return {
+            "messages": copy_messages(self.model_client.messages),
+            "usage": self.usage,
+            "approvals": self._approvals.dump(),
+        }
 
     def blank_snapshot(self) -> dict[str, Any]:
-        return {"messages": [], "usage": zero_usage()}
+        return {"messages": [], "usage": zero_usage(), "approvals": Approvals().dump()}
 
     def session_from(self, snapshot: Mapping[str, Any]) -> Agent | None:
         """A new session holding ``snapshot``; None when it holds no transcript."""
@@ -455,7 +517,8 @@ class Agent(Runnable):
         if not messages:
             return None
         session = self.start()
-        session.restore(cast(list[Message], messages))
+        approvals = Approvals.load(snapshot.get("approvals"), "the snapshot")
+        session._restore(cast(list[Message], messages), approvals)
         session._usage = load_usage(snapshot.get("usage"), "the snapshot")
         return session
 
@@ -467,9 +530,10 @@ class Agent(Runnable):
         failure: BaseException | None = None
         try:
             await self._open(task, reset)
+            run.opened = True
             yield run.publish(RunStarted(self.name, task))
             self._pick_up(run, task)
-            while (step := self._next_step(run)) is not None:
+            while (step := await self._next_step(run)) is not None:
                 async with aclosing(step):
                     async for event in step:
                         try:
@@ -503,38 +567,56 @@ class Agent(Runnable):
         await self.open()
         if reset:
             self.model_client.messages.clear()
-            self._reruns = []
-            self._store_stale = True
-        elif task is not None and self._abandon_reruns():
-            self._store_stale = True
+            self._reruns = set()
+            self._approvals.clear()
+            self._store_stale = self._state_stale = True
         self._place_system()
         if self._writer is not None:
             await self._sync_store(self._writer)
+            if self._state_stale:
+                await self._save_approvals()
         if task is None:
             self._require_task()
         else:
+            await self._drop_undone_calls()
             await self._record({"role": "user", "content": task})
         if self._writer is not None:
             await self._writer.set_status("in_progress")
 
+    async def _drop_undone_calls(self) -> None:
+        """A new task instead of resume(): calls still open are not run; they get
+        "cancelled" results (or, in doubt after a crash, IN_DOUBT_RESULT)."""
+        self._approvals.check_decided(f"agent {self.name!r}")
+        for result in self._close_open_calls():
+            if self._writer is not None:
+                await self._writer.append(result)
+        if self._approvals.pending:
+            self._approvals.clear()
+            await self._save_approvals()
+
     def _pick_up(self, run: _Run, task: str | None) -> None:
-        """Where the run starts: the rounds the task has used, or a resumed answer."""
+        """Where the run starts: the rounds the task has used, the calls a pause or a
+        crash left open (resume runs them), or a resumed answer."""
         run.rounds, run.final_prompted = self._rounds_used()
-        if self._reruns:  # resume(): finish the tool round a crash cut, in-doubt calls first
-            run.calls, self._reruns = self._reruns, []
-            run.reruns = frozenset(call["id"] for call in run.calls)
-            run.outcome = Outcome.NEEDS_TOOLS
-        elif task is None:
+        if task is None:
+            open_calls = [call for _, call in dangling_calls(self.model_client.messages)]
+            if open_calls:
+                run.calls, run.outcome = open_calls, Outcome.NEEDS_TOOLS
+                return
             answer = self._finished_answer()
             if answer is not None:
                 run.end(Outcome.ANSWERED, answer)
 
-    def _next_step(self, run: _Run) -> AsyncGenerator[Event, None] | None:
-        """The step to run next, or None once the run has its outcome."""
+    async def _next_step(self, run: _Run) -> AsyncGenerator[Event, None] | None:
+        """The step to run next, or None once the run has its outcome. Text sent to the
+        run joins it here, at the boundary, even after an answer."""
         if run.outcome is Outcome.NEEDS_TOOLS:
             return self._tool_round(run)
+        if run.outcome is Outcome.ANSWERED and await self._join_sent(run):
+            run.outcome = None
         if run.outcome is not None:
             return None
+        await self._join_sent(run)
         if run.interrupt_asked():  # the step boundary
             run.end(Outcome.INTERRUPTED, INTERRUPTED)
             run.scope.note_interrupted()
@@ -600,10 +682,55 @@ class Agent(Runnable):
         else:
             run.calls, run.outcome = calls, Outcome.NEEDS_TOOLS
 
+    async def _join_sent(self, run: _Run) -> bool:
+        """Record the text sent to the run as user messages; True if there was any."""
+        texts = [*self._carried, *run.scope.take_sent()]
+        self._carried = []
+        for text in texts:
+            await self._record({"role": "user", "content": text})
+        if texts:
+            run.rounds, run.final_prompted = 0, False  # new input: a new round budget
+        return bool(texts)
+
+    def _sort_calls(
+        self, calls: list[ToolCall]
+    ) -> tuple[list[ToolCall], list[tuple[ToolCall, str]], list[ToolCall]]:
+        """The calls to run now, those refused (with the result the model reads), and
+        those that wait for a person: by the decision given, else the policy or tool."""
+        run_now: list[ToolCall] = []
+        refused: list[tuple[ToolCall, str]] = []
+        asked: list[ToolCall] = []
+        for call in calls:
+            decision = self._approvals.take(call["id"]) or self._policy(call)
+            if decision is None:
+                asked.append(call)
+            elif decision.approved:
+                run_now.append(call)
+            else:
+                refused.append((call, denied_result(decision.reason)))
+        return run_now, refused, asked
+
+    def _policy(self, call: ToolCall) -> Decision | None:
+        """What the agent's ``approve=`` policy, or the tool's ``approval`` flag, says
+        of a call no person decided on; None: ask a person."""
+        function = call["function"]
+        policy = self._config.approve
+        if policy is not None:
+            verdict = policy(function["name"], function["arguments"])
+            if verdict == "ask":
+                return None
+            return Decision(True) if verdict else Decision(False, "refused by the policy")
+        tool = self._config.tools_by_name.get(function["name"])
+        return None if tool is not None and tool.approval else Decision(True)
+
     async def _tool_round(self, run: _Run) -> AsyncGenerator[Event, None]:
-        """Run the last turn's calls, recording each result as it exists; ends the step."""
+        """Run the last turn's calls, recording each result as it exists; ends the step,
+        or pauses the run when calls wait for a person."""
         name = self._config.name
-        calls = run.calls
+        calls, refused, asked = self._sort_calls(run.calls)
+        for call, refusal in refused:
+            yield _call_started(name, call)
+            yield await self._call_tool(call, run, refusal)
         if self._config.concurrent_tools and len(calls) > 1:
             for call in calls:
                 yield _call_started(name, call)
@@ -622,14 +749,29 @@ class Agent(Runnable):
                 yield _call_started(name, call)
                 yield await self._call_tool(call, run)
         run.calls, run.outcome = [], None
+        if asked:
+            for call in asked:
+                self._approvals.ask(call)
+            await self._save_approvals()
+            run.end(Outcome.PAUSED, PAUSED)
+            run.scope.note_paused()
+            return
         yield StepFinished(name, run.rounds)
 
-    async def _call_tool(self, call: ToolCall, run: _Run) -> ToolResult:
-        """Run one call and record its result the moment it exists."""
-        error = run.argument_errors.get(call["id"])
+    async def _call_tool(
+        self, call: ToolCall, run: _Run, refusal: str | None = None
+    ) -> ToolResult:
+        """Run one call (its start journaled first, with a store) and record its result
+        the moment it exists; a refused call gets ``refusal`` as its result."""
+        error = refusal or run.argument_errors.get(call["id"])
         if error is not None:
             outcome = ToolOutcome(error, True)
         else:
+            function = call["function"]
+            if self._writer is not None and function["name"] in self._config.tools_by_name:
+                await self._writer.record_tool_start(
+                    call["id"], function["name"], function["arguments"]
+                )
             context = ToolContext(
                 agent=self._config.name,
                 call_id=call["id"],
@@ -637,10 +779,10 @@ class Agent(Runnable):
                 interrupt_probe=run.interrupt_asked,
             )
             run.contexts.append(context)
-            await self._journal_start(call)
             with run.spans.tool_calls():
                 outcome = await invoke(self._config.tools_by_name, call, context)
-            if call["id"] in run.reruns:
+            if call["id"] in self._reruns:
+                self._reruns.discard(call["id"])
                 outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
         result = _result(call, outcome)
         if not run.settled:
@@ -648,14 +790,6 @@ class Agent(Runnable):
         return ToolResult(
             self._config.name, call["id"], result["name"], outcome.content, outcome.is_error
         )
-
-    async def _journal_start(self, call: ToolCall) -> None:
-        """With a store, durably note that ``call`` starts: if the process dies before
-        its result is recorded, the next load knows the call is in doubt."""
-        function = call["function"]
-        if self._writer is not None and function["name"] in self._config.tools_by_name:
-            await self._writer.record_tool_start(call["id"], function["name"],
-                                                 function["arguments"])
 
     async def _settle(self, run: _Run) -> RunFinished:
         """Leave a valid transcript however the run ended, release the session, and
@@ -667,14 +801,22 @@ class Agent(Runnable):
         run.settled = True
         for context in run.contexts:
             context.mark_cancelled()
-        unstored: list[Message] = [*self._abandon_reruns()]
+        unstored: list[Message] = []
         assembler = run.assembler
         if assembler is not None and assembler.started:
             unstored.append(assembler.message())
             self.model_client.messages.append(unstored[-1])
             run.reply = run.reply or assembler.text
-        if run.status in ("cancelled", "failed"):
+        if run.status in ("cancelled", "failed") and run.opened:
             unstored.extend(self._settle_calls())
+            self._approvals.clear()
+        sent = run.scope.take_sent(close=True)
+        if run.status == "paused":
+            self._carried = sent  # joins the resumed run at its first boundary
+        else:
+            for text in sent:
+                unstored.append({"role": "user", "content": text})
+                self.model_client.messages.append(unstored[-1])
         try:
             await self._store_settled(unstored, run.status)
         except StoreError as error:
@@ -696,7 +838,17 @@ class Agent(Runnable):
         last_assistant = len(messages) - 1
         while last_assistant > 0 and messages[last_assistant]["role"] == "tool":
             last_assistant -= 1
-        return settle(messages, start=max(last_assistant, 0))
+        return self._close_open_calls(start=max(last_assistant, 0))
+
+    def _close_open_calls(self, start: int = 0) -> list[ToolMessage]:
+        """Answer the open calls in memory: "cancelled", or IN_DOUBT_RESULT for a call
+        a crash left in doubt that is now not run again; return the results."""
+        reruns, self._reruns = self._reruns, set()
+        return settle(
+            self.model_client.messages,
+            lambda _index, call: IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT,
+            start=start,
+        )
 
     async def _store_settled(self, unstored: list[Message], status: RunStatus) -> None:
         if self._writer is not None:

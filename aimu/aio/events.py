@@ -29,9 +29,12 @@ __all__ = [
     "ToolResult",
 ]
 
-RunStatus: TypeAlias = Literal["completed", "interrupted", "cancelled", "failed", "max_rounds"]
+RunStatus: TypeAlias = Literal[
+    "completed", "interrupted", "cancelled", "failed", "max_rounds", "paused"
+]
 HandleStatus: TypeAlias = Literal[
-    "pending", "running", "completed", "interrupted", "cancelled", "timed_out", "failed"
+    "pending", "running", "completed", "interrupted", "paused", "cancelled", "timed_out",
+    "failed",
 ]
 
 

@@ -6,14 +6,15 @@ finishes. So a call of the stored transcript's last assistant turn that has a jo
 entry and no result was running when the process stopped: its side effect may or may
 not have happened. When the session is loaded again each such call follows its tool's
 policy: ``idempotent=True`` runs it again (its result then starts with
-:data:`RERUN_NOTE`), any other tool is not run again and gets :data:`IN_DOUBT_RESULT`.
+:data:`RERUN_NOTE`), ``approval=True`` waits for a person's decision, any other tool is
+not run again and gets :data:`IN_DOUBT_RESULT`.
 A dangling call without a journal entry never started: it is settled "cancelled", as
 after any stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aimu.aio.store import ToolStart
@@ -37,20 +38,26 @@ RERUN_NOTE = (
 
 @dataclass(slots=True)
 class InDoubt:
-    """What loading found in doubt: the calls to run again, and those answered unknown."""
+    """What loading found in doubt: the calls to run again, those that wait for a person,
+    and those answered unknown."""
 
     rerun: list[ToolCall] = field(default_factory=list)
+    asked: list[ToolCall] = field(default_factory=list)
     unknown: list[ToolCall] = field(default_factory=list)
 
 
 def settle_in_doubt(
-    messages: list[Message], starts: Iterable[ToolStart], tools: Mapping[str, Tool]
+    messages: list[Message],
+    starts: Iterable[ToolStart],
+    tools: Mapping[str, Tool],
+    waiting: Collection[str] = (),
 ) -> InDoubt:
     """Settle ``messages`` in place after a stop, the journal ``starts`` deciding.
 
-    Every dangling call gets a result except the in-doubt calls of idempotent tools,
-    which stay dangling and are returned to be run again. A call id the journal holds
-    counts as started even if an earlier turn reused the id: when unsure, in doubt.
+    Every dangling call gets a result except the calls in ``waiting`` (they wait for a
+    person's decision already) and the in-doubt calls of idempotent or approval tools,
+    which stay dangling and are returned. A call id the journal holds counts as started
+    even if an earlier turn reused the id: when unsure, in doubt.
     """
     journaled = {start.call_id for start in starts}
     last_turn = max(
@@ -61,11 +68,16 @@ def settle_in_doubt(
     def result(index: int, call: ToolCall) -> str | None:
         # Only the last turn can hold a call the crash cut: earlier ones were settled
         # when the run that followed them was recorded.
+        if call["id"] in waiting:
+            return None
         if index != last_turn or call["id"] not in journaled:
             return CANCELLED_RESULT
         tool = tools.get(call["function"]["name"])
         if tool is not None and tool.idempotent:
             found.rerun.append(call)
+            return None
+        if tool is not None and tool.approval:
+            found.asked.append(call)
             return None
         found.unknown.append(call)
         return IN_DOUBT_RESULT

@@ -8,7 +8,7 @@ is the hard stop; a deadline cancels on its own.
 
 The state machine (``_State``)::
 
-    PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, or INTERRUPTED
+    PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, INTERRUPTED or PAUSED
        │                      │     ──the run raises───▶ FAILED
        │                      │     ──CancelledError───▶ CANCELLED
        ├──cancel()────────────┴──▶ CANCELLING ──the run ends──▶ CANCELLED (COMPLETED or
@@ -17,7 +17,7 @@ The state machine (``_State``)::
        └──deadline────────────┴──▶ EXPIRING ──the run ends──▶ TIMED_OUT, or CANCELLED
                                                               if another cancel came too
 
-The five on the right are final. Moves the diagram lacks are refused: ``cancel()`` and
+The six on the right are final. Moves the diagram lacks are refused: ``cancel()`` and
 ``interrupt()`` answer False on a final handle, and a second finish raises
 ``RuntimeError`` naming the state it found. A cancel (or deadline)
 that comes while PENDING is delivered at the task's first step, so it lands at the
@@ -25,8 +25,10 @@ run's first ``await``: its opening lines (an agent recording the task) still run
 ``interrupt()`` is a request, not a state: it sets the scope's ``interrupt_requested``
 while PENDING or RUNNING. A run that returns ends INTERRUPTED when a loop in its scope
 honoured an interrupt (``scope.interrupt_honoured``: agents and workflows record it, a
-loop of your own calls ``scope.note_interrupted()``), else COMPLETED, even if one was
-asked for. The deadline counts its cancel as ``asyncio.timeout`` does: TIMED_OUT only
+loop of your own calls ``scope.note_interrupted()``), PAUSED when one paused for
+approvals (``scope.pause_honoured``), else COMPLETED, even if an interrupt was asked
+for. A paused run has ended: cancelling its handle does nothing. The deadline counts
+its cancel as ``asyncio.timeout`` does: TIMED_OUT only
 when its cancel is the task's only one (``task.cancelling()``), so a cancel from
 anywhere else, even in the same loop iteration, is reported as CANCELLED.
 
@@ -89,18 +91,20 @@ class _State(enum.Enum):
     EXPIRING = "expiring"
     COMPLETED = "completed"
     INTERRUPTED = "interrupted"
+    PAUSED = "paused"
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
     FAILED = "failed"
 
 
 _LIVE = frozenset({_State.PENDING, _State.RUNNING, _State.CANCELLING, _State.EXPIRING})
-_RETURNED = frozenset({_State.COMPLETED, _State.INTERRUPTED})
+_RETURNED = frozenset({_State.COMPLETED, _State.INTERRUPTED, _State.PAUSED})
 _STATUS: dict[_State, HandleStatus] = {
     _State.PENDING: "pending",
     _State.RUNNING: "running",
     _State.COMPLETED: "completed",
     _State.INTERRUPTED: "interrupted",
+    _State.PAUSED: "paused",
     _State.CANCELLED: "cancelled",
     _State.TIMED_OUT: "timed_out",
     _State.FAILED: "failed",
@@ -340,7 +344,10 @@ class RunHandle(RunScope, Generic[T]):
             if late_cancel is not None:
                 raise self._cancelled(late_cancel)
         self._result = result
-        self._state = _State.INTERRUPTED if self.interrupt_honoured else _State.COMPLETED
+        if self.pause_honoured:
+            self._state = _State.PAUSED
+        else:
+            self._state = _State.INTERRUPTED if self.interrupt_honoured else _State.COMPLETED
         self._finish()
         return result
 
@@ -550,6 +557,17 @@ class RunHandle(RunScope, Generic[T]):
             return self._queue(self._interrupt)
         return self._interrupt()
 
+    def send(self, text: str) -> bool:
+        """Give ``text`` to the aimu loop running inside: it joins the run as a user
+        message at the next step boundary. False if the run has ended or is being
+        cancelled. Thread-safe; several sends keep their order."""
+        if not isinstance(text, str):
+            raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
+        state = self._state
+        if state is not _State.PENDING and state is not _State.RUNNING:
+            return False
+        return RunScope.send(self, text)
+
     def _interrupt(self) -> bool:
         state = self._state
         if state is _State.PENDING or state is _State.RUNNING:
@@ -671,7 +689,7 @@ class RunHandle(RunScope, Generic[T]):
 
     @property
     def status(self) -> HandleStatus:
-        """pending, running, completed, interrupted, cancelled, timed_out or failed."""
+        """pending, running, completed, interrupted, paused, cancelled, timed_out or failed."""
         state = self._state
         if state is _State.CANCELLING or state is _State.EXPIRING:
             return "running" if self._started else "pending"

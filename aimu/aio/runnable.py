@@ -16,6 +16,7 @@ from contextlib import aclosing
 from types import CoroutineType
 from typing import Any, ClassVar, Literal, TypeAlias, cast, overload
 
+from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunStatus
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Usage, zero_usage
@@ -59,6 +60,19 @@ class Runnable(abc.ABC):
     @abc.abstractmethod
     def start(self) -> Runnable:
         """A new session of the same configuration, with no progress."""
+
+    @property
+    @abc.abstractmethod
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The tool calls a paused run waits on, for ``approve()`` / ``deny()``."""
+
+    @abc.abstractmethod
+    def approve(self, call_id: str) -> None:
+        """Let the waiting call run when the run resumes; ValueError if none waits."""
+
+    @abc.abstractmethod
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        """Refuse the waiting call: on resume the model reads that it was denied."""
 
     @abc.abstractmethod
     def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
@@ -108,6 +122,16 @@ class Runnable(abc.ABC):
         scope.request_interrupt()
         return True
 
+    def send(self, text: str) -> bool:
+        """Give ``text`` to the run in progress: it joins as a user message at the next
+        step boundary (after the model turn and tool round in flight) and the run goes
+        on with it. False, and nothing happens, when no run is in progress. Thread-safe;
+        several sends keep their order."""
+        if not isinstance(text, str):
+            raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
+        scope = self._scope
+        return scope is not None and scope.send(text)
+
     @property
     def interrupt_requested(self) -> bool:
         """True while the run in progress has been asked to stop (by anyone around it)."""
@@ -124,6 +148,15 @@ class Runnable(abc.ABC):
     def _close_scope(self, status: RunStatus) -> None:
         self._scope = None
         self.last_status = status
+
+    def _check_new_task(self) -> None:
+        """Raise ValueError when a new task may not start now (calls wait for a person)."""
+        if self.pending_approvals:
+            names = ", ".join(f"{p.call_id!r} ({p.tool})" for p in self.pending_approvals)
+            raise ValueError(
+                f"{self.kind} {self.name!r}: calls wait for a decision: {names}; approve() "
+                "or deny() each, then resume()"
+            )
 
     def _busy(self) -> str:
         return (
@@ -154,6 +187,7 @@ class Runnable(abc.ABC):
             raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
         if self._scope is not None:
             raise RuntimeError(self._busy())
+        self._check_new_task()
         return self._begin(task, reset, stream)
 
     @overload

@@ -9,6 +9,8 @@ interrupt of an outer scope reaches the inner ones, and events bubble outwards.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 
@@ -18,17 +20,22 @@ __all__ = ["RunScope", "current_scope"]
 
 EventListener = Callable[[Event], None]
 
+# Guards every scope's inbox: a send from another thread and the run closing it.
+_inbox_lock = threading.Lock()
+
 
 class RunScope:
     """Interrupt request, deadline and event fan-out shared by the loops of one run."""
 
     __slots__ = (
+        "_inbox",
         "_interrupt_requested",
         "_listeners",
         "deadline",
         "interrupt_honoured",
         "name",
         "parent",
+        "pause_honoured",
     )
 
     def __init__(
@@ -44,7 +51,11 @@ class RunScope:
         #: True once a loop in this scope stopped because of an interrupt (a run that
         #: finished its answer despite one leaves it False).
         self.interrupt_honoured = False
+        #: True once a loop in this scope paused for approvals (the run returned paused).
+        self.pause_honoured = False
         self._listeners: list[EventListener] | None = None
+        #: Text sent to the run (``send()``): None before the first, () once closed.
+        self._inbox: deque[str] | tuple[()] | None = None
 
     @property
     def interrupt_requested(self) -> bool:
@@ -66,6 +77,46 @@ class RunScope:
         while scope is not None:
             scope.interrupt_honoured = True
             scope = scope.parent
+
+    def note_paused(self) -> None:
+        """Record that a loop in this scope paused for a person's decision."""
+        scope: RunScope | None = self
+        while scope is not None:
+            scope.pause_honoured = True
+            scope = scope.parent
+
+    def send(self, text: str) -> bool:
+        """Give ``text`` to the loops in this scope: the first to reach a step boundary
+        adds it as a user message. False once the scope's run has ended. Thread-safe."""
+        with _inbox_lock:
+            inbox = self._inbox
+            if isinstance(inbox, tuple):
+                return False
+            if inbox is None:
+                inbox = self._inbox = deque()
+            inbox.append(text)
+        return True
+
+    def take_sent(self, *, close: bool = False) -> list[str]:
+        """The texts sent to this scope and those around it, oldest first, taken.
+
+        ``close``: this scope's run is ending, so a later ``send()`` answers False.
+        """
+        chain: list[RunScope] = []
+        scope: RunScope | None = self
+        while scope is not None:
+            chain.append(scope)
+            scope = scope.parent
+        taken: list[str] = []
+        with _inbox_lock:
+            for scope in reversed(chain):  # the outer scope's texts came first
+                inbox = scope._inbox
+                if isinstance(inbox, deque) and inbox:
+                    taken.extend(inbox)
+                    inbox.clear()
+            if close:
+                self._inbox = ()
+        return taken
 
     def add_listener(self, listener: EventListener) -> Callable[[], None]:
         """Call ``listener`` with every event emitted in this scope; returns a remover."""

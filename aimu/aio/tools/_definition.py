@@ -44,6 +44,7 @@ class Tool:
     __slots__ = (
         "__wrapped__",
         "_params",
+        "approval",
         "context_param",
         "description",
         "fn",
@@ -62,6 +63,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         timeout: float | None = None,
+        approval: bool = False,
         idempotent: bool = False,
     ) -> None:
         if not callable(fn):
@@ -75,6 +77,8 @@ class Tool:
         self.name = name
         self.fn = fn
         self.timeout = float(timeout) if timeout is not None else None
+        #: Each call waits for a person's approve()/deny() (the run pauses for it).
+        self.approval = bool(approval)
         #: Safe to run twice: a call in doubt after a crash is run again.
         self.idempotent = bool(idempotent)
         # A callable object counts as async when its __call__ is.
@@ -145,6 +149,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    approval: bool | None = None,
     idempotent: bool | None = None,
 ) -> Tool: ...
 
@@ -157,6 +162,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    approval: bool | None = None,
     idempotent: bool | None = None,
 ) -> Callable[[Callable[..., Any] | Tool], Tool]: ...
 
@@ -168,13 +174,15 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    approval: bool | None = None,
     idempotent: bool | None = None,
 ) -> Tool | Callable[[Callable[..., Any] | Tool], Tool]:
     """Make a :class:`Tool`, overriding the inferred name, description or timeout.
 
     Usable bare (``@tool``) or with arguments (``@tool(timeout=2)``); given a Tool it
-    returns a new Tool with the overrides applied. ``idempotent=True``: a call in doubt
-    after a crash is run again (the default gives it an "outcome unknown" result instead).
+    returns a new Tool with the overrides applied. ``approval=True``: every call waits
+    for a person (the run pauses); ``idempotent=True``: a call in doubt after a crash
+    is run again (the default gives it an "outcome unknown" result instead).
     """
 
     def make(obj: Callable[..., Any] | Tool) -> Tool:
@@ -184,11 +192,12 @@ def tool(
                 name=obj.name if name is None else name,
                 description=obj.description if description is None else description,
                 timeout=obj.timeout if timeout is None else timeout,
+                approval=obj.approval if approval is None else approval,
                 idempotent=obj.idempotent if idempotent is None else idempotent,
             )
         return Tool(
             obj, name=name, description=description, timeout=timeout,
-            idempotent=bool(idempotent),
+            approval=bool(approval), idempotent=bool(idempotent),
         )
 
     return make if fn is None else make(fn)

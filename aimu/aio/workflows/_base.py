@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
 from aimu.aio.agent import INTERRUPTED
+from aimu.aio.approvals import PAUSED, PendingApproval
 from aimu.aio.events import Event, RunFinished, RunStarted, RunStatus, StepFinished
 from aimu.aio.runnable import Runnable
 from aimu.aio.scope import RunScope, current_scope
@@ -318,6 +319,36 @@ class Workflow(Runnable):
     def resumable(self) -> bool:
         return self._task is not None
 
+    # -- approvals: those of the agents inside ----------------------------------------------
+
+    @property
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The calls the agents inside wait on; the workflow is paused while any wait."""
+        return [
+            pending
+            for slot in self._slots()
+            if slot.session is not None
+            for pending in slot.session.pending_approvals
+        ]
+
+    def approve(self, call_id: str) -> None:
+        self._session_waiting_on(call_id).approve(call_id)
+
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        self._session_waiting_on(call_id).deny(call_id, reason)
+
+    def _session_waiting_on(self, call_id: str) -> Runnable:
+        if self.running:
+            raise RuntimeError(f"{self._where()}: cannot decide while a run is in progress")
+        for slot in self._slots():
+            session = slot.session
+            if session is not None and any(p.call_id == call_id for p in session.pending_approvals):
+                return session
+        waiting = ", ".join(repr(p.call_id) for p in self.pending_approvals) or "none"
+        raise ValueError(
+            f"{self._where()}: no call {call_id!r:.80} waits for approval (waiting: {waiting})"
+        )
+
     @property
     def usage(self) -> Usage:
         """Tokens used by every agent of this run so far, resumes included."""
@@ -393,6 +424,13 @@ class Workflow(Runnable):
             raise ValueError(
                 f"nothing to resume: {self._where()} has no run yet; "
                 "use run(task), or restore(state) first"
+            )
+        waiting = self.pending_approvals
+        if waiting:
+            names = ", ".join(f"{p.call_id!r} ({p.tool})" for p in waiting)
+            raise ValueError(
+                f"{self._where()}: calls wait for a decision: {names}; approve() or deny() "
+                "each, then resume()"
             )
 
     def _claim(self, task: str | None) -> RunScope:
@@ -538,6 +576,9 @@ def _drain_queue(queue: asyncio.Queue[Event | _End]) -> list[Event | _End]:
 
 
 def interrupted(scope: RunScope) -> tuple[RunStatus, str]:
-    """How a run stopped by an interrupt at a step boundary ends; the scope records it."""
+    """How a run stopped at a step boundary ends: paused when an agent inside paused for
+    approvals, else interrupted (the scope records which)."""
+    if scope.pause_honoured:
+        return "paused", PAUSED
     scope.note_interrupted()
     return "interrupted", INTERRUPTED

@@ -1,0 +1,143 @@
+"""Tool approval: calls that wait for a person, and the decisions people give.
+
+A tool declared ``@aio.tool(approval=True)``, or a call an agent's ``approve=`` policy
+answers ``"ask"``, is not run: the run records the turn, runs the calls that need no
+decision and pauses. :class:`Approvals` keeps the calls waiting and the decisions
+given (``approve()`` / ``deny()``) as plain JSON, so a store keeps them across a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+from aimu.aio.transcript import ToolCall
+
+__all__ = [
+    "PAUSED",
+    "ApprovalPolicy",
+    "Approvals",
+    "Decision",
+    "PendingApproval",
+    "denied_result",
+]
+
+#: What a run returns when it paused for approvals.
+PAUSED = "Run paused: tool calls wait for approval."
+
+#: Decides one call from its tool name and arguments: run it, refuse it, or ask.
+ApprovalPolicy: TypeAlias = Callable[[str, dict[str, Any]], "bool | Literal['ask']"]
+
+
+def denied_result(reason: str | None) -> str:
+    """The result the model sees for a denied call."""
+    return f"[denied: {reason}]" if reason else "[denied by a person]"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A tool call that waits for ``approve(call_id)`` or ``deny(call_id)``."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    in_doubt: bool = False
+    """It was running when the process stopped: approving it runs it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    approved: bool
+    reason: str | None = None
+
+
+class Approvals:
+    """The calls of one session that wait for a person, and the decisions given."""
+
+    __slots__ = ("decisions", "pending")
+
+    def __init__(self) -> None:
+        self.pending: dict[str, PendingApproval] = {}
+        self.decisions: dict[str, Decision] = {}
+
+    def waiting(self) -> list[PendingApproval]:
+        """The pending calls with no decision yet, in the order they were asked."""
+        return [p for call_id, p in self.pending.items() if call_id not in self.decisions]
+
+    def ask(self, call: ToolCall, *, in_doubt: bool = False) -> None:
+        function = call["function"]
+        self.pending[call["id"]] = PendingApproval(
+            call["id"], function["name"], function["arguments"], in_doubt
+        )
+
+    def decide(self, call_id: str, decision: Decision, session: str) -> None:
+        """Record a decision; ValueError naming the call when none is waiting for it."""
+        if call_id in self.decisions:
+            raise ValueError(f"{session}: call {call_id!r:.80} was already decided")
+        if call_id not in self.pending:
+            waiting = ", ".join(repr(p.call_id) for p in self.waiting()) or "none"
+            raise ValueError(
+                f"{session}: no call {call_id!r:.80} waits for approval (waiting: {waiting})"
+            )
+        self.decisions[call_id] = decision
+
+    def take(self, call_id: str) -> Decision | None:
+        """The decision for ``call_id`` (None: none needed), forgetting the call."""
+        self.pending.pop(call_id, None)
+        return self.decisions.pop(call_id, None)
+
+    def check_decided(self, session: str) -> None:
+        waiting = self.waiting()
+        if waiting:
+            names = ", ".join(f"{p.call_id!r} ({p.tool})" for p in waiting)
+            raise ValueError(
+                f"{session}: calls wait for a decision: {names}; approve() or deny() each, "
+                "then resume()"
+            )
+
+    def keep_only(self, calls: Mapping[str, object]) -> None:
+        """Forget the calls not in ``calls`` (answered since these approvals were saved)."""
+        self.pending = {k: v for k, v in self.pending.items() if k in calls}
+        self.decisions = {k: v for k, v in self.decisions.items() if k in calls}
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.decisions.clear()
+
+    def dump(self) -> dict[str, Any]:
+        """Plain JSON data for a store or a workflow's state."""
+        return {
+            "pending": [
+                {"call_id": p.call_id, "tool": p.tool, "arguments": p.arguments,
+                 "in_doubt": p.in_doubt}
+                for p in self.pending.values()
+            ],
+            "decisions": {
+                call_id: {"approved": d.approved, "reason": d.reason}
+                for call_id, d in self.decisions.items()
+            },
+        }
+
+    @classmethod
+    def load(cls, data: object, where: str) -> Approvals:
+        """The approvals in :meth:`dump` data (None: none); ValueError naming ``where``."""
+        approvals = cls()
+        if data is None:
+            return approvals
+        try:
+            if not isinstance(data, Mapping):
+                raise TypeError(f"a dict, not {type(data).__name__}")
+            for item in data.get("pending") or []:
+                approvals.pending[item["call_id"]] = PendingApproval(
+                    str(item["call_id"]), str(item["tool"]), dict(item["arguments"]),
+                    bool(item.get("in_doubt", False)),
+                )
+            for call_id, item in (data.get("decisions") or {}).items():
+                reason = item.get("reason")
+                approvals.decisions[str(call_id)] = Decision(
+                    bool(item["approved"]), None if reason is None else str(reason)
+                )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"{where}: unreadable approvals ({error!r:.100})") from error
+        return approvals

@@ -1,0 +1,354 @@
+"""Pause for approval, input sent during a run, and the tool journal after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aimu import aio
+from aimu.aio.approvals import IN_DOUBT_RESULT, PAUSED
+from aimu.aio.events import TextChunk
+from aimu.aio.transcript import dangling_calls, validate
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+from aimu.testing.server import LoopbackServer
+
+charged: list[int] = []
+
+
+@aio.tool(approval=True)
+def charge(amount: int) -> str:
+    """Charge the card."""
+    charged.append(amount)
+    return f"charged {amount}"
+
+
+def lookup(city: str) -> str:
+    """Look a city up."""
+    return f"{city} is sunny"
+
+
+def pay_script() -> list[Turn]:
+    return [
+        Turn(tool_calls=[ScriptedCall("lookup", {"city": "Oslo"}),
+                         ScriptedCall("charge", {"amount": 5})]),
+        Turn(text="all done"),
+    ]
+
+
+@pytest.fixture(autouse=True)
+def fresh_charges() -> None:
+    charged.clear()
+
+
+def roles(agent: aio.Agent) -> list[str]:
+    return [m["role"] for m in agent.model_client.messages]
+
+
+# -- approvals -------------------------------------------------------------------------------
+
+
+async def test_a_call_that_needs_approval_pauses_then_approve_and_resume() -> None:
+    agent = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge])
+    assert await agent.run("pay for Oslo") == PAUSED
+    assert agent.last_status == "paused" and agent.status == "paused"
+    (pending,) = agent.pending_approvals
+    assert (pending.tool, pending.arguments, pending.in_doubt) == ("charge", {"amount": 5}, False)
+    assert charged == []  # nothing half-run: lookup ran, charge waits
+    assert roles(agent) == ["user", "assistant", "tool"]
+    validate(agent.model_client.messages)
+    agent.approve(pending.call_id)
+    assert await agent.resume() == "all done"
+    assert charged == [5] and agent.pending_approvals == []
+    validate(agent.model_client.messages)
+    assert roles(agent) == ["user", "assistant", "tool", "tool", "assistant"]
+
+
+async def test_deny_gives_the_model_the_reason() -> None:
+    model = ScriptedModel(pay_script())
+    agent = aio.Agent(model, tools=[lookup, charge])
+    await agent.run("pay")
+    agent.deny(agent.pending_approvals[0].call_id, reason="too expensive")
+    assert await agent.resume() == "all done"
+    assert charged == []
+    sent = model.requests[-1]["messages"]
+    assert any(m.get("content") == "[denied: too expensive]" for m in sent)
+
+
+async def test_bad_decisions_are_refused_and_change_nothing() -> None:
+    agent = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge])
+    with pytest.raises(ValueError, match="no call 'nope' waits"):
+        agent.approve("nope")
+    await agent.run("pay")
+    call_id = agent.pending_approvals[0].call_id
+    before = copy.deepcopy(agent.model_client.messages)
+    with pytest.raises(ValueError, match="calls wait for a decision"):
+        agent.resume()
+    with pytest.raises(ValueError, match="calls wait for a decision"):
+        agent.run("something else")
+    with pytest.raises(ValueError, match="no call 'other' waits"):
+        agent.deny("other")
+    agent.approve(call_id)
+    with pytest.raises(ValueError, match="already decided"):
+        agent.deny(call_id)
+    assert agent.model_client.messages == before
+
+
+async def test_deciding_while_running_is_refused() -> None:
+    release = asyncio.Event()
+
+    started = asyncio.Event()
+
+    async def slow(city: str) -> str:
+        """Slow lookup."""
+        started.set()
+        await release.wait()
+        return "ok"
+
+    model = ScriptedModel([Turn(tool_calls=[ScriptedCall("slow", {"city": "x"})]),
+                           Turn(text="fine")])
+    agent = aio.Agent(model, tools=[slow])
+    run = asyncio.ensure_future(agent.run("go"))
+    await started.wait()
+    with pytest.raises(RuntimeError, match="while a run is in progress"):
+        agent.approve("anything")
+    release.set()
+    assert await run == "fine"
+
+
+async def test_a_policy_decides_per_call() -> None:
+    asked: list[tuple[str, dict[str, Any]]] = []
+
+    def policy(name: str, arguments: dict[str, Any]) -> bool | str:
+        asked.append((name, arguments))
+        if name == "lookup":
+            return True
+        return "ask" if arguments["amount"] > 3 else False
+
+    agent = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge], approve=policy)
+    assert await agent.run("pay") == PAUSED
+    assert [name for name, _ in asked] == ["lookup", "charge"]
+    refusing = aio.Agent(
+        ScriptedModel(pay_script()), tools=[lookup, charge], approve=lambda n, a: n == "lookup"
+    )
+    assert await refusing.run("pay") == "all done"
+    results = [m["content"] for m in refusing.model_client.messages if m["role"] == "tool"]
+    assert "[denied: refused by the policy]" in results and charged == []
+
+
+async def test_a_paused_handle_is_done_and_cancel_is_a_no_op(tmp_path: Path) -> None:
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        agent = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge],
+                          store=store, session="pay")
+        handle = aio.RunHandle.start(agent.run("pay"))
+        assert await handle == PAUSED
+        assert handle.status == "paused" and handle.done
+        assert handle.cancel() is False and handle.interrupt() is False
+        info = await store.info("pay")
+        assert info is not None and info.status == "paused"
+        await agent.aclose()
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+async def test_decisions_in_a_new_process_resume_over_the_wire(
+    provider: str, tmp_path: Path
+) -> None:
+    async with LoopbackServer(pay_script()) as server:
+        def client() -> aio.ModelClient:
+            if provider == "ollama":
+                return aio.client("ollama:m", host=server.url)
+            return aio.client("openai:m", base_url=server.openai_base_url, api_key="x")
+
+        async with aio.SQLiteStore(tmp_path / "s.db") as store:
+            first = aio.Agent(client(), tools=[lookup, charge], store=store, session="pay")
+            assert await first.run("pay") == PAUSED
+            await first.aclose()
+            # "A new process": a new agent on the same store and session, decisions later.
+            second = aio.Agent(client(), tools=[lookup, charge], store=store, session="pay")
+            await second.open()
+            (pending,) = second.pending_approvals
+            second.approve(pending.call_id)
+            assert await second.resume() == "all done"
+            assert charged == [5]
+            sent = server.requests[-1].body["messages"]
+            assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+            info = await store.info("pay")
+            assert info is not None and info.status == "completed"
+            await second.aclose()
+
+
+async def test_a_chain_pauses_with_its_agent_and_resumes_after_the_decision() -> None:
+    payer = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge], name="payer")
+    writer = aio.Agent(ScriptedModel(lambda request: Turn(text="receipt written")),
+                       name="writer")
+    chain = aio.Chain([payer, writer])
+    handle = aio.RunHandle.start(chain.run("pay"))
+    assert await handle == PAUSED and handle.status == "paused"
+    assert chain.last_status == "paused" and chain.state["status"] == "paused"
+    (pending,) = chain.pending_approvals
+    with pytest.raises(ValueError, match="calls wait for a decision"):
+        chain.resume()
+    chain.approve(pending.call_id)
+    assert await chain.resume() == "receipt written"
+    assert charged == [5]
+
+
+# -- send --------------------------------------------------------------------------------------
+
+
+async def test_send_joins_the_run_at_the_next_boundary_in_order() -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def research(topic: str) -> str:
+        """Research."""
+        started.set()
+        await release.wait()
+        return "notes"
+
+    def script(request: dict[str, Any]) -> Turn:
+        last = request["messages"][-1]
+        if last["role"] == "user" and last["content"] == "go":
+            return Turn(tool_calls=[ScriptedCall("research", {"topic": "t"})])
+        return Turn(text=f"answered after {last['role']}: {last['content']}")
+
+    model = ScriptedModel(script)
+    agent = aio.Agent(model, tools=[research])
+    assert agent.send("too early") is False
+    run = asyncio.ensure_future(agent.run("go"))
+    await started.wait()  # the tool round is in flight
+    assert agent.send("focus on 2024") and agent.send("and be brief")
+    release.set()
+    reply = await run
+    assert reply == "answered after user: and be brief"
+    users = [m["content"] for m in agent.model_client.messages if m["role"] == "user"]
+    assert users == ["go", "focus on 2024", "and be brief"]
+    assert [m["role"] for m in agent.model_client.messages] == [
+        "user", "assistant", "tool", "user", "user", "assistant"
+    ]
+    assert agent.send("after the end") is False
+
+
+async def test_handle_send_reaches_the_agent_inside() -> None:
+    model = ScriptedModel(lambda request: Turn(
+        text=f"reply to {request['messages'][-1]['content']}", delay=0.001, chunks=3))
+    agent = aio.Agent(model)
+    handle = aio.RunHandle.start(agent.run("first"))
+    sent = False
+    async for event in handle.events():
+        if isinstance(event, TextChunk) and not sent:
+            sent = handle.send("second")
+    assert await handle == "reply to second"
+    assert [m["content"] for m in agent.model_client.messages if m["role"] == "user"] == [
+        "first", "second"
+    ]
+
+
+async def _send_sweep(mode: str) -> int:
+    """Send at the n-th loop yield for n = 1, 2, ... until the run finishes first."""
+    for n in range(1, 500):
+        model = ScriptedModel(lambda request: (
+            Turn(text="calling", tool_calls=[ScriptedCall("lookup", {"city": "x"})])
+            if request["messages"][-1]["content"] == "go" else Turn(text="done now")
+        ))
+        agent = aio.Agent(model, tools=[lookup])
+        handle = aio.RunHandle.start(agent.run("go"))
+        for _ in range(n):
+            await asyncio.sleep(0)
+            if handle.done:
+                break
+        if handle.done:
+            return n - 1
+        accepted = agent.send("extra input") if mode == "agent" else handle.send("extra input")
+        await handle
+        messages = agent.model_client.messages
+        validate(messages)
+        assert not dangling_calls(messages)
+        count = sum(m["role"] == "user" and m["content"] == "extra input" for m in messages)
+        assert count == (1 if accepted else 0), (n, messages)
+    raise AssertionError("the run never finished")
+
+
+@pytest.mark.parametrize("mode", ["agent", "handle"])
+async def test_a_send_at_every_await_point_appears_exactly_once(mode: str) -> None:
+    assert await _send_sweep(mode) >= 5
+
+
+# -- the tool journal ---------------------------------------------------------------------------
+
+
+@aio.tool(idempotent=True)
+def read_balance(account: str) -> str:
+    """Read a balance (safe to repeat)."""
+    charged.append(0)
+    return "100"
+
+
+def transfer(amount: int) -> str:
+    """Move money (not safe to repeat)."""
+    charged.append(amount)
+    return "moved"
+
+
+async def crashed_session(store: aio.SQLiteStore, calls: list[ScriptedCall]) -> None:
+    """A session as a kill -9 leaves it: the calls' turn stored, each call started, no
+    result (written through the store's own writer, as the dead process had)."""
+    writer = await store.open_session("job")
+    await writer.append({"role": "user", "content": "go"})
+    tool_calls = [
+        {"id": f"c{i}", "type": "function",
+         "function": {"name": call.name, "arguments": dict(call.arguments)}}
+        for i, call in enumerate(calls)
+    ]
+    await writer.append({"role": "assistant", "content": "", "tool_calls": tool_calls})  # type: ignore[typeddict-item]
+    for i, call in enumerate(calls):
+        await writer.record_tool_start(f"c{i}", call.name, dict(call.arguments))
+    await writer.aclose()
+
+
+async def test_calls_in_doubt_after_a_crash_follow_their_tool(tmp_path: Path) -> None:
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        await crashed_session(store, [
+            ScriptedCall("transfer", {"amount": 7}),
+            ScriptedCall("read_balance", {"account": "a"}),
+            ScriptedCall("charge", {"amount": 9}),
+        ])
+        model = ScriptedModel([Turn(text="recovered")])
+        agent = aio.Agent(model, tools=[transfer, read_balance, charge],
+                          store=store, session="job")
+        await agent.open()
+        results = {m["tool_call_id"]: m["content"]
+                   for m in agent.model_client.messages if m["role"] == "tool"}
+        assert results == {"c0": IN_DOUBT_RESULT}  # not re-run: the model is told
+        (pending,) = agent.pending_approvals
+        assert pending.call_id == "c2" and pending.in_doubt  # a person decides
+        agent.deny("c2", reason="already charged, says the bank")
+        assert await agent.resume() == "recovered"
+        assert charged == [0]  # only the idempotent call ran again
+        validate(agent.model_client.messages)
+        assert not dangling_calls(agent.model_client.messages)
+        starts = {s.call_id for s in await store.tool_starts("job")}
+        assert starts == {"c0", "c1", "c2"}
+        await agent.aclose()
+
+
+async def test_each_tool_start_is_journaled_before_the_tool_runs(tmp_path: Path) -> None:
+    seen: list[set[str]] = []
+
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        async def probe(city: str, ctx: aio.ToolContext) -> str:
+            """Check the journal from inside the tool."""
+            seen.append({s.call_id for s in await store.tool_starts("j")})
+            return ctx.call_id
+
+        model = ScriptedModel([Turn(tool_calls=[ScriptedCall("probe", {"city": "x"})]),
+                               Turn(text="ok")])
+        agent = aio.Agent(model, tools=[probe], store=store, session="j")
+        assert await agent.run("go") == "ok"
+        call_id = agent.model_client.messages[1]["tool_calls"][0]["id"]  # type: ignore[typeddict-item]
+        assert seen == [{call_id}]
+        await agent.aclose()
