@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
+    from aimu.aio.approvals import PendingApproval
     from aimu.aio.control import RedisControl, RunEvent, RunInfo
     from aimu.aio.errors import (
         AimuError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         ToolResult,
     )
     from aimu.aio.run_handle import RunHandle, on_sigint
+    from aimu.aio.runnable import Runnable
     from aimu.aio.scope import RunScope, current_scope
     from aimu.aio.store import (
         JSONLStore,
@@ -73,6 +75,7 @@ __all__ = [
     "ModelProtocolError",
     "ModelRetry",
     "Parallel",
+    "PendingApproval",
     "PostgresStore",
     "RedisControl",
     "Router",
@@ -83,6 +86,7 @@ __all__ = [
     "RunLostError",
     "RunScope",
     "RunStarted",
+    "Runnable",
     "SQLiteStore",
     "SessionInfo",
     "SessionLockedError",
@@ -134,6 +138,8 @@ _WHERE = {
     "Chain": "workflows",
     "EvaluatorOptimizer": "workflows",
     "Parallel": "workflows",
+    "PendingApproval": "approvals",
+    "Runnable": "runnable",
     "Router": "workflows",
 }
 _ERRORS = (

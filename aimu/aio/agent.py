@@ -132,7 +132,7 @@ class _Run:
 
     __slots__ = (
         "argument_errors", "assembler", "calls", "closing", "contexts", "error",
-        "final_prompted", "opened", "outcome", "reply", "rounds", "scope", "settled",
+        "final_prompted", "opened", "outcome", "reply", "reruns", "rounds", "scope", "settled",
         "spans", "status", "stop_reason", "store_error", "usage",
     )
 
@@ -153,6 +153,8 @@ class _Run:
         self.argument_errors: dict[str, str] = {}
         #: The tool calls of the last turn, while its tool round is due.
         self.calls: list[ToolCall] = []
+        #: Ids of the calls a crash left in doubt that this run runs again.
+        self.reruns: frozenset[str] = frozenset()
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
         #: The consumer closed the stream (GeneratorExit came in at a yield).
@@ -602,6 +604,7 @@ class Agent(Runnable):
             open_calls = [call for _, call in dangling_calls(self.model_client.messages)]
             if open_calls:
                 run.calls, run.outcome = open_calls, Outcome.NEEDS_TOOLS
+                run.reruns, self._reruns = frozenset(self._reruns), set()
                 return
             answer = self._finished_answer()
             if answer is not None:
@@ -781,8 +784,7 @@ class Agent(Runnable):
             run.contexts.append(context)
             with run.spans.tool_calls():
                 outcome = await invoke(self._config.tools_by_name, call, context)
-            if call["id"] in self._reruns:
-                self._reruns.discard(call["id"])
+            if call["id"] in run.reruns:
                 outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
         result = _result(call, outcome)
         if not run.settled:
