@@ -11,8 +11,8 @@ import pytest
 
 from aimu import aio
 from aimu.aio.approvals import PAUSED
-from aimu.aio.journal import IN_DOUBT_RESULT
 from aimu.aio.events import TextChunk
+from aimu.aio.journal import IN_DOUBT_RESULT
 from aimu.aio.transcript import dangling_calls, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
