@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from aimu import aio
+from aimu.aio.agent import INTERRUPTED
 from aimu.aio.approvals import PAUSED
 from aimu.aio.events import TextChunk
 from aimu.aio.journal import IN_DOUBT_RESULT
@@ -353,3 +354,41 @@ async def test_each_tool_start_is_journaled_before_the_tool_runs(tmp_path: Path)
         call_id = agent.model_client.messages[1]["tool_calls"][0]["id"]  # type: ignore[typeddict-item]
         assert seen == [{call_id}]
         await agent.aclose()
+
+
+async def _pause_sweep(mode: str) -> int:
+    """Cancel or interrupt at the n-th loop yield of a run that pauses, for every n."""
+    for n in range(1, 500):
+        agent = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge])
+        handle = aio.RunHandle.start(agent.run("pay"))
+        for _ in range(n):
+            await asyncio.sleep(0)
+            if handle.done:
+                break
+        if handle.done:
+            assert handle.status == "paused"
+            return n - 1
+        if mode == "cancel":
+            handle.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await handle
+            assert agent.pending_approvals == [] and agent.status == "cancelled"
+        else:
+            handle.interrupt()
+            assert await handle in (PAUSED, INTERRUPTED)
+        messages = agent.model_client.messages
+        validate(messages)
+        open_ids = {call["id"] for _, call in dangling_calls(messages)}
+        assert open_ids == {p.call_id for p in agent.pending_approvals}
+        assert charged == []
+        if agent.pending_approvals:  # paused: a person's decision still finishes it
+            agent.approve(agent.pending_approvals[0].call_id)
+            assert await agent.resume() == "all done"
+            assert charged == [5]
+            charged.clear()
+    raise AssertionError("the run never paused")
+
+
+@pytest.mark.parametrize("mode", ["cancel", "interrupt"])
+async def test_a_stop_at_every_await_point_of_a_pausing_run(mode: str) -> None:
+    assert await _pause_sweep(mode) >= 3
