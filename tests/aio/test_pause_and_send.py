@@ -392,3 +392,40 @@ async def _pause_sweep(mode: str) -> int:
 @pytest.mark.parametrize("mode", ["cancel", "interrupt"])
 async def test_a_stop_at_every_await_point_of_a_pausing_run(mode: str) -> None:
     assert await _pause_sweep(mode) >= 3
+
+
+async def test_a_parallel_branch_that_pauses_pauses_the_workflow() -> None:
+    payer = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge], name="payer")
+    other = aio.Agent(ScriptedModel(lambda request: Turn(text="other done")), name="other")
+    parallel = aio.Parallel([payer, other])
+    assert await parallel.run("go") == PAUSED
+    assert parallel.status == "paused"
+    branches = parallel.state["branches"]
+    assert [b["status"] for b in branches] == ["in_flight", "finished"]
+    parallel.approve(parallel.pending_approvals[0].call_id)
+    final = await parallel.resume()
+    assert "all done" in final and "other done" in final and charged == [5]
+
+
+async def test_handle_send_reaches_an_agent_inside_a_workflow() -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def research(topic: str) -> str:
+        """Research."""
+        started.set()
+        await release.wait()
+        return "notes"
+
+    def script(request: dict[str, Any]) -> Turn:
+        last = request["messages"][-1]
+        if last["role"] == "user" and last["content"] == "go":
+            return Turn(tool_calls=[ScriptedCall("research", {"topic": "t"})])
+        return Turn(text=f"saw {last['content']}")
+
+    chain = aio.Chain([aio.Agent(ScriptedModel(script), tools=[research])])
+    handle = aio.RunHandle.start(chain.run("go"))
+    await started.wait()
+    assert handle.send("narrow it down")
+    release.set()
+    assert await handle == "saw narrow it down"
