@@ -770,11 +770,7 @@ class Agent(Runnable):
         if error is not None:
             outcome = ToolOutcome(error, True)
         else:
-            function = call["function"]
-            if self._writer is not None and function["name"] in self._config.tools_by_name:
-                await self._writer.record_tool_start(
-                    call["id"], function["name"], function["arguments"]
-                )
+            await self._journal_start(call)
             context = ToolContext(
                 agent=self._config.name,
                 call_id=call["id"],
@@ -792,6 +788,15 @@ class Agent(Runnable):
         return ToolResult(
             self._config.name, call["id"], result["name"], outcome.content, outcome.is_error
         )
+
+    async def _journal_start(self, call: ToolCall) -> None:
+        """With a store, durably note that ``call`` starts: if the process dies before
+        its result is recorded, the next load knows the call is in doubt."""
+        function = call["function"]
+        if self._writer is not None and function["name"] in self._config.tools_by_name:
+            await self._writer.record_tool_start(
+                call["id"], function["name"], function["arguments"]
+            )
 
     async def _settle(self, run: _Run) -> RunFinished:
         """Leave a valid transcript however the run ended, release the session, and
