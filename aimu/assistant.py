@@ -30,7 +30,7 @@ import time
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +80,10 @@ _CLIP = 200
 _HELP = (
     ("/stop", "stop the running turn now; its partial reply stays in the session"),
     ("/interrupt", "let the running turn finish its current step, then stop"),
-    ("/resume", "continue the turn that was stopped or interrupted"),
+    ("/resume", "continue the turn that was stopped, interrupted or paused"),
+    ("/approve [ID]", "let the tool call waiting for approval run (the one asked about)"),
+    ("/deny [ID] [WHY]", "refuse it; the model reads that it was denied, and why"),
+    ("/join", "switch mode: lines typed during a turn join it, or queue (the default)"),
     ("/history", "show this session's messages"),
     ("/sessions", "list the stored sessions"),
     ("/new [NAME]", "start a fresh session (or switch to session NAME)"),
@@ -88,7 +91,8 @@ _HELP = (
     ("/quit", "exit once the running turn and the queued input are done"),
 )
 _KEYS = (
-    "Input typed while a turn runs is queued and answered in order. Ctrl+C interrupts "
+    "Input typed while a turn runs is queued and answered in order (after /join it joins "
+    "the running turn at its next step instead). Ctrl+C interrupts "
     "the running turn (press it again to stop it now) or exits when idle; Ctrl+D exits."
 )
 
@@ -143,6 +147,8 @@ class ChatSettings:
     """Send the "aimu" loggers' records at this level and above to stderr (None: off)."""
     plain: bool = False
     """Plain line input even on a terminal (no line editing, history or colour)."""
+    join: bool = False
+    """Lines typed during a turn join it (``agent.send``) instead of queueing after it."""
 
     @property
     def store_path(self) -> Path:
@@ -163,6 +169,7 @@ class ChatSettings:
             tools=not options.no_tools,
             log_level=options.log_level,
             plain=options.plain,
+            join=options.join,
         )
 
 
@@ -185,6 +192,12 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", metavar="TEXT", default=None, help="the system prompt")
     parser.add_argument(
         "--no-tools", action="store_true", help="offer the model no tools (for models without)"
+    )
+    parser.add_argument(
+        "--join",
+        action="store_true",
+        help="lines typed during a turn join that turn at its next step, instead of "
+        "being queued and answered after it (/join switches while chatting)",
     )
     parser.add_argument(
         "--plain",
@@ -224,6 +237,11 @@ def _one_line(text: str, limit: int = _CLIP) -> str:
 # Control characters other than newline and tab, shown as escapes (ESC as \x1b).
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]}
 _COLOURS = {"note": "\x1b[2m", "tool": "\x1b[36m", "error": "\x1b[31m"}
+
+
+def _arguments_text(arguments: Mapping[str, Any]) -> str:
+    """A call's arguments as ``key=value`` pairs, values in JSON."""
+    return ", ".join(f"{key}={json.dumps(v, ensure_ascii=False)}" for key, v in arguments.items())
 
 
 def _printable(text: str) -> str:
@@ -279,6 +297,7 @@ class Assistant:
         err: TextIO | None = None,
         prompt: bool = False,
         colour: bool = False,
+        join: bool = False,
         max_rounds: int = 10,
     ) -> None:
         self._client = client
@@ -290,6 +309,9 @@ class Assistant:
         self._err = err if err is not None else sys.stderr
         self._prompt = prompt
         self._colour = colour
+        self._join = join
+        # The tool call whose "approve? [y/N]" the next plain line answers.
+        self._asking: str | None = None
         self._partial = ""
         self._waiting: str | None = None
         self._agent = self._open(session)
@@ -424,10 +446,7 @@ class Assistant:
             self._write(_printable(event.text) if self._colour else event.text)
         elif isinstance(event, ToolCallStarted):
             self._waiting = f"running {event.name}"
-            arguments = ", ".join(
-                f"{key}={json.dumps(value, ensure_ascii=False)}"
-                for key, value in event.arguments.items()
-            )
+            arguments = _arguments_text(event.arguments)
             self._line(f"[calling {event.name}({_one_line(arguments)})]", "tool")
         elif isinstance(event, ToolResult):
             self._waiting = "waiting for the model"
@@ -452,10 +471,27 @@ class Assistant:
         elif word == "/interrupt":
             self._interrupt()
         elif self._idle() and (message := _as_message(text)) is not None:
-            self._start(message)  # at once, so that a /stop right after it finds it
+            self._take(message)  # at once, so that a /stop right after it finds it
+        elif self._join and self._joins(text):
+            pass
         else:
             self._backlog.append(text)
             self._wake.set()
+
+    def _take(self, message: str) -> None:
+        """A message when no turn runs: the answer to "approve?", or a new turn."""
+        if self._asking is not None:
+            self._decide(message.strip().lower() in ("y", "yes"), self._asking, None)
+        else:
+            self._start(message)
+
+    def _joins(self, text: str) -> bool:
+        """In join mode, send a message typed during a turn into that turn."""
+        message = _as_message(text)
+        if message is None or self._running() is None or not self._agent.send(message):
+            return False
+        self._line("(joins the running turn at its next step)")
+        return True
 
     def end_input(self) -> None:
         """No more input (EOF): :meth:`serve` returns once the queued input is done."""
@@ -584,6 +620,9 @@ class Assistant:
         restore_sigint = self._wire_sigint(loop) if sigint else None
         try:
             self._banner()
+            if self._agent.pending_approvals:  # paused before a restart: ask again
+                self._line("(this session is paused: a tool call waits for your approval)")
+                self._ask_next()
             self._show_prompt()
             while True:
                 self._wake.clear()
@@ -676,7 +715,7 @@ class Assistant:
         """Run one queued line; an expected error (a store failing) is one line, not an exit."""
         message = _as_message(text)
         if message is not None:
-            self._start(message)
+            self._take(message)
             return
         try:
             await self._command(text)
@@ -688,6 +727,12 @@ class Assistant:
         command = word.lower()
         if command == "/resume":
             self._resume()
+        elif command in ("/approve", "/deny"):
+            self._approve_or_deny(command == "/approve", rest.strip())
+        elif command == "/join":
+            self._join = not self._join
+            mode = "join the running turn" if self._join else "queue after it"
+            self._line(f"(lines typed during a turn now {mode})")
         elif command == "/history":
             self._history()
         elif command == "/sessions":
@@ -748,7 +793,10 @@ class Assistant:
             traceback.print_exception(error, file=self._err)
             self._error(f"{type(error).__name__}: {_error_line(error)}")
             return
-        if finished.status == "interrupted":
+        if finished.status == "paused":
+            self._line("(paused: a tool call waits for your approval)")
+            self._ask_next()
+        elif finished.status == "interrupted":
             self._line(INTERRUPTED)
         elif finished.status == "max_rounds":
             self._line(f"(stopped: the turn used its {self._max_rounds} tool rounds)")
@@ -770,6 +818,50 @@ class Assistant:
             return
         self._line("(resuming)")
         self._start(None)
+
+    def _ask_next(self) -> None:
+        """Ask about the first call still waiting; resume the turn once none is left."""
+        waiting = self._agent.pending_approvals
+        if not waiting:
+            self._asking = None
+            self._line("(resuming)")
+            self._start(None)
+            return
+        call = waiting[0]
+        self._asking = call.call_id
+        arguments = _arguments_text(call.arguments)
+        doubt = " (it was running when the chat stopped: approving runs it again)"
+        self._line(
+            f"[{call.tool}({_one_line(arguments)}) call {call.call_id}]"
+            f"{doubt if call.in_doubt else ''} approve? [y/N]",
+            "tool",
+        )
+
+    def _approve_or_deny(self, approved: bool, rest: str) -> None:
+        """``/approve [ID]`` and ``/deny [ID] [WHY]``: the call asked about by default."""
+        word, _, why = rest.partition(" ")
+        waiting = [p.call_id for p in self._agent.pending_approvals]
+        call_id: str | None
+        if word in waiting:
+            call_id, reason = word, why.strip() or None
+        else:
+            call_id, reason = self._asking or (waiting[0] if waiting else None), rest or None
+        if call_id is None:
+            self._line("(nothing waits for approval)")
+            return
+        self._decide(approved, call_id, reason)
+
+    def _decide(self, approved: bool, call_id: str, reason: str | None) -> None:
+        try:
+            if approved:
+                self._agent.approve(call_id)
+            else:
+                self._agent.deny(call_id, reason or "denied in the chat")
+        except (ValueError, RuntimeError) as error:
+            self._error(_error_line(error))
+            return
+        self._line(f"({'approved' if approved else 'denied'} call {call_id})")
+        self._ask_next()
 
     def _history(self) -> None:
         messages = self._agent.model_client.messages
@@ -922,6 +1014,7 @@ async def _run_chat(
                     err=err,
                     prompt=history is None and _is_tty(sys.stdin) and _is_tty(out),
                     colour=history is not None,
+                    join=settings.join,
                 )
             except AimuError as error:
                 return fail(error, 1)

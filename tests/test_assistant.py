@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from aimu import aio
 from aimu.aio.store import SQLiteStore
 from aimu.aio.tools import ToolContext
 from aimu.aio.transcript import Message, validate
@@ -679,4 +680,105 @@ async def test_control_characters_a_model_sends_are_shown_escaped(store: SQLiteS
     assert "\x1b[2J" not in screen.out.getvalue() and "\x07" not in screen.out.getvalue()
     screen.send("/history")
     await screen.expect("assistant: clear\\x1b[2J me\\x07")
+    assert await screen.finish() == 0
+
+
+# --------------------------------------------------------------------------- approvals, join
+
+
+class Files:
+    """A tool that needs a person's approval, counting its calls."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def delete_file(self, path: str) -> str:
+        """Delete a file."""
+        self.deleted.append(path)
+        return f"deleted {path}"
+
+
+def deleting(*paths: str) -> Any:
+    def script(request: Mapping[str, Any]) -> Turn:
+        last = request["messages"][-1]
+        if last["role"] == "tool":
+            results = [m["content"] for m in request["messages"] if m["role"] == "tool"]
+            return Turn(text="done: " + "; ".join(results))
+        return Turn(tool_calls=tuple(ScriptedCall("delete_file", {"path": p}) for p in paths))
+
+    return script
+
+
+def approving_screen(store: SQLiteStore, files: Files, *paths: str, **options: Any) -> Screen:
+    tool = aio.tool(files.delete_file, approval=True)
+    return Screen.of(ScriptedModel(deleting(*paths)), store, tools=[tool], **options)
+
+
+async def test_a_paused_turn_shows_the_call_and_y_approves_it(store: SQLiteStore) -> None:
+    files = Files()
+    screen = approving_screen(store, files, "/tmp/a")
+    screen.send("clean up")
+    await screen.expect("(paused: a tool call waits for your approval)\n")
+    asked = await screen.expect("approve? [y/N]\n")
+    assert asked.startswith('[delete_file(path="/tmp/a") call ')
+    assert files.deleted == []  # nothing runs before the decision
+    screen.send("y")
+    await screen.expect("(resuming)\n")
+    await screen.expect("done: deleted /tmp/a\n")
+    assert files.deleted == ["/tmp/a"]
+    validate(screen.assistant.agent.model_client.messages)
+    assert await screen.finish() == 0
+
+
+async def test_anything_but_yes_denies_and_the_model_reads_why(store: SQLiteStore) -> None:
+    files = Files()
+    screen = approving_screen(store, files, "/tmp/a", "/tmp/b")
+    screen.send("clean up")
+    await screen.expect("approve? [y/N]\n")
+    screen.send("no")
+    await screen.expect("(denied call ")
+    await screen.expect("approve? [y/N]\n")  # the second call is asked about next
+    screen.send("/deny too risky")
+    await screen.expect("done: ")
+    assert files.deleted == []
+    results = [m["content"] for m in messages(screen) if m["role"] == "tool"]
+    assert len(results) == 2 and "too risky" in results[1] and results[0] != results[1]
+    assert await screen.finish() == 0
+
+
+async def test_a_decision_survives_a_restart_of_the_chat(store: SQLiteStore) -> None:
+    files = Files()
+    first = approving_screen(store, files, "/tmp/a", "/tmp/b", session="p")
+    first.send("clean up")
+    await first.expect("approve? [y/N]\n")
+    first.send("/approve")
+    await first.expect("(approved call ")
+    await first.expect("approve? [y/N]\n")  # the second waits: the chat stops here
+    assert await first.finish() == 0
+
+    again = approving_screen(store, files, "/tmp/a", "/tmp/b", session="p")
+    await again.expect("(this session is paused: a tool call waits for your approval)\n")
+    asked = await again.expect("approve? [y/N]\n")
+    assert '"/tmp/b"' in asked and '"/tmp/a"' not in asked  # only the undecided one
+    again.send("yes")
+    await again.expect("done: deleted /tmp/a; deleted /tmp/b\n")
+    assert files.deleted == ["/tmp/a", "/tmp/b"]
+    assert await again.finish() == 0
+
+
+async def test_in_join_mode_a_line_typed_during_a_turn_joins_it(store: SQLiteStore) -> None:
+    gate = Gate()
+    screen = Screen.of(
+        ScriptedModel(gated_script), store, tools=[gate.wait_for_gate], join=True
+    )
+    screen.send("gated")
+    await screen.expect("[calling wait_for_gate()]\n")
+    screen.send("and mind the step")  # the turn waits at the gate: it is running
+    await screen.expect("(joins the running turn at its next step)\n")
+    gate.opened.set()
+    await screen.expect("answer to and mind the step\n")
+    users = [m["content"] for m in messages(screen) if m["role"] == "user"]
+    assert users == ["gated", "and mind the step"]  # joined once, no new turn
+    screen.send("/join")
+    await screen.expect("(lines typed during a turn now queue after it)\n")
     assert await screen.finish() == 0

@@ -389,8 +389,11 @@ class Agent(Runnable):
     async def aclose(self) -> None:
         """Release the store session and, for the agent that was given it, the client.
 
-        A transcript given to :meth:`restore` since the last run is stored first.
+        A transcript given to :meth:`restore` since the last run is stored first, and
+        approval decisions given since (so they survive a restart before ``resume()``).
         """
+        if self._writer is not None and self._state_stale:
+            await self._save_approvals()
         writer, self._writer = self._writer, None
         try:
             if writer is not None:
