@@ -240,9 +240,10 @@ class Pool:
             headers=self.headers, timeout=self.timeout, verify=ssl_context(), limits=limits
         )
         closer = _close_at_shutdown(http)
-        await anext(closer)  # first iterated here: the loop now tracks it
+        # Bound before the await, so forks binding at once in a new loop share one client.
         self.loop, self.http, self._closer = loop, http, closer
         self.slots = asyncio.Semaphore(self.concurrency)
+        await anext(closer)  # first iterated here: the loop now tracks it
         return http
 
     async def aclose(self) -> None:

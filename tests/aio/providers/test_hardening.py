@@ -357,3 +357,17 @@ async def test_without_merging_a_strict_template_refuses_adjacent_turns(provider
         with pytest.raises(ModelHTTPError, match=r"HTTP 400.*roles must alternate"):
             await agent.run("again")
         await model.aclose()
+
+
+def test_forks_starting_together_in_a_new_loop_share_one_pool(provider: str) -> None:
+    with LoopbackServer.in_thread([Turn(text="a")] * 4) as server:
+        model = make(provider, server)
+        forks = [model.fork() for _ in range(3)]
+
+        async def together() -> list[str]:
+            replies = await asyncio.gather(*(f.chat("x") for f in [model, *forks]))
+            return [reply["content"] for reply in replies]
+
+        assert asyncio.run(together()) == ["a"] * 4
+        assert all(f._pool.http is model._pool.http for f in forks)  # type: ignore[attr-defined]
+        asyncio.run(model.aclose())
