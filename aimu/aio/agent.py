@@ -40,7 +40,7 @@ from aimu.aio.client import (
     TurnAssembler,
     TurnDone,
 )
-from aimu.aio.errors import ModelProtocolError, StoreError
+from aimu.aio.errors import ModelError, ModelProtocolError, StoreError
 from aimu.aio.events import (
     Event,
     RunFinished,
@@ -175,6 +175,11 @@ class _Run:
 
     def end(self, outcome: Outcome, reply: str) -> None:
         self.outcome, self.status, self.reply = outcome, _STATUS_OF[outcome], reply
+
+    def interrupted(self) -> None:
+        """The interrupt is honoured: the run returns INTERRUPTED."""
+        self.end(Outcome.INTERRUPTED, INTERRUPTED)
+        self.scope.note_interrupted()
 
     def stopped_by(self, error: BaseException) -> None:
         """The run ends by ``error`` (GeneratorExit: the consumer closed the stream)."""
@@ -624,8 +629,7 @@ class Agent(Runnable):
             return None
         await self._join_sent(run)
         if run.interrupt_asked():  # the step boundary
-            run.end(Outcome.INTERRUPTED, INTERRUPTED)
-            run.scope.note_interrupted()
+            run.interrupted()
             return None
         return self._model_turn(run)
 
@@ -647,6 +651,14 @@ class Agent(Runnable):
                 event = self._chunk_event(chunk, run)
                 if event is not None:
                     yield event
+        except ModelError as error:
+            if assembler.started or not run.interrupt_asked():
+                raise
+            # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
+            # this turn exists, so the interrupt is honoured as at a step boundary.
+            run.error = _describe(error)
+            run.interrupted()
+            return
         finally:
             await turn.aclose()
         if not assembler.done:

@@ -3,7 +3,8 @@
 A 429 (its ``Retry-After`` honoured), a 502/503/504, or a connection refused or reset
 before the response head is retried with exponential backoff and jitter, at most
 ``retries`` times, never past the run's deadline. A cancel ends the wait at once; an
-interrupt of the run ends it too, and the last failure is raised. Each retry is a
+interrupt of the run ends it too, and the last failure is raised (an agent then ends the
+run interrupted: no byte of the turn exists). Each retry is a
 :class:`~aimu.aio.events.ModelRetry` event in the current run scope and a log record
 on ``aimu.aio.providers`` (host without credentials, redacted error, no header).
 """

@@ -200,3 +200,27 @@ async def test_an_agent_run_reports_each_retry_to_its_handle(provider: str) -> N
         await model.aclose()
     (retry,) = retries_in(events)
     assert retry.attempt == 1
+
+
+async def test_an_interrupt_during_an_agent_s_backoff_wait_ends_the_run_interrupted(
+    provider: str,
+) -> None:
+    script = [Turn(fault="http_503", retry_after="30"), Turn(text="after the resume")]
+    async with LoopbackServer(script) as server:
+        model = make(provider, server.url)
+        agent = aio.Agent(model)
+        handle = aio.RunHandle.start(agent.run("x"))
+        events: list[Event] = []
+        async for event in handle.events():
+            events.append(event)
+            if isinstance(event, ModelRetry):  # the backoff wait is under way
+                handle.interrupt()
+        assert await handle == "Run interrupted."
+        assert handle.status == "interrupted"
+        finished = [e for e in events if isinstance(e, aio.RunFinished)]
+        assert finished[-1].status == "interrupted"
+        assert finished[-1].error is not None and "503" in finished[-1].error
+        assert model.messages == [{"role": "user", "content": "x"}]  # nothing half-made
+        assert await agent.resume() == "after the resume"
+        await model.aclose()
+    assert len(server.requests) == 2
