@@ -116,6 +116,15 @@ async def call_user_function(function: Callable[..., Any], *args: object) -> Any
     return result
 
 
+async def call_for_text(function: Callable[..., Any], *args: object, must: str) -> str:
+    """Call a user's function that must return a string; ``must`` says so in the error
+    (``"<workflow>: the classifier must return a route name (a string)"``)."""
+    result = await call_user_function(function, *args)
+    if not isinstance(result, str):
+        raise TypeError(f"{must}, got {type(result).__name__}")
+    return result
+
+
 class _Slot:
     """One step of one run: its own session of the step, and how far it got."""
 

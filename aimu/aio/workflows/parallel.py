@@ -12,7 +12,7 @@ from aimu.aio.workflows._base import (
     Step,
     Workflow,
     _Slot,
-    call_user_function,
+    call_for_text,
     check_steps,
     expect_dict,
     function_record,
@@ -106,13 +106,10 @@ class Parallel(Workflow):
             if self._combine_function is None:
                 self._combined = labelled([s.step.name for s in self._lanes], answers)
             else:
-                result = await call_user_function(self._combine_function, answers)
-                if not isinstance(result, str):
-                    raise TypeError(
-                        f"{self._where()}: combine must return a string, got "
-                        f"{type(result).__name__}"
-                    )
-                self._combined = result
+                self._combined = await call_for_text(
+                    self._combine_function, answers,
+                    must=f"{self._where()}: combine must return a string",
+                )
         return "completed", self._combined
 
     async def _run_branches(self, pending: list[_Slot], task: str, scope: RunScope) -> None:

@@ -11,7 +11,7 @@ from aimu.aio.workflows._base import (
     Step,
     Workflow,
     _Slot,
-    call_user_function,
+    call_for_text,
     check_step,
     expect_dict,
     function_record,
@@ -131,13 +131,11 @@ class Router(Workflow):
                     self._choice = classifier.answer
                 else:
                     assert self._classifier_function is not None
-                    choice = await call_user_function(self._classifier_function, task)
-                    if not isinstance(choice, str):
-                        raise TypeError(
-                            f"{self._where()}: the classifier must return a route name "
-                            f"(a string), got {type(choice).__name__}"
-                        )
-                    self._choice = choice
+                    self._choice = await call_for_text(
+                        self._classifier_function, task,
+                        must=f"{self._where()}: the classifier must return a route name "
+                        "(a string)",
+                    )
             self._route = self.resolve(self._choice)
         lane = self._lanes[self._route]
         if not await self._step(lane, task, scope):
