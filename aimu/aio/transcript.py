@@ -242,57 +242,72 @@ def validate(messages: object) -> None:
     open_calls: dict[str, str] = {}  # id -> tool name, for the latest assistant turn
     answered: set[str] = set()
     for index, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise _fail(index, f"must be a dict, got {type(message).__name__}")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise _fail(
-                index, f"unknown role {echo(role)}; expected one of {', '.join(_ROLES)}"
-            )
-        extra = set(message) - _KEYS[role]
-        if extra:
-            shown = ", ".join(echo(key) for key in sorted(map(str, extra))[:5])
-            more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
-            raise _fail(index, f"{role} message has unexpected keys {shown}{more}")
-        _check_string(message, "content", index, role)
-        if role == "system" and index != 0:
-            raise _fail(index, "a system message may only be the first message")
+        role = _check_shape(message, index)
         if role == "assistant":
-            open_calls = {}
-            answered = set()
-            calls = message.get("tool_calls", [])
-            if not isinstance(calls, list):
-                raise _fail(index, "'tool_calls' must be a list")
-            for position, call in enumerate(calls):
-                call_id = _check_tool_call(call, index, position)
-                if call_id in open_calls:
-                    raise _fail(index, f"tool call id {echo(call_id)} is used twice in one turn")
-                open_calls[call_id] = call["function"]["name"]
-            if "thinking" in message:
-                _check_string(message, "thinking", index, role)
-            if not isinstance(message.get("aimu_partial", False), bool):
-                raise _fail(index, "'aimu_partial' must be a bool")
+            open_calls, answered = _check_assistant(message, index), set()
         elif role == "tool":
-            call_id = _check_string(message, "tool_call_id", index, role)
-            name = _check_string(message, "name", index, role)
-            if call_id not in open_calls:
-                raise _fail(
-                    index,
-                    f"tool result for {echo(call_id)} answers no tool call of the assistant "
-                    "turn before it",
-                )
-            if call_id in answered:
-                raise _fail(index, f"tool call {echo(call_id)} already has a result")
-            if open_calls[call_id] != name:
-                raise _fail(
-                    index,
-                    f"tool result names {echo(name)} but call {echo(call_id)} was to "
-                    f"{echo(open_calls[call_id])}",
-                )
-            answered.add(call_id)
+            answered.add(_check_tool_result(message, index, open_calls, answered))
         else:
-            open_calls = {}
-            answered = set()
+            open_calls, answered = {}, set()
+
+
+def _check_shape(message: object, index: int) -> str:
+    """A dict with a known role, only the keys that role allows, string content; its role."""
+    if not isinstance(message, Mapping):
+        raise _fail(index, f"must be a dict, got {type(message).__name__}")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise _fail(index, f"unknown role {echo(role)}; expected one of {', '.join(_ROLES)}")
+    extra = set(message) - _KEYS[role]
+    if extra:
+        shown = ", ".join(echo(key) for key in sorted(map(str, extra))[:5])
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise _fail(index, f"{role} message has unexpected keys {shown}{more}")
+    _check_string(message, "content", index, role)
+    if role == "system" and index != 0:
+        raise _fail(index, "a system message may only be the first message")
+    return str(role)
+
+
+def _check_assistant(message: Mapping[str, Any], index: int) -> dict[str, str]:
+    """Well-formed tool calls with ids unique in the turn; returns id -> tool name."""
+    calls = message.get("tool_calls", [])
+    if not isinstance(calls, list):
+        raise _fail(index, "'tool_calls' must be a list")
+    open_calls: dict[str, str] = {}
+    for position, call in enumerate(calls):
+        call_id = _check_tool_call(call, index, position)
+        if call_id in open_calls:
+            raise _fail(index, f"tool call id {echo(call_id)} is used twice in one turn")
+        open_calls[call_id] = call["function"]["name"]
+    if "thinking" in message:
+        _check_string(message, "thinking", index, "assistant")
+    if not isinstance(message.get("aimu_partial", False), bool):
+        raise _fail(index, "'aimu_partial' must be a bool")
+    return open_calls
+
+
+def _check_tool_result(
+    message: Mapping[str, Any], index: int, open_calls: dict[str, str], answered: set[str]
+) -> str:
+    """A result answering, once and by the right name, a call of the turn before it."""
+    call_id = _check_string(message, "tool_call_id", index, "tool")
+    name = _check_string(message, "name", index, "tool")
+    if call_id not in open_calls:
+        raise _fail(
+            index,
+            f"tool result for {echo(call_id)} answers no tool call of the assistant "
+            "turn before it",
+        )
+    if call_id in answered:
+        raise _fail(index, f"tool call {echo(call_id)} already has a result")
+    if open_calls[call_id] != name:
+        raise _fail(
+            index,
+            f"tool result names {echo(name)} but call {echo(call_id)} was to "
+            f"{echo(open_calls[call_id])}",
+        )
+    return call_id
 
 
 def dangling_calls(messages: Sequence[Message], start: int = 0) -> list[tuple[int, ToolCall]]:
