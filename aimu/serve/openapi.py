@@ -64,6 +64,19 @@ def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
     }
 
 
+#: The tool calls a paused run waits on (empty unless paused).
+_PENDING = {
+    "type": "array",
+    "items": _object(
+        {
+            "call_id": {"type": "string"},
+            "name": {"type": "string"},
+            "arguments": {"type": "object"},
+            "in_doubt": {"type": "boolean"},
+        },
+        ("call_id", "name", "arguments", "in_doubt"),
+    ),
+}
 _SESSION_PARAM = {"name": "session", "in": "path", "required": True, "schema": _SESSION}
 _RUN_PARAM = {"name": "run_id", "in": "path", "required": True, "schema": _RUN_ID}
 _EMPTY = _body(_object({}), required=False)
@@ -128,11 +141,22 @@ def openapi_document() -> dict[str, Any]:
                         "finished_at": {"type": ["number", "null"]},
                         "duration": {"type": ["number", "null"]},
                         "events": {"type": ["integer", "null"], "minimum": 0},
+                        "pending": _PENDING,
                     },
                     (
                         "run_id", "session", "task", "status", "reason", "reply", "error",
-                        "usage", "created_at", "finished_at", "duration", "events",
+                        "usage", "created_at", "finished_at", "duration", "events", "pending",
                     ),
+                ),
+                "Decision": _object(
+                    {
+                        "run_id": _RUN_ID,
+                        "call_id": {"type": "string"},
+                        "approve": {"type": "boolean"},
+                        "pending": _PENDING,
+                        "resumed_run_id": {"anyOf": [{"type": "null"}, _RUN_ID]},
+                    },
+                    ("run_id", "call_id", "approve", "pending", "resumed_run_id"),
                 ),
                 "SessionInfo": _object(
                     {
@@ -287,7 +311,9 @@ def openapi_document() -> dict[str, Any]:
             },
             "/runs/{run_id}/send": {
                 "post": _control(
-                    "Add a user message to the running run at its next step boundary",
+                    "Add a user message to the running run at its next step boundary "
+                    "(409 once it has ended; 501 for a run in another server, which "
+                    "cannot take it yet)",
                     _body(
                         _object({"text": {"type": "string", "minLength": 1}}, ("text",)),
                         required=True,
@@ -297,7 +323,9 @@ def openapi_document() -> dict[str, Any]:
             },
             "/runs/{run_id}/approvals/{call_id}": {
                 "post": _control(
-                    "Approve or deny a tool call the paused run waits on",
+                    "Approve or deny a tool call the paused run waits on; the last decision "
+                    "resumes it (404: the run waits on no such call; 409: not paused, or "
+                    "decided already)",
                     _body(
                         _object(
                             {"approve": {"type": "boolean"}, "reason": _NULLABLE_STR},
@@ -313,7 +341,14 @@ def openapi_document() -> dict[str, Any]:
                             "schema": {"type": "string", "minLength": 1, "maxLength": 200},
                         }
                     ],
-                    errors=(501,),
+                    responses={
+                        "202": _json(
+                            _ref("Decision"),
+                            "Decided; after the last decision the run resumed as "
+                            "resumed_run_id",
+                        ),
+                        **_errors(400, 404, 409, 413, 422),
+                    },
                 )
             },
         },

@@ -21,12 +21,13 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Final, TypeAlias
 
 from aimu.aio.agent import Agent
+from aimu.aio.approvals import PendingApproval
 from aimu.aio.errors import SessionLockedError
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage, zero_usage
-from aimu.serve.errors import BadRequest, Conflict, NotFound, NotSupported
+from aimu.serve.errors import BadRequest, Conflict, NotFound
 
 __all__ = ["AgentFactory", "Batch", "LocalRuns", "RunRecord", "check_run_id", "event_json"]
 
@@ -78,6 +79,12 @@ class RunRecord:
     remote: bool = False
     """Executing in another process: reply, usage and events are not known here."""
     event_count: int | None = None
+    pending: list[PendingApproval] = dataclasses.field(default_factory=list)
+    """The tool calls a paused run waits on."""
+    decisions: dict[str, tuple[bool, str | None]] = dataclasses.field(default_factory=dict)
+    """call id -> (approve, reason), given over HTTP, applied when the last one is given."""
+    resumed_run_id: str | None = None
+    """The run that went on after the decisions, once they were all given."""
     handle: RunHandle[str] | None = dataclasses.field(default=None, repr=False)
     _waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list, repr=False)
 
@@ -97,6 +104,7 @@ class RunRecord:
             "finished_at": finished,
             "duration": None if finished is None else max(0.0, finished - self.created_at),
             "events": self.event_count if self.remote else len(self.events),
+            "pending": [pending_json(p) for p in self.pending if p.call_id not in self.decisions],
         }
 
     def add(self, event: JSONEvent) -> None:
@@ -121,6 +129,16 @@ class RunRecord:
                 waiter.cancel()
                 self._waiters.remove(waiter)
         return bool(done)
+
+
+def pending_json(pending: PendingApproval) -> dict[str, Any]:
+    """A waiting tool call as JSON (``name`` is the tool's, as the page shows it)."""
+    return {
+        "call_id": pending.call_id,
+        "name": pending.tool,
+        "arguments": pending.arguments,
+        "in_doubt": pending.in_doubt,
+    }
 
 
 def parse_after(after: str | None) -> int:
@@ -165,11 +183,17 @@ class LocalRuns:
         """The id of the run in progress on ``session`` in this process, if any."""
         return self._active.get(session)
 
-    async def start(self, session: str, task: str | None) -> RunRecord:
+    async def start(
+        self,
+        session: str,
+        task: str | None,
+        decisions: dict[str, tuple[bool, str | None]] | None = None,
+    ) -> RunRecord:
         """Start ``task`` on ``session`` (None: resume where it stopped); return its record.
 
-        ``Conflict`` if the session has a run in progress (here or, through the store's
-        lock, in another process) or, for a resume, nothing to resume.
+        ``decisions`` (call id -> approve, reason) are given to the paused session before
+        it resumes. ``Conflict`` if the session has a run in progress (here or, through
+        the store's lock, in another process) or, for a resume, nothing to resume.
         """
         if self._closed:
             raise Conflict("the server is shutting down; start the run on another server")
@@ -190,11 +214,19 @@ class LocalRuns:
             run: Coroutine[Any, Any, str]
             if task is None:
                 try:
+                    for call_id, (approve, reason) in (decisions or {}).items():
+                        if approve:
+                            agent.approve(call_id)
+                        else:
+                            agent.deny(call_id, reason)
                     run = agent.resume()
                 except ValueError as error:
                     raise Conflict(f"session {session!r}: {error}") from error
             else:
-                run = agent.run(task)
+                try:
+                    run = agent.run(task)
+                except ValueError as error:  # e.g. calls still wait for a decision
+                    raise Conflict(f"session {session!r}: {error}") from error
         except BaseException:
             await agent.aclose()
             raise
@@ -337,20 +369,48 @@ class LocalRuns:
         return self.get(run_id).public()
 
     async def send(self, run_id: str, text: str) -> dict[str, Any]:
-        self._live(run_id, "send to")
-        raise NotSupported(
-            "sending input into a running run needs Agent.send, which this aimu does not have "
-            "yet; start a new run after this one instead"
-        )
+        """Give ``text`` to the run: it joins as a user message at its next step boundary."""
+        handle = self._live(run_id, "send to")
+        if not handle.send(text):
+            raise Conflict(
+                f"run {run_id} is ending (being cancelled): the text was not sent; "
+                "start a new run with it"
+            )
+        return self.get(run_id).public()
 
     async def decide(
         self, run_id: str, call_id: str, approve: bool, reason: str | None
     ) -> dict[str, Any]:
+        """Record a decision on a call the paused run waits on; after the last one, resume.
+
+        The decisions stay in this process until the last is given; then the session is
+        opened, they are applied and the run resumes as a new run (``resumed_run_id``).
+        """
         record = self.get(run_id)
-        raise Conflict(
-            f"run {run_id} is {record.status}, not paused: no tool call {call_id[:64]!r} "
-            "awaits a decision"
-        )
+        if record.status != "paused" or not record.ended:
+            raise Conflict(
+                f"run {run_id} is {record.status}, not paused: no tool call {call_id[:64]!r} "
+                "awaits a decision"
+            )
+        if call_id not in {p.call_id for p in record.pending}:
+            raise NotFound(f"run {run_id} waits on no tool call {call_id[:64]!r}")
+        if call_id in record.decisions or record.resumed_run_id is not None:
+            raise Conflict(f"tool call {call_id[:64]!r} of run {run_id} is decided already")
+        record.decisions[call_id] = (approve, reason)
+        if len(record.decisions) == len(record.pending):
+            try:
+                resumed = await self.start(record.session, None, dict(record.decisions))
+            except BaseException:
+                del record.decisions[call_id]  # nothing changed: the caller may try again
+                raise
+            record.resumed_run_id = resumed.run_id
+        return {
+            "run_id": run_id,
+            "call_id": call_id,
+            "approve": approve,
+            "pending": record.public()["pending"],
+            "resumed_run_id": record.resumed_run_id,
+        }
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -390,7 +450,10 @@ def validate_name(session: str) -> str:
 async def _closing(agent: Agent, run: Coroutine[Any, Any, str], record: RunRecord) -> str:
     """Run ``run``, then release the session (its write lock) whatever ended it."""
     try:
-        return await run
+        reply = await run
+        if agent.status == "paused":
+            record.pending = agent.pending_approvals
+        return reply
     except Exception as error:
         if record.error is None:
             record.error = f"{type(error).__name__}: {error}"

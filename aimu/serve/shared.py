@@ -185,7 +185,10 @@ class SharedRuns(LocalRuns):
         info = await self._info(run_id)
         if info.status not in _LIVE:
             raise Conflict(f"run {run_id} already ended ({info.status}): nothing to send to")
-        return await super().send(run_id, text)
+        raise NotSupported(
+            f"run {run_id} executes on another server, and the Redis control cannot carry a "
+            "send yet: send it to the server that started the run"
+        )
 
     async def decide(
         self, run_id: str, call_id: str, approve: bool, reason: str | None

@@ -50,6 +50,7 @@ def last_user(request: Mapping[str, Any]) -> str:
 
 def script(request: Mapping[str, Any]) -> Turn:
     """``long ...``: a slow reply; ``tool ...``: a slow turn calling lookup, then an answer;
+    ``mail ...``: a call of send_email (needs approval), then its result read back;
     ``short N``: N quick chunks; anything else: "answer to <it>"."""
     said = last_user(request)
     messages = request.get("messages") or []
@@ -62,6 +63,10 @@ def script(request: Mapping[str, Any]) -> Turn:
             tool_calls=(ScriptedCall("lookup", {"query": said}),),
             delay=LONG_DELAY,
         )
+    if said.startswith("mail"):
+        if after_tool:
+            return Turn(text=f"mail result: {messages[-1].get('content')}")
+        return Turn(tool_calls=(ScriptedCall("send_email", {"to": said}),))
     if said.startswith("short"):
         count = int(said.split()[1])
         return Turn(text=" ".join(f"c{i}" for i in range(count)), delay=0.005)
@@ -71,6 +76,17 @@ def script(request: Mapping[str, Any]) -> Turn:
 def lookup(query: str) -> str:
     """Look something up."""
     return f"found {query}"
+
+
+#: Who send_email mailed, in this process: an approved call shows up here, a denied never.
+MAILED: list[str] = []
+
+
+@aio.tool(approval=True)
+def send_email(to: str) -> str:
+    """Send an email (a person approves it first)."""
+    MAILED.append(to)
+    return f"sent to {to}"
 
 
 # Per module: a session-long server thread would outlive tests/serve and be seen as a
@@ -119,7 +135,7 @@ class Served:
 
 def make_app(model: LoopbackServer, store: Path, **options: Any) -> ServeApp:
     client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
-    return app(client, store=store, tools=[lookup], **options)
+    return app(client, store=store, tools=[lookup, send_email], **options)
 
 
 @pytest.fixture
