@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import ARTIFACTS, WAIT_MS, Served
+from tests.serve.harness import ARTIFACTS, MAILED, WAIT_MS, Served
 
 pytestmark = pytest.mark.slow
 
@@ -156,21 +156,44 @@ async def test_readable_on_a_phone(browser: object, served: Served) -> None:
         await context.close()
 
 
-async def test_input_typed_during_a_run_is_not_lost(page: object, served: Served) -> None:
-    # This aimu has no Agent.send yet: the server answers 501 and the page queues the
-    # message, says so, and sends it when the run ends.
+async def test_input_typed_during_a_run_joins_it(page: object, served: Served) -> None:
     from playwright.async_api import Page, expect
 
     assert isinstance(page, Page)
     await page.goto(f"{served.url}/?session=during")
-    await page.locator("#input").fill("long first")
+    await page.locator("#input").fill("tool first")
     await page.locator("#input").press("Enter")
-    await expect(page.locator(".msg.assistant").last).to_contain_text("w2 ")
-    await page.locator("#input").fill("hello later")
+    # The model's first turn is streaming: the run is in progress.
+    await expect(page.locator(".msg.assistant").last).to_contain_text("let me look")
+    await page.locator("#input").fill("hello during")
     await page.locator("#input").press("Enter")
-    queued = page.locator(".msg.user").last
-    await expect(queued.locator(".mark")).to_contain_text("queued")
-    await page.locator("#stop").click()
-    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello later")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("answer to hello during")
+    await expect(page.locator("#status")).to_have_text("completed")
+    assert await page.locator(".msg.user .mark").count() == 0  # sent, not queued
     messages = await stored(served, "during")
-    assert [m["content"] for m in messages if m["role"] == "user"] == ["long first", "hello later"]
+    validate(messages)  # type: ignore[arg-type]
+    assert [m["content"] for m in messages if m["role"] == "user"] == [
+        "tool first", "hello during",
+    ]
+
+
+async def test_approve_a_paused_tool_call(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    MAILED.clear()
+    await page.goto(f"{served.url}/?session=approve")
+    await page.locator("#input").fill("mail erin")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator("#status")).to_have_text("paused")
+    prompt = page.locator("#approvals .approval")
+    await expect(prompt).to_contain_text("send_email")
+    await expect(prompt).to_contain_text("mail erin")
+    assert MAILED == []
+    await prompt.get_by_role("button", name="Approve").click()
+    await expect(page.locator(".msg.assistant").last).to_contain_text(
+        "mail result: sent to mail erin"
+    )
+    await expect(page.locator("#status")).to_have_text("completed")
+    await expect(page.locator("#approvals")).to_be_hidden()
+    assert MAILED == ["mail erin"]

@@ -9,7 +9,7 @@ const state = {
   session: null,
   run: null,          // {id, lastEventId, bubble, controller}
   lastStatus: null,   // how the session's last run ended
-  queued: [],         // messages typed during a run when the server cannot send into it
+  queued: [],         // messages typed as a run ended, or that a server could not send into it
 };
 
 const TOKEN_IN_HASH = /(?:^#|&)token=([^&]+)/.exec(location.hash);
@@ -171,13 +171,20 @@ async function submit(text) {
   if (!state.session) await openSession("default");
   if (state.run) {
     // Input typed during a run joins it at its next step boundary.
+    const runId = state.run.id;
     try {
-      await api("POST", `/runs/${state.run.id}/send`, { text });
+      await api("POST", `/runs/${runId}/send`, { text });
       bubble("user", text);
     } catch (error) {
       if (error.status === 501 || error.status === 409) {
-        state.queued.push(text);
-        bubble("user", text, "(queued: sent when this run ends)");
+        // The run ended meanwhile (409), or runs on a server that cannot take it (501):
+        // the text becomes the next run, now if this one is over already.
+        if (state.run && state.run.id === runId) {
+          state.queued.push(text);
+          bubble("user", text, "(queued: sent when this run ends)");
+        } else {
+          await startRun(text);
+        }
       } else {
         notice(error.message);
       }
