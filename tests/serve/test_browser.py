@@ -161,10 +161,10 @@ async def test_input_typed_during_a_run_joins_it(page: object, served: Served) -
 
     assert isinstance(page, Page)
     await page.goto(f"{served.url}/?session=during")
-    await page.locator("#input").fill("tool first")
+    await page.locator("#input").fill("long first")
     await page.locator("#input").press("Enter")
-    # The model's first turn is streaming: the run is in progress.
-    await expect(page.locator(".msg.assistant").last).to_contain_text("let me look")
+    # The model's first turn is streaming (for seconds): the run is in progress.
+    await expect(page.locator(".msg.assistant").last).to_contain_text("w2 ")
     await page.locator("#input").fill("hello during")
     await page.locator("#input").press("Enter")
     await expect(page.locator(".msg.assistant").last).to_contain_text("answer to hello during")
@@ -173,7 +173,7 @@ async def test_input_typed_during_a_run_joins_it(page: object, served: Served) -
     messages = await stored(served, "during")
     validate(messages)  # type: ignore[arg-type]
     assert [m["content"] for m in messages if m["role"] == "user"] == [
-        "tool first", "hello during",
+        "long first", "hello during",
     ]
 
 

@@ -39,8 +39,9 @@ async def paused(http: httpx.AsyncClient, session: str, task: str) -> tuple[str,
 
 
 async def test_send_joins_the_running_run_once(http: httpx.AsyncClient) -> None:
-    run_id = await start(http, "steer", "tool please")
-    await first_text(http, run_id)  # the model's first turn is streaming
+    # "long" streams for seconds: the send lands while the first turn is provably in flight.
+    run_id = await start(http, "steer", "long please")
+    await first_text(http, run_id)
     response = await http.post(f"/runs/{run_id}/send", json={"text": "and in French"})
     assert response.status_code == 202, response.text
     run = await ended(http, run_id)
@@ -51,7 +52,7 @@ async def test_send_joins_the_running_run_once(http: httpx.AsyncClient) -> None:
     assert len(sent) == 1
     # The send joined this run: no second run on the session.
     assert [m["content"] for m in messages if m["role"] == "user"] == [
-        "tool please", "and in French",
+        "long please", "and in French",
     ]
 
 
