@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
-from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
+from aimu.serve.errors import BadRequest, Conflict, NotFound, NotSupported, ServiceUnavailable
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
     AgentFactory,

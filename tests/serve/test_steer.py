@@ -118,14 +118,16 @@ async def test_decision_bad_inputs_change_nothing(http: httpx.AsyncClient) -> No
     assert (await http.post(url, json={})).status_code == 422
     assert (await http.post(url, json={"approve": "yes"})).status_code == 422
     assert (await http.post(url, json={"approve": True, "extra": 1})).status_code == 422
-    assert (await http.post("/runs/nosuchrun/approvals/x", json={"approve": True})).status_code == 404
+    unknown = await http.post("/runs/nosuchrun/approvals/x", json={"approve": True})
+    assert unknown.status_code == 404
     # Not paused: a completed run waits on nothing.
     done = await start(http, "bad2", "hello")
     await ended(http, done)
     conflict = await http.post(f"/runs/{done}/approvals/{call_id}", json={"approve": True})
     assert conflict.status_code == 409 and "not paused" in conflict.json()["error"]
     # Nothing changed: the call still waits, and approving it still works.
-    assert [p["call_id"] for p in (await http.get(f"/runs/{run_id}")).json()["pending"]] == [call_id]
+    waiting = (await http.get(f"/runs/{run_id}")).json()["pending"]
+    assert [p["call_id"] for p in waiting] == [call_id]
     assert MAILED == []
     response = await http.post(url, json={"approve": True})
     assert response.status_code == 202
