@@ -312,13 +312,11 @@ def openapi_document() -> dict[str, Any]:
             "/runs/{run_id}/send": {
                 "post": _control(
                     "Add a user message to the running run at its next step boundary "
-                    "(409 once it has ended; 501 for a run in another server, which "
-                    "cannot take it yet)",
+                    "(409 once it has ended)",
                     _body(
                         _object({"text": {"type": "string", "minLength": 1}}, ("text",)),
                         required=True,
                     ),
-                    errors=(501,),
                 )
             },
             "/runs/{run_id}/approvals/{call_id}": {

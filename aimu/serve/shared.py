@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
-from aimu.serve.errors import BadRequest, Conflict, NotFound, NotSupported, ServiceUnavailable
+from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
     AgentFactory,
@@ -182,13 +182,8 @@ class SharedRuns(LocalRuns):
     async def send(self, run_id: str, text: str) -> dict[str, Any]:
         if run_id in self._runs:
             return await super().send(run_id, text)
-        info = await self._info(run_id)
-        if info.status not in _LIVE:
-            raise Conflict(f"run {run_id} already ended ({info.status}): nothing to send to")
-        raise NotSupported(
-            f"run {run_id} executes on another server, and the Redis control cannot carry a "
-            "send yet: send it to the server that started the run"
-        )
+        await self._request(run_id, "send to", self.control.send(run_id, text))
+        return await self.public(run_id)
 
     async def decide(
         self, run_id: str, call_id: str, approve: bool, reason: str | None

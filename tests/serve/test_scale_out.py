@@ -173,3 +173,22 @@ async def test_stop_pressed_on_a_page_served_by_one_process_stops_a_run_in_the_o
     await model_server.wait_abandoned(abandoned + 1)
     run = (await on_a.get(f"/runs/{run_id}")).json()
     assert run["status"] == "cancelled" and run["reason"] == "Stop pressed in the web chat"
+
+
+async def test_send_on_one_server_joins_a_run_in_the_other(
+    pair: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    on_a, on_b = pair
+    run_id = await start(on_a, "steered", "long steer")
+    await until_text(on_b, run_id)  # the long first turn is streaming in A
+    response = await on_b.post(f"/runs/{run_id}/send", json={"text": "from B"})
+    assert response.status_code == 202, response.text
+    events = await collect(on_b, run_id)
+    assert events[-1].data["status"] == "completed"
+    run = (await on_a.get(f"/runs/{run_id}")).json()
+    assert run["reply"] == "answer to from B"
+    messages = (await on_b.get("/sessions/steered")).json()["messages"]
+    validate(messages)
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["long steer", "from B"]
+    late = await on_b.post(f"/runs/{run_id}/send", json={"text": "too late"})
+    assert late.status_code == 409

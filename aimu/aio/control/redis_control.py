@@ -345,6 +345,14 @@ class RedisControl:
         """Ask the run to stop at its next step boundary; False if it had finished."""
         return await self._request(run_id, "interrupt", {})
 
+    async def send(self, run_id: str, text: str) -> bool:
+        """Give ``text`` to the run wherever it runs: it joins as a user message at the
+        next step boundary, once. False if the run had finished. Recorded before it is
+        published, like a cancel."""
+        if not isinstance(text, str):
+            raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
+        return await self._request(run_id, "send", {"text": text})
+
     async def stop(
         self,
         run_id: str,

@@ -62,12 +62,21 @@ def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> None:
     worker.spawn(handle.stop(float(grace) if isinstance(grace, int | float) else 5.0))
 
 
+def _send(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> None:
+    text = data.get("text")
+    if isinstance(text, str):
+        handle.send(text)
+
+
 #: What a request of each kind does to the run. A kind this table lacks (sent by a
-#: newer aimu) is logged and skipped; add ``send`` and ``approve`` here.
+#: newer aimu) is logged and skipped. Each request is applied once (the run's cursor
+#: skips what it saw), so a send joins the run exactly once. Approvals are not here:
+#: a paused run has ended, and a decision goes to its session through the store.
 REQUESTS: dict[str, Callable[[Worker, RunHandle[Any], dict[str, Any]], None]] = {
     "cancel": _cancel,
     "interrupt": _interrupt,
     "stop": _stop,
+    "send": _send,
 }
 
 
