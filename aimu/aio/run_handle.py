@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
 import inspect
 import signal
 import threading
@@ -70,7 +69,7 @@ import types
 from asyncio import CancelledError, Future, Task
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
-from typing import Any, Generic, Protocol, TypeVar, final
+from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope
@@ -81,36 +80,26 @@ T = TypeVar("T")
 DoneCallback = Callable[["RunHandle[Any]"], object]
 
 
-class _State(enum.Enum):
-    # Members are singletons: hashing by identity keeps ``state in _LIVE`` in C.
-    __hash__ = object.__hash__
+class _State:
+    """The states of the diagram above. Plain strings, not an ``enum.Enum``: loading an
+    Enum member goes through its metaclass and costs four times a class attribute, and
+    the hot path of every run loads several."""
 
-    PENDING = "pending"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    EXPIRING = "expiring"
-    COMPLETED = "completed"
-    INTERRUPTED = "interrupted"
-    PAUSED = "paused"
-    CANCELLED = "cancelled"
-    TIMED_OUT = "timed_out"
-    FAILED = "failed"
+    PENDING: Final = "pending"
+    RUNNING: Final = "running"
+    CANCELLING: Final = "cancelling"
+    EXPIRING: Final = "expiring"
+    COMPLETED: Final = "completed"
+    INTERRUPTED: Final = "interrupted"
+    PAUSED: Final = "paused"
+    CANCELLED: Final = "cancelled"
+    TIMED_OUT: Final = "timed_out"
+    FAILED: Final = "failed"
 
 
 _LIVE = frozenset({_State.PENDING, _State.RUNNING, _State.CANCELLING, _State.EXPIRING})
 _RETURNED = frozenset({_State.COMPLETED, _State.INTERRUPTED, _State.PAUSED})
-_STATUS: dict[_State, HandleStatus] = {
-    _State.PENDING: "pending",
-    _State.RUNNING: "running",
-    _State.COMPLETED: "completed",
-    _State.INTERRUPTED: "interrupted",
-    _State.PAUSED: "paused",
-    _State.CANCELLED: "cancelled",
-    _State.TIMED_OUT: "timed_out",
-    _State.FAILED: "failed",
-}
 _DROPPABLE = (TextChunk, ThinkingChunk)
-
 
 
 def _owner_of(scope: RunScope | None) -> RunHandle[Any] | None:
@@ -222,10 +211,11 @@ class RunHandle(RunScope, Generic[T]):
         "_timer",
         "_waiter",
     )
+    _state: str  # one of _State
     # Assigned before they are read, so not at start (each store costs every run):
     _result: T  # once the run returned
     _error: BaseException | None  # once it ended otherwise
-    _started: bool  # once the task stepped, or a stop came before it did
+    _started: bool  # set by the first stop: whether the task had stepped by then
     _deadline_cancels: int  # ``task.cancelling()`` just before the deadline's own cancel
     _run_id: str | None
 
@@ -278,12 +268,6 @@ class RunHandle(RunScope, Generic[T]):
         self = cls.__new__(cls)
         RunScope.__init__(self, name, None if detached else current_scope.get(), deadline)
         self._run_id = run_id
-        self._setup(loop, run)
-        if control is not None:
-            control.attach(self)
-        return self
-
-    def _setup(self, loop: asyncio.AbstractEventLoop, run: Coroutine[Any, Any, T]) -> None:
         self._loop = loop
         self._state = _State.PENDING
         self._started_at = time.monotonic()
@@ -307,6 +291,9 @@ class RunHandle(RunScope, Generic[T]):
             self._owner._adopt(self)
         if self.deadline is not None:
             self._timer = loop.call_at(self.deadline, self._expire)
+        if control is not None:
+            control.attach(self)
+        return self
 
     # -- the run -------------------------------------------------------------------
 
@@ -314,7 +301,6 @@ class RunHandle(RunScope, Generic[T]):
         try:
             await _first_step()
             current_scope.set(self)
-            self._started = True
             if self._state is _State.PENDING:
                 self._state = _State.RUNNING
             else:
@@ -354,6 +340,7 @@ class RunHandle(RunScope, Generic[T]):
     def _deliver_early_stop(self) -> None:
         """cancel() or the deadline came before the first step: deliver it now, so that it
         lands at the run's first await (its opening lines still run)."""
+        self._started = True
         self._deadline_cancels = self._task.cancelling()
         self._task.cancel(self._reason if self._state is _State.CANCELLING else None)
 
@@ -381,10 +368,10 @@ class RunHandle(RunScope, Generic[T]):
         self._finish()
         return stop if self._error is None else self._error
 
-    def _check_live(self) -> _State:
+    def _check_live(self) -> str:
         state = self._state
         if state not in _LIVE:
-            raise RuntimeError(f"RunHandle {self.name!r} is already {state.value}")
+            raise RuntimeError(f"RunHandle {self.name!r} is already {state}")
         return state
 
     def _finish(self) -> None:
@@ -456,6 +443,7 @@ class RunHandle(RunScope, Generic[T]):
             self._timer = None
             self._state = _State.EXPIRING
             if state is _State.RUNNING:
+                self._started = True
                 self._deadline_cancels = self._task.cancelling()
                 self._task.cancel()
             else:
@@ -518,6 +506,7 @@ class RunHandle(RunScope, Generic[T]):
         if state is _State.PENDING:
             self._started = False  # delivered at the task's first step
         elif state is _State.RUNNING:
+            self._started = True
             self._task.cancel(reason)
         # EXPIRING: the deadline's cancel is on its way; this one only changes the verdict.
         for child in tuple(self._children or ()):
@@ -693,7 +682,7 @@ class RunHandle(RunScope, Generic[T]):
         state = self._state
         if state is _State.CANCELLING or state is _State.EXPIRING:
             return "running" if self._started else "pending"
-        return _STATUS[state]
+        return cast(HandleStatus, state)  # the other states are named as the statuses
 
     @property
     def reason(self) -> str | None:
