@@ -211,13 +211,22 @@ class RunHandle(RunScope, Generic[T]):
         "_timer",
         "_waiter",
     )
+    _loop: asyncio.AbstractEventLoop
+    _task: Task[T]
+    _run_id: str | None
     _state: str  # one of _State
+    _started_at: float  # time.monotonic(), for the age in repr()
+    _reason: str | None  # why it was cancelled ("deadline passed" for a timeout)
+    _timer: asyncio.TimerHandle | None  # the deadline's
+    _waiter: Future[T] | None  # the first awaiter's future (the rest are in _observers)
+    _observers: _Observers | None
+    _owner: RunHandle[Any] | None  # the handle this run belongs to
+    _children: set[RunHandle[Any]] | None  # the live handles that belong to this run
     # Assigned before they are read, so not at start (each store costs every run):
     _result: T  # once the run returned
     _error: BaseException | None  # once it ended otherwise
     _started: bool  # set by the first stop: whether the task had stepped by then
     _deadline_cancels: int  # ``task.cancelling()`` just before the deadline's own cancel
-    _run_id: str | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("use RunHandle.start(coro) to make a RunHandle")
@@ -271,15 +280,12 @@ class RunHandle(RunScope, Generic[T]):
         self._loop = loop
         self._state = _State.PENDING
         self._started_at = time.monotonic()
-        #: Why it was cancelled ("deadline passed" for a timeout).
-        self._reason: str | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        #: The first awaiter's future (the rest are in ``_observers``).
-        self._waiter: Future[T] | None = None
-        self._observers: _Observers | None = None
-        #: The handle this run belongs to, and the live handles that belong to it.
+        self._reason = None
+        self._timer = None
+        self._waiter = None
+        self._observers = None
         self._owner = None if self.parent is None else _owner_of(self.parent)
-        self._children: set[RunHandle[Any]] | None = None
+        self._children = None
         driver = self._drive(run)
         driver.send(None)  # up to _first_step
         # What loop.create_task() does when no task factory is set, one call shorter.
