@@ -915,8 +915,9 @@ class Assistant:
 
     def _help(self) -> None:
         self._line("commands:")
+        width = max(len(command) for command, _ in _HELP)
         for command, meaning in _HELP:
-            self._line(f"  {command:<12} {meaning}")
+            self._line(f"  {command:<{width}} {meaning}")
         self._line(_KEYS)
 
 
