@@ -19,6 +19,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -91,7 +92,7 @@ class PrivateRedis:
             unavailable("redis-server is not on PATH")
         self._binary = binary
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = self.address = f"redis://127.0.0.1:{self.port}/0"
         self._process: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -137,7 +138,7 @@ class _PrivatePostgres:
         started = run([pg_ctl, "-D", str(data), "-o", options, "-w", "start"])
         if started.returncode != 0:
             unavailable("a private PostgreSQL did not start")
-        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.dsn = self.address = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def stop(self) -> None:
         subprocess.run(
@@ -148,7 +149,8 @@ class _PrivatePostgres:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_private: dict[str, PrivateRedis | _PrivatePostgres] = {}
+_Private = PrivateRedis | _PrivatePostgres
+_private: dict[str, _Private] = {}
 
 
 def _stop_private() -> None:
@@ -161,32 +163,29 @@ def _stop_private() -> None:
 atexit.register(_stop_private)
 
 
+def _find(
+    variable: str, local: str, answers: Callable[[str], bool], make: Callable[[], _Private]
+) -> str:
+    """The address in ``variable``, else ``local`` if it answers, else a private server's."""
+    given = os.environ.get(variable)
+    if given:
+        return given
+    if answers(local):
+        return local
+    server = _private.get(variable)
+    if server is None:
+        server = _private[variable] = make()
+    return server.address
+
+
 def redis_url() -> str:
     """The Redis every Redis test talks to (see the module docstring for the order)."""
-    url = os.environ.get("AIMU_TEST_REDIS_URL")
-    if url:
-        return url
-    if _redis_answers(LOCAL_REDIS):
-        return LOCAL_REDIS
-    server = _private.get("redis")
-    if server is None:
-        server = _private["redis"] = PrivateRedis()
-    assert isinstance(server, PrivateRedis)
-    return server.url
+    return _find("AIMU_TEST_REDIS_URL", LOCAL_REDIS, _redis_answers, PrivateRedis)
 
 
 def postgres_dsn() -> str:
     """The PostgreSQL every PostgreSQL test talks to (see the module docstring)."""
-    dsn = os.environ.get("AIMU_TEST_POSTGRES_DSN")
-    if dsn:
-        return dsn
-    if _postgres_answers(LOCAL_POSTGRES):
-        return LOCAL_POSTGRES
-    server = _private.get("postgres")
-    if server is None:
-        server = _private["postgres"] = _PrivatePostgres()
-    assert isinstance(server, _PrivatePostgres)
-    return server.dsn
+    return _find("AIMU_TEST_POSTGRES_DSN", LOCAL_POSTGRES, _postgres_answers, _PrivatePostgres)
 
 
 def chromium_path() -> str:

@@ -202,7 +202,10 @@ async def test_a_chain_pauses_with_its_agent_and_resumes_after_the_decision() ->
 # -- send --------------------------------------------------------------------------------------
 
 
-async def test_send_joins_the_run_at_the_next_boundary_in_order() -> None:
+def held_research_agent(answer: str) -> tuple[aio.Agent, asyncio.Event, asyncio.Event]:
+    """An agent whose "go" calls a research tool that holds its tool round until released;
+    then it answers ``answer.format(role=..., content=...)`` of the last message. Returns the
+    agent, the event set once the tool runs, and the one that releases it."""
     started = asyncio.Event()
     release = asyncio.Event()
 
@@ -216,10 +219,13 @@ async def test_send_joins_the_run_at_the_next_boundary_in_order() -> None:
         last = request["messages"][-1]
         if last["role"] == "user" and last["content"] == "go":
             return Turn(tool_calls=[ScriptedCall("research", {"topic": "t"})])
-        return Turn(text=f"answered after {last['role']}: {last['content']}")
+        return Turn(text=answer.format(role=last["role"], content=last["content"]))
 
-    model = ScriptedModel(script)
-    agent = aio.Agent(model, tools=[research])
+    return aio.Agent(ScriptedModel(script), tools=[research]), started, release
+
+
+async def test_send_joins_the_run_at_the_next_boundary_in_order() -> None:
+    agent, started, release = held_research_agent("answered after {role}: {content}")
     assert agent.send("too early") is False
     run = asyncio.ensure_future(agent.run("go"))
     await started.wait()  # the tool round is in flight
@@ -408,22 +414,8 @@ async def test_a_parallel_branch_that_pauses_pauses_the_workflow() -> None:
 
 
 async def test_handle_send_reaches_an_agent_inside_a_workflow() -> None:
-    started = asyncio.Event()
-    release = asyncio.Event()
-
-    async def research(topic: str) -> str:
-        """Research."""
-        started.set()
-        await release.wait()
-        return "notes"
-
-    def script(request: dict[str, Any]) -> Turn:
-        last = request["messages"][-1]
-        if last["role"] == "user" and last["content"] == "go":
-            return Turn(tool_calls=[ScriptedCall("research", {"topic": "t"})])
-        return Turn(text=f"saw {last['content']}")
-
-    chain = aio.Chain([aio.Agent(ScriptedModel(script), tools=[research])])
+    agent, started, release = held_research_agent("saw {content}")
+    chain = aio.Chain([agent])
     handle = aio.RunHandle.start(chain.run("go"))
     await started.wait()
     assert handle.send("narrow it down")
