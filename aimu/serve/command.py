@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import ipaddress
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
-__all__ = ["add_serve_options", "is_loopback", "run_serve"]
+__all__ = ["add_serve_options", "import_tool", "is_loopback", "run_serve"]
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +48,14 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     parser.add_argument("--system", default=None, help="system prompt for every session")
     parser.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="a tool the agents may call: a function or aio.tool importable as MODULE:NAME "
+        "(repeatable)",
+    )
+    parser.add_argument(
         "--cors-origin",
         action="append",
         default=[],
@@ -65,6 +75,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def import_tool(spec: str) -> Callable[..., Any]:
+    """The function or tool named ``MODULE:NAME``; ValueError saying what is wrong."""
+    module_name, colon, name = spec.partition(":")
+    if not (colon and module_name and name):
+        raise ValueError(f"--tool {spec!r}: give MODULE:NAME, like mypackage.tools:search")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"--tool {spec!r}: cannot import it ({error})") from error
+    if not callable(found):
+        raise ValueError(f"--tool {spec!r} is a {type(found).__name__}, not a function or tool")
+    return cast(Callable[..., Any], found)
 
 
 def run_serve(options: argparse.Namespace) -> int:
@@ -88,9 +112,15 @@ def run_serve(options: argparse.Namespace) -> int:
     except ImportError as missing:
         print(f"aimu serve: {missing}", file=sys.stderr)
         return 2
+    try:
+        tools = [import_tool(spec) for spec in options.tool]
+    except ValueError as error:
+        print(f"aimu serve: {error}", file=sys.stderr)
+        return 2
     application = app(
         options.model,
         store=options.store,
+        tools=tools,
         system=options.system,
         token=token,
         cors_origins=options.cors_origin,

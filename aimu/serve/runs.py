@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 import secrets
 import time
@@ -21,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Final, TypeAlias
 
 from aimu.aio.agent import Agent
-from aimu.aio.approvals import PendingApproval
+from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.errors import SessionLockedError
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
@@ -43,6 +44,10 @@ _RUN_ID_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 #: A follower with nothing to read hears a comment this often, so proxies keep it open.
 KEEPALIVE_SECONDS: Final = 15.0
 MAX_GRACE_SECONDS: Final = 3600.0
+#: How long a decision waits for the session's lock while another decision holds it.
+DECISION_WAIT_SECONDS: Final = 10.0
+_FIRST_RETRY: Final = 0.005
+_log = logging.getLogger("aimu.serve")
 
 
 def check_run_id(run_id: str) -> str:
@@ -79,10 +84,6 @@ class RunRecord:
     remote: bool = False
     """Executing in another process: reply, usage and events are not known here."""
     event_count: int | None = None
-    pending: list[PendingApproval] = dataclasses.field(default_factory=list)
-    """The tool calls a paused run waits on."""
-    decisions: dict[str, tuple[bool, str | None]] = dataclasses.field(default_factory=dict)
-    """call id -> (approve, reason), given over HTTP, applied when the last one is given."""
     resumed_run_id: str | None = None
     """The run that went on after the decisions, once they were all given."""
     handle: RunHandle[str] | None = dataclasses.field(default=None, repr=False)
@@ -104,7 +105,7 @@ class RunRecord:
             "finished_at": finished,
             "duration": None if finished is None else max(0.0, finished - self.created_at),
             "events": self.event_count if self.remote else len(self.events),
-            "pending": [pending_json(p) for p in self.pending if p.call_id not in self.decisions],
+            "pending": [],
         }
 
     def add(self, event: JSONEvent) -> None:
@@ -183,53 +184,54 @@ class LocalRuns:
         """The id of the run in progress on ``session`` in this process, if any."""
         return self._active.get(session)
 
-    async def start(
-        self,
-        session: str,
-        task: str | None,
-        decisions: dict[str, tuple[bool, str | None]] | None = None,
-    ) -> RunRecord:
+    async def start(self, session: str, task: str | None) -> RunRecord:
         """Start ``task`` on ``session`` (None: resume where it stopped); return its record.
 
-        ``decisions`` (call id -> approve, reason) are given to the paused session before
-        it resumes. ``Conflict`` if the session has a run in progress (here or, through
-        the store's lock, in another process) or, for a resume, nothing to resume.
+        ``Conflict`` if the session has a run in progress (here or, through the store's
+        lock, in another process) or, for a resume, nothing to resume.
         """
+        self._check_startable(session)
+        try:
+            agent = await self._open_agent(session)
+        except SessionLockedError as error:
+            raise Conflict(
+                f"session {session!r} is open in another process (a run in progress there): "
+                f"stop it or wait ({error})"
+            ) from error
+        try:
+            run = agent.resume() if task is None else agent.run(task)
+        except ValueError as error:  # nothing to resume; calls still wait for a decision
+            await agent.aclose()
+            raise Conflict(f"session {session!r}: {error}") from error
+        except BaseException:
+            await agent.aclose()
+            raise
+        return await self._launch(agent, run, session, task)
+
+    def _check_startable(self, session: str) -> None:
         if self._closed:
             raise Conflict("the server is shutting down; start the run on another server")
         validate_name(session)
         busy = self._active.get(session)
         if busy is not None:
             raise Conflict(f"session {session!r} has a run in progress ({busy}); stop it or wait")
+
+    async def _open_agent(self, session: str) -> Agent:
+        """The agent of ``session``, its store session open (its write lock taken);
+        ``SessionLockedError`` if a writer holds it."""
         agent = self._agents(session)
         try:
-            await agent.open()  # takes the session's write lock
-        except SessionLockedError as error:
-            await agent.aclose()
-            raise Conflict(
-                f"session {session!r} is open in another process (a run in progress there): "
-                f"stop it or wait ({error})"
-            ) from error
-        try:
-            run: Coroutine[Any, Any, str]
-            if task is None:
-                try:
-                    for call_id, (approve, reason) in (decisions or {}).items():
-                        if approve:
-                            agent.approve(call_id)
-                        else:
-                            agent.deny(call_id, reason)
-                    run = agent.resume()
-                except ValueError as error:
-                    raise Conflict(f"session {session!r}: {error}") from error
-            else:
-                try:
-                    run = agent.run(task)
-                except ValueError as error:  # e.g. calls still wait for a decision
-                    raise Conflict(f"session {session!r}: {error}") from error
+            await agent.open()
         except BaseException:
             await agent.aclose()
             raise
+        return agent
+
+    async def _launch(
+        self, agent: Agent, run: Coroutine[Any, Any, str], session: str, task: str | None
+    ) -> RunRecord:
+        """Run ``run`` of the open ``agent`` under a handle; the session is released at
+        its end."""
         record = RunRecord("", session, task)
         record.messages_from = len(agent.model_client.messages)
         handle = self._start_handle(_closing(agent, run, record), record)
@@ -295,7 +297,12 @@ class LocalRuns:
 
     async def public(self, run_id: str) -> dict[str, Any]:
         """The JSON body of ``GET /runs/{id}``."""
-        return self.get(run_id).public()
+        return await self._public(self.get(run_id))
+
+    async def _public(self, record: RunRecord) -> dict[str, Any]:
+        body = record.public()
+        body["pending"] = await self._waiting(record)
+        return body
 
     async def session_run(self, session: str) -> RunRecord | None:
         """The run in progress on ``session``, if any."""
@@ -383,34 +390,110 @@ class LocalRuns:
     ) -> dict[str, Any]:
         """Record a decision on a call the paused run waits on; after the last one, resume.
 
-        The decisions stay in this process until the last is given; then the session is
-        opened, they are applied and the run resumes as a new run (``resumed_run_id``).
+        The decisions are kept in the session's state in the store, so any process
+        sharing the store takes the next one. Each is recorded under the session's write
+        lock: of two processes given the last two decisions at once, one records its
+        decision and releases the lock, the other then finds every call decided and
+        resumes the run, once (``resumed_run_id``).
         """
-        record = self.get(run_id)
-        if record.status != "paused" or not record.ended:
-            raise Conflict(
-                f"run {run_id} is {record.status}, not paused: no tool call {call_id[:64]!r} "
-                "awaits a decision"
-            )
-        if call_id not in {p.call_id for p in record.pending}:
-            raise NotFound(f"run {run_id} waits on no tool call {call_id[:64]!r}")
-        if call_id in record.decisions or record.resumed_run_id is not None:
-            raise Conflict(f"tool call {call_id[:64]!r} of run {run_id} is decided already")
-        record.decisions[call_id] = (approve, reason)
-        if len(record.decisions) == len(record.pending):
-            try:
-                resumed = await self.start(record.session, None, dict(record.decisions))
-            except BaseException:
-                del record.decisions[call_id]  # nothing changed: the caller may try again
-                raise
-            record.resumed_run_id = resumed.run_id
+        record = await self._paused(run_id)
+        agent = await self._open_for_decision(record, call_id)
+        try:
+            await self._apply_decision(agent, record, call_id, approve, reason)
+            waiting = agent.pending_approvals
+            run = None if waiting else agent.resume()
+        except BaseException:
+            await agent.aclose()
+            raise
+        if run is None:
+            await agent.aclose()  # saves the decision in the session's state
+            resumed = None
+        else:
+            resumed = (await self._launch(agent, run, record.session, None)).run_id
+            record.resumed_run_id = resumed
         return {
             "run_id": run_id,
             "call_id": call_id,
             "approve": approve,
-            "pending": record.public()["pending"],
-            "resumed_run_id": record.resumed_run_id,
+            "pending": [pending_json(p) for p in waiting],
+            "resumed_run_id": resumed,
         }
+
+    async def _paused(self, run_id: str) -> RunRecord:
+        """The record of ``run_id`` if it paused (else ``Conflict``)."""
+        record = self.get(run_id)
+        if record.status != "paused" or not record.ended:
+            raise Conflict(
+                f"run {run_id} is {record.status}, not paused: no tool call awaits a decision"
+            )
+        return record
+
+    async def _later_run(self, record: RunRecord) -> str | None:
+        """The id of a run started on ``record``'s session after it, if any."""
+        if record.resumed_run_id is not None:
+            return record.resumed_run_id
+        later = [
+            r.run_id for r in self._runs.values()
+            if r.session == record.session and r.created_at > record.created_at
+        ]
+        return later[-1] if later else None
+
+    async def _open_for_decision(self, record: RunRecord, call_id: str) -> Agent:
+        """The paused session's agent, open; waits while another decision holds the
+        session's lock, ``Conflict`` once the session went on (the calls were decided)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DECISION_WAIT_SECONDS
+        delay = _FIRST_RETRY
+        while True:
+            later = await self._later_run(record)
+            if later is not None:
+                raise Conflict(
+                    f"tool call {call_id[:64]!r} of run {record.run_id} is decided already: "
+                    f"the session went on with run {later}"
+                )
+            try:
+                return await self._open_agent(record.session)
+            except SessionLockedError as error:
+                if loop.time() >= deadline:
+                    raise Conflict(
+                        f"session {record.session!r} stayed locked for "
+                        f"{DECISION_WAIT_SECONDS:g} s: try again ({error})"
+                    ) from error
+            if delay == _FIRST_RETRY:
+                _log.debug(
+                    "decision on call %r of session %r waits for the session's lock",
+                    call_id[:64], record.session,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    async def _apply_decision(
+        self, agent: Agent, record: RunRecord, call_id: str, approve: bool, reason: str | None
+    ) -> None:
+        """Decide ``call_id`` on the open ``agent``; NotFound / Conflict change nothing."""
+        if call_id not in {p.call_id for p in agent.pending_approvals}:
+            state = await self.store.load_state(record.session)
+            decided = Approvals.load(state.get("approvals"), record.session).decisions
+            if call_id in decided or not agent.pending_approvals:
+                raise Conflict(
+                    f"tool call {call_id[:64]!r} of run {record.run_id} is decided already"
+                )
+            raise NotFound(f"run {record.run_id} waits on no tool call {call_id[:64]!r}")
+        if approve:
+            agent.approve(call_id)
+        else:
+            agent.deny(call_id, reason)
+
+    async def _waiting(self, record: RunRecord) -> list[dict[str, Any]]:
+        """The calls the paused run still waits on, as the store's session state says."""
+        if record.status != "paused" or await self._later_run(record) is not None:
+            return []
+        state = await self.store.load_state(record.session)
+        try:
+            approvals = Approvals.load(state.get("approvals"), record.session)
+        except ValueError:
+            return []
+        return [pending_json(p) for p in approvals.waiting()]
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -450,10 +533,7 @@ def validate_name(session: str) -> str:
 async def _closing(agent: Agent, run: Coroutine[Any, Any, str], record: RunRecord) -> str:
     """Run ``run``, then release the session (its write lock) whatever ended it."""
     try:
-        reply = await run
-        if agent.status == "paused":
-            record.pending = agent.pending_approvals
-        return reply
+        return await run
     except Exception as error:
         if record.error is None:
             record.error = f"{type(error).__name__}: {error}"

@@ -82,8 +82,8 @@ class SharedRuns(LocalRuns):
 
     async def public(self, run_id: str) -> dict[str, Any]:
         if run_id in self._runs:
-            return self._runs[run_id].public()
-        return _public(await self._info(run_id))
+            return await self._public(self._runs[run_id])
+        return await self._public(_record(await self._info(run_id)))
 
     async def session_run(self, session: str) -> RunRecord | None:
         here = await super().session_run(session)
@@ -185,16 +185,30 @@ class SharedRuns(LocalRuns):
         await self._request(run_id, "send to", self.control.send(run_id, text))
         return await self.public(run_id)
 
-    async def decide(
-        self, run_id: str, call_id: str, approve: bool, reason: str | None
-    ) -> dict[str, Any]:
+    async def _paused(self, run_id: str) -> RunRecord:
+        """The paused run, whichever process ran it (its session is in the shared store)."""
         if run_id in self._runs:
-            return await super().decide(run_id, call_id, approve, reason)
-        info = await self._info(run_id)
-        raise Conflict(
-            f"run {run_id} is {info.status}, not paused: no tool call {call_id[:64]!r} "
-            "awaits a decision"
-        )
+            return await super()._paused(run_id)
+        record = _record(await self._info(run_id))
+        if record.status != "paused":
+            raise Conflict(
+                f"run {run_id} is {record.status}, not paused: no tool call awaits a decision"
+            )
+        return record
+
+    async def _later_run(self, record: RunRecord) -> str | None:
+        here = await super()._later_run(record)
+        if here is not None:
+            return here
+        with self._control_errors("list the runs"):
+            runs = await self.control.runs()
+        later = [
+            info.run_id for info in runs
+            if info.info.get("session") == record.session
+            and info.run_id != record.run_id
+            and (info.created_at or 0.0) > record.created_at
+        ]
+        return later[-1] if later else None
 
     def _here_and_live(self, run_id: str) -> bool:
         record = self._runs.get(run_id)

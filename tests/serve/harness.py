@@ -51,6 +51,7 @@ def last_user(request: Mapping[str, Any]) -> str:
 def script(request: Mapping[str, Any]) -> Turn:
     """``long ...``: a slow reply; ``tool ...``: a slow turn calling lookup, then an answer;
     ``mail ...``: a call of send_email (needs approval), then its result read back;
+    ``mails ...``: two calls of send_email in one turn, then their results read back;
     ``short N``: N quick chunks; anything else: "answer to <it>"."""
     said = last_user(request)
     messages = request.get("messages") or []
@@ -63,6 +64,12 @@ def script(request: Mapping[str, Any]) -> Turn:
             tool_calls=(ScriptedCall("lookup", {"query": said}),),
             delay=LONG_DELAY,
         )
+    if said.startswith("mails"):
+        if after_tool:
+            results = [m.get("content") for m in messages if m.get("role") == "tool"]
+            return Turn(text=f"mail results: {results}")
+        return Turn(tool_calls=(ScriptedCall("send_email", {"to": f"{said} 1"}),
+                                ScriptedCall("send_email", {"to": f"{said} 2"})))
     if said.startswith("mail"):
         if after_tool:
             return Turn(text=f"mail result: {messages[-1].get('content')}")

@@ -2,7 +2,8 @@
 
 A run started on A is followed from B, stopped from B (the model server sees A's stream
 abandoned), and read from B; a follower moves from A to B with Last-Event-ID and sees
-every event once; the session is busy on both while the run lasts.
+every event once; the session is busy on both while the run lasts. A run paused on A
+takes its decisions on either server and resumes once.
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ async def pair(
     model_server: LoopbackServer, tmp_path: Path, shared: list[str]
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
     """Clients of two server processes, A and B, sharing Redis and the store."""
+    options = [*shared, "--tool", "tests.serve.harness:send_email"]
     async with (
-        aimu_serve(model_server, tmp_path, *shared, name="a") as a,
-        aimu_serve(model_server, tmp_path, *shared, name="b") as b,
+        aimu_serve(model_server, tmp_path, *options, name="a") as a,
+        aimu_serve(model_server, tmp_path, *options, name="b") as b,
         httpx.AsyncClient(base_url=a.url, timeout=20) as on_a,
         httpx.AsyncClient(base_url=b.url, timeout=20) as on_b,
     ):
@@ -192,3 +194,47 @@ async def test_send_on_one_server_joins_a_run_in_the_other(
     assert [m["content"] for m in messages if m["role"] == "user"] == ["long steer", "from B"]
     late = await on_b.post(f"/runs/{run_id}/send", json={"text": "too late"})
     assert late.status_code == 409
+
+
+@pytest.mark.parametrize("shared", ["sqlite", "postgres"], indirect=True)
+async def test_decisions_on_either_server_resume_a_run_paused_in_one(
+    model_server: LoopbackServer, pair: tuple[httpx.AsyncClient, httpx.AsyncClient]
+) -> None:
+    on_a, on_b = pair
+    run_id = await start(on_a, "approve-across", "mails across")
+    assert (await collect(on_a, run_id))[-1].data["status"] == "paused"
+    # B reads the waiting calls from the shared store.
+    run = (await on_b.get(f"/runs/{run_id}")).json()
+    assert run["status"] == "paused"
+    first, second = (p["call_id"] for p in run["pending"])
+
+    answer = await on_a.post(
+        f"/runs/{run_id}/approvals/{first}", json={"approve": False, "reason": "not A"}
+    )
+    assert answer.status_code == 202, answer.text
+    assert [p["call_id"] for p in answer.json()["pending"]] == [second]
+    assert answer.json()["resumed_run_id"] is None
+    # B sees A's decision, and refuses it twice.
+    assert [p["call_id"] for p in (await on_b.get(f"/runs/{run_id}")).json()["pending"]] == [
+        second
+    ]
+    again = await on_b.post(f"/runs/{run_id}/approvals/{first}", json={"approve": True})
+    assert again.status_code == 409 and "decided already" in again.json()["error"]
+
+    requests = len(model_server.requests)
+    last = await on_b.post(f"/runs/{run_id}/approvals/{second}", json={"approve": True})
+    assert last.status_code == 202, last.text
+    resumed = last.json()["resumed_run_id"]
+    events = await collect(on_a, resumed)  # A follows the run B resumed
+    assert events[0].type == "run_started" and events[-1].data["status"] == "completed"
+    assert len(model_server.requests) == requests + 1  # resumed once
+    messages = (await on_a.get("/sessions/approve-across")).json()["messages"]
+    validate(messages)
+    results = sorted(m["content"] for m in messages if m["role"] == "tool")
+    assert results == ["[denied: not A]", "sent to mails across 2"]
+    for http in (on_a, on_b):
+        assert (await http.get(f"/runs/{run_id}")).json()["pending"] == []
+        late = await http.post(f"/runs/{run_id}/approvals/{second}", json={"approve": True})
+        assert late.status_code == 409 and "decided already" in late.json()["error"]
+    follow_up = await start(on_b, "approve-across", "short 2")
+    assert (await collect(on_a, follow_up))[-1].data["status"] == "completed"

@@ -142,3 +142,18 @@ async def test_the_command_serves_and_sigterm_stops_runs_keeping_them(
         assert info is not None and info.status == "cancelled"
     validate(messages)
     assert messages[-1].get("aimu_partial") and "w0" in messages[-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("no_colon", "give MODULE:NAME"),
+        ("aimu_no_such_module:f", "cannot import it"),
+        ("tests.serve.harness:nowhere", "cannot import it"),
+        ("tests.serve.harness:LONG", "not a function or tool"),
+    ],
+)
+def test_a_bad_tool_refuses_to_start(spec: str, says: str) -> None:
+    done = aimu("--tool", spec, "--port", str(free_port()), env=clean_env())
+    assert done.returncode == 2
+    assert f"--tool {spec!r}" in done.stderr and says in done.stderr

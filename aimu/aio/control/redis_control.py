@@ -33,7 +33,7 @@ from aimu.aio.control.keys import (
     redact,
 )
 from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
-from aimu.aio.events import Event
+from aimu.aio.events import Event, HandleStatus
 
 try:
     import redis.asyncio as redis
@@ -53,11 +53,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlStatus", "RedisControl", "RunEvent", "RunInfo"]
 
-ControlStatus: TypeAlias = Literal[
-    "pending", "running", "completed", "interrupted", "cancelled", "timed_out", "failed", "lost"
-]
-FINAL: Final = frozenset({"completed", "interrupted", "cancelled", "timed_out", "failed"})
-_STATUSES: Final = frozenset(get_args(ControlStatus))
+#: A handle's status, or ``lost``: registered, but its worker's lease expired.
+ControlStatus: TypeAlias = HandleStatus | Literal["lost"]
+_STATUSES: Final = frozenset({*get_args(HandleStatus), "lost"})
+#: The statuses of a run that ended (a paused run ended too: its decisions go to the store).
+FINAL: Final = _STATUSES - {"pending", "running", "lost"}
 _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
 _FOLLOW_COUNT = 512

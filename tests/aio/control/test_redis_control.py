@@ -219,3 +219,20 @@ async def test_urls_that_are_not_redis_fail_clearly_and_hide_the_password(
         await http.connect()
     assert "s3cret" not in str(wrong.value)
     await http.aclose()
+
+
+async def test_a_paused_run_reads_paused_everywhere(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    @aio.tool(approval=True)
+    def hold() -> str:
+        """Hold (a person approves it first)."""
+        return "held"
+
+    async with aio.Agent(aio.client("ollama:m", host=server.url), [hold]) as agent:
+        handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
+        run_id = await worker.registered(handle)
+        info = await control.wait(run_id, timeout=30)
+    assert handle.status == "paused"
+    assert info.status == "paused" and info.done
+    assert (await control.status(run_id)).status == "paused"

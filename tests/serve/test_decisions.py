@@ -1,0 +1,101 @@
+"""Decisions on a paused run given to two servers at once resume it exactly once.
+
+Two apps share Redis and a SQLite store, each under its own Uvicorn. The test holds the
+session's write lock (as a decision being recorded elsewhere would), sends the last two
+decisions to A and B, and lets go only once both provably wait for the lock (each logged
+it); then they race for the lock, and the run resumes once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from aimu.aio import SQLiteStore
+from aimu.aio.transcript import validate
+from aimu.testing.server import LoopbackServer
+from tests.serve.harness import MAILED, collect, make_app, start, uvicorn_serving
+
+
+class LockWaits(logging.Handler):
+    """Notes the calls whose decision logged that it waits for the session's lock."""
+
+    def __init__(self, wanted: set[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.wanted = wanted
+        self.seen: set[str] = set()
+        self.all_seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "waits for the session's lock" in record.getMessage():
+            self.seen.add(str(record.args[0]))  # type: ignore[index]
+            if self.wanted <= self.seen:
+                self.all_seen.set()
+
+
+async def test_the_last_two_decisions_at_once_on_two_servers_resume_the_run_once(
+    model_server: LoopbackServer, redis_url: str, tmp_path: Path
+) -> None:
+    MAILED.clear()
+    store = tmp_path / "s.db"
+    options = {"redis": redis_url, "redis_prefix": f"aimu-race-{secrets.token_hex(4)}"}
+    a_app = make_app(model_server, store, **options)
+    b_app = make_app(model_server, store, **options)
+    with uvicorn_serving(a_app) as a_url, uvicorn_serving(b_app) as b_url:
+        async with (
+            httpx.AsyncClient(base_url=a_url, timeout=30) as on_a,
+            httpx.AsyncClient(base_url=b_url, timeout=30) as on_b,
+        ):
+            run_id = await start(on_a, "race", "mails race")
+            assert (await collect(on_a, run_id))[-1].data["status"] == "paused"
+            first, second = (p["call_id"] for p in (await on_a.get(f"/runs/{run_id}")).json()[
+                "pending"
+            ])
+            requests = len(model_server.requests)
+            responses = await decide_both_while_locked(
+                store, on_a.post(f"/runs/{run_id}/approvals/{first}", json={"approve": True}),
+                on_b.post(f"/runs/{run_id}/approvals/{second}", json={"approve": True}),
+                {first, second},
+            )
+            assert [r.status_code for r in responses] == [202, 202], [r.text for r in responses]
+            resumed = [r.json()["resumed_run_id"] for r in responses]
+            assert resumed.count(None) == 1, resumed  # exactly one of them resumed the run
+            run = next(r for r in resumed if r is not None)
+            assert (await collect(on_b, run))[-1].data["status"] == "completed"
+            assert len(model_server.requests) == requests + 1
+            assert sorted(MAILED) == ["mails race 1", "mails race 2"]  # each call ran once
+            messages = (await on_a.get("/sessions/race")).json()["messages"]
+            validate(messages)
+            assert len([m for m in messages if m["role"] == "tool"]) == 2
+
+
+async def decide_both_while_locked(
+    store: Path,
+    on_a: Coroutine[Any, Any, httpx.Response],
+    on_b: Coroutine[Any, Any, httpx.Response],
+    calls: set[str],
+) -> list[httpx.Response]:
+    """Send both decisions while the session is locked; unlock once both wait for it."""
+    waits = LockWaits(calls)
+    logger = logging.getLogger("aimu.serve")
+    level = logger.level
+    logger.addHandler(waits)
+    logger.setLevel(logging.DEBUG)
+    holder = SQLiteStore(store)
+    writer = await holder.open_session("race")
+    try:
+        sent = [asyncio.ensure_future(on_a), asyncio.ensure_future(on_b)]
+        assert await asyncio.to_thread(waits.all_seen.wait, 30), waits.seen
+    finally:
+        await writer.aclose()
+        await holder.aclose()
+        logger.removeHandler(waits)
+        logger.setLevel(level)
+    return list(await asyncio.gather(*sent))
