@@ -21,6 +21,9 @@ if TYPE_CHECKING:
         ModelError,
         ModelHTTPError,
         ModelProtocolError,
+        NoOutputError,
+        OutputError,
+        OutputValidationError,
         RunLostError,
         SessionLockedError,
         StoreError,
@@ -74,6 +77,9 @@ __all__ = [
     "ModelHTTPError",
     "ModelProtocolError",
     "ModelRetry",
+    "NoOutputError",
+    "OutputError",
+    "OutputValidationError",
     "Parallel",
     "PendingApproval",
     "PostgresStore",
@@ -144,7 +150,8 @@ _WHERE = {
 }
 _ERRORS = (
     "AimuError", "ControlConnectionError", "ControlError", "ModelConnectionError",
-    "ModelError", "ModelHTTPError", "ModelProtocolError",
+    "ModelError", "ModelHTTPError", "ModelProtocolError", "NoOutputError", "OutputError",
+    "OutputValidationError",
     "RunLostError", "SessionLockedError", "StoreError", "StoreFormatError",
     "ToolDefinitionError", "TranscriptError", "UnknownRunError",
 )

@@ -20,7 +20,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
+
+from typing_extensions import Unpack
 
 from aimu.aio._tracing import RunSpans
 from aimu.aio.approvals import (
@@ -53,7 +55,8 @@ from aimu.aio.events import (
     ToolResult,
 )
 from aimu.aio.journal import IN_DOUBT_RESULT, RERUN_NOTE, settle_in_doubt
-from aimu.aio.runnable import Runnable, load_usage
+from aimu.aio.output import OutputSpec, check_tool_choice, is_correction, turn_request
+from aimu.aio.runnable import OutputT, Runnable, load_usage
 from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
@@ -89,6 +92,23 @@ FINAL_TURN_PROMPT = (
 
 _NO_ROUNDS_LEFT = "[not run: no tool rounds were left]"
 
+_T = TypeVar("_T")
+
+
+class _Options(TypedDict, total=False):
+    """The keyword arguments of :class:`Agent` besides ``output_type`` (for its overloads)."""
+
+    system: str | None
+    max_rounds: int
+    name: str | None
+    store: Store | None
+    session: str | None
+    concurrent_tools: bool
+    approve: ApprovalPolicy | None
+    output_retries: int
+    tool_choice: str | None
+    parallel_tool_calls: bool | None
+
 
 @dataclass(frozen=True, slots=True)
 class _Config:
@@ -102,6 +122,10 @@ class _Config:
     tools_by_name: dict[str, Tool]
     specs: tuple[ToolSpec, ...]
     approve: ApprovalPolicy | None
+    #: ``output_type=`` (None: the answer is text) and the tool-only request options.
+    output: OutputSpec[Any] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class Outcome(enum.Enum):
@@ -132,7 +156,8 @@ class _Run:
 
     __slots__ = (
         "argument_errors", "assembler", "calls", "closing", "contexts", "error",
-        "final_prompted", "opened", "outcome", "reply", "reruns", "rounds", "scope", "settled",
+        "final_prompted", "opened", "outcome", "output_failures", "reply", "reruns", "rounds",
+        "scope", "settled",
         "spans", "status", "stop_reason", "store_error", "usage",
     )
 
@@ -146,6 +171,8 @@ class _Run:
         self.error: str | None = None
         self.stop_reason: str | None = None
         self.rounds = 0
+        #: Answers that failed the agent's output_type in this run (corrections sent).
+        self.output_failures = 0
         #: The final-turn prompt is in the transcript for this task (after max_rounds).
         self.final_prompted = False
         #: The turn in flight (None between turns) and its argument errors by call id.
@@ -188,7 +215,7 @@ class _Run:
             self.error = _describe(error)
 
 
-class Agent(Runnable):
+class Agent(Runnable[OutputT]):
     """A model client, tools and a system prompt, running a tool loop on one transcript.
 
     ``agent.start()`` makes another session of the same agent with its own transcript.
@@ -197,9 +224,35 @@ class Agent(Runnable):
     session is opened (its write lock taken, its transcript loaded) by :meth:`open`,
     ``async with agent``, or the first run. Each tool call's start is journalled first,
     so a call a crash cut is known to be in doubt (see :mod:`aimu.aio.journal`).
+
+    With ``output_type`` (a pydantic model, dataclass, TypedDict, ``list[int]``...) the
+    model is asked for JSON of that type and ``run()`` returns it validated; an invalid
+    answer goes back to the model with the error, ``output_retries`` times a run (see
+    :mod:`aimu.aio.output`). ``tool_choice`` and ``parallel_tool_calls`` go to servers
+    that have them, on turns that offer tools.
     """
 
     kind = "agent"
+
+    @overload
+    def __init__(
+        self: Agent[str],
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        *,
+        output_type: None = None,
+        **options: Unpack[_Options],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[_T],
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        *,
+        output_type: type[_T],
+        **options: Unpack[_Options],
+    ) -> None: ...
 
     def __init__(
         self,
@@ -213,6 +266,10 @@ class Agent(Runnable):
         session: str | None = None,
         concurrent_tools: bool = False,
         approve: ApprovalPolicy | None = None,
+        output_type: object = None,
+        output_retries: int = 2,
+        tool_choice: str | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise TypeError(
@@ -225,13 +282,8 @@ class Agent(Runnable):
             raise TypeError(f"system must be a string or None, got {type(system).__name__}")
         if (store is None) != (session is None):
             raise ValueError("store and session go together: give both, or neither")
-        # `tools=[...]`, the docs' placeholder, means no tools.
-        built = tuple(as_tool(t) for t in tools if t is not Ellipsis)
-        by_name: dict[str, Tool] = {}
-        for t in built:
-            if t.name in by_name:
-                raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
-            by_name[t.name] = t
+        built, by_name = _built_tools(tools)
+        check_tool_choice(tool_choice, list(by_name))
         config = _Config(
             name=name or "agent",
             system=system,
@@ -241,6 +293,9 @@ class Agent(Runnable):
             tools_by_name=by_name,
             specs=tuple(t.spec for t in built),
             approve=approve,
+            output=None if output_type is None else OutputSpec(output_type, output_retries),
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
         )
         self._setup(config, client, store, session, owns_client=True)
 
@@ -350,7 +405,7 @@ class Agent(Runnable):
             await self._writer.save_state({"approvals": self._approvals.dump()})
             self._state_stale = False
 
-    def start(self, *, session: str | None = None) -> Agent:
+    def start(self, *, session: str | None = None) -> Agent[OutputT]:
         """A new session of this agent: same model settings, tools and limits.
 
         It has its own transcript and interrupt state, so many conversations can run
@@ -358,7 +413,7 @@ class Agent(Runnable):
         """
         if session is not None and self._store is None:
             raise ValueError("start(session=...) needs an agent built with a store")
-        fresh = Agent.__new__(Agent)
+        fresh: Agent[OutputT] = Agent.__new__(Agent)
         fresh._setup(
             self._config,
             self.model_client.fork(),
@@ -410,7 +465,7 @@ class Agent(Runnable):
             if self._owns_client:
                 await self.model_client.aclose()
 
-    async def __aenter__(self) -> Agent:
+    async def __aenter__(self) -> Agent[OutputT]:
         await self.open()
         return self
 
@@ -521,7 +576,7 @@ class Agent(Runnable):
     def blank_snapshot(self) -> dict[str, Any]:
         return {"messages": [], "usage": zero_usage(), "approvals": Approvals().dump()}
 
-    def session_from(self, snapshot: Mapping[str, Any]) -> Agent | None:
+    def session_from(self, snapshot: Mapping[str, Any]) -> Agent[OutputT] | None:
         """A new session holding ``snapshot``; None when it holds no transcript."""
         messages = snapshot.get("messages") or []
         if not messages:
@@ -533,6 +588,13 @@ class Agent(Runnable):
         return session
 
     # -- the run ---------------------------------------------------------------------
+
+    async def _reply(self, task: str | None, reset: bool) -> OutputT:
+        """The answer: its text, or with ``output_type`` the validated value (NoOutputError
+        when the run ended without one: interrupted, paused)."""
+        final = await self._finish(task, reset)
+        output = self._config.output
+        return cast(OutputT, final.reply if output is None else output.result(final))
 
     async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
         client = self.model_client
@@ -644,7 +706,15 @@ class Agent(Runnable):
         assembler = run.assembler = TurnAssembler()
         run.argument_errors = {}
         run.spans.turn_started()
-        turn = client.stream_turn(client.messages, None if final_turn else config.specs)
+        specs = None if final_turn else config.specs
+        request = turn_request(
+            config.output, config.tool_choice, config.parallel_tool_calls, specs, client.messages
+        )
+        turn = (
+            client.stream_turn(client.messages, specs)
+            if request is None  # a client of our own without request= keeps working
+            else client.stream_turn(client.messages, specs, request=request)
+        )
         try:
             async for chunk in turn:
                 assembler.add(chunk)
@@ -691,6 +761,8 @@ class Agent(Runnable):
         add_usage(run.usage, usage)
         run.rounds += 1
         calls = message.get("tool_calls")
+        if not calls and not await self._output_checked(run, message["content"]):
+            return  # a correction was sent: the model answers again
         if not calls:
             run.end(Outcome.OUT_OF_ROUNDS if final_turn else Outcome.ANSWERED, message["content"])
         elif final_turn:
@@ -699,6 +771,23 @@ class Agent(Runnable):
             run.end(Outcome.OUT_OF_ROUNDS, message["content"])
         else:
             run.calls, run.outcome = calls, Outcome.NEEDS_TOOLS
+
+    async def _output_checked(self, run: _Run, text: str) -> bool:
+        """True if ``text`` is a valid answer (always, without ``output_type``); else the
+        model is sent a correction, or, its corrections used up, OutputValidationError."""
+        output = self._config.output
+        if output is None:
+            return True
+        try:
+            output.parse(text)
+        except ValueError as error:
+            await self._record(output.correction(str(error)))
+            run.output_failures += 1
+            if run.output_failures > output.retries:
+                raise output.failed(self.name, text, str(error), run.output_failures) from None
+            run.outcome = None
+            return False
+        return True
 
     async def _join_sent(self, run: _Run) -> bool:
         """Record the text sent to the run as user messages; True if there was any."""
@@ -887,6 +976,8 @@ class Agent(Runnable):
             if role == "user":
                 if message["content"] == FINAL_TURN_PROMPT:
                     return self._config.max_rounds, True
+                if is_correction(message):
+                    continue  # the same task: the model was asked to fix its answer
                 break
             if role == "assistant" and not message.get("aimu_partial"):
                 rounds += 1
@@ -900,6 +991,20 @@ class Agent(Runnable):
         if last.get("tool_calls") or last.get("aimu_partial"):
             return None
         return last["content"]
+
+
+def _built_tools(
+    tools: Sequence[Callable[..., Any] | Tool | EllipsisType],
+) -> tuple[tuple[Tool, ...], dict[str, Tool]]:
+    """The tools, and the same by name (unique); ``tools=[...]``, the docs' placeholder,
+    means none."""
+    built = tuple(as_tool(t) for t in tools if t is not Ellipsis)
+    by_name: dict[str, Tool] = {}
+    for t in built:
+        if t.name in by_name:
+            raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
+        by_name[t.name] = t
+    return built, by_name
 
 
 def _call_started(name: str, call: ToolCall) -> ToolCallStarted:

@@ -20,6 +20,7 @@ from aimu.aio.providers.base import (
     ToolCallDelta,
     TurnAssembler,
     TurnDone,
+    TurnRequest,
 )
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "ToolCallDelta",
     "TurnAssembler",
     "TurnDone",
+    "TurnRequest",
     "client",
     "register_provider",
 ]

@@ -7,6 +7,9 @@
      │    └── ModelProtocolError    the server's reply could not be understood
      ├── TranscriptError            a transcript is invalid (also a ValueError; names the index)
      ├── ToolDefinitionError        a function cannot be offered as a tool (also a TypeError)
+     ├── OutputError                a run could not give its typed output (``output_type=``)
+     │    ├── OutputValidationError the model's answers failed the output type (names it)
+     │    └── NoOutputError         the run ended without an answer (interrupted, paused)
      ├── StoreError                 durable storage failed
      │    ├── SessionLockedError    another writer holds the session
      │    └── StoreFormatError      a file is corrupt or from a newer schema
@@ -29,6 +32,9 @@ __all__ = [
     "ModelError",
     "ModelHTTPError",
     "ModelProtocolError",
+    "NoOutputError",
+    "OutputError",
+    "OutputValidationError",
     "RunLostError",
     "SessionLockedError",
     "StoreError",
@@ -78,6 +84,29 @@ class TranscriptError(AimuError, ValueError):
 
 class ToolDefinitionError(AimuError, TypeError):
     """A function cannot be turned into a tool (unsupported type, bad default)."""
+
+
+class OutputError(AimuError):
+    """A run of an agent with ``output_type=`` could not give a value of that type."""
+
+
+class OutputValidationError(OutputError, ValueError):
+    """The model's answer is not a valid ``output_type`` even after the corrections it was
+    sent; ``text`` is the last answer (clipped), ``problem`` what was wrong with it."""
+
+    def __init__(self, message: str, *, text: str, problem: str) -> None:
+        super().__init__(message)
+        self.text = text
+        self.problem = problem
+
+
+class NoOutputError(OutputError):
+    """The run ended without an answer to validate: ``status`` says how (``interrupted``,
+    ``paused``). The transcript is intact: ``resume()`` gets the output."""
+
+    def __init__(self, message: str, *, status: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class StoreError(AimuError):

@@ -14,20 +14,25 @@ import asyncio
 from collections.abc import AsyncGenerator, Coroutine, Mapping
 from contextlib import aclosing
 from types import CoroutineType
-from typing import Any, ClassVar, Literal, TypeAlias, cast, overload
+from typing import Any, ClassVar, Generic, Literal, TypeAlias, cast, overload
+
+from typing_extensions import TypeVar
 
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunStatus
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Usage, zero_usage
 
-__all__ = ["Runnable", "RunnerStatus", "load_usage"]
+__all__ = ["OutputT", "Runnable", "RunnerStatus", "load_usage"]
+
+#: What ``run()`` returns: the answer's text, or an agent's ``output_type``.
+OutputT = TypeVar("OutputT", covariant=True, default=str)
 
 #: How a runnable stands: ``idle`` before its first run, ``running``, or how the last ended.
 RunnerStatus: TypeAlias = Literal["idle", "running"] | RunStatus
 
 
-class Runnable(abc.ABC):
+class Runnable(abc.ABC, Generic[OutputT]):
     """Base of :class:`~aimu.aio.Agent` and the workflows: run, resume, stream, interrupt.
 
     One run at a time per object (``start()`` gives another session). ``status`` says
@@ -58,7 +63,7 @@ class Runnable(abc.ABC):
         """True when ``resume()`` has a task to continue."""
 
     @abc.abstractmethod
-    def start(self) -> Runnable:
+    def start(self) -> Runnable[OutputT]:
         """A new session of the same configuration, with no progress."""
 
     @property
@@ -91,7 +96,7 @@ class Runnable(abc.ABC):
         """The :meth:`snapshot` of a step that has not started."""
 
     @abc.abstractmethod
-    def session_from(self, snapshot: Mapping[str, Any]) -> Runnable | None:
+    def session_from(self, snapshot: Mapping[str, Any]) -> Runnable[OutputT] | None:
         """A new session holding a :meth:`snapshot`, or None when it holds no progress;
         ValueError (or TypeError) when it does not fit this configuration."""
 
@@ -167,7 +172,7 @@ class Runnable(abc.ABC):
     @overload
     def run(
         self, task: str, *, reset: bool = False, stream: Literal[False] = False
-    ) -> Coroutine[Any, Any, str]: ...
+    ) -> Coroutine[Any, Any, OutputT]: ...
 
     @overload
     def run(
@@ -176,7 +181,7 @@ class Runnable(abc.ABC):
 
     def run(
         self, task: str, *, reset: bool = False, stream: bool = False
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
+    ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         """Run ``task`` to its answer and return it.
 
         ``stream=True`` returns the same run as an async iterator of events, ending with
@@ -191,14 +196,14 @@ class Runnable(abc.ABC):
         return self._begin(task, reset, stream)
 
     @overload
-    def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, str]: ...
+    def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, OutputT]: ...
 
     @overload
     def resume(self, *, stream: Literal[True]) -> AsyncGenerator[Event, None]: ...
 
     def resume(
         self, *, stream: bool = False
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
+    ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         """Continue exactly where the last run stopped, adding no user message.
 
         What was finished is not done again; a run that had answered returns its
@@ -209,7 +214,7 @@ class Runnable(abc.ABC):
         self._check_resumable()
         return self._begin(None, False, stream)
 
-    def run_sync(self, task: str, *, reset: bool = False) -> str:
+    def run_sync(self, task: str, *, reset: bool = False) -> OutputT:
         """``run(task)`` for code with no event loop (a script, a notebook without one).
 
         Runs in a new event loop (``asyncio.run``) and returns the answer; the same agent
@@ -227,16 +232,17 @@ class Runnable(abc.ABC):
 
     def _begin(
         self, task: str | None, reset: bool, stream: bool
-    ) -> Coroutine[Any, Any, str] | AsyncGenerator[Event, None]:
+    ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         if stream:
             return self._events(task, reset)
-        coroutine = cast("CoroutineType[Any, Any, str]", self._reply(task, reset))
+        coroutine = cast("CoroutineType[Any, Any, OutputT]", self._reply(task, reset))
         # A RunHandle names itself after its coroutine: make that this runnable's name.
         coroutine.__qualname__ = coroutine.__name__ = self.name
         return coroutine
 
-    async def _reply(self, task: str | None, reset: bool) -> str:
-        return (await self._finish(task, reset)).reply
+    async def _reply(self, task: str | None, reset: bool) -> OutputT:
+        """What ``run()`` returns: the reply's text (an agent with ``output_type`` parses it)."""
+        return cast(OutputT, (await self._finish(task, reset)).reply)
 
     async def finish(self, task: str | None) -> RunFinished:
         """Run ``task`` (None: resume) to its end; return its RunFinished.

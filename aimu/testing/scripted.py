@@ -19,6 +19,7 @@ from aimu.aio.providers.base import (
     ThinkingDelta,
     ToolCallDelta,
     TurnDone,
+    TurnRequest,
 )
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, wire_view
 from aimu.testing.script import Script, Turn, split_text
@@ -47,7 +48,8 @@ class ScriptedModel(ModelClient):
     """Plays ``script`` (a list of :class:`Turn`, or a function of the request).
 
     ``requests`` records what each turn was asked (the messages as a provider would
-    see them, and the tool names) unless ``record=False``.
+    see them, the tool names, and under ``"request"`` the :class:`TurnRequest` if one
+    was given) unless ``record=False``.
     """
 
     provider = "scripted"
@@ -101,15 +103,18 @@ class ScriptedModel(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
+        request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        request: dict[str, Any] = {
+        asked: dict[str, Any] = {
             "messages": [wire_view(m) for m in messages] if self._record else messages,
             "tools": [t["function"]["name"] for t in tools or ()],
             "stream": stream,
         }
+        if request is not None:
+            asked["request"] = request
         if self._record:
-            self._shared.requests.append(request)
-        turn = self._next_turn(request)
+            self._shared.requests.append(asked)
+        turn = self._next_turn(asked)
         shared = self._shared
         shared.open_streams += 1
         try:

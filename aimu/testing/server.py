@@ -35,6 +35,7 @@ __all__ = [
     "StreamRecord",
     "default_script",
     "main",
+    "requested_schema",
 ]
 
 WireProtocol: TypeAlias = Literal["ollama", "openai"]
@@ -683,9 +684,26 @@ def _tool_specs(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     return specs
 
 
-def _echo(messages: list[dict[str, Any]], tools: list[Any]) -> tuple[str, list[Any]]:
+def _echo(messages: list[dict[str, Any]], tools: list[Any], *_: object) -> tuple[str, list[Any]]:
     said = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     return f"You said: {said}", []
+
+
+def _all_tools(tools: list[dict[str, Any]], tool_choice: object) -> list[dict[str, Any]]:
+    return tools
+
+
+def requested_schema(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a chat request asks the reply to match: Ollama's ``format`` (a
+    schema, or ``"json"``: any JSON), OpenAI's ``response_format``; None if it asks none."""
+    wanted = request.get("format")
+    if wanted is None:
+        response_format = request.get("response_format")
+        if not isinstance(response_format, Mapping):
+            return None
+        wanted = response_format.get("json_schema")
+        wanted = wanted.get("schema") if isinstance(wanted, Mapping) else "json"
+    return dict(wanted) if isinstance(wanted, Mapping) else {}
 
 
 def default_script(delay: float = 0.0) -> Callable[[Mapping[str, Any]], Turn]:
@@ -696,11 +714,16 @@ def default_script(delay: float = 0.0) -> Callable[[Mapping[str, Any]], Turn]:
             # Imported lazily: the provider module is optional for this server.
             module = importlib.import_module("aimu.aio.providers.test")
             respond = getattr(module, "respond", _echo)
+            offered = getattr(module, "offered", _all_tools)
         except ModuleNotFoundError as error:
             if error.name != "aimu.aio.providers.test":
                 raise
-            respond = _echo
-        text, calls = respond(_canonical_messages(request.get("messages")), _tool_specs(request))
+            respond, offered = _echo, _all_tools
+        text, calls = respond(
+            _canonical_messages(request.get("messages")),
+            offered(_tool_specs(request), request.get("tool_choice")),
+            requested_schema(request),
+        )
         scripted = tuple(ScriptedCall(name, dict(arguments)) for name, arguments in calls)
         return Turn(text=text, tool_calls=scripted, delay=delay)
 

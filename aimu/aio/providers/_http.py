@@ -27,7 +27,7 @@ from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
 from aimu.aio.providers._retry import Retry, retry_after
 from aimu.aio.providers._wire import WireEncoder, dumps
-from aimu.aio.providers.base import Chunk, ModelClient
+from aimu.aio.providers.base import Chunk, ModelClient, TurnRequest
 from aimu.aio.transcript import Message, ToolSpec
 
 __all__ = [
@@ -332,7 +332,11 @@ class HTTPModelClient(ModelClient):
 
     @abc.abstractmethod
     def body(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None, stream: bool
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+        stream: bool,
+        request: TurnRequest | None = None,
     ) -> bytes:
         """The encoded request body."""
 
@@ -361,8 +365,9 @@ class HTTPModelClient(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
+        request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        body = self.body(messages, tools, stream)
+        body = self.body(messages, tools, stream, request)
         reporter = self.reporter()
         decoder = self.decoder(reporter)
         pool = self._pool

@@ -11,10 +11,10 @@ nothing above it: providers import it, ``aimu.aio.client`` picks a provider.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Literal, Self, overload
+from typing import Any, Literal, Self, overload
 
 from aimu.aio.transcript import (
     AssistantMessage,
@@ -34,6 +34,7 @@ __all__ = [
     "ToolCallDelta",
     "TurnAssembler",
     "TurnDone",
+    "TurnRequest",
 ]
 
 
@@ -82,6 +83,22 @@ class TurnDone:
 
 
 Chunk = TextDelta | ThinkingDelta | ToolCallDelta | TurnDone
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """What a turn asks of the model beyond the transcript and the tools.
+
+    ``output_schema``: the JSON schema the reply's text must match (Ollama ``format``,
+    OpenAI ``response_format``), named ``output_name``. ``tool_choice`` (``"auto"``,
+    ``"required"``, ``"none"`` or a tool's name) and ``parallel_tool_calls`` go only
+    with tools, and only to servers that have them. None: not sent.
+    """
+
+    output_schema: Mapping[str, Any] | None = None
+    output_name: str = "output"
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class TurnAssembler:
@@ -153,12 +170,15 @@ class ModelClient(abc.ABC):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
+        request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         """One model turn over ``messages``, as chunks ending with :class:`TurnDone`.
 
         An async generator. ``stream=False`` asks the server for one whole reply (the
-        chunks are then produced from it). Closing the generator or cancelling its
-        task closes the HTTP response at once. Does not touch :attr:`messages`.
+        chunks are then produced from it). ``request`` asks for more (an output schema,
+        tool options); the agent passes it only when it has something to ask. Closing
+        the generator or cancelling its task closes the HTTP response at once. Does not
+        touch :attr:`messages`.
         """
 
     @abc.abstractmethod

@@ -25,7 +25,7 @@ from aimu.aio.providers._http import (
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean, clean_json
 from aimu.aio.providers._wire import decode_arguments
-from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone
+from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
@@ -136,8 +136,14 @@ class OllamaClient(HTTPModelClient):
         return self.url + "/api/chat"
 
     def body(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None, stream: bool
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+        stream: bool,
+        request: TurnRequest | None = None,
     ) -> bytes:
+        """The request; an output schema goes as ``format``. Ollama has no
+        ``tool_choice`` or ``parallel_tool_calls``: they are not sent."""
         settings: dict[str, Any] = {"model": self.model, "stream": stream}
         if self.options:
             settings["options"] = self.options
@@ -145,6 +151,8 @@ class OllamaClient(HTTPModelClient):
             settings["think"] = self.think
         if self.keep_alive is not None:
             settings["keep_alive"] = self.keep_alive
+        if request is not None and request.output_schema is not None:
+            settings["format"] = request.output_schema
         return self.compose(settings, messages, tools)
 
     def status_hint(self, status: int) -> str:

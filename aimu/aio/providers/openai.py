@@ -27,7 +27,7 @@ from aimu.aio.providers._http import (
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import decode_arguments, dumps_text
-from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone
+from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "SSEParser", "to_wire"]
@@ -159,11 +159,17 @@ class OpenAIClient(HTTPModelClient):
         return self.url + "/chat/completions"
 
     def body(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None, stream: bool
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+        stream: bool,
+        request: TurnRequest | None = None,
     ) -> bytes:
         settings: dict[str, Any] = {**self.options, "model": self.model, "stream": stream}
         if stream:
             settings.setdefault("stream_options", {"include_usage": True})
+        if request is not None:
+            settings.update(_request_fields(request, bool(tools)))
         return self.compose(settings, messages, tools)
 
     def status_hint(self, status: int) -> str:
@@ -306,6 +312,30 @@ class _OpenAITurn(TurnDecoder):
         # Servers name thinking ``reasoning_content`` or ``reasoning``.
         thinking = message.get("reasoning_content") or message.get("reasoning")
         return self.text.chunks(thinking, message.get("content"))
+
+
+def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:
+    """``response_format`` for an output schema; the tool options only with tools (a
+    server refuses ``tool_choice`` without them)."""
+    fields: dict[str, Any] = {}
+    if request.output_schema is not None:
+        fields["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {
+                "name": request.output_name,
+                "schema": request.output_schema,
+                "strict": False,
+            },
+        }
+    if with_tools:
+        choice = request.tool_choice
+        if choice in ("auto", "required", "none"):
+            fields["tool_choice"] = choice
+        elif choice is not None:
+            fields["tool_choice"] = {"type": "function", "function": {"name": choice}}
+        if request.parallel_tool_calls is not None:
+            fields["parallel_tool_calls"] = request.parallel_tool_calls
+    return fields
 
 
 def _complete(pending: Iterable[_PendingCall]) -> list[ToolCallDelta]:

@@ -3,21 +3,30 @@
 :func:`respond` is a pure function of the transcript and the offered tools. On a user
 turn with tools it calls each tool once, with arguments built from the tool's JSON
 schema; after tool results it answers with a summary that quotes them; otherwise it
-answers with a short reply derived from the user text. :class:`TestModelClient`
+answers with a short reply derived from the user text; asked for an output schema, it
+answers with a JSON value built from it. :class:`TestModelClient`
 streams that reply in chunks, yielding to the event loop between them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Self, TypeGuard
 
-from aimu.aio.providers.base import Chunk, ModelClient, TextDelta, ToolCallDelta, TurnDone
+from aimu.aio.providers.base import (
+    Chunk,
+    ModelClient,
+    TextDelta,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+)
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
-__all__ = ["TestModelClient", "arguments_for", "respond", "split_text"]
+__all__ = ["TestModelClient", "arguments_for", "offered", "respond", "split_text", "value_for"]
 
 _RESULT_LIMIT = 200
 _ECHO_WORDS = 24
@@ -203,23 +212,45 @@ def arguments_for(parameters: Mapping[str, Any], text: str = "") -> dict[str, An
     return _object(_resolve(parameters, parameters), parameters, _pick_word(text), 0)
 
 
+def value_for(schema: Mapping[str, Any], text: str = "") -> Any:
+    """A JSON value matching ``schema`` (an output type's schema), built as
+    :func:`arguments_for` builds arguments: the same input gives the same value."""
+    return _value(_resolve(schema, schema), schema, _pick_word(text), 0)
+
+
+def offered(tools: Sequence[ToolSpec] | None, tool_choice: object) -> Sequence[ToolSpec] | None:
+    """The tools a request lets the model call: none for ``"none"``, only the named one
+    for a tool's name, else all of them."""
+    if not tools or tool_choice in (None, "auto", "required"):
+        return tools
+    if isinstance(tool_choice, Mapping):  # OpenAI's {"type": "function", "function": {...}}
+        function = tool_choice.get("function")
+        tool_choice = function.get("name") if isinstance(function, Mapping) else None
+    return [spec for spec in tools if spec["function"]["name"] == tool_choice]
+
+
 def _clip(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def respond(
-    messages: Sequence[Message], tools: Sequence[ToolSpec] | None
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec] | None,
+    output_schema: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """The test model's reply to ``messages``: its text and its tool calls as (name, arguments).
 
     Pure and deterministic. Tool results after the last user message get a summary
     that quotes each; otherwise offered tools are each called once; otherwise a
-    short reply echoes the user text.
+    short reply echoes the user text. With ``output_schema`` an answer is instead a
+    JSON value matching it (:func:`value_for`).
     """
     last_user = _last_user_index(messages)
     user_text = messages[last_user]["content"] if last_user >= 0 else ""
     results = [m for m in messages[last_user + 1 :] if m["role"] == "tool"]
+    if output_schema is not None and (results or not tools):
+        return json.dumps(value_for(output_schema, user_text)), []
     if results:
         parts = [
             f"I called {r['name']}: {_clip(r['content'], _RESULT_LIMIT) or '(no output)'}."
@@ -308,8 +339,14 @@ class TestModelClient(ModelClient):
         tools: Sequence[ToolSpec] | None = None,
         *,
         stream: bool = True,
+        request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        text, calls = respond(messages, tools)
+        if request is None:
+            text, calls = respond(messages, tools)
+        else:
+            text, calls = respond(
+                messages, offered(tools, request.tool_choice), request.output_schema
+            )
         # Ids are deterministic and unique across the conversation: turn number + position.
         turn = sum(1 for m in messages if m["role"] == "assistant")
         pieces: list[Chunk] = [TextDelta(piece) for piece in split_text(text, self.chunks)]

@@ -38,9 +38,9 @@ _FINISHED: tuple[RunStatus, ...] = ("completed", "max_rounds")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: A step of a workflow: an agent, or another workflow (nesting).
-Step: TypeAlias = Runnable
+Step: TypeAlias = Runnable[object]
 #: The former name of what a workflow needs of a step: the Runnable surface.
-Resumable: TypeAlias = Runnable
+Resumable: TypeAlias = Runnable[object]
 
 
 def check_step(step: object, where: str) -> Step:
@@ -346,7 +346,7 @@ class Workflow(Runnable):
     def deny(self, call_id: str, reason: str | None = None) -> None:
         self._session_waiting_on(call_id).deny(call_id, reason)
 
-    def _session_waiting_on(self, call_id: str) -> Runnable:
+    def _session_waiting_on(self, call_id: str) -> Step:
         if self.running:
             raise RuntimeError(f"{self._where()}: cannot decide while a run is in progress")
         for slot in self._slots():

@@ -1,0 +1,355 @@
+"""Structured output (``output_type=``) and the tool-only request options, over the wire.
+
+The Ollama and OpenAI-compatible clients run against the loopback server, so what is
+asserted is what a model server would have received; the embedded test model answers
+a requested schema offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import ollama
+import pytest
+from pydantic import BaseModel, TypeAdapter
+from typing_extensions import TypedDict
+
+from aimu import aio
+from aimu.aio.events import RunFinished, TextChunk
+from aimu.aio.output import CORRECTION_PREFIX
+from aimu.aio.transcript import validate
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+
+
+class Weather(BaseModel):
+    city: str
+    temperature: float
+
+
+@dataclass
+class Forecast:
+    days: int
+    summary: list[str]
+
+
+class Place(TypedDict):
+    city: str
+    country: str
+
+
+GOOD = '{"city": "Oslo", "temperature": 3.5}'
+OSLO = Weather(city="Oslo", temperature=3.5)
+
+
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def openai(server: LoopbackServer) -> aio.ModelClient:
+    return aio.client("openai:m", base_url=server.openai_base_url, api_key="sk-test")
+
+
+def ollama_client(server: LoopbackServer) -> aio.ModelClient:
+    return aio.client("ollama:m", host=server.url)
+
+
+CLIENTS = {"openai": openai, "ollama": ollama_client}
+
+
+def schema_sent(body: dict[str, Any]) -> Any:
+    """The output schema a request carried, in either protocol's field."""
+    if "format" in body:
+        return body["format"]
+    return body["response_format"]["json_schema"]["schema"]
+
+
+# -- the test model, in process -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("output_type", "expected"),
+    [
+        (Weather, Weather(city="Paris", temperature=1.5)),
+        (Forecast, Forecast(days=1, summary=["Paris"])),
+        (Place, {"city": "Paris", "country": "Paris"}),
+        (list[int], [1]),
+    ],
+)
+async def test_the_test_model_answers_the_schema(output_type: Any, expected: Any) -> None:
+    agent = aio.Agent(aio.client("test"), output_type=output_type)
+    assert await agent.run("the weather in Paris") == expected
+    assert agent.last_status == "completed"
+
+
+async def test_tools_first_then_the_structured_answer() -> None:
+    agent = aio.Agent(aio.client("test"), [get_weather], output_type=Weather)
+    events = [event async for event in agent.run("the weather in Paris", stream=True)]
+    final = events[-1]
+    assert isinstance(final, RunFinished) and final.status == "completed"
+    assert Weather.model_validate_json(final.reply) == Weather(city="Paris", temperature=1.5)
+    roles = [m["role"] for m in agent.model_client.messages]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+
+def test_run_sync_and_a_session_return_the_typed_value() -> None:
+    agent = aio.Agent(aio.client("test"), output_type=Weather)
+    assert agent.run_sync("weather in Rome") == Weather(city="Rome", temperature=1.5)
+    session = agent.start()
+    assert session.run_sync("weather in Lima") == Weather(city="Lima", temperature=1.5)
+
+
+async def test_a_handle_over_a_typed_run_gives_the_value() -> None:
+    agent = aio.Agent(aio.client("test"), output_type=Weather)
+    handle = aio.RunHandle.start(agent.run("weather in Bern"))
+    assert await handle == Weather(city="Bern", temperature=1.5)
+    assert handle.status == "completed"
+
+
+def test_bad_output_types_and_options_are_refused() -> None:
+    model = aio.client("test")
+    with pytest.raises(TypeError, match="output_type"):
+        aio.Agent(model, output_type=object())
+    with pytest.raises(ValueError, match="output_retries"):
+        aio.Agent(model, output_type=Weather, output_retries=-1)
+    with pytest.raises(ValueError, match="tool_choice must be one of auto, required, none"):
+        aio.Agent(model, [get_weather], tool_choice="get_wether")
+
+
+# -- over the wire ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+async def test_the_request_carries_the_schema(protocol: str) -> None:
+    async with LoopbackServer() as server, CLIENTS[protocol](server) as model:
+        agent = aio.Agent(model, output_type=Weather)
+        assert await agent.run("weather in Oslo") == Weather(city="Oslo", temperature=1.5)
+        body = server.requests[-1].body
+        assert schema_sent(body) == TypeAdapter(Weather).json_schema()
+        if protocol == "openai":
+            assert body["response_format"]["type"] == "json_schema"
+            assert body["response_format"]["json_schema"]["name"] == "Weather"
+            assert body["response_format"]["json_schema"]["strict"] is False
+
+
+async def test_a_text_agent_asks_for_no_schema() -> None:
+    async with LoopbackServer() as server, openai(server) as model:
+        assert await aio.Agent(model).run("hello") == "You said: hello"
+        assert "response_format" not in server.requests[-1].body
+
+
+async def test_the_official_ollama_client_gets_json_of_its_format() -> None:
+    # The loopback server's test model honours `format` for any client that sends it.
+    schema = TypeAdapter(Weather).json_schema()
+    async with LoopbackServer() as server, ollama.AsyncClient(host=server.url) as client:
+        reply = await client.chat(
+            model="test", messages=[{"role": "user", "content": "Oslo?"}], format=schema
+        )
+        assert Weather.model_validate_json(reply.message.content or "") == Weather(
+            city="Oslo", temperature=1.5
+        )
+        assert server.requests[-1].body["format"] == schema
+
+
+@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+async def test_invalid_answers_are_corrected_a_bounded_number_of_times(protocol: str) -> None:
+    script = [Turn(text="It is cold."), Turn(text='{"city": "Oslo"}'), Turn(text=GOOD)]
+    async with LoopbackServer(script) as server, CLIENTS[protocol](server) as model:
+        agent = aio.Agent(model, output_type=Weather, output_retries=2)
+        assert await agent.run("weather in Oslo") == OSLO
+        corrections = [
+            m["content"]
+            for m in agent.model_client.messages
+            if m["role"] == "user" and m["content"].startswith(CORRECTION_PREFIX)
+        ]
+        assert len(corrections) == 2
+        assert "Invalid JSON" in corrections[0]
+        assert "temperature: Field required" in corrections[1]
+        # Each correction went to the model, with the schema asked for again.
+        assert server.requests[2].body["messages"][-1]["content"] == corrections[1]
+        assert all(schema_sent(r.body) for r in server.requests)
+
+
+async def test_a_fenced_answer_is_accepted() -> None:
+    async with (
+        LoopbackServer([Turn(text=f"```json\n{GOOD}\n```")]) as server,
+        openai(server) as model,
+    ):
+        assert await aio.Agent(model, output_type=Weather).run("weather") == OSLO
+
+
+async def test_corrections_used_up_raise_and_the_transcript_stays_resumable() -> None:
+    long_bad = "no " * 2000
+    script = [Turn(text=long_bad, chunks=1)] * 2
+    async with LoopbackServer(script) as server, openai(server) as model:
+        agent = aio.Agent(model, output_type=Weather, output_retries=1)
+        with pytest.raises(
+            aio.OutputValidationError, match="not a valid Weather after 2"
+        ) as caught:
+            await agent.run("weather in Oslo")
+        assert caught.value.problem.startswith("Invalid JSON")
+        assert len(str(caught.value)) < 600 and len(caught.value.text) <= 300
+        assert isinstance(caught.value, aio.OutputError) and isinstance(caught.value, ValueError)
+        assert agent.last_status == "failed"
+        messages = agent.model_client.messages
+        validate(messages)
+        assert messages[-1]["role"] == "user"
+        assert messages[-1]["content"].startswith(CORRECTION_PREFIX)
+        server.script = [Turn(text=GOOD)]
+        assert await agent.resume() == OSLO  # a fresh budget of corrections
+        assert json.dumps(server.requests[-1].body).count("weather in Oslo") == 1
+
+
+async def test_tools_and_output_on_the_wire() -> None:
+    script = [Turn(tool_calls=[ScriptedCall("get_weather", {"city": "Oslo"})]), Turn(text=GOOD)]
+    async with LoopbackServer(script) as server, openai(server) as model:
+        agent = aio.Agent(model, [get_weather], output_type=Weather)
+        assert await agent.run("weather in Oslo") == OSLO
+        first, second = (r.body for r in server.requests)
+        assert first["tools"] and second["tools"]
+        assert schema_sent(first) == schema_sent(second)
+
+
+async def test_the_last_turn_without_tools_still_answers_the_schema() -> None:
+    async with LoopbackServer() as server, ollama_client(server) as model:
+        agent = aio.Agent(model, [get_weather], output_type=Weather, max_rounds=1)
+        assert isinstance(await agent.run("weather in Oslo"), Weather)
+        last = server.requests[-1].body
+        assert "tools" not in last and schema_sent(last)
+
+
+async def test_a_workflow_passes_the_answer_json_on() -> None:
+    typed = aio.Agent(aio.client("test"), output_type=Weather, name="typed")
+    text = aio.Agent(aio.client("test"), name="text")
+    reply = await aio.Chain([typed, text]).run("weather in Oslo")
+    assert reply == 'You said: {"city": "Oslo", "temperature": 1.5}'
+
+
+# -- stops during an output turn ------------------------------------------------------------
+
+
+def slow_answer(text: str = GOOD) -> Turn:
+    return Turn(text=text, chunks=6, delay=0.02)
+
+
+@pytest.mark.parametrize("where", ["before_reply", "mid_reply", "after_correction"])
+async def test_a_cancel_during_an_output_turn_keeps_a_resumable_transcript(where: str) -> None:
+    script = {
+        "before_reply": [Turn(text=GOOD, first_byte_delay=30)],
+        "mid_reply": [slow_answer()],
+        "after_correction": [Turn(text="nope"), Turn(text=GOOD, first_byte_delay=30)],
+    }[where]
+    async with LoopbackServer(script) as server, openai(server) as model:
+        agent = aio.Agent(model, output_type=Weather)
+        handle = aio.RunHandle.start(agent.run("weather in Oslo"))
+        if where == "mid_reply":
+            async for event in handle.events():
+                if isinstance(event, TextChunk):
+                    break
+        else:
+            await server.wait_requests(2 if where == "after_correction" else 1)
+        assert handle.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handle
+        assert handle.status == "cancelled" and agent.last_status == "cancelled"
+        messages = agent.model_client.messages
+        validate(messages)
+        last = messages[-1]
+        if where == "mid_reply":
+            assert last["role"] == "assistant" and last.get("aimu_partial") is True
+            assert GOOD.startswith(last["content"]) and last["content"] != GOOD
+        elif where == "after_correction":
+            assert last["content"].startswith(CORRECTION_PREFIX)
+        await server.wait_abandoned(1)
+        server.script = [Turn(text=GOOD)]
+        assert await agent.resume() == OSLO
+
+
+async def test_an_interrupt_during_the_answer_turn_returns_the_value() -> None:
+    async with LoopbackServer([slow_answer()]) as server, openai(server) as model:
+        agent = aio.Agent(model, output_type=Weather)
+        handle = aio.RunHandle.start(agent.run("weather in Oslo"))
+        async for event in handle.events():
+            if isinstance(event, TextChunk):
+                assert handle.interrupt()
+        # The step in flight was the answer: it finishes and the run has its output.
+        assert await handle == OSLO
+        assert agent.last_status == "completed"
+
+
+async def test_an_interrupt_during_an_invalid_answer_stops_before_the_retry() -> None:
+    async with LoopbackServer([slow_answer("not json at all")]) as server, openai(server) as model:
+        agent = aio.Agent(model, output_type=Weather)
+        run = asyncio.ensure_future(agent.run("weather in Oslo"))
+        # The reply has begun (a chunk is out) and its other five chunks are still to come.
+        await server.wait_until(lambda: bool(server.streams) and server.streams[0].chunks_sent > 0)
+        assert agent.interrupt()
+        with pytest.raises(aio.NoOutputError, match="interrupted") as caught:
+            await run
+        assert caught.value.status == "interrupted" and agent.last_status == "interrupted"
+        messages = agent.model_client.messages
+        validate(messages)
+        # The step finished: the answer and its correction are recorded, not yet sent.
+        assert messages[-1]["content"].startswith(CORRECTION_PREFIX)
+        assert len(server.requests) == 1
+        server.script = [Turn(text=GOOD)]
+        assert await agent.resume() == OSLO
+        assert server.requests[-1].body["messages"][-1]["content"].startswith(CORRECTION_PREFIX)
+
+
+# -- tool-only request options ---------------------------------------------------------------
+
+
+async def test_tool_options_go_with_tools_and_required_is_reset_after_a_round() -> None:
+    async with LoopbackServer() as server, openai(server) as model:
+        agent = aio.Agent(model, [get_weather], tool_choice="required", parallel_tool_calls=False)
+        assert (await agent.run("weather in Oslo")).endswith(": sunny in Oslo.")
+        first, second = (r.body for r in server.requests)
+        assert first["tool_choice"] == "required" and first["parallel_tool_calls"] is False
+        # After a tool round the model may answer: "required" is not sent again.
+        assert "tool_choice" not in second and second["parallel_tool_calls"] is False
+
+
+async def test_tool_options_are_not_sent_when_tools_are_withheld() -> None:
+    async with LoopbackServer() as server, openai(server) as model:
+        agent = aio.Agent(
+            model, [get_weather], tool_choice="auto", parallel_tool_calls=True, max_rounds=1
+        )
+        await agent.run("weather in Oslo")
+        first, last = server.requests[0].body, server.requests[-1].body
+        assert first["tool_choice"] == "auto" and first["parallel_tool_calls"] is True
+        assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(last)
+        await aio.Agent(model.fork(), tool_choice="none", parallel_tool_calls=True).run("hi")
+        assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(server.requests[-1].body)
+
+
+async def test_a_named_tool_choice_and_none() -> None:
+    def get_time(city: str) -> str:
+        """The time in a city."""
+        return "noon"
+
+    async with LoopbackServer() as server, openai(server) as model:
+        agent = aio.Agent(model, [get_weather, get_time], tool_choice="get_time")
+        assert (await agent.run("time in Oslo")).endswith(": noon.")
+        assert [m["name"] for m in agent.model_client.messages if m["role"] == "tool"] == [
+            "get_time"
+        ]
+        assert server.requests[0].body["tool_choice"] == {
+            "type": "function",
+            "function": {"name": "get_time"},
+        }
+        quiet = aio.Agent(model.fork(), [get_weather], tool_choice="none")
+        assert await quiet.run("weather in Oslo") == "You said: weather in Oslo"
+        assert server.requests[-1].body["tool_choice"] == "none"
+
+
+async def test_ollama_gets_no_tool_options() -> None:
+    async with LoopbackServer() as server, ollama_client(server) as model:
+        agent = aio.Agent(model, [get_weather], tool_choice="required", parallel_tool_calls=False)
+        await agent.run("weather in Oslo")
+        for request in server.requests:
+            assert not {"tool_choice", "parallel_tool_calls"} & set(request.body)

@@ -1,0 +1,14 @@
+"""What mypy infers for users' code: ``tests/typing/*.py`` must pass ``mypy --strict``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mypy import api
+
+TYPING = Path(__file__).parent / "typing"
+
+
+def test_run_returns_the_output_type_for_mypy() -> None:
+    out, err, status = api.run(["--strict", str(TYPING / "output_types.py")])
+    assert status == 0, out + err
