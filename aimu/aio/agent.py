@@ -254,6 +254,16 @@ class Agent(Runnable[OutputT]):
         **options: Unpack[_Options],
     ) -> None: ...
 
+    @overload
+    def __init__(  # a union or other special form: annotate the agent to type it
+        self: Agent[Any],
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        *,
+        output_type: object,
+        **options: Unpack[_Options],
+    ) -> None: ...
+
     def __init__(
         self,
         client: ModelClient,

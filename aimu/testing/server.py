@@ -577,6 +577,8 @@ class _OpenAIWire(_Wire):
 def _canonical_messages(wire_messages: object) -> list[dict[str, Any]]:
     """Wire messages of either protocol in the transcript shape (arguments as dicts)."""
     messages: list[dict[str, Any]] = []
+    #: OpenAI's tool results carry only the call's id: its name comes from the call.
+    names: dict[str, str] = {}
     if not isinstance(wire_messages, list):
         return messages
     for raw in wire_messages:
@@ -597,17 +599,20 @@ def _canonical_messages(wire_messages: object) -> list[dict[str, Any]]:
                         arguments = json.loads(arguments or "{}")
                     except json.JSONDecodeError:
                         arguments = {}
+                identifier = str(call.get("id") or f"call_{len(messages)}_{position}")
+                name = function.get("name", "")
+                names[identifier] = str(name)
                 calls.append(
                     {
-                        "id": str(call.get("id") or f"call_{len(messages)}_{position}"),
+                        "id": identifier,
                         "type": "function",
-                        "function": {"name": function.get("name", ""), "arguments": arguments},
+                        "function": {"name": name, "arguments": arguments},
                     }
                 )
             message["tool_calls"] = calls
         if message["role"] == "tool":
-            message["tool_call_id"] = str(raw.get("tool_call_id", ""))
-            message["name"] = str(raw.get("name") or raw.get("tool_name") or "")
+            call_id = message["tool_call_id"] = str(raw.get("tool_call_id", ""))
+            message["name"] = str(raw.get("name") or raw.get("tool_name") or names.get(call_id, ""))
         messages.append(message)
     return messages
 

@@ -36,5 +36,7 @@ async def inferred() -> None:
     assert_type(await forecast.run("hi"), Forecast)
     numbers = aio.Agent(model, output_type=list[int])
     assert_type(await numbers.run("hi"), list[int])
+    either: aio.Agent[int | str] = aio.Agent(model, output_type=int | str)
+    assert_type(await either.run("hi"), int | str)
     # A typed agent is a workflow step like any other.
     aio.Chain([weather, text])
