@@ -6,7 +6,10 @@ base URL, a SQLite store and tools; every record of the "aimu" loggers is read.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,13 +78,29 @@ async def run_logged(
             await agent.aclose()
             await store.aclose()
             await model.aclose()
-    return [r for r in caplog.records if r.name == "aimu" or r.name.startswith("aimu.")]
+    return aimu_records(caplog)
 
 
 def no_secret_in(records: list[logging.LogRecord]) -> None:
     for record in records:
         text = record.getMessage() + str(record.exc_info or "")
         assert SECRET not in text and PASSWORD not in text, (record.name, text)
+
+
+def keeps_the_rules(records: list[logging.LogRecord]) -> None:
+    """No secret in any record; no message contents above DEBUG."""
+    no_secret_in(records)
+    for record in records:
+        if record.levelno > logging.DEBUG:
+            assert CODE not in record.getMessage(), (record.name, record.getMessage())
+
+
+def said(records: list[logging.LogRecord]) -> list[tuple[str, str, str]]:
+    return [(r.name, r.levelname, r.getMessage()) for r in records]
+
+
+def aimu_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "aimu" or r.name.startswith("aimu.")]
 
 
 async def test_a_happy_run_logs_nothing_at_info_or_above(
@@ -125,3 +144,193 @@ async def test_retries_and_tool_failures_are_logged_by_name(
 def test_the_aimu_logger_leaves_output_to_the_application() -> None:
     handlers = logging.getLogger("aimu").handlers
     assert any(isinstance(h, logging.NullHandler) for h in handlers)
+
+
+# --------------------------------------------------------------------------- stores
+
+
+async def store_a_run(store: aio.Store) -> None:
+    agent = aio.Agent(aio.client("test"), store=store, session="s")
+    async with agent:
+        await agent.run(TASK)
+
+
+@pytest.fixture(params=["jsonl", "sqlite"])
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> aio.Store:
+    """A local store, every "aimu" record captured."""
+    caplog.set_level(logging.DEBUG, logger="aimu")
+    if request.param == "jsonl":
+        return aio.JSONLStore(tmp_path)
+    return aio.SQLiteStore(tmp_path / "runs.db")
+
+
+async def test_a_torn_record_is_logged_when_ignored_and_when_removed(
+    store: aio.Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store_a_run(store)
+    if isinstance(store, aio.JSONLStore):
+        path = tmp_path / "s.jsonl"
+        path.write_bytes(path.read_bytes() + f'{{"role":"user","content":"{CODE}'.encode())
+    else:
+        with sqlite3.connect(tmp_path / "runs.db") as db:
+            db.execute(
+                "UPDATE messages SET body = substr(body, 1, 20) WHERE seq = "
+                "(SELECT max(seq) FROM messages)"
+            )
+    caplog.clear()
+    with pytest.warns(RuntimeWarning, match="torn"):
+        await store.load("s")
+    with pytest.warns(RuntimeWarning, match="torn"):
+        writer = await store.open_session("s")
+    await writer.aclose()
+    await store.aclose()
+    records = aimu_records(caplog)
+    torn = [(level, text) for name, level, text in said(records) if name == "aimu.aio.store"]
+    assert [level for level, _ in torn] == ["WARNING", "WARNING"], torn
+    assert "torn last record" in torn[0][1] and "was ignored" in torn[0][1]
+    assert "was removed" in torn[1][1]
+    keeps_the_rules(records)
+
+
+async def test_an_unfinished_run_and_its_calls_in_doubt_are_logged_on_load(
+    store: aio.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    call = {
+        "id": "call_9",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": {"code": CODE}},
+    }
+    writer = await store.open_session("s")  # what a process killed mid-tool left behind
+    await writer.set_status("in_progress")
+    await writer.append({"role": "user", "content": TASK})
+    await writer.append({"role": "assistant", "content": "", "tool_calls": [call]})  # type: ignore[typeddict-item]
+    await writer.record_tool_start("call_9", "lookup", {"code": CODE})
+    await writer.aclose()
+    caplog.clear()
+    agent = aio.Agent(aio.client("test"), tools=[lookup], store=store, session="s")
+    await agent.open()
+    await agent.aclose()
+    await store.aclose()
+    records = aimu_records(caplog)
+    loud = [(name, level, text) for name, level, text in said(records) if level != "DEBUG"]
+    assert [(name, level) for name, level, _ in loud] == [
+        ("aimu.aio.store", "WARNING"),
+        ("aimu.aio.journal", "WARNING"),
+    ], loud
+    assert "session 's'" in loud[0][2] and "its last run did not finish" in loud[0][2]
+    assert loud[1][2].endswith("answered outcome unknown: lookup (call_9)"), loud[1][2]
+    keeps_the_rules(records)
+
+
+async def test_a_refused_session_lock_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aimu")
+    async with aio.JSONLStore(tmp_path) as store:
+        first = aio.Agent(aio.client("test"), store=store, session="s")
+        second = aio.Agent(aio.client("test"), store=store, session="s")
+        async with first:
+            with pytest.raises(aio.SessionLockedError):
+                await second.run(TASK)
+    records = aimu_records(caplog)
+    assert ("aimu.aio.store", "INFO", "session 's': refused the write lock, held by another "
+            "writer in this process") in said(records)
+    keeps_the_rules(records)
+
+
+# --------------------------------------------------------------------------- streams and stops
+
+
+async def test_a_reply_that_breaks_off_mid_stream_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    reply = Turn(text=f"the code {CODE} is fine and more", fault="drop", fault_after=3)
+    with pytest.raises(aio.ModelConnectionError):
+        await run_logged([reply], tmp_path, caplog, logging.DEBUG)
+    records = aimu_records(caplog)
+    loud = [(name, level, text) for name, level, text in said(records) if level != "DEBUG"]
+    assert [(name, level) for name, level, _ in loud] == [
+        ("aimu.aio.providers", "WARNING"),
+        ("aimu.aio.agent", "INFO"),
+    ], loud
+    assert "the reply broke off mid-stream (ModelConnectionError)" in loud[0][2]
+    assert loud[1][2] == "agent 'agent': the run ended failed: ModelConnectionError"
+    keeps_the_rules(records)
+
+
+class Gate:
+    """Where a held tool is: ``entered`` once it runs; it returns once ``opened``."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.opened = asyncio.Event()
+
+
+gate = Gate()
+
+
+async def held(code: str) -> str:
+    """Wait until the gate opens."""
+    gate.entered.set()
+    await gate.opened.wait()
+    return code
+
+
+@aio.tool(approval=True)
+def launch(code: str) -> str:
+    """Launch, once a person approves."""
+    return code
+
+
+def calls(name: str) -> Any:
+    def script(request: Mapping[str, Any]) -> Turn:
+        return Turn(tool_calls=(ScriptedCall(name, {"code": CODE}),))
+
+    return script
+
+
+async def stop_logged(
+    name: str, stop: str, caplog: pytest.LogCaptureFixture
+) -> list[tuple[str, str, str]]:
+    """Run an agent whose model calls tool ``name``; ``stop`` it once the tool runs."""
+    global gate
+    gate = Gate()
+    caplog.set_level(logging.DEBUG, logger="aimu")
+    async with LoopbackServer(calls(name)) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key=SECRET)
+        agent = aio.Agent(model, tools=[held, launch, lookup], max_rounds=2)
+        handle = aio.RunHandle.start(agent.run(TASK), timeout=0.05 if stop == "deadline" else None)
+        if stop == "cancel":
+            await gate.entered.wait()
+            handle.cancel("the user pressed Stop")
+        elif stop == "interrupt":
+            await gate.entered.wait()
+            handle.interrupt()
+            gate.opened.set()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await handle
+        await model.aclose()
+    records = aimu_records(caplog)
+    keeps_the_rules(records)
+    return [(n, level, text) for n, level, text in said(records) if n == "aimu.aio.agent"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "stop", "logged"),
+    [
+        ("held", "cancel", "cancelled: the user pressed Stop"),
+        ("held", "deadline", "timed_out: deadline passed"),
+        ("held", "interrupt", "interrupted: interrupt requested; stopped at a step boundary"),
+        ("launch", None, "paused: tool calls wait for approval: launch (call_"),
+        ("lookup", None, "max_rounds: the limit of 2 tool rounds was reached"),
+    ],
+)
+async def test_a_stop_is_logged_once_at_info_with_why(
+    tool: str, stop: str | None, logged: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = await stop_logged(tool, str(stop), caplog)
+    assert len(records) == 1, records
+    _, level, text = records[0]
+    assert level == "INFO" and text.startswith(f"agent 'agent': the run ended {logged}"), text

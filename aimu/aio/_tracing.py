@@ -179,9 +179,15 @@ class RunSpans:
 
 
     def finished(
-        self, status: str, stop_reason: str | None, usage: Usage, error: str | None
+        self,
+        status: str,
+        stop_reason: str | None,
+        usage: Usage,
+        error: str | None,
+        reason: str | None = None,
     ) -> None:
-        """End the run's span with how the run ended (``RunFinished``'s fields).
+        """End the run's span with how the run ended (``RunFinished``'s fields) and why
+        (``reason``: ``aimu.stop.reason``).
 
         A model turn the stop cut short ends here too, with the run's status.
         """
@@ -198,7 +204,7 @@ class RunSpans:
                 notes.set("gen_ai.usage.output_tokens", usage["output_tokens"])
                 if stop_reason is not None:
                     notes.set("gen_ai.response.finish_reasons", [stop_reason])
-            notes.ended(status, error=failed)
+            notes.ended(status, reason, error=failed)
             span_.end()
         self._turn = None
 

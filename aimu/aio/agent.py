@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
+from aimu.aio._stops import Stop, stop_of
 from aimu.aio._tracing import RunSpans
 from aimu.aio.approvals import (
     PAUSED,
@@ -568,6 +569,7 @@ class Agent(Runnable[OutputT]):
         approvals.keep_only({call["id"]: call for _, call in dangling_calls(messages)})
         before = len(messages)
         found = settle_in_doubt(messages, starts, self._config.tools_by_name, approvals.pending)
+        found.log(f"{self.kind} {self.name!r}, session {self._session!r}")
         for call in found.asked:
             approvals.ask(call, in_doubt=True)
         self._reruns = {call["id"] for call in found.rerun}
@@ -610,6 +612,7 @@ class Agent(Runnable[OutputT]):
         client = self.model_client
         run = _Run(self._open_scope(), RunSpans(self.name, client.model, client.provider))
         failure: BaseException | None = None
+        stopped_by: BaseException | None = None
         try:
             await self._open(task, reset)
             run.opened = True
@@ -625,12 +628,16 @@ class Agent(Runnable[OutputT]):
                             raise
         except BaseException as error:
             run.stopped_by(error)
+            stopped_by = error
             if isinstance(error, GeneratorExit) or run.closing:
                 raise  # the consumer stopped iterating: settle below, never yield again
             failure = error
         finally:
             final = await self._settle(run)
-            run.spans.finished(final.status, final.stop_reason, final.usage, final.error)
+            stop = self._stop(run, final, stopped_by or run.store_error)
+            spans = run.spans
+            spans.finished(stop.status, final.stop_reason, final.usage, final.error, stop.reason)
+            stop.log(self.name)
         if failure is None:
             failure = run.store_error
         if failure is None:
@@ -951,6 +958,11 @@ class Agent(Runnable[OutputT]):
         )
         run.scope.emit(final)
         return final
+
+    def _stop(self, run: _Run, final: RunFinished, error: BaseException | None) -> Stop:
+        """How the run ended, for its span and the log (a deadline's cancel: timed_out)."""
+        waiting = [f"{p.tool} ({p.call_id})" for p in self._approvals.pending.values()]
+        return stop_of(final.status, error, run.scope, waiting, self._config.max_rounds)
 
     def _settle_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in

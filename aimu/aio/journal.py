@@ -14,6 +14,7 @@ after any stop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ from aimu.aio.tools import Tool
 from aimu.aio.transcript import CANCELLED_RESULT, Message, ToolCall, settle
 
 __all__ = ["IN_DOUBT_RESULT", "RERUN_NOTE", "InDoubt", "settle_in_doubt"]
+
+log = logging.getLogger("aimu.aio.journal")
 
 #: The result of a call that was running when the process stopped and is not run again.
 IN_DOUBT_RESULT = (
@@ -44,6 +47,23 @@ class InDoubt:
     rerun: list[ToolCall] = field(default_factory=list)
     asked: list[ToolCall] = field(default_factory=list)
     unknown: list[ToolCall] = field(default_factory=list)
+
+    def log(self, where: str) -> None:
+        """One WARNING on ``aimu.aio.journal`` when a crash left calls in doubt at ``where``."""
+        groups = [
+            ("run again on resume", self.rerun),
+            ("wait for a person", self.asked),
+            ("answered outcome unknown", self.unknown),
+        ]
+        said = [f"{what}: {_names(calls)}" for what, calls in groups if calls]
+        if said:
+            log.warning(
+                "%s: tool calls were running when the process stopped; %s", where, "; ".join(said)
+            )
+
+
+def _names(calls: list[ToolCall]) -> str:
+    return ", ".join(f"{call['function']['name']} ({call['id']})" for call in calls)
 
 
 def settle_in_doubt(

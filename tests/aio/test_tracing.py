@@ -7,6 +7,7 @@ spans. A cancel lands while a tool provably runs (the tool set an event).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator, Mapping
@@ -199,3 +200,61 @@ async def test_a_cancel_mid_reply_ends_the_turn_and_the_run_spans_as_cancelled(
     assert dict(turn.attributes or {})["aimu.run.status"] == "cancelled"
     assert dict(run.attributes or {})["aimu.run.status"] == "cancelled"
     assert run.status.status_code is StatusCode.UNSET
+
+
+@aio.tool(approval=True)
+def launch(word: str) -> str:
+    """Launch, once a person approves."""
+    return word
+
+
+async def test_every_stop_is_on_the_run_span_with_its_reason(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A cancel with its reason, a deadline (timed_out), an interrupt and a pause."""
+    entered, opened = asyncio.Event(), asyncio.Event()
+
+    async def held(word: str) -> str:
+        """Wait until let go."""
+        entered.set()
+        await opened.wait()
+        return word
+
+    ended: dict[str, dict[str, Any]] = {}
+    async with LoopbackServer(calls("held")) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
+        for stop in ("cancel", "deadline", "interrupt"):
+            entered.clear()
+            spans.clear()
+            agent = aio.Agent(model, tools=[held], name=stop)
+            timeout = 0.05 if stop == "deadline" else None
+            handle = aio.RunHandle.start(agent.run("go"), timeout=timeout)
+            if stop == "cancel":
+                await entered.wait()
+                handle.cancel("the user pressed Stop")
+            elif stop == "interrupt":
+                await entered.wait()
+                handle.interrupt()
+                opened.set()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await handle
+            (run,) = named(spans, f"invoke_agent {stop}")
+            ended[stop] = dict(run.attributes or {})
+            assert run.status.status_code is StatusCode.UNSET
+        await model.aclose()
+    async with LoopbackServer(calls("launch")) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
+        spans.clear()
+        agent = aio.Agent(model, tools=[launch], name="pause")
+        await agent.run("go")
+        assert agent.pending_approvals
+        (run,) = named(spans, "invoke_agent pause")
+        ended["pause"] = dict(run.attributes or {})
+        await model.aclose()
+    said = {stop: (a["aimu.run.status"], a.get("aimu.stop.reason")) for stop, a in ended.items()}
+    assert said["cancel"] == ("cancelled", "the user pressed Stop")
+    assert said["deadline"] == ("timed_out", "deadline passed")
+    assert said["interrupt"][0] == "interrupted"
+    assert said["pause"][0] == "paused"
+    assert str(said["pause"][1]).startswith("tool calls wait for approval: launch (call_")
+    no_contents(spans)

@@ -23,9 +23,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from aimu.aio.errors import ModelError, ModelHTTPError, ModelProtocolError
+from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
-from aimu.aio.providers._retry import Retry, retry_after
+from aimu.aio.providers._retry import Retry, log, retry_after
 from aimu.aio.providers._wire import WireEncoder, dumps
 from aimu.aio.providers.base import Chunk, ModelClient, TurnRequest
 from aimu.aio.transcript import Message, ToolSpec
@@ -399,6 +399,9 @@ class HTTPModelClient(ModelClient):
                         chunks += decoder.end()
                     for chunk in chunks:
                         yield chunk
+            except (ModelConnectionError, ModelProtocolError) as error:
+                _note_dropped(reporter, error)
+                raise
             finally:
                 # Closes the HTTP response now, whether we finished, failed, were closed or
                 # cancelled; the server sees the connection go.
@@ -448,6 +451,16 @@ class HTTPModelClient(ModelClient):
             wait = response.headers.get("retry-after")
             hint = f"; retry after {clip(wait, 40)}s" if wait else "; slow down and retry"
         return reporter.http_error(response, raw, hint)
+
+
+def _note_dropped(reporter: Reporter, error: ModelError) -> None:
+    """Log a reply that broke off after its head: the error's words (which may quote the
+    reply) only at DEBUG."""
+    log.warning(
+        "model %r at %s: the reply broke off mid-stream (%s); not retried, since part of it "
+        "may have arrived", reporter.model, reporter.host, type(error).__name__,
+    )
+    log.debug("model %r at %s: %s", reporter.model, reporter.host, error)
 
 
 async def _drain(rest: AsyncGenerator[bytes, None]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
@@ -17,7 +16,6 @@ __all__ = [
     "encode_value",
     "first_bad",
     "parse_array",
-    "warn_torn",
 ]
 
 # The compact form of transcript.dumps, built once; NaN is refused, as validate() would
@@ -61,16 +59,6 @@ def first_bad(items: Sequence[str | bytes]) -> tuple[int, str] | None:
         except ValueError as error:
             return position, str(error)
     return None
-
-
-def warn_torn(where: str, what: str) -> None:
-    """Warn that the last record at ``where`` was cut short and is being ignored."""
-    warnings.warn(
-        f"{where}: ignoring a torn last record ({what}); it was cut short when the writing "
-        "process died, and the next writer of this session removes it",
-        RuntimeWarning,
-        stacklevel=4,
-    )
 
 
 def encode_value(value: Any, what: str, session: str) -> str:

@@ -21,7 +21,6 @@ from aimu.aio.store._codec import (
     encode_value,
     first_bad,
     parse_array,
-    warn_torn,
 )
 from aimu.aio.store._files import fsync_dir, make_private_dirs, open_private
 from aimu.aio.store._fsync import DataFile, FileSyncer
@@ -34,6 +33,7 @@ from aimu.aio.store._protocol import (
     check_status,
     validate_session_name,
 )
+from aimu.aio.store._report import note_unfinished, warn_torn
 from aimu.aio.transcript import Message, validate
 
 __all__ = ["JSONLStore"]
@@ -310,8 +310,9 @@ class _JSONLWriter(WriterBase):
                 self._journal[start["call_id"]] = _meta_line(tool_start=start)
             if isinstance(record.get("state"), dict):
                 self._state = _meta_line(state=record["state"])
+        note_unfinished(str(path), session, self._status)
         if scan.torn is not None:
-            warn_torn(str(path), scan.torn)
+            warn_torn(str(path), scan.torn, repaired=True)
             # Cut the torn tail off before appending after it.
             try:
                 with open(path, "r+b") as handle:

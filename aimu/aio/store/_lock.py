@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store._files import open_private
+from aimu.aio.store._report import note_locked
 
 __all__ = ["SessionLock"]
 
@@ -58,6 +59,7 @@ class SessionLock:
                     raise StoreError(
                         f"session {session!r}: cannot lock {self.path}: {error}"
                     ) from error
+                note_locked(session, holder)
                 raise SessionLockedError(
                     f"session {session!r} is already open for writing by {holder} "
                     f"(lock file {self.path}); close that writer first. Reading the session "

@@ -28,6 +28,7 @@ from aimu.aio.store._protocol import (
     session_info,
     validate_session_name,
 )
+from aimu.aio.store._report import note_locked, note_unfinished
 from aimu.aio.transcript import Message, validate
 
 try:
@@ -382,6 +383,7 @@ class PostgresStore:
             )
         except _DRIVER as error:
             raise self._fail(error, f"lock session {session!r}") from error
+        note_locked(session, _holder(holder))
         raise SessionLockedError(
             f"session {session!r} is already open for writing by {_holder(holder)} "
             f"(an advisory lock in {self._where}, schema {self.schema!r}); close that writer "
@@ -398,6 +400,7 @@ class PostgresStore:
                     _lock_key(self.schema, session),
                 )
                 if not free:
+                    note_locked(session, "another writer")
                     raise SessionLockedError(
                         f"session {session!r} is open for writing (an advisory lock in "
                         f"{self._where}); close that writer before deleting it"
@@ -462,12 +465,14 @@ class _PostgresWriter:
         conn = self._live("open the session")
         row = await conn.fetchrow(
             f"SELECT (SELECT max(seq) FROM {self._s}.messages WHERE session = $1), "
-            f"EXISTS (SELECT 1 FROM {self._s}.sessions WHERE name = $1)",
+            f"EXISTS (SELECT 1 FROM {self._s}.sessions WHERE name = $1), "
+            f"(SELECT status FROM {self._s}.sessions WHERE name = $1)",
             self.session,
         )
         assert row is not None
         self._next_seq = 0 if row[0] is None else row[0] + 1
         self._has_row = bool(row[1])
+        note_unfinished(str(self._store._where), self.session, row[2])
 
     def _live(self, what: str) -> asyncpg.Connection:
         if self._broken is not None:

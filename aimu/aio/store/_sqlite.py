@@ -22,7 +22,6 @@ from aimu.aio.store._codec import (
     encode_value,
     first_bad,
     parse_array,
-    warn_torn,
 )
 from aimu.aio.store._files import make_private_dirs, open_private
 from aimu.aio.store._lock import SessionLock
@@ -34,6 +33,7 @@ from aimu.aio.store._protocol import (
     session_info,
     validate_session_name,
 )
+from aimu.aio.store._report import note_unfinished, warn_torn
 from aimu.aio.transcript import Message, validate
 
 __all__ = ["SQLiteStore"]
@@ -406,19 +406,20 @@ class _SQLiteWriter(WriterBase):
         # Only the last row can be torn; rows before it are checked on load.
         with store._transaction(f"open session {session!r}") as conn:
             last = conn.execute(_LAST.format("seq, body", "?"), (session,)).fetchone()
-            self._has_row = conn.execute(
-                "SELECT 1 FROM sessions WHERE name = ?", (session,)
-            ).fetchone() is not None
+            row = conn.execute("SELECT status FROM sessions WHERE name = ?", (session,)).fetchone()
+            self._has_row = row is not None
             if last is not None:
                 try:
                     json.loads(last[1])
                 except ValueError as error:
-                    warn_torn(f"{store.path}: session {session!r} row seq={last[0]}", str(error))
+                    where = f"{store.path}: session {session!r} row seq={last[0]}"
+                    warn_torn(where, str(error), repaired=True)
                     conn.execute(
                         "DELETE FROM messages WHERE session = ? AND seq = ?", (session, last[0])
                     )
                     last = (last[0] - 1, None)
         self._next_seq = 0 if last is None else last[0] + 1
+        note_unfinished(str(store.path), session, None if row is None else row[0])
 
     async def load(self) -> list[Message]:
         self._check_open("load")

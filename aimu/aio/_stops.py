@@ -1,0 +1,73 @@
+"""How a run that did not complete stopped, and why: one verdict for the log and the span.
+
+Every agent run that ends other than ``completed`` logs one INFO record on
+``aimu.aio.agent`` (a stop is not the happy path, and not an error: the caller has the
+outcome). The reason names things (a cancel's reason, the tools waiting, an error's
+type), never a message's contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aimu.aio.scope import RunScope
+
+__all__ = ["Stop", "log", "stop_of"]
+
+log = logging.getLogger("aimu.aio.agent")
+
+# asyncio runs a timer up to one clock tick early: a deadline "passed" within a tick.
+_TICK = time.get_clock_info("monotonic").resolution
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """How a run ended for its span and log: the status (``timed_out`` for a cancel its
+    deadline made) and why, when known."""
+
+    status: str
+    reason: str | None = None
+
+    def log(self, agent: str) -> None:
+        if self.status != "completed":
+            why = f": {self.reason}" if self.reason else ""
+            log.info("agent %r: the run ended %s%s", agent, self.status, why)
+
+
+def stop_of(
+    status: str,
+    error: BaseException | None,
+    scope: RunScope,
+    waiting: Sequence[str] = (),
+    max_rounds: int = 0,
+) -> Stop:
+    """The :class:`Stop` of a run that ended with ``status``, by ``error`` (if any);
+    ``waiting`` names the calls a paused run waits on."""
+    if status == "cancelled":
+        if _past_deadline(scope):
+            return Stop("timed_out", "deadline passed")
+        if isinstance(error, GeneratorExit):
+            return Stop(status, "the consumer closed the event stream")
+        if error is not None and error.args and isinstance(error.args[0], str):
+            return Stop(status, error.args[0])
+        return Stop(status)
+    if status == "failed":
+        return Stop(status, None if error is None else type(error).__name__)
+    if status == "paused":
+        return Stop(status, f"tool calls wait for approval: {', '.join(waiting)}")
+    if status == "max_rounds":
+        return Stop(status, f"the limit of {max_rounds} tool rounds was reached")
+    if status == "interrupted":
+        return Stop(status, "interrupt requested; stopped at a step boundary")
+    return Stop(status)
+
+
+def _past_deadline(scope: RunScope) -> bool:
+    deadline = scope.deadline
+    if deadline is None:
+        return False
+    return asyncio.get_running_loop().time() + _TICK >= deadline
