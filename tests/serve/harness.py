@@ -52,10 +52,14 @@ def script(request: Mapping[str, Any]) -> Turn:
     """``long ...``: a slow reply; ``tool ...``: a slow turn calling lookup, then an answer;
     ``mail ...``: a call of send_email (needs approval), then its result read back;
     ``mails ...``: two calls of send_email in one turn, then their results read back;
-    ``short N``: N quick chunks; anything else: "answer to <it>"."""
+    ``short N``: N quick chunks; ``gate N W``: N rounds calling gated_lookup, then W words;
+    ``wire W``: a call of gated_wire (needs approval), then W words; anything else:
+    "answer to <it>"."""
     said = last_user(request)
     messages = request.get("messages") or []
     after_tool = bool(messages) and messages[-1].get("role") == "tool"
+    if said.startswith(("gate ", "wire ")):
+        return gated_turn(said, messages)
     if said.startswith("long"):
         return Turn(text=LONG, delay=LONG_DELAY)
     if said.startswith("tool") and not after_tool:
@@ -78,6 +82,90 @@ def script(request: Mapping[str, Any]) -> Turn:
         count = int(said.split()[1])
         return Turn(text=" ".join(f"c{i}" for i in range(count)), delay=0.005)
     return Turn(text=f"answer to {said}")
+
+
+def gated_turn(said: str, messages: list[dict[str, Any]]) -> Turn:
+    """The turns of ``gate N W`` and ``wire W`` (see :func:`script`)."""
+    words = said.split()
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    results = sum(1 for m in messages[users[-1]:] if m.get("role") == "tool") if users else 0
+    if words[0] == "gate":
+        rounds, length, tool = int(words[1]), int(words[2]), "gated_lookup"
+    else:
+        rounds, length, tool = 1, int(words[1]), "gated_wire"
+    if results < rounds:
+        return Turn(text="calling ", tool_calls=(ScriptedCall(tool, {"query": said}),))
+    delay = 0.0 if GATE.hurry else LONG_DELAY
+    return Turn(text=" ".join(f"w{i}" for i in range(length)), delay=delay)
+
+
+class Gate:
+    """Holds every call of the gated tools until the test opens it; counts the calls
+    entered. Works across threads: the app runs under Uvicorn in its own thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entered = 0
+        self._opened = False
+        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._changed = threading.Condition(self._lock)
+
+        self.hurry = False
+        """The long replies of gated_turn stream at once (the stop under test landed)."""
+
+    def reset(self) -> None:
+        with self._lock:
+            self._entered, self._opened, self._waiting = 0, False, []
+            self.hurry = False
+
+    async def hold(self) -> None:
+        event = asyncio.Event()
+        with self._lock:
+            self._entered += 1
+            self._changed.notify_all()
+            if self._opened:
+                return
+            self._waiting.append((asyncio.get_running_loop(), event))
+        await event.wait()
+
+    def release(self) -> None:
+        """Let the calls held now go on (later ones are held again)."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for loop, event in waiting:
+            loop.call_soon_threadsafe(event.set)
+
+    def open(self) -> None:
+        """Let every held call go on, and the later ones through."""
+        with self._lock:
+            self._opened = True
+        self.release()
+
+    async def entered(self, count: int) -> None:
+        """Wait until ``count`` gated calls have started (a provable point)."""
+
+        def wait() -> bool:
+            with self._lock:
+                return self._changed.wait_for(lambda: self._entered >= count, 30)
+
+        assert await asyncio.to_thread(wait), f"{self._entered} of {count} gated calls entered"
+
+
+GATE = Gate()
+
+
+@aio.tool
+async def gated_lookup(query: str) -> str:
+    """Look something up, slowly (held by the test's gate)."""
+    await GATE.hold()
+    return f"found {query}"
+
+
+@aio.tool(approval=True)
+async def gated_wire(query: str) -> str:
+    """Wire money (a person approves it first; held by the test's gate)."""
+    await GATE.hold()
+    return f"wired {query}"
 
 
 def lookup(query: str) -> str:
@@ -142,7 +230,8 @@ class Served:
 
 def make_app(model: LoopbackServer, store: Path, **options: Any) -> ServeApp:
     client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
-    return app(client, store=store, tools=[lookup, send_email], **options)
+    tools = [lookup, send_email, gated_lookup, gated_wire]
+    return app(client, store=store, tools=tools, **options)
 
 
 @pytest.fixture
