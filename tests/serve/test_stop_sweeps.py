@@ -36,8 +36,14 @@ def words(action: str) -> int:
     return 100 if action == "interrupt" else 400
 
 
-async def requests_at_least(served: Served, count: int) -> None:
-    await served.model.wait_requests(count, timeout=30)
+async def reach(served: Served, point: str, *, tool_calls: int, requests: int) -> None:
+    """Wait for ``point``: ``accepted`` (now), ``tool`` (the ``tool_calls``-th gated call
+    entered) or ``model`` (the gate open, the model server read request ``requests``)."""
+    if point == "tool":
+        await GATE.entered(tool_calls)
+    elif point == "model":
+        GATE.open()
+        await served.model.wait_requests(requests, timeout=30)
 
 
 async def paused_run(http: httpx.AsyncClient, session: str, task: str) -> str:
@@ -61,11 +67,7 @@ async def test_a_stop_in_a_run_a_decision_resumed(
     streams = len(served.model.streams)
     requests = len(served.model.requests)
     run_id = await paused_run(http, session, f"wire {words(action)}")
-    if point == "tool":
-        await GATE.entered(1)
-    elif point == "model":
-        GATE.open()
-        await requests_at_least(served, requests + 2)  # the pausing turn, the long reply
+    await reach(served, point, tool_calls=1, requests=requests + 2)  # pausing turn, reply
     await stop_and_check(http, served, Case(session, run_id, action, point, streams))
 
 
@@ -84,10 +86,7 @@ async def test_a_stop_in_the_work_a_send_started(
     sent = await http.post(f"/runs/{run_id}/send", json={"text": text})
     assert sent.status_code == 202, sent.text
     GATE.release()  # the held call returns; at the step boundary the text joins
-    if point == "tool":
-        await GATE.entered(2)  # the sent text's turn called the gated tool
-    else:
-        await requests_at_least(served, requests + 1)  # the long reply to the sent text
+    await reach(served, point, tool_calls=2, requests=requests + 1)  # the sent text's turn
     await stop_and_check(http, served, Case(session, run_id, action, point, streams))
     user = [m["content"] for m in await transcript(http, session) if m["role"] == "user"]
     assert user == ["gate 1 3", text, "short 2"]  # the sent text joined once
@@ -110,11 +109,7 @@ async def test_a_stop_in_a_run_a_resume_started(
     resumed = await http.post(f"/sessions/{session}/resume")
     assert resumed.status_code == 202, resumed.text
     run_id = resumed.json()["run_id"]
-    if point == "tool":
-        await GATE.entered(2)
-    elif point == "model":
-        GATE.open()
-        await requests_at_least(served, requests + 2)  # the second call, the long reply
+    await reach(served, point, tool_calls=2, requests=requests + 2)  # second call, reply
     await stop_and_check(http, served, Case(session, run_id, action, point, streams))
 
 
