@@ -15,8 +15,13 @@ from __future__ import annotations
 
 __all__ = ["CLAIM", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE"]
 
-#: KEYS run, lease, runs, requests; ARGV worker, lease_ms, now, name, info, run_id, fresh.
-#: -> {'ok', requests_seen, pending requests} | {'busy', holder} | {'finished', status}
+#: How many of the oldest listed runs each registration checks, dropping those whose
+#: record expired: the runs list stays bounded without anyone calling runs().
+PRUNE = 32
+
+#: KEYS run, lease, runs, requests; ARGV worker, lease_ms, now, name, info, run_id, fresh,
+#: run key prefix, PRUNE. -> {'ok', requests_seen, pending requests} | {'busy', holder}
+#: | {'finished', status}
 REGISTER = """
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return {'busy', holder} end
@@ -41,6 +46,9 @@ redis.call('HSETNX', KEYS[1], 'created_at', ARGV[3])
 redis.call('PERSIST', KEYS[1])
 redis.call('PERSIST', KEYS[4])
 redis.call('ZADD', KEYS[3], 'NX', ARGV[3], ARGV[6])
+for _, old in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[9]) - 1)) do
+  if redis.call('EXISTS', ARGV[8] .. old) == 0 then redis.call('ZREM', KEYS[3], old) end
+end
 local seen = redis.call('HGET', KEYS[1], 'requests_seen') or '0-0'
 return {'ok', seen, redis.call('XRANGE', KEYS[4], '(' .. seen, '+')}
 """

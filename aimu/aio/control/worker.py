@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from aimu.aio.control import scripts
 from aimu.aio.control.codec import encode_event
 from aimu.aio.events import Event, HandleFinished, TextChunk, ThinkingChunk
 
@@ -319,6 +320,8 @@ class Worker:
                 run.info,
                 run.run_id,
                 "0" if run.was_registered else "1",
+                keys.run(""),
+                scripts.PRUNE,
             ],
             client=pipe,
         )

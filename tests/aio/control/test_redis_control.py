@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aimu import aio
+from aimu.aio.control.scripts import PRUNE
 from aimu.aio.events import HandleFinished, TextChunk, ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
@@ -236,3 +237,18 @@ async def test_a_paused_run_reads_paused_everywhere(
     assert handle.status == "paused"
     assert info.status == "paused" and info.done
     assert (await control.status(run_id)).status == "paused"
+
+
+async def test_registering_a_run_drops_expired_runs_from_the_list(
+    agent: aio.Agent, worker: aio.RedisControl, control: aio.RedisControl, prefix: str
+) -> None:
+    client = control._client
+    alive = await control.reserve()  # listed, its record alive: kept
+    # Runs whose records expired: listed until a registration (not only runs()) drops them.
+    await client.zadd(f"{prefix}:runs", {f"gone{i}": 0.5 + i for i in range(40)})
+    handle = aio.RunHandle.start(agent.run("quick"), control=worker)
+    run_id = await worker.registered(handle)
+    listed = set(await client.zrange(f"{prefix}:runs", 0, -1))
+    assert {alive, run_id} <= listed
+    assert len([i for i in listed if i.startswith("gone")]) == 40 - PRUNE
+    await control.wait(run_id, timeout=10)
