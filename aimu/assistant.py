@@ -23,6 +23,7 @@ import datetime
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -30,7 +31,7 @@ import time
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +40,10 @@ from typing import Annotated, Any, TextIO
 from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
 from aimu.aio.client import client as make_model_client
-from aimu.aio.errors import AimuError
+from aimu.aio.errors import AimuError, ModelConnectionError
 from aimu.aio.events import (
     Event,
+    ModelRetry,
     RunFinished,
     TextChunk,
     ThinkingChunk,
@@ -90,6 +92,12 @@ _HELP = (
     ("/help", "show this help"),
     ("/quit", "exit once the running turn and the queued input are done"),
 )
+# What to check when the model server cannot be reached, in the chat's own terms (the
+# library's hint names the client's arguments).
+_CLI_HINTS = {
+    "ollama": "is Ollama running there? set OLLAMA_HOST, or chat offline with --model test",
+    "openai": "is the server running? set OPENAI_BASE_URL, or chat offline with --model test",
+}
 _KEYS = (
     "Input typed while a turn runs is queued and answered in order (after /join it joins "
     "the running turn at its next step instead). Ctrl+C interrupts "
@@ -256,9 +264,21 @@ def _as_message(text: str) -> str | None:
     return text[1:] if text.startswith("//") else None
 
 
-def _error_line(error: BaseException) -> str:
+def _error_line(error: BaseException, client: ModelClient | None = None) -> str:
+    """The first line of ``error``'s message; a connection error gets the chat's hint."""
     lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+    line = lines[0] if lines else type(error).__name__
+    if isinstance(error, ModelConnectionError) and client is not None:
+        line = _in_chat_terms(line, client)
+    return line
+
+
+def _in_chat_terms(text: str, client: ModelClient) -> str:
+    """``text`` with ``client``'s hint (which names its arguments) in the chat's terms."""
+    hint = getattr(client, "hint", None)
+    if isinstance(hint, str) and client.provider in _CLI_HINTS:
+        return text.replace(hint, _CLI_HINTS[client.provider])
+    return text
 
 
 def _describe(message: Message) -> str:
@@ -308,7 +328,14 @@ class Assistant:
         self._out = out if out is not None else sys.stdout
         self._err = err if err is not None else sys.stderr
         self._prompt = prompt
-        self._colour = colour
+        # colour=True is the editor's mode (aimu._terminal): it also holds the line still
+        # streaming for the prompt to draw. Any terminal gets colour (unless NO_COLOR is
+        # set) and sees a model's or a tool's control characters escaped, never acted on.
+        self._editor = colour
+        on_terminal = colour or _is_tty(self._out)
+        self._escape = on_terminal
+        self._colour = on_terminal and not os.environ.get("NO_COLOR")
+        self._err_colour = (colour or _is_tty(self._err)) and not os.environ.get("NO_COLOR")
         self._join = join
         # The tool call whose "approve? [y/N]" the next plain line answers.
         self._asking: str | None = None
@@ -381,7 +408,7 @@ class Assistant:
     def _write(self, text: str) -> None:
         if not text:
             return
-        if self._colour:
+        if self._editor:
             # On a terminal whole lines go above the input line; the line still streaming
             # is shown by the prompt (partial_line), which redraws in place.
             done, newline, self._partial = (self._partial + text).rpartition("\n")
@@ -394,9 +421,29 @@ class Assistant:
         self._out.flush()
         self._at_line_start = text.endswith("\n")
 
+    def _retrying(self, event: Event) -> None:
+        """Say on ``err`` that the model request is retried, rather than wait in silence."""
+        if isinstance(event, ModelRetry):
+            self._waiting = f"retrying the model (attempt {event.attempt + 1})"
+            hint = getattr(self._client, "hint", None)  # for the error, if retries fail
+            error = event.error.replace(f"; {hint}", "") if isinstance(hint, str) else event.error
+            text = f"(retry {event.attempt} in {event.delay:.1f}s: {_one_line(error)})"
+            self._to_err(text, "note")
+
+    def _to_err(self, text: str, kind: str) -> None:
+        """``text`` as a line on ``err``, after the output so far (same terminal)."""
+        self._end_line()
+        if self._err is self._out:
+            self._line(text, kind)
+            return
+        if self._err_colour:
+            text = f"{_COLOURS[kind]}{text}\x1b[0m"
+        self._err.write(f"{text}\n")
+        self._err.flush()
+
     @property
     def partial_line(self) -> str:
-        """On a terminal (``colour=True``): the reply's line still streaming, not yet printed."""
+        """In the editor (``colour=True``): the reply's line still streaming, not yet printed."""
         return self._partial
 
     def _line(self, text: str, kind: str = "") -> None:
@@ -414,15 +461,9 @@ class Assistant:
             self._write("\n")
 
     def _error(self, text: str) -> None:
-        """One ``error: text`` line on ``err``, after the output so far (same terminal)."""
-        self._end_line()
-        if self._err is self._out:
-            self._line(f"error: {text}", "error")
-            return
-        if self._colour:
-            text = f"{_COLOURS['error']}{text}\x1b[0m"
-        self._err.write(f"error: {text}\n")
-        self._err.flush()
+        """One ``error: text`` line on ``err``, after the output so far (same terminal);
+        its control characters escaped (a server's words may carry them)."""
+        self._to_err(f"error: {_printable(text)}", "error")
 
     def _show_prompt(self) -> None:
         if self._prompt and self._current is None and not self._backlog:
@@ -443,15 +484,16 @@ class Assistant:
         if isinstance(event, TextChunk):
             self._waiting = None
             # On a terminal a model's escape sequences would act on it: show them instead.
-            self._write(_printable(event.text) if self._colour else event.text)
+            self._write(_printable(event.text) if self._escape else event.text)
         elif isinstance(event, ToolCallStarted):
-            self._waiting = f"running {event.name}"
+            name = _one_line(event.name)  # the model named it: maybe no tool of ours
+            self._waiting = f"running {name}"
             arguments = _arguments_text(event.arguments)
-            self._line(f"[calling {event.name}({_one_line(arguments)})]", "tool")
+            self._line(f"[calling {name}({_one_line(arguments)})]", "tool")
         elif isinstance(event, ToolResult):
             self._waiting = "waiting for the model"
             verb = "failed" if event.is_error else "→"
-            self._line(f"[{event.name} {verb} {_one_line(event.content)}]", "tool")
+            self._line(f"[{_one_line(event.name)} {verb} {_one_line(event.content)}]", "tool")
 
     # -- input ---------------------------------------------------------------------
 
@@ -557,38 +599,6 @@ class Assistant:
             self._exit_requested = True
             self._wake.set()
 
-    def _read_stdin(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read stdin lines in a thread (works for pipes, ttys, files and /dev/null)."""
-
-        def post(callback: Callable[..., None], *args: object) -> bool:
-            try:
-                loop.call_soon_threadsafe(callback, *args)
-            except RuntimeError:  # the loop has closed: nobody is listening any more
-                return False
-            return True
-
-        try:
-            fd = sys.stdin.fileno() if sys.stdin is not None else -1
-        except (OSError, ValueError):
-            fd = -1
-        pending = b""
-        try:
-            while fd >= 0:
-                # os.read, not sys.stdin: it holds no lock that interpreter exit would need.
-                data = os.read(fd, 65536)
-                if not data:
-                    break
-                pending += data
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    if not post(self.submit, raw.decode(errors="replace")):
-                        return
-            if pending:
-                post(self.submit, pending.decode(errors="replace"))
-        except OSError:
-            pass
-        post(self.end_input)
-
     # -- serving -------------------------------------------------------------------
 
     async def serve(
@@ -606,17 +616,7 @@ class Assistant:
         await self.open()
         self._serving = True
         loop = asyncio.get_running_loop()
-        editor: asyncio.Task[None] | None = None
-        if terminal is not None:
-            from aimu._terminal import read_lines
-
-            editor = asyncio.create_task(read_lines(self, terminal), name="aimu-chat-input")
-            editor.add_done_callback(lambda _: self.end_input())
-        elif stdin:
-            reader = threading.Thread(
-                target=self._read_stdin, args=(loop,), name="aimu-chat-stdin", daemon=True
-            )
-            reader.start()
+        stop_reading = self._read_input(stdin, terminal)
         restore_sigint = self._wire_sigint(loop) if sigint else None
         try:
             self._banner()
@@ -647,9 +647,7 @@ class Assistant:
                         break
                 await self._wake.wait()
         finally:
-            if editor is not None:
-                editor.cancel()
-                await asyncio.wait([editor])  # ours to cancel: its CancelledError stays in it
+            await stop_reading()
             if restore_sigint is not None:
                 restore_sigint()
             try:
@@ -657,6 +655,30 @@ class Assistant:
             finally:
                 self._serving = False
         return 1 if self._last_turn_failed else 0
+
+    def _read_input(
+        self, stdin: bool, terminal: Path | None
+    ) -> Callable[[], Coroutine[Any, Any, None]]:
+        """Start reading lines (the editor, or stdin); return what stops the reading."""
+        if terminal is not None:
+            from aimu._terminal import read_lines
+
+            editor = asyncio.create_task(read_lines(self, terminal), name="aimu-chat-input")
+            editor.add_done_callback(lambda _: self.end_input())
+
+            async def stop_editor() -> None:
+                editor.cancel()
+                await asyncio.wait([editor])  # ours to cancel: its CancelledError stays in it
+
+            return stop_editor
+        reader = _StdinReader(asyncio.get_running_loop(), self.submit, self.end_input)
+        if stdin:
+            reader.start()
+
+        async def stop_stdin() -> None:
+            reader.stop()
+
+        return stop_stdin
 
     def _wire_sigint(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
         """Send Ctrl+C to :meth:`_on_sigint`; return what puts the previous handler back.
@@ -756,6 +778,8 @@ class Assistant:
         self._turns += 1
         handle = RunHandle.start(self._turn(self._agent, task), name=f"turn {self._turns}")
         handle.add_done_callback(lambda _: self._wake.set())
+        # A retry is told to the run's scope (the handle), not in the agent's events.
+        handle.add_listener(lambda event: self._retrying(event))
         self._current = _Turn(handle)
 
     async def _turn(self, agent: Agent, task: str | None) -> RunFinished:
@@ -784,7 +808,7 @@ class Assistant:
             finished = await handle
         except AimuError as error:
             self._last_turn_failed = True
-            self._error(_error_line(error))
+            self._error(_error_line(error, self._client))
             return
         except BrokenPipeError:  # our own output went away: nobody to tell
             raise
@@ -919,6 +943,89 @@ class Assistant:
         for command, meaning in _HELP:
             self._line(f"  {command:<{width}} {meaning}")
         self._line(_KEYS)
+
+
+class _StdinReader:
+    """Reads stdin lines in a daemon thread (pipes, ttys, files, /dev/null) and posts them
+    to the loop; :meth:`stop` ends the thread once serving ends, so that it neither stays
+    blocked on stdin nor takes lines meant for whatever reads stdin next (POSIX: the
+    thread waits in ``select`` on stdin and a wake-up pipe; elsewhere it stays blocked
+    in its read until a line or EOF comes, and then ends without taking it)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        submit: Callable[[str], None],
+        end_input: Callable[[], None],
+    ) -> None:
+        self._loop = loop
+        self._submit = submit
+        self._end_input = end_input
+        self._stopped = False
+        self._wake: tuple[int, int] | None = None
+        self.thread = threading.Thread(target=self._run, name="aimu-chat-stdin", daemon=True)
+
+    def start(self) -> None:
+        if sys.platform != "win32":
+            self._wake = os.pipe()
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Serving ended: the thread reads no more (call on the loop's thread)."""
+        self._stopped = True
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(wake[1], b"x")
+            os.close(wake[1])  # the thread closes the read end as it ends
+
+    def _post(self, callback: Callable[..., None], *args: object) -> bool:
+        if self._stopped:
+            return False
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            return False
+        return True
+
+    def _readable(self, fd: int) -> bool:
+        """Wait until ``fd`` has input (True) or :meth:`stop` was called (False)."""
+        wake = self._wake
+        if wake is None:
+            return not self._stopped
+        ready, _, _ = select.select([fd, wake[0]], [], [])
+        return wake[0] not in ready and not self._stopped
+
+    def _run(self) -> None:
+        wake = self._wake
+        try:
+            self._read()
+        finally:
+            if wake is not None:
+                os.close(wake[0])
+
+    def _read(self) -> None:
+        try:
+            fd = sys.stdin.fileno() if sys.stdin is not None else -1
+        except (OSError, ValueError):
+            fd = -1
+        pending = b""
+        try:
+            while fd >= 0 and self._readable(fd):
+                # os.read, not sys.stdin: it holds no lock that interpreter exit would need.
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    if not self._post(self._submit, raw.decode(errors="replace")):
+                        return
+            if pending:
+                self._post(self._submit, pending.decode(errors="replace"))
+        except OSError:
+            pass
+        self._post(self._end_input)
 
 
 # --------------------------------------------------------------------------- running

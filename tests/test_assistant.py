@@ -11,6 +11,8 @@ import asyncio
 import io
 import os
 import signal
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -782,3 +784,36 @@ async def test_in_join_mode_a_line_typed_during_a_turn_joins_it(store: SQLiteSto
     screen.send("/join")
     await screen.expect("(lines typed during a turn now queue after it)\n")
     assert await screen.finish() == 0
+
+
+async def test_a_tool_name_a_model_makes_up_is_shown_escaped(store: SQLiteStore) -> None:
+    model = ScriptedModel([Turn(tool_calls=(ScriptedCall("wipe\x1b[2J"),)), Turn(text="ok")])
+    screen = Screen.of(model, store, tools=(), colour=True)
+    screen.send("hi")
+    await screen.expect("[calling wipe\\x1b[2J()]")
+    await screen.expect("[wipe\\x1b[2J failed ")
+    assert "\x1b[2J" not in screen.out.getvalue()
+    assert await screen.finish() == 0
+
+
+async def test_the_stdin_reader_ends_with_serve_and_leaves_later_input_unread(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(read_end, "rb", buffering=0))
+    out = io.StringIO()
+    assistant = Assistant(ScriptedModel(chat_script), store, out=out, err=out, tools=())
+    os.write(write_end, b"hello\n/quit\n")  # stdin stays open: a terminal, or a pipe
+    try:
+        assert await assistant.serve(stdin=True) == 0
+        await assistant.aclose()
+        assert "answer to hello" in out.getvalue()
+        readers = [t for t in threading.enumerate() if t.name == "aimu-chat-stdin"]
+        for reader in readers:
+            reader.join(10)  # a bound, not a measure: it ends as serve() returns
+        assert not any(reader.is_alive() for reader in readers)
+        os.write(write_end, b"for the next reader\n")
+        assert os.read(read_end, 100) == b"for the next reader\n"  # not taken by the chat
+    finally:
+        os.close(write_end)
+        sys.stdin.close()

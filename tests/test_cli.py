@@ -48,6 +48,8 @@ def script(request: Mapping[str, Any]) -> Turn:
         return Turn(text=LONG, delay=0.03)
     if said == "fail":
         return Turn(fault="http_500")
+    if said == "slow":  # no byte for a minute: only a stop ends the wait
+        return Turn(text="late", first_byte_delay=60)
     return Turn(text=f"answer to {said}")
 
 
@@ -93,6 +95,9 @@ def research(topic: str, ctx: ToolContext) -> str:
 
 sys.exit(main(sys.argv[1:], tools=[research]))
 """
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # SGR: the colours a terminal gets
 
 
 class Chat:
@@ -157,8 +162,13 @@ class Chat:
 
     @property
     def output(self) -> str:
+        """What the chat printed; on a terminal, without its colours (see ``raw``)."""
         text = self._output.decode(errors="replace")
-        return text.replace("\r\n", "\n") if self.tty else text
+        return _COLOUR.sub("", text.replace("\r\n", "\n")) if self.tty else text
+
+    @property
+    def raw(self) -> str:
+        return self._output.decode(errors="replace")
 
     @property
     def errors(self) -> str:
@@ -347,7 +357,15 @@ def test_usage_errors_go_to_stderr_and_exit_2(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
 
 
-def test_unreachable_server_prints_one_line_and_keeps_serving(
+def error_after_retries(chat: Chat) -> tuple[list[str], str]:
+    """The chat's stderr lines up to its next ``error:`` line: the retry notes, the error."""
+    retries: list[str] = []
+    while not (line := chat.expect_error("\n")).startswith("error: "):
+        retries.append(line)
+    return retries, line
+
+
+def test_unreachable_server_says_it_retries_prints_one_line_and_keeps_serving(
     tmp_path: Path, chats: list[Chat]
 ) -> None:
     with socket.socket() as probe:  # a port nobody listens on
@@ -355,16 +373,24 @@ def test_unreachable_server_prints_one_line_and_keeps_serving(
         port = probe.getsockname()[1]
     chat = start(chats, "--model", "ollama:llama3", env=environment(tmp_path, f"127.0.0.1:{port}"))
     chat.send("hello")
-    line = chat.expect_error("\n")
+    # A server coming up is waited for, and the chat says so, in one line per retry.
+    retries, line = error_after_retries(chat)
+    assert len(retries) == 3, retries
+    for attempt, retry in enumerate(retries, 1):
+        assert re.fullmatch(
+            rf"\(retry {attempt} in [0-9.]+s: cannot connect to Ollama at "
+            rf"http://127\.0\.0\.1:{port} \(.+\)\)\n",
+            retry,
+        ), retry
     assert re.fullmatch(
         rf"error: cannot connect to Ollama at http://127\.0\.0\.1:{port} \(.+\); "
-        r"is Ollama running\? set OLLAMA_HOST or use --model test\n",
+        r"is Ollama running there\? set OLLAMA_HOST, or chat offline with --model test\n",
         line,
     ), line
     chat.send("/history")
     assert chat.expect("1 user: hello\n").startswith("session 'default': 1 messages\n")
     chat.send("again")
-    assert chat.expect_error("\n").startswith(
+    assert error_after_retries(chat)[1].startswith(
         f"error: cannot connect to Ollama at http://127.0.0.1:{port}"
     )
     chat.close_input()
@@ -661,4 +687,39 @@ def test_on_a_terminal_ctrl_c_is_a_key_with_the_same_meaning(
     chat.expect(" Enter sends")
     chat.press("\x03")  # a third press: exit
     chat.expect("(bye)")
+    assert chat.wait() == 0
+
+
+def test_on_a_plain_terminal_notes_are_coloured_and_a_reply_cannot_drive_it(
+    tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = environment(tmp_path, "127.0.0.1:9")
+    chat = start(chats, "--model", "test", "--plain", "--no-tools", env=env, tty=True)
+    chat.send("clear \x1b[2J and retitle \x1b]0;owned\x07 this")  # the test model says it back
+    chat.expect("You said: clear \\x1b[2J and retitle \\x1b]0;owned\\x07 this\n")
+    chat.send("/history")
+    chat.expect("assistant: You said: clear \\x1b[2J and retitle \\x1b]0;owned\\x07 this\n")
+    chat.send("/stop")
+    chat.expect("(nothing to stop: no turn is running)\n")
+    chat.close_input()
+    assert chat.wait() == 0
+    # The terminal echoes what was typed as ^[ (ECHOCTL); what the chat printed is escaped.
+    assert "\x1b[2J" not in chat.raw and "\x1b]0;" not in chat.raw
+    assert "\x1b[2m(nothing to stop" in chat.raw  # a note, dimmed
+
+
+def test_on_a_terminal_a_spinner_shows_while_the_first_token_is_awaited(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = {**environment(tmp_path, server.url.removeprefix("http://")), "TERM": "xterm-256color"}
+    chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+    chat.expect(" Enter sends")
+    chat.press("slow\r")  # the server sends no byte for a minute
+    chat.expect("waiting for the model…")
+    chat.press("\x03")
+    chat.expect("press Ctrl+C again to stop now)")
+    chat.press("\x03")
+    chat.expect("(stopped)")
+    chat.expect(" Enter sends")
+    chat.press("\x04")
     assert chat.wait() == 0

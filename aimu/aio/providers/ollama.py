@@ -98,7 +98,7 @@ class OllamaClient(HTTPModelClient):
 
     provider = "ollama"
     service = "Ollama"
-    hint = "is Ollama running? set OLLAMA_HOST or use --model test"
+    hint = "is Ollama running there? host= or OLLAMA_HOST sets the address"
 
     def __init__(
         self,

@@ -105,7 +105,7 @@ class OpenAIClient(HTTPModelClient):
 
     provider = "openai"
     service = "the OpenAI-compatible server"
-    hint = "is the server running? check base_url= / OPENAI_BASE_URL, or use --model test"
+    hint = "is the server running? check base_url= / OPENAI_BASE_URL"
 
     def __init__(
         self,

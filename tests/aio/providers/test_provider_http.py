@@ -244,7 +244,7 @@ async def test_a_refused_connection_fails_fast_naming_the_host(provider: str) ->
     model: ModelClient
     if provider == "ollama":
         model = OllamaClient("llama-test", host=f"127.0.0.1:{port}", retries=0)
-        hint = "is Ollama running? set OLLAMA_HOST or use --model test"
+        hint = "is Ollama running there? host= or OLLAMA_HOST sets the address"
     else:
         model = OpenAIClient(
             "gpt-test", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retries=0
