@@ -723,3 +723,23 @@ def test_on_a_terminal_a_spinner_shows_while_the_first_token_is_awaited(
     chat.expect(" Enter sends")
     chat.press("\x04")
     assert chat.wait() == 0
+
+
+def test_on_a_terminal_a_line_typed_while_a_reply_streams_stays_whole(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    env = {**environment(tmp_path, server.url.removeprefix("http://")), "TERM": "xterm-256color"}
+    chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+    chat.expect(" Enter sends")
+    chat.press("long\r")
+    chat.expect("w3 ")  # the reply streams (for a minute)
+    chat.press("hel")
+    chat.expect("w9 ")  # more of the reply came while the line was half typed
+    chat.press("lo there\r")  # queued: answered once the long turn ends
+    chat.press("/stop\r")
+    chat.expect("(stopped)")
+    chat.expect("answer to hello there")
+    chat.expect(" Enter sends")
+    chat.press("\x04")
+    assert chat.wait() == 0
+    assert last_user(server.requests[-1].body) == "hello there"
