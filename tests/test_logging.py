@@ -19,6 +19,7 @@ import pytest
 from aimu import aio
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
+from tests.aio.store_backends import KINDS, backend
 
 SECRET = "sk-secret-key-4242"
 PASSWORD = "hunter2-password"
@@ -194,9 +195,17 @@ async def test_a_torn_record_is_logged_when_ignored_and_when_removed(
     keeps_the_rules(records)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 async def test_an_unfinished_run_and_its_calls_in_doubt_are_logged_on_load(
-    store: aio.Store, caplog: pytest.LogCaptureFixture
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="aimu")
+    async with backend(kind, tmp_path) as where:
+        await crash_and_load(where.make(), caplog)
+
+
+async def crash_and_load(store: aio.Store, caplog: pytest.LogCaptureFixture) -> None:
+    """Leave what a process killed mid-tool leaves; load it; check what was logged."""
     call = {
         "id": "call_9",
         "type": "function",
@@ -224,19 +233,23 @@ async def test_an_unfinished_run_and_its_calls_in_doubt_are_logged_on_load(
     keeps_the_rules(records)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 async def test_a_refused_session_lock_is_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="aimu")
-    async with aio.JSONLStore(tmp_path) as store:
+    async with backend(kind, tmp_path) as where, where.make() as store:
         first = aio.Agent(aio.client("test"), store=store, session="s")
         second = aio.Agent(aio.client("test"), store=store, session="s")
         async with first:
             with pytest.raises(aio.SessionLockedError):
                 await second.run(TASK)
     records = aimu_records(caplog)
-    assert ("aimu.aio.store", "INFO", "session 's': refused the write lock, held by another "
-            "writer in this process") in said(records)
+    refused = [text for name, level, text in said(records) if name == "aimu.aio.store"]
+    assert len(refused) == 1, said(records)
+    ended = "agent 'agent': the run ended failed: SessionLockedError"
+    assert ("aimu.aio.agent", "INFO", ended) in said(records)
+    assert refused[0].startswith("session 's': refused the write lock, held by "), refused
     keeps_the_rules(records)
 
 
