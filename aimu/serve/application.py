@@ -268,12 +268,15 @@ class _Routes:
         active = await self.runs.session_run(name)
         if info is None and active is None:
             raise NotFound(f"no session {name!r} in the store")
+        paused, pending = (None, []) if active is not None else await self.runs.paused_on(name)
         return JSON(
             {
                 "name": name,
                 "status": None if info is None else info.status,
                 "run_id": None if active is None else active.run_id,
                 "run_messages_from": None if active is None else active.messages_from,
+                "paused_run_id": paused,
+                "pending": pending,
                 "messages": await store.load(name),
             }
         )

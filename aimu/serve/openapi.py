@@ -8,22 +8,18 @@ answer is listed with its body.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, get_args
 
 from aimu import __version__
+from aimu.aio.events import HandleStatus
 
 __all__ = ["openapi_document"]
 
 _JSON = "application/json"
 _RUN_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
 _SESSION = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$", "not": {"enum": [".", ".."]}}
-_STATUS = {
-    "type": "string",
-    "enum": [
-        "pending", "running", "paused", "completed", "interrupted", "cancelled",
-        "timed_out", "failed", "lost",
-    ],
-}
+#: A run's status: its handle's, or ``lost`` (its server died; with --redis).
+_STATUS = {"type": "string", "enum": [*get_args(HandleStatus), "lost"]}
 _NULLABLE_STR = {"type": ["string", "null"]}
 #: A local server numbers events 1, 2, ...; servers sharing Redis use its stream ids.
 _EVENT_ID = {"type": "string", "pattern": "^([0-9]{0,12}|[0-9]{1,20}-[0-9]{1,20})$"}
@@ -175,12 +171,17 @@ def openapi_document() -> dict[str, Any]:
                         "status": _NULLABLE_STR,
                         "run_id": {"type": ["string", "null"]},
                         "run_messages_from": {"type": ["integer", "null"], "minimum": 0},
+                        "paused_run_id": {"anyOf": [{"type": "null"}, _RUN_ID]},
+                        "pending": _PENDING,
                         "messages": {
                             "type": "array",
                             "items": {"type": "object", "required": ["role"]},
                         },
                     },
-                    ("name", "status", "run_id", "run_messages_from", "messages"),
+                    (
+                        "name", "status", "run_id", "run_messages_from", "paused_run_id",
+                        "pending", "messages",
+                    ),
                 ),
             },
         },

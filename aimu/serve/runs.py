@@ -484,6 +484,17 @@ class LocalRuns:
         else:
             agent.deny(call_id, reason)
 
+    async def paused_on(self, session: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """The session's last run if it paused, and the calls it still waits on."""
+        latest = await self._latest_run(session)
+        if latest is None or latest.status != "paused":
+            return None, []
+        return latest.run_id, await self._waiting(latest)
+
+    async def _latest_run(self, session: str) -> RunRecord | None:
+        runs = [r for r in self._runs.values() if r.session == session]
+        return runs[-1] if runs else None
+
     async def _waiting(self, record: RunRecord) -> list[dict[str, Any]]:
         """The calls the paused run still waits on, as the store's session state says."""
         if record.status != "paused" or await self._later_run(record) is not None:

@@ -196,6 +196,14 @@ class SharedRuns(LocalRuns):
             )
         return record
 
+    async def _latest_run(self, session: str) -> RunRecord | None:
+        with self._control_errors("list the runs"):
+            runs = [i for i in await self.control.runs() if i.info.get("session") == session]
+        if not runs:
+            return await super()._latest_run(session)
+        latest = max(runs, key=lambda info: info.created_at or 0.0)
+        return self._runs.get(latest.run_id) or _record(latest)
+
     async def _later_run(self, record: RunRecord) -> str | None:
         here = await super()._later_run(record)
         if here is not None:

@@ -190,6 +190,9 @@ async def test_approve_a_paused_tool_call(page: object, served: Served) -> None:
     await expect(prompt).to_contain_text("send_email")
     await expect(prompt).to_contain_text("mail erin")
     assert MAILED == []
+    await page.reload()  # the prompt comes back with the paused session
+    await expect(page.locator("#status")).to_have_text("paused")
+    await expect(prompt).to_contain_text("mail erin")
     await prompt.get_by_role("button", name="Approve").click()
     await expect(page.locator(".msg.assistant").last).to_contain_text(
         "mail result: sent to mail erin"

@@ -238,3 +238,24 @@ async def test_decisions_on_either_server_resume_a_run_paused_in_one(
         assert late.status_code == 409 and "decided already" in late.json()["error"]
     follow_up = await start(on_b, "approve-across", "short 2")
     assert (await collect(on_a, follow_up))[-1].data["status"] == "completed"
+
+
+async def test_a_page_of_one_process_decides_on_a_run_paused_in_the_other(
+    pair: tuple[httpx.AsyncClient, httpx.AsyncClient], page: object
+) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    on_a, on_b = pair
+    run_id = await start(on_a, "web-approve", "mails for the page")  # pauses in A
+    assert (await collect(on_a, run_id))[-1].data["status"] == "paused"
+    await page.goto(f"{on_b.base_url}/?session=web-approve")  # the page comes from B
+    prompt = page.locator("#approvals .approval")
+    await expect(prompt).to_have_count(2)
+    await prompt.first.get_by_role("button", name="Deny").click()
+    await expect(prompt).to_have_count(1)
+    await prompt.get_by_role("button", name="Approve").click()
+    reply = page.locator(".msg.assistant").last
+    await expect(reply).to_contain_text("sent to mails for the page 2")
+    await expect(reply).to_contain_text("denied in the web chat")
+    await expect(page.locator("#status")).to_have_text("completed")

@@ -79,6 +79,9 @@ async def test_approve_resumes_the_paused_run(http: httpx.AsyncClient) -> None:
     MAILED.clear()
     run_id, call_id = await paused(http, "ok", "mail alice")
     assert MAILED == []
+    session = (await http.get("/sessions/ok")).json()  # what a page opening it reads
+    assert session["paused_run_id"] == run_id
+    assert [p["call_id"] for p in session["pending"]] == [call_id]
     response = await http.post(f"/runs/{run_id}/approvals/{call_id}", json={"approve": True})
     assert response.status_code == 202, response.text
     answer = response.json()
@@ -87,6 +90,8 @@ async def test_approve_resumes_the_paused_run(http: httpx.AsyncClient) -> None:
     assert resumed["status"] == "completed"
     assert resumed["reply"] == "mail result: sent to mail alice"
     assert MAILED == ["mail alice"]
+    session = (await http.get("/sessions/ok")).json()
+    assert session["paused_run_id"] is None and session["pending"] == []
     # The paused run no longer lists the call; deciding again is a conflict.
     assert (await http.get(f"/runs/{run_id}")).json()["pending"] == []
     again = await http.post(f"/runs/{run_id}/approvals/{call_id}", json={"approve": False})

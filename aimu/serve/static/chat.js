@@ -85,6 +85,8 @@ async function openSession(name) {
   $("session-title").textContent = name;
   $("sessions").classList.remove("open");
   $("messages").replaceChildren();
+  $("approvals").replaceChildren();
+  $("approvals").hidden = true;
   state.lastStatus = null;
   try {
     const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
@@ -95,6 +97,10 @@ async function openSession(name) {
       follow(session.run_id, null, true);
     } else {
       renderTranscript(session.messages);
+      if (session.paused_run_id) {
+        setStatus("paused");
+        await showApprovals(session.paused_run_id);
+      }
     }
   } catch (error) {
     if (!(error instanceof ApiError && error.status === 404)) notice(error.message);
