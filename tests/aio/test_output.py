@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ollama
@@ -22,6 +24,7 @@ from aimu.aio.events import RunFinished, TextChunk
 from aimu.aio.output import CORRECTION_PREFIX
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
 from aimu.testing.server import LoopbackServer
 
 
@@ -269,6 +272,24 @@ async def test_a_cancel_during_an_output_turn_keeps_a_resumable_transcript(where
         assert await agent.resume() == OSLO
 
 
+async def test_a_deadline_mid_answer_keeps_the_partial_answer() -> None:
+    # Two chunks, then the server goes silent: the deadline can only land mid-answer.
+    script = [Turn(text=GOOD, chunks=6, fault="hang", fault_after=2)]
+    async with LoopbackServer(script) as server, openai(server) as model:
+        agent = aio.Agent(model, output_type=Weather)
+        handle = aio.RunHandle.start(agent.run("weather in Oslo"), timeout=1.0)
+        chunks = [e async for e in handle.events() if isinstance(e, TextChunk)]
+        with pytest.raises(TimeoutError):
+            await handle
+        assert handle.status == "timed_out" and len(chunks) == 2
+        last = agent.model_client.messages[-1]
+        assert last.get("aimu_partial") is True
+        assert last["content"] == "".join(c.text for c in chunks)
+        validate(agent.model_client.messages)
+        server.script = [Turn(text=GOOD)]
+        assert await agent.resume() == OSLO
+
+
 async def test_an_interrupt_during_the_answer_turn_returns_the_value() -> None:
     async with LoopbackServer([slow_answer()]) as server, openai(server) as model:
         agent = aio.Agent(model, output_type=Weather)
@@ -353,3 +374,82 @@ async def test_ollama_gets_no_tool_options() -> None:
         await agent.run("weather in Oslo")
         for request in server.requests:
             assert not {"tool_choice", "parallel_tool_calls"} & set(request.body)
+
+
+# -- a stop at every await point of a typed run, with a store ---------------------------------
+
+
+def typed_script(request: Mapping[str, Any]) -> Turn:
+    """Calls the tool, then answers badly once, then well: whatever the transcript holds."""
+    messages = request["messages"]
+    if request["tools"] and not any(m["role"] == "tool" for m in messages):
+        return Turn(tool_calls=[ScriptedCall("get_weather", {"city": "Oslo"})])
+    if not any(m["role"] == "user" and CORRECTION_PREFIX in m["content"] for m in messages):
+        return Turn(text="not json at all", chunks=3)
+    return Turn(text=GOOD, chunks=4)
+
+
+def typed_agent(model: aio.ModelClient, store: aio.Store) -> aio.Agent[Weather]:
+    return aio.Agent(model, [get_weather], output_type=Weather, store=store, session="s")
+
+
+async def events_of_a_whole_run(tmp_path: Path) -> int:
+    async with aio.SQLiteStore(tmp_path / "count.db") as store:
+        agent = typed_agent(ScriptedModel(typed_script), store)
+        count = len([event async for event in agent.run("weather in Oslo", stream=True)])
+        await agent.aclose()
+    return count
+
+
+async def test_a_cancel_at_every_event_of_a_typed_run_resumes_in_a_new_agent(
+    tmp_path: Path,
+) -> None:
+    total = await events_of_a_whole_run(tmp_path)
+    assert total >= 12  # started, the tool round, two answers in chunks, finished
+    for stop_at in range(1, total):
+        model = ScriptedModel(typed_script)
+        async with aio.SQLiteStore(tmp_path / f"{stop_at}.db") as store:
+            agent = typed_agent(model, store)
+
+            async def consume(agent: aio.Agent[Weather] = agent, stop_at: int = stop_at) -> None:
+                seen = 0
+                async for _ in agent.run("weather in Oslo", stream=True):
+                    seen += 1
+                    if seen == stop_at:  # the run waits at this event's yield
+                        current = asyncio.current_task()
+                        assert current is not None
+                        current.cancel()
+
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.ensure_future(consume())
+            # The last chunk's turn ends, is recorded and answered without a suspension:
+            # a cancel asked for there finds no await left in the run.
+            expected = "cancelled" if stop_at < total - 2 else agent.last_status
+            assert agent.last_status == expected, stop_at
+            validate(agent.model_client.messages)
+            await agent.aclose()
+            fresh = typed_agent(model.fork(), store)
+            assert await fresh.resume() == OSLO, stop_at
+            validate(fresh.model_client.messages)
+            await fresh.aclose()
+
+
+async def test_an_interrupt_at_every_event_of_a_typed_run_then_resume(tmp_path: Path) -> None:
+    total = await events_of_a_whole_run(tmp_path)
+    for stop_at in range(1, total):
+        async with aio.SQLiteStore(tmp_path / f"{stop_at}.db") as store:
+            agent = typed_agent(ScriptedModel(typed_script), store)
+            events: list[Any] = []
+            async for event in agent.run("weather in Oslo", stream=True):
+                events.append(event)
+                if len(events) == stop_at:
+                    agent.interrupt()
+            event = events[-1]
+            assert isinstance(event, RunFinished)
+            assert event.status in ("completed", "interrupted"), stop_at
+            validate(agent.model_client.messages)
+            if event.status == "completed":
+                assert Weather.model_validate_json(event.reply) == OSLO
+            else:
+                assert await agent.resume() == OSLO, stop_at
+            await agent.aclose()
