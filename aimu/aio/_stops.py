@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from aimu.aio.events import RunFinished
 from aimu.aio.scope import RunScope
 
 __all__ = ["Stop", "log", "stop_of"]
@@ -39,14 +40,15 @@ class Stop:
 
 
 def stop_of(
-    status: str,
+    final: RunFinished,
     error: BaseException | None,
     scope: RunScope,
     waiting: Sequence[str] = (),
     max_rounds: int = 0,
 ) -> Stop:
-    """The :class:`Stop` of a run that ended with ``status``, by ``error`` (if any);
+    """The :class:`Stop` of the run that ``final`` ended, by ``error`` (if any);
     ``waiting`` names the calls a paused run waits on."""
+    status: str = final.status
     if status == "cancelled":
         if _past_deadline(scope):
             return Stop("timed_out", "deadline passed")
@@ -63,6 +65,8 @@ def stop_of(
         return Stop(status, f"the limit of {max_rounds} tool rounds was reached")
     if status == "interrupted":
         return Stop(status, "interrupt requested; stopped at a step boundary")
+    if status != "completed" and final.stop_reason is not None:
+        return Stop(status, f"the model stopped with {final.stop_reason!r}")  # cut off
     return Stop(status)
 
 

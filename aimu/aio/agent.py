@@ -962,7 +962,7 @@ class Agent(Runnable[OutputT]):
     def _stop(self, run: _Run, final: RunFinished, error: BaseException | None) -> Stop:
         """How the run ended, for its span and the log (a deadline's cancel: timed_out)."""
         waiting = [f"{p.tool} ({p.call_id})" for p in self._approvals.pending.values()]
-        return stop_of(final.status, error, run.scope, waiting, self._config.max_rounds)
+        return stop_of(final, error, run.scope, waiting, self._config.max_rounds)
 
     def _settle_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in
