@@ -228,7 +228,7 @@ class Served:
     store: Path
 
 
-def make_app(model: LoopbackServer, store: Path, **options: Any) -> ServeApp:
+def make_app(model: LoopbackServer, store: Path | str, **options: Any) -> ServeApp:
     client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
     tools = [lookup, send_email, gated_lookup, gated_wire]
     return app(client, store=store, tools=tools, **options)
@@ -303,6 +303,27 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("AIMU_API_TOKEN", "AIMU_MODEL")}
     env.update(PYTHONPATH=str(ROOT), **extra)
     return env
+
+
+@contextlib.asynccontextmanager
+async def postgres_database() -> AsyncIterator[str]:
+    """The URL of a PostgreSQL database made for the test, dropped afterwards."""
+    import secrets
+    from urllib.parse import urlsplit, urlunsplit
+
+    import asyncpg
+
+    from tests.services import postgres_dsn
+
+    admin_dsn = postgres_dsn()
+    database = f"aimu_serve_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{database}"')
+        yield urlunsplit(urlsplit(admin_dsn)._replace(path=f"/{database}"))
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
 
 
 @dataclass

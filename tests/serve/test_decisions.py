@@ -1,9 +1,9 @@
 """Decisions on a paused run given to two servers at once resume it exactly once.
 
-Two apps share Redis and a SQLite store, each under its own Uvicorn. The test holds the
-session's write lock (as a decision being recorded elsewhere would), sends the last two
-decisions to A and B, and lets go only once both provably wait for the lock (each logged
-it); then they race for the lock, and the run resumes once.
+Two apps share Redis and a store (SQLite, PostgreSQL), each under its own Uvicorn. The
+test holds the session's write lock (as a decision being recorded elsewhere would),
+sends the last two decisions to A and B, and lets go only once both provably wait for
+the lock (each logged it); then they race for the lock, and the run resumes once.
 """
 
 from __future__ import annotations
@@ -12,16 +12,24 @@ import asyncio
 import logging
 import secrets
 import threading
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from aimu.aio import SQLiteStore
+from aimu.aio import PostgresStore, SQLiteStore, Store
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
-from tests.serve.harness import MAILED, collect, make_app, start, uvicorn_serving
+from tests.serve.harness import (
+    MAILED,
+    collect,
+    make_app,
+    postgres_database,
+    start,
+    uvicorn_serving,
+)
 
 
 class LockWaits(logging.Handler):
@@ -40,11 +48,20 @@ class LockWaits(logging.Handler):
                 self.all_seen.set()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Path | str]:
+    """The store both servers share: a SQLite file, or a PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        yield tmp_path / "s.db"
+        return
+    async with postgres_database() as url:
+        yield url
+
+
 async def test_the_last_two_decisions_at_once_on_two_servers_resume_the_run_once(
-    model_server: LoopbackServer, redis_url: str, tmp_path: Path
+    model_server: LoopbackServer, redis_url: str, store: Path | str
 ) -> None:
     MAILED.clear()
-    store = tmp_path / "s.db"
     options = {"redis": redis_url, "redis_prefix": f"aimu-race-{secrets.token_hex(4)}"}
     a_app = make_app(model_server, store, **options)
     b_app = make_app(model_server, store, **options)
@@ -77,7 +94,7 @@ async def test_the_last_two_decisions_at_once_on_two_servers_resume_the_run_once
 
 
 async def decide_both_while_locked(
-    store: Path,
+    store: Path | str,
     on_a: Coroutine[Any, Any, httpx.Response],
     on_b: Coroutine[Any, Any, httpx.Response],
     calls: set[str],
@@ -88,7 +105,7 @@ async def decide_both_while_locked(
     level = logger.level
     logger.addHandler(waits)
     logger.setLevel(logging.DEBUG)
-    holder = SQLiteStore(store)
+    holder: Store = SQLiteStore(store) if isinstance(store, Path) else PostgresStore(store)
     writer = await holder.open_session("race")
     try:
         sent = [asyncio.ensure_future(on_a), asyncio.ensure_future(on_b)]

@@ -11,14 +11,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
-from tests.serve.harness import SSE, aimu_serve, collect, sse_events, start
+from tests.serve.harness import SSE, aimu_serve, collect, postgres_database, sse_events, start
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +33,8 @@ async def shared(
     if getattr(request, "param", "sqlite") == "sqlite":
         yield [*options, "--store", str(tmp_path / "s.db")]
         return
-    import asyncpg
-
-    from tests.services import postgres_dsn
-
-    admin_dsn = postgres_dsn()
-    database = f"aimu_serve_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{database}"')
-        parts = urlsplit(admin_dsn)
-        yield [*options, "--store", urlunsplit(parts._replace(path=f"/{database}"))]
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        await admin.close()
+    async with postgres_database() as url:
+        yield [*options, "--store", url]
 
 
 @pytest.fixture
