@@ -152,6 +152,8 @@ async def stop_and_check(http: httpx.AsyncClient, served: Served, case: Case) ->
     await transcript(http, session)
     follow_up = await start(http, session, "short 2")
     assert (await collect(http, follow_up))[-1].data["status"] == "completed"
+    # The stop's background task (stop?grace) ended with the stopped run, long before.
+    assert not served.app.runs._background
 
 
 async def transcript(http: httpx.AsyncClient, session: str) -> list[dict[str, object]]:
