@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.errors import ControlError, UnknownRunError
@@ -156,13 +156,13 @@ class SharedRuns(LocalRuns):
         if self._here_and_live(run_id):
             return await super().cancel(run_id, reason)
         reason = reason or "cancelled over HTTP"
-        await self._request(run_id, "cancel", self.control.cancel(run_id, reason))
+        await self._request(run_id, "cancel", lambda: self.control.cancel(run_id, reason))
         return await self.public(run_id)
 
     async def interrupt(self, run_id: str) -> dict[str, Any]:
         if self._here_and_live(run_id):
             return await super().interrupt(run_id)
-        await self._request(run_id, "interrupt", self.control.interrupt(run_id))
+        await self._request(run_id, "interrupt", lambda: self.control.interrupt(run_id))
         return await self.public(run_id)
 
     async def stop(self, run_id: str, grace: float) -> dict[str, Any]:
@@ -182,7 +182,7 @@ class SharedRuns(LocalRuns):
     async def send(self, run_id: str, text: str) -> dict[str, Any]:
         if run_id in self._runs:
             return await super().send(run_id, text)
-        await self._request(run_id, "send to", self.control.send(run_id, text))
+        await self._request(run_id, "send to", lambda: self.control.send(run_id, text))
         return await self.public(run_id)
 
     async def _paused(self, run_id: str) -> RunRecord:
@@ -222,10 +222,13 @@ class SharedRuns(LocalRuns):
         record = self._runs.get(run_id)
         return record is not None and not record.ended
 
-    async def _request(self, run_id: str, what: str, request: Coroutine[Any, Any, bool]) -> None:
+    async def _request(
+        self, run_id: str, what: str, request: Callable[[], Awaitable[bool]]
+    ) -> None:
+        """Send ``request()`` for ``run_id`` (made only once the id is checked)."""
         check_run_id(run_id)
         with self._control_errors(what, run_id):
-            accepted = await request
+            accepted = await request()
         if not accepted:
             info = await self._info(run_id)
             raise Conflict(f"run {run_id} already ended ({info.status}): nothing to {what}")

@@ -2,10 +2,12 @@
 the document (status, body schema, content type), for inputs generated from it.
 
 Bounded: a fixed number of examples per operation, so it takes seconds, not minutes.
+Run against a server alone and one sharing its runs through Redis.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from schemathesis.specs.openapi.checks import (
 
 from aimu import aio, serve
 from aimu.serve.openapi import openapi_document
+from tests import services
 from tests.serve.harness import uvicorn_serving
 
 pytestmark = pytest.mark.slow
@@ -27,10 +30,16 @@ pytestmark = pytest.mark.slow
 EXAMPLES = 40
 
 
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["alone", "redis"])
+def base_url(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A server on its own, or one sharing its runs through Redis (other routes' paths)."""
     store: Path = tmp_path_factory.mktemp("openapi") / "sessions.db"
-    application = serve.app(aio.client("test"), store=store)
+    shared: dict[str, str] = {}
+    if request.param == "redis":
+        shared = {"redis": services.redis_url(), "redis_prefix": f"oa-{secrets.token_hex(4)}"}
+    application = serve.app(aio.client("test"), store=store, **shared)
     with uvicorn_serving(application) as url:
         yield url
 
