@@ -267,7 +267,7 @@ async def _clean(control: aio.RedisControl) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    runs, repeats, chunks = (5, 2, 200) if args.quick else (args.runs, 7, 2000)
+    runs, repeats, chunks = (3, 2, 100) if args.quick else (args.runs, 7, 2000)
     rows = await cross_process(args.redis, args.workers, runs)
     rows.append(await per_run(args.redis, 100 if args.quick else 500, repeats))
     rows.append(await per_event(args.redis, chunks, repeats))

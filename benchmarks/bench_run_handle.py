@@ -1,6 +1,6 @@
 """RunHandle costs, each next to a bare asyncio task measured in the same run.
 
-    python benchmarks/bench_run_handle.py [--quick]
+    python benchmarks/bench_run_handle.py [--quick]   # --quick: a smoke run, no figures
 
 - overhead, in instructions: the same two loops, each counted by
   ``valgrind --tool=callgrind`` (deterministic on a noisy machine) at two loop lengths;
@@ -117,10 +117,14 @@ def _instructions(mode: str, iterations: int) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def instructions(short: int, long: int) -> Rows:
-    """Instructions per start + await, from the difference of two loop lengths."""
+def instructions(short: int, long: int, quick: bool) -> Rows:
+    """Instructions per start + await, from the difference of two loop lengths (a smoke
+    run: one callgrind run, its whole-process count read, no figure)."""
     if shutil.which("valgrind") is None:
         return [("start(trivial()) + await, instructions", "-", "-", "valgrind not found")]
+    if quick:
+        count = _instructions("handle", short)
+        return [("whole process, instructions (smoke run)", f"{count:,}", "-", "-")]
     jobs = [(mode, n) for mode in ("handle", "bare") for n in (short, long)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(zip(jobs, pool.map(lambda job: _instructions(*job), jobs), strict=True))
@@ -331,10 +335,10 @@ def print_table(rows: Rows) -> None:
 
 async def main(quick: bool) -> None:
     rows: Rows = []
-    rows += await asyncio.to_thread(instructions, *((100, 300) if quick else (500, 3000)))
-    rows += await overhead(pairs=21 if quick else 101, size=1000 if quick else 2000)
-    rows += await cancel_latency(samples=30 if quick else 200)
-    rows += await scale(count=10_000, repeats=1 if quick else 5)
+    rows += await asyncio.to_thread(instructions, 500, 3000, quick)
+    rows += await overhead(pairs=3 if quick else 101, size=100 if quick else 2000)
+    rows += await cancel_latency(samples=5 if quick else 200)
+    rows += await scale(count=100 if quick else 10_000, repeats=1 if quick else 5)
     print(f"Python {sys.version.split()[0]}, {sys.platform}")
     print_table(rows)
 

@@ -200,9 +200,8 @@ async def _median_us(operation: Callable[[], Awaitable[object]], count: int) -> 
 
 
 async def bench_append(
-    makers: dict[str, Maker], directory: Path, dsn: str | None, schema: str
+    makers: dict[str, Maker], directory: Path, dsn: str | None, schema: str, count: int
 ) -> None:
-    count = 1000
     print(f"\none append, median over {count}, next to the floor under it")
     message: Message = {"role": "user", "content": "x" * 200}
     for label, make in makers.items():
@@ -303,8 +302,8 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
             makers, rounds, args.repeats, lambda: ScriptedModel(_script(rounds), record=False),
             targets,
         )
-        await bench_append(makers, directory, dsn, schema)
-        await bench_load(makers, args.repeats)
+        await bench_append(makers, directory, dsn, schema, args.appends)
+        await bench_load(makers, args.repeats, args.load)
         http_rounds = min(rounds, 50)
         with LoopbackServer.in_thread(_served(http_rounds)) as server:
             await _compare(
@@ -323,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--appends", type=int, default=1000, help="appends timed per store")
+    parser.add_argument("--load", type=int, default=10_000, help="messages in the loaded session")
     parser.add_argument("--postgres", default=None, help="a PostgreSQL DSN to measure")
     args = parser.parse_args(argv)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus")

@@ -209,9 +209,10 @@ async def per_round(url: str, rounds: int, repeats: int) -> dict[str, tuple[floa
     return {name: (w * 1000 / rounds, c * 1000 / rounds) for name, (w, c) in medians.items()}
 
 
-async def rounds_table(url: str, repeats: int) -> None:
-    figures = await per_round(url, 50, repeats)
-    print(f"\nWhole tool rounds, 50 rounds, median of {repeats} interleaved runs, µs/round")
+async def rounds_table(url: str, repeats: int, rounds: int = 50) -> None:
+    figures = await per_round(url, rounds, repeats)
+    print(f"\nWhole tool rounds, {rounds} rounds, median of {repeats} interleaved runs, "
+          "µs/round")
     print(f"{'client':<9} {'wall ours':>10} {'bare':>8} {'ratio':>6}   "
           f"{'client CPU ours':>15} {'bare':>8} {'ratio':>6}")
     for provider in PROVIDERS:
@@ -348,9 +349,9 @@ async def concurrency(url: str, sizes: tuple[int, ...]) -> None:
 async def main(options: argparse.Namespace) -> None:
     with server_process() as url:
         if options.quick:
-            await rounds_table(url, 2)
-            await growth(url, 1, (5, 10, 20))
-            await concurrency(url, (50,))
+            await rounds_table(url, 1, 5)
+            await growth(url, 1, (2, 4))
+            await concurrency(url, (10,))
             return
         await rounds_table(url, options.repeats)
         await growth(url, options.repeats, (10, 100, 500))

@@ -1,7 +1,9 @@
-"""The benchmark scripts still run (a smoke run with few samples; no timing is asserted)."""
+"""The benchmark scripts still run and print their tables (a smoke run at the smallest
+sizes: it proves the script works, its figures mean nothing; no timing is asserted)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = {
     "bench_agent.py": ["--repeats", "1"],
     "bench_run_handle.py": ["--quick"],
-    "bench_store.py": ["--rounds", "20", "--repeats", "1"],
+    "bench_store.py": ["--rounds", "20", "--repeats", "1", "--appends", "20", "--load", "200"],
     "bench_client.py": ["--repeats", "5"],
     "bench_tools.py": ["--repeats", "1", "--calls", "100"],
     "bench_wire.py": ["--quick"],
     "bench_serve.py": ["--quick"],
-    "bench_control.py": ["--quick"],
+    "bench_control.py": ["--quick", "--workers", "2"],
     "bench_journal.py": ["--rounds", "10", "--repeats", "1"],
 }
 
@@ -35,4 +37,7 @@ def test_benchmark_runs(script: str) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert completed.stdout.strip(), "the benchmark printed no figures"
+    lines = [line for line in completed.stdout.splitlines() if line.strip()]
+    assert len(lines) >= 2, f"the benchmark printed no table: {completed.stdout!r}"
+    assert any(re.search(r"\d", line) for line in lines[1:]), "no figures"
+    assert not re.search(r"\b(nan|inf)\b", completed.stdout), completed.stdout

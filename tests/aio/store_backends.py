@@ -8,6 +8,7 @@ the Python source that builds the same store in a child process.
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,6 +19,10 @@ from aimu.aio.transcript import Message
 from tests import services
 
 KINDS = ["sqlite", "jsonl", "postgres"]
+
+SOAK_KILLS = int(os.environ.get("AIMU_CRASH_KILLS") or 0)
+"""Kills at random moments the crash loops add after their fixed landings on every
+distinct point (``AIMU_CRASH_KILLS=50``: the long soak; see CONTRIBUTING.md)."""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
-"""Crash loop: kill -9 an agent run at random moments, resume it in a new process, lose nothing.
+"""Crash loop: kill -9 an agent run at every kind of moment, resume it in a new process,
+lose nothing.
 
 A child process runs an agent with tool rounds on a stored session, against the
 loopback server (OpenAI protocol with SQLiteStore and PostgresStore, Ollama with
-JSONLStore), and prints one
-acknowledgement line per recorded message (from the run's events, which come after the
-message is recorded). The test SIGKILLs it 50 times at seeded random moments (during
-start-up and loading, mid-stream, mid-tool, between writes) and starts a new child on the
-same session each time; that child resumes the interrupted run or starts the next task.
+JSONLStore), and prints one acknowledgement line when its store is open and one per
+recorded message (from the run's events, which come after the message is recorded).
+The test SIGKILLs it at each distinct point in turn (during start-up and loading of a
+fresh and of an interrupted session, as a resumed run settles, mid-stream, mid-tool,
+right after a result, between tasks), starting a new child on the same session each
+time; that child resumes the interrupted run or starts the next task.
+``AIMU_CRASH_KILLS=50`` adds 50 kills at seeded random moments after those.
 After every kill the stored transcript must validate and hold every acknowledged message;
 at the end it holds each task once, each step once, and every final answer.
 """
@@ -32,13 +35,30 @@ import pytest
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
-from tests.aio.store_backends import KINDS, Backend, backend
+from tests.aio.store_backends import KINDS, SOAK_KILLS, Backend, backend
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = 3
-ROUNDS = 60
-KILLS = 50
+ROUNDS = 20 + SOAK_KILLS  # steps per task: work enough that no kill finds it all done
 SESSION = "crash"
+
+# Where each kill lands, in an order that makes every point happen: ("start-up", _) kills
+# at a seeded moment from the child's start (imports, opening and loading the store,
+# settling); (kind, n) kills right after the child's n-th acknowledgement of that kind.
+LANDINGS: list[tuple[str, int]] = [
+    ("start-up", 1),  # a fresh, empty session
+    ("user", 1),  # task 0 recorded, its first reply streaming
+    ("call", 1),  # a tool call recorded, the tool running
+    ("opened", 1),  # an interrupted session loaded: the resumed run settles and goes on
+    ("start-up", 1),  # an interrupted session, during start-up and loading
+    ("call", 2),  # a resumed run, mid-tool
+    ("result", 1),  # a result recorded, the next reply streaming
+    ("result", 5),
+    ("finished", 1),  # between tasks: an answer recorded, the next task starting
+    ("start-up", 1),
+    ("call", 3),
+    ("result", 2),
+]
 
 CHILD = """
 import asyncio, json, sys
@@ -83,6 +103,7 @@ async def main():
         agent = Agent(model, tools=[step], max_rounds=ROUNDS + 5, store=store, session="crash")
         async with agent:
             messages = agent.model_client.messages
+            ack("opened", len(messages))
             tasks = [m["content"] for m in messages if m["role"] == "user"]
             last = messages[-1] if messages else {}
             answered = last.get("role") == "assistant" and not last.get("tool_calls")
@@ -141,11 +162,15 @@ class Child:
         *complete, self._buffer = self._buffer.split(b"\n")
         self.lines.extend(json.loads(line) for line in complete)
 
-    def wait_for_lines(self, count: int, timeout: float = 30.0) -> None:
+    def wait_for_lines(self, count: int, kind: str | None = None, timeout: float = 30.0) -> None:
+        """Until it printed ``count`` lines (of ``kind`` if given), or ended."""
         deadline = time.monotonic() + timeout
-        while len(self.lines) < count and not self.eof:
+        while not self.eof:
+            seen = [line for line in self.lines if kind is None or line[0] == kind]
+            if len(seen) >= count:
+                return
             if time.monotonic() > deadline:
-                raise AssertionError(f"the child printed {len(self.lines)} of {count} lines")
+                raise AssertionError(f"the child printed {len(seen)} of {count} {kind} lines")
             self._read(0.5)
 
     def kill(self) -> None:
@@ -199,7 +224,7 @@ def _check_acknowledged(transcript: list[Message], acks: list[list[Any]]) -> Non
             assert ack[1] == "completed", ack
             assert ack[2] in answers, f"acknowledged answer {ack[2]!r} was lost"
         else:
-            assert kind == "all done", ack
+            assert kind in ("opened", "all done"), ack
 
 
 def _load(where: Backend) -> tuple[list[Message], int, Any]:
@@ -278,17 +303,21 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(
 ) -> None:
     protocol, url = server
     rng = random.Random(f"crash-resume-{kind}")
+    landings = LANDINGS + [
+        ("start-up", 1) if rng.random() < 0.25 else ("any", rng.randint(1, 4))
+        for _ in range(SOAK_KILLS)
+    ]
     acks: list[list[Any]] = []
     mid_run_kills = 0
     torn_records = 0
-    for _ in range(KILLS):
+    for point, count in landings:
         child = Child(where, tmp_path, protocol, url)
         try:
-            if rng.random() < 0.25:
+            if point == "start-up":
                 # Anywhere from start-up through loading, settling and the first steps.
                 time.sleep(rng.uniform(0.0, 0.3))
             else:
-                child.wait_for_lines(rng.randint(1, 4))
+                child.wait_for_lines(count, None if point == "any" else point)
                 time.sleep(rng.uniform(0.0, 0.004))
             if child.eof:
                 child.finish()
@@ -325,7 +354,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(
     assert info is not None
     assert (info.status, info.message_count) == ("completed", len(transcript))
     # The kills landed mid-run (not only between tasks), so resume and settle were exercised.
-    assert mid_run_kills >= KILLS // 2, mid_run_kills
+    assert mid_run_kills >= len(landings) // 2, mid_run_kills
     settled = sum(1 for m in transcript if m["role"] == "tool" and m["content"] == CANCELLED_RESULT)
     print(f"{kind}: {mid_run_kills} kills mid-run, {settled} steps settled as cancelled, "
           f"{torn_records} torn records seen, {len(acks)} acknowledgements")

@@ -4,9 +4,10 @@ A child process runs an agent on a stored session whose model asks, each turn, f
 ``charge(n)`` (not idempotent) and ``touch(n)`` (``idempotent=True``); both append a line
 to a file, the side effect. Each tool prints ``start`` before its side effect and
 ``appended`` after it, and then waits for the parent's ``go``: so the parent kills at a
-provable point -- inside a tool before its effect, inside it after its effect (before
-the result is recorded), right after a result was seen, or at a random moment. 50 kills,
-a new child resuming each time, then one child that finishes. Then the count: every
+provable point -- inside each tool before its effect, inside it after its effect (before
+the result is recorded), right after each tool's result was seen, or at a random moment.
+Each point twice (``AIMU_CRASH_KILLS=50``: 50 more, at points drawn at random), a new
+child resuming each time, then one child that finishes. Then the count: every
 charge ran at most once, every journalled touch at least once, and every call killed
 inside its tool is marked in doubt in the transcript.
 """
@@ -30,11 +31,15 @@ import pytest
 
 from aimu.aio.journal import IN_DOUBT_RESULT, RERUN_NOTE
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
-from tests.aio.store_backends import Backend, backend
+from tests.aio.store_backends import SOAK_KILLS, Backend, backend
 
 ROOT = Path(__file__).resolve().parents[2]
-KILLS = 50
 STEPS = 200
+MARKERS = ("start", "appended", "result")
+# Every distinct landing: (marker, tool) for each marker and each tool ("c": charge, not
+# idempotent; "t": touch, idempotent), and a random moment; twice over, the second time
+# past a few lines of the same kind.
+POINTS = [(marker, tool) for marker in MARKERS for tool in "ct"] + [("random", "")]
 SESSION = "journal-crash"
 
 CHILD = """
@@ -162,11 +167,12 @@ class Child:
         self._stderr.close()
 
 
-def _run_until_killed(child: Child, rng: random.Random) -> tuple[str, str | None]:
-    """Drive ``child`` and kill it at a point chosen at random; return where it landed
-    (``start``/``appended``: inside that call's tool, provably) and the call id."""
-    mode = rng.choice(["start", "appended", "result", "random"])
-    passes = rng.randint(0, 5)
+def _run_until_killed(
+    child: Child, rng: random.Random, mode: str, tool: str, passes: int
+) -> tuple[str, str | None]:
+    """Drive ``child`` and kill it at the ``passes``-th next ``mode`` line of ``tool``'s
+    calls (``random``: at a random moment); return where it landed (``start``/``appended``:
+    inside that call's tool, provably) and the call id."""
     deadline = time.monotonic() + rng.uniform(0.0, 0.3) if mode == "random" else None
     while True:
         timeout = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -181,10 +187,10 @@ def _run_until_killed(child: Child, rng: random.Random) -> tuple[str, str | None
             child.reap()
             raise AssertionError(f"the child ended before it was killed: {child.stderr[-2000:]}")
         kind = line[0]
-        if kind == mode and passes == 0:
+        if kind == mode and line[1].startswith(tool) and passes == 0:
             child.kill()
             return kind, line[1]
-        if kind == mode:
+        if kind == mode and line[1].startswith(tool):
             passes -= 1
         if kind in ("start", "appended"):
             child.go()
@@ -213,18 +219,23 @@ def test_kill_9_inside_tools_then_resume_runs_no_side_effect_twice_unknowingly(
     where: Backend, tmp_path: Path
 ) -> None:
     rng = random.Random("journal-crash")
+    points = [(mode, tool, 0) for mode, tool in POINTS]
+    points += [(mode, tool, rng.randint(1, 3)) for mode, tool in POINTS]
+    points += [
+        (*rng.choice(POINTS), rng.randint(0, 5)) for _ in range(SOAK_KILLS)
+    ]
     killed_inside: dict[str, str] = {}  # call id -> "start" / "appended"
     landings: Counter[str] = Counter()
-    for _ in range(KILLS):
+    for mode, tool, passes in points:
         child = Child(where, tmp_path)
         try:
-            landing, call_id = _run_until_killed(child, rng)
+            landing, call_id = _run_until_killed(child, rng, mode, tool, passes)
         finally:
             if child.process.poll() is None:
                 child.process.kill()
                 child.reap()
         assert child.process.returncode == -signal.SIGKILL
-        landings[landing] += 1
+        landings[f"{landing} {call_id and call_id[0]}"] += 1
         if call_id is not None and landing in ("start", "appended"):
             killed_inside.setdefault(call_id, landing)
         validate(_stored(where)[0])
@@ -269,6 +280,7 @@ def test_kill_9_inside_tools_then_resume_runs_no_side_effect_twice_unknowingly(
     # a call that was started and cut by a kill is.
     assert set(killed_inside) <= in_doubt, set(killed_inside) - in_doubt
     assert in_doubt <= set(journal)
-    assert len(killed_inside) >= KILLS // 4, landings
+    # Every point was landed on (a kill aimed inside a tool lands there, provably).
+    assert {f"{mode} {tool}" for mode in MARKERS for tool in "ct"} <= set(landings), landings
     print(f"landings {dict(landings)}; {len(in_doubt)} calls in doubt, "
           f"{sum(effects.values())} side effects")
