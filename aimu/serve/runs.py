@@ -209,12 +209,15 @@ class LocalRuns:
         return await self._launch(agent, run, session, task)
 
     def _check_startable(self, session: str) -> None:
-        if self._closed:
-            raise Conflict("the server is shutting down; start the run on another server")
+        self._check_open()
         validate_name(session)
         busy = self._active.get(session)
         if busy is not None:
             raise Conflict(f"session {session!r} has a run in progress ({busy}); stop it or wait")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Conflict("the server is shutting down; send the request to another server")
 
     async def _open_agent(self, session: str) -> Agent:
         """The agent of ``session``, its store session open (its write lock taken);
@@ -396,6 +399,7 @@ class LocalRuns:
         decision and releases the lock, the other then finds every call decided and
         resumes the run, once (``resumed_run_id``).
         """
+        self._check_open()
         record = await self._paused(run_id)
         agent = await self._open_for_decision(record, call_id)
         try:
@@ -476,7 +480,8 @@ class LocalRuns:
             decided = Approvals.load(state.get("approvals"), record.session).decisions
             if call_id in decided or not agent.pending_approvals:
                 raise Conflict(
-                    f"tool call {call_id[:64]!r} of run {record.run_id} is decided already"
+                    f"tool call {call_id[:64]!r} of run {record.run_id} is decided already "
+                    f"(if the session did not go on: POST /sessions/{record.session}/resume)"
                 )
             raise NotFound(f"run {record.run_id} waits on no tool call {call_id[:64]!r}")
         if approve:
