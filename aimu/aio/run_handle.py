@@ -27,10 +27,12 @@ while PENDING or RUNNING. A run that returns ends INTERRUPTED when a loop in its
 honoured an interrupt (``scope.interrupt_honoured``: agents and workflows record it, a
 loop of your own calls ``scope.note_interrupted()``), PAUSED when one paused for
 approvals (``scope.pause_honoured``), else COMPLETED, even if an interrupt was asked
-for. A paused run has ended: cancelling its handle does nothing. The deadline counts
-its cancel as ``asyncio.timeout`` does: TIMED_OUT only
-when its cancel is the task's only one (``task.cancelling()``), so a cancel from
-anywhere else, even in the same loop iteration, is reported as CANCELLED.
+for. A typed agent run (``output_type=``) stopped that way has no value to return: it
+raises ``NoOutputError``, and the handle ends INTERRUPTED (PAUSED) with that error. A
+paused run has ended: cancelling its handle does nothing. The deadline counts its
+cancel as ``asyncio.timeout`` does: TIMED_OUT only when its cancel is the task's only
+one (``task.cancelling()``), so a cancel from anywhere else, even in the same loop
+iteration, is reported as CANCELLED.
 
 Handles nest, as tasks do in a ``TaskGroup``: a handle started inside another handle's
 run belongs to that run. Its scope is inside the outer one (the outer deadline bounds
@@ -71,6 +73,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
+from aimu.aio.errors import NoOutputError
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope
 
@@ -337,9 +340,11 @@ class RunHandle(RunScope, Generic[T]):
                 raise self._cancelled(late_cancel)
         self._result = result
         if self.pause_honoured:
-            self._state = _State.PAUSED
+            self._state, self._error = _State.PAUSED, None
+        elif self.interrupt_honoured:
+            self._state, self._error = _State.INTERRUPTED, None
         else:
-            self._state = _State.INTERRUPTED if self.interrupt_honoured else _State.COMPLETED
+            self._state = _State.COMPLETED
         self._finish()
         return result
 
@@ -354,6 +359,11 @@ class RunHandle(RunScope, Generic[T]):
         self._check_live()
         self._error = error
         self._state = _State.FAILED
+        if isinstance(error, NoOutputError):  # a typed run that stopped before its answer
+            if self.pause_honoured:
+                self._state = _State.PAUSED
+            elif self.interrupt_honoured:
+                self._state = _State.INTERRUPTED
         self._task.add_done_callback(_retrieve)
         self._finish()
 
@@ -373,6 +383,11 @@ class RunHandle(RunScope, Generic[T]):
                 self._reason = stop.args[0]  # a cancel from outside, with a message
         self._finish()
         return stop if self._error is None else self._error
+
+    def _returned(self) -> bool:
+        """The run returned a value (a typed run stopped without one has ``_error``)."""
+        state = self._state
+        return state is _State.COMPLETED or (state in _RETURNED and self._error is None)
 
     def _check_live(self) -> str:
         state = self._state
@@ -416,7 +431,7 @@ class RunHandle(RunScope, Generic[T]):
         if waiter.done():
             return
         state = self._state
-        if state in _RETURNED:
+        if state is _State.COMPLETED or (state in _RETURNED and self._error is None):
             waiter.set_result(self._result)
         elif state is _State.CANCELLED:
             waiter.cancel(self._reason)
@@ -432,7 +447,7 @@ class RunHandle(RunScope, Generic[T]):
     def _terminal_event(self) -> HandleFinished:
         observers = self._observing()
         if observers.terminal is None:
-            returned = self._state in _RETURNED
+            returned = self._returned()
             error = None if returned else self._error
             observers.terminal = HandleFinished(
                 self.name,
@@ -645,7 +660,7 @@ class RunHandle(RunScope, Generic[T]):
             raise asyncio.InvalidStateError(f"run {self.name!r} is still {self.status}")
         if state is _State.CANCELLED:
             raise CancelledError(self._reason)
-        return None if state in _RETURNED else self._error
+        return None if self._returned() else self._error
 
     # -- observing -------------------------------------------------------------------
 

@@ -322,6 +322,31 @@ async def test_an_interrupt_during_an_invalid_answer_stops_before_the_retry() ->
         assert server.requests[-1].body["messages"][-1]["content"].startswith(CORRECTION_PREFIX)
 
 
+async def test_a_handle_over_a_typed_run_interrupted_before_its_answer() -> None:
+    gate = asyncio.Event()
+
+    async def slow_weather(city: str) -> str:
+        """The weather, once the test lets it through."""
+        await gate.wait()
+        return f"rain in {city}"
+
+    agent = aio.Agent(aio.client("test"), [slow_weather], output_type=Weather)
+    handle = aio.RunHandle.start(agent.run("weather in Oslo"))
+    async for event in handle.events():
+        if event.type == "tool_call":  # the tool round is in flight
+            assert handle.interrupt()
+            gate.set()
+        last = event
+    # The run stopped at the boundary after the tool round: interrupted, with no value.
+    assert handle.status == "interrupted"
+    assert last.type == "handle_finished" and last.status == "interrupted"
+    assert last.error is not None and "NoOutputError" in last.error
+    with pytest.raises(aio.NoOutputError):
+        await handle
+    assert isinstance(handle.exception(), aio.NoOutputError)
+    assert await agent.resume() == Weather(city="Oslo", temperature=1.5)
+
+
 # -- tool-only request options ---------------------------------------------------------------
 
 
