@@ -225,7 +225,7 @@ class Served:
     url: str
     app: ServeApp
     model: LoopbackServer
-    store: Path
+    store: Path | str
 
 
 def make_app(model: LoopbackServer, store: Path | str, **options: Any) -> ServeApp:
@@ -324,6 +324,16 @@ async def postgres_database() -> AsyncIterator[str]:
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def store_of(kind: str, tmp_path: Path) -> AsyncIterator[Path | str]:
+    """A store for servers to share: ``sqlite`` (a file) or ``postgres`` (a database URL)."""
+    if kind == "sqlite":
+        yield tmp_path / "sessions.db"
+        return
+    async with postgres_database() as url:
+        yield url
 
 
 @dataclass

@@ -26,8 +26,8 @@ from tests.serve.harness import (
     MAILED,
     collect,
     make_app,
-    postgres_database,
     start,
+    store_of,
     uvicorn_serving,
 )
 
@@ -51,11 +51,8 @@ class LockWaits(logging.Handler):
 @pytest.fixture(params=["sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Path | str]:
     """The store both servers share: a SQLite file, or a PostgreSQL database's URL."""
-    if request.param == "sqlite":
-        yield tmp_path / "s.db"
-        return
-    async with postgres_database() as url:
-        yield url
+    async with store_of(request.param, tmp_path) as made:
+        yield made
 
 
 async def test_the_last_two_decisions_at_once_on_two_servers_resume_the_run_once(

@@ -10,13 +10,24 @@ follow-up run on the session accepted at once.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, Served, collect, start
+from aimu.testing.server import LoopbackServer
+from tests.serve.harness import (
+    GATE,
+    Served,
+    collect,
+    make_app,
+    start,
+    store_of,
+    uvicorn_serving,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +40,27 @@ ALLOWED = {
 #: An interrupt lets the model turn in flight finish: during the final answer, the run
 #: completes with it.
 AT_THE_ANSWER = {**ALLOWED, "interrupt": {"completed"}}
+
+
+def cases(points: list[str]) -> list[tuple[str, str, str]]:
+    """(point, action, store): every action on SQLite; a cancel on PostgreSQL too, whose
+    writes are awaited (shielded), so the cancel meets them in flight."""
+    return [(p, a, "sqlite") for p in points for a in ACTIONS] + [
+        (p, "cancel", "postgres") for p in points
+    ]
+
+
+@pytest.fixture
+async def served(
+    model_server: LoopbackServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Served]:
+    """The app on the store the case names (``store`` parameter; SQLite by default)."""
+    callspec = getattr(request.node, "callspec", None)
+    kind = "sqlite" if callspec is None else callspec.params.get("store", "sqlite")
+    async with store_of(kind, tmp_path) as store:
+        application = make_app(model_server, store)
+        with uvicorn_serving(application) as url:
+            yield Served(url, application, model_server, store)
 
 
 def words(action: str) -> int:
@@ -57,10 +89,9 @@ async def paused_run(http: httpx.AsyncClient, session: str, task: str) -> str:
     return str(decided.json()["resumed_run_id"])
 
 
-@pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize("point", ["accepted", "tool", "model"])
+@pytest.mark.parametrize(("point", "action", "store"), cases(["accepted", "tool", "model"]))
 async def test_a_stop_in_a_run_a_decision_resumed(
-    http: httpx.AsyncClient, served: Served, point: str, action: str
+    http: httpx.AsyncClient, served: Served, point: str, action: str, store: str
 ) -> None:
     GATE.reset()
     session = f"decided-{point}-{action[:4]}"
@@ -71,10 +102,9 @@ async def test_a_stop_in_a_run_a_decision_resumed(
     await stop_and_check(http, served, Case(session, run_id, action, point, streams))
 
 
-@pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize("point", ["tool", "model"])
+@pytest.mark.parametrize(("point", "action", "store"), cases(["tool", "model"]))
 async def test_a_stop_in_the_work_a_send_started(
-    http: httpx.AsyncClient, served: Served, point: str, action: str
+    http: httpx.AsyncClient, served: Served, point: str, action: str, store: str
 ) -> None:
     GATE.reset()
     session = f"sent-{point}-{action[:4]}"
@@ -92,10 +122,9 @@ async def test_a_stop_in_the_work_a_send_started(
     assert user == ["gate 1 3", text, "short 2"]  # the sent text joined once
 
 
-@pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize("point", ["accepted", "tool", "model"])
+@pytest.mark.parametrize(("point", "action", "store"), cases(["accepted", "tool", "model"]))
 async def test_a_stop_in_a_run_a_resume_started(
-    http: httpx.AsyncClient, served: Served, point: str, action: str
+    http: httpx.AsyncClient, served: Served, point: str, action: str, store: str
 ) -> None:
     GATE.reset()
     session = f"resumed-{point}-{action[:4]}"
