@@ -237,7 +237,14 @@ class LocalRuns:
         its end."""
         record = RunRecord("", session, task)
         record.messages_from = len(agent.model_client.messages)
-        handle = self._start_handle(_closing(agent, run, record), record)
+        closing = _closing(agent, run, record)
+        try:
+            handle = self._start_handle(closing, record)
+        except BaseException:  # never started: release the session here
+            closing.close()
+            run.close()
+            await agent.aclose()
+            raise
         record.handle = handle
         record.status = handle.status
         handle.scope.add_listener(lambda event: self._on_event(record, event))
