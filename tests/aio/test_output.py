@@ -393,6 +393,18 @@ async def test_a_named_tool_choice_and_none() -> None:
         assert server.requests[-1].body["tool_choice"] == "none"
 
 
+async def test_the_test_model_in_process_honours_tool_choice() -> None:
+    def get_time(city: str) -> str:
+        """The time in a city."""
+        return "noon"
+
+    named = aio.Agent(aio.client("test"), [get_weather, get_time], tool_choice="get_time")
+    assert await named.run("time in Oslo") == "I called get_time: noon."
+    none = aio.Agent(aio.client("test"), [get_weather], tool_choice="none", output_type=Weather)
+    assert await none.run("weather in Oslo") == Weather(city="Oslo", temperature=1.5)
+    assert [m["role"] for m in none.model_client.messages] == ["user", "assistant"]
+
+
 async def test_ollama_gets_no_tool_options() -> None:
     async with LoopbackServer() as server, ollama_client(server) as model:
         agent = aio.Agent(model, [get_weather], tool_choice="required", parallel_tool_calls=False)
