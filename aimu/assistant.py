@@ -824,6 +824,8 @@ class Assistant:
             self._line(INTERRUPTED)
         elif finished.status == "max_rounds":
             self._line(f"(stopped: the turn used its {self._max_rounds} tool rounds)")
+        elif finished.status == "incomplete":
+            self._line(f"(cut off: the model stopped with {finished.stop_reason!r})")
         else:
             self._end_line()
 

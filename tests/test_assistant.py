@@ -817,3 +817,16 @@ async def test_the_stdin_reader_ends_with_serve_and_leaves_later_input_unread(
     finally:
         os.close(write_end)
         sys.stdin.close()
+
+
+async def test_an_answer_cut_off_by_the_length_limit_is_shown_cut_off(
+    store: SQLiteStore,
+) -> None:
+    model = ScriptedModel([Turn(text="the start of a", stop_reason="length")])
+    screen = Screen.of(model, store, tools=())
+    await screen.expect("/help lists the commands.\n")
+    screen.send("tell me all")
+    assert await screen.expect("\n(cut off: the model stopped with 'length')\n") == (
+        "the start of a\n(cut off: the model stopped with 'length')\n"
+    )
+    assert await screen.finish() == 0

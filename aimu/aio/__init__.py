@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         HandleFinished,
         ModelRetry,
         RunFinished,
+        RunResult,
         RunStarted,
         StepFinished,
         TextChunk,
@@ -90,6 +91,7 @@ __all__ = [
     "RunHandle",
     "RunInfo",
     "RunLostError",
+    "RunResult",
     "RunScope",
     "RunStarted",
     "Runnable",
@@ -157,7 +159,7 @@ _ERRORS = (
 )
 _EVENTS = (
     "Event", "HandleFinished", "RunFinished", "RunStarted", "StepFinished", "TextChunk",
-    "ThinkingChunk", "ToolCallStarted", "ToolResult", "ModelRetry",
+    "ThinkingChunk", "ToolCallStarted", "ToolResult", "ModelRetry", "RunResult",
 )
 _WHERE.update(dict.fromkeys(_ERRORS, "errors"))
 _WHERE.update(dict.fromkeys(_EVENTS, "events"))

@@ -5,8 +5,10 @@ other): without one, or without ``opentelemetry-api`` installed, every helper he
 a dictionary look-up and nothing is imported. Attributes follow the GenAI semantic
 conventions (``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.usage.*``,
 ``gen_ai.tool.name``, ``gen_ai.tool.call.id``); how a run ended is
-``aimu.run.status`` (``completed``, ``cancelled``, ``interrupted``, ``timed_out``,
-``paused``...) with ``aimu.stop.reason``. A cancel is recorded, not reported as an error,
+``aimu.run.status`` (``completed``, ``incomplete`` for an answer cut off, ``cancelled``,
+``interrupted``, ``timed_out``, ``paused``...) with ``aimu.stop.reason``; a run's span adds
+its model requests and retries (``aimu.run.requests``, ``aimu.run.retries``: the GenAI
+conventions name none). A cancel is recorded, not reported as an error,
 and always propagates. No message contents and no secrets go on a span.
 """
 
@@ -17,9 +19,12 @@ import contextlib
 import contextvars
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aimu.aio.transcript import Usage
+
+if TYPE_CHECKING:
+    from aimu.aio.events import RunFinished
 
 __all__ = ["RunSpans", "SpanNotes", "enabled", "span"]
 
@@ -178,32 +183,27 @@ class RunSpans:
         return _parent(self._run)
 
 
-    def finished(
-        self,
-        status: str,
-        stop_reason: str | None,
-        usage: Usage,
-        error: str | None,
-        reason: str | None = None,
-    ) -> None:
-        """End the run's span with how the run ended (``RunFinished``'s fields) and why
-        (``reason``: ``aimu.stop.reason``).
+    def finished(self, final: RunFinished, status: str, reason: str | None = None) -> None:
+        """End the run's span with ``final``'s numbers, ``status`` (``final.status``, or
+        ``timed_out`` for a deadline's cancel) and why (``reason``: ``aimu.stop.reason``).
 
         A model turn the stop cut short ends here too, with the run's status.
         """
         run, self._run = self._run, None
         if run is None:
             return
-        failed = error if status == "failed" else None
+        failed = final.error if status == "failed" else None
         for span_ in (self._turn, run):
             if span_ is None:
                 continue
             notes = SpanNotes(span_)
             if span_ is run:
-                notes.set("gen_ai.usage.input_tokens", usage["input_tokens"])
-                notes.set("gen_ai.usage.output_tokens", usage["output_tokens"])
-                if stop_reason is not None:
-                    notes.set("gen_ai.response.finish_reasons", [stop_reason])
+                notes.set("gen_ai.usage.input_tokens", final.usage["input_tokens"])
+                notes.set("gen_ai.usage.output_tokens", final.usage["output_tokens"])
+                if final.stop_reason is not None:
+                    notes.set("gen_ai.response.finish_reasons", [final.stop_reason])
+                notes.set("aimu.run.requests", final.requests)
+                notes.set("aimu.run.retries", final.retries)
             notes.ended(status, reason, error=failed)
             span_.end()
         self._turn = None

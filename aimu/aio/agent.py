@@ -45,8 +45,10 @@ from aimu.aio.client import (
 )
 from aimu.aio.errors import ModelError, ModelProtocolError, StoreError
 from aimu.aio.events import (
+    CUT_OFF_REASONS,
     Event,
     RunFinished,
+    RunResult,
     RunStarted,
     RunStatus,
     StepFinished,
@@ -57,7 +59,7 @@ from aimu.aio.events import (
 )
 from aimu.aio.journal import IN_DOUBT_RESULT, RERUN_NOTE, settle_in_doubt
 from aimu.aio.output import OutputSpec, check_tool_choice, is_correction, turn_request
-from aimu.aio.runnable import OutputT, Runnable, load_usage
+from aimu.aio.runnable import OutputT, RunClock, Runnable, load_usage
 from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
@@ -156,16 +158,22 @@ class _Run:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "argument_errors", "assembler", "calls", "closing", "contexts", "error",
-        "final_prompted", "opened", "outcome", "output_failures", "reply", "reruns", "rounds",
-        "scope", "settled",
-        "spans", "status", "stop_reason", "store_error", "usage",
+        "argument_errors", "assembler", "calls", "clock", "closing", "contexts", "error",
+        "final_prompted", "first", "opened", "outcome", "output", "output_failures", "reply",
+        "requests", "reruns", "retries_from", "rounds", "scope", "settled", "spans", "status",
+        "stop_reason", "store_error", "usage",
     )
 
-    def __init__(self, scope: RunScope, spans: RunSpans) -> None:
+    def __init__(self, scope: RunScope, spans: RunSpans, client: ModelClient) -> None:
         self.scope = scope
         #: The run's OpenTelemetry spans (no-ops unless a tracer provider is set).
         self.spans = spans
+        self.clock = RunClock()
+        #: Where this run's messages start in the transcript, and the client's retries
+        #: before it: the run's result reports what came after.
+        self.first = len(client.messages)
+        self.retries_from = client.retry_count
+        self.requests = 0
         self.outcome: Outcome | None = None
         self.status: RunStatus = "failed"
         self.reply = ""
@@ -174,6 +182,8 @@ class _Run:
         self.rounds = 0
         #: Answers that failed the agent's output_type in this run (corrections sent).
         self.output_failures = 0
+        #: The answer parsed as the agent's output_type, once one passed.
+        self.output: object = None
         #: The final-turn prompt is in the transcript for this task (after max_rounds).
         self.final_prompted = False
         #: The turn in flight (None between turns) and its argument errors by call id.
@@ -203,6 +213,8 @@ class _Run:
 
     def end(self, outcome: Outcome, reply: str) -> None:
         self.outcome, self.status, self.reply = outcome, _STATUS_OF[outcome], reply
+        if self.status == "completed" and self.stop_reason in CUT_OFF_REASONS:
+            self.status = "incomplete"  # an answer, but cut off: never a plain completed
 
     def interrupted(self) -> None:
         """The interrupt is honoured: the run returns INTERRUPTED."""
@@ -339,6 +351,7 @@ class Agent(Runnable[OutputT]):
         self._carried: list[str] = []
         self._usage = zero_usage()
         self.last_status: RunStatus | None = None
+        self.last_run: RunResult[OutputT] | None = None
         if session is not None:
             validate_session_name(session)
         self._place_system()
@@ -610,11 +623,11 @@ class Agent(Runnable[OutputT]):
 
     async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
         client = self.model_client
-        run = _Run(self._open_scope(), RunSpans(self.name, client.model, client.provider))
+        run = _Run(self._open_scope(), RunSpans(self.name, client.model, client.provider), client)
         failure: BaseException | None = None
         stopped_by: BaseException | None = None
         try:
-            await self._open(task, reset)
+            await self._open(run, task, reset)
             run.opened = True
             yield run.publish(RunStarted(self.name, task))
             self._pick_up(run, task)
@@ -635,8 +648,7 @@ class Agent(Runnable[OutputT]):
         finally:
             final = await self._settle(run)
             stop = self._stop(run, final, stopped_by or run.store_error)
-            spans = run.spans
-            spans.finished(stop.status, final.stop_reason, final.usage, final.error, stop.reason)
+            run.spans.finished(final, stop.status, stop.reason)
             stop.log(self.name)
         if failure is None:
             failure = run.store_error
@@ -650,9 +662,9 @@ class Agent(Runnable[OutputT]):
             raise failure from None
         raise failure
 
-    async def _open(self, task: str | None, reset: bool) -> None:
+    async def _open(self, run: _Run, task: str | None, reset: bool) -> None:
         """Put the session in order for a run: the store opened, reset, system prompt,
-        the task recorded."""
+        the task recorded (the first of the run's messages)."""
         await self.open()
         if reset:
             self.model_client.messages.clear()
@@ -664,6 +676,7 @@ class Agent(Runnable[OutputT]):
             await self._sync_store(self._writer)
             if self._state_stale:
                 await self._save_approvals()
+        run.first = len(self.model_client.messages)
         if task is None:
             self._require_task()
         else:
@@ -722,6 +735,7 @@ class Agent(Runnable[OutputT]):
         client = self.model_client
         assembler = run.assembler = TurnAssembler()
         run.argument_errors = {}
+        run.requests += 1
         run.spans.turn_started()
         specs = None if final_turn else config.specs
         request = turn_request(
@@ -796,7 +810,7 @@ class Agent(Runnable[OutputT]):
         if output is None:
             return True
         try:
-            output.parse(text)
+            run.output = output.parse(text)
         except ValueError as error:
             await self._record(output.correction(str(error)))
             run.output_failures += 1
@@ -952,9 +966,11 @@ class Agent(Runnable[OutputT]):
             run.status, run.error = "failed", _describe(error)
         finally:
             add_usage(self._usage, run.usage)
-            self._close_scope(run.status)
+            result = self._result_of(run)
+            self._close_scope(result)
         final = RunFinished(
-            self._config.name, run.status, run.reply, run.usage, run.error, run.stop_reason
+            self._config.name, run.status, run.reply, run.usage, run.error, run.stop_reason,
+            result.requests, result.retries, result.duration,
         )
         run.scope.emit(final)
         return final
@@ -963,6 +979,37 @@ class Agent(Runnable[OutputT]):
         """How the run ended, for its span and the log (a deadline's cancel: timed_out)."""
         waiting = [f"{p.tool} ({p.call_id})" for p in self._approvals.pending.values()]
         return stop_of(final, error, run.scope, waiting, self._config.max_rounds)
+
+    def _result_of(self, run: _Run) -> RunResult[OutputT]:
+        """The run's result, once settled: what it returned and added, and its numbers."""
+        client = self.model_client
+        duration, started_at, ended_at = run.clock.span()
+        return RunResult(
+            source=self._config.name,
+            status=run.status,
+            output=self._output_of(run),
+            reply=run.reply,
+            stop_reason=run.stop_reason,
+            usage=run.usage,
+            requests=run.requests,
+            retries=client.retry_count - run.retries_from,
+            duration=duration,
+            started_at=started_at,
+            ended_at=ended_at,
+            messages=copy_messages(client.messages[run.first:]),
+            error=run.error,
+            run_id=run.scope.run_id,
+        )
+
+    def _output_of(self, run: _Run) -> OutputT | None:
+        """What ``run()`` returns for ``run``: its text, or its ``output_type`` value (None
+        when it raises, or ended without a valid answer)."""
+        if run.status in ("failed", "cancelled"):
+            return None
+        if self._config.output is None:
+            return cast(OutputT, run.reply)
+        answered = run.status in ("completed", "incomplete", "max_rounds")
+        return cast(OutputT, run.output) if answered else None
 
     def _settle_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in

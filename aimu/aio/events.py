@@ -10,16 +10,18 @@ first field, ``source``, names the agent or workflow whose run emitted it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
-from aimu.aio.transcript import Usage
+from aimu.aio.transcript import Message, Usage
 
 __all__ = [
+    "CUT_OFF_REASONS",
     "Event",
     "HandleFinished",
     "HandleStatus",
     "ModelRetry",
     "RunFinished",
+    "RunResult",
     "RunStarted",
     "RunStatus",
     "StepFinished",
@@ -29,13 +31,19 @@ __all__ = [
     "ToolResult",
 ]
 
+#: How a run ended. ``incomplete``: it answered, but the model's reply was cut off (by
+#: its length limit or a content filter; ``stop_reason`` says which).
 RunStatus: TypeAlias = Literal[
-    "completed", "interrupted", "cancelled", "failed", "max_rounds", "paused"
+    "completed", "incomplete", "interrupted", "cancelled", "failed", "max_rounds", "paused"
 ]
 HandleStatus: TypeAlias = Literal[
-    "pending", "running", "completed", "interrupted", "paused", "cancelled", "timed_out",
-    "failed",
+    "pending", "running", "completed", "incomplete", "interrupted", "paused", "cancelled",
+    "timed_out", "failed",
 ]
+#: The stop reasons (as servers say them) of a reply that was cut off, not finished.
+CUT_OFF_REASONS = frozenset({"length", "max_tokens", "content_filter"})
+
+_Output = TypeVar("_Output", covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +108,55 @@ class RunFinished:
     stop_reason: str | None = None
     """Why the model stopped its last turn ("stop", "length", ...), as its server said;
     None when no turn finished or the server did not say."""
+    requests: int = 0
+    """Model requests this run made (retries not counted)."""
+    retries: int = 0
+    """Model requests retried after a failure before any byte of the reply."""
+    duration: float = 0.0
+    """Seconds the run took (monotonic clock)."""
     type: Literal["run_finished"] = field(default="run_finished", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult(Generic[_Output]):
+    """What one run of an agent or workflow did, however it ended (``agent.last_run``).
+
+    Set when the run ends, before its :class:`RunFinished` is emitted, on every outcome:
+    a run that raised (failed, cancelled) has its result too, then the error propagates.
+    """
+
+    source: str
+    status: RunStatus
+    output: _Output | None
+    """What ``run()`` returned (the text, or an ``output_type`` value); None when it
+    raised."""
+    reply: str
+    """The text of the answer (``RunFinished.reply``), or the partial text a stop cut."""
+    stop_reason: str | None
+    """Why the model stopped its last turn, as its server said ("stop", "length"...)."""
+    usage: Usage
+    """Tokens this run used (a resume counts its own)."""
+    requests: int
+    """Model requests this run made, retries not counted."""
+    retries: int
+    """Requests retried after failing before any byte of the reply (a 503, a reset)."""
+    duration: float
+    """Seconds from start to end, on the monotonic clock."""
+    started_at: float
+    ended_at: float
+    """Wall-clock start and end, ``time.time()`` seconds."""
+    messages: list[Message]
+    """What this run added to the transcript, in order (copies); for a workflow, what
+    the agents inside added, run after run."""
+    error: str | None = None
+    """The error that ended a failed or cancelled run, as ``"Type: message"``."""
+    run_id: str | None = None
+    """The ``run_id`` of the registered :class:`~aimu.aio.RunHandle` it ran in, if any."""
+
+    @property
+    def cut_off(self) -> bool:
+        """True when the model's last reply was cut off (``stop_reason`` length, a filter)."""
+        return self.stop_reason in CUT_OFF_REASONS
 
 
 @dataclass(frozen=True, slots=True)

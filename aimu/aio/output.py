@@ -98,7 +98,7 @@ class OutputSpec(Generic[T]):
 
     def result(self, final: RunFinished) -> T:
         """What ``run()`` returns for the run that ended in ``final``."""
-        if final.status not in ("completed", "max_rounds"):
+        if final.status not in ("completed", "incomplete", "max_rounds"):
             raise NoOutputError(
                 f"agent {final.source!r}: the run ended {final.status} before its answer; "
                 "resume() to get its output",

@@ -8,7 +8,8 @@ is the hard stop; a deadline cancels on its own.
 
 The state machine (``_State``)::
 
-    PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, INTERRUPTED or PAUSED
+    PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, INCOMPLETE,
+       │                      │                          INTERRUPTED or PAUSED
        │                      │     ──the run raises───▶ FAILED
        │                      │     ──CancelledError───▶ CANCELLED
        ├──cancel()────────────┴──▶ CANCELLING ──the run ends──▶ CANCELLED (COMPLETED or
@@ -17,7 +18,7 @@ The state machine (``_State``)::
        └──deadline────────────┴──▶ EXPIRING ──the run ends──▶ TIMED_OUT, or CANCELLED
                                                               if another cancel came too
 
-The six on the right are final. Moves the diagram lacks are refused: ``cancel()`` and
+The seven on the right are final. Moves the diagram lacks are refused: ``cancel()`` and
 ``interrupt()`` answer False on a final handle, and a second finish raises
 ``RuntimeError`` naming the state it found. A cancel (or deadline)
 that comes while PENDING is delivered at the task's first step, so it lands at the
@@ -26,9 +27,11 @@ run's first ``await``: its opening lines (an agent recording the task) still run
 while PENDING or RUNNING. A run that returns ends INTERRUPTED when a loop in its scope
 honoured an interrupt (``scope.interrupt_honoured``: agents and workflows record it, a
 loop of your own calls ``scope.note_interrupted()``), PAUSED when one paused for
-approvals (``scope.pause_honoured``), else COMPLETED, even if an interrupt was asked
-for. A typed agent run (``output_type=``) stopped that way has no value to return: it
-raises ``NoOutputError``, and the handle ends INTERRUPTED (PAUSED) with that error. A
+approvals (``scope.pause_honoured``), INCOMPLETE when the agent or workflow run it ran
+answered with a reply cut off (by the model's length limit or a filter; see
+``handle.last_run``), else COMPLETED, even if an interrupt was asked for. A typed agent
+run (``output_type=``) stopped that way has no value to return: it raises
+``NoOutputError``, and the handle ends INTERRUPTED (PAUSED) with that error. A
 paused run has ended: cancelling its handle does nothing. The deadline counts its
 cancel as ``asyncio.timeout`` does: TIMED_OUT only when its cancel is the task's only
 one (``task.cancelling()``), so a cancel from anywhere else, even in the same loop
@@ -93,6 +96,7 @@ class _State:
     CANCELLING: Final = "cancelling"
     EXPIRING: Final = "expiring"
     COMPLETED: Final = "completed"
+    INCOMPLETE: Final = "incomplete"
     INTERRUPTED: Final = "interrupted"
     PAUSED: Final = "paused"
     CANCELLED: Final = "cancelled"
@@ -101,7 +105,7 @@ class _State:
 
 
 _LIVE = frozenset({_State.PENDING, _State.RUNNING, _State.CANCELLING, _State.EXPIRING})
-_RETURNED = frozenset({_State.COMPLETED, _State.INTERRUPTED, _State.PAUSED})
+_RETURNED = frozenset({_State.COMPLETED, _State.INCOMPLETE, _State.INTERRUPTED, _State.PAUSED})
 _DROPPABLE = (TextChunk, ThinkingChunk)
 
 
@@ -344,7 +348,11 @@ class RunHandle(RunScope, Generic[T]):
         elif self.interrupt_honoured:
             self._state, self._error = _State.INTERRUPTED, None
         else:
-            self._state = _State.COMPLETED
+            last = self.last_run
+            if last is not None and last.status == "incomplete":
+                self._state, self._error = _State.INCOMPLETE, None
+            else:
+                self._state = _State.COMPLETED
         self._finish()
         return result
 
@@ -699,7 +707,8 @@ class RunHandle(RunScope, Generic[T]):
 
     @property
     def status(self) -> HandleStatus:
-        """pending, running, completed, interrupted, paused, cancelled, timed_out or failed."""
+        """pending, running, completed, incomplete, interrupted, paused, cancelled,
+        timed_out or failed."""
         state = self._state
         if state is _State.CANCELLING or state is _State.EXPIRING:
             return "running" if self._started else "pending"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Coroutine, Mapping
 from contextlib import aclosing
 from types import CoroutineType
@@ -19,11 +20,11 @@ from typing import Any, ClassVar, Generic, Literal, TypeAlias, cast, overload
 from typing_extensions import TypeVar
 
 from aimu.aio.approvals import PendingApproval
-from aimu.aio.events import Event, RunFinished, RunStatus
+from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Usage, zero_usage
 
-__all__ = ["OutputT", "Runnable", "RunnerStatus", "load_usage"]
+__all__ = ["OutputT", "RunClock", "Runnable", "RunnerStatus", "load_usage"]
 
 #: What ``run()`` returns: the answer's text, or an agent's ``output_type``.
 OutputT = TypeVar("OutputT", covariant=True, default=str)
@@ -45,6 +46,9 @@ class Runnable(abc.ABC, Generic[OutputT]):
     _scope: RunScope | None
     #: How the last run ended (None before the first).
     last_status: RunStatus | None
+    #: What the last run did: status, stop reason, usage, duration, messages (None before
+    #: the first run). Set on every outcome, before the run's RunFinished is emitted.
+    last_run: RunResult[OutputT] | None
 
     # -- what each runnable defines ------------------------------------------------------
 
@@ -150,9 +154,12 @@ class Runnable(abc.ABC, Generic[OutputT]):
         scope = self._scope = RunScope(self.name, parent=current_scope.get())
         return scope
 
-    def _close_scope(self, status: RunStatus) -> None:
-        self._scope = None
-        self.last_status = status
+    def _close_scope(self, result: RunResult[OutputT]) -> None:
+        """Release this session and keep ``result``, here and in the scope around."""
+        scope, self._scope = self._scope, None
+        self.last_status, self.last_run = result.status, result
+        if scope is not None and scope.parent is not None:
+            scope.parent.note_ended(result)
 
     def _check_new_task(self) -> None:
         """Raise ValueError when a new task may not start now (calls wait for a person)."""
@@ -263,6 +270,21 @@ class Runnable(abc.ABC, Generic[OutputT]):
                     final = event  # the last one is the run's own
         assert final is not None, f"the run of {self.name!r} ended without its RunFinished"
         return final
+
+
+class RunClock:
+    """When a run started, on the monotonic clock and the wall clock."""
+
+    __slots__ = ("monotonic", "wall")
+
+    def __init__(self) -> None:
+        self.monotonic = time.monotonic()
+        self.wall = time.time()
+
+    def span(self) -> tuple[float, float, float]:
+        """``(duration, started_at, ended_at)`` as of now: seconds, then wall-clock times."""
+        duration = time.monotonic() - self.monotonic
+        return duration, self.wall, self.wall + duration
 
 
 def load_usage(value: object, where: str) -> Usage:

@@ -13,8 +13,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import Any
 
-from aimu.aio.events import Event
+from aimu.aio.events import Event, RunResult
 
 __all__ = ["RunScope", "current_scope"]
 
@@ -32,7 +33,9 @@ class RunScope:
         "_interrupt_requested",
         "_listeners",
         "deadline",
+        "ended",
         "interrupt_honoured",
+        "last_run",
         "name",
         "parent",
         "pause_honoured",
@@ -53,6 +56,10 @@ class RunScope:
         self.interrupt_honoured = False
         #: True once a loop in this scope paused for approvals (the run returned paused).
         self.pause_honoured = False
+        #: The result of the last agent or workflow run that ended directly in this scope.
+        self.last_run: RunResult[Any] | None = None
+        #: Every such result, when someone collects them (a workflow, for its run's totals).
+        self.ended: list[RunResult[Any]] | None = None
         self._listeners: list[EventListener] | None = None
         #: Text sent to the run (``send()``): None before the first, () once closed.
         self._inbox: deque[str] | tuple[()] | None = None
@@ -84,6 +91,17 @@ class RunScope:
         while scope is not None:
             scope.pause_honoured = True
             scope = scope.parent
+
+    def note_ended(self, result: RunResult[Any]) -> None:
+        """Record the result of a run that ended directly in this scope."""
+        self.last_run = result
+        if self.ended is not None:
+            self.ended.append(result)
+
+    @property
+    def run_id(self) -> str | None:
+        """The id of the registered run this scope belongs to (a handle's), if any."""
+        return None if self.parent is None else self.parent.run_id
 
     def send(self, text: str) -> bool:
         """Give ``text`` to the loops in this scope: the first to reach a step boundary

@@ -21,7 +21,7 @@ from aimu.aio.providers.base import (
     TurnDone,
     TurnRequest,
 )
-from aimu.aio.transcript import Message, ToolCall, ToolSpec, wire_view
+from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, wire_view
 from aimu.testing.script import Script, Turn, split_text
 
 __all__ = ["ScriptExhausted", "ScriptedModel"]
@@ -166,7 +166,8 @@ async def _play(turn: Turn, serial: int) -> AsyncIterator[Chunk]:
         )
     text_chunks = sum(isinstance(p, TextDelta) for p in pieces)
     output = turn.output_tokens if turn.output_tokens is not None else text_chunks
-    yield TurnDone({"input_tokens": turn.input_tokens, "output_tokens": output}, "stop")
+    usage: Usage = {"input_tokens": turn.input_tokens, "output_tokens": output}
+    yield TurnDone(usage, turn.stop_reason or "stop")
 
 
 async def _fault(turn: Turn) -> None:

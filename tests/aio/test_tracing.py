@@ -258,3 +258,16 @@ async def test_every_stop_is_on_the_run_span_with_its_reason(
     assert said["pause"][0] == "paused"
     assert str(said["pause"][1]).startswith("tool calls wait for approval: launch (call_")
     no_contents(spans)
+
+
+async def test_an_answer_cut_off_is_incomplete_on_the_run_span_with_its_requests(
+    spans: InMemorySpanExporter,
+) -> None:
+    script = [Turn(fault="http_503", retry_after="0"), Turn(text="half an", stop_reason="length")]
+    assert await run_agent(script, []) == "half an"
+    (run,) = named(spans, "invoke_agent ")
+    attributes = dict(run.attributes or {})
+    assert attributes["aimu.run.status"] == "incomplete"
+    assert attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert (attributes["aimu.run.requests"], attributes["aimu.run.retries"]) == (1, 1)
+    assert run.status.status_code is StatusCode.UNSET  # cut off is not an error

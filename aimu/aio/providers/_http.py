@@ -436,6 +436,7 @@ class HTTPModelClient(ModelClient):
             attempt += 1
             if not await self.retry.wait(attempt, wait, failure, reporter):
                 raise failure
+            self.retry_count += 1
 
     async def _http_error(self, response: httpx.Response, reporter: Reporter) -> ModelError:
         try:

@@ -152,6 +152,8 @@ class ModelClient(abc.ABC):
 
     #: The prefix of ``client()`` specs for this provider.
     provider: str = ""
+    #: Requests this client retried so far (a run counts its own by the difference).
+    retry_count: int = 0
 
     def __init__(self, model: str) -> None:
         self.model = model

@@ -28,7 +28,8 @@ __all__ = [
 ]
 
 SessionStatus: TypeAlias = Literal[
-    "in_progress", "completed", "interrupted", "cancelled", "failed", "max_rounds", "paused"
+    "in_progress", "completed", "incomplete", "interrupted", "cancelled", "failed",
+    "max_rounds", "paused",
 ]
 STATUSES: Final = frozenset(get_args(SessionStatus))
 

@@ -20,10 +20,10 @@ from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
 from aimu.aio.agent import INTERRUPTED
 from aimu.aio.approvals import PAUSED, PendingApproval
-from aimu.aio.events import Event, RunFinished, RunStarted, RunStatus, StepFinished
-from aimu.aio.runnable import Runnable
+from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus, StepFinished
+from aimu.aio.runnable import RunClock, Runnable
 from aimu.aio.scope import RunScope, current_scope
-from aimu.aio.transcript import Usage, add_usage, zero_usage
+from aimu.aio.transcript import Message, Usage, add_usage, zero_usage
 
 __all__ = ["INTERRUPTED", "STATE_VERSION", "Resumable", "SlotStatus", "Step", "Workflow"]
 
@@ -34,7 +34,7 @@ STATE_VERSION = 1
 SlotStatus: TypeAlias = Literal["pending", "in_flight", "finished"]
 _SLOT_STATUSES = get_args(SlotStatus)
 _RUN_STATUSES = get_args(RunStatus)
-_FINISHED: tuple[RunStatus, ...] = ("completed", "max_rounds")
+_FINISHED: tuple[RunStatus, ...] = ("completed", "incomplete", "max_rounds")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: A step of a workflow: an agent, or another workflow (nesting).
@@ -128,7 +128,8 @@ async def call_for_text(function: Callable[..., Any], *args: object, must: str) 
 class _Slot:
     """One step of one run: its own session of the step, and how far it got."""
 
-    __slots__ = ("answer", "error", "finished", "label", "session", "step")
+    __slots__ = ("answer", "cut_off", "error", "finished", "label", "session", "step",
+                 "stop_reason")
 
     def __init__(self, step: Step, label: str) -> None:
         self.step = step
@@ -136,6 +137,9 @@ class _Slot:
         self.session: Step | None = None
         self.finished = False
         self.answer = ""
+        #: Why the finished step's model stopped, and whether its answer was cut off.
+        self.stop_reason: str | None = None
+        self.cut_off = False
         self.error: str | None = None
 
     @property
@@ -160,6 +164,10 @@ class _Slot:
         }
         if self.error is not None:
             record["error"] = self.error
+        if self.stop_reason is not None:
+            record["stop_reason"] = self.stop_reason
+        if self.cut_off:
+            record["incomplete"] = True
         session = self.session
         record.update(self.step.blank_snapshot() if session is None else session.snapshot())
         return record
@@ -187,6 +195,9 @@ class _Slot:
             if not isinstance(answer, str):
                 raise ValueError(f"{where}: a finished step needs its 'answer' as a string")
             slot.finished, slot.answer = True, answer
+            reason = data.get("stop_reason")
+            slot.stop_reason = reason if isinstance(reason, str) else None
+            slot.cut_off = data.get("incomplete") is True
         error_text = data.get("error")
         slot.error = error_text if isinstance(error_text, str) else None
         return slot
@@ -210,6 +221,7 @@ class _Slot:
             raise
         if final.status in _FINISHED:
             self.finished, self.answer = True, final.reply
+            self.stop_reason, self.cut_off = final.stop_reason, final.status == "incomplete"
             return final.reply
         return None
 
@@ -270,6 +282,10 @@ class Workflow(Runnable):
         self._task: str | None = None
         self._answer: str | None = None
         self.last_status = None
+        self.last_run = None
+        self._clock = RunClock()
+        #: The steps whose answers make the reply of the run in progress (see _answered).
+        self._reply_slots: tuple[_Slot, ...] = ()
 
     # -- what each workflow defines ------------------------------------------------------
 
@@ -445,6 +461,9 @@ class Workflow(Runnable):
     def _claim(self, task: str | None) -> RunScope:
         """Claim this workflow for one run and open the run's scope."""
         scope = self._open_scope()
+        scope.ended = []  # the results of the runs of its steps, for this run's totals
+        self._clock = RunClock()
+        self._reply_slots = ()
         if task is not None:
             self._task = task
             self._answer = None
@@ -457,12 +476,51 @@ class Workflow(Runnable):
         """Release the workflow and emit its one terminal event (once per run)."""
         if self._scope is not scope:
             return None
-        self._close_scope(status)
+        result = self._result_of(scope, status, reply, error)
+        self._close_scope(result)
         if status in _FINISHED:
             self._answer = reply
-        final = RunFinished(self._name, status, reply, self.usage, error)
+        final = RunFinished(
+            self._name, status, reply, self.usage, error, result.stop_reason,
+            result.requests, result.retries, result.duration,
+        )
         scope.emit(final)
         return final
+
+    def _answered(self, reply: str, *slots: _Slot) -> tuple[RunStatus, str]:
+        """The run answers ``reply``, made of the answers of ``slots``: ``incomplete``
+        when one of them was cut off, else ``completed``."""
+        self._reply_slots = slots
+        return ("incomplete" if any(s.cut_off for s in slots) else "completed"), reply
+
+    def _result_of(
+        self, scope: RunScope, status: RunStatus, reply: str, error: str | None
+    ) -> RunResult[str]:
+        """This run's result: the totals of its steps' runs, and what it answered."""
+        ended = scope.ended or []
+        usage = zero_usage()
+        messages: list[Message] = []
+        for step in ended:
+            add_usage(usage, step.usage)
+            messages.extend(step.messages)
+        cut = [s for s in self._reply_slots if s.cut_off] or self._reply_slots[-1:]
+        duration, started_at, ended_at = self._clock.span()
+        return RunResult(
+            source=self._name,
+            status=status,
+            output=None if status in ("failed", "cancelled") else reply,
+            reply=reply,
+            stop_reason=cut[0].stop_reason if cut and status in _FINISHED else None,
+            usage=usage,
+            requests=sum(step.requests for step in ended),
+            retries=sum(step.retries for step in ended),
+            duration=duration,
+            started_at=started_at,
+            ended_at=ended_at,
+            messages=messages,
+            error=error,
+            run_id=scope.run_id,
+        )
 
     async def _step(self, slot: _Slot, task: str, scope: RunScope) -> bool:
         """Run ``slot`` on ``task`` at a step boundary unless it has finished already;

@@ -53,7 +53,7 @@ class Chain(Workflow):
             if not await self._step(slot, text, scope):
                 return interrupted(scope)
             text = slot.answer
-        return "completed", text
+        return self._answered(text, self._chain[-1])
 
     def _progress(self) -> dict[str, Any]:
         return {"steps": [slot.record() for slot in self._chain]}

@@ -160,7 +160,7 @@ class EvaluatorOptimizer(Workflow):
                         await call_user_function(self._evaluator_function, task, draft)
                     )
             if round_.accepted:
-                return "completed", draft
+                return self._answered(draft, generate)
         return "max_rounds", self._rounds[-1].generate.answer
 
     def _check_verdict(self, verdict: object) -> tuple[bool, str]:

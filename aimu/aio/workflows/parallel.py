@@ -101,7 +101,7 @@ class Parallel(Workflow):
             text = labelled([s.step.name for s in self._lanes], answers)
             if not await self._step(combiner, combine_prompt(task, text), scope):
                 return interrupted(scope)
-            return "completed", combiner.answer
+            return self._answered(combiner.answer, combiner)
         if self._combined is None:
             if self._combine_function is None:
                 self._combined = labelled([s.step.name for s in self._lanes], answers)
@@ -110,7 +110,7 @@ class Parallel(Workflow):
                     self._combine_function, answers,
                     must=f"{self._where()}: combine must return a string",
                 )
-        return "completed", self._combined
+        return self._answered(self._combined, *self._lanes)
 
     async def _run_branches(self, pending: list[_Slot], task: str, scope: RunScope) -> None:
         async def branch(slot: _Slot) -> None:

@@ -140,7 +140,7 @@ class Router(Workflow):
         lane = self._lanes[self._route]
         if not await self._step(lane, task, scope):
             return interrupted(scope)
-        return "completed", lane.answer
+        return self._answered(lane.answer, lane)
 
     def _progress(self) -> dict[str, Any]:
         classifier = self._classifier

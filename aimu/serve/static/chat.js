@@ -281,6 +281,7 @@ function onEvent(run, event, replaying) {
       break;
     case "run_finished":
       if (event.status === "cancelled" && run.bubble) addMark(run.bubble, "(stopped)");
+      if (event.status === "incomplete" && run.bubble) addMark(run.bubble, "(cut off)");
       if (event.status === "interrupted") bubble("assistant", "", "(interrupted)");
       if (event.status === "failed") notice(`the run failed: ${event.error}`);
       endBubble(run);
