@@ -743,3 +743,21 @@ def test_on_a_terminal_a_line_typed_while_a_reply_streams_stays_whole(
     chat.press("\x04")
     assert chat.wait() == 0
     assert last_user(server.requests[-1].body) == "hello there"
+
+
+def test_on_a_terminal_the_bar_and_a_line_say_a_request_is_retried(
+    tmp_path: Path, chats: list[Chat]
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**environment(tmp_path, f"127.0.0.1:{port}"), "TERM": "xterm-256color"}
+    chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+    chat.expect(" Enter sends")
+    chat.press("hello\r")
+    chat.expect("(retry 1 in ")  # printed above the input line
+    chat.expect("retrying the model (attempt ")  # the spinner's words in the bar
+    chat.expect("error: cannot connect to Ollama")
+    chat.expect(" Enter sends")
+    chat.press("\x04")
+    assert chat.wait() == 1  # the last turn failed
