@@ -347,3 +347,17 @@ async def test_a_stop_is_logged_once_at_info_with_why(
     assert len(records) == 1, records
     _, level, text = records[0]
     assert level == "INFO" and text.startswith(f"agent 'agent': the run ended {logged}"), text
+
+
+async def test_an_answer_cut_off_is_logged_incomplete_with_the_models_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = await run_logged(
+        [Turn(text=f"the code {CODE} is", stop_reason="length")], tmp_path, caplog, logging.DEBUG
+    )
+    loud = [(name, level, text) for name, level, text in said(records) if level != "DEBUG"]
+    assert loud == [
+        ("aimu.aio.agent", "INFO", "agent 'agent': the run ended incomplete: the model "
+         "stopped with 'length'")
+    ]
+    keeps_the_rules(records)

@@ -271,3 +271,17 @@ async def test_an_answer_cut_off_is_incomplete_on_the_run_span_with_its_requests
     assert attributes["gen_ai.response.finish_reasons"] == ("length",)
     assert (attributes["aimu.run.requests"], attributes["aimu.run.retries"]) == (1, 1)
     assert run.status.status_code is StatusCode.UNSET  # cut off is not an error
+
+
+async def test_an_answer_cut_off_is_incomplete_on_the_run_span_with_the_models_reason(
+    spans: InMemorySpanExporter,
+) -> None:
+    async with LoopbackServer([Turn(text="cut", stop_reason="length")]) as server:
+        model = aio.client("openai:m", base_url=server.openai_base_url, api_key="k")
+        await aio.Agent(model, name="cut").run("go")
+        await model.aclose()
+    (run,) = named(spans, "invoke_agent cut")
+    attributes = dict(run.attributes or {})
+    assert attributes["aimu.run.status"] == "incomplete"
+    assert attributes["aimu.stop.reason"] == "the model stopped with 'length'"
+    assert run.status.status_code is StatusCode.UNSET
