@@ -243,7 +243,7 @@ def slow_answer(text: str = GOOD) -> Turn:
 async def test_a_cancel_during_an_output_turn_keeps_a_resumable_transcript(where: str) -> None:
     script = {
         "before_reply": [Turn(text=GOOD, first_byte_delay=30)],
-        "mid_reply": [slow_answer()],
+        "mid_reply": [Turn(text=GOOD, chunks=6, fault="hang", fault_after=2)],
         "after_correction": [Turn(text="nope"), Turn(text=GOOD, first_byte_delay=30)],
     }[where]
     async with LoopbackServer(script) as server, openai(server) as model:
@@ -293,25 +293,22 @@ async def test_a_deadline_mid_answer_keeps_the_partial_answer() -> None:
 async def test_an_interrupt_during_the_answer_turn_returns_the_value() -> None:
     async with LoopbackServer([slow_answer()]) as server, openai(server) as model:
         agent = aio.Agent(model, output_type=Weather)
-        handle = aio.RunHandle.start(agent.run("weather in Oslo"))
-        async for event in handle.events():
-            if isinstance(event, TextChunk):
-                assert handle.interrupt()
+        async for event in agent.run("weather in Oslo", stream=True):
+            if isinstance(event, TextChunk) and not agent.interrupt_requested:
+                assert agent.interrupt()  # the run waits at this chunk's yield
         # The step in flight was the answer: it finishes and the run has its output.
-        assert await handle == OSLO
-        assert agent.last_status == "completed"
+        assert isinstance(event, RunFinished) and event.status == "completed"
+        assert await agent.resume() == OSLO  # a finished run gives its answer at once
+        assert len(server.requests) == 1
 
 
 async def test_an_interrupt_during_an_invalid_answer_stops_before_the_retry() -> None:
     async with LoopbackServer([slow_answer("not json at all")]) as server, openai(server) as model:
         agent = aio.Agent(model, output_type=Weather)
-        run = asyncio.ensure_future(agent.run("weather in Oslo"))
-        # The reply has begun (a chunk is out) and its other five chunks are still to come.
-        await server.wait_until(lambda: bool(server.streams) and server.streams[0].chunks_sent > 0)
-        assert agent.interrupt()
-        with pytest.raises(aio.NoOutputError, match="interrupted") as caught:
-            await run
-        assert caught.value.status == "interrupted" and agent.last_status == "interrupted"
+        async for event in agent.run("weather in Oslo", stream=True):
+            if isinstance(event, TextChunk) and not agent.interrupt_requested:
+                assert agent.interrupt()
+        assert isinstance(event, RunFinished) and event.status == "interrupted"
         messages = agent.model_client.messages
         validate(messages)
         # The step finished: the answer and its correction are recorded, not yet sent.
