@@ -704,7 +704,7 @@ def requested_schema(request: Mapping[str, Any]) -> dict[str, Any] | None:
     wanted = request.get("format")
     if wanted is None:
         response_format = request.get("response_format")
-        if not isinstance(response_format, Mapping):
+        if not isinstance(response_format, Mapping) or response_format.get("type") == "text":
             return None
         wanted = response_format.get("json_schema")
         wanted = wanted.get("schema") if isinstance(wanted, Mapping) else "json"

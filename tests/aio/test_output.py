@@ -25,7 +25,7 @@ from aimu.aio.output import CORRECTION_PREFIX
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
-from aimu.testing.server import LoopbackServer
+from aimu.testing.server import LoopbackServer, requested_schema
 
 
 class Weather(BaseModel):
@@ -156,6 +156,31 @@ async def test_the_official_ollama_client_gets_json_of_its_format() -> None:
             city="Oslo", temperature=1.5
         )
         assert server.requests[-1].body["format"] == schema
+
+
+@pytest.mark.parametrize(
+    ("body", "schema"),
+    [
+        ({"format": {"type": "integer"}}, {"type": "integer"}),
+        ({"format": "json"}, {}),
+        ({"response_format": {"type": "json_object"}}, {}),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "null"}},
+                }
+            },
+            {"type": "null"},
+        ),
+        ({"response_format": {"type": "text"}}, None),
+        ({}, None),
+    ],
+)
+def test_the_loopback_server_reads_the_schema_of_either_protocol(
+    body: dict[str, Any], schema: dict[str, Any] | None
+) -> None:
+    assert requested_schema(body) == schema
 
 
 @pytest.mark.parametrize("protocol", ["ollama", "openai"])
