@@ -53,7 +53,8 @@ def script(request: Mapping[str, Any]) -> Turn:
     ``mail ...``: a call of send_email (needs approval), then its result read back;
     ``mails ...``: two calls of send_email in one turn, then their results read back;
     ``short N``: N quick chunks; ``gate N W``: N rounds calling gated_lookup, then W words;
-    ``wire W``: a call of gated_wire (needs approval), then W words; anything else:
+    ``wire W``: a call of gated_wire (needs approval), then W words; ``cut``: a reply the
+    length limit cut off; anything else:
     "answer to <it>"."""
     said = last_user(request)
     messages = request.get("messages") or []
@@ -78,6 +79,8 @@ def script(request: Mapping[str, Any]) -> Turn:
         if after_tool:
             return Turn(text=f"mail result: {messages[-1].get('content')}")
         return Turn(tool_calls=(ScriptedCall("send_email", {"to": said}),))
+    if said.startswith("cut"):
+        return Turn(text="cut off in the mid", stop_reason="length")
     if said.startswith("short"):
         count = int(said.split()[1])
         return Turn(text=" ".join(f"c{i}" for i in range(count)), delay=0.005)

@@ -98,6 +98,17 @@ async def test_a_run_from_start_to_end(http: httpx.AsyncClient) -> None:
     assert [m["content"] for m in messages if m["role"] == "user"] == ["hello", "again"]
 
 
+async def test_an_answer_cut_off_is_reported_incomplete(http: httpx.AsyncClient) -> None:
+    run_id = await start(http, "cut", "cut it short")
+    events = await collect(http, run_id)
+    final = next(e.data for e in events if e.type == "run_finished")
+    assert (final["status"], final["stop_reason"], final["requests"]) == ("incomplete", "length", 1)
+    assert events[-1].data["status"] == "incomplete"
+    run = (await http.get(f"/runs/{run_id}")).json()
+    assert (run["status"], run["reply"]) == ("incomplete", "cut off in the mid")
+    assert (await http.get("/sessions/cut")).json()["status"] == "incomplete"
+
+
 async def test_a_tool_round_streams_its_events(http: httpx.AsyncClient) -> None:
     run_id = await start(http, "tools", "tool please")
     events = await collect(http, run_id)

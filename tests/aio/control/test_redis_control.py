@@ -12,6 +12,7 @@ from aimu import aio
 from aimu.aio.control.scripts import PRUNE
 from aimu.aio.events import HandleFinished, TextChunk, ToolCallStarted
 from aimu.aio.transcript import validate
+from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
 from tests import services
 from tests.aio.control.helpers import LEASE
@@ -252,3 +253,17 @@ async def test_registering_a_run_drops_expired_runs_from_the_list(
     assert {alive, run_id} <= listed
     assert len([i for i in listed if i.startswith("gone")]) == 40 - PRUNE
     await control.wait(run_id, timeout=10)
+
+
+async def test_a_run_whose_answer_was_cut_off_ends_incomplete_and_done(
+    control: aio.RedisControl, worker: aio.RedisControl
+) -> None:
+    async with LoopbackServer([Turn(text="cut in the mid", stop_reason="length")]) as cutting:
+        agent = aio.Agent(aio.client("ollama:m", host=cutting.url))
+        handle = aio.RunHandle.start(agent.run("go"), control=worker)
+        run_id = await worker.registered(handle)
+        assert await handle == "cut in the mid"
+        info = await control.wait(run_id, timeout=10)
+        await agent.aclose()
+    assert info.status == "incomplete" and info.done
+    assert agent.last_run is not None and agent.last_run.run_id == run_id
