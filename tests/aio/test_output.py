@@ -440,6 +440,7 @@ async def test_ollama_gets_no_tool_options() -> None:
 
 def typed_script(request: Mapping[str, Any]) -> Turn:
     """Calls the tool, then answers badly once, then well: whatever the transcript holds."""
+    assert request["request"].output_schema == TypeAdapter(Weather).json_schema()
     messages = request["messages"]
     if request["tools"] and not any(m["role"] == "tool" for m in messages):
         return Turn(tool_calls=[ScriptedCall("get_weather", {"city": "Oslo"})])
