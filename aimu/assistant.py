@@ -24,12 +24,14 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
 import time
 import traceback
 import types
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import aclosing
@@ -247,6 +249,20 @@ _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0
 _COLOURS = {"note": "\x1b[2m", "tool": "\x1b[36m", "error": "\x1b[31m"}
 
 
+def _wrap_point(text: str, width: int) -> int | None:
+    """Where to break ``text`` to fit ``width`` terminal columns (after its last space
+    that fits, else at the width); None if it fits. East Asian wide characters take two."""
+    columns = 0
+    space = 0
+    for index, char in enumerate(text):
+        columns += 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        if columns > width:
+            return space or index or 1
+        if char == " ":
+            space = index + 1
+    return None
+
+
 def _arguments_text(arguments: Mapping[str, Any]) -> str:
     """A call's arguments as ``key=value`` pairs, values in JSON."""
     return ", ".join(f"{key}={json.dumps(v, ensure_ascii=False)}" for key, v in arguments.items())
@@ -410,10 +426,16 @@ class Assistant:
             return
         if self._editor:
             # On a terminal whole lines go above the input line; the line still streaming
-            # is shown by the prompt (partial_line), which redraws in place.
-            done, newline, self._partial = (self._partial + text).rpartition("\n")
-            if newline:
-                self._out.write(done + newline)
+            # is shown by the prompt (partial_line), which redraws in place but does not
+            # wrap: a line as wide as the terminal goes above too, broken at a space.
+            done, newline, partial = (self._partial + text).rpartition("\n")
+            done += newline
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            while (cut := _wrap_point(partial, width)) is not None:
+                done, partial = done + partial[:cut].rstrip(" ") + "\n", partial[cut:]
+            self._partial = partial
+            if done:
+                self._out.write(done)
                 self._out.flush()
             self._at_line_start = not self._partial
             return

@@ -830,3 +830,22 @@ async def test_an_answer_cut_off_by_the_length_limit_is_shown_cut_off(
         "the start of a\n(cut off: the model stopped with 'length')\n"
     )
     assert await screen.finish() == 0
+
+
+async def test_in_the_editor_a_line_wider_than_the_terminal_goes_above_broken_at_spaces(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt that shows the streaming line does not wrap: a wide line would stop
+    showing new words at the right edge until its newline came."""
+    monkeypatch.setenv("COLUMNS", "41")  # what shutil.get_terminal_size() reads first
+    wide = " ".join(["界界界"] * 10)  # two columns a character
+    model = ScriptedModel([Turn(text=f"{MEDIUM} {wide}\n")])  # streamed word by word
+    screen = Screen.of(model, store, tools=(), colour=True)
+    await screen.expect("/help lists the commands.\n")
+    screen.send("hi")
+    assert await screen.finish() == 0  # the input ended: the turn runs to its end first
+    shown = screen.rest().splitlines()
+    assert len(shown) > 4, shown
+    for line in shown:  # one column kept free
+        assert sum(2 if "界" in c else 1 for c in line) <= 40, shown
+    assert " ".join(shown).split() == f"{MEDIUM} {wide}".split()  # broken only at spaces

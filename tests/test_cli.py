@@ -732,10 +732,11 @@ def test_on_a_terminal_a_line_typed_while_a_reply_streams_stays_whole(
     chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
     chat.expect(" Enter sends")
     chat.press("long\r")
-    chat.expect("w3 ")  # the reply streams (for a minute)
+    chat.expect("w3")  # the reply streams (for a minute)
     chat.press("hel")
-    chat.expect("w9 ")  # more of the reply came while the line was half typed
+    chat.expect("w9")  # more of the reply came while the line was half typed
     chat.press("lo there\r")  # queued: answered once the long turn ends
+    chat.expect("w40")  # wider than the terminal by now: still streaming, broken at spaces
     chat.press("/stop\r")
     chat.expect("(stopped)")
     chat.expect("answer to hello there")
