@@ -8,9 +8,7 @@ type), never a message's contents.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,10 +18,6 @@ from aimu.aio.scope import RunScope
 __all__ = ["Stop", "log", "stop_of"]
 
 log = logging.getLogger("aimu.aio.agent")
-
-# asyncio runs a timer up to one clock tick early: a deadline "passed" within a tick.
-_TICK = time.get_clock_info("monotonic").resolution
-
 
 @dataclass(frozen=True, slots=True)
 class Stop:
@@ -70,8 +64,11 @@ def stop_of(
     return Stop(status)
 
 
-def _past_deadline(scope: RunScope) -> bool:
-    deadline = scope.deadline
-    if deadline is None:
-        return False
-    return asyncio.get_running_loop().time() + _TICK >= deadline
+def _past_deadline(scope: RunScope | None) -> bool:
+    """True when a handle around the run is stopping it for its deadline (and no cancel
+    came before or since): the run ends timed_out, as the handle does."""
+    while scope is not None:
+        if scope.expiring:
+            return True
+        scope = scope.parent
+    return False

@@ -693,6 +693,12 @@ class RunHandle(RunScope, Generic[T]):
         return self
 
     @property
+    def expiring(self) -> bool:
+        """True from the deadline's cancel until the run has settled, unless a cancel()
+        came first or meanwhile: the run is ending ``timed_out``."""
+        return self._state is _State.EXPIRING
+
+    @property
     def done(self) -> bool:
         """True once the run has ended, whatever ended it."""
         return self._state not in _LIVE

@@ -65,6 +65,12 @@ class RunScope:
         self._inbox: deque[str] | tuple[()] | None = None
 
     @property
+    def expiring(self) -> bool:
+        """True while this scope's run is being stopped by its own deadline (a
+        :class:`~aimu.aio.RunHandle` overrides this); a plain scope has no timer."""
+        return False
+
+    @property
     def interrupt_requested(self) -> bool:
         """True once this scope, or one around it, was asked to stop gracefully."""
         scope: RunScope | None = self
