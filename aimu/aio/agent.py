@@ -996,7 +996,7 @@ class Agent(Runnable[OutputT]):
             duration=duration,
             started_at=started_at,
             ended_at=ended_at,
-            messages=copy_messages(client.messages[run.first:]),
+            messages=client.messages[run.first:],  # no copy: ~6 us a message, per run
             error=run.error,
             run_id=run.scope.run_id,
         )

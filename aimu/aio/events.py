@@ -146,8 +146,9 @@ class RunResult(Generic[_Output]):
     ended_at: float
     """Wall-clock start and end, ``time.time()`` seconds."""
     messages: list[Message]
-    """What this run added to the transcript, in order (copies); for a workflow, what
-    the agents inside added, run after run."""
+    """What this run added to the transcript, in order; for a workflow, what the agents
+    inside added, run after run. The transcript's own dicts, not copies (a recorded
+    message never changes): copy one before changing it."""
     error: str | None = None
     """The error that ended a failed or cancelled run, as ``"Type: message"``."""
     run_id: str | None = None

@@ -42,6 +42,8 @@ class Runnable(abc.ABC, Generic[OutputT]):
 
     #: The ``kind`` written in a workflow's ``state`` for a step of this class.
     kind: ClassVar[str]
+    #: The class of the scope each run opens.
+    _scope_type: ClassVar[type[RunScope]] = RunScope
 
     _scope: RunScope | None
     #: How the last run ended (None before the first).
@@ -151,7 +153,7 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """Claim this session for one run: its scope, under the one it runs in."""
         if self._scope is not None:
             raise RuntimeError(self._busy())
-        scope = self._scope = RunScope(self.name, parent=current_scope.get())
+        scope = self._scope = self._scope_type(self.name, parent=current_scope.get())
         return scope
 
     def _close_scope(self, result: RunResult[OutputT]) -> None:

@@ -33,7 +33,6 @@ class RunScope:
         "_interrupt_requested",
         "_listeners",
         "deadline",
-        "ended",
         "interrupt_honoured",
         "last_run",
         "name",
@@ -58,8 +57,6 @@ class RunScope:
         self.pause_honoured = False
         #: The result of the last agent or workflow run that ended directly in this scope.
         self.last_run: RunResult[Any] | None = None
-        #: Every such result, when someone collects them (a workflow, for its run's totals).
-        self.ended: list[RunResult[Any]] | None = None
         self._listeners: list[EventListener] | None = None
         #: Text sent to the run (``send()``): None before the first, () once closed.
         self._inbox: deque[str] | tuple[()] | None = None
@@ -101,8 +98,6 @@ class RunScope:
     def note_ended(self, result: RunResult[Any]) -> None:
         """Record the result of a run that ended directly in this scope."""
         self.last_run = result
-        if self.ended is not None:
-            self.ended.append(result)
 
     @property
     def run_id(self) -> str | None:

@@ -96,7 +96,7 @@ async def test_a_completed_run_reports_what_it_did(serve: Serve) -> None:
     assert result.duration > 0 and result.started_at <= result.ended_at
     assert [m["role"] for m in result.messages] == ["user", "assistant", "tool", "assistant"]
     assert result.messages == client.messages[1:]  # the system prompt was there before
-    assert result.messages[0] is not client.messages[1]  # copies
+    assert result.messages[0] is client.messages[1]  # the transcript's own, no copy
     assert result.run_id is None and result.source == "agent"
     check_same(result, finished(events))
 

@@ -263,6 +263,20 @@ class _End:
 _END = _End()
 
 
+class _StepResults(RunScope):
+    """A workflow run's scope: it keeps the result of every step run that ended in it."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self, name: str, parent: RunScope | None = None) -> None:
+        super().__init__(name, parent)
+        self.ended: list[RunResult[Any]] = []
+
+    def note_ended(self, result: RunResult[Any]) -> None:
+        super().note_ended(result)
+        self.ended.append(result)
+
+
 class Workflow(Runnable):
     """Base of Chain, Router, Parallel and EvaluatorOptimizer: run, stop, snapshot, resume.
 
@@ -273,6 +287,7 @@ class Workflow(Runnable):
 
     #: The ``kind`` written in ``state`` and used as the default name.
     kind: ClassVar[str]
+    _scope_type = _StepResults
 
     def __init__(self, name: str | None) -> None:
         if name is not None and not isinstance(name, str):
@@ -461,7 +476,6 @@ class Workflow(Runnable):
     def _claim(self, task: str | None) -> RunScope:
         """Claim this workflow for one run and open the run's scope."""
         scope = self._open_scope()
-        scope.ended = []  # the results of the runs of its steps, for this run's totals
         self._clock = RunClock()
         self._reply_slots = ()
         if task is not None:
@@ -497,7 +511,7 @@ class Workflow(Runnable):
         self, scope: RunScope, status: RunStatus, reply: str, error: str | None
     ) -> RunResult[str]:
         """This run's result: the totals of its steps' runs, and what it answered."""
-        ended = scope.ended or []
+        ended = scope.ended if isinstance(scope, _StepResults) else []
         usage = zero_usage()
         messages: list[Message] = []
         for step in ended:

@@ -161,7 +161,9 @@ class EvaluatorOptimizer(Workflow):
                     )
             if round_.accepted:
                 return self._answered(draft, generate)
-        return "max_rounds", self._rounds[-1].generate.answer
+        last = self._rounds[-1].generate
+        self._reply_slots = (last,)  # its stop reason is the run's
+        return "max_rounds", last.answer
 
     def _check_verdict(self, verdict: object) -> tuple[bool, str]:
         if (
