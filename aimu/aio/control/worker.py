@@ -506,9 +506,28 @@ class Worker:
         live = [r.run_id for r in self.runs.values() if not r.handle.done]
         if live:
             logger.warning("closing while runs %s go on: they will be reported lost", live)
-        for task in (*self._main, *self._tasks):
+        await _cancel_all({*self._main, *self._tasks})
+
+
+async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they end, cancelling again any that go on.
+
+    redis-py's reads can take a cancel as a lost connection and wait again (a pub/sub
+    read after a Redis restart did): one cancel is not enough to be sure.
+    """
+    pending = {task for task in tasks if not task.done()}
+    for _ in range(_CANCEL_ROUNDS):
+        if not pending:
+            break
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._main, *self._tasks, return_exceptions=True)
+        _, pending = await asyncio.wait(pending, timeout=_CANCEL_WAIT)
+    if pending:
+        names = sorted(task.get_name() for task in pending)
+        logger.warning("closing: tasks %s did not end when cancelled", names)
+    for task in tasks - pending:
+        if not task.cancelled():
+            task.exception()  # retrieved: a task that failed is not reported again at exit
 
 
 async def _execute(pipe: Any) -> list[Any]:
@@ -517,6 +536,10 @@ async def _execute(pipe: Any) -> list[Any]:
         return list(await pipe.execute(raise_on_error=False))
     finally:
         await pipe.reset()
+
+
+_CANCEL_ROUNDS = 20
+_CANCEL_WAIT = 0.5
 
 
 def _reraise_cancel() -> None:
