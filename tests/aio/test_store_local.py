@@ -281,10 +281,13 @@ async def test_one_store_serves_writers_on_several_threads(kind: str, tmp_path: 
         thread.join()
     for writer in writers:
         await writer.aclose()
-    for i in range(4):
-        assert [m["content"] for m in await store.load(f"thread-{i}")] == [
-            f"thread-{i} {n}" for n in range(150)
-        ]
+    try:
+        for i in range(4):
+            assert [m["content"] for m in await store.load(f"thread-{i}")] == [
+                f"thread-{i} {n}" for n in range(150)
+            ]
+    finally:
+        await store.aclose()
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
