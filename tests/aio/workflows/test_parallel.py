@@ -114,14 +114,37 @@ async def test_interrupt_lets_every_branch_finish_its_step() -> None:
     assert (await fresh.resume()).startswith("[1] b1:\nb1<go>")
 
 
+def fails_on_cue(script: Any, streaming: int, failing: int) -> ScriptedModel:
+    """A model whose "bad" branches fail (HTTP 500) together, once ``streaming`` other
+    branches' replies have provably begun (forks, as agents make, share the cue)."""
+    begun = asyncio.Semaphore(0)
+    together = asyncio.Barrier(failing) if failing else None
+
+    class FailsOnCue(ScriptedModel):
+        async def stream_turn(self, messages: Any, tools: Any = None, **options: Any) -> Any:
+            if messages[0]["content"].startswith("bad"):
+                for _ in range(streaming):
+                    await begun.acquire()
+                if together is not None:
+                    await together.wait()
+            first = True
+            async for chunk in super().stream_turn(messages, tools, **options):
+                yield chunk
+                if first:  # the agent took the first chunk: its reply has begun
+                    first = False
+                    begun.release()
+
+    return FailsOnCue(script)
+
+
 async def test_a_failing_branch_cancels_the_others_and_its_error_surfaces() -> None:
     def script(request: Mapping[str, Any]) -> Turn:
         role, _, _ = split_request(request)
-        if role == "bad":
-            return Turn(text="oops", fault="http_500", first_byte_delay=0.005)
-        return Turn(text="a slow answer in many words", delay=0.01)
+        if role.startswith("bad"):
+            return Turn(text="oops", fault="http_500")
+        return Turn(text="a slow answer in many words", fault="hang", fault_after=1)
 
-    model = ScriptedModel(script)
+    model = fails_on_cue(script, streaming=2, failing=1)
     parallel = Parallel([aio.Agent(model.fork(), system=r, name=r) for r in ("s1", "bad", "s2")])
     with pytest.raises(aio.ModelHTTPError, match="500"):
         await parallel.run("go")
@@ -137,7 +160,8 @@ async def test_a_failing_branch_cancels_the_others_and_its_error_surfaces() -> N
         assert "error" not in branch
 
     # Two failures at once: the ExceptionGroup, with both.
-    twice = Parallel([aio.Agent(model.fork(), system="bad", name=f"bad{i}") for i in (1, 2)])
+    bad = fails_on_cue(script, streaming=0, failing=2)
+    twice = Parallel([aio.Agent(bad.fork(), system="bad", name=f"bad{i}") for i in (1, 2)])
     with pytest.raises(ExceptionGroup) as caught:
         await twice.run("go")
     assert len(caught.value.exceptions) == 2
