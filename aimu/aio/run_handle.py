@@ -438,10 +438,9 @@ class RunHandle(RunScope, Generic[T]):
         """Give ``waiter`` the outcome of the finished run (unless its awaiter gave up)."""
         if waiter.done():
             return
-        state = self._state
-        if state is _State.COMPLETED or (state in _RETURNED and self._error is None):
+        if self._returned():
             waiter.set_result(self._result)
-        elif state is _State.CANCELLED:
+        elif self._state is _State.CANCELLED:
             waiter.cancel(self._reason)
         else:
             assert self._error is not None
