@@ -708,11 +708,16 @@ def test_on_a_plain_terminal_notes_are_coloured_and_a_reply_cannot_drive_it(
     assert "\x1b[2m(nothing to stop" in chat.raw  # a note, dimmed
 
 
+def editor_chat(chats: list[Chat], tmp_path: Path, ollama: str) -> Chat:
+    """``aimu chat`` with the editor on a colour terminal, talking to Ollama at ``ollama``."""
+    env = {**environment(tmp_path, ollama), "TERM": "xterm-256color"}
+    return start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+
+
 def test_on_a_terminal_a_spinner_shows_while_the_first_token_is_awaited(
     server: LoopbackServer, tmp_path: Path, chats: list[Chat]
 ) -> None:
-    env = {**environment(tmp_path, server.url.removeprefix("http://")), "TERM": "xterm-256color"}
-    chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+    chat = editor_chat(chats, tmp_path, server.url.removeprefix("http://"))
     chat.expect(" Enter sends")
     chat.press("slow\r")  # the server sends no byte for a minute
     chat.expect("waiting for the model…")
@@ -728,8 +733,7 @@ def test_on_a_terminal_a_spinner_shows_while_the_first_token_is_awaited(
 def test_on_a_terminal_a_line_typed_while_a_reply_streams_stays_whole(
     server: LoopbackServer, tmp_path: Path, chats: list[Chat]
 ) -> None:
-    env = {**environment(tmp_path, server.url.removeprefix("http://")), "TERM": "xterm-256color"}
-    chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+    chat = editor_chat(chats, tmp_path, server.url.removeprefix("http://"))
     chat.expect(" Enter sends")
     chat.press("long\r")
     chat.expect("w3")  # the reply streams (for a minute)
@@ -752,8 +756,7 @@ def test_on_a_terminal_the_bar_and_a_line_say_a_request_is_retried(
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**environment(tmp_path, f"127.0.0.1:{port}"), "TERM": "xterm-256color"}
-    chat = start(chats, "--model", "ollama:m", "--no-tools", env=env, tty=True)
+    chat = editor_chat(chats, tmp_path, f"127.0.0.1:{port}")
     chat.expect(" Enter sends")
     chat.press("hello\r")
     chat.expect("(retry 1 in ")  # printed above the input line
