@@ -1,0 +1,80 @@
+"""Optional dependencies ("extras"): a missing one becomes the exact command that installs it.
+
+``with needs_extra("aimu serve", "serve"): import uvicorn`` turns the bare
+``No module named 'uvicorn'`` into :class:`MissingExtra` saying
+``aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu[serve]'``.
+An ImportError from a module that is not part of the extra passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+
+__all__ = [
+    "EXTRAS",
+    "MissingExtra",
+    "has_extra",
+    "install_command",
+    "missing_extra",
+    "needs_extra",
+]
+
+#: Each extra of pyproject.toml and the top-level modules it installs.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "chat": ("prompt_toolkit",),
+    "otel": ("opentelemetry",),
+    "postgres": ("asyncpg",),
+    "redis": ("redis",),
+    "serve": ("starlette", "uvicorn"),
+}
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message says how to install it."""
+
+
+def install_command(extra: str) -> str:
+    """The shell command that installs ``extra`` (quoted for every shell)."""
+    if extra not in EXTRAS:
+        raise ValueError(f"aimu has no extra {extra!r}; the extras are {', '.join(EXTRAS)}")
+    return f"pip install 'aimu[{extra}]'"
+
+
+def _belongs(module: str | None, extra: str) -> bool:
+    top = (module or "").partition(".")[0]
+    return top in EXTRAS[extra]
+
+
+def has_extra(extra: str) -> bool:
+    """True when every module of ``extra`` can be imported (checked without importing)."""
+    install_command(extra)  # an unknown extra is a programming error: say so
+    return all(importlib.util.find_spec(module) is not None for module in EXTRAS[extra])
+
+
+def missing_extra(feature: str, extra: str, error: ImportError | None = None) -> MissingExtra:
+    """The error to raise when ``feature`` cannot run without ``extra``."""
+    missing = (error.name or "").partition(".")[0] if error is not None else ""
+    because = f" ({missing} is not installed)" if missing else ""
+    return MissingExtra(
+        f"{feature} needs the {extra} extra{because}: {install_command(extra)}",
+        name=error.name if error is not None else None,
+    )
+
+
+@contextlib.contextmanager
+def needs_extra(feature: str, extra: str) -> Iterator[None]:
+    """Imports in the block that fail for a module of ``extra`` raise :class:`MissingExtra`.
+
+    ``feature`` names what the user ran ("aimu serve", "PostgresStore").
+    """
+    install_command(extra)
+    try:
+        yield
+    except MissingExtra:
+        raise
+    except ImportError as error:
+        if not _belongs(error.name, extra):
+            raise
+        raise missing_extra(feature, extra, error) from error
