@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import datetime
 import json
-import logging
 import os
 import select
 import shutil
@@ -33,12 +32,13 @@ import traceback
 import types
 import unicodedata
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
+from aimu._logs import add_log_level_option, logging_to
 from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
 from aimu.aio.client import client as make_model_client
@@ -214,12 +214,7 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="plain line input on a terminal too: no line editing, history, colour or spinner",
     )
-    parser.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default=None,
-        help="log aimu's records at this level to stderr (debug shows message contents)",
-    )
+    add_log_level_option(parser, default=None)
 
 
 def make_client(spec: str) -> ModelClient:
@@ -1071,11 +1066,11 @@ async def run_chat(
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     if not _wants_terminal(settings, out):
-        with _logging_to(err, settings.log_level):
+        with logging_to(err, settings.log_level):
             return await _run_chat(settings, tools, out, err, history=None)
     from aimu._terminal import terminal_output
 
-    with terminal_output() as (out, err), _logging_to(err, settings.log_level):
+    with terminal_output() as (out, err), logging_to(err, settings.log_level):
         return await _run_chat(settings, tools, out, err, history=settings.history_path)
 
 
@@ -1088,25 +1083,6 @@ def _wants_terminal(settings: ChatSettings, out: TextIO) -> bool:
     from aimu._terminal import available
 
     return available()
-
-
-@contextlib.contextmanager
-def _logging_to(err: TextIO, level: str | None) -> Iterator[None]:
-    """While the chat runs, the "aimu" loggers' records at ``level`` go to ``err``."""
-    if level is None:
-        yield
-        return
-    logger = logging.getLogger("aimu")
-    handler = logging.StreamHandler(err)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    previous = logger.level
-    logger.setLevel(level.upper())
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
 
 
 async def _run_chat(

@@ -11,15 +11,41 @@ import asyncio
 import importlib
 import ipaddress
 import os
+import socket
 import sys
 from collections.abc import Callable
-from typing import Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+from urllib.parse import urlsplit
 
-__all__ = ["add_serve_options", "import_tool", "is_loopback", "run_serve"]
+from aimu._extras import MissingExtra, needs_extra
+from aimu._logs import add_log_level_option, logging_to
+from aimu.aio.errors import AimuError
+from aimu.aio.tools import as_tool
+from aimu.assistant import default_home
+
+if TYPE_CHECKING:
+    from aimu.aio.control import RedisControl
+    from aimu.serve.application import ServeApp
+
+__all__ = ["ENVIRONMENT", "add_serve_options", "import_tool", "is_loopback", "run_serve"]
+
+#: The environment variables ``aimu serve`` reads, as its ``--help`` lists them.
+ENVIRONMENT: Final = """\
+environment variables:
+  AIMU_API_TOKEN   the bearer token every API call must carry (none: loopback only)
+  AIMU_MODEL       the model when --model is not given
+  AIMU_HOME        the directory of the default store (default ~/.aimu)
+  OPENAI_BASE_URL  the server of openai: models, and OPENAI_API_KEY its key
+  OLLAMA_HOST      the server of ollama: models (default http://127.0.0.1:11434)
+"""
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``aimu serve`` to ``parser``."""
+    """Add the options of ``aimu serve`` to ``parser``, and the environment it reads to
+    its help."""
+    parser.epilog = ENVIRONMENT
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--model",
         default=os.environ.get("AIMU_MODEL") or "test",
@@ -30,7 +56,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH-OR-URL",
         help="the sessions: a SQLite file, or a postgresql:// URL for a store every host "
-        "reaches (default: $AIMU_HOME/sessions.db)",
+        "reaches (default: sessions.db in $AIMU_HOME, else in ~/.aimu: the store of aimu chat)",
     )
     parser.add_argument(
         "--redis",
@@ -53,7 +79,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="MODULE:NAME",
         help="a tool the agents may call: a function or aio.tool importable as MODULE:NAME "
-        "(repeatable)",
+        "(repeatable; replaces the demo tools)",
     )
     parser.add_argument(
         "--cors-origin",
@@ -63,8 +89,11 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="allow browser calls from this origin (repeatable; none by default)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--no-tools",
+        action="store_true",
+        help="offer the model no tools (without --tool, it gets the demo tools of aimu chat)",
     )
+    add_log_level_option(parser, default="info", what="the server's and aimu's log records")
 
 
 def is_loopback(host: str) -> bool:
@@ -92,58 +121,200 @@ def import_tool(spec: str) -> Callable[..., Any]:
 
 
 def run_serve(options: argparse.Namespace) -> int:
-    """Run the server until SIGINT or SIGTERM; return the exit status."""
+    """Run the server until SIGINT or SIGTERM; return the exit status.
+
+    Everything that can be checked before serving is: a store, Redis or port that cannot
+    be used ends the command with one line on stderr (no traceback, no password) and a
+    non-zero status. Once serving, it says what it serves, and aimu's log records go to
+    stderr at ``--log-level`` beside the server's own.
+    """
+    with logging_to(sys.stderr, options.log_level):
+        try:
+            return _serve(options)
+        except _Refused as refused:
+            print(f"aimu serve: {refused}", file=sys.stderr)
+            return refused.status
+
+
+class _Refused(Exception):
+    """The server cannot start; the message is the one line the command prints."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _serve(options: argparse.Namespace) -> int:
     token = os.environ.get("AIMU_API_TOKEN") or None
     if not is_loopback(options.host) and token is None:
-        print(
-            f"aimu serve: refusing to bind {options.host}: other machines could reach it and "
+        raise _Refused(
+            f"refusing to bind {options.host}: other machines could reach it and "
             "nothing guards it. Set AIMU_API_TOKEN to a secret (clients send "
             "'Authorization: Bearer <token>'), or bind 127.0.0.1.",
-            file=sys.stderr,
+            2,
         )
-        return 2
     if not 0 <= options.port <= 65535:
-        print(f"aimu serve: --port {options.port} is not a TCP port", file=sys.stderr)
-        return 2
+        raise _Refused(f"--port {options.port} is not a TCP port", 2)
     try:
-        import uvicorn
+        with needs_extra("aimu serve", "serve"):
+            import uvicorn
 
-        from aimu.serve import app
-    except ImportError as missing:
-        print(f"aimu serve: {missing}", file=sys.stderr)
-        return 2
+            from aimu.serve.application import app
+    except MissingExtra as missing:
+        raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
     try:
         tools = [import_tool(spec) for spec in options.tool]
     except ValueError as error:
-        print(f"aimu serve: {error}", file=sys.stderr)
-        return 2
-    application = app(
-        options.model,
-        store=options.store,
-        tools=tools,
-        system=options.system,
-        token=token,
-        cors_origins=options.cors_origin,
-        redis=options.redis,
-        redis_prefix=options.redis_prefix,
-    )
+        raise _Refused(str(error), 2) from None
+    if not options.tool and not options.no_tools:
+        from aimu.assistant import DEMO_TOOLS  # the same harmless tools as `aimu chat`
+
+        tools = list(DEMO_TOOLS)
+    store = options.store or str(default_home() / "sessions.db")
+    try:
+        return asyncio.run(_run(options, uvicorn, app, tools, store, token))
+    except KeyboardInterrupt:  # Ctrl+C before Uvicorn was listening for it
+        return 130
+
+
+async def _run(
+    options: argparse.Namespace,
+    uvicorn: Any,
+    make_app: Callable[..., ServeApp],
+    tools: list[Callable[..., Any]],
+    store: str,
+    token: str | None,
+) -> int:
+    control: RedisControl | None = None
+    if options.redis is not None:
+        try:
+            from aimu.aio.control import RedisControl
+        except ImportError as missing:
+            raise _Refused(str(missing), 2) from None
+        try:
+            control = RedisControl(options.redis, options.redis_prefix)
+        except ValueError as error:
+            raise _Refused(f"--redis: {error}", 2) from None
+    try:
+        application = make_app(
+            options.model,
+            store=store,
+            tools=tools,
+            system=options.system,
+            token=token,
+            cors_origins=options.cors_origin,
+            redis=control,
+        )
+    except ImportError as missing:  # the store's extra (asyncpg for postgresql://)
+        if control is not None:
+            await control.aclose()
+        raise _Refused(str(missing), 2) from None
+    except (OSError, ValueError, AimuError) as error:
+        if control is not None:
+            await control.aclose()
+        raise _Refused(_store_or_model(error, store)) from None
+    try:
+        # Reach the store and Redis now: a server that cannot would answer 500 to every
+        # request (or fail in its lifespan with a traceback).
+        await application.runs.store.sessions()
+        if control is not None:
+            await control.connect()
+        sock = _listen(options.host, options.port)
+    except (AimuError, OSError) as error:
+        await application.aclose()
+        raise _Refused(str(error)) from None
+    url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
+    what = _serving(options.model, store, control, tools, token, url)
     config = uvicorn.Config(
         application,
-        host=options.host,
-        port=options.port,
         log_level=options.log_level,
         timeout_graceful_shutdown=10,
     )
 
-    class Server(uvicorn.Server):
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if not self.should_exit:
+                print(what, file=sys.stderr, flush=True)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             # Event streams would hold the shutdown open until their runs end: end them
             # now (clients reconnect with Last-Event-ID); the lifespan then stops the runs.
             application.runs.begin_shutdown()
             super().handle_exit(sig, frame)
 
+    server = Server(config)
     try:
-        asyncio.run(Server(config).serve())
-    except KeyboardInterrupt:
-        return 130
+        await server.serve(sockets=[sock])
+    except SystemExit as exit_:  # uvicorn's way to say the lifespan failed to start
+        await application.aclose()
+        raise _Refused("the application failed to start; see the log above") from exit_
+    finally:
+        sock.close()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (Uvicorn listens on it); OSError naming both."""
+    bare = host.strip("[]")
+    try:
+        family = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bare, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+def _url_host(host: str) -> str:
+    bare = host.strip("[]")
+    return f"[{bare}]" if ":" in bare else bare
+
+
+def _shown_store(store: str) -> str:
+    """The store for a person to read: a database URL without its password."""
+    if not store.startswith(("postgres://", "postgresql://")):
+        return str(Path(store).resolve())
+    try:
+        parts = urlsplit(store)
+        netloc = parts.netloc.rpartition("@")[2]
+        user = f"{parts.username}@" if parts.username else ""
+        return f"{parts.scheme}://{user}{netloc}{parts.path}"  # no password, no query
+    except ValueError:
+        return "postgresql://<unparsable URL>"
+
+
+def _store_or_model(error: BaseException, store: str) -> str:
+    if isinstance(error, OSError):  # creating the SQLite file's directory
+        why = error.strerror or str(error)
+        if isinstance(error, FileExistsError | NotADirectoryError):
+            why = f"{error.filename} is a file, not a directory"
+        return f"cannot create the store {_shown_store(store)}: {why}"
+    return str(error)
+
+
+def _serving(
+    model: str,
+    store: str,
+    control: RedisControl | None,
+    tools: list[Callable[..., Any]],
+    token: str | None,
+    url: str,
+) -> str:
+    """What the server serves, for the person who started it (never a secret)."""
+    names = [as_tool(tool).name for tool in tools]
+    rows = [
+        ("model", model),
+        ("store", _shown_store(store)),
+        ("redis", control.url if control is not None else "none (runs live in this process)"),
+        ("tools", ", ".join(names) if names else "none"),
+        ("token", "required (AIMU_API_TOKEN)" if token else "none (loopback only)"),
+    ]
+    lines = [*(f"  {key:<6} {value}" for key, value in rows)]
+    lines.append(f"aimu serve: serving {url} (the web chat; Ctrl+C stops)")
+    return "\n".join(lines)

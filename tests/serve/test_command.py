@@ -1,0 +1,227 @@
+"""``aimu serve`` as a person starts it: what it says when it serves, when it cannot, and
+what reaches its log. Each server is a child process (``python -m aimu serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aimu._logs import LOG_LEVELS
+from aimu.assistant import DEMO_TOOLS
+from aimu.cli import build_parser
+from tests.serve.harness import ROOT, clean_env, collect, start
+
+SECRET = "sekrit-pw"
+
+
+def broken(item: str) -> str:
+    """Look an item up (always fails: its warning must reach the server's log)."""
+    raise RuntimeError(f"the lookup of {item} broke")
+
+
+def serve_env(home: Path, **extra: str) -> dict[str, str]:
+    """No AIMU_HOME: the default store is under the (temporary) home directory."""
+    env = clean_env(HOME=str(home), **extra)
+    env.pop("AIMU_HOME", None)
+    return env
+
+
+async def refused(tmp_path: Path, *args: str, code: str = "") -> tuple[int, str]:
+    """Run ``aimu serve ARGS`` (after ``code``) that must exit at start; (status, stderr)."""
+    command = [sys.executable, "-c", f"{code}\nimport sys\nfrom aimu.cli import main\n"
+               "sys.exit(main(sys.argv[1:]))", "serve", *args]
+    process = await asyncio.create_subprocess_exec(
+        *command, cwd=ROOT, env=serve_env(tmp_path), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert out == b""
+    assert process.returncode is not None
+    return process.returncode, err.decode()
+
+
+def one_clear_line(stderr: str) -> str:
+    """The one line a failed start prints: no traceback, no secret."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr and SECRET not in stderr
+    assert lines[0].startswith("aimu serve: ")
+    return lines[0]
+
+
+async def test_an_unreachable_store_or_redis_ends_the_start_with_one_line(
+    tmp_path: Path,
+) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = closed.getsockname()[1]
+    try:
+        status, err = await refused(
+            tmp_path, "--store", f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/test"
+        )
+        assert status == 1
+        line = one_clear_line(err)
+        assert f"PostgreSQL at 127.0.0.1:{port}" in line and "database 'test'" in line
+
+        status, err = await refused(tmp_path, "--redis", f"redis://:{SECRET}@127.0.0.1:{port}/0")
+        assert status == 1
+        assert f"cannot reach Redis at redis://***@127.0.0.1:{port}/0" in one_clear_line(err)
+    finally:
+        closed.close()
+
+    (tmp_path / "a-file").write_text("not a directory")
+    status, err = await refused(tmp_path, "--store", str(tmp_path / "a-file" / "sessions.db"))
+    assert status == 1
+    assert f"{tmp_path / 'a-file'} is a file, not a directory" in one_clear_line(err)
+
+    (tmp_path / "junk.db").write_bytes(b"not SQLite at all " * 20)
+    status, err = await refused(tmp_path, "--store", str(tmp_path / "junk.db"))
+    assert status == 1
+    assert "file is not a database" in one_clear_line(err)
+
+    status, err = await refused(tmp_path, "--model", "nosuch:model")
+    assert status == 1
+    assert "unknown model provider in 'nosuch:model'" in one_clear_line(err)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, err = await refused(tmp_path, "--port", str(port))
+    assert status == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in one_clear_line(err)
+
+
+async def test_a_missing_extra_names_the_install_command(tmp_path: Path) -> None:
+    for module in ("uvicorn", "starlette"):
+        status, err = await refused(tmp_path, code=f"import sys; sys.modules[{module!r}] = None")
+        assert status == 2
+        line = one_clear_line(err)
+        assert line.startswith("aimu serve: needs the serve extra")
+        assert f"({module} is not installed)" in line
+        assert line.endswith("pip install 'aimu[serve]'")
+
+
+def test_help_names_the_environment_and_the_log_levels_agree_with_chat(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = build_parser()
+    commands = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    levels = {}
+    for name in ("chat", "serve"):
+        option = next(a for a in commands[name]._actions if "--log-level" in a.option_strings)
+        levels[name] = (tuple(option.choices or ()), option.help)
+        assert option.help is not None and "at this level and above to stderr" in option.help
+    assert levels["chat"][0] == levels["serve"][0] == LOG_LEVELS
+    assert "(default: none (silent))" in str(levels["chat"][1])
+    assert "(default: info)" in str(levels["serve"][1])
+
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--help"])
+    shown = capsys.readouterr().out
+    for variable in ("AIMU_API_TOKEN", "AIMU_MODEL", "AIMU_HOME", "OPENAI_BASE_URL",
+                     "OPENAI_API_KEY", "OLLAMA_HOST"):
+        assert variable in shown
+
+
+@dataclass
+class Running:
+    url: str
+    said: list[str]
+    """What the server wrote on stderr so far (its start lines, its log)."""
+    process: asyncio.subprocess.Process
+
+
+@contextlib.asynccontextmanager
+async def aimu_serve(home: Path, *args: str) -> AsyncIterator[Running]:
+    """``aimu serve --port 0 ARGS`` in a child process; its URL read from what it prints."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aimu", "serve", "--port", "0", *args,
+        cwd=ROOT, env=serve_env(home), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    said: list[str] = []
+    urls: list[str] = []
+    serving = asyncio.Event()
+
+    async def read() -> None:
+        assert process.stderr is not None
+        async for line in process.stderr:
+            said.append(line.decode().rstrip("\n"))
+            if said[-1].startswith("aimu serve: serving "):
+                urls.append(said[-1].split()[3].rstrip("/"))
+                serving.set()
+        serving.set()  # it exited
+
+    reader = asyncio.create_task(read())
+    try:
+        await asyncio.wait_for(serving.wait(), 60)
+        assert urls, "\n".join(said)
+        yield Running(urls[0], said, process)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await asyncio.wait_for(process.wait(), 30)
+        await asyncio.wait_for(reader, 30)
+
+
+async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
+    tmp_path: Path,
+) -> None:
+    async with aimu_serve(tmp_path, "--log-level", "warning") as server:
+        end = next(i for i, line in enumerate(server.said) if "serving" in line)
+        block = server.said[end - 5 : end + 1]
+        store = tmp_path / ".aimu" / "sessions.db"
+        names = ", ".join(tool.__name__ for tool in DEMO_TOOLS)
+        assert block[-1] == f"aimu serve: serving {server.url}/ (the web chat; Ctrl+C stops)"
+        assert block[:-1] == [
+            "  model  test",
+            f"  store  {store}",
+            "  redis  none (runs live in this process)",
+            f"  tools  {names}",
+            "  token  none (loopback only)",
+        ]
+        assert store.exists()
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            run_id = await start(http, "demo", "What time is it?")
+            events = await collect(http, run_id)
+        called = [e.data["name"] for e in events if e.type == "tool_call"]
+        assert sorted(called) == sorted(tool.__name__ for tool in DEMO_TOOLS)
+        assert events[-1].data["status"] == "completed"
+    # A graceful shutdown on SIGTERM; Uvicorn then re-raises the signal, as servers do.
+    assert server.process.returncode == -signal.SIGTERM
+
+
+async def test_aimu_warnings_reach_the_server_log(tmp_path: Path) -> None:
+    """Issue 21 item 19: the tool's failure is a WARNING on aimu.aio.tools, on stderr."""
+    tool = "tests.serve.test_command:broken"
+    async with aimu_serve(tmp_path, "--tool", tool, "--log-level", "warning") as server:
+        assert "  tools  broken" in server.said
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            events = await collect(http, await start(http, "warn", "look it up"))
+        assert events[-1].data["status"] == "completed"
+        results = [e.data["content"] for e in events if e.type == "tool_result"]
+        assert len(results) == 1 and "RuntimeError" in results[0]
+    warnings = [line for line in server.said if line.startswith("WARNING aimu.aio.tools")]
+    assert len(warnings) == 1, server.said
+    assert "tool 'broken' raised RuntimeError" in warnings[0]
+    assert not [line for line in server.said if line.startswith("INFO ")]  # the level holds
