@@ -347,8 +347,9 @@ class Agent(Runnable[OutputT]):
         self._reruns: set[str] = set()
         self._scope: RunScope | None = None
         self._approvals = Approvals()
-        #: Text sent while the last run paused: it joins the next run at its first boundary.
-        self._carried: list[str] = []
+        #: Text sent while the last run paused: it joins the next run at its first boundary
+        #: (with a store it is kept in the session's state until then, see _SentTexts).
+        self._carried = _Carried()
         self._usage = zero_usage()
         self.last_status: RunStatus | None = None
         self.last_run: RunResult[OutputT] | None = None
@@ -425,8 +426,12 @@ class Agent(Runnable[OutputT]):
         self._state_stale = True
 
     async def _save_approvals(self) -> None:
+        """Store the session's state: the approvals, and the text a pause carries."""
         if self._writer is not None:
-            await self._writer.save_state({"approvals": self._approvals.dump()})
+            state: dict[str, Any] = {"approvals": self._approvals.dump()}
+            if self._carried.texts:
+                state["sent"] = self._carried.dump()
+            await self._writer.save_state(state)
             self._state_stale = False
 
     def start(self, *, session: str | None = None) -> Agent[OutputT]:
@@ -540,6 +545,7 @@ class Agent(Runnable[OutputT]):
             starts = await self._store.tool_starts(self._session)
             self._store_stale = self._settle_loaded(settled, approvals, starts)
             self._approvals = approvals
+            self._carried = _Carried.load(state.get("sent"), settled, f"session {self._session!r}")
             messages[:] = settled
         elif messages:
             validate(messages)
@@ -569,6 +575,7 @@ class Agent(Runnable[OutputT]):
         elif system is not None:
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
+        self._carried = _Carried()  # text sent to the paused run of the transcript replaced
         self._store_stale = self._state_stale = True
 
     def _settle_loaded(
@@ -592,11 +599,14 @@ class Agent(Runnable[OutputT]):
 
     def snapshot(self) -> dict[str, Any]:
         """This session's transcript and token usage as plain JSON data (copies)."""
-        return {
+        snapshot = {
             "messages": copy_messages(self.model_client.messages),
             "usage": self.usage,
             "approvals": self._approvals.dump(),
         }
+        if self._carried.texts:  # text sent to a paused run: it joins the resumed one
+            snapshot["sent"] = self._carried.dump()
+        return snapshot
 
     def blank_snapshot(self) -> dict[str, Any]:
         return {"messages": [], "usage": zero_usage(), "approvals": Approvals().dump()}
@@ -609,6 +619,7 @@ class Agent(Runnable[OutputT]):
         session = self.start()
         approvals = Approvals.load(snapshot.get("approvals"), "the snapshot")
         session._restore(cast(list[Message], messages), approvals)
+        session._carried = _Carried.load(snapshot.get("sent"), messages, "the snapshot")
         session._usage = load_usage(snapshot.get("usage"), "the snapshot")
         return session
 
@@ -670,6 +681,7 @@ class Agent(Runnable[OutputT]):
             self.model_client.messages.clear()
             self._reruns = set()
             self._approvals.clear()
+            self._carried = _Carried()
             self._store_stale = self._state_stale = True
         self._place_system()
         if self._writer is not None:
@@ -821,13 +833,15 @@ class Agent(Runnable[OutputT]):
         return True
 
     async def _join_sent(self, run: _Run) -> bool:
-        """Record the text sent to the run as user messages; True if there was any."""
-        texts = [*self._carried, *run.scope.take_sent()]
-        self._carried = []
+        """Record the text sent to the run as user messages; True if there was any.
+
+        Sent text joins the run: it does not renew the run's round budget."""
+        carried = self._carried.take()
+        texts = [*carried, *run.scope.take_sent()]
         for text in texts:
             await self._record({"role": "user", "content": text})
-        if texts:
-            run.rounds, run.final_prompted = 0, False  # new input: a new round budget
+        if carried:
+            await self._save_approvals()  # in the transcript now: no longer in the state
         return bool(texts)
 
     def _sort_calls(
@@ -954,12 +968,15 @@ class Agent(Runnable[OutputT]):
             self._approvals.clear()
         sent = run.scope.take_sent(close=True)
         if run.status == "paused":
-            self._carried = sent  # joins the resumed run at its first boundary
+            # Joins the resumed run at its first boundary; stored in the session's state.
+            self._carried.add(sent, len(self.model_client.messages))
         else:
             for text in sent:
                 unstored.append({"role": "user", "content": text})
                 self.model_client.messages.append(unstored[-1])
         try:
+            if sent and run.status == "paused":
+                await self._save_approvals()
             await self._store_settled(unstored, run.status)
         except StoreError as error:
             run.store_error = error
@@ -1060,6 +1077,52 @@ class Agent(Runnable[OutputT]):
         if last.get("tool_calls") or last.get("aimu_partial"):
             return None
         return last["content"]
+
+
+class _Carried:
+    """Text sent to a run that then paused: it joins the resumed run at its first step
+    boundary, exactly once. ``after`` is the transcript's length when the run paused: the
+    texts are already joined if they appear, in order, as user messages after it (a
+    crash came between recording them and storing the state without them)."""
+
+    __slots__ = ("after", "texts")
+
+    def __init__(self, texts: Sequence[str] = (), after: int = 0) -> None:
+        self.texts = list(texts)
+        self.after = after
+
+    def add(self, texts: Sequence[str], after: int) -> None:
+        if texts and not self.texts:
+            self.after = after
+        self.texts.extend(texts)
+
+    def take(self) -> list[str]:
+        texts, self.texts = self.texts, []
+        return texts
+
+    def dump(self) -> dict[str, Any]:
+        return {"texts": list(self.texts), "after": self.after}
+
+    @classmethod
+    def load(cls, data: object, messages: Sequence[Message], where: str) -> _Carried:
+        """The texts in :meth:`dump` data (None: none) not yet in ``messages``;
+        ValueError naming ``where`` when the data is not that shape."""
+        if data is None:
+            return cls()
+        texts = data.get("texts") if isinstance(data, Mapping) else None
+        after = data.get("after") if isinstance(data, Mapping) else None
+        if (
+            not isinstance(texts, list)
+            or not all(isinstance(text, str) for text in texts)
+            or isinstance(after, bool)
+            or not isinstance(after, int)
+        ):
+            raise ValueError(f"{where}: unreadable sent texts (expected {{'texts': [str], "
+                             f"'after': int}}, got {data!r:.100})")
+        later = iter(m["content"] for m in messages[after:] if m["role"] == "user")
+        if texts and all(text in later for text in texts):
+            return cls()  # joined already
+        return cls(texts, after)
 
 
 def _built_tools(

@@ -421,3 +421,130 @@ async def test_handle_send_reaches_an_agent_inside_a_workflow() -> None:
     assert handle.send("narrow it down")
     release.set()
     assert await handle == "saw narrow it down"
+
+
+# -- a send into a run that pauses (issue 21 item 1) --------------------------------------------
+
+
+def held_pay_agent(
+    store: aio.Store | None, mode: str = "agent"
+) -> tuple[aio.Agent, asyncio.Event, asyncio.Event, ScriptedModel]:
+    """An agent whose first turn calls a held tool and the approval tool ``charge``, then
+    answers ``"saw: <the user messages after the task>"``."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def research(topic: str) -> str:
+        """Research."""
+        started.set()
+        await release.wait()
+        return "notes"
+
+    def script(request: dict[str, Any]) -> Turn:
+        messages = request["messages"]
+        if [m["role"] for m in messages] == ["user"]:
+            return Turn(tool_calls=[ScriptedCall("research", {"topic": "t"}),
+                                    ScriptedCall("charge", {"amount": 5})])
+        users = [m["content"] for m in messages[1:] if m["role"] == "user"]
+        return Turn(text="saw: " + " | ".join(users))
+
+    model = ScriptedModel(script)
+    kwargs: dict[str, Any] = {} if store is None else {"store": store, "session": "pay"}
+    agent = aio.Agent(model, tools=[research, charge], **kwargs)
+    return agent, started, release, model
+
+
+async def paused_after_sending(
+    store: aio.Store | None, *texts: str, mode: str = "agent"
+) -> aio.Agent:
+    """A held_pay_agent that was sent ``texts`` (by the agent or its handle) during its
+    tool round, then paused for ``charge``."""
+    agent, started, release, _ = held_pay_agent(store)
+    handle = aio.RunHandle.start(agent.run("pay"))
+    await started.wait()  # the tool round is in flight: the send waits for a boundary
+    sender = agent if mode == "agent" else handle
+    assert all([sender.send(text) for text in texts])
+    release.set()
+    assert await handle == PAUSED
+    return agent
+
+
+@pytest.mark.parametrize("mode", ["agent", "handle"])
+async def test_a_send_into_a_run_that_pauses_reaches_the_resumed_run_in_another_agent(
+    mode: str, tmp_path: Path
+) -> None:
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        agent = await paused_after_sending(store, "use the blue card", "and email me", mode=mode)
+        await agent.aclose()  # "the process ends": nothing of the send is only in memory
+        # "Another process": a new agent object on the same store and session.
+        second, _, _, _ = held_pay_agent(store)
+        await second.open()
+        (pending,) = second.pending_approvals
+        second.approve(pending.call_id)
+        assert await second.resume() == "saw: use the blue card | and email me"
+        users = [m["content"] for m in second.model_client.messages if m["role"] == "user"]
+        assert users == ["pay", "use the blue card", "and email me"]  # exactly once
+        assert await store.load_state("pay") == {"approvals": {"pending": [], "decisions": {}}}
+        await second.aclose()
+        third, _, _, _ = held_pay_agent(store)  # and never again
+        await third.open()
+        assert third.model_client.messages == await store.load("pay")
+        assert third._carried.texts == []
+        await third.aclose()
+
+
+async def test_a_send_carried_by_a_pause_is_joined_once_after_a_crash_between_writes(
+    tmp_path: Path
+) -> None:
+    """A crash after the carried text was recorded but before the state dropped it:
+    the next load sees the text in the transcript and does not join it again."""
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        agent = await paused_after_sending(store, "use the blue card")
+        stored_state = await store.load_state("pay")
+        assert stored_state["sent"]["texts"] == ["use the blue card"]
+        await agent.aclose()
+        second, _, _, _ = held_pay_agent(store)
+        await second.open()
+        second.approve(second.pending_approvals[0].call_id)
+        assert await second.resume() == "saw: use the blue card"
+        await second.aclose()
+        writer = await store.open_session("pay")  # put the state back as the crash left it
+        await writer.save_state(stored_state)
+        await writer.aclose()
+        third, _, _, _ = held_pay_agent(store)
+        await third.open()
+        assert third._carried.texts == []
+        assert await third.run("again") == "saw: use the blue card | again"
+        await third.aclose()
+
+
+async def test_a_send_carried_by_a_pause_is_in_the_snapshot_and_joins_the_resumed_run() -> None:
+    agent = await paused_after_sending(None, "first note")
+    snapshot = agent.snapshot()
+    assert snapshot["sent"]["texts"] == ["first note"]
+    copy_of = agent.session_from(snapshot)  # a workflow's state carries it too
+    assert copy_of is not None and copy_of._carried.texts == ["first note"]
+    agent.approve(agent.pending_approvals[0].call_id)
+    assert await agent.resume() == "saw: first note"
+
+
+# -- a send joins the run; it buys no rounds (issue 21 item 24) ----------------------------------
+
+
+async def test_sends_do_not_renew_the_round_budget() -> None:
+    agent_ref: list[aio.Agent] = []
+
+    def script(request: dict[str, Any]) -> Turn:
+        # A send on every turn that offers tools (at most 10: a renewed budget never ends).
+        if request["tools"] and len(model.requests) <= 10:
+            agent_ref[0].send("one more thing")
+            return Turn(tool_calls=[ScriptedCall("lookup", {"city": "x"})])
+        return Turn(text="final")
+
+    model = ScriptedModel(script)
+    agent = aio.Agent(model, tools=[lookup], max_rounds=2)
+    agent_ref.append(agent)
+    assert await agent.run("go") == "final"
+    # Two tool rounds, then the last turn without tools: the sends joined, bought nothing.
+    assert len(model.requests) == 3
+    users = [m["content"] for m in agent.model_client.messages if m["role"] == "user"]
+    assert users.count("one more thing") == 2
