@@ -19,6 +19,7 @@ import httpx
 import ollama
 import pytest
 
+from aimu.aio._sse import SSEParser
 from aimu.testing.script import Script, ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer, StreamRecord
 
@@ -65,12 +66,10 @@ def ndjson(text: str) -> list[dict[str, Any]]:
 
 def sse(text: str) -> list[Any]:
     """The data of each SSE event: parsed JSON, or the literal "[DONE]"."""
-    events: list[Any] = []
-    for line in text.splitlines():
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
+    parser = SSEParser()
+    found = [parser.feed(line) for line in text.splitlines()] + [parser.flush()]
+    datas = [event.data for event in found if event is not None]
+    return [data if data == "[DONE]" else json.loads(data) for data in datas]
 
 
 def content_deltas(events: list[Any]) -> list[str]:
@@ -515,6 +514,83 @@ async def test_raw_pipelined_and_chunked_requests() -> None:
     assert data.count(b"HTTP/1.1 200 OK") == 3 and b'"content":"piped"' in data
     assert data.rstrip().endswith(b"}") and b"Connection: close" in data
     assert garbage.startswith(b"HTTP/1.1 400 Bad Request") and b"request line" in garbage
+
+
+async def raw_exchange(server: LoopbackServer, *parts: bytes) -> bytes:
+    """Send ``parts`` (each after the server's answer so far), read until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        received = b""
+        for position, part in enumerate(parts):
+            writer.write(part)
+            if position < len(parts) - 1:
+                received += await reader.readuntil(b"\r\n\r\n")
+        return received + await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
+    chat_body = json.dumps({"model": "m", "stream": False}).encode()
+    head = (
+        b"POST /api/chat HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(chat_body)
+    )
+    async with serving([Turn("after the wait")]) as server:
+        data = await raw_exchange(server, head, chat_body)
+    assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n")
+    assert b'"content":"after the wait"' in data
+
+
+async def test_head_answers_the_head_without_a_body() -> None:
+    async with serving() as server, httpx.AsyncClient(base_url=server.url) as http:
+        head = await http.head("/")
+        after = await http.get("/api/version")  # the same connection still reads right
+    assert head.status_code == 200 and head.content == b""
+    assert after.json() == {"version": "0.6.0"} and server.connections_accepted == 1
+
+
+@pytest.mark.parametrize(
+    ("wire", "said"),
+    [
+        (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n", b"Content-Length"),
+        (b"GET /api/version HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", b"header"),
+        (b"GET /api/version HTTP/1.1\r\nX: " + b"a" * 70_000, b"too long"),
+    ],
+    ids=["bad length", "bad header", "head too long"],
+)
+async def test_malformed_requests_get_a_400_that_says_why(wire: bytes, said: bytes) -> None:
+    async with serving() as server:
+        data = await raw_exchange(server, wire)
+        assert not server.requests
+    assert data.startswith(b"HTTP/1.1 400 Bad Request") and b"Connection: close" in data
+    assert said.lower() in data.lower()
+
+
+async def test_a_client_gone_mid_request_is_no_request_and_no_error() -> None:
+    async with serving() as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        writer.write_eof()
+        data = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+    assert data == b"" and not server.requests and not server.streams
+
+
+async def test_a_request_pipelined_during_a_streamed_reply_is_served_after_it() -> None:
+    chat_body = json.dumps({"model": "m", "stream": True}).encode()
+    chat = b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(chat_body)
+    version = b"GET /api/version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    async with serving([Turn("a b c", delay=0.01)]) as server:
+        # The second request arrives while the first reply is being streamed (its head
+        # was read): the watcher keeps those bytes for the parser.
+        data = await raw_exchange(server, chat + chat_body, version)
+    first, _, second = data.partition(b"0\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in first and first.count(b'"content":') == 4
+    assert second.startswith(b"HTTP/1.1 200 OK") and second.endswith(b'{"version":"0.6.0"}')
+    assert server.streams[0].completed and not server.streams[0].abandoned
 
 
 # -- scripts ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aimu.aio._sse import SSEParser
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
@@ -30,7 +31,7 @@ from aimu.aio.providers._wire import decode_arguments, dumps_text
 from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
-__all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "SSEParser", "to_wire"]
+__all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "to_wire"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -60,36 +61,6 @@ def to_wire(message: Message) -> dict[str, Any]:
             ]
         return wire
     return {"role": message["role"], "content": message["content"]}
-
-
-class SSEParser:
-    """Server-sent events, fed line by line: returns each event's data when it completes.
-
-    Multi-line data is joined with newlines; comments and other fields are skipped; an
-    event is dispatched at its blank line (or by :meth:`flush` at the end of the stream).
-    """
-
-    __slots__ = ("_data",)
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> str | None:
-        if not line:
-            return self.flush()
-        if line.startswith(":"):
-            return None
-        name, colon, value = line.partition(":")
-        if name != "data":
-            return None  # event:, id:, retry: mean nothing for chat completions
-        self._data.append(value[1:] if colon and value.startswith(" ") else value)
-        return None
-
-    def flush(self) -> str | None:
-        if not self._data:
-            return None
-        data, self._data = "\n".join(self._data), []
-        return data
 
 
 class OpenAIClient(HTTPModelClient):
@@ -208,12 +179,12 @@ class _OpenAITurn(TurnDecoder):
     # -- streamed -------------------------------------------------------------------
 
     def line(self, line: bytes) -> list[Chunk]:
-        data = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
-        return [] if data is None else self.event(data)
+        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
+        return [] if event is None else self.event(event.data)
 
     def end(self) -> list[Chunk]:
-        data = self.parser.flush()
-        chunks = self.event(data) if data is not None else []
+        last = self.parser.flush()
+        chunks = self.event(last.data) if last is not None else []
         if self.finished:
             return chunks
         if self.finish is None:

@@ -12,7 +12,7 @@ from provider_support import RawServer, closed_port, http_response
 
 from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, client
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
-from aimu.aio.providers.openai import DEFAULT_BASE_URL, OpenAIClient, SSEParser, to_wire
+from aimu.aio.providers.openai import DEFAULT_BASE_URL, OpenAIClient, to_wire
 from aimu.aio.transcript import Message
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
@@ -145,17 +145,6 @@ async def test_server_sent_call_ids_are_kept(server: LoopbackServer) -> None:
 
 
 # -- SSE ------------------------------------------------------------------------------
-
-
-def test_sse_parser_fields_comments_and_multiline_data() -> None:
-    parser = SSEParser()
-    fed = [parser.feed(line) for line in [
-        ": keep-alive", "event: message", "id: 7", "data: {\"a\":", "data:1}", "", "", "retry: 5",
-        "data: [DONE]", "",
-    ]]
-    assert [item for item in fed if item is not None] == ['{"a":\n1}', "[DONE]"]
-    parser.feed("data: tail")
-    assert parser.flush() == "tail" and parser.flush() is None
 
 
 async def test_sse_with_comments_crlf_and_split_json_is_understood() -> None:

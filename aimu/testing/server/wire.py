@@ -1,0 +1,146 @@
+"""What a wire protocol is to the loopback server: its endpoints and how it frames a turn.
+
+A protocol module (:mod:`.ollama`, :mod:`.openai`) defines a :class:`Wire` subclass,
+which frames one scripted :class:`~aimu.testing.script.Turn` (streamed chunks, the final
+marker, a whole reply, an error body), and a :class:`Protocol` naming its chat path and
+its other endpoints. To serve another endpoint, add a function to the protocol's
+``endpoints``: it gets the server's view and the request body and returns a reply.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aimu.testing.script import Turn, split_text
+from aimu.testing.server.records import WireProtocol
+
+__all__ = [
+    "JSON",
+    "Endpoint",
+    "Protocol",
+    "Reply",
+    "ServerView",
+    "Wire",
+    "alternation_error",
+    "json_bytes",
+    "output_tokens",
+]
+
+JSON = "application/json"
+
+
+def json_bytes(value: object) -> bytes:
+    """Compact UTF-8 JSON."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A scripted lone surrogate goes out as a JSON escape, as a buggy server sends it.
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def output_tokens(turn: Turn) -> int:
+    """The output tokens a turn reports: as scripted, else one per streamed piece."""
+    if turn.output_tokens is not None:
+        return turn.output_tokens
+    return len(split_text(turn.text, turn.chunks))
+
+
+class Wire(abc.ABC):
+    """How one protocol frames a scripted turn for one chat request."""
+
+    protocol: WireProtocol
+    stream_content_type: str
+
+    def __init__(self, model: str, body: Mapping[str, Any], call_ids: Iterator[int]) -> None:
+        self.model = model
+        self.body = body
+        self.call_ids = call_ids
+
+    @abc.abstractmethod
+    def streamed(self) -> bool:
+        """Whether the request asks for a streamed reply (each protocol's default differs)."""
+
+    def refusal(self) -> str | None:
+        """Why a real server of this protocol would answer the request 400, if it would."""
+        return None
+
+    @abc.abstractmethod
+    def error_body(self, status: int, message: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def chunks(self, turn: Turn) -> list[bytes]:
+        """The framed content lines/events of a streamed turn, without the final marker."""
+
+    @abc.abstractmethod
+    def final(self, turn: Turn) -> list[bytes]:
+        """The framed lines/events that end a streamed turn (usage, done marker)."""
+
+    @abc.abstractmethod
+    def bad_line(self) -> bytes:
+        """A framed line/event whose JSON is broken (the ``bad_json`` fault)."""
+
+    @abc.abstractmethod
+    def whole(self, turn: Turn, *, finished: bool = True) -> bytes:
+        """The non-streamed reply; ``finished=False`` leaves out the done marker."""
+
+
+class ServerView(typing.Protocol):
+    """What an endpoint may read of the server."""
+
+    @property
+    def models(self) -> Mapping[str, None]:
+        """The model names the server has been asked for, in order (``test`` first)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole reply an endpoint gives."""
+
+    body: bytes
+    status: int = 200
+    content_type: str = JSON
+
+
+#: An endpoint other than chat: the server's view and the request's JSON body to a reply.
+Endpoint = Callable[[ServerView, Mapping[str, Any]], Reply]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A wire protocol: its name, chat path, framing, and other endpoints by path."""
+
+    name: WireProtocol
+    chat_path: str
+    wire: type[Wire]
+    endpoints: Mapping[str, tuple[str, Endpoint]] = field(default_factory=dict)
+    """path -> (method, endpoint)."""
+
+    def method(self, path: str) -> str | None:
+        """The method ``path`` takes, or None if this protocol has no such endpoint."""
+        if path == self.chat_path:
+            return "POST"
+        found = self.endpoints.get(path)
+        return found[0] if found else None
+
+
+def alternation_error(messages: object) -> str | None:
+    """The 400 a strict chat template gives two user, or two assistant, turns in a row."""
+    if not isinstance(messages, list):
+        return None
+    previous = ""
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role in ("user", "assistant") and role == previous:
+            return (
+                "Conversation roles must alternate user/assistant/user/assistant/...: "
+                f"messages {index - 1} and {index} are both {role!r}"
+            )
+        previous = str(role)
+    return None
