@@ -28,6 +28,7 @@ _MAX_BODY = 256 * 1024 * 1024
 _READ_SIZE = 64 * 1024
 _CLOSE_GRACE = 1.0
 _SERVER = ("Server", "aimu-loopback")
+_CONTINUE = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
 
 
 class BadRequest(Exception):
@@ -115,8 +116,7 @@ class Connection:
                 head = event
                 self._head_only = event.method == b"HEAD"
                 if self._h11.they_are_waiting_for_100_continue:
-                    go_on = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
-                    await self._write(self._h11.send(go_on) or b"")
+                    await self._write(self._h11.send(_CONTINUE) or b"")
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > _MAX_BODY:
