@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import EllipsisType
@@ -553,16 +553,29 @@ class Agent(Runnable[OutputT]):
         self._place_system()
         await self._sync_store(writer)
 
-    def restore(self, messages: Sequence[Message]) -> None:
+    def restore(self, messages: Sequence[Message]) -> Awaitable[None]:
         """Load ``messages`` as this session's transcript, validating them first.
 
         An invalid transcript raises ``ValueError`` naming the bad message and changes
         nothing. Messages are copied in; dangling tool calls get "cancelled" results;
-        this agent's system prompt is kept.
+        this agent's system prompt is kept. With a store, ``await agent.restore(...)``:
+        it opens the session and returns once the transcript is stored (durable).
         """
         if self.running:
             raise RuntimeError("cannot restore() while a run is in progress on this session")
         self._restore(messages, Approvals())
+        if self._store is None:
+            return _DONE
+        return self._store_restored()
+
+    async def _store_restored(self) -> None:
+        """Write what restore() put in memory to the store (the session opened first)."""
+        if self._writer is None:
+            await self.open()  # memory is stale, so opening writes it instead of loading
+        if self._writer is not None:
+            await self._sync_store(self._writer)
+            if self._state_stale:
+                await self._save_approvals()
 
     def _restore(self, messages: Sequence[Message], approvals: Approvals) -> None:
         validate(messages)
@@ -1077,6 +1090,19 @@ class Agent(Runnable[OutputT]):
         if last.get("tool_calls") or last.get("aimu_partial"):
             return None
         return last["content"]
+
+
+class _Done(Awaitable[None]):
+    """What restore() returns without a store: nothing to wait for, awaited or not."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield  # a generator that ends at once
+
+
+_DONE = _Done()
 
 
 class _Carried:

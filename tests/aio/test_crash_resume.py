@@ -35,7 +35,7 @@ import pytest
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
-from tests.aio.store_backends import KINDS, SOAK_KILLS, Backend, backend
+from tests.aio.store_backends import KINDS, SOAK_KILLS, Backend, backend, conversation
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = 3
@@ -358,3 +358,41 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(
     settled = sum(1 for m in transcript if m["role"] == "tool" and m["content"] == CANCELLED_RESULT)
     print(f"{kind}: {mid_run_kills} kills mid-run, {settled} steps settled as cancelled, "
           f"{torn_records} torn records seen, {len(acks)} acknowledgements")
+
+
+RESTORE_CHILD = """
+import asyncio, json, sys
+from aimu import aio
+from tests.aio.store_backends import conversation
+
+async def main():
+    store = eval(sys.argv[1], {"aio": aio})
+    agent = aio.Agent(aio.client("test"), system="be brief", store=store, session="crash")
+    restoring = agent.restore(conversation(2))
+    if restoring is not None:
+        await restoring
+    print(json.dumps(["restored"]), flush=True)
+    await asyncio.sleep(3600)  # killed here: nothing may still be only in memory
+
+asyncio.run(main())
+"""
+
+
+def test_restore_is_durable_when_it_returns_a_kill_9_then_loses_nothing(
+    kind: str, where: Backend, tmp_path: Path
+) -> None:
+    """Issue 21 item 3: restore() with a store wrote only memory until the next write."""
+    with (tmp_path / "child-stderr.txt").open("w+b") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", RESTORE_CHILD, where.spec],
+            stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT,
+        )
+        assert process.stdout is not None
+        line = process.stdout.readline()  # blocks until the child says so, or ends
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process.stdout.close()
+        stderr.seek(0)
+        assert json.loads(line or "null") == ["restored"], stderr.read().decode()[-3000:]
+    transcript, _, _ = _load(where)
+    assert transcript == conversation(2)

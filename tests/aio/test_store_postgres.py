@@ -193,7 +193,7 @@ async def test_a_database_lost_mid_run_fails_the_run_and_keeps_what_was_acknowle
     assert stored[: len(acknowledged)] == acknowledged, "every acknowledged message is stored"
     # Restorable: into a new session (the old one stays as the database kept it).
     again = aio.Agent(ScriptedModel(_model_turn), tools=[step], store=store, session="again")
-    again.restore(memory)
+    await again.restore(memory)
     assert await again.resume() == f"finished after {STEPS} steps"
     validate(await store.load("again"))
     await again.aclose()
