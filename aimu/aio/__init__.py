@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         OutputValidationError,
         RunLostError,
         SessionLockedError,
+        StoreCapacityError,
         StoreError,
         StoreFormatError,
         ToolDefinitionError,
@@ -101,6 +102,7 @@ __all__ = [
     "SessionWriter",
     "StepFinished",
     "Store",
+    "StoreCapacityError",
     "StoreError",
     "StoreFormatError",
     "TextChunk",
@@ -154,7 +156,7 @@ _ERRORS = (
     "AimuError", "ControlConnectionError", "ControlError", "ModelConnectionError",
     "ModelError", "ModelHTTPError", "ModelProtocolError", "NoOutputError", "OutputError",
     "OutputValidationError",
-    "RunLostError", "SessionLockedError", "StoreError", "StoreFormatError",
+    "RunLostError", "SessionLockedError", "StoreCapacityError", "StoreError", "StoreFormatError",
     "ToolDefinitionError", "TranscriptError", "UnknownRunError",
 )
 _EVENTS = (

@@ -12,6 +12,7 @@
      │    └── NoOutputError         the run ended without an answer (interrupted, paused)
      ├── StoreError                 durable storage failed
      │    ├── SessionLockedError    another writer holds the session
+     │    ├── StoreCapacityError    the store ran out of connections (says which limit)
      │    └── StoreFormatError      a file is corrupt or from a newer schema
      └── ControlError               run control across processes (Redis) failed
           ├── ControlConnectionError  Redis unreachable (names the URL, never the password)
@@ -37,6 +38,7 @@ __all__ = [
     "OutputValidationError",
     "RunLostError",
     "SessionLockedError",
+    "StoreCapacityError",
     "StoreError",
     "StoreFormatError",
     "ToolDefinitionError",
@@ -115,6 +117,11 @@ class StoreError(AimuError):
 
 class SessionLockedError(StoreError):
     """Another writer (this process or another) holds the session open for writing."""
+
+
+class StoreCapacityError(StoreError):
+    """The store has no connection left: its own bound (writers, read pool) or the
+    database server's. Try again once sessions close, or raise the limit it names."""
 
 
 class StoreFormatError(StoreError):

@@ -368,3 +368,80 @@ async def test_a_corrupt_stored_message_is_a_format_error_naming_the_session(
     with pytest.raises(aio.StoreFormatError, match=rf"session 'bad'.*{error}"):
         await store.load("bad")
     await store.aclose()
+
+
+# --------------------------------------------------------------------------- connections
+
+
+async def test_writers_are_bounded_and_one_more_session_says_what_ran_out(
+    where: Backend,
+) -> None:
+    """Issue 21 item 16: each open session holds a connection; the store bounds them."""
+    spec = where.spec.replace(")", ", max_writers=2, pool_size=1)")
+    store = eval(spec, {"aio": aio})
+    assert isinstance(store, PostgresStore)
+    first, second = await store.open_session("a"), await store.open_session("b")
+    with pytest.raises(aio.StoreCapacityError, match=r"all 2 writer connections are in use"):
+        await store.open_session("c")
+    assert await store.info("c") is None  # nothing was written, reads still work
+    await first.aclose()
+    third = await store.open_session("c")  # a closed session gave its connection back
+    await third.aclose()
+    await second.aclose()
+    await store.aclose()
+    with pytest.raises(ValueError, match="max_writers"):
+        PostgresStore(services.postgres_dsn(), max_writers=0)
+
+
+async def test_a_server_out_of_connections_is_a_capacity_error_naming_the_limit(
+    where: Backend,
+) -> None:
+    """The server's own limit (here a role's CONNECTION LIMIT) is named, not a bare 500."""
+    dsn = services.postgres_dsn()
+    store = where.make()
+    assert isinstance(store, PostgresStore)
+    role = f"{store.schema}_limited"
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1')
+        database = await admin.fetchval("SELECT current_database()")
+        await admin.execute(f'GRANT CREATE ON DATABASE "{database}" TO "{role}"')
+        limited_dsn = _with_user(dsn, role)
+        limited = PostgresStore(limited_dsn, schema=store.schema, pool_size=1)
+        await limited.sessions()  # the pool's one connection: the role's only one
+        with pytest.raises(aio.StoreCapacityError, match="no connection left") as caught:
+            await limited.open_session("s")
+        assert "connection limit" in str(caught.value) and role in str(caught.value)
+        await limited.aclose()
+    finally:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE')
+        await admin.execute(f'DROP OWNED BY "{role}"')
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()
+
+
+async def test_a_read_pool_that_stays_busy_is_a_capacity_error(where: Backend) -> None:
+    spec = where.spec.replace(")", ", pool_size=1, connect_timeout=0.2)")
+    store = eval(spec, {"aio": aio})
+    assert isinstance(store, PostgresStore)
+    await store.sessions()
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(conn: asyncpg.Connection) -> None:
+        holding.set()
+        await release.wait()
+
+    held = asyncio.ensure_future(store._read("hold the pool", hold))
+    await holding.wait()
+    with pytest.raises(aio.StoreCapacityError, match="all 1 read connections stayed busy"):
+        await store.load("s")
+    release.set()
+    await held
+    assert await store.load("s") == []
+    await store.aclose()
+
+
+def _with_user(dsn: str, user: str) -> str:
+    scheme, rest = dsn.split("://", 1)
+    _, _, place = rest.rpartition("@")
+    return f"{scheme}://{user}@{place}"

@@ -4,7 +4,9 @@ One row per message keyed by (session, seq); a row of metadata, status and state
 session; the tool journal. The schema is created on first use and versioned; a newer
 one is refused. A writer holds a session-level advisory lock on a connection of its
 own, so a writer on any host excludes every other, and a killed writer's lock goes
-with its connection. Reads use a small pool and are always allowed.
+with its connection. Reads use a small pool and are always allowed. So a store holds at
+most ``max_writers + pool_size`` connections; running out of them, or of the server's,
+is a :class:`~aimu.aio.errors.StoreCapacityError` naming the limit.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
-from aimu.aio.errors import SessionLockedError, StoreError, StoreFormatError, TranscriptError
+from aimu.aio.errors import (
+    SessionLockedError,
+    StoreCapacityError,
+    StoreError,
+    StoreFormatError,
+    TranscriptError,
+)
 from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
 from aimu.aio.store._protocol import (
     SessionInfo,
@@ -148,6 +156,11 @@ class PostgresStore:
     killed, but a crash of the database server may lose its last commits. Nothing
     connects until first use; an unreachable database is then a ``StoreError`` naming
     host and database, never the password. Use a store from one event loop.
+
+    Each open session holds a connection of its own (its lock), at most ``max_writers``
+    at once; reads share ``pool_size`` more. Opening one more session, a read that finds
+    the pool busy for ``connect_timeout`` seconds, or a server out of connections raises
+    ``StoreCapacityError`` saying which ran out.
     """
 
     def __init__(
@@ -156,15 +169,22 @@ class PostgresStore:
         *,
         schema: str = "aimu",
         pool_size: int = 4,
+        max_writers: int = 32,
         connect_timeout: float = 10.0,
         command_timeout: float = 60.0,
         synchronous_commit: bool = True,
     ) -> None:
+        for name, value in (("pool_size", pool_size), ("max_writers", max_writers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PostgresStore({name}=...) must be an int >= 1, got {value!r}")
         self._where = _Where(dsn)
         self._dsn = dsn
         self.schema = schema
         self._s = _quote(schema)
         self._pool_size = pool_size
+        self.max_writers = max_writers
+        #: Sessions being opened now (their connections count against max_writers).
+        self._opening = 0
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
         self.synchronous_commit = synchronous_commit
@@ -181,12 +201,21 @@ class PostgresStore:
     def _fail(self, error: BaseException, what: str, *, lost: bool = False) -> StoreError:
         """A StoreError for ``error`` while doing ``what``; the password never in it."""
         detail = self._where.scrub(f"{type(error).__name__}: {error}")
+        if isinstance(error, asyncpg.TooManyConnectionsError):
+            return self._server_full(what, detail)
         if lost or isinstance(error, _LOST):
             return StoreError(
                 f"lost the connection to {self._where} while trying to {what} ({detail}); "
                 "what was written before is stored, this writer is closed"
             )
         return StoreError(f"{self._where}: cannot {what}: {detail}")
+
+    def _server_full(self, what: str, detail: str) -> StoreCapacityError:
+        return StoreCapacityError(
+            f"{self._where} has no connection left to {what} (the server's max_connections "
+            f"or the user's connection limit was reached: {detail}); close sessions, lower "
+            "max_writers / pool_size here or raise the server's limit"
+        )
 
     async def _connect(self, **options: Any) -> asyncpg.Connection:
 
@@ -197,6 +226,10 @@ class PostgresStore:
                 command_timeout=self._command_timeout,
                 **options,
             )
+        except asyncpg.TooManyConnectionsError as error:
+            raise self._server_full(
+                "connect", self._where.scrub(f"{type(error).__name__}: {error}")
+            ) from None
         except (*_DRIVER, ValueError) as error:
             # from None: a driver error may echo the DSN it was given.
             raise StoreError(
@@ -225,6 +258,8 @@ class PostgresStore:
                         self._dsn, min_size=1, max_size=self._pool_size,
                         timeout=self._connect_timeout, command_timeout=self._command_timeout,
                     )
+                except asyncpg.TooManyConnectionsError as error:
+                    raise self._fail(error, "open the read pool") from None
                 except _DRIVER as error:
                     raise StoreError(
                         f"cannot connect to {self._where}: "
@@ -270,10 +305,22 @@ class PostgresStore:
 
         pool = await self._ready(what)
         try:
-            async with pool.acquire() as conn:
-                return await query(cast("asyncpg.Connection", conn))
+            acquired = pool.acquire(timeout=self._connect_timeout)
+            conn = await acquired.__aenter__()
+        except TimeoutError:
+            raise StoreCapacityError(
+                f"{self._where}: all {self._pool_size} read connections stayed busy for "
+                f"{self._connect_timeout:g} s, so this could not {what}; raise "
+                "PostgresStore(pool_size=...) or read less at once"
+            ) from None
         except _DRIVER as error:
             raise self._fail(error, what) from error
+        try:
+            return await query(cast("asyncpg.Connection", conn))
+        except _DRIVER as error:
+            raise self._fail(error, what) from error
+        finally:
+            await acquired.__aexit__(None, None, None)
 
     # -- reading -------------------------------------------------------------------
 
@@ -348,17 +395,27 @@ class PostgresStore:
     async def open_session(self, session: str) -> _PostgresWriter:
         validate_session_name(session)
         await self._ready(f"open session {session!r}")
+        if len(self._writers) + self._opening >= self.max_writers:
+            raise StoreCapacityError(
+                f"{self!r}: cannot open session {session!r}: all {self.max_writers} writer "
+                "connections are in use (each open session holds one); close a session "
+                "(agent.aclose()) or raise PostgresStore(max_writers=...)"
+            )
         settings = {"application_name": _application_name()}
         if not self.synchronous_commit:
             settings["synchronous_commit"] = "off"
-        conn = await self._connect(server_settings=settings)
+        self._opening += 1
         try:
-            await self._lock(conn, session)
-            writer = _PostgresWriter(self, session, conn)
-            await writer._start()
-        except BaseException:
-            conn.terminate()
-            raise
+            conn = await self._connect(server_settings=settings)
+            try:
+                await self._lock(conn, session)
+                writer = _PostgresWriter(self, session, conn)
+                await writer._start()
+            except BaseException:
+                conn.terminate()
+                raise
+        finally:
+            self._opening -= 1
         if self._closed:
             conn.terminate()
             raise StoreError(f"{self!r} is closed; cannot open session {session!r}")
