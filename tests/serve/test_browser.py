@@ -10,8 +10,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from aimu.aio.transcript import validate
-from tests.serve.harness import ARTIFACTS, MAILED, WAIT_MS, Served
+from aimu.aio.store import SQLiteStore
+from aimu.aio.transcript import CANCELLED_RESULT, validate
+from tests.serve.harness import ARTIFACTS, GATE, MAILED, WAIT_MS, Served
 
 pytestmark = pytest.mark.slow
 
@@ -137,6 +138,13 @@ async def test_readable_on_a_phone(browser: object, served: Served) -> None:
     page.set_default_timeout(WAIT_MS)
     try:
         await page.goto(f"{served.url}/?session=phone")
+        # A phone's keyboard has no Shift+Enter: Enter is a new line there, Send sends.
+        assert await page.locator("#input").get_attribute("placeholder") == "Message"
+        await page.locator("#input").fill("hello")
+        await page.locator("#input").press("Enter")
+        await page.locator("#input").press_sequentially("phone")
+        await expect(page.locator("#input")).to_have_value("hello\nphone")
+        await expect(page.locator(".msg")).to_have_count(0)
         await page.locator("#input").fill("hello phone")
         await page.locator("#send").tap()
         await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello phone")
@@ -200,3 +208,167 @@ async def test_approve_a_paused_tool_call(page: object, served: Served) -> None:
     await expect(page.locator("#status")).to_have_text("completed")
     await expect(page.locator("#approvals")).to_be_hidden()
     assert MAILED == ["mail erin"]
+
+
+async def shown(page: object) -> tuple[list[str], str, str]:
+    """What the page shows: the bubbles' texts, the header's status, the session's entry."""
+    from playwright.async_api import Page
+
+    assert isinstance(page, Page)
+    texts = [t.strip() for t in await page.locator(".msg").all_inner_texts()]
+    status = await page.locator("#status").inner_text()
+    entry = await page.locator("#session-list [aria-current=true] small").inner_text()
+    return texts, status, entry
+
+
+async def test_a_stop_during_a_tool_call_shows_and_a_reload_shows_the_same(
+    page: object, served: Served
+) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    GATE.reset()
+    try:
+        await page.goto(f"{served.url}/?session=toolstop")
+        await page.locator("#input").fill("gate 1 5")
+        await page.locator("#input").press("Enter")
+        await GATE.entered(1)  # the tool call is in progress
+        await expect(page.locator(".msg.tool")).to_have_text('→ gated_lookup({"query":"gate 1 5"})')
+        await page.locator("#stop").click()
+        await expect(page.locator("#status")).to_have_text("stopped")
+        await expect(page.locator(".msg").last).to_have_text("(stopped)")
+        await expect(page.locator(".msg.tool").last).to_have_text(
+            f"gated_lookup: {CANCELLED_RESULT}"
+        )
+        await expect(page.locator("#session-list [aria-current=true] small")).to_have_text(
+            "3 messages · stopped"
+        )
+    finally:
+        GATE.open()
+    live = await shown(page)
+    assert live == (
+        ["gate 1 5", "calling", '→ gated_lookup({"query":"gate 1 5"})',
+         f"gated_lookup: {CANCELLED_RESULT}", "(stopped)"],
+        "stopped",
+        "3 messages · stopped",
+    )
+    await page.reload()
+    await expect(page.locator(".msg")).to_have_count(len(live[0]))
+    await expect(page.locator("#session-list [aria-current=true]")).to_be_visible()
+    assert await shown(page) == live
+
+
+async def test_the_live_view_is_the_reloaded_view(page: object, served: Served) -> None:
+    """Tool calls in order, one status word, a marked end: the same before and after a
+    reload, after a completed, an interrupted and a stopped run in one session."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"{m.location['url']}: {m.text}")
+            if m.type == "error" else None)
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    await page.goto(f"{served.url}/?session=same")
+    await expect(page.locator("#status")).to_have_text("idle")
+    for task, status in (("tool one", "completed"), ("tool two", "interrupted"),
+                         ("long three", "stopped")):
+        await page.locator("#input").fill(task)
+        await page.locator("#input").press("Enter")
+        if status == "interrupted":
+            await expect(page.locator(".msg.assistant").last).to_contain_text("let me look")
+            await page.locator("#interrupt").click()
+        if status == "stopped":
+            await expect(page.locator(".msg.assistant").last).to_contain_text("w3 ")
+            await page.locator("#stop").click()
+        await expect(page.locator("#status")).to_have_text(status)
+        await expect(page.locator("#session-list [aria-current=true] small")).to_contain_text(
+            f"· {status}"
+        )
+        live = await shown(page)
+        await page.reload()
+        await expect(page.locator(".msg")).to_have_count(len(live[0]))
+        await expect(page.locator("#status")).to_have_text(status)
+        assert await shown(page) == live
+    # Tool calls and results in the order they happened; the end mark says how the last
+    # run ended (the transcript keeps a stopped reply's mark, not an earlier run's end).
+    looked = ("let me look that up " * 10).strip()
+    assert live[0][:10] == [
+        "tool one", looked, '→ lookup({"query":"tool one"})', "lookup: found tool one",
+        "answer to tool one",
+        "tool two", looked, '→ lookup({"query":"tool two"})', "lookup: found tool two",
+        "long three",
+    ]
+    assert live[0][10].startswith("w0 w1 w2") and live[0][10].endswith("(stopped)")
+    assert len(live[0]) == 11
+    # The new session was not there yet (404, and Chromium's log of it); no other error:
+    # no favicon 404, nothing the page's security policy refused.
+    missing = f"{served.url}/sessions/same"
+    assert [e for e in errors if not e.startswith(missing) and missing not in e] == []
+    assert errors.count(f"404 {missing}") == 1
+
+
+async def test_one_message_is_one_message(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    store = SQLiteStore(served.store)
+    try:
+        writer = await store.open_session("single")
+        await writer.append({"role": "user", "content": "only this"})
+        await writer.set_status("in_progress")  # as a server that crashed mid-run leaves it
+        await writer.aclose()
+    finally:
+        await store.aclose()
+    await page.goto(f"{served.url}/?session=single")
+    await expect(page.locator("#session-list [aria-current=true] small")).to_have_text(
+        "1 message · unfinished"
+    )
+    await expect(page.locator("#status")).to_have_text("unfinished")
+    await expect(page.locator("#resume")).to_be_enabled()
+
+
+async def test_the_stopped_mark_scrolls_into_view(browser: object, served: Served) -> None:
+    from playwright.async_api import Browser, expect
+
+    assert isinstance(browser, Browser)
+    context = await browser.new_context(viewport={"width": 900, "height": 520})
+    page = await context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        await page.goto(f"{served.url}/?session=scroll")
+        await page.locator("#input").fill("short 300")  # more than the view holds
+        await page.locator("#input").press("Enter")
+        await expect(page.locator("#status")).to_have_text("completed")
+        await page.locator("#input").fill("long scroll")
+        await page.locator("#input").press("Enter")
+        reply = page.locator(".msg.assistant").last
+        await expect(reply).to_contain_text("w20 ")
+        await page.locator("#stop").click()
+        mark = reply.locator(".mark")
+        await expect(mark).to_have_text("(stopped)")
+        await expect(page.locator("#status")).to_have_text("stopped")
+        await expect(mark).to_be_in_viewport(ratio=1)
+        scrolled = await page.evaluate("document.getElementById('messages').scrollTop")
+        assert scrolled > 0  # the view did overflow: the mark was scrolled to
+    except BaseException:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "test_the_stopped_mark_scrolls_into_view.png"))
+        raise
+    finally:
+        await context.close()
+
+
+async def test_the_desktop_placeholder_names_the_keys(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=keys2")
+    await expect(page.locator("#input")).to_have_attribute(
+        "placeholder", "Message (Enter sends, Shift+Enter for a new line)"
+    )
+    icon = await page.locator("link[rel=icon]").get_attribute("href")
+    assert icon is not None
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        answer = await http.get(f"/{icon}")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("image/svg+xml")

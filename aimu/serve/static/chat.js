@@ -51,6 +51,19 @@ function askToken() {
 function notice(text) { $("notice").textContent = text || ""; }
 function setStatus(text) { $("status").textContent = text; }
 
+// One word per status, in the header and the session list alike.
+const STATUS_WORDS = {
+  cancelled: "stopped", timed_out: "timed out", in_progress: "unfinished",
+  incomplete: "cut off", max_rounds: "round limit",
+};
+function statusWord(status) { return status ? STATUS_WORDS[status] || status : "idle"; }
+// How a conversation whose last run ended this way ends on screen.
+const END_MARKS = {
+  cancelled: "(stopped)", timed_out: "(timed out)", interrupted: "(interrupted)",
+  incomplete: "(cut off)", failed: "(failed)", max_rounds: "(stopped at the round limit)",
+};
+function plural(count, word) { return `${count} ${word}${count === 1 ? "" : "s"}`; }
+
 // -- sessions -----------------------------------------------------------------------
 
 async function loadSessions() {
@@ -64,7 +77,8 @@ async function loadSessions() {
     button.dataset.session = info.name;
     button.textContent = info.name;
     const meta = document.createElement("small");
-    meta.textContent = `${info.message_count} messages${info.run_id ? " · running" : info.status ? " · " + info.status : ""}`;
+    const status = info.run_id ? "running" : info.status ? statusWord(info.status) : "";
+    meta.textContent = plural(info.message_count, "message") + (status ? ` · ${status}` : "");
     button.append(meta);
     if (info.name === state.session) button.setAttribute("aria-current", "true");
     button.addEventListener("click", () => openSession(info.name));
@@ -88,19 +102,18 @@ async function openSession(name) {
   $("approvals").replaceChildren();
   $("approvals").hidden = true;
   state.lastStatus = null;
+  setStatus("idle");
   try {
     const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
-    state.lastStatus = session.status;
+    if (state.session !== name) return;  // another session was opened meanwhile
     if (session.run_id) {
       // A run in progress: show what came before it, then replay the run's events.
+      state.lastStatus = session.status;
       renderTranscript(session.messages.slice(0, session.run_messages_from ?? undefined));
       follow(session.run_id, null, true);
     } else {
-      renderTranscript(session.messages);
-      if (session.paused_run_id) {
-        setStatus("paused");
-        await showApprovals(session.paused_run_id);
-      }
+      renderSession(session);
+      if (session.paused_run_id) await showApprovals(session.paused_run_id);
     }
   } catch (error) {
     if (!(error instanceof ApiError && error.status === 404)) notice(error.message);
@@ -130,6 +143,7 @@ function addMark(div, mark) {
   span.className = "mark";
   span.textContent = mark;
   div.append(span);
+  scrollDown();
 }
 
 function scrollDown() { const m = $("messages"); m.scrollTop = m.scrollHeight; }
@@ -137,15 +151,39 @@ function scrollDown() { const m = $("messages"); m.scrollTop = m.scrollHeight; }
 function describeCall(call) {
   const fn = call.function || call;
   let args = fn.arguments;
+  if (typeof args === "string") {  // the OpenAI wire form: shown like the parsed form
+    try { args = JSON.parse(args); } catch { /* shown as it came */ }
+  }
   if (typeof args !== "string") args = JSON.stringify(args);
   return `→ ${fn.name}(${args})`;
+}
+
+function describeResult(name, content) {
+  return `${name || "tool"}: ${typeof content === "string" ? content : JSON.stringify(content)}`;
+}
+
+// The stored session as the page shows it; a live run ends by showing this too, so a
+// reload shows exactly what was on screen.
+function renderSession(session) {
+  $("messages").replaceChildren();
+  renderTranscript(session.messages);
+  const mark = END_MARKS[session.status];
+  const last = session.messages[session.messages.length - 1];
+  if (mark && last && last.role === "assistant" && last.aimu_partial) {
+    // already marked (stopped)
+  } else if (mark && session.status === "incomplete" && last && last.role === "assistant") {
+    addMark($("messages").lastElementChild, mark);
+  } else if (mark) {
+    bubble("assistant", "", mark);
+  }
+  state.lastStatus = session.status;
+  setStatus(session.paused_run_id ? "paused" : statusWord(session.status));
 }
 
 function renderTranscript(messages) {
   for (const message of messages) {
     if (message.role === "system") continue;
-    if (message.role === "tool") { bubble("tool", `${message.name || "tool"}: ${message.content}`); continue; }
-    if (message.role === "user" && message.aimu_final_turn) continue;
+    if (message.role === "tool") { bubble("tool", describeResult(message.name, message.content)); continue; }
     if (message.role === "assistant") {
       if (message.content || message.aimu_partial) {
         bubble("assistant", message.content, message.aimu_partial ? "(stopped)" : null);
@@ -158,6 +196,8 @@ function renderTranscript(messages) {
 }
 
 // -- runs -----------------------------------------------------------------------------
+
+const QUEUED = "(queued: sent when this run ends)";
 
 async function startRun(text) {
   const session = state.session;
@@ -187,7 +227,7 @@ async function submit(text) {
         // the text becomes the next run, now if this one is over already.
         if (state.run && state.run.id === runId) {
           state.queued.push(text);
-          bubble("user", text, "(queued: sent when this run ends)");
+          bubble("user", text, QUEUED);
         } else {
           await startRun(text);
         }
@@ -277,12 +317,14 @@ function onEvent(run, event, replaying) {
       bubble("tool", describeCall({ name: event.name, arguments: event.arguments }));
       break;
     case "tool_result":
-      bubble("tool", `${event.name}: ${event.content}`);
+      bubble("tool", describeResult(event.name, event.content));
       break;
     case "run_finished":
-      if (event.status === "cancelled" && run.bubble) addMark(run.bubble, "(stopped)");
-      if (event.status === "incomplete" && run.bubble) addMark(run.bubble, "(cut off)");
-      if (event.status === "interrupted") bubble("assistant", "", "(interrupted)");
+      // Marked at once; the stored session replaces the view when the handle finishes.
+      if (END_MARKS[event.status]) {
+        if (run.bubble) addMark(run.bubble, END_MARKS[event.status]);
+        else bubble("assistant", "", END_MARKS[event.status]);
+      }
       if (event.status === "failed") notice(`the run failed: ${event.error}`);
       endBubble(run);
       break;
@@ -304,11 +346,24 @@ async function finishRun(run, event) {
   endBubble(run);
   state.run = null;
   state.lastStatus = event.status;
-  setStatus(event.status === "cancelled" ? "stopped" : event.status);
+  setStatus(statusWord(event.status));
   updateControls();
-  if (event.status === "paused") await showApprovals(run.id);
-  loadSessions().catch(() => {});
   const next = state.queued.shift();
+  const name = state.session;
+  try {
+    // Show what was stored, as a reload would: tool calls in the stored order, a
+    // stopped call's result, the same status word as the session list.
+    const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
+    if (state.session === name && !state.run) {
+      renderSession(session);
+      for (const text of state.queued) bubble("user", text, QUEUED);
+      updateControls();
+    }
+  } catch (error) {
+    notice(error.message);
+  }
+  if (event.status === "paused" && state.session === name) await showApprovals(run.id);
+  loadSessions().catch(() => {});
   if (next !== undefined) startRun(next);
 }
 
@@ -398,8 +453,11 @@ $("composer").addEventListener("submit", (event) => {
   input.value = "";
   submit(text);
 });
+// A phone's keyboard has no Shift+Enter: there Enter is a new line and Send sends.
+const TOUCH = matchMedia("(pointer: coarse)").matches;
+if (!TOUCH) $("input").placeholder = "Message (Enter sends, Shift+Enter for a new line)";
 $("input").addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing && !TOUCH) {
     event.preventDefault();
     $("composer").requestSubmit();
   }
