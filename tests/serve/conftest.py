@@ -36,7 +36,10 @@ async def page(browser: object, request: pytest.FixtureRequest) -> AsyncIterator
     from playwright.async_api import Browser
 
     assert isinstance(browser, Browser)
-    context = await browser.new_context(viewport={"width": 1100, "height": 800})
+    # @pytest.mark.browser_context(viewport=..., is_mobile=...) sets up a phone, a small window.
+    marker = request.node.get_closest_marker("browser_context")
+    options = marker.kwargs if marker else {"viewport": {"width": 1100, "height": 800}}
+    context = await browser.new_context(**options)
     opened = await context.new_page()
     opened.set_default_timeout(WAIT_MS)
     try:

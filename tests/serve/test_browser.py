@@ -12,7 +12,7 @@ import pytest
 
 from aimu.aio.store import SQLiteStore
 from aimu.aio.transcript import CANCELLED_RESULT, validate
-from tests.serve.harness import ARTIFACTS, GATE, MAILED, WAIT_MS, Served
+from tests.serve.harness import GATE, MAILED, Served
 
 pytestmark = pytest.mark.slow
 
@@ -126,42 +126,32 @@ async def test_a_run_in_progress_is_followed_after_a_reload(page: object, served
     await expect(bubbles).to_have_count(2)
 
 
-async def test_readable_on_a_phone(browser: object, served: Served) -> None:
-    from playwright.async_api import Browser, expect
+@pytest.mark.browser_context(
+    viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, device_scale_factor=2
+)
+async def test_readable_on_a_phone(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
 
-    assert isinstance(browser, Browser)
-    context = await browser.new_context(
-        viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-        device_scale_factor=2,
-    )
-    page = await context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    try:
-        await page.goto(f"{served.url}/?session=phone")
-        # A phone's keyboard has no Shift+Enter: Enter is a new line there, Send sends.
-        assert await page.locator("#input").get_attribute("placeholder") == "Message"
-        await page.locator("#input").fill("hello")
-        await page.locator("#input").press("Enter")
-        await page.locator("#input").press_sequentially("phone")
-        await expect(page.locator("#input")).to_have_value("hello\nphone")
-        await expect(page.locator(".msg")).to_have_count(0)
-        await page.locator("#input").fill("hello phone")
-        await page.locator("#send").tap()
-        await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello phone")
-        width = await page.evaluate("document.documentElement.scrollWidth")
-        assert width <= 390  # nothing wider than the screen
-        for control in ("#stop", "#interrupt", "#resume", "#send"):
-            box = await page.locator(control).bounding_box()
-            assert box is not None and box["height"] >= 44 and box["x"] + box["width"] <= 390
-        await expect(page.locator("#sessions")).to_be_hidden()
-        await page.locator("#toggle-sessions").tap()
-        await expect(page.locator("#session-list")).to_contain_text("phone")
-    except BaseException:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(ARTIFACTS / "test_readable_on_a_phone.png"))
-        raise
-    finally:
-        await context.close()
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=phone")
+    # A phone's keyboard has no Shift+Enter: Enter is a new line there, Send sends.
+    assert await page.locator("#input").get_attribute("placeholder") == "Message"
+    await page.locator("#input").fill("hello")
+    await page.locator("#input").press("Enter")
+    await page.locator("#input").press_sequentially("phone")
+    await expect(page.locator("#input")).to_have_value("hello\nphone")
+    await expect(page.locator(".msg")).to_have_count(0)
+    await page.locator("#input").fill("hello phone")
+    await page.locator("#send").tap()
+    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello phone")
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390  # nothing wider than the screen
+    for control in ("#stop", "#interrupt", "#resume", "#send"):
+        box = await page.locator(control).bounding_box()
+        assert box is not None and box["height"] >= 44 and box["x"] + box["width"] <= 390
+    await expect(page.locator("#sessions")).to_be_hidden()
+    await page.locator("#toggle-sessions").tap()
+    await expect(page.locator("#session-list")).to_contain_text("phone")
 
 
 async def test_input_typed_during_a_run_joins_it(page: object, served: Served) -> None:
@@ -327,35 +317,26 @@ async def test_one_message_is_one_message(page: object, served: Served) -> None:
     await expect(page.locator("#resume")).to_be_enabled()
 
 
-async def test_the_stopped_mark_scrolls_into_view(browser: object, served: Served) -> None:
-    from playwright.async_api import Browser, expect
+@pytest.mark.browser_context(viewport={"width": 900, "height": 520})
+async def test_the_stopped_mark_scrolls_into_view(page: object, served: Served) -> None:
+    from playwright.async_api import Page, expect
 
-    assert isinstance(browser, Browser)
-    context = await browser.new_context(viewport={"width": 900, "height": 520})
-    page = await context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    try:
-        await page.goto(f"{served.url}/?session=scroll")
-        await page.locator("#input").fill("short 300")  # more than the view holds
-        await page.locator("#input").press("Enter")
-        await expect(page.locator("#status")).to_have_text("completed")
-        await page.locator("#input").fill("long scroll")
-        await page.locator("#input").press("Enter")
-        reply = page.locator(".msg.assistant").last
-        await expect(reply).to_contain_text("w20 ")
-        await page.locator("#stop").click()
-        mark = reply.locator(".mark")
-        await expect(mark).to_have_text("(stopped)")
-        await expect(page.locator("#status")).to_have_text("stopped")
-        await expect(mark).to_be_in_viewport(ratio=1)
-        scrolled = await page.evaluate("document.getElementById('messages').scrollTop")
-        assert scrolled > 0  # the view did overflow: the mark was scrolled to
-    except BaseException:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(ARTIFACTS / "test_the_stopped_mark_scrolls_into_view.png"))
-        raise
-    finally:
-        await context.close()
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=scroll")
+    await page.locator("#input").fill("short 300")  # more than the view holds
+    await page.locator("#input").press("Enter")
+    await expect(page.locator("#status")).to_have_text("completed")
+    await page.locator("#input").fill("long scroll")
+    await page.locator("#input").press("Enter")
+    reply = page.locator(".msg.assistant").last
+    await expect(reply).to_contain_text("w20 ")
+    await page.locator("#stop").click()
+    mark = reply.locator(".mark")
+    await expect(mark).to_have_text("(stopped)")
+    await expect(page.locator("#status")).to_have_text("stopped")
+    await expect(mark).to_be_in_viewport(ratio=1)
+    scrolled = await page.evaluate("document.getElementById('messages').scrollTop")
+    assert scrolled > 0  # the view did overflow: the mark was scrolled to
 
 
 async def test_the_desktop_placeholder_names_the_keys(page: object, served: Served) -> None:
