@@ -183,12 +183,14 @@ class RunControl(Protocol):
     """What ``RunHandle.start(control=...)`` needs: a run id, then the handle to watch.
 
     ``run_id(wanted)`` checks (or, for None, makes) the id before anything is scheduled,
-    raising on a bad one; ``attach(handle)`` must not raise. ``aio.RedisControl`` is one.
+    raising on a bad one; ``attach(handle)`` must not raise. It may return a future the
+    run waits for before its coroutine starts (a cancel meanwhile means it never
+    starts): ``aio.RedisControl`` holds a run until Redis said what was asked of it.
     """
 
     def run_id(self, wanted: str | None) -> str: ...
 
-    def attach(self, handle: RunHandle[Any]) -> None: ...
+    def attach(self, handle: RunHandle[Any]) -> asyncio.Future[None] | None: ...
 
 
 @final
@@ -202,6 +204,7 @@ class RunHandle(RunScope, Generic[T]):
 
     __slots__ = (
         "__weakref__",
+        "_admission",
         "_children",
         "_deadline_cancels",
         "_error",
@@ -228,6 +231,7 @@ class RunHandle(RunScope, Generic[T]):
     _waiter: Future[T] | None  # the first awaiter's future (the rest are in _observers)
     _observers: _Observers | None
     _owner: RunHandle[Any] | None  # the handle this run belongs to
+    _admission: asyncio.Future[None] | None
     _children: set[RunHandle[Any]] | None  # the live handles that belong to this run
     # Assigned before they are read, so not at start (each store costs every run):
     _result: T  # once the run returned
@@ -304,8 +308,7 @@ class RunHandle(RunScope, Generic[T]):
             self._owner._adopt(self)
         if self.deadline is not None:
             self._timer = loop.call_at(self.deadline, self._expire)
-        if control is not None:
-            control.attach(self)
+        self._admission = None if control is None else control.attach(self)
         return self
 
     # -- the run -------------------------------------------------------------------
@@ -318,6 +321,8 @@ class RunHandle(RunScope, Generic[T]):
                 self._state = _State.RUNNING
             else:
                 self._deliver_early_stop()
+            if self._admission is not None:
+                await self._admission  # the control's go-ahead; a cancel here: never started
             result = await run
         except CancelledError as stop:
             _close_unstarted(run)

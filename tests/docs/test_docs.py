@@ -69,6 +69,8 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
     }
     if page.name == "persist-and-resume.md":  # its PostgreSQL section needs a server
         env["DATABASE_URL"] = services.postgres_dsn()
+    if page.name == "scale-out.md":  # its Redis, found (or skipped) as every Redis test's
+        env["REDIS_URL"] = services.redis_url()
     completed = subprocess.run(
         [sys.executable, "-W", "error::ResourceWarning", str(ROOT / "tests/docs/runner.py"),
          str(page), *extra],

@@ -74,10 +74,14 @@ def redact(url: str) -> str:
 class Keys:
     """The Redis key of each thing, for one prefix."""
 
-    __slots__ = ("channel_base", "prefix", "runs")
+    __slots__ = ("base", "channel_base", "prefix", "prune", "runs")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        #: What every key starts with (the scripts build a run's keys from it).
+        self.base = f"{prefix}:"
+        #: Where the pruning of the runs list goes on from (a score bound).
+        self.prune = f"{prefix}:prune"
         #: Sorted set of run ids by creation time: what ``runs()`` lists.
         self.runs = f"{prefix}:runs"
         #: ``channel_base + worker``: where requests for a worker's runs are published.
@@ -86,6 +90,10 @@ class Keys:
     def run(self, run_id: str) -> str:
         """Hash: status, worker, name, attempt, times, reason, error, info."""
         return f"{self.prefix}:run:{run_id}"
+
+    def session(self, name: str) -> str:
+        """String: the id of the latest run of session ``name`` (``""``: the key of none)."""
+        return f"{self.prefix}:session:{name}"
 
     def lease(self, run_id: str) -> str:
         """String: the worker holding the run, expiring unless its heartbeat renews it."""

@@ -14,16 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
 
 from aimu.aio.control import scripts
-from aimu.aio.control.codec import decode_event
 from aimu.aio.control.keys import (
     Keys,
     check_after,
@@ -33,6 +33,7 @@ from aimu.aio.control.keys import (
     redact,
 )
 from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
+from aimu.aio.event_json import decode_event
 from aimu.aio.events import Event, HandleStatus
 
 try:
@@ -47,8 +48,10 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "aio.RedisControl needs the redis package: pip install 'aimu[redis]'"
     ) from error
 
+from aimu.aio.control.link import Link, Scripts
+from aimu.aio.control.worker import Worker, stream_id
+
 if TYPE_CHECKING:
-    from aimu.aio.control.worker import Worker
     from aimu.aio.run_handle import RunHandle
 
 __all__ = ["ControlStatus", "RedisControl", "RunEvent", "RunInfo"]
@@ -62,6 +65,7 @@ _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
 _FOLLOW_COUNT = 512
 _CLAIM_WINDOW = 30.0
+_REAPPEAR_POLL = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,10 @@ class RunInfo:
     """Events published so far."""
     info: dict[str, str] = field(default_factory=dict)
     """What the worker attached with ``control.with_info(...)``, e.g. the session."""
+    result: object = None
+    """What the run returned, as JSON data, once it ended (None before)."""
+    usage: dict[str, int] | None = None
+    """The tokens its model calls used, once it ended (None if it reported none)."""
 
     @property
     def done(self) -> bool:
@@ -101,16 +109,6 @@ class RunEvent:
     event: Event
     data: str
     """The event as JSON (what ``id`` names), ready to forward."""
-
-
-class _Scripts:
-    def __init__(self, client: redis.Redis) -> None:
-        self.register = client.register_script(scripts.REGISTER)
-        self.publish = client.register_script(scripts.PUBLISH)
-        self.renew = client.register_script(scripts.RENEW)
-        self.claim = client.register_script(scripts.CLAIM)
-        self.request = client.register_script(scripts.REQUEST)
-        self.reserve = client.register_script(scripts.RESERVE)
 
 
 class RedisControl:
@@ -168,7 +166,18 @@ class RedisControl:
         except ValueError:
             raise ValueError(f"cannot use Redis URL {self.url!r}: it is malformed") from None
         self._keys = Keys(self.prefix)
-        self._scripts = _Scripts(self._client)
+        self._scripts = Scripts(self._client)
+        self._link = Link(
+            self._client,
+            self._keys,
+            self._scripts,
+            self.worker_id,
+            self.url,
+            self.lease,
+            self.retention,
+            self.max_events,
+            self.timeout,
+        )
         self._worker: Worker | None = None
         self._closed = False
 
@@ -244,9 +253,14 @@ class RedisControl:
             raise RuntimeError(f"RedisControl for {self.url} is closed: cannot register runs")
         return new_run_id() if wanted is None else check_run_id(wanted, self.prefix)
 
-    def attach(self, handle: RunHandle[Any]) -> None:
-        """Register ``handle`` (started with ``control=``): publish it and obey requests."""
-        self._attach(handle, "")
+    def attach(self, handle: RunHandle[Any]) -> asyncio.Future[None]:
+        """Register ``handle`` (started with ``control=``): publish it and obey requests.
+
+        The run starts once Redis answered its registration (with the requests sent for
+        it before, so a cancel of a reserved run means it never starts), or once Redis
+        could not be reached (it starts anyway, and is registered when Redis is back).
+        """
+        return self._attach(handle, "", required=False)
 
     def with_info(self, **info: str) -> _Tagged:
         """This control, registering runs with ``info`` (strings) kept beside them.
@@ -257,16 +271,20 @@ class RedisControl:
         for key, value in info.items():
             if not isinstance(value, str):
                 raise TypeError(f"with_info({key}=...) takes strings, got {type(value).__name__}")
-        return _Tagged(self, json.dumps(info, sort_keys=True) if info else "")
+        return _Tagged(self, _info_json(info, "with_info"), required=False)
 
-    def _attach(self, handle: RunHandle[Any], info: str) -> None:
+    def required(self, **info: str) -> _Tagged:
+        """Like :meth:`with_info`, but a run starts only once Redis knows it: if Redis
+        cannot be reached it never starts (it ends cancelled) and :meth:`registered`
+        raises ControlConnectionError. For a caller that must answer "started" truly."""
+        return _Tagged(self, _info_json(info, "required"), required=True)
+
+    def _attach(self, handle: RunHandle[Any], info: str, *, required: bool) -> asyncio.Future[None]:
         run_id = handle.run_id
         assert run_id is not None
         if self._worker is None:
-            from aimu.aio.control.worker import Worker
-
-            self._worker = Worker(self)
-        self._worker.attach(run_id, handle, info)
+            self._worker = Worker(self._link)
+        return self._worker.attach(run_id, handle, info, required=required)
 
     async def registered(self, handle: RunHandle[Any]) -> str:
         """Wait until Redis knows ``handle``'s run (so every process can find it); its id.
@@ -281,8 +299,11 @@ class RedisControl:
             if run_id is not None and handle.done and worker is not None:
                 return run_id  # published and forgotten already
             raise ValueError(f"{handle!r} was not started with control= of this RedisControl")
-        why = await worker.registered(run_id)
-        if why is not None:
+        refused = await worker.registered(run_id)
+        if refused is not None:
+            why, down = refused
+            if down:
+                raise ControlConnectionError(why, url=self.url)
             raise ControlError(f"Redis at {self.url} refused run {run_id!r}: {why}", url=self.url)
         return run_id
 
@@ -299,9 +320,10 @@ class RedisControl:
                 keys=[self._keys.run(run_id), self._keys.lease(run_id)],
                 args=[self.worker_id, int(max(self.lease, _CLAIM_WINDOW) * 1000)],
             )
-        if result[0] == "unknown":
+        answer = scripts.reply(result)
+        if answer.tag == "unknown":
             self._unknown(run_id)
-        if result[0] != "ok":
+        if answer.tag != "ok":
             return None
         return await self.status(run_id)
 
@@ -314,20 +336,14 @@ class RedisControl:
         no worker starts expires after ``retention``. ValueError if the id exists.
         """
         run_id = self.run_id(run_id)
-        for key, value in info.items():
-            if not isinstance(value, str):
-                raise TypeError(f"reserve({key}=...) takes strings, got {type(value).__name__}")
+        text = _info_json(info, "reserve")
+        keys = self._keys
         with self._errors("reserve", run_id):
             made = await self._scripts.reserve(
-                keys=[self._keys.run(run_id), self._keys.runs],
-                args=[
-                    f"{time.time():.6f}",
-                    json.dumps(info, sort_keys=True) if info else "",
-                    max(1, round(self.retention)),
-                    run_id,
-                ],
+                keys=[keys.run(run_id), keys.runs, keys.session(info.get("session", ""))],
+                args=[f"{time.time():.6f}", text, self._link.retention_s, run_id, keys.base],
             )
-        if not made:
+        if scripts.reply(made).tag != "ok":
             raise ValueError(f"run id {run_id!r} is already in use under prefix {self.prefix!r}")
         return run_id
 
@@ -347,8 +363,12 @@ class RedisControl:
 
     async def send(self, run_id: str, text: str) -> bool:
         """Give ``text`` to the run wherever it runs: it joins as a user message at the
-        next step boundary, once. False if the run had finished. Recorded before it is
-        published, like a cancel."""
+        next step boundary, once. Recorded before it is published, like a cancel.
+
+        True once the run took it (or, for a run not started yet or lost, once it is
+        stored for the run that starts or resumes); False if the run ended first, and
+        then the text is in no run. ControlError if a live worker did not answer within
+        ``lease`` seconds (the text is stored and may still join)."""
         if not isinstance(text, str):
             raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
         return await self._request(run_id, "send", {"text": text})
@@ -365,22 +385,87 @@ class RedisControl:
         Waits up to ``timeout`` (default: ``grace`` plus ``lease``) for the run to end,
         then raises TimeoutError; a run whose worker died comes back ``lost``.
         """
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-            raise ValueError(f"stop(grace={grace!r}): give seconds, 0 or more")
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not math.isfinite(grace)
+            or grace < 0
+        ):
+            raise ValueError(f"stop(grace={grace!r}): give a finite number of seconds, 0 or more")
+        if timeout is not None and (not math.isfinite(timeout) or timeout < 0):
+            raise ValueError(f"stop(timeout={timeout!r}): give a finite number of seconds")
         await self._request(run_id, "stop", {"grace": grace})
         return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
 
     async def _request(self, run_id: str, kind: str, data: dict[str, Any]) -> bool:
         check_run_id(run_id, self.prefix)
+        answer = await self._record_request(run_id, kind, data)
+        if answer.tag == "unknown" and await self._reappeared(run_id):
+            answer = await self._record_request(run_id, kind, data)
+        if answer.tag == "unknown":
+            self._unknown(run_id)
+        if answer.tag != "ok":
+            return False
+        return kind != "send" or await self._taken(run_id, answer.values[0])
+
+    async def _record_request(self, run_id: str, kind: str, data: dict[str, Any]) -> scripts.Reply:
         keys = self._keys
         with self._errors(kind, run_id):
             result = await self._scripts.request(
                 keys=[keys.run(run_id), keys.requests(run_id)],
                 args=[kind, json.dumps(data), keys.channel_base, run_id],
             )
-        if result[0] == "unknown":
-            self._unknown(run_id)
-        return bool(result[0] == "ok")
+        return scripts.reply(result)
+
+    async def _reappeared(self, run_id: str) -> bool:
+        """Whether an unknown run's record came back: just after Redis restarted empty,
+        a live run is unknown until its worker registers it again (within its lease)."""
+        with self._errors("status", run_id):
+            uptime = float((await self._client.info("server")).get("uptime_in_seconds", 1e9))
+            window = 2 * self.lease - uptime
+            if window <= 0:
+                return False
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + window
+            key = self._keys.run(run_id)
+            while not await self._client.exists(key):
+                if loop.time() >= deadline:
+                    return False
+                await asyncio.sleep(_REAPPEAR_POLL)
+        return True
+
+    async def _taken(self, run_id: str, request_id: str) -> bool:
+        """Wait until the run took request ``request_id`` (True) or ended without it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease + self.timeout
+        delay = 0.002
+        keys = self._keys
+        while True:
+            with self._errors("send", run_id):
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.hmget(keys.run(run_id), ["status", "requests_seen"])
+                    pipe.exists(keys.lease(run_id))
+                    (status, seen), leased = await pipe.execute()
+            if status is None:
+                raise ControlError(
+                    f"run {run_id!r}: its record vanished while a send waited for it "
+                    "(Redis restarted empty?): the text may not have joined",
+                    url=self.url,
+                )
+            if _passed(seen, request_id):
+                return True
+            if status == "pending" or (status == "running" and not leased):
+                return True  # stored: the run obeys it when it starts or resumes
+            if status != "running":
+                return False  # it ended before taking the text
+            if loop.time() >= deadline:
+                raise ControlError(
+                    f"run {run_id!r}: its worker did not take the text within "
+                    f"{self.lease + self.timeout:g} s; it is stored and may still join",
+                    url=self.url,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def _unknown(self, run_id: str) -> NoReturn:
         raise UnknownRunError(
@@ -400,6 +485,33 @@ class RedisControl:
         if not fields:
             self._unknown(run_id)
         return _info(run_id, fields, bool(leased))
+
+    async def latest(self, sessions: Iterable[str]) -> dict[str, RunInfo]:
+        """The latest run of each of ``sessions`` (``info["session"]``) that has one.
+
+        Costs two round trips whatever the number of runs kept: each session names its
+        latest run in Redis (the runs list is not scanned).
+        """
+        names = list(dict.fromkeys(sessions))
+        if not names:
+            return {}
+        keys = self._keys
+        with self._errors("latest"):
+            ids: list[Any] = await self._client.mget([keys.session(n) for n in names])
+            found = [(n, i) for n, i in zip(names, ids, strict=True) if i]
+            if not found:
+                return {}
+            async with self._client.pipeline(transaction=False) as pipe:
+                for _, run_id in found:
+                    pipe.hgetall(keys.run(run_id))
+                    pipe.exists(keys.lease(run_id))
+                replies = await pipe.execute()
+        latest: dict[str, RunInfo] = {}
+        for i, (name, run_id) in enumerate(found):
+            fields, leased = replies[2 * i], replies[2 * i + 1]
+            if fields:
+                latest[name] = _info(run_id, fields, bool(leased))
+        return latest
 
     async def runs(self) -> list[RunInfo]:
         """Every run known under the prefix, oldest first (finished ones until they expire)."""
@@ -431,13 +543,22 @@ class RedisControl:
         timeout: float | None = None,  # noqa: ASYNC109 - the documented API takes a timeout
     ) -> RunInfo:
         """Wait until the run is finished or lost; TimeoutError after ``timeout`` s."""
-        info = await self.status(run_id)
+        check_run_id(run_id, self.prefix)
         key = self._keys.events(run_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        # The status and the last event at one instant: a run that ends later appends
+        # its end after the cursor, which wakes the read below at once.
         with self._errors("wait", run_id):
-            last: Any = await self._client.xrevrange(key, count=1)
-            cursor: str = last[0][0] if last else "0-0"
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.xrevrange(key, count=1)
+                pipe.hgetall(self._keys.run(run_id))
+                pipe.exists(self._keys.lease(run_id))
+                last, fields, leased = await pipe.execute()
+        if not fields:
+            self._unknown(run_id)
+        info = _info(run_id, fields, bool(leased))
+        cursor: str = last[0][0] if last else "0-0"
         while info.status not in FINAL and info.status != "lost":
             block = _FOLLOW_BLOCK_MS
             if deadline is not None:
@@ -523,47 +644,84 @@ class RedisControl:
 class _Tagged:
     """A RedisControl that registers runs with extra info (``control.with_info(...)``)."""
 
-    __slots__ = ("_control", "_info")
+    __slots__ = ("_control", "_info", "_required")
 
-    def __init__(self, control: RedisControl, info: str) -> None:
+    def __init__(self, control: RedisControl, info: str, *, required: bool) -> None:
         self._control = control
         self._info = info
+        self._required = required
 
     def run_id(self, wanted: str | None) -> str:
         return self._control.run_id(wanted)
 
-    def attach(self, handle: RunHandle[Any]) -> None:
-        self._control._attach(handle, self._info)
+    def attach(self, handle: RunHandle[Any]) -> asyncio.Future[None]:
+        return self._control._attach(handle, self._info, required=self._required)
+
+
+def _info_json(info: dict[str, str], what: str) -> str:
+    for key, value in info.items():
+        if not isinstance(value, str):
+            raise TypeError(f"{what}({key}=...) takes strings, got {type(value).__name__}")
+    return json.dumps(info, sort_keys=True) if info else ""
+
+
+def _passed(seen: str | None, request_id: str) -> bool:
+    """Whether the cursor ``seen`` (the last request applied) is at or past ``request_id``."""
+    try:
+        return seen is not None and stream_id(seen) >= stream_id(request_id)
+    except ValueError:
+        return False
 
 
 def _info(run_id: str, fields: dict[str, str], leased: bool) -> RunInfo:
+    """A run's hash as a RunInfo; a field that is not what aimu writes reads as unknown
+    (None, 0, {}), so one damaged record never breaks a listing."""
     status = fields.get("status", "pending")
     if status not in _STATUSES:
         status = "failed"
     if status == "running" and not leased:
         status = "lost"
-    info: dict[str, str] = {}
-    if fields.get("info"):
-        with contextlib.suppress(ValueError):
-            info = json.loads(fields["info"])
     return RunInfo(
         run_id=run_id,
         status=status,  # type: ignore[arg-type]
         name=fields.get("name") or None,
         worker=fields.get("worker") or None,
-        attempt=int(fields.get("attempt") or 0),
+        attempt=_int(fields.get("attempt")),
         reason=fields.get("reason") or None,
         error=fields.get("error") or None,
         created_at=_float(fields.get("created_at")),
         started_at=_float(fields.get("started_at")),
         ended_at=_float(fields.get("ended_at")),
-        events=int(fields.get("seq") or 0),
-        info=info,
+        events=_int(fields.get("seq")),
+        info={str(k): str(v) for k, v in _json(fields.get("info"), dict, {}).items()},
+        result=_json(fields.get("result"), object, None),
+        usage=_json(fields.get("usage"), dict, None),
     )
 
 
+def _json(text: str | None, kind: type[Any], default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return default
+    return value if isinstance(value, kind) else default
+
+
 def _float(text: str | None) -> float | None:
-    return None if not text else float(text)
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return value if value is None or math.isfinite(value) else None
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        return 0
 
 
 def _describe(error: BaseException) -> str:

@@ -6,23 +6,54 @@ check that the run is still its own, so a worker that lost its run to a claim ca
 write into it. Event batches carry client-side numbers, so a batch re-sent after an
 ambiguous failure is appended once.
 
+Every script answers the same way: a list whose first item is a tag (``ok``, or what
+went otherwise: ``busy``, ``finished``, ``gone``, ``not_ours``, ``ended``, ``unknown``,
+``alive``, ``not_lost``, ``exists``), then that outcome's values (see :class:`Reply`).
+
+A run's record and streams expire ``retention`` seconds after the last sign of life:
+its end, or (while it runs) its worker's last heartbeat, so a lost run expires too. The
+key ``PREFIX:session:NAME`` names the latest run of a session (``info["session"]``): a
+lost run whose session starts again elsewhere is closed as ``cancelled``, saying so.
+
 Run hash fields: status, worker, name, attempt, created_at, started_at, ended_at,
 reason, error, info (JSON), seq (events appended), pub (last batch number of this
-attempt), requests_seen (the last request the worker applied).
+attempt), requests_seen (the last request the worker applied), result and usage
+(JSON, once it ended).
 """
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE"]
+from typing import Any, NamedTuple
 
-#: How many of the oldest listed runs each registration checks, dropping those whose
-#: record expired: the runs list stays bounded without anyone calling runs().
+__all__ = ["CLAIM", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "Reply", "reply"]
+
+#: How many runs of the runs list each registration checks, dropping those whose record
+#: expired. A cursor walks the whole list round and round, so a run that lives long at
+#: its head never stops the pruning: the list stays bounded without anyone calling runs().
 PRUNE = 32
 
-#: KEYS run, lease, runs, requests; ARGV worker, lease_ms, now, name, info, run_id, fresh,
-#: run key prefix, PRUNE. -> {'ok', requests_seen, pending requests} | {'busy', holder}
-#: | {'finished', status}
-REGISTER = """
+#: The Lua that a lost run of the session is closed with, and the latest run noted.
+_SESSION = """
+local function note_latest(session_key, run_id, now, retention, prefix)
+  if session_key == '' then return end
+  local previous = redis.call('GET', session_key)
+  if previous and previous ~= run_id then
+    local old = prefix .. 'run:' .. previous
+    if redis.call('HGET', old, 'status') == 'running'
+       and redis.call('EXISTS', old .. ':lease') == 0 then
+      redis.call('HSET', old, 'status', 'cancelled', 'ended_at', now, 'reason',
+                 'lost: its worker stopped, and the session went on in run ' .. run_id)
+      redis.call('EXPIRE', old, retention)
+    end
+  end
+  redis.call('SET', session_key, run_id, 'EX', retention)
+end
+"""
+
+#: KEYS run, lease, runs, requests, session ('' key: none), prune cursor; ARGV worker,
+#: lease_ms, now, name, info, run_id, fresh, key prefix ('P:'), PRUNE, retention_s.
+#: -> {'ok', requests_seen, pending requests} | {'busy', holder} | {'finished', status}
+REGISTER = _SESSION + """
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return {'busy', holder} end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -43,31 +74,45 @@ else
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'created_at', ARGV[3])
-redis.call('PERSIST', KEYS[1])
-redis.call('PERSIST', KEYS[4])
+redis.call('EXPIRE', KEYS[1], ARGV[10])
+redis.call('EXPIRE', KEYS[4], ARGV[10])
 redis.call('ZADD', KEYS[3], 'NX', ARGV[3], ARGV[6])
-for _, old in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[9]) - 1)) do
-  if redis.call('EXISTS', ARGV[8] .. old) == 0 then redis.call('ZREM', KEYS[3], old) end
+if KEYS[5] ~= ARGV[8] .. 'session:' then
+  note_latest(KEYS[5], ARGV[6], ARGV[3], ARGV[10], ARGV[8])
+end
+local cursor = redis.call('GET', KEYS[6]) or '-inf'
+local batch = redis.call('ZRANGEBYSCORE', KEYS[3], cursor, '+inf', 'WITHSCORES',
+                         'LIMIT', 0, tonumber(ARGV[9]))
+for i = 1, #batch, 2 do
+  if redis.call('EXISTS', ARGV[8] .. 'run:' .. batch[i]) == 0 then
+    redis.call('ZREM', KEYS[3], batch[i])
+  end
+end
+if #batch < 2 * tonumber(ARGV[9]) then
+  redis.call('DEL', KEYS[6])
+else
+  redis.call('SET', KEYS[6], '(' .. batch[#batch])
 end
 local seen = redis.call('HGET', KEYS[1], 'requests_seen') or '0-0'
 return {'ok', seen, redis.call('XRANGE', KEYS[4], '(' .. seen, '+')}
 """
 
 #: KEYS run, events, lease, requests; ARGV worker, maxlen, final status ('' while
-#: running), reason, error, ended_at, retention_s, requests_seen (''), then triples
-#: (batch number, type, JSON). -> last batch number appended; -1: not this worker's run;
-#: -2: the record is gone (Redis restarted empty, or it was deleted): register again.
+#: running), reason, error, ended_at, retention_s, requests_seen (''), result, usage,
+#: then triples (batch number, type, JSON).
+#: -> {'ok', last batch number appended} | {'not_ours'} | {'gone'}: the record is gone
+#: (Redis restarted empty, or it expired): register again.
 PUBLISH = """
 local owner = redis.call('HGET', KEYS[1], 'worker')
-if not owner then return -2 end
-if owner ~= ARGV[1] then return -1 end
+if not owner then return {'gone'} end
+if owner ~= ARGV[1] then return {'not_ours'} end
 local status = redis.call('HGET', KEYS[1], 'status')
 local pub = tonumber(redis.call('HGET', KEYS[1], 'pub') or '0')
 if status ~= 'running' then
-  if status == 'pending' then return -1 end
-  return pub
+  if status == 'pending' then return {'not_ours'} end
+  return {'ok', pub}
 end
-local i = 9
+local i = 11
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   if n > pub then
@@ -80,29 +125,34 @@ while i <= #ARGV do
 end
 redis.call('HSET', KEYS[1], 'pub', pub)
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'requests_seen', ARGV[8]) end
+redis.call('EXPIRE', KEYS[2], ARGV[7])
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], 'status', ARGV[3], 'reason', ARGV[4], 'error', ARGV[5],
-             'ended_at', ARGV[6])
+             'ended_at', ARGV[6], 'result', ARGV[9], 'usage', ARGV[10])
   redis.call('DEL', KEYS[3])
   redis.call('EXPIRE', KEYS[1], ARGV[7])
-  redis.call('EXPIRE', KEYS[2], ARGV[7])
   redis.call('EXPIRE', KEYS[4], ARGV[7])
 end
-return pub
+return {'ok', pub}
 """
 
-#: KEYS run, lease, requests; ARGV worker, lease_ms, requests cursor.
-#: -> {1, requests after the cursor} | {0}: not ours any more | {2}: the record is gone
-#: | {3}: it has ended (its end was written while this renewal was on its way).
+#: KEYS run, lease, requests, events, session; ARGV worker, lease_ms, requests cursor,
+#: retention_s, run_id.
+#: -> {'ok', requests after the cursor} | {'not_ours'} | {'gone'}: the record is gone
+#: | {'ended'}: its end was written while this renewal was on its way.
 RENEW = """
 local owner = redis.call('HGET', KEYS[1], 'worker')
-if not owner then return {2} end
-if owner ~= ARGV[1] then return {0} end
-if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return {3} end
+if not owner then return {'gone'} end
+if owner ~= ARGV[1] then return {'not_ours'} end
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return {'ended'} end
 local holder = redis.call('GET', KEYS[2])
-if holder and holder ~= ARGV[1] then return {0} end
+if holder and holder ~= ARGV[1] then return {'not_ours'} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-return {1, redis.call('XRANGE', KEYS[3], '(' .. ARGV[3], '+')}
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+redis.call('EXPIRE', KEYS[4], ARGV[4])
+if redis.call('GET', KEYS[5]) == ARGV[5] then redis.call('EXPIRE', KEYS[5], ARGV[4]) end
+return {'ok', redis.call('XRANGE', KEYS[3], '(' .. ARGV[3], '+')}
 """
 
 #: KEYS run, lease; ARGV claimer, lease_ms.
@@ -129,18 +179,35 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 local worker = redis.call('HGET', KEYS[1], 'worker')
 if worker then
-  redis.call('PUBLISH', ARGV[3] .. worker,
-             cjson.encode({run = ARGV[4], id = id, kind = ARGV[1], data = ARGV[2]}))
+  redis.call('PUBLISH', ARGV[3] .. worker, cjson.encode({run = ARGV[4], id = id}))
 end
 return {'ok', id}
 """
 
-#: KEYS run, runs; ARGV now, info, ttl_s, run_id. -> 1, or 0 if the id exists.
-RESERVE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+#: KEYS run, runs, session; ARGV now, info, ttl_s, run_id, key prefix ('P:').
+#: -> {'ok'} | {'exists'}
+RESERVE = _SESSION + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 redis.call('HSET', KEYS[1], 'status', 'pending', 'created_at', ARGV[1], 'attempt', 0)
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'info', ARGV[2]) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[1], ARGV[4])
-return 1
+if KEYS[3] ~= ARGV[5] .. 'session:' then
+  note_latest(KEYS[3], ARGV[4], ARGV[1], ARGV[3], ARGV[5])
+end
+return {'ok'}
 """
+
+
+class Reply(NamedTuple):
+    """A script's answer: its tag, then the outcome's values."""
+
+    tag: str
+    values: tuple[Any, ...]
+
+
+def reply(raw: object) -> Reply:
+    """A script's raw answer as a :class:`Reply`; ValueError if it is not one."""
+    if not isinstance(raw, list) or not raw or not isinstance(raw[0], str):
+        raise ValueError(f"a control script answered {raw!r:.100}, not [tag, ...]")
+    return Reply(raw[0], tuple(raw[1:]))

@@ -1,34 +1,39 @@
 """The worker side of a control: registers runs, publishes their events, obeys requests.
 
 One :class:`Worker` per control, made when the first run is attached. Three tasks keep
-it going: the pump (registration and event batches), the listener (requests published
-to this worker's channel) and the heartbeat (lease renewal, and a re-read of every
-run's durable requests, so one whose message was missed is still found). When Redis
-goes away the runs go on; events wait in memory and every task retries with backoff,
-and on reconnection each run is registered again and re-reads its requests.
+it going: the pump (registration and event batches), the listener (a message on this
+worker's channel says a run has a new request: the run re-reads its request stream,
+which alone says what was asked) and the heartbeat (lease renewal, and a re-read of
+every run's requests, so one whose message was missed is still found). A run waits for
+its first registration before it starts, so a request sent before it started (a cancel
+of a reserved run) is obeyed before it does anything. When Redis goes away the runs go
+on; events wait in memory and every task retries with backoff, and on reconnection each
+run is registered again and re-reads its requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
-import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from redis.backoff import EqualJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aimu.aio.control import scripts
-from aimu.aio.control.codec import encode_event
-from aimu.aio.events import Event, HandleFinished, TextChunk, ThinkingChunk
+from aimu.aio.control.keys import check_run_id
+from aimu.aio.event_json import encode_event, event_data
+from aimu.aio.events import Event, HandleFinished, RunFinished, TextChunk, ThinkingChunk
 
 if TYPE_CHECKING:
-    from aimu.aio.control.redis_control import RedisControl
+    from aimu.aio.control.link import Link
     from aimu.aio.run_handle import EventStream, RunHandle
 
 __all__ = ["REQUESTS", "Worker", "stream_id"]
@@ -39,8 +44,8 @@ _DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH = 256
 _LINGER = 0.002
 _BUFFER = 100_000
-_BACKOFF_FIRST = 0.05
-_BACKOFF_CAP = 2.0
+#: The retry waits while Redis is away: 25-50 ms at first, doubling up to 1-2 s.
+_BACKOFF = EqualJitterBackoff(cap=2.0, base=0.025)
 
 
 def stream_id(entry_id: str) -> tuple[int, int]:
@@ -49,31 +54,34 @@ def stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _cancel(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> None:
+def _cancel(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
     reason = data.get("reason")
     handle.cancel(reason if isinstance(reason, str) else None)
+    return True
 
 
-def _interrupt(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> None:
+def _interrupt(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
     handle.interrupt()
+    return True
 
 
-def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> None:
+def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
     grace = data.get("grace")
     worker.spawn(handle.stop(float(grace) if isinstance(grace, int | float) else 5.0))
+    return True
 
 
-def _send(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> None:
+def _send(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
     text = data.get("text")
-    if isinstance(text, str):
-        handle.send(text)
+    return not isinstance(text, str) or handle.send(text)
 
 
-#: What a request of each kind does to the run. A kind this table lacks (sent by a
-#: newer aimu) is logged and skipped. Each request is applied once (the run's cursor
-#: skips what it saw), so a send joins the run exactly once. Approvals are not here:
-#: a paused run has ended, and a decision goes to its session through the store.
-REQUESTS: dict[str, Callable[[Worker, RunHandle[Any], dict[str, Any]], None]] = {
+#: What a request of each kind does to the run; False: the run could not take it (it is
+#: ending), so it is not marked applied. A kind this table lacks (sent by a newer aimu)
+#: is logged and skipped. Each request is applied once (the run's cursor skips what it
+#: saw), so a send joins the run exactly once. Approvals are not here: a paused run has
+#: ended, and a decision goes to its session through the store.
+REQUESTS: dict[str, Callable[[Worker, RunHandle[Any], dict[str, Any]], bool]] = {
     "cancel": _cancel,
     "interrupt": _interrupt,
     "stop": _stop,
@@ -81,15 +89,31 @@ REQUESTS: dict[str, Callable[[Worker, RunHandle[Any], dict[str, Any]], None]] = 
 }
 
 
+class _State(enum.Enum):
+    """Where an attached run stands in Redis."""
+
+    NEW = "new"
+    """Not registered yet: its first registration is on its way."""
+    REGISTERED = "registered"
+    AGAIN = "again"
+    """Registered once, then forgotten or cut off (Redis restarted, reconnected)."""
+    REJECTED = "rejected"
+    """Not this worker's in Redis (held elsewhere, ended, unreachable when required):
+    cancelled here, nothing more is published."""
+    ENDED = "ended"
+    """Its end is in Redis."""
+
+
 class _Run:
     """One attached run: its unpublished events and where it stands in Redis."""
 
     __slots__ = (
+        "admission",
         "cursor",
         "cursor_pending",
         "cursor_sent",
+        "down",
         "dropped",
-        "ended",
         "final",
         "final_stream",
         "handle",
@@ -97,24 +121,32 @@ class _Run:
         "next_number",
         "queue",
         "ready",
-        "registered",
-        "rejected",
-        "rejected_why",
         "remove_listener",
+        "required",
         "run_id",
-        "was_registered",
+        "session",
+        "state",
+        "usage",
+        "why",
     )
 
-    def __init__(self, run_id: str, handle: RunHandle[Any], info: str) -> None:
+    def __init__(self, run_id: str, handle: RunHandle[Any], info: str, required: bool) -> None:
         self.run_id = run_id
         self.handle = handle
         self.info = info
+        self.required = required
+        self.session = ""
+        if info:
+            session = json.loads(info).get("session")
+            self.session = session if isinstance(session, str) else ""
+        self.state = _State.NEW
         self.queue: deque[tuple[int, str, str]] = deque()
         self.next_number = 1
-        self.registered = False
-        self.was_registered = False
-        self.rejected = False
-        self.rejected_why = ""
+        self.why = ""
+        self.down = False
+        """Refused because Redis could not be reached (a required run)."""
+        self.admission: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolved after the first registration (whatever came of it): the run starts."""
         self.ready = asyncio.Event()
         """Set once Redis knows the run, or once it was rejected."""
         self.cursor = "0-0"
@@ -124,20 +156,25 @@ class _Run:
         self.cursor_pending = "0-0"
         self.final_stream: EventStream | None = None
         self.final: HandleFinished | None = None
-        self.ended = False
-        """The terminal batch was written."""
+        self.usage = ""
         self.dropped = 0
         self.remove_listener: Callable[[], None] | None = None
 
+    @property
+    def over(self) -> bool:
+        """Nothing more is published for it: its end is written, or it was rejected."""
+        return self.state in (_State.ENDED, _State.REJECTED)
+
+    def admit(self) -> None:
+        if not self.admission.done():
+            self.admission.set_result(None)
+
 
 class Worker:
-    """The attached runs of one :class:`RedisControl` and the tasks that serve them."""
+    """The attached runs of one control and the tasks that serve them."""
 
-    def __init__(self, control: RedisControl) -> None:
-        self._control = control
-        self._client = control._client
-        self._keys = control._keys
-        self._scripts = control._scripts
+    def __init__(self, link: Link) -> None:
+        self._link = link
         self.runs: dict[str, _Run] = {}
         self._kick = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -153,19 +190,26 @@ class Worker:
 
     # -- attaching -------------------------------------------------------------------
 
-    def attach(self, run_id: str, handle: RunHandle[Any], info: str) -> None:
-        if run_id in self.runs and not self.runs[run_id].ended:
+    def attach(
+        self, run_id: str, handle: RunHandle[Any], info: str, *, required: bool = False
+    ) -> asyncio.Future[None]:
+        """Serve ``handle``'s run; the future it waits for before it starts."""
+        run = _Run(run_id, handle, info, required)
+        if run_id in self.runs and not self.runs[run_id].over:
             handle.cancel(f"run id {run_id!r} is already running in this process")
-            return
-        run = _Run(run_id, handle, info)
+            run.admit()
+            return run.admission
         self.runs[run_id] = run
         run.remove_listener = handle.scope.add_listener(lambda event: self._on_event(run, event))
         handle.add_done_callback(lambda _: self._on_done(run))
         self._kick.set()
+        return run.admission
 
     def _on_event(self, run: _Run, event: Event) -> None:
-        if run.rejected:
+        if run.state is _State.REJECTED:
             return
+        if isinstance(event, RunFinished):
+            run.usage = json.dumps(dict(event.usage))
         if len(run.queue) >= _BUFFER and isinstance(event, TextChunk | ThinkingChunk):
             run.dropped += 1  # Redis has been away long: keep every event but chunks
             return
@@ -178,16 +222,18 @@ class Worker:
         if run.remove_listener is not None:
             run.remove_listener()
             run.remove_listener = None
+        run.admit()
         run.final_stream = run.handle.events()  # holds just the terminal event
         self._kick.set()
 
-    async def registered(self, run_id: str) -> str | None:
-        """Wait until Redis knows the run; None, or why it was refused. KeyError if unknown."""
+    async def registered(self, run_id: str) -> tuple[str, bool] | None:
+        """Wait until Redis knows the run; None, or why it was refused and whether
+        Redis was unreachable. KeyError if the run is not attached here."""
         run = self.runs[run_id]
         await run.ready.wait()
-        return run.rejected_why or None
+        return (run.why, run.down) if run.why else None
 
-    def spawn(self, work: Any) -> None:
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = self._loop.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -195,39 +241,48 @@ class Worker:
     # -- requests --------------------------------------------------------------------
 
     def _apply(self, run: _Run, entries: list[Any]) -> None:
-        """Apply the requests in ``entries`` (``[[id, [k, v, ...]], ...]``) not yet seen."""
+        """Apply the requests in ``entries`` (``[[id, [k, v, ...]], ...]``) not yet seen.
+
+        One the run cannot take any more (it is ending) stays unapplied, and so do the
+        ones after it: the run's end records the last one applied, so the sender of a
+        request the run never took is told so (``send()`` answers False).
+        """
         for entry_id, flat in entries:
             if stream_id(entry_id) <= stream_id(run.cursor):
                 continue
-            run.cursor = entry_id
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            self._obey(run, fields.get("kind", ""), fields.get("data", "{}"))
+            if not self._obey(run, fields.get("kind", ""), fields.get("data", "{}")):
+                break
+            run.cursor = entry_id
         if run.cursor != run.cursor_sent:
             self._kick.set()
 
-    def _obey(self, run: _Run, kind: str, text: str) -> None:
-        if run.ended or run.handle.done:
-            return
+    def _obey(self, run: _Run, kind: str, text: str) -> bool:
+        """Apply one request; False if the run cannot take it any more."""
+        if run.over or run.handle.done:
+            return False
         action = REQUESTS.get(kind)
         if action is None:
             logger.warning("run %s: skipped a %r request this aimu does not know", run.run_id, kind)
-            return
+            return True
         try:
             data = json.loads(text)
         except ValueError:
             data = {}
-        action(self, run.handle, data if isinstance(data, dict) else {})
+        return action(self, run.handle, data if isinstance(data, dict) else {})
 
-    def _reject(self, run: _Run, why: str) -> None:
-        """The run is not this worker's in Redis (claimed elsewhere): stop it here."""
-        if not run.rejected:
-            run.rejected = True
-            run.rejected_why = why
-            run.ready.set()
+    def _reject(self, run: _Run, why: str, *, down: bool = False) -> None:
+        """The run is not this worker's in Redis (or Redis is away and the run required
+        it): stop it here; it never starts if it had not yet."""
+        if run.state is not _State.REJECTED:
+            run.state = _State.REJECTED
+            run.why = why
+            run.down = down
             run.queue.clear()
             logger.warning("run %s: %s; cancelling it in this worker", run.run_id, why)
             run.handle.cancel(why)
-        run.ended = True
+            run.ready.set()
+            run.admit()
         if run.handle.done:
             self.runs.pop(run.run_id, None)
 
@@ -235,40 +290,86 @@ class Worker:
 
     async def _pump(self) -> None:
         failures = 0
-        while not self._stopping:
-            await self._kick.wait()
-            if not any(r.final_stream or not r.registered for r in self.runs.values()):
-                # Only events to send: let a few more gather (fewer, fuller batches).
-                await asyncio.sleep(_LINGER)
-            self._kick.clear()
-            try:
-                more = await self._flush()
-            except (*_DOWN, RedisError) as error:
-                _reraise_cancel()
-                failures += 1
-                self._note_down(error)
-                await asyncio.sleep(_backoff(failures))
-                self._kick.set()
+        try:
+            while not self._stopping:
+                await self._kick.wait()
+                if all(r.final_stream is None and r.state is _State.REGISTERED
+                       for r in self.runs.values()):
+                    # Only events to send: let a few more gather (fewer, fuller batches).
+                    await asyncio.sleep(_LINGER)
+                self._kick.clear()
+                try:
+                    more = await self._flush()
+                except (*_DOWN, RedisError) as error:
+                    _reraise_cancel()
+                    failures += 1
+                    self._note_down(error)
+                    self._first_try_failed(error)
+                    await asyncio.sleep(_BACKOFF.compute(failures))
+                    self._kick.set()
+                    continue
+                failures = 0
+                self._note_up()
+                if more:
+                    self._kick.set()
+                else:
+                    self._flushed.set()
+        except asyncio.CancelledError:
+            if not self._stopping:
+                await self._flush_at_exit()
+            raise
+
+    async def _flush_at_exit(self) -> None:
+        """The loop is closing with the control still open (it was never closed): warn,
+        and publish the ends of the runs that finished, so none is left ``running``."""
+        ending = [r for r in self.runs.values() if r.handle.done and not r.over]
+        if not ending:
+            return
+        logger.warning(
+            "RedisControl for %s was not closed before its event loop: publishing the end "
+            "of %d runs now; use `async with RedisControl(...)` or `await control.aclose()`",
+            self._link.url,
+            len(ending),
+        )
+        try:
+            async with asyncio.timeout(self._link.timeout):
+                while any(r.handle.done and not r.over for r in self.runs.values()):
+                    await self._flush()
+        except (TimeoutError, *_DOWN, RedisError, asyncio.CancelledError):
+            logger.warning(
+                "runs %s: their end did not reach Redis at %s before the loop closed",
+                [r.run_id for r in self.runs.values() if not r.over],
+                self._link.url,
+            )
+
+    def _first_try_failed(self, error: BaseException) -> None:
+        """Redis could not be reached for a run's first registration: a required run is
+        refused (it never starts); any other starts, and is registered when Redis is back."""
+        for run in list(self.runs.values()):
+            if run.state is not _State.NEW or run.admission.done():
                 continue
-            failures = 0
-            self._note_up()
-            if more:
-                self._kick.set()
+            if run.required:
+                self._reject(
+                    run,
+                    f"Redis at {self._link.url} cannot be reached ({type(error).__name__}): "
+                    "the run was not started",
+                    down=True,
+                )
             else:
-                self._flushed.set()
+                run.admit()
 
     async def _flush(self) -> bool:
         """Send what is pending for every run in one pipeline; True if more is left."""
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self._link.client.pipeline(transaction=False)
         plan: list[tuple[str, _Run, int]] = []
         for run in list(self.runs.values()):
-            if run.rejected:
+            if run.state is _State.REJECTED:
                 if run.handle.done:
                     self.runs.pop(run.run_id, None)
                 continue
             if run.final_stream is not None and run.final is None:
                 await self._take_final(run)
-            if not run.registered:
+            if run.state in (_State.NEW, _State.AGAIN):
                 await self._register(pipe, run)
                 plan.append(("register", run, 0))
             if run.queue or run.cursor != run.cursor_sent:
@@ -285,12 +386,14 @@ class Worker:
                 logger.warning("run %s: Redis refused the %s step: %s", run.run_id, step, result)
                 refused = result
             elif step == "register":
-                self._registered(run, result)
+                self._registered(run, scripts.reply(result))
             else:
-                more |= self._published(run, step, last, int(result))
+                more |= self._published(run, step, last, scripts.reply(result))
         if refused is not None:
             raise refused  # the pump backs off before trying again
-        return more or any(r.queue or r.final_stream for r in self.runs.values() if not r.rejected)
+        return more or any(
+            r.queue or r.final_stream for r in self.runs.values() if r.state is not _State.REJECTED
+        )
 
     async def _take_final(self, run: _Run) -> None:
         """Queue the run's terminal event (its handle has ended)."""
@@ -304,45 +407,51 @@ class Worker:
         run.next_number += 1
 
     async def _register(self, pipe: Any, run: _Run) -> None:
-        control, keys = self._control, self._keys
-        await self._scripts.register(
+        link, keys = self._link, self._link.keys
+        await link.scripts.register(
             keys=[
                 keys.run(run.run_id),
                 keys.lease(run.run_id),
                 keys.runs,
                 keys.requests(run.run_id),
+                keys.session(run.session),
+                keys.prune,
             ],
             args=[
-                control.worker_id,
-                int(control.lease * 1000),
+                link.worker_id,
+                link.lease_ms,
                 f"{time.time():.6f}",
                 run.handle.name,
                 run.info,
                 run.run_id,
-                "0" if run.was_registered else "1",
-                keys.run(""),
+                "1" if run.state is _State.NEW else "0",
+                keys.base,
                 scripts.PRUNE,
+                link.retention_s,
             ],
             client=pipe,
         )
 
     async def _publish(self, pipe: Any, run: _Run) -> tuple[str, _Run, int]:
         """Queue the next batch of the run's events (and its end, when it is in it)."""
-        control, keys = self._control, self._keys
+        link, keys = self._link, self._link.keys
         batch = [run.queue[i] for i in range(min(len(run.queue), _BATCH))]
         last = batch[-1][0] if batch else 0
         final = run.final if run.final is not None and last == run.next_number - 1 else None
-        args: list[str | int] = [control.worker_id, control.max_events]
+        args: list[str | int] = [link.worker_id, link.max_events]
         if final is not None:
-            ended_at = f"{time.time():.6f}"
-            args += [final.status, final.reason or "", final.error or "", ended_at]
-            args.append(max(1, round(control.retention)))  # EXPIRE takes whole seconds
+            args += [final.status, final.reason or "", final.error or "", f"{time.time():.6f}"]
         else:
-            args += ["", "", "", "", 0]
+            args += ["", "", "", ""]
+        args.append(link.retention_s)
         args.append(run.cursor if run.cursor != run.cursor_sent else "")
+        if final is not None:
+            args += [json.dumps(event_data(final)["result"]), run.usage]
+        else:
+            args += ["", ""]
         for number, kind, data in batch:
             args += [number, kind, data]
-        await self._scripts.publish(
+        await link.scripts.publish(
             keys=[
                 keys.run(run.run_id),
                 keys.events(run.run_id),
@@ -355,31 +464,33 @@ class Worker:
         run.cursor_pending = run.cursor
         return ("final" if final is not None else "publish"), run, last
 
-    def _registered(self, run: _Run, result: list[Any]) -> None:
-        if result[0] != "ok":
-            what = "is already held by worker" if result[0] == "busy" else "has already ended as"
-            self._reject(run, f"run {run.run_id!r} {what} {result[1]}")
+    def _registered(self, run: _Run, result: scripts.Reply) -> None:
+        if result.tag != "ok":
+            what = "is already held by worker" if result.tag == "busy" else "has already ended as"
+            self._reject(run, f"run {run.run_id!r} {what} {result.values[0]}")
             return
-        run.registered = run.was_registered = True
-        run.ready.set()
-        seen = result[1]
+        run.state = _State.REGISTERED
+        seen, pending = result.values
         if stream_id(seen) > stream_id(run.cursor):
             run.cursor = run.cursor_sent = seen
-        self._apply(run, result[2])
+        self._apply(run, pending)
+        run.ready.set()
+        run.admit()  # after the requests sent before it started: a cancel lands first
 
-    def _published(self, run: _Run, step: str, last: int, result: int) -> bool:
-        if result == -2:
-            run.registered = False  # Redis forgot the run: register it again, then resend
+    def _published(self, run: _Run, step: str, last: int, result: scripts.Reply) -> bool:
+        if result.tag == "gone":
+            run.state = _State.AGAIN  # Redis forgot the run: register it again, then resend
             return True
-        if result < 0:
+        if result.tag != "ok":
             self._reject(run, f"run {run.run_id!r} was taken over by another worker")
             return False
-        while run.queue and run.queue[0][0] <= result:
+        (appended,) = result.values
+        while run.queue and run.queue[0][0] <= appended:
             run.queue.popleft()
         if stream_id(run.cursor_pending) > stream_id(run.cursor_sent):
             run.cursor_sent = run.cursor_pending
-        if step == "final" and result >= last:
-            run.ended = True
+        if step == "final" and appended >= last:
+            run.state = _State.ENDED
             self.runs.pop(run.run_id, None)
             if run.dropped:
                 logger.warning(
@@ -392,17 +503,19 @@ class Worker:
     # -- requests published to this worker ---------------------------------------------
 
     async def _listen(self) -> None:
-        channel = self._keys.channel_base + self._control.worker_id
+        link = self._link
+        channel = link.keys.channel_base + link.worker_id
         failures = 0
         while not self._stopping:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pubsub = link.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 # Subscribed: anything published from now on reaches us. What came while
                 # we were away is in the request streams; registering again re-reads them.
                 if failures:
                     for run in self.runs.values():
-                        run.registered = False
+                        if run.state is _State.REGISTERED:
+                            run.state = _State.AGAIN
                     self._kick.set()
                 failures = 0
                 while True:
@@ -413,35 +526,55 @@ class Worker:
                 _reraise_cancel()
                 failures += 1
                 self._note_down(error)
-                await asyncio.sleep(_backoff(failures))
+                await asyncio.sleep(_BACKOFF.compute(failures))
             finally:
                 await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
     def _on_message(self, payload: object) -> None:
+        """A run has a new request: re-read its request stream (the message is only a
+        wake-up, so a malformed or forged one changes nothing but a re-read)."""
         try:
-            message = json.loads(payload) if isinstance(payload, str) else None
-            run = self.runs.get(message["run"]) if isinstance(message, dict) else None
-        except (ValueError, KeyError, TypeError):
+            message = json.loads(payload) if isinstance(payload, str | bytes) else None
+            run_id = message.get("run") if isinstance(message, dict) else None
+            run = self.runs.get(check_run_id(run_id, self._link.keys.prefix))
+        except (ValueError, TypeError):
+            logger.warning("skipped a malformed message on this worker's channel: %.100r", payload)
             return
-        if run is None or not isinstance(message, dict):
-            return
-        self._apply(run, [[message["id"], ["kind", message["kind"], "data", message["data"]]]])
+        if run is not None and not run.over:
+            self.spawn(self._reread(run))
+
+    async def _reread(self, run: _Run) -> None:
+        """Apply the requests in the run's stream after the last one applied."""
+        try:
+            entries: Any = await self._link.client.xrange(
+                self._link.keys.requests(run.run_id), f"({run.cursor}", "+"
+            )
+        except (*_DOWN, RedisError):
+            _reraise_cancel()
+            return  # the heartbeat re-reads them
+        self._apply(run, [[entry_id, _flat(fields)] for entry_id, fields in entries])
 
     # -- heartbeat -------------------------------------------------------------------
 
     async def _beat(self) -> None:
-        interval = self._control.lease / 3
+        link, keys = self._link, self._link.keys
+        interval = link.lease / 3
         while not self._stopping:
             await asyncio.sleep(interval)
-            live = [run for run in self.runs.values() if run.registered and not run.ended]
+            live = [run for run in self.runs.values() if run.state is _State.REGISTERED]
             if not live:
                 continue
-            pipe = self._client.pipeline(transaction=False)
-            keys = self._keys
+            pipe = link.client.pipeline(transaction=False)
             for run in live:
-                await self._scripts.renew(
-                    keys=[keys.run(run.run_id), keys.lease(run.run_id), keys.requests(run.run_id)],
-                    args=[self._control.worker_id, int(self._control.lease * 1000), run.cursor],
+                await link.scripts.renew(
+                    keys=[
+                        keys.run(run.run_id),
+                        keys.lease(run.run_id),
+                        keys.requests(run.run_id),
+                        keys.events(run.run_id),
+                        keys.session(run.session),
+                    ],
+                    args=[link.worker_id, link.lease_ms, run.cursor, link.retention_s, run.run_id],
                     client=pipe,
                 )
             try:
@@ -451,15 +584,16 @@ class Worker:
                 self._note_down(error)
                 continue
             for run, result in zip(live, results, strict=True):
-                if isinstance(result, BaseException) or run.ended or result[0] == 3:
+                if isinstance(result, BaseException) or run.state is not _State.REGISTERED:
                     continue
-                if result[0] == 0:
+                answer = scripts.reply(result)
+                if answer.tag == "not_ours":
                     self._reject(run, f"run {run.run_id!r} was taken over by another worker")
-                elif result[0] == 2:
-                    run.registered = False  # Redis lost its record (restarted empty)
+                elif answer.tag == "gone":
+                    run.state = _State.AGAIN  # Redis lost its record (restarted empty)
                     self._kick.set()
-                else:
-                    self._apply(run, result[1])
+                elif answer.tag == "ok":
+                    self._apply(run, answer.values[0])
 
     # -- state -----------------------------------------------------------------------
 
@@ -468,7 +602,7 @@ class Worker:
             self._down_since = time.monotonic()
             logger.warning(
                 "lost Redis at %s (%s); runs go on, retrying with backoff",
-                self._control.url,
+                self._link.url,
                 type(error).__name__,
             )
 
@@ -476,14 +610,14 @@ class Worker:
         if self._down_since is not None:
             logger.warning(
                 "Redis at %s is back after %.1f s",
-                self._control.url,
+                self._link.url,
                 time.monotonic() - self._down_since,
             )
             self._down_since = None
 
     async def flush(self) -> None:
         """Wait until every finished run is published to the end (Redis may be away)."""
-        while any(r.handle.done and not r.rejected for r in self.runs.values()):
+        while any(r.handle.done and r.state is not _State.REJECTED for r in self.runs.values()):
             self._flushed.clear()
             self._kick.set()
             await self._flushed.wait()
@@ -500,7 +634,7 @@ class Worker:
             logger.warning(
                 "closing with %d runs not fully published to Redis at %s",
                 len(self.runs),
-                self._control.url,
+                self._link.url,
             )
         self._stopping = True
         live = [r.run_id for r in self.runs.values() if not r.handle.done]
@@ -538,6 +672,11 @@ async def _execute(pipe: Any) -> list[Any]:
         await pipe.reset()
 
 
+def _flat(fields: dict[str, str]) -> list[str]:
+    """A stream entry's fields as XRANGE answers them inside a script: ``[k, v, ...]``."""
+    return [item for pair in fields.items() for item in pair]
+
+
 _CANCEL_ROUNDS = 20
 _CANCEL_WAIT = 0.5
 
@@ -547,8 +686,3 @@ def _reraise_cancel() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
-
-
-def _backoff(failures: int) -> float:
-    delay: float = min(_BACKOFF_CAP, _BACKOFF_FIRST * 2 ** (failures - 1))
-    return delay * (0.5 + random.random() / 2)

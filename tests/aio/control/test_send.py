@@ -41,9 +41,10 @@ async def test_a_send_from_another_control_joins_the_run_once(
     arrived = asyncio.Event()
     original = control_worker.REQUESTS["send"]
 
-    def observed(*args: Any) -> None:
-        original(*args)
+    def observed(*args: Any) -> bool:
+        taken = original(*args)
         arrived.set()  # the provable point: the worker applied the send
+        return taken
 
     monkeypatch.setitem(control_worker.REQUESTS, "send", observed)
 
