@@ -55,3 +55,14 @@ class Answers:
             if task.startswith("resume") and self.after_tool[task] > 1:
                 return Turn(text="done")
         return ENDLESS
+
+
+def steer(body: Mapping[str, Any]) -> Turn:
+    """``steer...``: call wait_for_send; after a user message that joined: ``got <it>``."""
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else {}
+    if last.get("role") == "user" and str(last.get("content")).startswith("steer"):
+        return Turn(text="waiting", tool_calls=(ScriptedCall("wait_for_send"),))
+    if last.get("role") == "user":
+        return Turn(text=f"got {last.get('content')}")
+    return Turn(text="the send did not join")

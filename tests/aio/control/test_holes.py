@@ -7,7 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,9 @@ from aimu.aio.control.redis_control import RedisControl
 from aimu.aio.control.worker import Worker
 from aimu.aio.events import TextChunk, ToolCallStarted
 from aimu.aio.transcript import validate
-from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.aio.control.helpers import LEASE, ROOT, DurableRedis
-from tests.aio.control.scripts import TOOLS, Answers
+from tests.aio.control.scripts import TOOLS, Answers, steer
 from tests.services import PrivateRedis
 
 
@@ -353,16 +352,6 @@ async def test_wait_sees_an_end_that_lands_as_it_starts(
 
 
 # -- item 2: a send near the run's end is taken, or refused, never both, never neither ---
-
-
-def steer(body: Mapping[str, Any]) -> Turn:
-    messages = body.get("messages") or []
-    last = messages[-1] if messages else {}
-    if last.get("role") == "user" and str(last.get("content")).startswith("steer"):
-        return Turn(text="waiting", tool_calls=(ScriptedCall("wait_for_send"),))
-    if last.get("role") == "user":
-        return Turn(text=f"got {last.get('content')}")
-    return Turn(text="the send did not join")
 
 
 async def test_a_send_near_the_end_is_stored_exactly_when_it_is_accepted(

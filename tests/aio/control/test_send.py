@@ -4,7 +4,7 @@ text crosses Redis and joins the run in the worker exactly once, at its step bou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,20 +13,9 @@ from aimu import aio
 from aimu.aio.control import worker as control_worker
 from aimu.aio.events import ToolCallStarted
 from aimu.aio.transcript import validate
-from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.aio.control.helpers import LEASE
-
-
-def answer(body: Mapping[str, Any]) -> Turn:
-    """``steer``: call wait_for_send; after a user message that joined: ``got <it>``."""
-    messages = body.get("messages") or []
-    last = messages[-1] if messages else {}
-    if last.get("role") == "user" and last.get("content") == "steer":
-        return Turn(text="waiting", tool_calls=(ScriptedCall("wait_for_send"),))
-    if last.get("role") == "user":
-        return Turn(text=f"got {last.get('content')}")
-    return Turn(text="the send did not join")
+from tests.aio.control.scripts import steer
 
 
 @pytest.fixture
@@ -53,7 +42,7 @@ async def test_a_send_from_another_control_joins_the_run_once(
         await arrived.wait()
         return "a send arrived"
 
-    async with LoopbackServer(answer) as server:
+    async with LoopbackServer(steer) as server:
         agent = aio.Agent(aio.client("ollama:m", host=server.url), [wait_for_send])
         try:
             handle = aio.RunHandle.start(agent.run("steer"), control=worker)
