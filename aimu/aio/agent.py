@@ -762,7 +762,9 @@ class Agent(Runnable[OutputT]):
         run.argument_errors = {}
         run.requests += 1
         run.spans.turn_started()
-        specs = None if final_turn else config.specs
+        # After a correction the model must answer: the schema goes, the tools wait.
+        must_answer = final_turn or (config.output is not None and _after_correction(client))
+        specs = None if must_answer else config.specs
         request = turn_request(
             config.output, config.tool_choice, config.parallel_tool_calls, specs, client.messages
         )
@@ -794,7 +796,8 @@ class Agent(Runnable[OutputT]):
             )
         run.assembler = None
         run.spans.turn_ended(assembler.usage, assembler.stop_reason)
-        await self._end_turn(run, assembler.message(), assembler.usage, final_turn)
+        schema_asked = request is not None and request.output_schema is not None
+        await self._end_turn(run, assembler.message(), assembler.usage, final_turn, schema_asked)
 
     def _chunk_event(self, chunk: Chunk, run: _Run) -> Event | None:
         """The event for a streamed chunk, if the consumer sees one; notes the rest."""
@@ -810,14 +813,19 @@ class Agent(Runnable[OutputT]):
         return None
 
     async def _end_turn(
-        self, run: _Run, message: AssistantMessage, usage: Usage, final_turn: bool
+        self,
+        run: _Run,
+        message: AssistantMessage,
+        usage: Usage,
+        final_turn: bool,
+        schema_asked: bool = True,
     ) -> None:
         """Record a finished turn and decide the outcome: answered, tools, or out of rounds."""
         await self._record(message)
         add_usage(run.usage, usage)
         run.rounds += 1
         calls = message.get("tool_calls")
-        if not calls and not await self._output_checked(run, message["content"]):
+        if not calls and not await self._output_checked(run, message["content"], schema_asked):
             return  # a correction was sent: the model answers again
         if not calls:
             run.end(Outcome.OUT_OF_ROUNDS if final_turn else Outcome.ANSWERED, message["content"])
@@ -828,9 +836,11 @@ class Agent(Runnable[OutputT]):
         else:
             run.calls, run.outcome = calls, Outcome.NEEDS_TOOLS
 
-    async def _output_checked(self, run: _Run, text: str) -> bool:
+    async def _output_checked(self, run: _Run, text: str, schema_asked: bool = True) -> bool:
         """True if ``text`` is a valid answer (always, without ``output_type``); else the
-        model is sent a correction, or, its corrections used up, OutputValidationError."""
+        model is sent a correction, or, its corrections used up, OutputValidationError.
+        An answer on a turn that was not sent the schema (one offering tools) costs no
+        correction: the model had not been told the format."""
         output = self._config.output
         if output is None:
             return True
@@ -838,7 +848,7 @@ class Agent(Runnable[OutputT]):
             run.output = output.parse(text)
         except ValueError as error:
             await self._record(output.correction(str(error)))
-            run.output_failures += 1
+            run.output_failures += schema_asked
             if run.output_failures > output.retries:
                 raise output.failed(self.name, text, str(error), run.output_failures) from None
             run.outcome = None
@@ -1163,6 +1173,12 @@ def _built_tools(
             raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
         by_name[t.name] = t
     return built, by_name
+
+
+def _after_correction(client: ModelClient) -> bool:
+    """True when the transcript ends with a correction of an invalid typed answer."""
+    messages = client.messages
+    return bool(messages) and is_correction(messages[-1])
 
 
 def _call_started(name: str, call: ToolCall) -> ToolCallStarted:

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from aimu.aio.errors import NoOutputError, OutputValidationError
 from aimu.aio.events import RunFinished
 from aimu.aio.providers.base import TurnRequest
-from aimu.aio.transcript import Message, ToolSpec, UserMessage
+from aimu.aio.transcript import (
+    CORRECTION_PREFIX,
+    Message,
+    ToolSpec,
+    UserMessage,
+    is_correction,
+)
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -33,8 +39,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: How the correction sent after an invalid answer begins (a resumed run recognises it).
-CORRECTION_PREFIX = "Your answer is not valid output."
 #: The ``tool_choice`` words; any other value names a tool.
 TOOL_CHOICES = ("auto", "required", "none")
 
@@ -129,14 +133,20 @@ def turn_request(
 ) -> TurnRequest | None:
     """What a turn asks beyond its messages and tools; None when nothing.
 
-    The tool options go only with tools (not on a turn they are withheld from). A
+    The output schema goes only on a turn that must answer (no tools, or
+    ``tool_choice="none"``): a server given both may build only the answer's grammar
+    and drop tool calls (llama.cpp does). The tool options go only with tools. A
     ``"required"`` or named ``tool_choice`` holds for the first turn after new input
     only: once a tool round has answered it, the model may answer (so it can end).
     """
     if not tools:
         tool_choice = parallel_tool_calls = None
-    elif tool_choice not in (None, "auto", "none") and messages and messages[-1]["role"] == "tool":
-        tool_choice = None
+    else:
+        if tool_choice != "none":
+            output = None
+        after_round = bool(messages) and messages[-1]["role"] == "tool"
+        if tool_choice not in (None, "auto", "none") and after_round:
+            tool_choice = None
     if output is None and tool_choice is None and parallel_tool_calls is None:
         return None
     return TurnRequest(
@@ -145,11 +155,6 @@ def turn_request(
         tool_choice=tool_choice,
         parallel_tool_calls=parallel_tool_calls,
     )
-
-
-def is_correction(message: Message) -> bool:
-    """True for a correction :meth:`OutputSpec.correction` made."""
-    return message["role"] == "user" and message["content"].startswith(CORRECTION_PREFIX)
 
 
 def _unfenced(text: str) -> str:

@@ -23,6 +23,7 @@ from aimu.aio.errors import TranscriptError
 
 __all__ = [
     "CANCELLED_RESULT",
+    "CORRECTION_PREFIX",
     "MAX_DEPTH",
     "AssistantMessage",
     "FunctionSpec",
@@ -38,6 +39,7 @@ __all__ = [
     "add_usage",
     "copy_messages",
     "dangling_calls",
+    "is_correction",
     "settle",
     "validate",
     "wire_view",
@@ -50,6 +52,9 @@ JSONValue: TypeAlias = (
 
 #: Content of the result given to a tool call that never finished.
 CANCELLED_RESULT = "[cancelled before it finished]"
+
+#: How the user message correcting an invalid typed answer (``output_type=``) begins.
+CORRECTION_PREFIX = "Your answer is not valid output."
 
 
 class ToolCallFunction(TypedDict):
@@ -400,3 +405,8 @@ def wire_view(message: Message) -> dict[str, Any]:
 def dumps(message: Message) -> str:
     """One message as compact JSON (the form stores write)."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def is_correction(message: Message) -> bool:
+    """True for the user message that corrects an invalid typed answer (not a task)."""
+    return message["role"] == "user" and message["content"].startswith(CORRECTION_PREFIX)

@@ -95,8 +95,10 @@ async def test_tools_first_then_the_structured_answer() -> None:
     final = events[-1]
     assert isinstance(final, RunFinished) and final.status == "completed"
     assert Weather.model_validate_json(final.reply) == Weather(city="Paris", temperature=1.5)
+    # The tool turns carry no schema (see test_tools_and_output_on_the_wire): the test
+    # model answers the tool round in prose, is corrected, and answers the schema.
     roles = [m["role"] for m in agent.model_client.messages]
-    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]
 
 
 def test_run_sync_and_a_session_return_the_typed_value() -> None:
@@ -232,14 +234,33 @@ async def test_corrections_used_up_raise_and_the_transcript_stays_resumable() ->
         assert json.dumps(server.requests[-1].body).count("weather in Oslo") == 1
 
 
-async def test_tools_and_output_on_the_wire() -> None:
-    script = [Turn(tool_calls=[ScriptedCall("get_weather", {"city": "Oslo"})]), Turn(text=GOOD)]
-    async with LoopbackServer(script) as server, openai(server) as model:
-        agent = aio.Agent(model, [get_weather], output_type=Weather)
+def carries_schema(body: Mapping[str, Any]) -> bool:
+    return "format" in body or "response_format" in body
+
+
+@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+async def test_tools_and_output_on_the_wire(protocol: str) -> None:
+    """Issue 21 item 20: a request with tools never carries the output schema (llama.cpp
+    then builds only the answer's grammar and drops tool calls); the turn that must
+    answer (after a correction, or the last one) carries it, without tools."""
+    script = [
+        Turn(tool_calls=[ScriptedCall("get_weather", {"city": "Oslo"})]),
+        Turn(text=GOOD),
+    ]
+    async with LoopbackServer(script) as server, CLIENTS[protocol](server) as model:
+        # output_retries=0: the prose answer below, given without the schema, costs none.
+        agent = aio.Agent(model, [get_weather], output_type=Weather, output_retries=0)
         assert await agent.run("weather in Oslo") == OSLO
         first, second = (r.body for r in server.requests)
         assert first["tools"] and second["tools"]
-        assert schema_sent(first) == schema_sent(second)
+        assert not carries_schema(first) and not carries_schema(second)
+        # A prose answer on a tool turn is corrected; the correction's turn must answer.
+        server.script = [Turn(text="It is sunny."), Turn(text=GOOD)]
+        assert await agent.run("and now?") == OSLO
+        prose, answer = (r.body for r in server.requests[2:])
+        assert prose["tools"] and not carries_schema(prose)
+        assert "tools" not in answer and schema_sent(answer) == TypeAdapter(Weather).json_schema()
+        assert answer["messages"][-1]["content"].startswith(CORRECTION_PREFIX)
 
 
 async def test_the_last_turn_without_tools_still_answers_the_schema() -> None:
@@ -440,7 +461,9 @@ async def test_ollama_gets_no_tool_options() -> None:
 
 def typed_script(request: Mapping[str, Any]) -> Turn:
     """Calls the tool, then answers badly once, then well: whatever the transcript holds."""
-    assert request["request"].output_schema == TypeAdapter(Weather).json_schema()
+    asked = request.get("request")
+    schema = None if asked is None else asked.output_schema
+    assert schema == (None if request["tools"] else TypeAdapter(Weather).json_schema())
     messages = request["messages"]
     if request["tools"] and not any(m["role"] == "tool" for m in messages):
         return Turn(tool_calls=[ScriptedCall("get_weather", {"city": "Oslo"})])

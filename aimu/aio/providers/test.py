@@ -24,7 +24,7 @@ from aimu.aio.providers.base import (
     TurnDone,
     TurnRequest,
 )
-from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
+from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, is_correction
 
 __all__ = ["TestModelClient", "arguments_for", "offered", "respond", "split_text", "value_for"]
 
@@ -51,8 +51,9 @@ _FORMATS = {
 
 
 def _last_user_index(messages: Sequence[Message]) -> int:
+    """The last task's index: a correction of an invalid typed answer is not a task."""
     for index in range(len(messages) - 1, -1, -1):
-        if messages[index]["role"] == "user":
+        if messages[index]["role"] == "user" and not is_correction(messages[index]):
             return index
     return -1
 
