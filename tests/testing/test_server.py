@@ -579,6 +579,17 @@ async def test_a_client_gone_mid_request_is_no_request_and_no_error() -> None:
     assert data == b"" and not server.requests and not server.streams
 
 
+async def test_an_http_1_0_client_gets_the_stream_unchunked_until_the_close() -> None:
+    chat_body = json.dumps({"model": "m", "stream": True}).encode()
+    request = b"POST /api/chat HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(chat_body)
+    async with serving([Turn("a b")]) as server:
+        data = await raw_exchange(server, request + chat_body)
+    head, _, streamed = data.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding" not in head and b"Connection: close" in head
+    assert [line["message"]["content"] for line in ndjson(streamed.decode())] == ["a ", "b", ""]
+    assert server.streams[0].completed
+
+
 async def test_a_request_pipelined_during_a_streamed_reply_is_served_after_it() -> None:
     chat_body = json.dumps({"model": "m", "stream": True}).encode()
     chat = b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(chat_body)

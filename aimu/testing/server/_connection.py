@@ -74,6 +74,7 @@ class Connection:
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         self._unread = bytearray()  # read while watching: a pipelined next request
         self._eof = False
+        self._chunked = False  # the streamed reply's body is sent in chunks
         self._head_only = False  # answering HEAD: the head goes out, the body does not
         self._spawn = spawn
         self._watcher: asyncio.Task[None] | None = None
@@ -220,11 +221,22 @@ class Connection:
     async def start_stream(self, content_type: str) -> bool:
         """The head of a streamed 200 reply (chunked); False when the peer is gone."""
         headers = [("Content-Type", content_type), ("Cache-Control", "no-cache")]
-        return await self._write(self._head(200, headers, close=False))
+        head = self._head(200, headers, close=False)
+        # h11 chose the framing (chunked, or to the close for an HTTP/1.0 client).
+        self._chunked = b"\r\ntransfer-encoding: chunked\r\n" in head.lower()
+        return await self._write(head)
+
+    def _body(self, piece: bytes) -> bytes:
+        if self._chunked:
+            # Framed here exactly as h11 frames it: a Data event through h11's state
+            # machine costs ~8 µs, ~30 times this, on every chunk of every streamed
+            # reply. h11 keeps no count for a chunked body; it still sends the end.
+            return b"%x\r\n%s\r\n" % (len(piece), piece) if piece else b""
+        return self._h11.send(h11.Data(data=piece)) or b""
 
     async def send_chunks(self, pieces: Sequence[bytes], *, end: bool = False) -> bool:
         """``pieces`` as body chunks in one write, then the end of the body if ``end``."""
-        data = b"".join(self._h11.send(h11.Data(data=piece)) or b"" for piece in pieces)
+        data = b"".join(map(self._body, pieces))
         if end:
             data += self._h11.send(h11.EndOfMessage()) or b""
         return await self._write(data)
