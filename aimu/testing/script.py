@@ -20,6 +20,7 @@ Fault: TypeAlias = Literal[
     "http_429",  # answer 429 with an error body and Retry-After (see Turn.retry_after)
     "http_502",  # answer 502 (bad gateway)
     "http_503",  # answer 503 (unavailable), with Retry-After if Turn.retry_after is set
+    "http_503_loading",  # answer 503 "Loading model", as llama.cpp's server does meanwhile
     "http_504",  # answer 504 (gateway timeout)
     "reset",  # read the request, then close the connection without a byte of reply
     "bad_json",  # after `fault_after` chunks, send a line that is not JSON

@@ -16,6 +16,7 @@ import copy
 import functools
 import json
 import ssl
+import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, ClassVar, Self, cast
@@ -25,7 +26,7 @@ import httpx
 
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
-from aimu.aio.providers._retry import Retry, log, retry_after
+from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
 from aimu.aio.providers._wire import WireEncoder, dumps
 from aimu.aio.providers.base import Chunk, ModelClient, TurnRequest
 from aimu.aio.transcript import Message, ToolSpec
@@ -416,6 +417,7 @@ class HTTPModelClient(ModelClient):
         if stream:
             headers["Accept"] = "text/event-stream, application/x-ndjson"
         attempt = 0
+        loading_since: float | None = None  # when the server first said it was loading
         while True:
             request = http.build_request("POST", self.endpoint(), content=body, headers=headers)
             wait: float | None = None
@@ -434,7 +436,12 @@ class HTTPModelClient(ModelClient):
             if not retryable:
                 raise failure
             attempt += 1
-            if not await self.retry.wait(attempt, wait, failure, reporter):
+            loading_for: float | None = None
+            if loading_model(failure):
+                now = time.monotonic()
+                loading_since = now if loading_since is None else loading_since
+                loading_for = now - loading_since
+            if not await self.retry.wait(attempt, wait, failure, reporter, loading_for):
                 raise failure
             self.retry_count += 1
 

@@ -2,7 +2,10 @@
 
 A 429 (its ``Retry-After`` honoured), a 502/503/504, or a connection refused or reset
 before the response head is retried with exponential backoff and jitter, at most
-``retries`` times, never past the run's deadline. A cancel ends the wait at once; an
+``retries`` times, never past the run's deadline. A ``503 Loading model`` (a server still
+loading the model's weights, as llama.cpp's says) is retried beyond that, every second
+or so, for up to :data:`LOADING_WAIT` seconds from the first, still never past the
+deadline. A cancel ends the wait at once; an
 interrupt of the run ends it too, and the last failure is raised (an agent then ends the
 run interrupted: no byte of the turn exists). Each retry is a
 :class:`~aimu.aio.events.ModelRetry` event in the current run scope and a log record
@@ -20,14 +23,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from aimu.aio.errors import ModelError
+from aimu.aio.errors import ModelError, ModelHTTPError
 from aimu.aio.events import ModelRetry
 from aimu.aio.scope import current_scope
 
 if TYPE_CHECKING:
     from aimu.aio.providers._http import Reporter
 
-__all__ = ["DEFAULT_RETRIES", "Retry", "retry_after"]
+__all__ = ["DEFAULT_RETRIES", "LOADING_WAIT", "Retry", "loading_model", "retry_after"]
 
 log = logging.getLogger("aimu.aio.providers")
 
@@ -36,6 +39,9 @@ DEFAULT_DELAY = 0.5
 _MAX_DELAY = 30.0
 _MAX_RETRY_AFTER = 60.0
 _POLL = 0.02  # how often a backoff wait looks for an interrupt
+#: Seconds a server that answers ``503 Loading model`` is waited for (from its first).
+LOADING_WAIT = 120.0
+_LOADING_POLL = 1.0  # the longest wait between two tries of a loading server
 _STATUSES = frozenset({429, 502, 503, 504})
 # Raised by send() before the response head: nothing of a reply has arrived.
 _BEFORE_REPLY = (
@@ -45,6 +51,15 @@ _BEFORE_REPLY = (
     httpx.ReadError,
     httpx.WriteError,
 )
+
+
+def loading_model(failure: ModelError) -> bool:
+    """True for a ``503`` whose body says the server is loading the model."""
+    return (
+        isinstance(failure, ModelHTTPError)
+        and failure.status_code == 503
+        and "loading model" in failure.body.lower()
+    )
 
 
 def retry_after(value: str | None) -> float | None:
@@ -89,14 +104,27 @@ class Retry:
         return float(ceiling * random.uniform(0.5, 1.0))
 
     async def wait(
-        self, attempt: int, requested: float | None, failure: ModelError, reporter: Reporter
+        self,
+        attempt: int,
+        requested: float | None,
+        failure: ModelError,
+        reporter: Reporter,
+        loading_for: float | None = None,
     ) -> bool:
-        """Wait before retry ``attempt``; False when no retry may be made."""
-        if attempt > self.retries:
+        """Wait before retry ``attempt``; False when no retry may be made.
+
+        ``loading_for``: seconds the server has answered ``503 Loading model`` (None:
+        it has not); such a server is tried beyond ``retries`` (unless 0), up to
+        LOADING_WAIT."""
+        # retries=0 turns retrying off, the wait for a loading server included.
+        loading = loading_for is not None and loading_for < LOADING_WAIT and self.retries > 0
+        if attempt > self.retries and not loading:
             return False
         if requested is not None and requested > _MAX_RETRY_AFTER:
             return False
         delay = self.backoff(attempt) if requested is None else requested
+        if loading and requested is None:
+            delay = min(delay, _LOADING_POLL)
         loop = asyncio.get_running_loop()
         scope = current_scope.get()
         end = loop.time() + delay
@@ -106,10 +134,16 @@ class Retry:
             if scope.deadline is not None and end >= scope.deadline:
                 return False
         error = str(failure)
-        log.info(
-            "model request to %s failed (%s); retry %d of %d in %.2fs",
-            reporter.host, error, attempt, self.retries, delay,
-        )
+        if attempt > self.retries:
+            log.info(
+                "model at %s is loading its model (%s); retry %d in %.2fs, waiting up to %gs",
+                reporter.host, error, attempt, delay, LOADING_WAIT,
+            )
+        else:
+            log.info(
+                "model request to %s failed (%s); retry %d of %d in %.2fs",
+                reporter.host, error, attempt, self.retries, delay,
+            )
         if scope is not None:
             scope.emit(ModelRetry(reporter.host, reporter.model, attempt, delay, error))
         while (left := end - loop.time()) > 0:

@@ -22,7 +22,10 @@ from aimu.testing.server.wire import JSON, Wire
 __all__ = ["HTTP_FAULTS", "play"]
 
 _MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang"})
-HTTP_FAULTS = {"http_500": 500, "http_429": 429, "http_502": 502, "http_503": 503, "http_504": 504}
+HTTP_FAULTS = {
+    "http_500": 500, "http_429": 429, "http_502": 502, "http_503": 503, "http_504": 504,
+    "http_503_loading": 503,
+}
 _FAULT_WORDS = {
     429: "rate limited",
     500: "internal server error",
@@ -75,7 +78,10 @@ class _Player:
     async def _http_fault(self) -> bool:
         turn = self.turn
         status = HTTP_FAULTS[str(turn.fault)]
-        body = self.wire.error_body(status, f"{_FAULT_WORDS[status]} (scripted {turn.fault} fault)")
+        words = f"{_FAULT_WORDS[status]} (scripted {turn.fault} fault)"
+        if turn.fault == "http_503_loading":
+            words = "Loading model"  # llama.cpp's server, while it loads the weights
+        body = self.wire.error_body(status, words)
         retry_after = turn.retry_after or ("1" if status == 429 else None)
         extra = [("Retry-After", retry_after)] if retry_after is not None else []
         if not await self.connection.send_response(status, body, JSON, extra):

@@ -101,6 +101,38 @@ async def test_backoff_grows_and_attempts_are_bounded(provider: str) -> None:
     assert 0.005 <= first.delay <= 0.01 and 0.01 <= second.delay <= 0.02  # jitter: half to all
 
 
+async def test_a_server_loading_its_model_is_waited_for_beyond_the_retries(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 21 item 21: llama.cpp answers ``503 Loading model`` for seconds; a plain 503
+    gets ``retries`` tries, a loading server is tried on (within the run's deadline)."""
+    script = [Turn(fault="http_503_loading")] * 6 + [Turn(text="loaded")]
+    async with LoopbackServer(script) as server:
+        model = make(provider, server.url, retries=2)
+        with scope() as (_, events), caplog.at_level(logging.INFO, "aimu.aio.providers"):
+            assert (await model.chat("x"))["content"] == "loaded"
+        await model.aclose()
+    assert len(server.requests) == 7
+    assert [r.attempt for r in retries_in(events)] == [1, 2, 3, 4, 5, 6]
+    assert "loading its model" in caplog.records[-1].getMessage()
+
+
+async def test_a_loading_server_is_waited_for_only_until_the_deadline(provider: str) -> None:
+    async with LoopbackServer(lambda request: Turn(fault="http_503_loading")) as server:
+        model = make(provider, server.url, retries=2)
+        deadline = asyncio.get_running_loop().time() + 2.0
+        with scope(deadline) as (_, events), pytest.raises(ModelHTTPError, match="Loading model"):
+            await model.chat("x")
+        await model.aclose()
+    assert asyncio.get_running_loop().time() < deadline  # it gave up before the deadline
+    assert len(server.requests) == len(retries_in(events)) + 1 > 3
+    async with LoopbackServer([Turn(fault="http_503_loading"), Turn(text="ok")]) as server:
+        model = make(provider, server.url, retries=0)  # retrying off: loading included
+        with pytest.raises(ModelHTTPError, match="Loading model"):
+            await model.chat("x")
+        await model.aclose()
+
+
 @pytest.mark.parametrize(
     ("turn", "error"),
     [
