@@ -46,6 +46,8 @@ if TYPE_CHECKING:
         ToolCallStarted,
         ToolResult,
     )
+    from aimu.aio.instructions import RunContext
+    from aimu.aio.limits import ModelPrice, Spend, UsageLimits
     from aimu.aio.run_handle import RunHandle, on_sigint
     from aimu.aio.runnable import Runnable
     from aimu.aio.scope import RunScope, current_scope
@@ -77,6 +79,7 @@ __all__ = [
     "ModelConnectionError",
     "ModelError",
     "ModelHTTPError",
+    "ModelPrice",
     "ModelProtocolError",
     "ModelRetry",
     "NoOutputError",
@@ -87,6 +90,7 @@ __all__ = [
     "PostgresStore",
     "RedisControl",
     "Router",
+    "RunContext",
     "RunEvent",
     "RunFinished",
     "RunHandle",
@@ -100,6 +104,7 @@ __all__ = [
     "SessionInfo",
     "SessionLockedError",
     "SessionWriter",
+    "Spend",
     "StepFinished",
     "Store",
     "StoreCapacityError",
@@ -116,6 +121,7 @@ __all__ = [
     "ToolStart",
     "TranscriptError",
     "UnknownRunError",
+    "UsageLimits",
     "client",
     "current_scope",
     "on_sigint",
@@ -151,6 +157,10 @@ _WHERE = {
     "PendingApproval": "approvals",
     "Runnable": "runnable",
     "Router": "workflows",
+    "RunContext": "instructions",
+    "ModelPrice": "limits",
+    "Spend": "limits",
+    "UsageLimits": "limits",
 }
 _ERRORS = (
     "AimuError", "ControlConnectionError", "ControlError", "ModelConnectionError",

@@ -39,6 +39,7 @@ def stop_of(
     scope: RunScope,
     waiting: Sequence[str] = (),
     max_rounds: int = 0,
+    limit: str | None = None,
 ) -> Stop:
     """The :class:`Stop` of the run that ``final`` ended, by ``error`` (if any);
     ``waiting`` names the calls a paused run waits on."""
@@ -55,6 +56,8 @@ def stop_of(
         return Stop(status, None if error is None else type(error).__name__)
     if status == "paused":
         return Stop(status, f"tool calls wait for approval: {', '.join(waiting)}")
+    if status == "limited":
+        return Stop(status, limit or final.stop_reason)
     if status == "max_rounds":
         return Stop(status, f"the limit of {max_rounds} tool rounds was reached")
     if status == "interrupted":

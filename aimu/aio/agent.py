@@ -57,9 +57,28 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolResult,
 )
+from aimu.aio.instructions import Instructions, RunContext, check_instructions, instructions_text
 from aimu.aio.journal import IN_DOUBT_RESULT, RERUN_NOTE, settle_in_doubt
+from aimu.aio.limits import (
+    LIMITED,
+    Budget,
+    LimitHit,
+    Spend,
+    UsageLimits,
+    estimate_tokens,
+    transcript_chars,
+)
 from aimu.aio.output import OutputSpec, check_tool_choice, is_correction, turn_request
-from aimu.aio.runnable import OutputT, RunClock, Runnable, load_usage
+from aimu.aio.runnable import (
+    NO_DEPS,
+    NO_OPTIONS,
+    OutputT,
+    RunClock,
+    Runnable,
+    RunOptions,
+    load_usage,
+    options_in,
+)
 from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
@@ -101,7 +120,7 @@ _T = TypeVar("_T")
 class _Options(TypedDict, total=False):
     """The keyword arguments of :class:`Agent` besides ``output_type`` (for its overloads)."""
 
-    system: str | None
+    system: Instructions | None
     max_rounds: int
     name: str | None
     store: Store | None
@@ -111,6 +130,9 @@ class _Options(TypedDict, total=False):
     output_retries: int
     tool_choice: str | None
     parallel_tool_calls: bool | None
+    limits: UsageLimits | None
+    session_limits: UsageLimits | None
+    deps: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +140,8 @@ class _Config:
     """What every session of one agent shares; never changes after construction."""
 
     name: str
-    system: str | None
+    #: The system prompt, or a function of the run's context giving it at each run start.
+    system: Instructions | None
     max_rounds: int
     concurrent_tools: bool
     tools: tuple[Tool, ...]
@@ -129,6 +152,11 @@ class _Config:
     output: OutputSpec[Any] | None = None
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
+    #: The budget of each run, and of the session (kept in the store).
+    limits: UsageLimits | None = None
+    session_limits: UsageLimits | None = None
+    #: The app state a run hands its tools as ``ctx.deps`` (never stored or sent).
+    deps: object = None
 
 
 class Outcome(enum.Enum):
@@ -144,6 +172,8 @@ class Outcome(enum.Enum):
     """The last, tool-less turn ended: the run ends with status max_rounds."""
     PAUSED = "paused"
     """Tool calls wait for a person's decision: the run returns paused."""
+    LIMITED = "limited"
+    """A usage limit stopped the run: it ends with status limited."""
 
 
 _STATUS_OF: dict[Outcome, RunStatus] = {
@@ -151,6 +181,7 @@ _STATUS_OF: dict[Outcome, RunStatus] = {
     Outcome.INTERRUPTED: "interrupted",
     Outcome.OUT_OF_ROUNDS: "max_rounds",
     Outcome.PAUSED: "paused",
+    Outcome.LIMITED: "limited",
 }
 
 
@@ -158,14 +189,31 @@ class _Run:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "argument_errors", "assembler", "calls", "clock", "closing", "contexts", "error",
-        "final_prompted", "first", "opened", "outcome", "output", "output_failures", "reply",
-        "requests", "reruns", "retries_from", "rounds", "scope", "settled", "spans", "status",
-        "stop_reason", "store_error", "usage",
+        "argument_errors", "assembler", "budget", "calls", "clock", "closing", "contexts",
+        "deps", "error", "final_prompted", "first", "limit", "opened", "options", "outcome",
+        "output", "output_failures", "reply", "request_end", "requests", "reruns",
+        "retries_from", "rounds", "scope", "settled", "spans", "status", "stop_reason",
+        "store_error", "untouched", "usage", "usage_estimated",
     )
 
-    def __init__(self, scope: RunScope, spans: RunSpans, client: ModelClient) -> None:
+    def __init__(
+        self, scope: RunScope, spans: RunSpans, client: ModelClient, options: RunOptions
+    ) -> None:
         self.scope = scope
+        #: The call's options, or those of a workflow run around it.
+        self.options = options if options is not NO_OPTIONS else options_in(scope.parent)
+        #: Set when the run opens: its budget, and the deps its tools see.
+        self.budget: Budget | None = None
+        self.deps: object = None
+        #: The limit that stopped the run, if one did.
+        self.limit: LimitHit | None = None
+        #: Where the messages of the request in flight end (to estimate a cut turn's usage).
+        self.request_end = 0
+        #: Some of ``usage`` was estimated from streamed text (a cut stream reports none).
+        self.usage_estimated = False
+        #: The run failed before it changed anything (its instructions raised): the
+        #: session's stored status stays as it was.
+        self.untouched = False
         #: The run's OpenTelemetry spans (no-ops unless a tracer provider is set).
         self.spans = spans
         self.clock = RunClock()
@@ -216,6 +264,12 @@ class _Run:
         if self.status == "completed" and self.stop_reason in CUT_OFF_REASONS:
             self.status = "incomplete"  # an answer, but cut off: never a plain completed
 
+    def limited(self, hit: LimitHit) -> None:
+        """A usage limit stops the run: it ends ``limited``, naming the limit."""
+        self.end(Outcome.LIMITED, self.reply or LIMITED)
+        self.limit, self.stop_reason = hit, hit.stop_reason
+        self.scope.note_limited(hit.stop_reason)
+
     def interrupted(self) -> None:
         """The interrupt is honoured: the run returns INTERRUPTED."""
         self.end(Outcome.INTERRUPTED, INTERRUPTED)
@@ -243,6 +297,11 @@ class Agent(Runnable[OutputT]):
     answer goes back to the model with the error, ``output_retries`` times a run (see
     :mod:`aimu.aio.output`). ``tool_choice`` and ``parallel_tool_calls`` go to servers
     that have them, on turns that offer tools.
+
+    ``limits`` (:class:`~aimu.aio.UsageLimits`) bound each run and ``session_limits`` the
+    session's total (kept in the store); a run that reaches one ends ``limited``. ``deps``
+    is handed to tools as ``ctx.deps`` and never stored. ``system`` may be a function
+    (sync or async) of a :class:`~aimu.aio.RunContext`, evaluated at each run's start.
     """
 
     kind = "agent"
@@ -282,7 +341,7 @@ class Agent(Runnable[OutputT]):
         client: ModelClient,
         tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
         *,
-        system: str | None = None,
+        system: Instructions | None = None,
         max_rounds: int = 10,
         name: str | None = None,
         store: Store | None = None,
@@ -293,6 +352,9 @@ class Agent(Runnable[OutputT]):
         output_retries: int = 2,
         tool_choice: str | None = None,
         parallel_tool_calls: bool | None = None,
+        limits: UsageLimits | None = None,
+        session_limits: UsageLimits | None = None,
+        deps: object = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise TypeError(
@@ -301,8 +363,14 @@ class Agent(Runnable[OutputT]):
             )
         if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
             raise ValueError(f"max_rounds must be a positive int, got {max_rounds!r}")
-        if system is not None and not isinstance(system, str):
-            raise TypeError(f"system must be a string or None, got {type(system).__name__}")
+        check_instructions(system)
+        for label, given in (("limits", limits), ("session_limits", session_limits)):
+            if given is not None and not isinstance(given, UsageLimits):
+                raise TypeError(
+                    f"{label} must be aio.UsageLimits or None, got {type(given).__name__}"
+                )
+            if given is not None:
+                given.price_of(client.model)  # a cost limit needs this model's price
         if (store is None) != (session is None):
             raise ValueError("store and session go together: give both, or neither")
         built, by_name = _built_tools(tools)
@@ -319,6 +387,9 @@ class Agent(Runnable[OutputT]):
             output=None if output_type is None else OutputSpec(output_type, output_retries),
             tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls,
+            limits=limits,
+            session_limits=session_limits,
+            deps=deps,
         )
         self._setup(config, client, store, session, owns_client=True)
 
@@ -351,6 +422,16 @@ class Agent(Runnable[OutputT]):
         #: (with a store it is kept in the session's state until then, see _SentTexts).
         self._carried = _Carried()
         self._usage = zero_usage()
+        #: What this session spent in all, its runs in every process (kept in the store).
+        self._spend = Spend()
+        #: The system prompt last placed (a callable ``system=`` gives it at run start).
+        self._system_text: str | None = (
+            config.system if isinstance(config.system, str) else None
+        )
+        #: (messages, tokens): the transcript's length after the last finished turn and
+        #: the tokens the server counted for it, so a request's size is estimated from
+        #: what was added since.
+        self._known = (0, 0)
         self.last_status: RunStatus | None = None
         self.last_run: RunResult[OutputT] | None = None
         if session is not None:
@@ -365,7 +446,17 @@ class Agent(Runnable[OutputT]):
 
     @property
     def system(self) -> str | None:
-        return self._config.system
+        """The system prompt: the text given, or the one a ``system=`` function gave
+        for the last run (None before its first)."""
+        return self._system_text
+
+    @property
+    def spend(self) -> Spend:
+        """What this session spent in all (requests, tool calls, tokens, cost, seconds),
+        as its store keeps it across processes. A copy."""
+        copy = Spend()
+        copy.add(self._spend)
+        return copy
 
     @property
     def max_rounds(self) -> int:
@@ -425,10 +516,13 @@ class Agent(Runnable[OutputT]):
         self._approvals.decide(call_id, decision, f"agent {self.name!r}")
         self._state_stale = True
 
-    async def _save_approvals(self) -> None:
-        """Store the session's state: the approvals, and the text a pause carries."""
+    async def _save_state(self) -> None:
+        """Store the session's state: the approvals, the text a pause carries, and what
+        the session has spent."""
         if self._writer is not None:
-            state: dict[str, Any] = {"approvals": self._approvals.dump()}
+            state: dict[str, Any] = {
+                "approvals": self._approvals.dump(), "spend": self._spend.dump()
+            }
             if self._carried.texts:
                 state["sent"] = self._carried.dump()
             await self._writer.save_state(state)
@@ -482,7 +576,7 @@ class Agent(Runnable[OutputT]):
         approval decisions given since (so they survive a restart before ``resume()``).
         """
         if self._writer is not None and self._state_stale:
-            await self._save_approvals()
+            await self._save_state()
         writer, self._writer = self._writer, None
         try:
             if writer is not None:
@@ -519,7 +613,7 @@ class Agent(Runnable[OutputT]):
 
     def _place_system(self) -> None:
         """Keep the system prompt present exactly once, first."""
-        system = self._config.system
+        system = self._system_text
         messages = self.model_client.messages
         if system is None:
             return
@@ -542,6 +636,7 @@ class Agent(Runnable[OutputT]):
             assert self._store is not None and self._session is not None
             state = await self._store.load_state(self._session)
             approvals = Approvals.load(state.get("approvals"), f"session {self._session!r}")
+            self._spend = Spend.load(state.get("spend"), f"session {self._session!r}")
             starts = await self._store.tool_starts(self._session)
             self._store_stale = self._settle_loaded(settled, approvals, starts)
             self._approvals = approvals
@@ -575,14 +670,15 @@ class Agent(Runnable[OutputT]):
         if self._writer is not None:
             await self._sync_store(self._writer)
             if self._state_stale:
-                await self._save_approvals()
+                await self._save_state()
 
     def _restore(self, messages: Sequence[Message], approvals: Approvals) -> None:
         validate(messages)
         restored = copy_messages(messages)
         self._settle_loaded(restored, approvals, ())
         self._approvals = approvals
-        system = self._config.system
+        self._known = (0, 0)
+        system = self._system_text
         if system is not None and restored and restored[0]["role"] == "system":
             restored[0] = {"role": "system", "content": system}
         elif system is not None:
@@ -638,16 +734,34 @@ class Agent(Runnable[OutputT]):
 
     # -- the run ---------------------------------------------------------------------
 
-    async def _reply(self, task: str | None, reset: bool) -> OutputT:
+    async def _reply(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> OutputT:
         """The answer: its text, or with ``output_type`` the validated value (NoOutputError
-        when the run ended without one: interrupted, paused)."""
-        final = await self._finish(task, reset)
+        when the run ended without one: interrupted, paused, limited)."""
+        final = await self._finish(task, reset, options)
         output = self._config.output
         return cast(OutputT, final.reply if output is None else output.result(final))
 
-    async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
+    def _options(
+        self,
+        limits: UsageLimits | None,
+        deps: object,
+        images: Sequence[object],
+        continue_partial: bool,
+    ) -> RunOptions:
+        options = super()._options(limits, deps, images, continue_partial)
+        if options.limits is not None:
+            options.limits.price_of(self.model_client.model)  # a cost limit needs a price
+        return options
+
+    async def _events(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> AsyncGenerator[Event, None]:
         client = self.model_client
-        run = _Run(self._open_scope(), RunSpans(self.name, client.model, client.provider), client)
+        scope = self._open_scope(options)
+        spans = RunSpans(self.name, client.model, client.provider)
+        run = _Run(scope, spans, client, options)
         failure: BaseException | None = None
         stopped_by: BaseException | None = None
         try:
@@ -687,9 +801,19 @@ class Agent(Runnable[OutputT]):
         raise failure
 
     async def _open(self, run: _Run, task: str | None, reset: bool) -> None:
-        """Put the session in order for a run: the store opened, reset, system prompt,
-        the task recorded (the first of the run's messages)."""
+        """Put the session in order for a run: the store opened, the instructions
+        evaluated (a raising ``system=`` function fails the run here, nothing stored),
+        reset, system prompt, the task recorded (the first of the run's messages)."""
+        config, options = self._config, run.options
+        run.deps = config.deps if options.deps is NO_DEPS else options.deps
         await self.open()
+        if config.system is not None and not isinstance(config.system, str):
+            context = RunContext(self.name, self._session, task, run.deps)
+            run.untouched = True
+            self._system_text = await instructions_text(config.system, context, self.name)
+            run.untouched = False
+        limits = config.limits if options.limits is None else options.limits
+        run.budget = Budget(limits, config.session_limits, self._spend, self.model_client.model)
         if reset:
             self.model_client.messages.clear()
             self._reruns = set()
@@ -700,7 +824,7 @@ class Agent(Runnable[OutputT]):
         if self._writer is not None:
             await self._sync_store(self._writer)
             if self._state_stale:
-                await self._save_approvals()
+                await self._save_state()
         run.first = len(self.model_client.messages)
         if task is None:
             self._require_task()
@@ -719,7 +843,7 @@ class Agent(Runnable[OutputT]):
                 await self._writer.append(result)
         if self._approvals.pending:
             self._approvals.clear()
-            await self._save_approvals()
+            await self._save_state()
 
     def _pick_up(self, run: _Run, task: str | None) -> None:
         """Where the run starts: the rounds the task has used, the calls a pause or a
@@ -737,8 +861,15 @@ class Agent(Runnable[OutputT]):
 
     async def _next_step(self, run: _Run) -> AsyncGenerator[Event, None] | None:
         """The step to run next, or None once the run has its outcome. Text sent to the
-        run joins it here, at the boundary, even after an answer."""
+        run joins it here, at the boundary, even after an answer; a usage limit the
+        step would cross stops the run here."""
+        budget = run.budget
+        assert budget is not None
         if run.outcome is Outcome.NEEDS_TOOLS:
+            hit = budget.before_tools(len(run.calls)) if budget.limited else None
+            if hit is not None:
+                run.limited(hit)  # the calls stay open: resume() runs them
+                return None
             return self._tool_round(run)
         if run.outcome is Outcome.ANSWERED and await self._join_sent(run):
             run.outcome = None
@@ -748,7 +879,30 @@ class Agent(Runnable[OutputT]):
         if run.interrupt_asked():  # the step boundary
             run.interrupted()
             return None
+        hit = budget.before_request() if budget.limited else None
+        if hit is None:
+            hit = self._context_hit()
+        if hit is not None:
+            run.limited(hit)
+            return None
         return self._model_turn(run)
+
+    def _context_hit(self) -> LimitHit | None:
+        """The model's context window, if the next request would not fit it."""
+        window = self.model_client.context_window
+        if window is None:
+            return None
+        needed = self._prompt_tokens()
+        return LimitHit("context_window", window, needed) if needed > window else None
+
+    def _prompt_tokens(self) -> int:
+        """The next request's size in tokens: what the server counted for the last turn,
+        and an estimate of what was added since."""
+        messages = self.model_client.messages
+        count, tokens = self._known
+        if count > len(messages):
+            count, tokens = 0, 0
+        return tokens + estimate_tokens(transcript_chars(messages, count))
 
     async def _model_turn(self, run: _Run) -> AsyncGenerator[Event, None]:
         """One model turn, streamed; it ends recorded, with ``run.outcome`` set."""
@@ -761,6 +915,10 @@ class Agent(Runnable[OutputT]):
         assembler = run.assembler = TurnAssembler()
         run.argument_errors = {}
         run.requests += 1
+        budget = run.budget
+        assert budget is not None
+        budget.count_request()
+        run.request_end = len(client.messages)
         run.spans.turn_started()
         # After a correction the model must answer: the schema goes, the tools wait.
         must_answer = final_turn or (config.output is not None and _after_correction(client))
@@ -773,12 +931,20 @@ class Agent(Runnable[OutputT]):
             if request is None  # a client of our own without request= keeps working
             else client.stream_turn(client.messages, specs, request=request)
         )
+        watch, streamed, hit = budget.watch, 0, None
         try:
             async for chunk in turn:
                 assembler.add(chunk)
                 event = self._chunk_event(chunk, run)
                 if event is not None:
                     yield event
+                    if watch:  # a token or cost limit: crossed by this reply yet?
+                        streamed += len(event.text)  # type: ignore[union-attr]
+                        hit = budget.streamed(
+                            {"input_tokens": 0, "output_tokens": estimate_tokens(streamed)}
+                        )
+                        if hit is not None:
+                            break
         except ModelError as error:
             if assembler.started or not run.interrupt_asked():
                 raise
@@ -789,6 +955,9 @@ class Agent(Runnable[OutputT]):
             return
         finally:
             await turn.aclose()
+        if hit is not None:
+            await self._cut_by_limit(run, assembler, hit)
+            return
         if not assembler.done:
             raise ModelProtocolError(
                 f"the model at {client.host} ended its turn without finishing it",
@@ -798,6 +967,38 @@ class Agent(Runnable[OutputT]):
         run.spans.turn_ended(assembler.usage, assembler.stop_reason)
         schema_asked = request is not None and request.output_schema is not None
         await self._end_turn(run, assembler.message(), assembler.usage, final_turn, schema_asked)
+        if not assembler.usage_reported and budget.watch:
+            raise ModelProtocolError(
+                f"the model at {client.host} reported no token usage, so the token or cost "
+                "limit cannot be checked (aimu does not guess); remove that limit, or use a "
+                "server that reports usage",
+                host=client.host,
+            )
+
+    async def _cut_by_limit(self, run: _Run, assembler: TurnAssembler, hit: LimitHit) -> None:
+        """A streamed reply crossed a token or cost limit: keep what came (marked partial,
+        its usage estimated, any complete tool call answered as not run) and end limited."""
+        run.assembler = None
+        message = assembler.message()
+        await self._record(message)
+        for result in self._settle_calls():
+            await self._record(result)
+        self._count_estimated(run, assembler)
+        run.reply = assembler.text
+        run.limited(hit)
+        run.spans.turn_ended(run.usage, hit.stop_reason)
+
+    def _count_estimated(self, run: _Run, assembler: TurnAssembler) -> None:
+        """Count a cut turn's usage, which no server reports: its request's and its
+        streamed text's size, estimated (so stopping a reply never escapes a budget)."""
+        messages = self.model_client.messages
+        sent = estimate_tokens(transcript_chars(messages[: run.request_end], 0))
+        streamed = len(assembler.text) + sum(len(t) for t in assembler.thinking_parts)
+        usage: Usage = {"input_tokens": sent, "output_tokens": estimate_tokens(streamed)}
+        add_usage(run.usage, usage)
+        run.usage_estimated = True
+        if run.budget is not None:
+            run.budget.count_tokens(usage, estimated=True)
 
     def _chunk_event(self, chunk: Chunk, run: _Run) -> Event | None:
         """The event for a streamed chunk, if the consumer sees one; notes the rest."""
@@ -823,6 +1024,14 @@ class Agent(Runnable[OutputT]):
         """Record a finished turn and decide the outcome: answered, tools, or out of rounds."""
         await self._record(message)
         add_usage(run.usage, usage)
+        if run.budget is not None:
+            run.budget.count_tokens(usage, estimated=False)
+            if run.budget.session_limits_set and self._writer is not None:
+                await self._save_state()  # the session's spend, durable turn by turn
+        if usage["input_tokens"]:  # the server counted: later estimates start from here
+            self._known = (
+                len(self.model_client.messages), usage["input_tokens"] + usage["output_tokens"]
+            )
         run.rounds += 1
         calls = message.get("tool_calls")
         if not calls and not await self._output_checked(run, message["content"], schema_asked):
@@ -864,7 +1073,7 @@ class Agent(Runnable[OutputT]):
         for text in texts:
             await self._record({"role": "user", "content": text})
         if carried:
-            await self._save_approvals()  # in the transcript now: no longer in the state
+            await self._save_state()  # in the transcript now: no longer in the state
         return bool(texts)
 
     def _sort_calls(
@@ -903,6 +1112,8 @@ class Agent(Runnable[OutputT]):
         or pauses the run when calls wait for a person."""
         name = self._config.name
         calls, refused, asked = self._sort_calls(run.calls)
+        if run.budget is not None:
+            run.budget.count_tools(len(calls))
         for call, refusal in refused:
             yield _call_started(name, call)
             yield await self._call_tool(call, run, refusal)
@@ -927,7 +1138,7 @@ class Agent(Runnable[OutputT]):
         if asked:
             for call in asked:
                 self._approvals.ask(call)
-            await self._save_approvals()
+            await self._save_state()
             run.end(Outcome.PAUSED, PAUSED)
             run.scope.note_paused()
             return
@@ -948,6 +1159,7 @@ class Agent(Runnable[OutputT]):
                 call_id=call["id"],
                 tool_name=call["function"]["name"],
                 interrupt_probe=run.interrupt_asked,
+                deps=run.deps,
             )
             run.contexts.append(context)
             with run.spans.tool_calls():
@@ -986,6 +1198,7 @@ class Agent(Runnable[OutputT]):
             unstored.append(assembler.message())
             self.model_client.messages.append(unstored[-1])
             run.reply = run.reply or assembler.text
+            self._count_estimated(run, assembler)
         if run.status in ("cancelled", "failed") and run.opened:
             unstored.extend(self._settle_calls())
             self._approvals.clear()
@@ -997,10 +1210,10 @@ class Agent(Runnable[OutputT]):
             for text in sent:
                 unstored.append({"role": "user", "content": text})
                 self.model_client.messages.append(unstored[-1])
+        if run.budget is not None:
+            run.budget.finish()
         try:
-            if sent and run.status == "paused":
-                await self._save_approvals()
-            await self._store_settled(unstored, run.status)
+            await self._store_settled(unstored, None if run.untouched else run.status)
         except StoreError as error:
             run.store_error = error
             run.status, run.error = "failed", _describe(error)
@@ -1018,7 +1231,8 @@ class Agent(Runnable[OutputT]):
     def _stop(self, run: _Run, final: RunFinished, error: BaseException | None) -> Stop:
         """How the run ended, for its span and the log (a deadline's cancel: timed_out)."""
         waiting = [f"{p.tool} ({p.call_id})" for p in self._approvals.pending.values()]
-        return stop_of(final, error, run.scope, waiting, self._config.max_rounds)
+        limit = None if run.limit is None else run.limit.message
+        return stop_of(final, error, run.scope, waiting, self._config.max_rounds, limit)
 
     def _result_of(self, run: _Run) -> RunResult[OutputT]:
         """The run's result, once settled: what it returned and added, and its numbers."""
@@ -1039,6 +1253,9 @@ class Agent(Runnable[OutputT]):
             messages=client.messages[run.first:],  # no copy: ~6 us a message, per run
             error=run.error,
             run_id=run.scope.run_id,
+            spend=None if run.budget is None else run.budget.run,
+            usage_estimated=run.usage_estimated,
+            limit=None if run.limit is None else run.limit.message,
         )
 
     def _output_of(self, run: _Run) -> OutputT | None:
@@ -1070,11 +1287,15 @@ class Agent(Runnable[OutputT]):
             start=start,
         )
 
-    async def _store_settled(self, unstored: list[Message], status: RunStatus) -> None:
+    async def _store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
+        """Store what the settling added, the session's spend and ``status`` (None: the
+        run changed nothing, so the session's status stays as it was)."""
         if self._writer is not None:
             for message in unstored:
                 await self._writer.append(message)
-            await self._writer.set_status(status)
+            if status is not None:
+                await self._save_state()
+                await self._writer.set_status(status)
 
     def _rounds_used(self) -> tuple[int, bool]:
         """Model turns made for the current task (from the transcript), and whether its

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
+from aimu.aio.limits import Spend
 from aimu.aio.transcript import Message, Usage
 
 __all__ = [
@@ -32,13 +33,15 @@ __all__ = [
 ]
 
 #: How a run ended. ``incomplete``: it answered, but the model's reply was cut off (by
-#: its length limit or a content filter; ``stop_reason`` says which).
+#: its length limit or a content filter; ``stop_reason`` says which). ``limited``: a
+#: usage limit stopped it (``stop_reason`` is ``"limit:<name>"``); resume() goes on.
 RunStatus: TypeAlias = Literal[
-    "completed", "incomplete", "interrupted", "cancelled", "failed", "max_rounds", "paused"
+    "completed", "incomplete", "interrupted", "cancelled", "failed", "max_rounds", "paused",
+    "limited",
 ]
 HandleStatus: TypeAlias = Literal[
-    "pending", "running", "completed", "incomplete", "interrupted", "paused", "cancelled",
-    "timed_out", "failed",
+    "pending", "running", "completed", "incomplete", "interrupted", "paused", "limited",
+    "cancelled", "timed_out", "failed",
 ]
 #: The stop reasons (as servers say them) of a reply that was cut off, not finished.
 CUT_OFF_REASONS = frozenset({"length", "max_tokens", "content_filter"})
@@ -153,6 +156,14 @@ class RunResult(Generic[_Output]):
     """The error that ended a failed or cancelled run, as ``"Type: message"``."""
     run_id: str | None = None
     """The ``run_id`` of the registered :class:`~aimu.aio.RunHandle` it ran in, if any."""
+    spend: Spend | None = None
+    """What the run spent (an agent's: a :class:`~aimu.aio.Spend` with requests, tool
+    calls, tokens, cost and seconds); None for a workflow."""
+    usage_estimated: bool = False
+    """True when part of ``usage`` was estimated from streamed text: a stream that was
+    cut (a stop, a limit) gets no usage from its server."""
+    limit: str | None = None
+    """What the usage limit that stopped a ``limited`` run was, in words."""
 
     @property
     def cut_off(self) -> bool:

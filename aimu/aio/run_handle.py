@@ -99,13 +99,16 @@ class _State:
     INCOMPLETE: Final = "incomplete"
     INTERRUPTED: Final = "interrupted"
     PAUSED: Final = "paused"
+    LIMITED: Final = "limited"
     CANCELLED: Final = "cancelled"
     TIMED_OUT: Final = "timed_out"
     FAILED: Final = "failed"
 
 
 _LIVE = frozenset({_State.PENDING, _State.RUNNING, _State.CANCELLING, _State.EXPIRING})
-_RETURNED = frozenset({_State.COMPLETED, _State.INCOMPLETE, _State.INTERRUPTED, _State.PAUSED})
+_RETURNED = frozenset(
+    {_State.COMPLETED, _State.INCOMPLETE, _State.INTERRUPTED, _State.PAUSED, _State.LIMITED}
+)
 _DROPPABLE = (TextChunk, ThinkingChunk)
 
 
@@ -356,6 +359,8 @@ class RunHandle(RunScope, Generic[T]):
             last = self.last_run
             if last is not None and last.status == "incomplete":
                 self._state, self._error = _State.INCOMPLETE, None
+            elif last is not None and last.status == "limited":
+                self._state, self._error = _State.LIMITED, None
             else:
                 self._state = _State.COMPLETED
         self._finish()
@@ -377,6 +382,8 @@ class RunHandle(RunScope, Generic[T]):
                 self._state = _State.PAUSED
             elif self.interrupt_honoured:
                 self._state = _State.INTERRUPTED
+            elif error.status == "limited":
+                self._state = _State.LIMITED
         self._task.add_done_callback(_retrieve)
         self._finish()
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 from types import CoroutineType
 from typing import Any, ClassVar, Generic, Literal, TypeAlias, cast, overload
 
@@ -21,16 +22,57 @@ from typing_extensions import TypeVar
 
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
+from aimu.aio.limits import UsageLimits
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Usage, zero_usage
 
-__all__ = ["OutputT", "RunClock", "Runnable", "RunnerStatus", "load_usage"]
+__all__ = [
+    "NO_DEPS", "NO_OPTIONS", "OutputT", "RunClock", "RunOptions", "Runnable", "RunnerStatus",
+    "load_usage", "options_in",
+]
 
 #: What ``run()`` returns: the answer's text, or an agent's ``output_type``.
 OutputT = TypeVar("OutputT", covariant=True, default=str)
 
 #: How a runnable stands: ``idle`` before its first run, ``running``, or how the last ended.
 RunnerStatus: TypeAlias = Literal["idle", "running"] | RunStatus
+
+
+class _NoDeps:
+    """The ``deps`` of a run given none: the agent's own apply."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NO_DEPS"
+
+
+NO_DEPS: Any = _NoDeps()
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """What one call of ``run()`` / ``resume()`` adds to the configuration: its limits
+    and deps (for a workflow, every agent run inside it uses them), images beside the
+    task, and whether a resume continues a cut answer."""
+
+    limits: UsageLimits | None = None
+    deps: object = NO_DEPS
+    images: tuple[object, ...] = ()
+    continue_partial: bool = False
+
+
+NO_OPTIONS = RunOptions()
+
+
+def options_in(scope: RunScope | None) -> RunOptions:
+    """The options of the nearest run around ``scope`` that was given some."""
+    while scope is not None:
+        options = scope.options
+        if isinstance(options, RunOptions):
+            return options
+        scope = scope.parent
+    return NO_OPTIONS
 
 
 class Runnable(abc.ABC, Generic[OutputT]):
@@ -86,7 +128,9 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """Refuse the waiting call: on resume the model reads that it was denied."""
 
     @abc.abstractmethod
-    def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
+    def _events(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> AsyncGenerator[Event, None]:
         """The run as events, ending with one RunFinished (``task`` None: resume)."""
 
     @abc.abstractmethod
@@ -149,11 +193,14 @@ class Runnable(abc.ABC, Generic[OutputT]):
         scope = self._scope
         return scope is not None and scope.interrupt_requested
 
-    def _open_scope(self) -> RunScope:
-        """Claim this session for one run: its scope, under the one it runs in."""
+    def _open_scope(self, options: RunOptions = NO_OPTIONS) -> RunScope:
+        """Claim this session for one run: its scope, under the one it runs in, holding
+        the call's ``options`` (the runs inside a workflow find them there)."""
         if self._scope is not None:
             raise RuntimeError(self._busy())
         scope = self._scope = self._scope_type(self.name, parent=current_scope.get())
+        if options is not NO_OPTIONS:
+            scope.options = options
         return scope
 
     def _close_scope(self, result: RunResult[OutputT]) -> None:
@@ -180,48 +227,111 @@ class Runnable(abc.ABC, Generic[OutputT]):
 
     @overload
     def run(
-        self, task: str, *, reset: bool = False, stream: Literal[False] = False
+        self,
+        task: str,
+        *,
+        reset: bool = False,
+        stream: Literal[False] = False,
+        limits: UsageLimits | None = None,
+        deps: object = NO_DEPS,
+        images: Sequence[object] = (),
     ) -> Coroutine[Any, Any, OutputT]: ...
 
     @overload
     def run(
-        self, task: str, *, reset: bool = False, stream: Literal[True]
+        self,
+        task: str,
+        *,
+        reset: bool = False,
+        stream: Literal[True],
+        limits: UsageLimits | None = None,
+        deps: object = NO_DEPS,
+        images: Sequence[object] = (),
     ) -> AsyncGenerator[Event, None]: ...
 
     def run(
-        self, task: str, *, reset: bool = False, stream: bool = False
+        self,
+        task: str,
+        *,
+        reset: bool = False,
+        stream: bool = False,
+        limits: UsageLimits | None = None,
+        deps: object = NO_DEPS,
+        images: Sequence[object] = (),
     ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         """Run ``task`` to its answer and return it.
 
         ``stream=True`` returns the same run as an async iterator of events, ending with
         one :class:`RunFinished`. ``reset=True`` starts an agent from an empty transcript
         (keeping its system prompt); a workflow's run always starts from its first step.
+        ``limits`` and ``deps`` replace the configured ones for this run; ``images``
+        (bytes or paths) go to the model beside the task.
         """
         if not isinstance(task, str):
             raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
         if self._scope is not None:
             raise RuntimeError(self._busy())
+        options = self._options(limits, deps, images, False)
         self._check_new_task()
-        return self._begin(task, reset, stream)
+        return self._begin(task, reset, stream, options)
 
     @overload
-    def resume(self, *, stream: Literal[False] = False) -> Coroutine[Any, Any, OutputT]: ...
+    def resume(
+        self,
+        *,
+        stream: Literal[False] = False,
+        limits: UsageLimits | None = None,
+        deps: object = NO_DEPS,
+        continue_partial: bool = False,
+    ) -> Coroutine[Any, Any, OutputT]: ...
 
     @overload
-    def resume(self, *, stream: Literal[True]) -> AsyncGenerator[Event, None]: ...
+    def resume(
+        self,
+        *,
+        stream: Literal[True],
+        limits: UsageLimits | None = None,
+        deps: object = NO_DEPS,
+        continue_partial: bool = False,
+    ) -> AsyncGenerator[Event, None]: ...
 
     def resume(
-        self, *, stream: bool = False
+        self,
+        *,
+        stream: bool = False,
+        limits: UsageLimits | None = None,
+        deps: object = NO_DEPS,
+        continue_partial: bool = False,
     ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         """Continue exactly where the last run stopped, adding no user message.
 
         What was finished is not done again; a run that had answered returns its
-        answer at once.
+        answer at once. ``continue_partial=True``: an answer a stop cut short is
+        continued from where it was cut, where the server can (see the agent).
         """
         if self._scope is not None:
             raise RuntimeError(self._busy())
+        options = self._options(limits, deps, (), continue_partial)
         self._check_resumable()
-        return self._begin(None, False, stream)
+        return self._begin(None, False, stream, options)
+
+    def _options(
+        self,
+        limits: UsageLimits | None,
+        deps: object,
+        images: Sequence[object],
+        continue_partial: bool,
+    ) -> RunOptions:
+        """The call's options, checked (TypeError/ValueError; nothing has changed)."""
+        if limits is not None and not isinstance(limits, UsageLimits):
+            raise TypeError(f"limits must be aio.UsageLimits or None, got {type(limits).__name__}")
+        if isinstance(images, str | bytes) or not isinstance(images, Sequence):
+            raise TypeError("images must be a list of images (bytes or paths)")
+        if not isinstance(continue_partial, bool):
+            raise TypeError(f"continue_partial must be a bool, got {continue_partial!r}")
+        if limits is None and deps is NO_DEPS and not images and not continue_partial:
+            return NO_OPTIONS
+        return RunOptions(limits, deps, tuple(images), continue_partial)
 
     def run_sync(self, task: str, *, reset: bool = False) -> OutputT:
         """``run(task)`` for code with no event loop (a script, a notebook without one).
@@ -240,18 +350,20 @@ class Runnable(abc.ABC, Generic[OutputT]):
         )
 
     def _begin(
-        self, task: str | None, reset: bool, stream: bool
+        self, task: str | None, reset: bool, stream: bool, options: RunOptions = NO_OPTIONS
     ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         if stream:
-            return self._events(task, reset)
-        coroutine = cast("CoroutineType[Any, Any, OutputT]", self._reply(task, reset))
+            return self._events(task, reset, options)
+        coroutine = cast("CoroutineType[Any, Any, OutputT]", self._reply(task, reset, options))
         # A RunHandle names itself after its coroutine: make that this runnable's name.
         coroutine.__qualname__ = coroutine.__name__ = self.name
         return coroutine
 
-    async def _reply(self, task: str | None, reset: bool) -> OutputT:
+    async def _reply(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> OutputT:
         """What ``run()`` returns: the reply's text (an agent with ``output_type`` parses it)."""
-        return cast(OutputT, (await self._finish(task, reset)).reply)
+        return cast(OutputT, (await self._finish(task, reset, options)).reply)
 
     async def finish(self, task: str | None) -> RunFinished:
         """Run ``task`` (None: resume) to its end; return its RunFinished.
@@ -262,10 +374,12 @@ class Runnable(abc.ABC, Generic[OutputT]):
             self._check_resumable()
         return await self._finish(task, False)
 
-    async def _finish(self, task: str | None, reset: bool) -> RunFinished:
+    async def _finish(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> RunFinished:
         """The run, drained; the default goes through :meth:`_events`."""
         final: RunFinished | None = None
-        events = self._events(task, reset)
+        events = self._events(task, reset, options)
         async with aclosing(events):
             async for event in events:
                 if isinstance(event, RunFinished):

@@ -35,7 +35,9 @@ class RunScope:
         "deadline",
         "interrupt_honoured",
         "last_run",
+        "limit_honoured",
         "name",
+        "options",
         "parent",
         "pause_honoured",
     )
@@ -55,9 +57,13 @@ class RunScope:
         self.interrupt_honoured = False
         #: True once a loop in this scope paused for approvals (the run returned paused).
         self.pause_honoured = False
+        #: The stop reason of a usage limit that stopped a loop in this scope, if one did.
+        self.limit_honoured: str | None = None
         #: The result of the last agent or workflow run that ended directly in this scope.
         self.last_run: RunResult[Any] | None = None
         self._listeners: list[EventListener] | None = None
+        #: The options of the call that opened this run (a ``RunOptions``), if any.
+        self.options: object = None
         #: Text sent to the run (``send()``): None before the first, () once closed.
         self._inbox: deque[str] | tuple[()] | None = None
 
@@ -93,6 +99,13 @@ class RunScope:
         scope: RunScope | None = self
         while scope is not None:
             scope.pause_honoured = True
+            scope = scope.parent
+
+    def note_limited(self, stop_reason: str) -> None:
+        """Record that a usage limit stopped a loop in this scope (``limit:<name>``)."""
+        scope: RunScope | None = self
+        while scope is not None:
+            scope.limit_honoured = stop_reason
             scope = scope.parent
 
     def note_ended(self, result: RunResult[Any]) -> None:

@@ -35,7 +35,15 @@ __all__ = [
     "TurnAssembler",
     "TurnDone",
     "TurnRequest",
+    "check_context_window",
 ]
+
+
+def check_context_window(value: object) -> int | None:
+    """``value`` if it is a positive int or None (``context_window=``); else ValueError."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"context_window must be a positive number of tokens or None, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +78,13 @@ class TurnDone:
 
     ``stop_reason`` is the server's own word for why the reply ended: ``"stop"``,
     ``"tool_calls"``, ``"length"`` (cut off by the token limit), or None if it gave none.
+    ``usage_reported`` is False when the server sent no token counts (``usage`` is then
+    zero, not a count): a token limit cannot be checked against it.
     """
 
     usage: Usage
     stop_reason: str | None = None
+    usage_reported: bool = True
     type: Literal["done"] = "done"
 
     @property
@@ -104,13 +115,17 @@ class TurnRequest:
 class TurnAssembler:
     """Builds the assistant message of one turn from its chunks, complete or cut short."""
 
-    __slots__ = ("done", "stop_reason", "text_parts", "thinking_parts", "tool_calls", "usage")
+    __slots__ = (
+        "done", "stop_reason", "text_parts", "thinking_parts", "tool_calls", "usage",
+        "usage_reported",
+    )
 
     def __init__(self) -> None:
         self.text_parts: list[str] = []
         self.thinking_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []
         self.usage: Usage = zero_usage()
+        self.usage_reported = False
         self.done = False
         #: The :attr:`TurnDone.stop_reason` of a finished turn (None until then).
         self.stop_reason: str | None = None
@@ -124,6 +139,7 @@ class TurnAssembler:
             self.tool_calls.append(chunk.call)
         else:
             self.usage = chunk.usage
+            self.usage_reported = chunk.usage_reported
             self.stop_reason = chunk.stop_reason
             self.done = True
 
@@ -154,6 +170,9 @@ class ModelClient(abc.ABC):
     provider: str = ""
     #: Requests this client retried so far (a run counts its own by the difference).
     retry_count: int = 0
+    #: The model's context window in tokens, if known (``context_window=`` sets it): an
+    #: agent stops ``limited`` before a request that would not fit.
+    context_window: int | None = None
 
     def __init__(self, model: str) -> None:
         self.model = model

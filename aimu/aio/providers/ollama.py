@@ -25,7 +25,13 @@ from aimu.aio.providers._http import (
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean, clean_json
 from aimu.aio.providers._wire import decode_arguments
-from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.base import (
+    Chunk,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+    check_context_window,
+)
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
@@ -93,7 +99,8 @@ class OllamaClient(HTTPModelClient):
     connection, so an unreachable server fails fast instead of hanging. ``retries``
     (0 disables) and ``retry_delay`` govern retrying a request that failed before its
     reply began; ``merge_roles`` sends adjacent same-role messages as one;
-    ``concurrency`` bounds the requests in flight.
+    ``concurrency`` bounds the requests in flight. ``context_window`` (tokens) is the
+    model's context size: an agent stops ``limited`` before a request that would not fit.
     """
 
     provider = "ollama"
@@ -114,6 +121,7 @@ class OllamaClient(HTTPModelClient):
         retry_delay: float = DEFAULT_DELAY,
         merge_roles: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
+        context_window: int | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -129,6 +137,7 @@ class OllamaClient(HTTPModelClient):
             to_wire=to_wire,
         )
         self.options: dict[str, Any] = dict(options or {})
+        self.context_window = check_context_window(context_window)
         self.think = think
         self.keep_alive = keep_alive
 
@@ -217,7 +226,10 @@ class _OllamaTurn(TurnDecoder):
                 "output_tokens": _count(part.get("eval_count")),
             }
             reason = part.get("done_reason")
-            chunks.append(TurnDone(usage, reason if isinstance(reason, str) and reason else None))
+            reported = "prompt_eval_count" in part and "eval_count" in part
+            chunks.append(
+                TurnDone(usage, reason if isinstance(reason, str) and reason else None, reported)
+            )
         return chunks
 
     def _call(self, call: object, position: int) -> ToolCallDelta:

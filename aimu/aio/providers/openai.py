@@ -28,7 +28,13 @@ from aimu.aio.providers._http import (
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import decode_arguments, dumps_text
-from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.base import (
+    Chunk,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+    check_context_window,
+)
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "to_wire"]
@@ -71,7 +77,8 @@ class OpenAIClient(HTTPModelClient):
     unreachable server fails fast instead of hanging. ``retries`` (0 disables) and
     ``retry_delay`` govern retrying a request that failed before its reply began;
     ``merge_roles`` sends adjacent same-role messages as one; ``concurrency`` bounds
-    the requests in flight.
+    the requests in flight. ``context_window`` (tokens) is the
+    model's context size: an agent stops ``limited`` before a request that would not fit.
     """
 
     provider = "openai"
@@ -92,6 +99,7 @@ class OpenAIClient(HTTPModelClient):
         retry_delay: float = DEFAULT_DELAY,
         merge_roles: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
+        context_window: int | None = None,
     ) -> None:
         url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).strip()
         if "://" not in url:
@@ -116,6 +124,7 @@ class OpenAIClient(HTTPModelClient):
             to_wire=to_wire,
         )
         self.options: dict[str, Any] = dict(options or {})
+        self.context_window = check_context_window(context_window)
 
     @property
     def base_url(self) -> str:
@@ -166,7 +175,7 @@ class _PendingCall:
 class _OpenAITurn(TurnDecoder):
     """One reply: SSE events (tool calls by index, finish reason, usage) or one body."""
 
-    __slots__ = ("calls", "finish", "parser", "reporter", "text", "usage")
+    __slots__ = ("calls", "finish", "parser", "reporter", "text", "usage", "usage_reported")
 
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
@@ -174,6 +183,7 @@ class _OpenAITurn(TurnDecoder):
         self.calls: dict[int, _PendingCall] = {}
         self.finish: str | None = None
         self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage_reported = False
         self.text = TurnText()
 
     # -- streamed -------------------------------------------------------------------
@@ -202,6 +212,7 @@ class _OpenAITurn(TurnDecoder):
             raise self.reporter.server_error(event["error"])
         if isinstance(event.get("usage"), dict):
             self.usage = _usage(event["usage"])
+            self.usage_reported = _reported(event["usage"])
         choice = _first_choice(event)
         if choice is None:
             return []
@@ -218,7 +229,7 @@ class _OpenAITurn(TurnDecoder):
     def _done(self) -> list[Chunk]:
         chunks = self._take_calls()
         chunks.extend(self.text.flush())
-        chunks.append(TurnDone(self.usage, self.finish))
+        chunks.append(TurnDone(self.usage, self.finish, self.usage_reported))
         self.finished = True
         return chunks
 
@@ -273,7 +284,8 @@ class _OpenAITurn(TurnDecoder):
         if not isinstance(finish, str):
             raise self.reporter.protocol("sent a reply that did not finish (no finish_reason)")
         chunks.extend(self.text.flush())
-        chunks.append(TurnDone(_usage(reply.get("usage")), finish))
+        usage = reply.get("usage")
+        chunks.append(TurnDone(_usage(usage), finish, _reported(usage)))
         self.finished = True
         return chunks
 
@@ -340,6 +352,14 @@ def _first_choice(reply: Mapping[str, Any]) -> dict[str, Any] | None:
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         return choices[0]
     return None
+
+
+def _reported(value: object) -> bool:
+    """True when ``value`` is a usage object with both token counts."""
+    usage = _dict(value)
+    return isinstance(usage.get("prompt_tokens"), int) and isinstance(
+        usage.get("completion_tokens"), int
+    )
 
 
 def _usage(value: object) -> Usage:

@@ -29,7 +29,7 @@ __all__ = [
 
 SessionStatus: TypeAlias = Literal[
     "in_progress", "completed", "incomplete", "interrupted", "cancelled", "failed",
-    "max_rounds", "paused",
+    "max_rounds", "paused", "limited",
 ]
 STATUSES: Final = frozenset(get_args(SessionStatus))
 

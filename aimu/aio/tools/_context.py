@@ -5,8 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Any, Generic
 
-__all__ = ["ToolContext"]
+from typing_extensions import TypeVar
+
+__all__ = ["DepsT", "ToolContext"]
+
+#: The type of the app state a run hands its tools (``Agent(deps=...)``).
+DepsT = TypeVar("DepsT", default=Any)
 
 
 def _never() -> bool:
@@ -18,14 +24,19 @@ def _never() -> bool:
 _EVENT_LOCK = threading.Lock()
 
 
-class ToolContext:
+class ToolContext(Generic[DepsT]):
     """What a running tool may know about its run; safe to read from a worker thread.
 
     ``cancelled`` turns true when the run is cancelled or this call times out; a sync
-    tool should then stop (``check()`` raises ``CancelledError`` for it).
+    tool should then stop (``check()`` raises ``CancelledError`` for it). ``deps`` is
+    the app state the run was given (``Agent(deps=)``, ``run(deps=)``): annotate the
+    parameter ``ctx: ToolContext[MyDeps]`` and ``ctx.deps`` is typed. It is never
+    stored or sent to a model.
     """
 
-    __slots__ = ("_cancelled", "_event", "_interrupt_probe", "agent", "call_id", "tool_name")
+    __slots__ = (
+        "_cancelled", "_event", "_interrupt_probe", "agent", "call_id", "deps", "tool_name",
+    )
 
     def __init__(
         self,
@@ -34,7 +45,9 @@ class ToolContext:
         call_id: str,
         tool_name: str,
         interrupt_probe: Callable[[], bool] = _never,
+        deps: DepsT = None,  # type: ignore[assignment]  # None: the run was given none
     ) -> None:
+        self.deps: DepsT = deps
         self.agent = agent
         self.call_id = call_id
         self.tool_name = tool_name

@@ -38,7 +38,7 @@ class BadArguments(Exception):
 def is_context(hint: object) -> bool:
     if get_origin(hint) is Annotated:
         hint = hint.__origin__  # type: ignore[attr-defined]
-    return hint is ToolContext
+    return hint is ToolContext or get_origin(hint) is ToolContext  # ToolContext[MyDeps]
 
 
 @dataclasses.dataclass(slots=True)

@@ -21,7 +21,8 @@ from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 from aimu.aio.agent import INTERRUPTED
 from aimu.aio.approvals import PAUSED, PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus, StepFinished
-from aimu.aio.runnable import RunClock, Runnable
+from aimu.aio.limits import LIMITED
+from aimu.aio.runnable import NO_OPTIONS, RunClock, Runnable, RunOptions
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, Usage, add_usage, zero_usage
 
@@ -473,9 +474,18 @@ class Workflow(Runnable):
                 "each, then resume()"
             )
 
-    def _claim(self, task: str | None) -> RunScope:
-        """Claim this workflow for one run and open the run's scope."""
-        scope = self._open_scope()
+    def _claim(self, task: str | None, options: RunOptions = NO_OPTIONS) -> RunScope:
+        """Claim this workflow for one run and open the run's scope (holding ``options``:
+        each agent run inside uses their limits and deps)."""
+        if options.images:
+            raise TypeError(
+                f"{self.kind} {self.name!r}: images go to an agent's run, not a workflow's"
+            )
+        if options.continue_partial:
+            raise TypeError(
+                f"{self.kind} {self.name!r}: continue_partial is an agent's resume() option"
+            )
+        scope = self._open_scope(options)
         self._clock = RunClock()
         self._reply_slots = ()
         if task is not None:
@@ -524,7 +534,10 @@ class Workflow(Runnable):
             status=status,
             output=None if status in ("failed", "cancelled") else reply,
             reply=reply,
-            stop_reason=cut[0].stop_reason if cut and status in _FINISHED else None,
+            stop_reason=(
+                scope.limit_honoured if status == "limited"
+                else cut[0].stop_reason if cut and status in _FINISHED else None
+            ),
             usage=usage,
             requests=sum(step.requests for step in ended),
             retries=sum(step.retries for step in ended),
@@ -550,8 +563,10 @@ class Workflow(Runnable):
         done = sum(slot.finished for slot in self._slots())
         scope.emit(StepFinished(self._name, done))
 
-    async def _finish(self, task: str | None, reset: bool) -> RunFinished:
-        scope = self._claim(task)
+    async def _finish(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> RunFinished:
+        scope = self._claim(task, options)
         scope.emit(RunStarted(self._name, task))
         return await self._body(scope)
 
@@ -575,10 +590,12 @@ class Workflow(Runnable):
         assert final is not None, "a workflow run ends once"
         return final
 
-    async def _events(self, task: str | None, reset: bool) -> AsyncGenerator[Event, None]:
+    async def _events(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> AsyncGenerator[Event, None]:
         # The run goes on in a task of its own and its events arrive through a queue, so
         # no yield of this generator ever sits inside a TaskGroup or a timeout.
-        scope = self._claim(task)
+        scope = self._claim(task, options)
         queue: asyncio.Queue[Event | _End] = asyncio.Queue()
         remove = scope.add_listener(queue.put_nowait)
         scope.emit(RunStarted(self._name, task))
@@ -661,5 +678,7 @@ def interrupted(scope: RunScope) -> tuple[RunStatus, str]:
     approvals, else interrupted (the scope records which)."""
     if scope.pause_honoured:
         return "paused", PAUSED
+    if scope.limit_honoured is not None:
+        return "limited", LIMITED
     scope.note_interrupted()
     return "interrupted", INTERRUPTED

@@ -1,0 +1,372 @@
+"""Budgets: :class:`UsageLimits` stop a run before it spends past them.
+
+A limit that can be known in advance (requests, tool calls, a context window, tokens
+or cost already spent, the wall clock) stops the run at the step boundary before it
+would be crossed; a streamed reply that crosses a token or cost limit is cut at once,
+its partial text kept. The run then ends with status ``limited`` and a ``stop_reason``
+of ``"limit:<name>"``. :class:`Spend` counts what a run or a session used; a session's
+spend is kept in its store, so no process can spend past a session budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, Literal, TypeAlias
+
+from aimu.aio.transcript import Message, Usage
+
+__all__ = [
+    "LIMITED",
+    "LimitHit",
+    "LimitName",
+    "ModelPrice",
+    "Spend",
+    "UsageLimits",
+    "estimate_tokens",
+    "transcript_chars",
+]
+
+#: What ``run()`` returns when a limit stopped the run before any answer text.
+LIMITED: Final = "Run stopped by a usage limit."
+
+LimitName: TypeAlias = Literal[
+    "requests", "tool_calls", "input_tokens", "output_tokens", "total_tokens", "cost", "wall",
+    "context_window",
+]
+
+_COUNTS = ("requests", "tool_calls", "input_tokens", "output_tokens", "total_tokens")
+
+
+def estimate_tokens(chars: int) -> int:
+    """Tokens in ``chars`` characters of text, estimated (4 characters a token, rounded up)."""
+    return (chars + 3) // 4
+
+
+def transcript_chars(messages: Sequence[Message], start: int) -> int:
+    """The characters a model reads in ``messages[start:]``: text, thinking, tool calls."""
+    chars = 0
+    for message in messages[start:] if start else messages:
+        chars += len(message["content"]) + 8  # the role and the template's markers
+        if message["role"] == "assistant":
+            chars += len(message.get("thinking", ""))
+            for call in message.get("tool_calls", ()):
+                function = call["function"]
+                chars += len(function["name"]) + len(repr(function["arguments"]))
+    return chars
+
+
+def _check_amount(owner: str, name: str, value: object, *, whole: bool) -> None:
+    if value is None:
+        return
+    kind = "int" if whole else "number"
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        raise TypeError(f"{owner}: {name} must be a non-negative {kind} or None, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{owner}: {name} must be a non-negative {kind} or None, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrice:
+    """What a model costs, per million input and output tokens (in your currency)."""
+
+    input: float
+    output: float
+
+    def __post_init__(self) -> None:
+        _check_amount("ModelPrice", "input", self.input, whole=False)
+        _check_amount("ModelPrice", "output", self.output, whole=False)
+
+    def of(self, input_tokens: int, output_tokens: int) -> float:
+        """The cost of that many tokens."""
+        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLimits:
+    """The most a run (``Agent(limits=)``, ``run(limits=)``) or a session
+    (``Agent(session_limits=)``) may use; None: no limit on that.
+
+    ``cost`` is priced with ``prices`` (model name -> :class:`ModelPrice`; no price list
+    ships with aimu). ``wall`` is seconds, checked at each step boundary (a hard deadline
+    is ``RunHandle.start(..., timeout=)``). Negative or NaN values raise at once.
+    """
+
+    requests: int | None = None
+    tool_calls: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cost: float | None = None
+    wall: float | None = None
+    prices: Mapping[str, ModelPrice] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in _COUNTS:
+            _check_amount("UsageLimits", name, getattr(self, name), whole=True)
+        _check_amount("UsageLimits", "cost", self.cost, whole=False)
+        _check_amount("UsageLimits", "wall", self.wall, whole=False)
+        if not isinstance(self.prices, Mapping):
+            raise TypeError(
+                f"UsageLimits: prices must map model names to ModelPrice, got "
+                f"{type(self.prices).__name__}"
+            )
+        for model, price in self.prices.items():
+            if not isinstance(model, str) or not isinstance(price, ModelPrice):
+                raise TypeError(
+                    f"UsageLimits: prices must map model names (str) to ModelPrice, got "
+                    f"{model!r}: {type(price).__name__}"
+                )
+        object.__setattr__(self, "prices", dict(self.prices))
+
+    @property
+    def counts_tokens(self) -> bool:
+        """True when a limit needs the server's token counts (or a cost made of them)."""
+        return (
+            self.input_tokens is not None or self.output_tokens is not None
+            or self.total_tokens is not None or self.cost is not None
+        )
+
+    def price_of(self, model: str) -> ModelPrice | None:
+        """The price of ``model``; ValueError when a cost limit has none for it."""
+        price = self.prices.get(model)
+        if price is None and self.cost is not None:
+            known = ", ".join(repr(m) for m in self.prices) or "none"
+            raise ValueError(
+                f"a cost limit needs a price for model {model!r} "
+                f"(UsageLimits(prices={{{model!r}: ModelPrice(...)}})); prices given for: {known}"
+            )
+        return price
+
+    def __repr__(self) -> str:
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name != "prices" and getattr(self, f.name) is not None
+        ]
+        if self.prices:
+            shown.append(f"prices={self.prices!r}")
+        return f"UsageLimits({', '.join(shown)})"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitHit:
+    """A limit that stopped a run: which, its value, and what was used (or would be)."""
+
+    name: LimitName
+    limit: float
+    used: float
+    per: Literal["run", "session"] = "run"
+
+    @property
+    def stop_reason(self) -> str:
+        return f"limit:{self.name}"
+
+    @property
+    def message(self) -> str:
+        what = "the model's context window" if self.name == "context_window" else (
+            f"the {self.per}'s {self.name} limit"
+        )
+        return f"{what} of {self.limit:g} would be crossed ({self.used:g})"
+
+
+class Spend:
+    """What a run or a session used: requests, tool calls, tokens, cost, seconds.
+
+    ``estimated`` turns true once a count came from streamed text rather than the
+    server (a stream that was cut reports no usage).
+    """
+
+    __slots__ = (
+        "cost", "estimated", "input_tokens", "output_tokens", "requests", "tool_calls", "wall",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.tool_calls = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cost = 0.0
+        self.wall = 0.0
+        self.estimated = False
+
+    def add_tokens(self, usage: Usage, price: ModelPrice | None, *, estimated: bool) -> None:
+        self.input_tokens += usage["input_tokens"]
+        self.output_tokens += usage["output_tokens"]
+        if price is not None:
+            self.cost += price.of(usage["input_tokens"], usage["output_tokens"])
+        self.estimated = self.estimated or estimated
+
+    def add(self, other: Spend) -> None:
+        self.requests += other.requests
+        self.tool_calls += other.tool_calls
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost += other.cost
+        self.wall += other.wall
+        self.estimated = self.estimated or other.estimated
+
+    def dump(self) -> dict[str, Any]:
+        """Plain JSON data (the form a store keeps)."""
+        return {
+            "requests": self.requests, "tool_calls": self.tool_calls,
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "cost": self.cost, "wall": self.wall, "estimated": self.estimated,
+        }
+
+    @classmethod
+    def load(cls, data: object, where: str) -> Spend:
+        """A spend read back from :meth:`dump`'s form (None: nothing spent); ValueError
+        naming ``where`` when it is not that form."""
+        spend = cls()
+        if data is None:
+            return spend
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: 'spend' must be an object, got {type(data).__name__}")
+        for name in ("requests", "tool_calls", "input_tokens", "output_tokens"):
+            value = data.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{where}: spend {name!r} must be a non-negative int")
+            setattr(spend, name, value)
+        for name in ("cost", "wall"):
+            value = data.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{where}: spend {name!r} must be a non-negative number")
+            setattr(spend, name, float(value))
+        spend.estimated = data.get("estimated") is True
+        return spend
+
+    def __repr__(self) -> str:
+        return f"Spend({', '.join(f'{k}={v!r}' for k, v in self.dump().items())})"
+
+
+def _crossed(
+    limits: UsageLimits, spent: Spend, started: float, *, next_request: bool
+) -> tuple[LimitName, float, float] | None:
+    """The first limit ``spent`` has reached; with ``next_request``, also the requests
+    limit the next request would cross. ``started``: the run's monotonic start."""
+    if limits.requests is not None and next_request and spent.requests + 1 > limits.requests:
+        return "requests", limits.requests, spent.requests + 1
+    if limits.input_tokens is not None and spent.input_tokens >= limits.input_tokens:
+        return "input_tokens", limits.input_tokens, spent.input_tokens
+    if limits.output_tokens is not None and spent.output_tokens >= limits.output_tokens:
+        return "output_tokens", limits.output_tokens, spent.output_tokens
+    if limits.total_tokens is not None:
+        total = spent.input_tokens + spent.output_tokens
+        if total >= limits.total_tokens:
+            return "total_tokens", limits.total_tokens, total
+    if limits.cost is not None and spent.cost >= limits.cost:
+        return "cost", limits.cost, spent.cost
+    if limits.wall is not None:
+        wall = spent.wall + time.monotonic() - started
+        if wall >= limits.wall:
+            return "wall", limits.wall, wall
+    return None
+
+
+def _over(
+    limits: UsageLimits, spent: Spend, usage: Usage, price: ModelPrice | None
+) -> tuple[LimitName, float, float] | None:
+    """The token or cost limit that ``spent`` and a reply's ``usage`` so far cross."""
+    input_tokens = spent.input_tokens + usage["input_tokens"]
+    output_tokens = spent.output_tokens + usage["output_tokens"]
+    if limits.input_tokens is not None and input_tokens > limits.input_tokens:
+        return "input_tokens", limits.input_tokens, input_tokens
+    if limits.output_tokens is not None and output_tokens > limits.output_tokens:
+        return "output_tokens", limits.output_tokens, output_tokens
+    total = input_tokens + output_tokens
+    if limits.total_tokens is not None and total > limits.total_tokens:
+        return "total_tokens", limits.total_tokens, total
+    if limits.cost is not None:
+        cost = spent.cost + (
+            0.0 if price is None else price.of(usage["input_tokens"], usage["output_tokens"])
+        )
+        if cost > limits.cost:
+            return "cost", limits.cost, cost
+    return None
+
+
+class Budget:
+    """The limits of one run and of its session, with what each has spent.
+
+    ``run`` counts this run; ``session`` is what the session spent in all, this run
+    included (loaded from the store when there is one). The checks return the
+    :class:`LimitHit` that stops the run, or None; each costs a few comparisons.
+    """
+
+    __slots__ = ("_scopes", "_started", "price", "run", "session", "session_limits_set", "watch")
+
+    def __init__(
+        self,
+        limits: UsageLimits | None,
+        session_limits: UsageLimits | None,
+        session: Spend,
+        model: str,
+    ) -> None:
+        self.run = Spend()
+        self.session = session
+        price = None
+        for each in (limits, session_limits):
+            if each is not None:
+                price = each.price_of(model) or price
+        self.price = price
+        scopes: list[tuple[Literal["run", "session"], UsageLimits, Spend]] = []
+        if limits is not None:
+            scopes.append(("run", limits, self.run))
+        if session_limits is not None:
+            scopes.append(("session", session_limits, session))
+        self._scopes = tuple(scopes)
+        self.session_limits_set = session_limits is not None
+        #: True when a streamed reply must be watched as it comes (a token or cost limit).
+        self.watch = any(each.counts_tokens for _, each, _ in scopes)
+        self._started = time.monotonic()
+
+    @property
+    def limited(self) -> bool:
+        """True when there is any limit to check."""
+        return bool(self._scopes)
+
+    def before_request(self) -> LimitHit | None:
+        """The limit the next model request would cross (or one already reached)."""
+        for per, limits, spent in self._scopes:
+            crossed = _crossed(limits, spent, self._started, next_request=True)
+            if crossed is not None:
+                return LimitHit(*crossed, per)
+        return None
+
+    def before_tools(self, calls: int) -> LimitHit | None:
+        """The limit running ``calls`` tool calls would cross, if any."""
+        for per, limits, spent in self._scopes:
+            if limits.tool_calls is not None and spent.tool_calls + calls > limits.tool_calls:
+                return LimitHit("tool_calls", limits.tool_calls, spent.tool_calls + calls, per)
+        return None
+
+    def streamed(self, usage: Usage) -> LimitHit | None:
+        """The token or cost limit that the reply streaming now (``usage``, estimated)
+        crosses, if any."""
+        for per, limits, spent in self._scopes:
+            crossed = _over(limits, spent, usage, self.price)
+            if crossed is not None:
+                return LimitHit(*crossed, per)
+        return None
+
+    def count_request(self) -> None:
+        self.run.requests += 1
+        self.session.requests += 1
+
+    def count_tools(self, calls: int) -> None:
+        self.run.tool_calls += calls
+        self.session.tool_calls += calls
+
+    def count_tokens(self, usage: Usage, *, estimated: bool) -> None:
+        self.run.add_tokens(usage, self.price, estimated=estimated)
+        self.session.add_tokens(usage, self.price, estimated=estimated)
+
+    def finish(self) -> Spend:
+        """This run's spend, its wall time added (to the session's too)."""
+        wall = time.monotonic() - self._started
+        self.run.wall = wall
+        self.session.wall += wall
+        return self.run

@@ -1,0 +1,368 @@
+"""Budgets: UsageLimits stop a run at the boundary before crossing, or cut a stream at once;
+the run ends ``limited`` with a valid transcript and resume(limits=larger) goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aimu import aio
+from aimu.aio.client import ModelClient
+from aimu.aio.events import TextChunk
+from aimu.aio.limits import LIMITED, Budget, Spend
+from aimu.aio.providers.ollama import OllamaClient
+from aimu.aio.providers.openai import OpenAIClient
+from aimu.aio.transcript import dangling_calls, validate
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+from aimu.testing.server import LoopbackServer
+
+
+def lookup(city: str) -> str:
+    """Look a city up."""
+    return f"{city} is sunny"
+
+
+def three_rounds() -> list[Turn]:
+    """Two tool rounds, then an answer: three requests, two tool calls."""
+    return [
+        Turn(tool_calls=[ScriptedCall("lookup", {"city": "Oslo"})], input_tokens=10,
+             output_tokens=5),
+        Turn(tool_calls=[ScriptedCall("lookup", {"city": "Rome"})], input_tokens=20,
+             output_tokens=5),
+        Turn(text="both are sunny", input_tokens=30, output_tokens=5),
+    ]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LoopbackServer]:
+    async with LoopbackServer() as loopback:
+        yield loopback
+
+
+@pytest.fixture(params=["ollama", "openai"])
+async def make_client(
+    request: pytest.FixtureRequest, server: LoopbackServer
+) -> AsyncIterator[Callable[..., ModelClient]]:
+    made: list[ModelClient] = []
+
+    def make(**options: Any) -> ModelClient:
+        client: ModelClient
+        if request.param == "ollama":
+            client = OllamaClient("llama-test", host=server.url, **options)
+        else:
+            client = OpenAIClient(
+                "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options
+            )
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+def assert_valid(agent: aio.Agent) -> None:
+    validate(agent.model_client.messages)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"requests": -1}, ValueError),
+        ({"output_tokens": -5}, ValueError),
+        ({"cost": math.nan}, ValueError),
+        ({"wall": math.inf}, ValueError),
+        ({"wall": -0.5}, ValueError),
+        ({"requests": 1.5}, TypeError),
+        ({"tool_calls": True}, TypeError),
+        ({"prices": {"m": (1, 2)}}, TypeError),
+    ],
+)
+def test_bad_limits_are_refused_naming_the_field(options: dict[str, Any], error: type) -> None:
+    with pytest.raises(error, match=next(iter(options))):
+        aio.UsageLimits(**options)
+
+
+def test_bad_prices_are_refused() -> None:
+    with pytest.raises(ValueError, match="input"):
+        aio.ModelPrice(input=-1.0, output=1.0)
+
+
+async def test_a_cost_limit_without_a_price_for_the_model_is_refused_and_nothing_changes() -> None:
+    model = ScriptedModel(three_rounds(), model="m1")
+    with pytest.raises(ValueError, match="price for model 'm1'"):
+        aio.Agent(model, limits=aio.UsageLimits(cost=1.0))
+    agent = aio.Agent(model, tools=[lookup])
+    with pytest.raises(ValueError, match="price for model 'm1'"):
+        agent.run("go", limits=aio.UsageLimits(cost=1.0, prices={"other": aio.ModelPrice(1, 1)}))
+    assert agent.model_client.messages == [] and model.turns_served == 0
+    assert agent.status == "idle"
+
+
+async def test_limits_must_be_usage_limits() -> None:
+    agent = aio.Agent(ScriptedModel(three_rounds()))
+    with pytest.raises(TypeError, match="UsageLimits"):
+        agent.run("go", limits={"requests": 1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="UsageLimits"):
+        aio.Agent(ScriptedModel([]), limits=3)  # type: ignore[arg-type]
+
+
+# -- each limit, scripted ---------------------------------------------------------------------
+
+
+async def test_requests_limit_stops_before_the_request_then_resume_with_more_goes_on() -> None:
+    model = ScriptedModel(three_rounds())
+    agent = aio.Agent(model, tools=[lookup], limits=aio.UsageLimits(requests=2))
+    assert await agent.run("weather?") == LIMITED
+    result = agent.last_run
+    assert result is not None
+    assert (result.status, result.stop_reason, result.requests) == ("limited", "limit:requests", 2)
+    assert result.limit is not None and "requests limit of 2" in result.limit
+    assert model.turns_served == 2  # the third request was never made
+    assert_valid(agent)
+    assert dangling_calls(agent.model_client.messages) == []
+    assert await agent.resume(limits=aio.UsageLimits(requests=5)) == "both are sunny"
+    assert agent.last_status == "completed"
+
+
+async def test_tool_calls_limit_stops_before_the_round_and_resume_runs_the_calls() -> None:
+    model = ScriptedModel(three_rounds())
+    agent = aio.Agent(model, tools=[lookup], limits=aio.UsageLimits(tool_calls=1))
+    await agent.run("weather?")
+    assert agent.last_run is not None and agent.last_run.stop_reason == "limit:tool_calls"
+    assert agent.last_run.spend is not None and agent.last_run.spend.tool_calls == 1
+    open_calls = dangling_calls(agent.model_client.messages)
+    assert [call["function"]["arguments"] for _, call in open_calls] == [{"city": "Rome"}]
+    assert_valid(agent)
+    assert await agent.resume(limits=aio.UsageLimits(tool_calls=1)) == "both are sunny"
+    tool_results = [m["content"] for m in agent.model_client.messages if m["role"] == "tool"]
+    assert tool_results == ["Oslo is sunny", "Rome is sunny"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "name", "requests"),
+    [
+        (aio.UsageLimits(input_tokens=30), "input_tokens", 2),  # 10 + 20 reached after turn 2
+        (aio.UsageLimits(output_tokens=5), "output_tokens", 1),
+        (aio.UsageLimits(total_tokens=16), "total_tokens", 2),
+        (aio.UsageLimits(cost=0.00002, prices={"scripted": aio.ModelPrice(1.0, 1.0)}), "cost", 2),
+        (aio.UsageLimits(wall=0.0), "wall", 0),
+    ],
+)
+async def test_a_limit_reached_stops_at_the_next_boundary(
+    limits: aio.UsageLimits, name: str, requests: int
+) -> None:
+    model = ScriptedModel(three_rounds())
+    agent = aio.Agent(model, tools=[lookup], limits=limits)
+    await agent.run("weather?")
+    assert agent.last_run is not None
+    assert (agent.last_run.status, agent.last_run.stop_reason) == ("limited", f"limit:{name}")
+    assert model.turns_served == requests
+    assert_valid(agent)
+    assert await agent.resume(limits=aio.UsageLimits()) == "both are sunny"
+
+
+async def test_the_cost_is_priced_per_model() -> None:
+    price = aio.ModelPrice(input=2.0, output=10.0)
+    limits = aio.UsageLimits(cost=100.0, prices={"scripted": price})
+    agent = aio.Agent(ScriptedModel(three_rounds()), tools=[lookup], limits=limits)
+    await agent.run("weather?")
+    spend = agent.last_run.spend if agent.last_run else None
+    assert spend is not None
+    assert spend.cost == pytest.approx((60 * 2.0 + 15 * 10.0) / 1_000_000)
+    assert (spend.requests, spend.tool_calls, spend.input_tokens, spend.output_tokens) == (
+        3, 2, 60, 15
+    )
+
+
+async def test_a_streamed_reply_that_crosses_the_output_limit_is_cut_at_once() -> None:
+    words = " ".join(f"word{i:02d}" for i in range(40))  # 40 chunks of ~7 characters
+    model = ScriptedModel([Turn(text=words, output_tokens=80), Turn(text="the rest")])
+    agent = aio.Agent(model, limits=aio.UsageLimits(output_tokens=10))
+    seen = [e.text async for e in agent.run("talk", stream=True) if isinstance(e, TextChunk)]
+    result = agent.last_run
+    assert result is not None and result.status == "limited"
+    assert result.stop_reason == "limit:output_tokens" and result.usage_estimated
+    assert 8 < result.usage["output_tokens"] <= 12  # estimated from what streamed
+    last = agent.model_client.messages[-1]
+    assert last["role"] == "assistant" and last.get("aimu_partial") is True
+    assert last["content"] == "".join(seen) and len(seen) < 40
+    assert result.reply == last["content"]
+    assert model.open_streams == 0  # the stream was closed, not left running
+    assert_valid(agent)
+    assert await agent.resume(limits=aio.UsageLimits()) == "the rest"
+
+
+async def test_a_cancelled_stream_counts_its_usage_as_estimated() -> None:
+    started = asyncio.Event()
+    model = ScriptedModel([Turn(text="a b c d e f g h", delay=3600)])
+    agent = aio.Agent(model)
+
+    async def run() -> None:
+        async for event in agent.run("talk", stream=True):
+            if isinstance(event, TextChunk):
+                started.set()
+
+    task = asyncio.ensure_future(run())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    result = agent.last_run
+    assert result is not None and result.status == "cancelled" and result.usage_estimated
+    assert result.usage["output_tokens"] >= 1 and result.usage["input_tokens"] >= 1
+    assert agent.spend.estimated and agent.spend.output_tokens >= 1
+
+
+async def test_stopping_cannot_escape_a_session_budget() -> None:
+    """Each run is cancelled mid-reply; the estimated spend still adds up to the limit."""
+    model = ScriptedModel(lambda request: Turn(text="x" * 40 + " y", delay=3600))
+    agent = aio.Agent(model, session_limits=aio.UsageLimits(output_tokens=25))
+    runs = 0
+    while True:
+        started = asyncio.Event()
+
+        async def run() -> None:
+            async for event in agent.run("talk", stream=True):
+                if isinstance(event, TextChunk):
+                    started.set()
+
+        task = asyncio.ensure_future(run())
+        done, _ = await asyncio.wait([task, asyncio.ensure_future(started.wait())],
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            await task
+            break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        runs += 1
+        assert runs < 5
+    # 11 estimated output tokens a cancelled run: the third crosses 25 as it streams.
+    assert agent.last_status == "limited" and runs == 2
+    assert agent.spend.estimated and agent.spend.output_tokens == 33
+
+
+async def test_the_context_window_stops_a_request_that_would_not_fit(
+    make_client: Callable[..., ModelClient], server: LoopbackServer
+) -> None:
+    agent = aio.Agent(make_client(context_window=50))
+    assert await agent.run("x" * 400) == LIMITED
+    assert agent.last_run is not None and agent.last_run.stop_reason == "limit:context_window"
+    assert agent.last_run.limit is not None and "context window of 50" in agent.last_run.limit
+    assert server.requests == []  # never sent: no provider error, a clear reason
+    with pytest.raises(ValueError, match="context_window"):
+        make_client(context_window=0)
+
+
+# -- over the loopback server, both providers -------------------------------------------------
+
+
+async def test_requests_and_tool_calls_limits_over_the_wire(
+    make_client: Callable[..., ModelClient], server: LoopbackServer
+) -> None:
+    server.script = three_rounds()
+    agent = aio.Agent(make_client(), tools=[lookup], limits=aio.UsageLimits(requests=1))
+    assert await agent.run("weather?") == LIMITED
+    assert len(server.requests) == 1
+    await agent.resume(limits=aio.UsageLimits(tool_calls=0))  # per run: Rome's call waits
+    assert agent.last_run is not None and agent.last_run.stop_reason == "limit:tool_calls"
+    assert await agent.resume() == "both are sunny"  # the loopback server accepted each
+
+
+async def test_an_output_limit_cuts_the_stream_and_the_server_sees_it_go(
+    make_client: Callable[..., ModelClient], server: LoopbackServer
+) -> None:
+    words = " ".join(f"w{i:03d}" for i in range(200))
+    server.script = [Turn(text=words, delay=0.001), Turn(text="done")]
+    agent = aio.Agent(make_client(), limits=aio.UsageLimits(output_tokens=20))
+    reply = await agent.run("talk")
+    assert agent.last_status == "limited" and reply and reply in words
+    (record,) = await server.wait_abandoned(1)
+    assert not record.completed
+    assert await agent.resume(limits=aio.UsageLimits()) == "done"
+
+
+async def test_a_token_limit_on_a_server_that_reports_no_usage_says_so(
+    server: LoopbackServer,
+) -> None:
+    server.script = [Turn(text="hello")]
+    client = OpenAIClient(
+        "gpt-test", base_url=server.openai_base_url, options={"stream_options": {}}
+    )
+    async with client:
+        agent = aio.Agent(client, limits=aio.UsageLimits(total_tokens=100))
+        with pytest.raises(aio.ModelProtocolError, match="reported no token usage"):
+            await agent.run("hi")
+        assert_valid(agent)
+
+
+# -- the session's spend, in the store ---------------------------------------------------------
+
+
+async def test_a_session_budget_holds_across_processes(tmp_path: Path) -> None:
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    limits = aio.UsageLimits(requests=4)
+    first = aio.Agent(ScriptedModel(three_rounds()), tools=[lookup], store=store,
+                      session="s", session_limits=limits)
+    async with first:
+        assert await first.run("weather?") == "both are sunny"
+        assert first.spend.requests == 3
+    again = aio.Agent(ScriptedModel(three_rounds()), tools=[lookup], store=store,
+                      session="s", session_limits=limits)
+    async with again:
+        await again.run("and again?")
+        assert again.last_run is not None and again.last_run.stop_reason == "limit:requests"
+        assert again.spend.requests == 4 and again.spend.tool_calls == 3
+        assert again.last_run.limit is not None and "session's requests" in again.last_run.limit
+    await store.aclose()
+
+
+# -- workflows and handles ------------------------------------------------------------------------
+
+
+async def test_a_workflow_run_passes_its_limits_to_the_agents_inside() -> None:
+    agent = aio.Agent(ScriptedModel(three_rounds()), tools=[lookup])
+    chain = aio.Chain([agent, agent])
+    assert await chain.run("weather?", limits=aio.UsageLimits(requests=1)) == LIMITED
+    assert chain.last_run is not None
+    assert (chain.last_run.status, chain.last_run.stop_reason) == ("limited", "limit:requests")
+
+
+async def test_a_handle_reports_limited() -> None:
+    agent = aio.Agent(ScriptedModel(three_rounds()), tools=[lookup])
+    handle = aio.RunHandle.start(agent.run("weather?", limits=aio.UsageLimits(requests=1)))
+    assert await handle == LIMITED
+    assert handle.status == "limited"
+
+
+async def test_a_typed_run_that_is_limited_raises_no_output() -> None:
+    agent = aio.Agent(ScriptedModel(three_rounds()), tools=[lookup], output_type=int,
+                      limits=aio.UsageLimits(requests=1))
+    with pytest.raises(aio.NoOutputError, match="limited"):
+        await agent.run("count")
+
+
+# -- the check itself ---------------------------------------------------------------------------
+
+
+def test_a_budget_without_limits_checks_nothing() -> None:
+    budget = Budget(None, None, Spend(), "m")
+    assert not budget.limited and budget.before_request() is None
+
+
+def test_spend_round_trips_and_bad_stored_spend_is_named() -> None:
+    spend = Spend()
+    spend.requests, spend.cost = 3, 0.5
+    assert Spend.load(spend.dump(), "here").dump() == spend.dump()
+    with pytest.raises(ValueError, match="session 'x'.*requests"):
+        Spend.load({"requests": -1}, "session 'x'")
