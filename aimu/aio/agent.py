@@ -743,17 +743,8 @@ class Agent(Runnable[OutputT]):
         output = self._config.output
         return cast(OutputT, final.reply if output is None else output.result(final))
 
-    def _options(
-        self,
-        limits: UsageLimits | None,
-        deps: object,
-        images: Sequence[object],
-        continue_partial: bool,
-    ) -> RunOptions:
-        options = super()._options(limits, deps, images, continue_partial)
-        if options.limits is not None:
-            options.limits.price_of(self.model_client.model)  # a cost limit needs a price
-        return options
+    def _check_limits(self, limits: UsageLimits) -> None:
+        limits.price_of(self.model_client.model)  # a cost limit needs this model's price
 
     async def _events(
         self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS

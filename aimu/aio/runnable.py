@@ -193,6 +193,10 @@ class Runnable(abc.ABC, Generic[OutputT]):
         scope = self._scope
         return scope is not None and scope.interrupt_requested
 
+    def _check_limits(self, limits: UsageLimits) -> None:
+        """ValueError when ``limits`` cannot apply here (an agent: a cost limit without a
+        price for its model)."""
+
     def _open_scope(self, options: RunOptions = NO_OPTIONS) -> RunScope:
         """Claim this session for one run: its scope, under the one it runs in, holding
         the call's ``options`` (the runs inside a workflow find them there)."""
@@ -325,6 +329,8 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """The call's options, checked (TypeError/ValueError; nothing has changed)."""
         if limits is not None and not isinstance(limits, UsageLimits):
             raise TypeError(f"limits must be aio.UsageLimits or None, got {type(limits).__name__}")
+        if limits is not None:
+            self._check_limits(limits)
         if isinstance(images, str | bytes) or not isinstance(images, Sequence):
             raise TypeError("images must be a list of images (bytes or paths)")
         if not isinstance(continue_partial, bool):

@@ -231,12 +231,12 @@ async def test_stopping_cannot_escape_a_session_budget() -> None:
     while True:
         started = asyncio.Event()
 
-        async def run() -> None:
+        async def run(started: asyncio.Event) -> None:
             async for event in agent.run("talk", stream=True):
                 if isinstance(event, TextChunk):
                     started.set()
 
-        task = asyncio.ensure_future(run())
+        task = asyncio.ensure_future(run(started))
         done, _ = await asyncio.wait([task, asyncio.ensure_future(started.wait())],
                                      return_when=asyncio.FIRST_COMPLETED)
         if task in done:
@@ -364,5 +364,5 @@ def test_spend_round_trips_and_bad_stored_spend_is_named() -> None:
     spend = Spend()
     spend.requests, spend.cost = 3, 0.5
     assert Spend.load(spend.dump(), "here").dump() == spend.dump()
-    with pytest.raises(ValueError, match="session 'x'.*requests"):
+    with pytest.raises(ValueError, match=r"session 'x'.*requests"):
         Spend.load({"requests": -1}, "session 'x'")

@@ -483,7 +483,8 @@ async def test_a_send_into_a_run_that_pauses_reaches_the_resumed_run_in_another_
         assert await second.resume() == "saw: use the blue card | and email me"
         users = [m["content"] for m in second.model_client.messages if m["role"] == "user"]
         assert users == ["pay", "use the blue card", "and email me"]  # exactly once
-        assert await store.load_state("pay") == {"approvals": {"pending": [], "decisions": {}}}
+        state = await store.load_state("pay")
+        assert state["approvals"] == {"pending": [], "decisions": {}} and "sent" not in state
         await second.aclose()
         third, _, _, _ = held_pay_agent(store)  # and never again
         await third.open()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Self, overload
 
 from aimu.aio.transcript import (
@@ -84,7 +84,7 @@ class TurnDone:
 
     usage: Usage
     stop_reason: str | None = None
-    usage_reported: bool = True
+    usage_reported: bool = field(default=True, compare=False)
     type: Literal["done"] = "done"
 
     @property

@@ -106,7 +106,7 @@ async def test_thinking_goes_back_in_its_own_field(server: LoopbackServer) -> No
     assert sent == {"role": "assistant", "content": "Answer.", "thinking": "Let me think."}
 
 
-async def test_a_server_that_omits_counts_gives_zero_usage() -> None:
+async def test_a_server_that_omits_counts_gives_zero_usage_marked_unreported() -> None:
     lines = [
         {"message": {"role": "assistant", "content": "hi"}, "done": False},
         {"message": {"role": "assistant", "content": ""}, "done": True},
@@ -116,7 +116,9 @@ async def test_a_server_that_omits_counts_gives_zero_usage() -> None:
         model = OllamaClient("m", host=raw.url)
         async with model:
             chunks = [c async for c in model.stream_turn([{"role": "user", "content": "x"}])]
-    assert chunks == [TextDelta("hi"), TurnDone({"input_tokens": 0, "output_tokens": 0}, None)]
+    zero = {"input_tokens": 0, "output_tokens": 0}
+    assert chunks == [TextDelta("hi"), TurnDone(zero, None)]  # type: ignore[arg-type]
+    assert isinstance(chunks[-1], TurnDone) and chunks[-1].usage_reported is False
 
 
 async def test_an_error_line_inside_the_stream_is_an_http_error_with_its_text() -> None:
