@@ -647,6 +647,8 @@ class Agent(Runnable[OutputT]):
             self._store_stale = True
         self._place_system()
         await self._sync_store(writer)
+        if self._state_stale:
+            await self._save_state()
 
     def restore(self, messages: Sequence[Message]) -> Awaitable[None]:
         """Load ``messages`` as this session's transcript, validating them first.
@@ -696,11 +698,23 @@ class Agent(Runnable[OutputT]):
         idempotent tools (resume runs them again) and of approval tools (a person
         decides: they join the waiting calls)."""
         approvals.keep_only({call["id"]: call for _, call in dangling_calls(messages)})
+        # An approved call the journal saw start was running when the process stopped:
+        # its approval is spent, and it is in doubt like any other.
+        journaled = {start.call_id for start in starts}
+        approved = {
+            call_id for call_id, decision in approvals.decisions.items()
+            if decision.approved and call_id in journaled
+        }
         before = len(messages)
-        found = settle_in_doubt(messages, starts, self._config.tools_by_name, approvals.pending)
+        found = settle_in_doubt(
+            messages, starts, self._config.tools_by_name, approvals.pending, approved
+        )
         found.log(f"{self.kind} {self.name!r}, session {self._session!r}")
+        for call_id in approved:
+            approvals.take(call_id)
         for call in found.asked:
             approvals.ask(call, in_doubt=True)
+        self._state_stale = self._state_stale or bool(approved)
         self._reruns = {call["id"] for call in found.rerun}
         return len(messages) != before
 

@@ -71,13 +71,16 @@ def settle_in_doubt(
     starts: Iterable[ToolStart],
     tools: Mapping[str, Tool],
     waiting: Collection[str] = (),
+    approved: Collection[str] = (),
 ) -> InDoubt:
     """Settle ``messages`` in place after a stop, the journal ``starts`` deciding.
 
     Every dangling call gets a result except the calls in ``waiting`` (they wait for a
     person's decision already) and the in-doubt calls of idempotent or approval tools,
-    which stay dangling and are returned. A call id the journal holds counts as started
-    even if an earlier turn reused the id: when unsure, in doubt.
+    which stay dangling and are returned. An in-doubt call in ``approved`` (a person
+    approved it, then the process stopped while it ran) waits for a person again unless
+    its tool is idempotent. A call id the journal holds counts as started even if an
+    earlier turn reused the id: when unsure, in doubt.
     """
     journaled = {start.call_id for start in starts}
     last_turn = max(
@@ -88,7 +91,7 @@ def settle_in_doubt(
     def result(index: int, call: ToolCall) -> str | None:
         # Only the last turn can hold a call the crash cut: earlier ones were settled
         # when the run that followed them was recorded.
-        if call["id"] in waiting:
+        if call["id"] in waiting and call["id"] not in approved:
             return None
         if index != last_turn or call["id"] not in journaled:
             return CANCELLED_RESULT
@@ -96,7 +99,7 @@ def settle_in_doubt(
         if tool is not None and tool.idempotent:
             found.rerun.append(call)
             return None
-        if tool is not None and tool.approval:
+        if (tool is not None and tool.approval) or call["id"] in approved:
             found.asked.append(call)
             return None
         found.unknown.append(call)

@@ -284,3 +284,91 @@ def test_kill_9_inside_tools_then_resume_runs_no_side_effect_twice_unknowingly(
     assert {f"{mode} {tool}" for mode in MARKERS for tool in "ct"} <= set(landings), landings
     print(f"landings {dict(landings)}; {len(in_doubt)} calls in doubt, "
           f"{sum(effects.values())} side effects")
+
+
+APPROVED_CHILD = """
+import asyncio, sys
+from aimu import aio
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+
+SPEC, EFFECTS = sys.argv[1], sys.argv[2]
+
+
+@aio.tool(approval=True)
+async def pay(amount: int) -> str:
+    "Pay: a person approves each payment."
+    with open(EFFECTS, "a") as f:
+        f.write(f"paid {amount}\\n")
+    print("paid", flush=True)
+    await asyncio.sleep(3600)  # killed here: after the effect, before the result
+    return "paid"
+
+
+async def main():
+    store = eval(SPEC, {"aio": aio})
+    model = ScriptedModel([Turn(tool_calls=[ScriptedCall("pay", {"amount": 5})])])
+    agent = aio.Agent(model, tools=[pay], store=store, session="pay")
+    await agent.run("pay the bill")  # paused: pay waits for a person
+    (pending,) = agent.pending_approvals
+    agent.approve(pending.call_id)
+    await agent.aclose()  # the decision is stored; a new agent resumes it
+    again = aio.Agent(model.fork(), tools=[pay], store=store, session="pay")
+    await again.resume()
+
+asyncio.run(main())
+"""
+
+
+def test_an_approved_call_killed_mid_call_comes_back_in_doubt_and_waits(
+    where: Backend, tmp_path: Path
+) -> None:
+    """Issue 21 item 22: it came back with no pending approval and resume() ran it again."""
+    effects = tmp_path / "effects.txt"
+    with (tmp_path / "child-stderr.txt").open("w+b") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", APPROVED_CHILD, where.spec, str(effects)],
+            stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT,
+        )
+        assert process.stdout is not None
+        line = process.stdout.readline()  # the side effect happened; the result did not
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process.stdout.close()
+        stderr.seek(0)
+        assert line == b"paid\n", stderr.read().decode()[-3000:]
+
+    async def after_the_crash() -> None:
+        from aimu import aio
+        from aimu.testing.script import Turn
+        from aimu.testing.scripted import ScriptedModel
+
+        ran: list[int] = []
+
+        @aio.tool(approval=True)
+        def pay(amount: int) -> str:
+            """Pay."""
+            ran.append(amount)
+            return "paid"
+
+        store = where.make()
+        model = ScriptedModel([Turn(text="done")])
+        agent = aio.Agent(model, tools=[pay], store=store, session="pay")
+        await agent.open()
+        (pending,) = agent.pending_approvals
+        assert pending.tool == "pay" and pending.in_doubt
+        with pytest.raises(ValueError, match="wait for a decision"):
+            agent.resume()
+        state = await store.load_state("pay")  # what another process (serve) reads
+        assert [p["in_doubt"] for p in state["approvals"]["pending"]] == [True]
+        assert state["approvals"]["decisions"] == {}
+        agent.deny(pending.call_id, "it may have been paid already")
+        assert await agent.resume() == "done"
+        assert ran == []
+        results = [m["content"] for m in agent.model_client.messages if m["role"] == "tool"]
+        assert results == ["[denied: it may have been paid already]"]
+        await agent.aclose()
+        await store.aclose()
+
+    asyncio.run(after_the_crash())
+    assert effects.read_text() == "paid 5\n"  # once: never run again unknowingly
