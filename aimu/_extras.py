@@ -28,6 +28,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "postgres": ("asyncpg",),
     "redis": ("redis",),
     "serve": ("starlette", "uvicorn"),
+    "temporal": ("temporalio",),
 }
 
 

@@ -47,7 +47,22 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         description="Serve the runs API and the web chat at http://HOST:PORT/.",
     )
     add_serve_options(serve)
+    worker = commands.add_parser(
+        "worker",
+        help="execute the runs of a Temporal task queue (needs aimu[temporal])",
+        description="Take aimu runs from a Temporal task queue and execute them here.",
+    )
+    _add_worker_options(worker)
     return parser
+
+
+def _add_worker_options(parser: argparse.ArgumentParser) -> None:
+    try:
+        from aimu.temporal._command import add_worker_options
+    except ImportError:  # no aimu[temporal]: the command says so when run
+        parser.add_argument("rest", nargs=argparse.REMAINDER)
+        return
+    add_worker_options(parser)
 
 
 def main(
@@ -66,6 +81,13 @@ def main(
         return exit_.code if isinstance(exit_.code, int) else 2
     if options.command == "serve":
         return run_serve(options)
+    if options.command == "worker":
+        try:
+            from aimu.temporal import run_worker
+        except ImportError as missing:
+            print(f"aimu worker: {missing}", file=sys.stderr)
+            return 2
+        return run_worker(options)
     settings = ChatSettings.from_options(options)
     try:
         return asyncio.run(run_chat(settings, tools=tools))

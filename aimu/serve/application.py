@@ -27,11 +27,11 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import SessionLockedError
-from aimu.aio.store import SQLiteStore, Store
-from aimu.aio.tools import Tool, as_tool
+from aimu.aio.store import Store
+from aimu.aio.tools import Tool
+from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServeError
 from aimu.serve.http import JSON, BearerAuth, error_response, fields, read_json
 from aimu.serve.openapi import openapi_document
@@ -77,6 +77,8 @@ def app(
     agents: AgentFactory | None = None,
     redis: str | RedisControl | None = None,
     redis_prefix: str = "aimu",
+    temporal: str | None = None,
+    task_queue: str | None = None,
 ) -> ServeApp:
     """The runs API and the chat page as an ASGI application.
 
@@ -87,57 +89,43 @@ def app(
     ``cors_origins`` allows those browser origins (none by default). ``agents`` replaces
     how the agent of a session's run is built. ``redis`` (a URL or a control) shares
     the runs with every server on the same Redis and store; the app checks that Redis
-    answers when it starts.
+    answers when it starts. ``temporal`` (``HOST:PORT``) with ``task_queue`` hands every
+    run to ``aimu worker`` processes instead (``redis`` then makes their cancels land at
+    once); the app connects when it starts.
     """
     closers: list[Callable[[], Awaitable[None]]] = []
     if token is ...:
         token = os.environ.get("AIMU_API_TOKEN") or None
-    opened: Store
-    if isinstance(store, Store):
-        opened = store
-    elif isinstance(store, str) and store.startswith(("postgres://", "postgresql://")):
-        from aimu.aio.store import PostgresStore  # the aimu[postgres] extra
-
-        opened = PostgresStore(store)
-        closers.append(opened.aclose)
-    else:
-        from aimu.assistant import default_home  # the same home as `aimu chat`
-
-        path = Path(store) if store is not None else default_home() / "sessions.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        opened = SQLiteStore(path)
-        closers.append(opened.aclose)
+    opened, close_store = open_store(store)
+    if close_store is not None:
+        closers.append(close_store)
     if agents is None:
-        if isinstance(model, ModelClient):
-            root = model
-        else:
-            from aimu.assistant import make_client  # the test model streams visibly
-
-            root = make_client(model)
-        closers.append(root.aclose)
-        built = [as_tool(t) for t in tools]
-
-        def agents(session: str) -> Agent:
-            return Agent(
-                root.fork(),
-                built,
-                system=system,
-                max_rounds=max_rounds,
-                store=opened,
-                session=session,
-            )
+        agents, close_model = agent_factory(
+            model, opened, tools=tools, system=system, max_rounds=max_rounds
+        )
+        closers.append(close_model)
 
     runs: LocalRuns
     control: RedisControl | None = None
-    if redis is None:
-        runs = LocalRuns(agents, opened)
-    else:
+    connect: Callable[[], Awaitable[None]] | None = None
+    if redis is not None:
         from aimu.aio.control import RedisControl
-        from aimu.serve.shared import SharedRuns
 
         control = redis if isinstance(redis, RedisControl) else RedisControl(redis, redis_prefix)
-        runs = SharedRuns(agents, opened, control)
         closers.insert(0, control.aclose)
+    if temporal is not None:
+        if task_queue is None:
+            raise ValueError("app(temporal=...) needs task_queue=: the queue the workers take")
+        from aimu.serve.temporal import TemporalRuns  # the aimu[temporal] extra
+
+        runs = TemporalRuns(agents, opened, temporal, task_queue, redis=control)
+        connect = runs.connect
+    elif control is None:
+        runs = LocalRuns(agents, opened)
+    else:
+        from aimu.serve.shared import SharedRuns
+
+        runs = SharedRuns(agents, opened, control)
     api = _Routes(runs, max_body)
     middleware = []
     if cors_origins:
@@ -156,6 +144,8 @@ def app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         if control is not None:
             await control.connect()  # a clear error naming the URL, before serving
+        if connect is not None:
+            await connect()  # Temporal: the same
         yield
         await application.aclose()
 

@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
     from aimu.serve.application import ServeApp
 
-__all__ = ["ENVIRONMENT", "add_serve_options", "import_tool", "is_loopback", "run_serve"]
+__all__ = [
+    "ENVIRONMENT",
+    "add_agent_options",
+    "add_serve_options",
+    "agent_tools",
+    "import_tool",
+    "is_loopback",
+    "run_serve",
+]
 
 #: The environment variables ``aimu serve`` reads, as its ``--help`` lists them.
 ENVIRONMENT: Final = """\
@@ -46,6 +54,37 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     its help."""
     parser.epilog = ENVIRONMENT
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_agent_options(parser, "the server's and aimu's log records")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    parser.add_argument(
+        "--temporal",
+        default=None,
+        metavar="HOST:PORT",
+        help="hand every run to `aimu worker` processes through this Temporal server "
+        "(needs aimu[temporal] and --task-queue)",
+    )
+    parser.add_argument(
+        "--task-queue",
+        default=None,
+        metavar="QUEUE",
+        help="the Temporal task queue the workers take runs from (with --temporal)",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser calls from this origin (repeatable; none by default)",
+    )
+
+
+def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
+    """Add the options that say which agent runs and where its sessions live.
+
+    ``aimu serve`` and ``aimu worker`` share them, so both run the same agent;
+    :func:`agent_tools` reads the tools they name.
+    """
     parser.add_argument(
         "--model",
         default=os.environ.get("AIMU_MODEL") or "test",
@@ -70,8 +109,6 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         metavar="PREFIX",
         help="key prefix in Redis; servers that work together use the same one (default aimu)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     parser.add_argument("--system", default=None, help="system prompt for every session")
     parser.add_argument(
         "--tool",
@@ -82,18 +119,21 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         "(repeatable; replaces the demo tools)",
     )
     parser.add_argument(
-        "--cors-origin",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="allow browser calls from this origin (repeatable; none by default)",
-    )
-    parser.add_argument(
         "--no-tools",
         action="store_true",
         help="offer the model no tools (without --tool, it gets the demo tools of aimu chat)",
     )
-    add_log_level_option(parser, default="info", what="the server's and aimu's log records")
+    add_log_level_option(parser, default="info", what=logs)
+
+
+def agent_tools(options: argparse.Namespace) -> list[Callable[..., Any]]:
+    """The tools of ``--tool`` (else the demo tools of ``aimu chat``, unless
+    ``--no-tools``); ValueError saying which option is wrong."""
+    if not options.tool and not options.no_tools:
+        from aimu.assistant import DEMO_TOOLS  # the same harmless tools as `aimu chat`
+
+        return list(DEMO_TOOLS)
+    return [import_tool(spec) for spec in options.tool]
 
 
 def is_loopback(host: str) -> bool:
@@ -163,13 +203,11 @@ def _serve(options: argparse.Namespace) -> int:
     except MissingExtra as missing:
         raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
     try:
-        tools = [import_tool(spec) for spec in options.tool]
+        tools = agent_tools(options)
     except ValueError as error:
         raise _Refused(str(error), 2) from None
-    if not options.tool and not options.no_tools:
-        from aimu.assistant import DEMO_TOOLS  # the same harmless tools as `aimu chat`
-
-        tools = list(DEMO_TOOLS)
+    if (options.temporal is None) != (options.task_queue is None):
+        raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
     store = options.store or str(default_home() / "sessions.db")
     try:
         return asyncio.run(_run(options, uvicorn, app, tools, store, token))
@@ -204,6 +242,8 @@ async def _run(
             token=token,
             cors_origins=options.cors_origin,
             redis=control,
+            temporal=options.temporal,
+            task_queue=options.task_queue,
         )
     except ImportError as missing:  # the store's extra (asyncpg for postgresql://)
         if control is not None:
@@ -219,6 +259,9 @@ async def _run(
         await application.runs.store.sessions()
         if control is not None:
             await control.connect()
+        connect = getattr(application.runs, "connect", None)  # --temporal
+        if connect is not None:
+            await connect()
         sock = _listen(options.host, options.port)
     except (AimuError, OSError) as error:
         await application.aclose()

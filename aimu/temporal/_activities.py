@@ -1,0 +1,301 @@
+"""The activities of an aimu run on Temporal: ``aimu.begin`` and ``aimu.turn``.
+
+``aimu.turn`` runs the agent loop under a :class:`~aimu.aio.RunHandle` in the worker's
+event loop. It heartbeats on every event and on a timer (a cancel from Temporal arrives
+with a heartbeat's answer and reaches the run as ``CancelledError``), reads the run's
+controls from the workflow on the same timer, and signals the run's events to the
+workflow in batches. With a :class:`~aimu.aio.RedisControl` the run is also registered
+in Redis under its run id, so a cancel, interrupt or stop from Redis lands at once.
+
+A retried turn (its worker died) opens the session from the store: the transcript is
+there up to the last recorded message and the tool journal decides the calls that were
+in flight; the turn runs its task only if the task is not stored yet, else resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+from temporalio import activity
+from temporalio.client import WorkflowHandle
+from temporalio.exceptions import ApplicationError
+
+from aimu.aio.agent import Agent
+from aimu.aio.errors import ControlError, SessionLockedError
+from aimu.aio.events import Event, RunFinished
+from aimu.aio.run_handle import RunHandle
+from aimu.aio.store import Store, validate_session_name
+from aimu.aio.transcript import Message
+from aimu.serve.runs import AgentFactory, event_json, pending_json
+from aimu.temporal._workflow import (
+    BEGIN,
+    CANCELLED,
+    CONTROLS_QUERY,
+    TURN,
+    Control,
+    TurnOutcome,
+    TurnRequest,
+)
+
+__all__ = ["Activities"]
+
+_log = logging.getLogger("aimu.temporal")
+#: Events wait at most this long to be signalled to the workflow (one signal per batch).
+_EVENT_BATCH_SECONDS: Final = 0.05
+
+
+class Activities:
+    """The activities, bound to one worker's agents, store and (optional) Redis control."""
+
+    def __init__(
+        self,
+        agents: AgentFactory,
+        store: Store,
+        *,
+        control: Any = None,
+        tick: float = 0.25,
+    ) -> None:
+        self.agents = agents
+        self.store = store
+        self.control = control
+        """A RedisControl registering each run, or None."""
+        self.tick = tick
+
+    def all(self) -> Sequence[Any]:
+        return [self.begin, self.turn]
+
+    @activity.defn(name=BEGIN)
+    async def begin(self, session: str) -> int:
+        """How many messages ``session`` holds before the run: where the run starts."""
+        try:
+            validate_session_name(session)
+        except (TypeError, ValueError) as error:
+            raise ApplicationError(str(error), type="AimuBadInput", non_retryable=True) from None
+        return len(await self.store.load(session))
+
+    @activity.defn(name=TURN)
+    async def turn(self, request: TurnRequest) -> TurnOutcome:
+        """Run (or resume) the turn on this worker until it ends, pauses or is stopped."""
+        info = activity.info()
+        agent = self.agents(request.session)
+        try:
+            await agent.open()
+        except SessionLockedError as error:
+            await agent.aclose()
+            # Another writer (a dying worker's turn, often) holds the session: retried.
+            raise ApplicationError(
+                f"session {request.session!r} is open elsewhere: {error}", type="AimuLocked"
+            ) from None
+        except BaseException:
+            await agent.aclose()
+            raise
+        try:
+            return await _Turn(self, agent, request, info.attempt).execute()
+        finally:
+            await agent.aclose()
+
+
+class _Turn:
+    """One attempt of one turn: the run's handle, its event batches and control polls."""
+
+    def __init__(self, owner: Activities, agent: Agent, request: TurnRequest, attempt: int):
+        self.owner = owner
+        self.agent = agent
+        self.request = request
+        self.attempt = attempt
+        self.workflow: WorkflowHandle[Any, Any] = activity.client().get_workflow_handle(
+            activity.info().workflow_id or request.run_id
+        )
+        self.batch: list[dict[str, Any]] = []
+        self.batch_ready = asyncio.Event()
+        self.final: RunFinished | None = None
+        self.applied = request.controls_after
+        self.handle: RunHandle[Any] | None = None
+        self.background: set[asyncio.Task[Any]] = set()
+
+    async def execute(self) -> TurnOutcome:
+        handle = self.handle = await self._start()
+        handle.scope.add_listener(self._on_event)
+        for text in self.request.sends:
+            handle.send(text)
+        flusher = asyncio.create_task(self._flush_batches())
+        ticker = asyncio.create_task(self._tick())
+        try:
+            await _ended(handle)
+        except asyncio.CancelledError:
+            # Temporal cancelled the activity: the run gets the cancel, settles, and the
+            # activity ends cancelled (its transcript is in the store).
+            reason = "cancelled through Temporal"
+            details = activity.cancellation_details()
+            if details is not None and details.timed_out:
+                reason = "the turn timed out in Temporal"
+            handle.cancel(reason)
+            await _uncancellable(_ended(handle))
+            raise
+        finally:
+            ticker.cancel()
+            for task in (ticker, *self.background):
+                task.cancel()
+            await asyncio.gather(ticker, *self.background, return_exceptions=True)
+            self.batch_ready.set()
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+            await _uncancellable(self._send_batch())
+        return await self._outcome(handle)
+
+    async def _start(self) -> RunHandle[Any]:
+        request, agent = self.request, self.agent
+        if request.task is not None and not _stored(
+            agent.model_client.messages, request.messages_from, request.task
+        ):
+            run = agent.run(request.task)
+        else:
+            waiting = {p.call_id for p in agent.pending_approvals}
+            for decision in request.decisions:
+                if decision.call_id not in waiting:
+                    continue  # decided by an earlier attempt of this turn
+                if decision.approve:
+                    agent.approve(decision.call_id)
+                else:
+                    agent.deny(decision.call_id, decision.reason)
+            try:
+                run = agent.resume()
+            except ValueError as error:
+                raise ApplicationError(
+                    f"session {request.session!r}: {error}", type="AimuBadInput",
+                    non_retryable=True,
+                ) from None
+        name = f"run {request.run_id}"
+        control = await self._control()
+        if control is None:
+            return RunHandle.start(run, name=name)
+        return RunHandle.start(run, name=name, run_id=request.run_id, control=control)
+
+    async def _control(self) -> Any:
+        """The Redis control to register this attempt with, if there is one to use."""
+        control = self.owner.control
+        if control is None or self.request.segment != 0:
+            return None  # a resumed turn after a pause is stopped through Temporal
+        if self.attempt == 1:
+            return control
+        try:  # a retry: the dead worker's registration must be lost to be taken over
+            if await control.claim(self.request.run_id) is not None:
+                return control
+        except ControlError as error:
+            _log.warning("run %s: Redis control not used on retry: %s", self.request.run_id, error)
+        return None
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, RunFinished) and event.source == self.agent.name:
+            self.final = event
+        self.batch.append(event_json(event))
+        self.batch_ready.set()
+        with contextlib.suppress(RuntimeError):  # heartbeats after the activity ended
+            activity.heartbeat(self.applied)
+
+    async def _flush_batches(self) -> None:
+        while True:
+            await self.batch_ready.wait()
+            await asyncio.sleep(_EVENT_BATCH_SECONDS)
+            self.batch_ready.clear()
+            await self._send_batch()
+
+    async def _send_batch(self) -> None:
+        batch, self.batch = self.batch, []
+        if batch:
+            try:
+                await self.workflow.signal("aimu.events", batch)
+            except Exception as error:  # followers miss them; the run and store do not
+                _log.warning("run %s: %d events not delivered: %s",
+                             self.request.run_id, len(batch), error)
+
+    async def _tick(self) -> None:
+        """Heartbeat, and take the controls the workflow accepted, every tick."""
+        handle = self.handle
+        assert handle is not None
+        while True:
+            activity.heartbeat(self.applied)
+            try:
+                controls: list[Control] = await self.workflow.query(
+                    CONTROLS_QUERY, self.applied, result_type=list[Control]
+                )
+            except Exception as error:
+                _log.debug("run %s: controls not read: %s", self.request.run_id, error)
+                controls = []
+            for control in controls:
+                self._obey(handle, control)
+                self.applied = control.seq
+            await asyncio.sleep(self.owner.tick)
+
+    def _obey(self, handle: RunHandle[Any], control: Control) -> None:
+        if control.kind == "interrupt":
+            handle.interrupt()
+        elif control.kind == "stop":
+            task = asyncio.create_task(handle.stop(control.grace or 0.0))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+        elif control.kind == "send" and control.text is not None and not handle.send(control.text):
+            _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
+            self.applied = control.seq - 1
+            return
+
+    async def _outcome(self, handle: RunHandle[Any]) -> TurnOutcome:
+        final = self.final
+        status = handle.status
+        if status in ("cancelled", "timed_out"):
+            # Stopped from outside Temporal (Redis, or a stop's grace ran out): cancel the
+            # workflow too, so it ends cancelled and is not retried.
+            reason = handle.reason or "cancelled"
+            with contextlib.suppress(Exception):
+                await self.workflow.cancel(reason=reason)
+            raise ApplicationError(reason, type=CANCELLED, non_retryable=True)
+        if final is None:  # the run failed before it began (the store, the session)
+            return TurnOutcome(
+                "failed", error=f"the run ended {status} before it began", applied=self.applied
+            )
+        return TurnOutcome(
+            status=final.status if status != "failed" else "failed",
+            reply=final.reply,
+            error=final.error,
+            usage={"input_tokens": final.usage["input_tokens"],
+                   "output_tokens": final.usage["output_tokens"]},
+            pending=[pending_json(p) for p in self.agent.pending_approvals],
+            applied=self.applied,
+        )
+
+
+def _stored(messages: list[Message], messages_from: int, task: str) -> bool:
+    """True if ``task`` was recorded after message ``messages_from`` (an earlier attempt)."""
+    return any(
+        m["role"] == "user" and m.get("content") == task for m in messages[messages_from:]
+    )
+
+
+async def _ended(handle: RunHandle[Any]) -> None:
+    """Wait until ``handle`` ends, whatever ended it (a cancel of the waiter leaves it)."""
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(_: object) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    handle.add_done_callback(settle)
+    await ended
+
+
+async def _uncancellable(work: Any) -> None:
+    """Finish ``work`` even if this task is cancelled again meanwhile, then re-raise that."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+

@@ -1,0 +1,271 @@
+"""RunsClient: start aimu runs on Temporal workers and steer them by run id, from anywhere.
+
+A run is one Temporal workflow whose id is the run id. Every request is recorded in
+Temporal before the call returns (a signal, an update or a cancel request), so it
+reaches the run whichever worker executes it, now or after a retry. With a
+:class:`~aimu.aio.RedisControl` on the same Redis as the workers, a cancel also goes
+through Redis and lands in milliseconds; Temporal's cancel follows it either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Final
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from aimu.aio.errors import ControlError, UnknownRunError
+from aimu.temporal._connect import connect
+from aimu.temporal._workflow import STATE_QUERY, WORKFLOW, Decision, RunRequest
+
+if TYPE_CHECKING:
+    from aimu.aio.control import RedisControl
+
+__all__ = ["RequestRefused", "RunsClient"]
+
+_RUN_ID_BYTES: Final = 18
+_ENDED: Final = frozenset({"completed", "interrupted", "cancelled", "failed", "timed_out",
+                           "max_rounds", "incomplete"})
+_CLOSED: Final = {
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.TERMINATED: "cancelled",
+    WorkflowExecutionStatus.TIMED_OUT: "timed_out",
+}
+#: How often :meth:`RunsClient.events` asks for new events while a run is quiet.
+POLL_SECONDS: Final = 0.1
+
+
+class RequestRefused(ControlError):
+    """The run refused the request (it is not paused, the call is decided, it ended)."""
+
+    def __init__(self, message: str, *, url: str, kind: str) -> None:
+        super().__init__(message, url=url)
+        self.kind = kind
+        """``conflict`` (the run's state does not allow it) or ``not_found``."""
+
+
+class RunsClient:
+    """Start, follow and stop aimu runs executed by :class:`AgentWorker` processes.
+
+    ``await RunsClient.connect("127.0.0.1:7233", task_queue="agents")``; every method
+    takes the run id :meth:`start` returned. ``redis`` (a RedisControl on the workers'
+    Redis and prefix) makes cancels land at once.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        *,
+        address: str = "temporal",
+        redis: RedisControl | None = None,
+        heartbeat_timeout: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.task_queue = task_queue
+        self.address = address
+        self.redis = redis
+        self.heartbeat_timeout = heartbeat_timeout
+
+    @classmethod
+    async def connect(
+        cls,
+        temporal: str,
+        task_queue: str,
+        *,
+        namespace: str = "default",
+        redis: RedisControl | None = None,
+        heartbeat_timeout: float = 10.0,
+    ) -> RunsClient:
+        """Connect to Temporal at ``temporal`` (``HOST:PORT``); ``ControlConnectionError``
+        naming the address at once when it does not answer."""
+        client = await connect(temporal, namespace)
+        return cls(client, task_queue, address=temporal, redis=redis,
+                   heartbeat_timeout=heartbeat_timeout)
+
+    # -- starting ------------------------------------------------------------------------
+
+    async def start(self, session: str, task: str | None, *, run_id: str | None = None) -> str:
+        """Start ``task`` on ``session`` (None: resume where the session stopped); its id."""
+        run_id = run_id or secrets.token_urlsafe(_RUN_ID_BYTES)
+        if self.redis is not None:  # a cancel before any worker takes the run is kept
+            await self.redis.reserve(run_id, session=session)
+        request = RunRequest(run_id, session, task, self.heartbeat_timeout, time.time())
+        await self.client.start_workflow(
+            WORKFLOW, request, id=run_id, task_queue=self.task_queue
+        )
+        return run_id
+
+    async def resume(self, run_id: str) -> str:
+        """Start a run that resumes the session of ``run_id`` where it stopped; its id."""
+        state = await self.status(run_id)
+        return await self.start(state["session"], None)
+
+    # -- steering ------------------------------------------------------------------------
+
+    def _handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(run_id)
+
+    async def cancel(self, run_id: str, reason: str | None = None) -> bool:
+        """Cancel the run wherever it is (its ``finally`` runs, its transcript is kept);
+        False if it had ended already."""
+        reason = reason or "cancelled"
+        if self.redis is not None:
+            fast = asyncio.ensure_future(self._redis_cancel(run_id, reason))
+            try:
+                return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
+            finally:
+                await fast
+        return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
+
+    async def _redis_cancel(self, run_id: str, reason: str) -> None:
+        assert self.redis is not None
+        with contextlib.suppress(ControlError):  # Temporal's cancel reaches the run anyway
+            await self.redis.cancel(run_id, reason)
+
+    async def interrupt(self, run_id: str) -> bool:
+        """Ask the run to stop at its next step boundary; False if it had ended."""
+        return await self._rpc(run_id, self._handle(run_id).signal("aimu.interrupt"))
+
+    async def stop(self, run_id: str, grace: float = 5.0) -> dict[str, Any]:
+        """Interrupt now, cancel ``grace`` seconds later if still running; its final state."""
+        if await self.request_stop(run_id, grace):
+            return await self.wait(run_id)
+        return await self.status(run_id)
+
+    async def request_stop(self, run_id: str, grace: float = 5.0) -> bool:
+        """Ask for :meth:`stop` without waiting for the run's end; False if it had ended."""
+        if not 0 <= grace < float("inf"):
+            raise ValueError(f"stop(grace={grace!r}): give seconds, 0 or more")
+        return await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))
+
+    async def send(self, run_id: str, text: str) -> None:
+        """Give ``text`` to the running run: it joins at the next step boundary, once.
+        ``RequestRefused`` if the run is not running."""
+        await self._update(run_id, "aimu.send", text)
+
+    async def approve(self, run_id: str, call_id: str) -> list[dict[str, Any]]:
+        """Let the waiting call run; after the last decision the run resumes on a worker.
+        The calls still waiting."""
+        result: list[dict[str, Any]] = await self._update(
+            run_id, "aimu.decide", Decision(call_id, True)
+        )
+        return result
+
+    async def deny(
+        self, run_id: str, call_id: str, reason: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Refuse the waiting call (the model reads ``reason``); the calls still waiting."""
+        result: list[dict[str, Any]] = await self._update(
+            run_id, "aimu.decide", Decision(call_id, False, reason)
+        )
+        return result
+
+    async def _update(self, run_id: str, name: str, arg: Any) -> Any:
+        try:
+            return await self._handle(run_id).execute_update(name, arg)
+        except WorkflowUpdateFailedError as error:
+            cause = error.cause
+            if isinstance(cause, ApplicationError):
+                kind = "not_found" if cause.type == "AimuNotFound" else "conflict"
+                raise RequestRefused(cause.message, url=self.address, kind=kind) from None
+            raise
+        except RPCError as error:
+            raise self._rpc_error(run_id, error) from None
+
+    async def _rpc(self, run_id: str, call: Any) -> bool:
+        """Await ``call``; False if the run has ended, UnknownRunError if there is none."""
+        try:
+            await call
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND and await self._exists(run_id):
+                return False
+            raise self._rpc_error(run_id, error) from None
+        return True
+
+    async def _exists(self, run_id: str) -> bool:
+        try:
+            await self._handle(run_id).describe()
+        except RPCError:
+            return False
+        return True
+
+    def _rpc_error(self, run_id: str, error: RPCError) -> ControlError:
+        if error.status == RPCStatusCode.NOT_FOUND:
+            return UnknownRunError(
+                f"no run {run_id!r} in Temporal at {self.address}: it never started there "
+                "or its history was deleted", url=self.address,
+            )
+        return ControlError(
+            f"Temporal at {self.address} failed a request for run {run_id!r}: {error.message}",
+            url=self.address,
+        )
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def status(self, run_id: str, *, after: int = 0) -> dict[str, Any]:
+        """The run: status, reply, error, usage, pending calls, and its events after the
+        first ``after``. UnknownRunError if there is no such run."""
+        handle = self._handle(run_id)
+        try:
+            state: dict[str, Any] = await handle.query(STATE_QUERY, after)
+            return state
+        except WorkflowQueryFailedError as error:
+            raise ControlError(
+                f"run {run_id!r} could not be read: {error}", url=self.address
+            ) from None
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise self._rpc_error(run_id, error) from None
+            # No worker answers queries (all stopped): what Temporal itself knows.
+            try:
+                described = await handle.describe()
+            except RPCError:
+                raise self._rpc_error(run_id, error) from None
+            status = "pending" if described.status is None else _CLOSED.get(
+                described.status, "pending"
+            )
+            return {"run_id": run_id, "status": status, "events": [], "pending": [],
+                    "event_count": None}
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
+        """Wait until the run ends (a paused run waits for decisions); its final state."""
+        async with asyncio.timeout(timeout):
+            try:
+                await self._handle(run_id).result()
+            except RPCError as error:
+                raise self._rpc_error(run_id, error) from None
+            except Exception:  # cancelled or failed: the state says which
+                pass
+        return await self.status(run_id, after=1 << 30)
+
+    async def events(
+        self, run_id: str, after: int = 0
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """The run's events numbered from 1, after ``after``, to its ``handle_finished``."""
+        seen = after
+        while True:
+            state = await self.status(run_id, after=seen)
+            for event in state["events"]:
+                seen += 1
+                yield seen, event
+                if event.get("type") == "handle_finished":
+                    return
+            if state["status"] in _ENDED and state["event_count"] is None:
+                return
+            if not state["events"]:
+                await asyncio.sleep(POLL_SECONDS)

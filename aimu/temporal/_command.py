@@ -1,0 +1,90 @@
+"""The ``aimu worker`` command: an AgentWorker with the agent options of ``aimu serve``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aimu._logs import logging_to
+from aimu.aio.errors import ControlConnectionError
+from aimu.serve.agents import agent_factory, open_store
+from aimu.serve.command import add_agent_options, agent_tools
+
+__all__ = ["add_worker_options", "run_worker"]
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``aimu worker`` to ``parser``."""
+    parser.add_argument("--temporal", required=True, metavar="HOST:PORT",
+                        help="the Temporal server (frontend) to take runs from")
+    parser.add_argument("--task-queue", required=True, metavar="QUEUE",
+                        help="the task queue `aimu serve --temporal` starts runs on")
+    parser.add_argument("--namespace", default="default", help="Temporal namespace (default)")
+    add_agent_options(parser, "aimu's log records")
+    parser.add_argument("--concurrency", type=int, default=10, metavar="N",
+                        help="runs this worker executes at once (default 10)")
+    parser.add_argument("--heartbeat", type=float, default=0.25, metavar="SECONDS",
+                        help="how often a run heartbeats and reads its controls (default 0.25)")
+
+
+def run_worker(options: argparse.Namespace) -> int:
+    """Work until SIGINT or SIGTERM; return the exit status."""
+    try:
+        tools = agent_tools(options)
+    except ValueError as error:
+        print(f"aimu worker: {error}", file=sys.stderr)
+        return 2
+    if options.concurrency < 1:
+        print(f"aimu worker: --concurrency {options.concurrency} must be 1 or more",
+              file=sys.stderr)
+        return 2
+    try:
+        with logging_to(sys.stderr, options.log_level):
+            return asyncio.run(_work(options, tools))
+    except KeyboardInterrupt:
+        return 130
+    except ControlConnectionError as error:
+        print(f"aimu worker: {error}", file=sys.stderr)
+        return 1
+
+
+async def _work(options: argparse.Namespace, tools: Sequence[Callable[..., Any]]) -> int:
+    from aimu.temporal._worker import AgentWorker
+
+    store, close_store = open_store(options.store)
+    agents, close_model = agent_factory(options.model, store, tools=tools,
+                                        system=options.system)
+    control = None
+    try:
+        if options.redis:
+            from aimu.aio.control import RedisControl
+
+            control = RedisControl(options.redis, options.redis_prefix)
+            await control.connect()
+        worker = AgentWorker(
+            agents, store, temporal=options.temporal, task_queue=options.task_queue,
+            namespace=options.namespace, redis=control, concurrency=options.concurrency,
+            heartbeat=options.heartbeat,
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        await worker.start()
+        print(f"aimu worker: taking runs from {options.temporal} queue {options.task_queue!r}",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker.run()
+        return 0
+    finally:
+        if control is not None:
+            await control.aclose()
+        await close_model()
+        if close_store is not None:
+            await close_store()

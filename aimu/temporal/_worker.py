@@ -1,0 +1,113 @@
+"""AgentWorker: runs the aimu runs of a Temporal task queue in this process.
+
+Any number of workers on any hosts share a task queue; each takes runs up to its
+``concurrency``. The workers and the servers that start runs must share the store
+(PostgreSQL across hosts) and, for stops that land at once, the Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from aimu.serve.runs import AgentFactory
+from aimu.temporal._activities import Activities
+from aimu.temporal._connect import connect
+from aimu.temporal._workflow import RunWorkflow
+
+if TYPE_CHECKING:
+    from aimu.aio.control import RedisControl
+    from aimu.aio.store import Store
+
+__all__ = ["AgentWorker"]
+
+_log = logging.getLogger("aimu.temporal")
+
+
+class AgentWorker:
+    """Executes aimu runs from ``task_queue`` on the Temporal server at ``temporal``.
+
+    ``agents`` builds the agent of a session's run on ``store`` (see
+    :func:`aimu.serve.agents.agent_factory`); ``redis`` (a RedisControl) registers each
+    run so a cancel from Redis lands at once. ``heartbeat`` is how often a running turn
+    heartbeats and reads its controls (interrupt, stop, send): a cancel through Temporal
+    alone lands within about that. Use ``async with AgentWorker(...) as worker:`` or
+    ``await worker.run()`` (until cancelled).
+    """
+
+    def __init__(
+        self,
+        agents: AgentFactory,
+        store: Store,
+        *,
+        temporal: str | Client,
+        task_queue: str,
+        namespace: str = "default",
+        redis: RedisControl | None = None,
+        concurrency: int = 10,
+        heartbeat: float = 0.25,
+    ) -> None:
+        if not task_queue:
+            raise ValueError("AgentWorker needs a task_queue: the queue its runs are started on")
+        if concurrency < 1:
+            raise ValueError(f"AgentWorker(concurrency={concurrency!r}): give 1 or more")
+        if not heartbeat > 0:
+            raise ValueError(f"AgentWorker(heartbeat={heartbeat!r}): give seconds above 0")
+        self._temporal = temporal
+        self.task_queue = task_queue
+        self.namespace = namespace
+        self.concurrency = concurrency
+        self.heartbeat = heartbeat
+        self._activities = Activities(agents, store, control=redis, tick=heartbeat)
+        self._worker: Worker | None = None
+        self._running: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect (a clear error naming the address if Temporal does not answer), then
+        poll the task queue in the background."""
+        client = await connect(self._temporal, self.namespace)
+        self._worker = Worker(
+            client,
+            task_queue=self.task_queue,
+            workflows=[RunWorkflow],
+            activities=list(self._activities.all()),
+            max_concurrent_activities=self.concurrency,
+            max_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
+            default_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
+            graceful_shutdown_timeout=timedelta(seconds=0),
+        )
+        self._running = asyncio.create_task(self._worker.run(), name="aimu temporal worker")
+
+    async def run(self) -> None:
+        """Start, then work until cancelled (runs in progress are handed back)."""
+        await self.start()
+        assert self._running is not None
+        try:
+            await asyncio.shield(self._running)
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop polling; runs in progress are cancelled here and retried elsewhere."""
+        worker, self._worker = self._worker, None
+        running, self._running = self._running, None
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                await worker.shutdown()
+        if running is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await running
+
+    async def __aenter__(self) -> AgentWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+

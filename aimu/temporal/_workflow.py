@@ -1,0 +1,347 @@
+"""The Temporal workflow of one aimu run: a session's turn, from its task to its answer.
+
+The workflow orchestrates and holds no aimu state of its own: it fixes where the turn
+starts (``aimu.begin``, a local activity that counts the stored messages), then runs
+the agent loop in the ``aimu.turn`` activity on any worker. A paused turn (a tool call
+waits for a person) waits *here*, durable and holding no worker, until every call is
+decided; then another ``aimu.turn`` resumes it from the store. Controls (interrupt,
+stop, send) are recorded here by signal or update and read by the activity; events
+come back from the activity by signal, so any client follows the run through queries.
+
+This module runs inside Temporal's workflow sandbox: it imports only the standard
+library and ``temporalio``, and does nothing that is not deterministic on replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Final
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType
+
+__all__ = [
+    "BEGIN",
+    "CANCELLED",
+    "CONTROLS_QUERY",
+    "NOT_RETRIED",
+    "STATE_QUERY",
+    "TURN",
+    "WORKFLOW",
+    "Control",
+    "Decision",
+    "RunRequest",
+    "RunWorkflow",
+    "TurnOutcome",
+    "TurnRequest",
+]
+
+WORKFLOW: Final = "aimu.run"
+BEGIN: Final = "aimu.begin"
+TURN: Final = "aimu.turn"
+STATE_QUERY: Final = "aimu.state"
+CONTROLS_QUERY: Final = "aimu.controls"
+#: The error type of a turn cancelled from outside Temporal (Redis): never retried.
+CANCELLED: Final = "AimuRunCancelled"
+#: Errors a retry cannot fix: bad input, the run cancelled.
+NOT_RETRIED: Final = ("AimuBadInput", CANCELLED)
+#: Events one state query returns at most (a follower asks again for the rest).
+EVENTS_PER_QUERY: Final = 500
+_ENDED: Final = frozenset({"completed", "interrupted", "cancelled", "failed", "timed_out"})
+
+
+@dataclass
+class RunRequest:
+    """What starts a run: the session, the task (None: resume the session)."""
+
+    run_id: str
+    session: str
+    task: str | None
+    heartbeat_timeout: float = 10.0
+    """Seconds of a worker's silence before its turn is retried on another worker."""
+    created_at: float = 0.0
+
+
+@dataclass
+class Decision:
+    """A person's decision on a tool call the paused run waits on."""
+
+    call_id: str
+    approve: bool
+    reason: str | None = None
+
+
+@dataclass
+class Control:
+    """A request for the running turn, numbered from 1 in the order it was accepted."""
+
+    seq: int
+    kind: str
+    """``interrupt``, ``stop`` (with ``grace``) or ``send`` (with ``text``)."""
+    text: str | None = None
+    grace: float | None = None
+
+
+@dataclass
+class TurnRequest:
+    """What one ``aimu.turn`` activity does: run ``task`` (or resume) on ``session``."""
+
+    run_id: str
+    session: str
+    task: str | None
+    messages_from: int
+    """Messages stored before the run: a retried turn finds its task after them."""
+    segment: int = 0
+    """0 for the first turn of the run, then one more for each resume after a pause."""
+    decisions: list[Decision] = field(default_factory=list)
+    sends: list[str] = field(default_factory=list)
+    """Text accepted for the run after its turn had ended: it joins the resumed turn."""
+    controls_after: int = 0
+    """Controls up to this number were dealt with by an earlier turn."""
+
+
+@dataclass
+class TurnOutcome:
+    """How a turn ended, as the activity saw it."""
+
+    status: str
+    reply: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """The calls a paused run waits on (call id, tool, arguments, in doubt)."""
+    applied: int = 0
+    """The number of the last control the turn took."""
+
+
+@workflow.defn(name=WORKFLOW)
+class RunWorkflow:
+    """One aimu run on Temporal (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._request: RunRequest | None = None
+        self._status = "pending"
+        self._reason: str | None = None
+        self._reply: str | None = None
+        self._error: str | None = None
+        self._usage: dict[str, int] = {"input_tokens": 0, "output_tokens": 0}
+        self._messages_from: int | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._decisions: dict[str, Decision] = {}
+        self._controls: list[Control] = []
+        self._events: list[dict[str, Any]] = []
+        self._finished_at: float | None = None
+        self._cancel_reason: str | None = None
+
+    # -- the run ---------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, request: RunRequest) -> dict[str, Any]:
+        self._request = request
+        try:
+            self._messages_from = await workflow.execute_local_activity(
+                BEGIN,
+                request.session,
+                result_type=int,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(
+                    maximum_interval=timedelta(seconds=5),
+                    non_retryable_error_types=list(NOT_RETRIED),
+                ),
+            )
+            await self._turns(request, self._messages_from)
+        except BaseException as error:
+            self._ended_by(error)
+            raise
+        return self._state(len(self._events))
+
+    async def _turns(self, request: RunRequest, messages_from: int) -> None:
+        turn = TurnRequest(request.run_id, request.session, request.task, messages_from)
+        while True:
+            self._status = "running"
+            outcome = await self._turn(turn, request.heartbeat_timeout)
+            self._take(outcome)
+            if outcome.status == "paused":
+                self._pending = outcome.pending
+                self._status = "paused"
+                await workflow.wait_condition(self._all_decided)
+                decisions = [self._decisions[p["call_id"]] for p in self._pending]
+                self._pending, self._decisions = [], {}
+            else:
+                decisions = []
+                sends = [c.text or "" for c in self._controls[outcome.applied :]
+                         if c.kind == "send"]
+                if outcome.status != "completed" or not sends:
+                    self._finish(outcome.status)
+                    return
+                turn.sends = sends
+            turn = TurnRequest(
+                request.run_id,
+                request.session,
+                None,
+                messages_from,
+                turn.segment + 1,
+                decisions,
+                turn.sends if not decisions else [],
+                len(self._controls),
+            )
+
+    async def _turn(self, turn: TurnRequest, heartbeat_timeout: float) -> TurnOutcome:
+        try:
+            outcome: TurnOutcome = await workflow.execute_activity(
+                TURN,
+                turn,
+                result_type=TurnOutcome,
+                start_to_close_timeout=timedelta(days=7),
+                heartbeat_timeout=timedelta(seconds=heartbeat_timeout),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=200),
+                    maximum_interval=timedelta(seconds=5),
+                    non_retryable_error_types=list(NOT_RETRIED),
+                ),
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            )
+            return outcome
+        except ActivityError as error:
+            cause = error.cause
+            if isinstance(cause, ApplicationError) and cause.type == CANCELLED:
+                # Cancelled through Redis: the activity asked Temporal to cancel this
+                # workflow before it failed, so that request arrives (or has).
+                self._cancel_reason = cause.message
+                await workflow.wait_condition(lambda: workflow.cancellation_reason() is not None)
+                raise asyncio.CancelledError(cause.message) from None
+            raise
+
+    def _all_decided(self) -> bool:
+        return all(p["call_id"] in self._decisions for p in self._pending)
+
+    def _take(self, outcome: TurnOutcome) -> None:
+        self._reply, self._error = outcome.reply, outcome.error
+        self._reason = outcome.reason
+        for key, value in outcome.usage.items():
+            self._usage[key] = self._usage.get(key, 0) + value
+
+    def _ended_by(self, error: BaseException) -> None:
+        if self._status in _ENDED:
+            return
+        if isinstance(error, asyncio.CancelledError) or is_cancelled_exception(error):
+            self._reason = (
+                self._cancel_reason or workflow.cancellation_reason() or "cancelled"
+            )
+            self._finish("cancelled")
+        else:
+            self._error = self._error or f"{type(error).__name__}: {error}"
+            self._finish("failed")
+
+    def _finish(self, status: str) -> None:
+        self._status = status
+        self._finished_at = workflow.time()
+        self._events.append(
+            {
+                "type": "handle_finished",
+                "name": f"run {workflow.info().workflow_id}",
+                "status": status,
+                "reason": self._reason,
+                "result": self._reply,
+                "error": self._error,
+            }
+        )
+
+    # -- what clients read --------------------------------------------------------------
+
+    def _state(self, after: int) -> dict[str, Any]:
+        request = self._request
+        return {
+            "run_id": workflow.info().workflow_id,
+            "session": None if request is None else request.session,
+            "task": None if request is None else request.task,
+            "status": self._status,
+            "reason": self._reason,
+            "reply": self._reply,
+            "error": self._error,
+            "usage": dict(self._usage),
+            "created_at": None if request is None else request.created_at,
+            "finished_at": self._finished_at,
+            "messages_from": self._messages_from,
+            "pending": [p for p in self._pending if p["call_id"] not in self._decisions],
+            "event_count": len(self._events),
+            "events": self._events[after : after + EVENTS_PER_QUERY],
+        }
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self, after: int) -> dict[str, Any]:
+        """The run as the API reports it, with its events after the first ``after``."""
+        return self._state(max(0, after))
+
+    @workflow.query(name=CONTROLS_QUERY)
+    def controls(self, after: int) -> list[Control]:
+        """The controls after number ``after``, for the running turn to take."""
+        return self._controls[max(0, after) :]
+
+    # -- what the activity and clients send ---------------------------------------------
+
+    @workflow.signal(name="aimu.events")
+    def events(self, batch: list[dict[str, Any]]) -> None:
+        """The running turn's next events, in order."""
+        if self._status == "pending":
+            self._status = "running"
+        self._events.extend(batch)
+
+    @workflow.signal(name="aimu.interrupt")
+    def interrupt(self) -> None:
+        """Stop at the next step boundary (a no-op once the run has ended)."""
+        self._control("interrupt")
+
+    @workflow.signal(name="aimu.stop")
+    def stop(self, grace: float) -> None:
+        """Interrupt now; the turn cancels itself ``grace`` seconds later if still running."""
+        self._control("stop", grace=grace)
+
+    def _control(self, kind: str, text: str | None = None, grace: float | None = None) -> int:
+        seq = len(self._controls) + 1
+        self._controls.append(Control(seq, kind, text, grace))
+        return seq
+
+    @workflow.update(name="aimu.send")
+    def send(self, text: str) -> int:
+        """Give ``text`` to the run; it joins at the next step boundary. Its number."""
+        return self._control("send", text=text)
+
+    @send.validator
+    def _check_send(self, text: str) -> None:
+        if self._status not in ("pending", "running"):
+            raise ApplicationError(
+                f"run {workflow.info().workflow_id} is {self._status}: the text was not sent; "
+                "start a new run with it",
+                type="AimuBadInput",
+            )
+
+    @workflow.update(name="aimu.decide")
+    def decide(self, decision: Decision) -> list[dict[str, Any]]:
+        """Record a decision on a call the paused run waits on; the calls still waiting."""
+        self._decisions[decision.call_id] = decision
+        return [p for p in self._pending if p["call_id"] not in self._decisions]
+
+    @decide.validator
+    def _check_decision(self, decision: Decision) -> None:
+        run_id = workflow.info().workflow_id
+        if self._status != "paused":
+            raise ApplicationError(
+                f"run {run_id} is {self._status}, not paused: no tool call awaits a decision",
+                type="AimuConflict",
+            )
+        if decision.call_id in self._decisions:
+            raise ApplicationError(
+                f"tool call {decision.call_id[:64]!r} of run {run_id} is decided already",
+                type="AimuConflict",
+            )
+        if decision.call_id not in {p["call_id"] for p in self._pending}:
+            raise ApplicationError(
+                f"run {run_id} waits on no tool call {decision.call_id[:64]!r}",
+                type="AimuNotFound",
+            )
