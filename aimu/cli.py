@@ -57,11 +57,8 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
 
 
 def _add_worker_options(parser: argparse.ArgumentParser) -> None:
-    try:
-        from aimu.temporal._command import add_worker_options
-    except ImportError:  # no aimu[temporal]: the command says so when run
-        parser.add_argument("rest", nargs=argparse.REMAINDER)
-        return
+    from aimu.temporal._command import add_worker_options  # temporalio only once it runs
+
     add_worker_options(parser)
 
 
@@ -82,11 +79,8 @@ def main(
     if options.command == "serve":
         return run_serve(options)
     if options.command == "worker":
-        try:
-            from aimu.temporal import run_worker
-        except ImportError as missing:
-            print(f"aimu worker: {missing}", file=sys.stderr)
-            return 2
+        from aimu.temporal._command import run_worker
+
         return run_worker(options)
     settings = ChatSettings.from_options(options)
     try:

@@ -193,6 +193,8 @@ class TemporalRuns(LocalRuns):
             else:
                 waiting = await self.client.deny(workflow, call_id, reason)
         resumed = None
+        if waiting is None:  # no worker answered: the workflow has the decision anyway
+            waiting = []
         if not waiting:
             state = await self.client.status(workflow, after=1 << 30)
             later = RunRecord(f"{workflow}-{state['event_count']}", record.session, None)

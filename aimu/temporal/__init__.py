@@ -16,7 +16,6 @@ with needs_extra("aimu.temporal", "temporal"):
     import temporalio  # noqa: F401
 
 from aimu.temporal._client import RequestRefused, RunsClient
-from aimu.temporal._command import add_worker_options, run_worker
 from aimu.temporal._worker import AgentWorker
 
-__all__ = ["AgentWorker", "RequestRefused", "RunsClient", "add_worker_options", "run_worker"]
+__all__ = ["AgentWorker", "RequestRefused", "RunsClient"]

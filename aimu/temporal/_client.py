@@ -14,6 +14,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from temporalio.client import (
@@ -45,6 +46,8 @@ _CLOSED: Final = {
     WorkflowExecutionStatus.TERMINATED: "cancelled",
     WorkflowExecutionStatus.TIMED_OUT: "timed_out",
 }
+#: How long a query waits for a worker to answer before the client goes without.
+QUERY_SECONDS: Final = 3.0
 #: How often :meth:`RunsClient.events` asks for new events while a run is quiet.
 POLL_SECONDS: Final = 0.1
 
@@ -124,13 +127,24 @@ class RunsClient:
         """Cancel the run wherever it is (its ``finally`` runs, its transcript is kept);
         False if it had ended already."""
         reason = reason or "cancelled"
-        if self.redis is not None:
+        fast = None
+        if self.redis is not None:  # lands first; Temporal's cancel makes it final
             fast = asyncio.ensure_future(self._redis_cancel(run_id, reason))
-            try:
-                return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
-            finally:
+        try:
+            if not await self._open(run_id):
+                return False
+            return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
+        finally:
+            if fast is not None:
                 await fast
-        return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
+
+    async def _open(self, run_id: str) -> bool:
+        """True while the run's workflow is open; UnknownRunError if there is none."""
+        try:
+            described = await self._handle(run_id).describe()
+        except RPCError as error:
+            raise self._rpc_error(run_id, error) from None
+        return described.status in (None, WorkflowExecutionStatus.RUNNING)
 
     async def _redis_cancel(self, run_id: str, reason: str) -> None:
         assert self.redis is not None
@@ -139,6 +153,8 @@ class RunsClient:
 
     async def interrupt(self, run_id: str) -> bool:
         """Ask the run to stop at its next step boundary; False if it had ended."""
+        if not await self._open(run_id):
+            return False
         return await self._rpc(run_id, self._handle(run_id).signal("aimu.interrupt"))
 
     async def stop(self, run_id: str, grace: float = 5.0) -> dict[str, Any]:
@@ -151,6 +167,8 @@ class RunsClient:
         """Ask for :meth:`stop` without waiting for the run's end; False if it had ended."""
         if not 0 <= grace < float("inf"):
             raise ValueError(f"stop(grace={grace!r}): give seconds, 0 or more")
+        if not await self._open(run_id):
+            return False
         return await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))
 
     async def send(self, run_id: str, text: str) -> None:
@@ -158,22 +176,46 @@ class RunsClient:
         ``RequestRefused`` if the run is not running."""
         await self._update(run_id, "aimu.send", text)
 
-    async def approve(self, run_id: str, call_id: str) -> list[dict[str, Any]]:
+    async def approve(self, run_id: str, call_id: str) -> list[dict[str, Any]] | None:
         """Let the waiting call run; after the last decision the run resumes on a worker.
-        The calls still waiting."""
-        result: list[dict[str, Any]] = await self._update(
-            run_id, "aimu.decide", Decision(call_id, True)
-        )
-        return result
+        The calls still waiting (None: no worker answered to say)."""
+        return await self._decide(run_id, Decision(call_id, True))
 
     async def deny(
         self, run_id: str, call_id: str, reason: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[dict[str, Any]] | None:
         """Refuse the waiting call (the model reads ``reason``); the calls still waiting."""
-        result: list[dict[str, Any]] = await self._update(
-            run_id, "aimu.decide", Decision(call_id, False, reason)
-        )
-        return result
+        return await self._decide(run_id, Decision(call_id, False, reason))
+
+    async def _decide(self, run_id: str, decision: Decision) -> list[dict[str, Any]] | None:
+        """Check the decision against the run when a worker answers (RequestRefused if
+        it waits on no such call), then record it: a signal, durable with no worker up."""
+        waiting: list[dict[str, Any]] | None = None
+        try:
+            state = await self._handle(run_id).query(
+                STATE_QUERY, 1 << 30, rpc_timeout=timedelta(seconds=QUERY_SECONDS)
+            )
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise self._rpc_error(run_id, error) from None
+            state = None  # no worker answers: the workflow checks it when one comes
+        except WorkflowQueryFailedError:
+            state = None
+        if state is not None:
+            if state["status"] != "paused":
+                raise RequestRefused(
+                    f"run {run_id} is {state['status']}, not paused: no tool call awaits a "
+                    "decision", url=self.address, kind="conflict",
+                )
+            pending = [p["call_id"] for p in state["pending"]]
+            if decision.call_id not in pending:
+                raise RequestRefused(
+                    f"run {run_id} waits on no tool call {decision.call_id[:64]!r}",
+                    url=self.address, kind="not_found",
+                )
+            waiting = [p for p in state["pending"] if p["call_id"] != decision.call_id]
+        await self._rpc(run_id, self._handle(run_id).signal("aimu.decide", decision))
+        return waiting
 
     async def _update(self, run_id: str, name: str, arg: Any) -> Any:
         try:
@@ -185,6 +227,11 @@ class RunsClient:
                 raise RequestRefused(cause.message, url=self.address, kind=kind) from None
             raise
         except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND and await self._exists(run_id):
+                raise RequestRefused(
+                    f"run {run_id} has ended: the text was not sent; start a new run with it",
+                    url=self.address, kind="conflict",
+                ) from None
             raise self._rpc_error(run_id, error) from None
 
     async def _rpc(self, run_id: str, call: Any) -> bool:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
 from aimu.aio.errors import ControlConnectionError
 from aimu.serve.agents import agent_factory, open_store
@@ -34,6 +35,9 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
 
 def run_worker(options: argparse.Namespace) -> int:
     """Work until SIGINT or SIGTERM; return the exit status."""
+    if not has_extra("temporal"):
+        print(f"{missing_extra('aimu worker', 'temporal')}", file=sys.stderr)
+        return 2
     try:
         tools = agent_tools(options)
     except ValueError as error:

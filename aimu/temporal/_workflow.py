@@ -321,27 +321,10 @@ class RunWorkflow:
                 type="AimuBadInput",
             )
 
-    @workflow.update(name="aimu.decide")
-    def decide(self, decision: Decision) -> list[dict[str, Any]]:
-        """Record a decision on a call the paused run waits on; the calls still waiting."""
-        self._decisions[decision.call_id] = decision
-        return [p for p in self._pending if p["call_id"] not in self._decisions]
-
-    @decide.validator
-    def _check_decision(self, decision: Decision) -> None:
-        run_id = workflow.info().workflow_id
-        if self._status != "paused":
-            raise ApplicationError(
-                f"run {run_id} is {self._status}, not paused: no tool call awaits a decision",
-                type="AimuConflict",
-            )
-        if decision.call_id in self._decisions:
-            raise ApplicationError(
-                f"tool call {decision.call_id[:64]!r} of run {run_id} is decided already",
-                type="AimuConflict",
-            )
-        if decision.call_id not in {p["call_id"] for p in self._pending}:
-            raise ApplicationError(
-                f"run {run_id} waits on no tool call {decision.call_id[:64]!r}",
-                type="AimuNotFound",
-            )
+    @workflow.signal(name="aimu.decide")
+    def decide(self, decision: Decision) -> None:
+        """Record a decision on a call the paused run waits on (a signal: it is recorded
+        with no worker up; one on a call the run does not wait on changes nothing)."""
+        waiting = {p["call_id"] for p in self._pending}
+        if self._status == "paused" and decision.call_id in waiting:
+            self._decisions.setdefault(decision.call_id, decision)

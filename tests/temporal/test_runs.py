@@ -1,0 +1,147 @@
+"""Runs on Temporal against a real dev server: complete, cancel (through Temporal and
+through Redis), cancel before any worker, pause with every worker gone, unreachable."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from aimu import aio
+from aimu.aio.errors import ControlConnectionError
+from aimu.aio.store import SQLiteStore
+from aimu.temporal import RequestRefused, RunsClient
+from aimu.testing.script import Turn
+from aimu.testing.server import LoopbackServer
+from tests.services import free_port, redis_url
+from tests.temporal.conftest import Workers
+
+SLOW = Turn("one two three four five six seven eight nine ten " * 20, delay=0.05)
+
+
+async def restorable(store: SQLiteStore, session: str) -> list[dict[str, object]]:
+    """The stored transcript, after checking that an agent accepts it."""
+    messages = await store.load(session)
+    aio.Agent(aio.client("test")).restore(messages)  # raises on an invalid transcript
+    return messages  # type: ignore[return-value]
+
+
+async def test_a_run_completes_with_its_events_and_transcript(
+    runs: RunsClient, workers: Workers, store: SQLiteStore
+) -> None:
+    await workers.start()
+    run_id = await runs.start("s1", "hello there")
+    events = [event async for _, event in runs.events(run_id)]
+    assert events[0]["type"] == "run_started", events
+    assert events[-1]["type"] == "handle_finished" and events[-1]["status"] == "completed"
+    state = await runs.wait(run_id)
+    assert state["status"] == "completed" and state["reply"] == "You said: hello there"
+    messages = await restorable(store, "s1")
+    assert [m["role"] for m in messages] == ["user", "assistant"]  # the task stored once
+    assert (await store.info("s1")).status == "completed"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("through", ["temporal", "redis"])
+async def test_cancel_mid_stream_closes_the_stream_and_keeps_a_valid_transcript(
+    through: str, temporal: str, queue: str, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    model_server.script = [SLOW, Turn("resumed")]
+    control = None
+    if through == "redis":
+        control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
+        await control.connect()
+    try:
+        runs = await RunsClient.connect(temporal, queue, redis=control, heartbeat_timeout=2.0)
+        await workers.start(redis=control)
+        run_id = await runs.start("s1", "talk")
+        async for _, event in runs.events(run_id):
+            if event["type"] == "text":
+                break  # provably mid-stream: the worker read a chunk of the reply
+        assert await runs.cancel(run_id, "the user pressed Stop")
+        await model_server.wait_abandoned(1, timeout=30)
+        state = await runs.wait(run_id, timeout=60)
+        assert state["status"] == "cancelled"
+        assert state["reason"] == "the user pressed Stop"
+        assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
+        if control is not None:
+            assert (await control.wait(run_id, timeout=30)).status == "cancelled"
+        messages = await restorable(store, "s1")
+        assert messages[-1]["role"] == "assistant" and messages[-1].get("aimu_partial")
+        assert not await runs.cancel(run_id), "a second cancel finds the run ended"
+        # resumable: a resume run continues from the stored transcript
+        resumed = await runs.resume(run_id)
+        assert (await runs.wait(resumed, timeout=60))["status"] == "completed"
+        assert (await store.load("s1"))[-1]["content"] == "resumed"
+    finally:
+        if control is not None:
+            await control.aclose()
+
+
+async def test_cancel_before_any_worker_takes_the_run_never_calls_the_model(
+    runs: RunsClient, workers: Workers, model_server: LoopbackServer, store: SQLiteStore
+) -> None:
+    run_id = await runs.start("s1", "never asked")
+    assert await runs.cancel(run_id, "changed my mind")
+    await workers.start()
+    state = await runs.wait(run_id, timeout=60)
+    assert state["status"] == "cancelled"
+    assert model_server.requests == []
+    assert await store.load("s1") == []
+
+
+async def test_a_paused_run_holds_no_worker_and_a_later_worker_completes_it(
+    runs: RunsClient, workers: Workers, store: SQLiteStore
+) -> None:
+    done: list[str] = []
+
+    @aio.tool(approval=True)
+    def transfer(amount: int) -> str:
+        """Move money."""
+        done.append("transfer")
+        return "moved"
+
+    worker = await workers.start(tools=[transfer])
+    run_id = await runs.start("s1", "pay")
+    async for _, event in runs.events(run_id):
+        if event["type"] == "run_finished":
+            assert event["status"] == "paused"
+            break
+    state = await runs.status(run_id)
+    assert state["status"] == "paused"
+    [pending] = state["pending"]
+    with pytest.raises(RequestRefused, match="waits on no tool call"):
+        await runs.approve(run_id, "no-such-call")
+    await workers.stop(worker)  # every worker gone: the pause waits in Temporal
+    assert await runs.approve(run_id, pending["call_id"]) is None  # nobody could say
+    await workers.start(tools=[transfer])
+    state = await runs.wait(run_id, timeout=60)
+    assert state["status"] == "completed"
+    assert done == ["transfer"]
+    await restorable(store, "s1")
+
+
+async def test_send_and_interrupt_reach_the_running_turn(
+    runs: RunsClient, workers: Workers, model_server: LoopbackServer, store: SQLiteStore
+) -> None:
+    model_server.script = [SLOW, Turn("joined")]
+    await workers.start()
+    run_id = await runs.start("s1", "talk")
+    async for _, event in runs.events(run_id):
+        if event["type"] == "text":
+            break
+    await runs.send(run_id, "also this")
+    state = await runs.wait(run_id, timeout=60)
+    assert state["status"] == "completed"
+    contents = [m.get("content") for m in await store.load("s1")]
+    assert contents.count("also this") == 1 and contents[-1] == "joined"
+    with pytest.raises(RequestRefused, match="not sent"):
+        await runs.send(run_id, "too late")
+
+
+async def test_unreachable_temporal_is_a_prompt_error_naming_the_address() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ControlConnectionError, match=address.replace(".", r"\.")):
+        await RunsClient.connect(address, "q")
+    assert time.monotonic() - started < 30  # never a hang (a generous bound, not a timing)
