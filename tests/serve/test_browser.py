@@ -7,14 +7,17 @@ On failure each test saves a screenshot under ``$AIMU_TEST_ARTIFACTS`` (default
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
 from aimu.aio.store import SQLiteStore
 from aimu.aio.transcript import CANCELLED_RESULT, validate
-from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.harness import GATE, MAILED, WAIT_MS, Served
 
 pytestmark = pytest.mark.slow
+WAIT_S = WAIT_MS / 1000
 
 
 async def stored(served: Served, session: str) -> list[dict[str, object]]:
@@ -269,6 +272,10 @@ async def test_the_live_view_is_the_reloaded_view(page: object, served: Served) 
             await page.locator("#interrupt").click()
         if status == "stopped":
             await expect(page.locator(".msg.assistant").last).to_contain_text("w3 ")
+            await expect(page.locator("#status")).to_have_text("running")
+            await expect(
+                page.locator("#session-list [aria-current=true] small")
+            ).to_contain_text("· running")
             await page.locator("#stop").click()
         await expect(page.locator("#status")).to_have_text(status)
         await expect(page.locator("#session-list [aria-current=true] small")).to_contain_text(
@@ -353,3 +360,48 @@ async def test_the_desktop_placeholder_names_the_keys(page: object, served: Serv
         answer = await http.get(f"/{icon}")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("image/svg+xml")
+
+
+async def test_a_message_sent_as_a_run_ends_stays_on_screen(page: object, served: Served) -> None:
+    """The page shows the stored session when a run ends; a message sent while it fetches
+    that session is not wiped by it."""
+    from playwright.async_api import Page, Route, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=race")
+    await expect(page.locator("#status")).to_have_text("idle")
+    held: dict[str, asyncio.Queue[Route]] = {"GET": asyncio.Queue(), "POST": asyncio.Queue()}
+    seen = {"GET": 0, "POST": 0}
+
+    async def hold(route: Route) -> None:
+        # The session's fetch at the first run's end, and the start of the second run, wait.
+        method = route.request.method
+        seen[method] += 1
+        if (method, seen[method]) in (("GET", 1), ("POST", 2)):
+            await held[method].put(route)
+        else:
+            await route.continue_()
+
+    await page.route(f"{served.url}/sessions/race**", hold)
+    await page.locator("#input").fill("hello first")
+    await page.locator("#input").press("Enter")
+    fetch = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    await expect(page.locator("#status")).to_have_text("completed")
+    await page.locator("#input").fill("hello second")
+    await page.locator("#input").press("Enter")
+    starting = await asyncio.wait_for(held["POST"].get(), WAIT_S)
+    await expect(page.locator(".msg.user").last).to_have_text("hello second")
+    async with page.expect_request(f"{served.url}/sessions"):  # after the fetch's answer
+        await fetch.continue_()
+    await expect(page.locator(".msg.user").last).to_have_text("hello second")
+    await starting.continue_()
+    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello second")
+    await expect(page.locator("#status")).to_have_text("completed")
+    entry = page.locator("#session-list [aria-current=true] small")
+    await expect(entry).to_have_text("4 messages · completed")
+    live = await shown(page)
+    assert live[0] == ["hello first", "answer to hello first", "hello second",
+                       "answer to hello second"]
+    await page.reload()
+    await expect(page.locator(".msg")).to_have_count(4)
+    assert await shown(page) == live

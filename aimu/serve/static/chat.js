@@ -10,6 +10,7 @@ const state = {
   run: null,          // {id, lastEventId, bubble, controller}
   lastStatus: null,   // how the session's last run ended
   queued: [],         // messages typed as a run ended, or that a server could not send into it
+  typed: 0,           // messages the person has sent: a view they changed is not replaced
 };
 
 const TOKEN_IN_HASH = /(?:^#|&)token=([^&]+)/.exec(location.hash);
@@ -201,6 +202,7 @@ const QUEUED = "(queued: sent when this run ends)";
 
 async function startRun(text) {
   const session = state.session;
+  state.typed += 1;
   bubble("user", text);
   try {
     const started = await api("POST", `/sessions/${encodeURIComponent(session)}/runs`, { task: text });
@@ -246,6 +248,7 @@ function follow(runId, after, replaying) {
   state.run = run;
   setStatus("running");
   updateControls();
+  loadSessions().catch(() => {});  // the list says running too
   stream(run, replaying).catch((error) => {
     if (!controller.signal.aborted) notice(error.message);
   });
@@ -350,11 +353,12 @@ async function finishRun(run, event) {
   updateControls();
   const next = state.queued.shift();
   const name = state.session;
+  const typed = state.typed;
   try {
     // Show what was stored, as a reload would: tool calls in the stored order, a
     // stopped call's result, the same status word as the session list.
     const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
-    if (state.session === name && !state.run) {
+    if (state.session === name && !state.run && state.typed === typed) {
       renderSession(session);
       for (const text of state.queued) bubble("user", text, QUEUED);
       updateControls();
