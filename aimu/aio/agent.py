@@ -69,6 +69,7 @@ from aimu.aio.limits import (
     transcript_chars,
 )
 from aimu.aio.output import OutputSpec, check_tool_choice, is_correction, turn_request
+from aimu.aio.providers._unicode import clean
 from aimu.aio.runnable import (
     NO_DEPS,
     NO_OPTIONS,
@@ -1175,7 +1176,7 @@ class Agent(Runnable[OutputT]):
         if not run.settled:
             await self._record(result)
         return ToolResult(
-            self._config.name, call["id"], result["name"], outcome.content, outcome.is_error
+            self._config.name, call["id"], result["name"], result["content"], outcome.is_error
         )
 
     async def _journal_start(self, call: ToolCall) -> None:
@@ -1417,9 +1418,11 @@ def _describe(error: BaseException) -> str:
 
 
 def _result(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
+    """The tool message for ``outcome``; a lone surrogate in a tool's text (which no
+    store or server takes) becomes U+FFFD, as in a model's reply."""
     return {
         "role": "tool",
-        "content": outcome.content,
+        "content": clean(outcome.content),
         "tool_call_id": call["id"],
         "name": call["function"]["name"],
     }

@@ -79,6 +79,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.transcript import check_text
 
 __all__ = ["EventStream", "RunControl", "RunHandle", "on_sigint"]
 
@@ -592,6 +593,7 @@ class RunHandle(RunScope, Generic[T]):
         cancelled. Thread-safe; several sends keep their order."""
         if not isinstance(text, str):
             raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
+        check_text(text, "the text sent")  # refused whatever the state: bad input
         state = self._state
         if state is not _State.PENDING and state is not _State.RUNNING:
             return False

@@ -24,7 +24,7 @@ from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.limits import UsageLimits
 from aimu.aio.scope import RunScope, current_scope
-from aimu.aio.transcript import Usage, zero_usage
+from aimu.aio.transcript import Usage, check_text, zero_usage
 
 __all__ = [
     "NO_DEPS", "NO_OPTIONS", "OutputT", "RunClock", "RunOptions", "Runnable", "RunnerStatus",
@@ -184,6 +184,7 @@ class Runnable(abc.ABC, Generic[OutputT]):
         several sends keep their order."""
         if not isinstance(text, str):
             raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
+        check_text(text, "the text sent")  # refused whether or not a run is in progress
         scope = self._scope
         return scope is not None and scope.send(text)
 
@@ -273,6 +274,7 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """
         if not isinstance(task, str):
             raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
+        check_text(task, f"the task given to {self.kind} {self.name!r}")
         if self._scope is not None:
             raise RuntimeError(self._busy())
         options = self._options(limits, deps, images, False)

@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from aimu.aio.events import Event, RunResult
+from aimu.aio.transcript import check_text
 
 __all__ = ["RunScope", "current_scope"]
 
@@ -119,7 +120,9 @@ class RunScope:
 
     def send(self, text: str) -> bool:
         """Give ``text`` to the loops in this scope: the first to reach a step boundary
-        adds it as a user message. False once the scope's run has ended. Thread-safe."""
+        adds it as a user message. False once the scope's run has ended; ValueError,
+        and nothing sent, for text a store could not hold. Thread-safe."""
+        check_text(text, "the text sent")
         with _inbox_lock:
             inbox = self._inbox
             if isinstance(inbox, tuple):

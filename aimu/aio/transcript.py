@@ -37,6 +37,7 @@ __all__ = [
     "Usage",
     "UserMessage",
     "add_usage",
+    "check_text",
     "copy_messages",
     "dangling_calls",
     "is_correction",
@@ -147,16 +148,32 @@ def _encodable(text: str) -> bool:
     return text.isascii() or _SURROGATE.search(text) is None
 
 
+def _surrogate_problem(value: str, where: str) -> str | None:
+    """What is wrong with ``value`` if it holds a lone surrogate, else None."""
+    if _encodable(value):
+        return None
+    found = _SURROGATE.search(value)
+    at = found.start() if found is not None else 0
+    near = echo(value[max(0, at - 20) : at + 1])
+    return (
+        f"{where} holds a lone surrogate code point at character {at} (after {near}), which "
+        "no UTF-8 store can hold; replace it (e.g. with U+FFFD)"
+    )
+
+
 def _check_text(value: str, index: int, where: str) -> None:
-    if not _encodable(value):
-        found = _SURROGATE.search(value)
-        at = found.start() if found is not None else 0
-        near = echo(value[max(0, at - 20) : at + 1])
-        raise _fail(
-            index,
-            f"{where} holds a lone surrogate code point at character {at} (after {near}), which "
-            "no UTF-8 store can hold; replace it (e.g. with U+FFFD)",
-        )
+    problem = _surrogate_problem(value, where)
+    if problem is not None:
+        raise _fail(index, problem)
+
+
+def check_text(value: str, where: str) -> None:
+    """Raise :class:`TranscriptError` (a ``ValueError``) naming ``where`` if ``value``
+    is not valid Unicode text: the rule of :func:`validate`, for text that enters a run
+    (a task, a sent text) before it becomes a message."""
+    problem = _surrogate_problem(value, where)
+    if problem is not None:
+        raise TranscriptError(problem)
 
 
 def _check_json(value: object, index: int, where: str) -> None:

@@ -721,3 +721,73 @@ async def test_interrupt_requested_tells_the_truth_whoever_asked() -> None:
     with pytest.raises(asyncio.CancelledError):
         await handle
     assert not agent.interrupt_requested and agent.status == "cancelled"
+
+
+# -- a lone surrogate at every entrance (issue 21 item 23) ------------------------------------
+
+
+LONE = "caf\ud800e"
+
+
+async def test_a_lone_surrogate_in_a_task_or_a_send_is_refused_and_changes_nothing(
+    tmp_path: Any,
+) -> None:
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        model = ScriptedModel(
+            lambda request: Turn(text=f"saw {request['messages'][-1]['content']}")
+        )
+        agent = aio.Agent(model, store=store, session="s")
+        assert await agent.run("first") == "saw first"
+        before = copy.deepcopy(agent.model_client.messages)
+        with pytest.raises(ValueError, match=r"the task given to agent 'agent' holds a lone "
+                                             r"surrogate code point at character 3"):
+            await agent.run(LONE)
+        with pytest.raises(ValueError, match="the text sent holds a lone surrogate"):
+            agent.send(LONE)  # refused whether or not a run is in progress
+        assert agent.model_client.messages == before == await store.load("s")
+        handle = aio.RunHandle.start(agent.run("second"))
+        with pytest.raises(ValueError, match="the text sent holds a lone surrogate"):
+            handle.send(LONE)
+        with pytest.raises(ValueError, match="the text sent holds a lone surrogate"):
+            agent.send(LONE)
+        assert await handle == "saw second"
+        assert agent.model_client.messages == await store.load("s")  # memory = store
+        validate(agent.model_client.messages)
+        await agent.aclose()
+
+
+async def test_a_tool_result_with_a_lone_surrogate_is_stored_as_u_fffd(tmp_path: Any) -> None:
+    def broken(city: str) -> str:
+        """A tool whose text came from a bad decoder."""
+        return f"{city}: {LONE}"
+
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        model = ScriptedModel([Turn(tool_calls=[ScriptedCall("broken", {"city": "Oslo"})]),
+                               Turn(text="done")])
+        agent = aio.Agent(model, [broken], store=store, session="s")
+        results = [e.content async for e in agent.run("go", stream=True)
+                   if isinstance(e, ToolResult)]
+        assert results == ["Oslo: caf\ufffde"] and agent.last_status == "completed"
+        assert agent.model_client.messages == await store.load("s")
+        await agent.aclose()
+        fresh = aio.Agent(ScriptedModel([Turn(text="again")]))
+        fresh.restore(agent.model_client.messages)  # its own transcript is restorable
+
+
+async def test_workflow_restore_refuses_a_lone_surrogate_and_changes_nothing() -> None:
+    def chain() -> aio.Chain:
+        return aio.Chain([aio.Agent(ScriptedModel([Turn(text="one")]), name="a"),
+                          aio.Agent(ScriptedModel([Turn(text="two")]), name="b")])
+
+    done = chain()
+    assert await done.run("go") == "two"
+    for path in (("task",), ("steps", 0, "answer")):
+        state = copy.deepcopy(done.state)
+        target: Any = state
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = LONE
+        fresh = chain()
+        with pytest.raises(ValueError, match="lone surrogate"):
+            fresh.restore(state)
+        assert fresh.task is None and fresh.state == chain().state

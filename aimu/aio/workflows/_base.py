@@ -15,6 +15,7 @@ import abc
 import asyncio
 import contextlib
 import inspect
+import json
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
@@ -24,7 +25,7 @@ from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus
 from aimu.aio.limits import LIMITED
 from aimu.aio.runnable import NO_OPTIONS, RunClock, Runnable, RunOptions
 from aimu.aio.scope import RunScope, current_scope
-from aimu.aio.transcript import Message, Usage, add_usage, zero_usage
+from aimu.aio.transcript import Message, Usage, add_usage, check_text, zero_usage
 
 __all__ = ["INTERRUPTED", "STATE_VERSION", "Resumable", "SlotStatus", "Step", "Workflow"]
 
@@ -61,6 +62,16 @@ def check_steps(steps: object, owner: str, noun: str, nouns: str) -> tuple[Step,
     if not steps:
         raise ValueError(f"{owner} needs at least one {noun}")
     return tuple(check_step(step, f"{owner} {noun} {i + 1}") for i, step in enumerate(steps))
+
+
+def _check_encodable(state: Mapping[str, Any], where: str) -> None:
+    """ValueError naming ``where`` if a string anywhere in ``state`` (the task, an
+    answer, a message) holds a lone surrogate: the rule of ``agent.restore()``."""
+    try:
+        text = json.dumps(state, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return  # not JSON data: the checks of each part name what is wrong
+    check_text(text, f"{where} (as JSON)")
 
 
 def expect_dict(value: object, where: str) -> Mapping[str, Any]:
@@ -434,6 +445,7 @@ class Workflow(Runnable):
                 "wait for the run to end, or restore into workflow.start()"
             )
         data = expect_dict(state, f"the state given to {where}.restore()")
+        _check_encodable(data, f"the state given to {where}.restore()")
         if data.get("kind") != self.kind:
             raise ValueError(
                 f"the state is of {_article(data.get('kind'))} workflow and {where} is "
