@@ -267,7 +267,7 @@ async def _run(
         await application.aclose()
         raise _Refused(str(error)) from None
     url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
-    what = _serving(options.model, store, control, tools, token, url)
+    what = _serving(options, store, control, tools, token, url)
     config = uvicorn.Config(
         application,
         log_level=options.log_level,
@@ -342,7 +342,7 @@ def _store_or_model(error: BaseException, store: str) -> str:
 
 
 def _serving(
-    model: str,
+    options: argparse.Namespace,
     store: str,
     control: RedisControl | None,
     tools: list[Callable[..., Any]],
@@ -352,12 +352,17 @@ def _serving(
     """What the server serves, for the person who started it (never a secret)."""
     names = [as_tool(tool).name for tool in tools]
     rows = [
-        ("model", model),
+        ("model", options.model),
         ("store", _shown_store(store)),
-        ("redis", control.url if control is not None else "none (runs live in this process)"),
+        ("redis", control.url if control is not None else "none"),
         ("tools", ", ".join(names) if names else "none"),
         ("token", "required (AIMU_API_TOKEN)" if token else "none (loopback only)"),
     ]
+    if options.temporal is not None:
+        runs = f"aimu worker processes, Temporal at {options.temporal} ({options.task_queue})"
+    else:
+        runs = "in this process" + (", reachable from every server on Redis" if control else "")
+    rows.insert(3, ("runs", runs))
     lines = [*(f"  {key:<6} {value}" for key, value in rows)]
     lines.append(f"aimu serve: serving {url} (the web chat; Ctrl+C stops)")
     return "\n".join(lines)

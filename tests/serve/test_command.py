@@ -18,9 +18,11 @@ import httpx
 import pytest
 
 from aimu._logs import LOG_LEVELS
+from aimu.aio.control.keys import redact
 from aimu.assistant import DEMO_TOOLS
 from aimu.cli import build_parser
 from tests.serve.harness import ROOT, clean_env, collect, start
+from tests.services import redis_url
 
 SECRET = "sekrit-pw"
 
@@ -189,14 +191,15 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
 ) -> None:
     async with aimu_serve(tmp_path, "--log-level", "warning") as server:
         end = next(i for i, line in enumerate(server.said) if "serving" in line)
-        block = server.said[end - 5 : end + 1]
+        block = server.said[end - 6 : end + 1]
         store = tmp_path / ".aimu" / "sessions.db"
         names = ", ".join(tool.__name__ for tool in DEMO_TOOLS)
         assert block[-1] == f"aimu serve: serving {server.url}/ (the web chat; Ctrl+C stops)"
         assert block[:-1] == [
             "  model  test",
             f"  store  {store}",
-            "  redis  none (runs live in this process)",
+            "  redis  none",
+            "  runs   in this process",
             f"  tools  {names}",
             "  token  none (loopback only)",
         ]
@@ -225,3 +228,10 @@ async def test_aimu_warnings_reach_the_server_log(tmp_path: Path) -> None:
     assert len(warnings) == 1, server.said
     assert "tool 'broken' raised RuntimeError" in warnings[0]
     assert not [line for line in server.said if line.startswith("INFO ")]  # the level holds
+
+
+async def test_with_redis_it_says_where_the_runs_are_shared(tmp_path: Path) -> None:
+    url = redis_url()
+    async with aimu_serve(tmp_path, "--redis", url, "--redis-prefix", "cmdtest") as server:
+        assert f"  redis  {redact(url)}" in server.said
+        assert "  runs   in this process, reachable from every server on Redis" in server.said
