@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import types
+import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import typing_extensions as te
 
 from aimu.aio.errors import NoOutputError, OutputValidationError
 from aimu.aio.events import RunFinished
@@ -60,7 +65,7 @@ class OutputSpec(Generic[T]):
         from pydantic import PydanticUserError, TypeAdapter
 
         try:
-            self._adapter: TypeAdapter[T] = TypeAdapter(output_type)
+            self._adapter: TypeAdapter[T] = TypeAdapter(pydantic_ready(output_type))
             self.schema: dict[str, Any] = self._adapter.json_schema()
         except (PydanticUserError, TypeError) as error:
             raise TypeError(
@@ -112,6 +117,65 @@ class OutputSpec(Generic[T]):
             return self.parse(final.reply)
         except ValueError as error:
             raise self.failed(final.source, final.reply, str(error), 1) from None
+
+
+# Called, not subclassed: to mypy a TypedDict's functional form needs a literal name.
+_TYPING_TYPED_DICT: Any = typing.TypedDict
+_PORTABLE_TYPED_DICT: Any = te.TypedDict
+#: The metaclass of ``typing.TypedDict`` classes (typing_extensions' differs).
+_TYPING_TYPEDDICT = type(_TYPING_TYPED_DICT("_Probe", {}))
+_REQUIRED = (typing.Required, te.Required)
+_NOT_REQUIRED = (typing.NotRequired, te.NotRequired)
+
+
+def pydantic_ready(output_type: Any) -> Any:
+    """``output_type`` with every ``typing.TypedDict`` in it (nested in ``list[...]``,
+    a union, another TypedDict...) rebuilt as a ``typing_extensions.TypedDict``, which
+    pydantic wants before Python 3.12; the same type from 3.12 on."""
+    if sys.version_info >= (3, 12):
+        return output_type
+    return _rebuilt(output_type, set())
+
+
+def _rebuilt(tp: Any, building: set[int]) -> Any:
+    if isinstance(tp, _TYPING_TYPEDDICT):
+        if id(tp) in building:  # a recursive TypedDict: left as it is (pydantic says why)
+            return tp
+        building.add(id(tp))
+        try:
+            fields = {}
+            for name, hint in typing.get_type_hints(tp, include_extras=True).items():
+                # The field's own Required / NotRequired wins: under postponed annotations
+                # Python 3.11 leaves them out of __required_keys__.
+                wrapper = typing.get_origin(hint)
+                if wrapper in _NOT_REQUIRED:
+                    required, hint = False, typing.get_args(hint)[0]
+                elif wrapper in _REQUIRED:
+                    required, hint = True, typing.get_args(hint)[0]
+                else:
+                    required = name in tp.__required_keys__
+                wrapped = te.Required if required else te.NotRequired
+                fields[name] = wrapped[_rebuilt(hint, building)]
+        finally:
+            building.discard(id(tp))
+        portable = _PORTABLE_TYPED_DICT(tp.__name__, fields)
+        portable.__module__, portable.__doc__ = tp.__module__, tp.__doc__
+        return portable
+    args = typing.get_args(tp)
+    if not args:
+        return tp
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return typing.Annotated[(_rebuilt(args[0], building), *tp.__metadata__)]
+    rebuilt = tuple(_rebuilt(arg, building) for arg in args)
+    if all(new is old for new, old in zip(rebuilt, args, strict=True)):
+        return tp
+    if origin is typing.Union or origin is types.UnionType:
+        return typing.Union[rebuilt]  # noqa: UP007 - built from a tuple
+    if isinstance(tp, types.GenericAlias):
+        return types.GenericAlias(origin, rebuilt)
+    copy_with = getattr(tp, "copy_with", None)
+    return tp if copy_with is None else copy_with(rebuilt)
 
 
 def check_tool_choice(tool_choice: str | None, tools: Sequence[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing_extensions import TypedDict
 
 from aimu import aio
 from aimu.aio.events import RunFinished, TextChunk
-from aimu.aio.output import CORRECTION_PREFIX
+from aimu.aio.output import CORRECTION_PREFIX, OutputSpec
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
@@ -123,6 +124,39 @@ def test_bad_output_types_and_options_are_refused() -> None:
         aio.Agent(model, output_type=Weather, output_retries=-1)
     with pytest.raises(ValueError, match="tool_choice must be one of auto, required, none"):
         aio.Agent(model, [get_weather], tool_choice="get_wether")
+
+
+class StdPlace(typing.TypedDict):
+    """A place (typing's TypedDict, which pydantic refuses before Python 3.12)."""
+
+    city: str
+    country: typing.NotRequired[str]
+
+
+class StdTrip(typing.TypedDict, total=False):
+    stops: list[StdPlace]
+    note: typing.Annotated[str | None, "free text"]
+
+
+def test_typing_typeddict_works_as_output_type() -> None:
+    """Issue 21 item 25: on Python 3.11 ``typing.TypedDict`` was refused."""
+    spec = OutputSpec(StdPlace, 0)
+    assert spec.schema["required"] == ["city"] and spec.name == "StdPlace"
+    assert spec.schema["description"].startswith("A place")
+    assert spec.parse('{"city": "Oslo"}') == {"city": "Oslo"}
+    with pytest.raises(ValueError, match="city: Field required"):
+        spec.parse('{"country": "NO"}')
+    trip = OutputSpec(list[StdTrip] | None, 0)
+    assert trip.parse('[{"stops": [{"city": "Oslo", "country": "NO"}], "note": null}]') == [
+        {"stops": [{"city": "Oslo", "country": "NO"}], "note": None}
+    ]
+    with pytest.raises(ValueError, match="city"):
+        trip.parse('[{"stops": [{"country": "NO"}]}]')
+
+
+async def test_an_agent_answers_a_typing_typeddict() -> None:
+    agent = aio.Agent(aio.client("test"), output_type=StdPlace)
+    assert await agent.run("the weather in Paris") == {"city": "Paris"}  # only the required
 
 
 # -- over the wire ----------------------------------------------------------------------------
