@@ -14,3 +14,9 @@ TYPING = Path(__file__).parent / "typing"
 def test_run_returns_the_output_type_for_mypy() -> None:
     out, err, status = api.run(["--strict", str(TYPING / "output_types.py")])
     assert status == 0, out + err
+
+
+@pytest.mark.slow  # runs mypy
+def test_deps_and_instructions_are_typed_for_mypy() -> None:
+    out, err, status = api.run(["--strict", "--warn-unused-ignores", str(TYPING / "deps.py")])
+    assert status == 0, out + err
