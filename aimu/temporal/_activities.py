@@ -45,7 +45,7 @@ __all__ = ["Activities"]
 
 _log = logging.getLogger("aimu.temporal")
 #: Events wait at most this long to be signalled to the workflow (one signal per batch).
-_EVENT_BATCH_SECONDS: Final = 0.05
+_EVENT_BATCH_SECONDS: Final = 0.2
 
 
 class Activities:

@@ -48,8 +48,9 @@ _CLOSED: Final = {
 }
 #: How long a query waits for a worker to answer before the client goes without.
 QUERY_SECONDS: Final = 3.0
-#: How often :meth:`RunsClient.events` asks for new events while a run is quiet.
-POLL_SECONDS: Final = 0.1
+#: How often :meth:`RunsClient.events` asks for new events: at first, and at most (a run
+#: that stays quiet is asked less and less often, down to the second figure).
+POLL_SECONDS: Final = (0.25, 1.0)
 
 
 class RequestRefused(ControlError):
@@ -305,6 +306,7 @@ class RunsClient:
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """The run's events numbered from 1, after ``after``, to its ``handle_finished``."""
         seen = after
+        delay = POLL_SECONDS[0]
         while True:
             state = await self.status(run_id, after=seen)
             for event in state["events"]:
@@ -314,5 +316,5 @@ class RunsClient:
                     return
             if state["status"] in _ENDED and state["event_count"] is None:
                 return
-            if not state["events"]:
-                await asyncio.sleep(POLL_SECONDS)
+            delay = POLL_SECONDS[0] if state["events"] else min(delay * 1.5, POLL_SECONDS[1])
+            await asyncio.sleep(delay)
