@@ -55,8 +55,13 @@ def has_extra(extra: str) -> bool:
 
 
 def missing_extra(feature: str, extra: str, error: ImportError | None = None) -> MissingExtra:
-    """The error to raise when ``feature`` cannot run without ``extra``."""
-    missing = (error.name or "").partition(".")[0] if error is not None else ""
+    """The error to raise when ``feature`` cannot run without ``extra`` (``error``: the
+    failed import, if there was one; else the first module of the extra not found)."""
+    if error is not None:
+        missing = (error.name or "").partition(".")[0]
+    else:
+        absent = (m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None)
+        missing = next(absent, "")
     because = f" ({missing} is not installed)" if missing else ""
     return MissingExtra(
         f"{feature} needs the {extra} extra{because}: {install_command(extra)}",

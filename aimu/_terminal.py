@@ -13,26 +13,35 @@ rich is not used: its live display redraws the screen and fights prompt_toolkit'
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
-if TYPE_CHECKING:
-    from aimu.assistant import Assistant
-
-__all__ = ["available", "read_lines", "terminal_output"]
+__all__ = ["ChatInput", "read_lines", "terminal_output"]
 
 _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _IDLE = " Enter sends · /help lists the commands · Ctrl+C interrupts a turn · Ctrl+D exits"
 
 
-def available() -> bool:
-    """True when prompt_toolkit is installed (``pip install 'aimu[chat]'``)."""
-    return importlib.util.find_spec("prompt_toolkit") is not None
+class ChatInput(Protocol):
+    """What the editor needs of the chat (:class:`aimu.assistant.Assistant` is one)."""
+
+    @property
+    def waiting(self) -> str | None:
+        """What the running turn waits for, for the spinner; None when idle."""
+
+    @property
+    def partial_line(self) -> str:
+        """The reply's line still streaming, drawn above the input line."""
+
+    def submit(self, line: str) -> None: ...
+
+    def press_ctrl_c(self) -> None: ...
+
+    def end_input(self) -> None: ...
 
 
 @contextlib.contextmanager
@@ -51,7 +60,7 @@ def _private_file(path: Path) -> Path:
     return path
 
 
-async def read_lines(assistant: Assistant, history: Path) -> None:
+async def read_lines(assistant: ChatInput, history: Path) -> None:
     """Prompt for lines until Ctrl+D, handing each to ``assistant``; Ctrl+C presses too."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
@@ -78,7 +87,11 @@ async def read_lines(assistant: Assistant, history: Path) -> None:
     )
     def prompt() -> str:
         partial = assistant.partial_line
-        return f"{partial}\n> " if partial else "> "
+        # The last drawing, as a line is accepted, stays on the screen: without the
+        # partial line, which the chat prints once it is whole (or the turn stops).
+        if partial and not session.app.is_done:
+            return f"{partial}\n> "
+        return "> "
 
     while True:
         try:

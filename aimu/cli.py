@@ -29,7 +29,7 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         description="Agent runs you can stop, interrupt and resume.",
     )
     parser.add_argument("--version", action="version", version=f"aimu {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     chat = commands.add_parser(
         "chat",
         help="chat with an assistant (offline on the embedded test model by default)",
@@ -76,6 +76,9 @@ def main(
         options = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version and usage errors
         return exit_.code if isinstance(exit_.code, int) else 2
+    if options.command is None:  # bare `aimu`: say what it can do
+        parser.print_help()
+        return 0
     if options.command == "serve":
         return run_serve(options)
     if options.command == "worker":

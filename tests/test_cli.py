@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyte
 import pytest
 
 from aimu.cli import main
@@ -169,6 +170,16 @@ class Chat:
     @property
     def raw(self) -> str:
         return self._output.decode(errors="replace")
+
+    def screen(self) -> list[str]:
+        """The lines a person sees on the terminal (and above it, scrolled away), as a
+        VT100 terminal of the pty's size draws what the chat wrote."""
+        terminal = pyte.HistoryScreen(100, 24, history=100_000)
+        pyte.ByteStream(terminal).feed(bytes(self._output))
+        rows = [*terminal.history.top, *(terminal.buffer[y] for y in range(terminal.lines))]
+        return [
+            "".join(row[x].data for x in range(terminal.columns)).rstrip() for row in rows
+        ]
 
     @property
     def errors(self) -> str:
@@ -551,8 +562,14 @@ def test_command_line_help_version_and_usage_errors(capsys: pytest.CaptureFixtur
     assert main(["chat", "--help"]) == 0
     shown = capsys.readouterr().out
     assert "--model SPEC" in shown and "--session NAME" in shown and "--system TEXT" in shown
-    assert main([]) == 2
-    assert "COMMAND" in capsys.readouterr().err
+    assert main(["chat", "--no-such-option"]) == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+def test_bare_aimu_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: aimu") and "chat " in shown and "serve " in shown
 
 
 def test_python_dash_m_aimu_chat_exits_0_at_eof(tmp_path: Path) -> None:
@@ -690,7 +707,7 @@ def test_on_a_terminal_ctrl_c_is_a_key_with_the_same_meaning(
     assert chat.wait() == 0
 
 
-def test_on_a_plain_terminal_notes_are_coloured_and_a_reply_cannot_drive_it(
+def test_plain_on_a_terminal_a_reply_cannot_drive_it_and_ctrl_d_ends_the_line(
     tmp_path: Path, chats: list[Chat]
 ) -> None:
     env = environment(tmp_path, "127.0.0.1:9")
@@ -701,11 +718,56 @@ def test_on_a_plain_terminal_notes_are_coloured_and_a_reply_cannot_drive_it(
     chat.expect("assistant: You said: clear \\x1b[2J and retitle \\x1b]0;owned\\x07 this\n")
     chat.send("/stop")
     chat.expect("(nothing to stop: no turn is running)\n")
-    chat.close_input()
+    chat.close_input()  # Ctrl+D at the "> " prompt
     assert chat.wait() == 0
     # The terminal echoes what was typed as ^[ (ECHOCTL); what the chat printed is escaped.
     assert "\x1b[2J" not in chat.raw and "\x1b]0;" not in chat.raw
-    assert "\x1b[2m(nothing to stop" in chat.raw  # a note, dimmed
+    # The terminal echoes no Enter for Ctrl+D: the chat ends the prompt's line itself,
+    # so the shell's prompt starts on a line of its own.
+    assert chat.raw.endswith("(nothing to stop: no turn is running)\r\n> \r\n")
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["--plain", "TERM=dumb"])
+def test_on_a_terminal_without_the_editor_only_plain_turns_colour_off(
+    tmp_path: Path, chats: list[Chat], plain: bool
+) -> None:
+    env = {**environment(tmp_path, "127.0.0.1:9"), "TERM": "dumb"}  # no editor, still a tty
+    chat = start(chats, "--model", "test", *["--plain"] * plain, env=env, tty=True)
+    chat.send("count the words in hello world")
+    chat.expect("[word_count → ")
+    chat.expect("worth a closer look.\n> ")  # the turn's end, and the prompt
+    chat.send("/stop")
+    chat.expect("(nothing to stop: no turn is running)")
+    chat.close_input()
+    assert chat.wait() == 0
+    if plain:
+        assert "\x1b[" not in chat.raw  # notes and tool lines alike
+    else:
+        assert "\x1b[2m(nothing to stop" in chat.raw  # a note, dimmed
+        assert "\x1b[36m[word_count → " in chat.raw  # a tool line, coloured
+
+
+def test_on_a_terminal_without_the_chat_extra_the_plain_mode_says_how_to_get_editing(
+    tmp_path: Path, chats: list[Chat]
+) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['prompt_toolkit'] = None  # as if not installed\n"
+    )
+    env = environment(tmp_path, "127.0.0.1:9")
+    env.update(TERM="xterm-256color", PYTHONPATH=f"{blocker}{os.pathsep}{ROOT}")
+    chat = start(chats, "--model", "test", "--no-tools", env=env, tty=True)
+    assert chat.output.startswith(
+        "(line editing needs the chat extra (prompt_toolkit is not installed): "
+        "pip install 'aimu[chat]')\naimu chat: model test"  # then the plain mode, as before
+    )
+    chat.close_input()
+    assert chat.wait() == 0
+    plain = start(chats, "--model", "test", "--no-tools", "--plain", env=env, tty=True)
+    plain.close_input()
+    assert plain.wait() == 0
+    assert "pip install" not in plain.output  # asked for plain: no hint
 
 
 def editor_chat(chats: list[Chat], tmp_path: Path, ollama: str) -> Chat:
@@ -748,6 +810,25 @@ def test_on_a_terminal_a_line_typed_while_a_reply_streams_stays_whole(
     chat.press("\x04")
     assert chat.wait() == 0
     assert last_user(server.requests[-1].body) == "hello there"
+
+
+def test_on_a_terminal_a_stop_leaves_the_streaming_line_on_the_screen_once(
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+) -> None:
+    chat = editor_chat(chats, tmp_path, server.url.removeprefix("http://"))
+    chat.expect(" Enter sends")
+    chat.press("long\r")
+    chat.expect("w5 ")  # the reply streams; its line is drawn by the prompt, not yet printed
+    chat.press("/stop\r")
+    chat.expect("(stopped)")
+    chat.expect(" Enter sends")
+    chat.press("\x04")
+    assert chat.wait() == 0
+    lines = chat.screen()
+    words = [word for line in lines for word in line.split() if re.fullmatch(r"w\d+", word)]
+    assert words == [f"w{n}" for n in range(len(words))]  # each word once, in order
+    last = max(i for i, line in enumerate(lines) if re.search(r"\bw\d+\b", line))
+    assert lines[last + 1] == "(stopped)" and "> /stop" in lines
 
 
 def test_on_a_terminal_the_bar_and_a_line_say_a_request_is_retried(

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from aimu._extras import EXTRAS, MissingExtra, has_extra, install_command, needs_extra
+from aimu._extras import (
+    EXTRAS,
+    MissingExtra,
+    has_extra,
+    install_command,
+    missing_extra,
+    needs_extra,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,3 +62,12 @@ def test_has_extra_looks_without_importing(monkeypatch: pytest.MonkeyPatch) -> N
 def test_an_unknown_extra_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="no extra 'web'; the extras are chat, otel"):
         install_command("web")
+
+
+def test_without_an_import_error_the_missing_module_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert str(missing_extra("aimu serve", "serve")) == (
+        "aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu[serve]'"
+    )

@@ -1,0 +1,125 @@
+"""``aimu chat``: the assistant on stdin and stdout, with line editing where it can.
+
+:func:`run_chat` opens the model client and the session store that ``settings`` name,
+runs an :class:`~aimu.assistant.loop.Assistant` on them until EOF or Ctrl+C, and closes
+them; on a terminal with the ``chat`` extra it reads lines with the editor
+(:mod:`aimu._terminal`), else plainly, saying once which extra would edit lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from aimu._extras import has_extra, missing_extra
+from aimu._logs import logging_to
+from aimu.aio.errors import AimuError
+from aimu.aio.store import SQLiteStore, validate_session_name
+from aimu.aio.tools import Tool
+from aimu.assistant.client import error_line, make_client
+from aimu.assistant.loop import Assistant
+from aimu.assistant.screen import is_tty
+from aimu.assistant.settings import ChatSettings
+from aimu.assistant.tools import DEMO_TOOLS
+
+__all__ = ["run_chat"]
+
+
+async def run_chat(
+    settings: ChatSettings,
+    *,
+    tools: Sequence[Callable[..., Any] | Tool] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run the assistant on stdin and stdout until EOF or Ctrl+C; return the exit status.
+
+    ``tools`` defaults to :data:`DEMO_TOOLS` (none with ``settings.tools`` false). A
+    bad setting prints one ``error:`` line on ``err`` (stderr) and returns 2; a store
+    problem (the session is open elsewhere) returns 1; so does a last turn that failed.
+    """
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    if not _wants_terminal(settings, out):
+        with logging_to(err, settings.log_level):
+            if _could_edit(settings, out) and not has_extra("chat"):
+                # A person at a terminal gets the plain mode: say once what would edit lines.
+                err.write(f"({missing_extra('line editing', 'chat')})\n")
+            return await _run_chat(settings, tools, out, err, history=None)
+    from aimu._terminal import terminal_output
+
+    with terminal_output() as (out, err), logging_to(err, settings.log_level):
+        return await _run_chat(settings, tools, out, err, history=settings.history_path)
+
+
+def _could_edit(settings: ChatSettings, out: TextIO) -> bool:
+    """A person types at a capable terminal and did not ask for the plain mode."""
+    if settings.plain or os.environ.get("TERM") == "dumb":
+        return False
+    return out is sys.stdout and is_tty(sys.stdin) and is_tty(sys.stdout)
+
+
+def _wants_terminal(settings: ChatSettings, out: TextIO) -> bool:
+    """Line editing where a person could edit lines and the ``chat`` extra is installed."""
+    return _could_edit(settings, out) and has_extra("chat")
+
+
+async def _run_chat(
+    settings: ChatSettings,
+    tools: Sequence[Callable[..., Any] | Tool] | None,
+    out: TextIO,
+    err: TextIO,
+    *,
+    history: Path | None,
+) -> int:
+    def fail(error: BaseException, status: int) -> int:
+        err.write(f"error: {error_line(error)}\n")
+        err.flush()
+        return status
+
+    try:
+        validate_session_name(settings.session)
+        client = make_client(settings.model)
+    except ValueError as error:
+        return fail(error, 2)
+    chosen = (tools if tools is not None else DEMO_TOOLS) if settings.tools else ()
+    try:
+        try:
+            settings.home.mkdir(parents=True, exist_ok=True)
+            store = SQLiteStore(settings.store_path)
+        except (AimuError, OSError) as error:
+            return fail(error, 1)
+        try:
+            try:
+                assistant = Assistant(
+                    client,
+                    store,
+                    session=settings.session,
+                    system=settings.system,
+                    tools=chosen,
+                    out=out,
+                    err=err,
+                    prompt=history is None and is_tty(sys.stdin) and is_tty(out),
+                    colour=history is not None,
+                    join=settings.join,
+                    plain=settings.plain,
+                )
+            except AimuError as error:
+                return fail(error, 1)
+            try:
+                try:
+                    await assistant.open()
+                except AimuError as error:
+                    return fail(error, 1)
+                sigint = threading.current_thread() is threading.main_thread()
+                return await assistant.serve(stdin=True, sigint=sigint, terminal=history)
+            finally:
+                await assistant.aclose()
+        finally:
+            await store.aclose()
+    finally:
+        await client.aclose()
