@@ -25,6 +25,7 @@ SMOKE = {
     "bench_control.py": ["--quick", "--workers", "2"],
     "bench_journal.py": ["--rounds", "10", "--repeats", "1"],
     "bench_output.py": ["--repeats", "1", "--count", "20"],
+    "bench_limits.py": ["--repeats", "1", "--count", "100", "--runs", "2"],
 }
 
 

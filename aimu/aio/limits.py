@@ -242,30 +242,6 @@ class Spend:
         return f"Spend({', '.join(f'{k}={v!r}' for k, v in self.dump().items())})"
 
 
-def _crossed(
-    limits: UsageLimits, spent: Spend, started: float, *, next_request: bool
-) -> tuple[LimitName, float, float] | None:
-    """The first limit ``spent`` has reached; with ``next_request``, also the requests
-    limit the next request would cross. ``started``: the run's monotonic start."""
-    if limits.requests is not None and next_request and spent.requests + 1 > limits.requests:
-        return "requests", limits.requests, spent.requests + 1
-    if limits.input_tokens is not None and spent.input_tokens >= limits.input_tokens:
-        return "input_tokens", limits.input_tokens, spent.input_tokens
-    if limits.output_tokens is not None and spent.output_tokens >= limits.output_tokens:
-        return "output_tokens", limits.output_tokens, spent.output_tokens
-    if limits.total_tokens is not None:
-        total = spent.input_tokens + spent.output_tokens
-        if total >= limits.total_tokens:
-            return "total_tokens", limits.total_tokens, total
-    if limits.cost is not None and spent.cost >= limits.cost:
-        return "cost", limits.cost, spent.cost
-    if limits.wall is not None:
-        wall = spent.wall + time.monotonic() - started
-        if wall >= limits.wall:
-            return "wall", limits.wall, wall
-    return None
-
-
 def _over(
     limits: UsageLimits, spent: Spend, usage: Usage, price: ModelPrice | None
 ) -> tuple[LimitName, float, float] | None:
@@ -296,7 +272,10 @@ class Budget:
     :class:`LimitHit` that stops the run, or None; each costs a few comparisons.
     """
 
-    __slots__ = ("_scopes", "_started", "price", "run", "session", "session_limits_set", "watch")
+    __slots__ = (
+        "_checks", "_scopes", "_started", "price", "run", "session", "session_limits_set",
+        "watch",
+    )
 
     def __init__(
         self,
@@ -318,6 +297,11 @@ class Budget:
         if session_limits is not None:
             scopes.append(("session", session_limits, session))
         self._scopes = tuple(scopes)
+        self._checks = tuple(
+            (per, each.requests, each.input_tokens, each.output_tokens, each.total_tokens,
+             each.cost, each.wall, spent)
+            for per, each, spent in scopes
+        )
         self.session_limits_set = session_limits is not None
         #: True when a streamed reply must be watched as it comes (a token or cost limit).
         self.watch = any(each.counts_tokens for _, each, _ in scopes)
@@ -329,11 +313,26 @@ class Budget:
         return bool(self._scopes)
 
     def before_request(self) -> LimitHit | None:
-        """The limit the next model request would cross (or one already reached)."""
-        for per, limits, spent in self._scopes:
-            crossed = _crossed(limits, spent, self._started, next_request=True)
-            if crossed is not None:
-                return LimitHit(*crossed, per)
+        """The limit the next model request would cross (or one already reached).
+
+        The hot path of every round: plain comparisons on locals (see bench_limits.py).
+        """
+        for per, requests, input_tokens, output_tokens, total, cost, wall, spent in self._checks:
+            if requests is not None and spent.requests >= requests:
+                return LimitHit("requests", requests, spent.requests + 1, per)
+            if input_tokens is not None and spent.input_tokens >= input_tokens:
+                return LimitHit("input_tokens", input_tokens, spent.input_tokens, per)
+            if output_tokens is not None and spent.output_tokens >= output_tokens:
+                return LimitHit("output_tokens", output_tokens, spent.output_tokens, per)
+            if total is not None and spent.input_tokens + spent.output_tokens >= total:
+                used_tokens = spent.input_tokens + spent.output_tokens
+                return LimitHit("total_tokens", total, used_tokens, per)
+            if cost is not None and spent.cost >= cost:
+                return LimitHit("cost", cost, spent.cost, per)
+            if wall is not None:
+                used = spent.wall + time.monotonic() - self._started
+                if used >= wall:
+                    return LimitHit("wall", wall, used, per)
         return None
 
     def before_tools(self, calls: int) -> LimitHit | None:

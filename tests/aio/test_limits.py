@@ -366,3 +366,59 @@ def test_spend_round_trips_and_bad_stored_spend_is_named() -> None:
     assert Spend.load(spend.dump(), "here").dump() == spend.dump()
     with pytest.raises(ValueError, match=r"session 'x'.*requests"):
         Spend.load({"requests": -1}, "session 'x'")
+
+
+# -- the sweep: every limit crossed at every step -----------------------------------------------
+
+
+def by_progress(request: Any) -> Turn:
+    """Oslo's call, then Rome's, then the answer, by the results the request holds; each
+    turn streams a few words first, so a token limit can cut it anywhere."""
+    done = sum(1 for m in request["messages"] if m["role"] == "tool")
+    if done == 0:
+        return Turn(text="let me look up Oslo", input_tokens=10, output_tokens=6,
+                    tool_calls=[ScriptedCall("lookup", {"city": "Oslo"})])
+    if done == 1:
+        return Turn(text="and now Rome please", input_tokens=20, output_tokens=6,
+                    tool_calls=[ScriptedCall("lookup", {"city": "Rome"})])
+    return Turn(text="both are sunny today", input_tokens=30, output_tokens=5)
+
+
+_SWEEP = [
+    *[("requests", aio.UsageLimits(requests=n)) for n in range(4)],
+    *[("tool_calls", aio.UsageLimits(tool_calls=n)) for n in range(3)],
+    *[("input_tokens", aio.UsageLimits(input_tokens=n)) for n in (0, 5, 10, 25, 30, 59, 60)],
+    *[("output_tokens", aio.UsageLimits(output_tokens=n)) for n in range(18)],
+    *[("total_tokens", aio.UsageLimits(total_tokens=n)) for n in range(0, 80, 4)],
+    *[
+        ("cost", aio.UsageLimits(cost=n / 1e6, prices={"scripted": aio.ModelPrice(1.0, 1.0)}))
+        for n in range(0, 80, 4)
+    ],
+    ("wall", aio.UsageLimits(wall=0.0)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "limits"), _SWEEP, ids=[f"{n}-{i}" for i, (n, _) in enumerate(_SWEEP)]
+)
+async def test_every_limit_crossed_at_every_step_leaves_a_resumable_transcript(
+    name: str, limits: aio.UsageLimits
+) -> None:
+    model = ScriptedModel(by_progress)
+    agent = aio.Agent(model, tools=[lookup], limits=limits)
+    await agent.run("weather?")
+    result = agent.last_run
+    assert result is not None and result.status in ("limited", "completed")
+    assert_valid(agent)
+    if result.status == "limited":
+        assert result.stop_reason == f"limit:{name}" and result.limit
+        open_calls = dangling_calls(agent.model_client.messages)
+        assert not open_calls or name == "tool_calls"  # only a tool round waits for resume()
+        assert await agent.resume(limits=aio.UsageLimits()) == "both are sunny today"
+    assert model.open_streams == 0
+    assert_valid(agent)
+    assert dangling_calls(agent.model_client.messages) == []
+    tool_results = [m["content"] for m in agent.model_client.messages if m["role"] == "tool"]
+    assert tool_results == ["Oslo is sunny", "Rome is sunny"]  # each call ran once
+    answers = [m for m in agent.model_client.messages if m["role"] == "assistant"]
+    assert answers[-1]["content"] == "both are sunny today"
