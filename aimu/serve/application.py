@@ -22,20 +22,22 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from aimu.aio.client import ModelClient
-from aimu.aio.errors import SessionLockedError
+from aimu.aio.errors import AimuError
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool
 from aimu.serve.agents import agent_factory, open_store
-from aimu.serve.errors import BadRequest, Conflict, NotFound, ServeError
+from aimu.serve.errors import BadRequest, Conflict, NotFound, answer
+from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, error_response, fields, read_json
+from aimu.serve.ids import check_run_id
 from aimu.serve.openapi import openapi_document
-from aimu.serve.runs import AgentFactory, LocalRuns, check_run_id, validate_name
+from aimu.serve.runs import AgentFactory, LocalRuns, validate_name
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
@@ -73,6 +75,7 @@ def app(
     max_rounds: int = 10,
     token: str | EllipsisType | None = ...,
     cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     agents: AgentFactory | None = None,
     redis: str | RedisControl | None = None,
@@ -86,7 +89,9 @@ def app(
     ``store`` a SQLite path, a ``postgresql://`` URL, or a store (default
     ``$AIMU_HOME/sessions.db``). ``token`` (default: the
     ``AIMU_API_TOKEN`` variable) guards every route but ``/health`` and the page shell;
-    ``cors_origins`` allows those browser origins (none by default). ``agents`` replaces
+    ``cors_origins`` allows those browser origins (none by default). ``allowed_hosts``
+    are the host names served besides loopback ones (default: none without a token, any
+    with one; see :class:`~aimu.serve.guards.RequestGuard`). ``agents`` replaces
     how the agent of a session's run is built. ``redis`` (a URL or a control) shares
     the runs with every server on the same Redis and store; the app checks that Redis
     answers when it starts. ``temporal`` (``HOST:PORT``) with ``task_queue`` hands every
@@ -127,7 +132,11 @@ def app(
 
         runs = SharedRuns(agents, opened, control)
     api = _Routes(runs, max_body)
-    middleware = []
+    middleware = [
+        Middleware(
+            RequestGuard, allowed_hosts=allowed_hosts, token=bool(token), origins=cors_origins
+        )
+    ]
     if cors_origins:
         middleware.append(
             Middleware(
@@ -152,10 +161,13 @@ def app(
     application = ServeApp(
         routes=api.routes(),
         middleware=middleware,
+        # Exception (a 500) is answered by Starlette's outermost layer, which then
+        # re-raises it for the server to log; every known error is answered here.
         exception_handlers={
             HTTPException: _http_error,
-            ServeError: _serve_error,
-            Exception: _unexpected,
+            AimuError: _error,
+            ClientDisconnect: _client_gone,
+            Exception: _error,
         },
         lifespan=lifespan,
     )
@@ -175,14 +187,29 @@ async def _http_error(request: Request, error: Exception) -> Response:
     return error_response(error.status_code, message, error.headers)
 
 
-async def _serve_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, ServeError)
-    return error_response(error.status, str(error))
+async def _error(request: Request, error: Exception) -> Response:
+    """Any error a route raised, answered through the one table (:func:`answer`)."""
+    params = request.path_params
+    where = (
+        f"session {params['session']!r}" if "session" in params
+        else f"run {params['run_id']!r}" if "run_id" in params
+        else ""
+    )
+    told = answer(error, where)
+    if told.log_level >= logging.ERROR:
+        _log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+    else:
+        _log.log(told.log_level, "%s %s: %s: %s", request.method, request.url.path,
+                 type(error).__name__, error)
+    headers = None if told.retry_after is None else {"Retry-After": str(told.retry_after)}
+    return error_response(told.status, told.message, headers)
 
 
-async def _unexpected(request: Request, error: Exception) -> Response:
-    _log.error("%s %s failed", request.method, request.url.path, exc_info=error)
-    return error_response(500, f"internal error: {type(error).__name__}; see the server log")
+async def _client_gone(request: Request, error: Exception) -> Response:
+    """The client went away mid-body: nothing to answer, nothing wrong here."""
+    _log.debug("%s %s: the client disconnected before sending its body",
+               request.method, request.url.path)
+    return error_response(400, "the client disconnected")
 
 
 def _sse(item: tuple[str, dict[str, Any]]) -> str:
@@ -278,10 +305,7 @@ class _Routes:
             raise Conflict(
                 f"session {name!r} has a run in progress ({active.run_id}); stop it first"
             )
-        try:
-            deleted = await self.runs.store.delete(name)
-        except SessionLockedError as error:
-            raise Conflict(f"session {name!r} is open for writing elsewhere: {error}") from error
+        deleted = await self.runs.store.delete(name)  # SessionLockedError: a 409
         if not deleted:
             raise NotFound(f"no session {name!r} in the store")
         return Response(status_code=204)

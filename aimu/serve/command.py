@@ -123,6 +123,14 @@ def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
         action="store_true",
         help="offer the model no tools (without --tool, it gets the demo tools of aimu chat)",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer requests for this host name too (repeatable; '*.example.com' for its "
+        "subdomains). Default: loopback names only without a token, any with one",
+    )
     add_log_level_option(parser, default="info", what=logs)
 
 
@@ -200,6 +208,7 @@ def _serve(options: argparse.Namespace) -> int:
             import uvicorn
 
             from aimu.serve.application import app
+            from aimu.serve.connections import DeadlineH11Protocol
     except MissingExtra as missing:
         raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
     try:
@@ -241,6 +250,7 @@ async def _run(
             system=options.system,
             token=token,
             cors_origins=options.cors_origin,
+            allowed_hosts=options.allowed_host or None,
             redis=control,
             temporal=options.temporal,
             task_queue=options.task_queue,
@@ -272,6 +282,7 @@ async def _run(
         application,
         log_level=options.log_level,
         timeout_graceful_shutdown=10,
+        http=DeadlineH11Protocol,  # slow clients time out
     )
 
     class Server(uvicorn.Server):  # type: ignore[misc]

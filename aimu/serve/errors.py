@@ -9,15 +9,23 @@
      ├── Unprocessable       422    well-formed JSON with the wrong fields or types
      ├── NotSupported        501    a feature this aimu or this control cannot do
      └── ServiceUnavailable  503    Redis, shared by the servers, cannot be reached
+
+:func:`answer` is the one table from any exception a route raises to the status and
+message the client gets. Messages never carry a lock file's path, a pid, a host name or
+a database's address: what the client cannot act on goes to the server log.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Final
 
-from aimu.aio.errors import AimuError
+from aimu.aio.errors import AimuError, SessionLockedError, StoreError
 
 __all__ = [
+    "Answer",
     "BadRequest",
     "Conflict",
     "NotFound",
@@ -27,6 +35,7 @@ __all__ = [
     "ServiceUnavailable",
     "Unauthorized",
     "Unprocessable",
+    "answer",
 ]
 
 
@@ -66,3 +75,48 @@ class NotSupported(ServeError):
 
 class ServiceUnavailable(ServeError):
     status = 503
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a client is told about an error, and how loudly the server logs it."""
+
+    status: int
+    message: str
+    log_level: int = logging.DEBUG
+    """The level the error's own text is logged at (ERROR: with its traceback)."""
+    retry_after: int | None = None
+    """Seconds, for a ``Retry-After`` header (a passing shortage)."""
+
+
+#: (exception class, how to answer it), the first match wins. ``where`` names the
+#: session or run of the request ("session 'a'"), or is empty.
+_TABLE: Final[tuple[tuple[type[BaseException], Callable[[BaseException, str], Answer]], ...]] = (
+    (ServeError, lambda e, _: Answer(getattr(e, "status", 500), str(e))),
+    (
+        SessionLockedError,
+        lambda _, where: Answer(
+            Conflict.status,
+            f"{where or 'the session'} is open for writing elsewhere (a run in progress in "
+            "another process, or a writer of your own): stop it or wait, then try again",
+            logging.INFO,
+        ),
+    ),
+    (
+        StoreError,
+        lambda _, where: Answer(
+            ServiceUnavailable.status,
+            f"the session store failed{' for ' + where if where else ''}: "
+            "see the server log",
+            logging.ERROR,
+        ),
+    ),
+)
+
+
+def answer(error: BaseException, where: str = "") -> Answer:
+    """The answer to ``error`` raised by a route: its status, a message safe to show."""
+    for kind, make in _TABLE:
+        if isinstance(error, kind):
+            return make(error, where)
+    return Answer(500, f"internal error: {type(error).__name__}; see the server log", logging.ERROR)

@@ -47,7 +47,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any] | None:
     """
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise BadRequest(f"Content-Length {declared[:20]!r} is not a number of bytes")
         if int(declared) > limit:
             raise PayloadTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
@@ -62,6 +62,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any] | None:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request body is not JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest("the request body is JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise Unprocessable(f"the request body must be a JSON object, not {_kind(value)}")
     return value

@@ -11,18 +11,25 @@ import functools
 from typing import Any, get_args
 
 from aimu import __version__
+from aimu.aio._ids import EVENT_NUMBER_PATTERN, RUN_ID_PATTERN, STREAM_ID_PATTERN
 from aimu.aio.events import HandleStatus
 
 __all__ = ["openapi_document"]
 
 _JSON = "application/json"
-_RUN_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
+_RUN_ID = {"type": "string", "pattern": RUN_ID_PATTERN}
 _SESSION = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$", "not": {"enum": [".", ".."]}}
 #: A run's status: its handle's, or ``lost`` (its server died; with --redis).
 _STATUS = {"type": "string", "enum": [*get_args(HandleStatus), "lost"]}
 _NULLABLE_STR = {"type": ["string", "null"]}
 #: A local server numbers events 1, 2, ...; servers sharing Redis use its stream ids.
-_EVENT_ID = {"type": "string", "pattern": "^([0-9]{0,12}|[0-9]{1,20}-[0-9]{1,20})$"}
+_EVENT_ID = {
+    "anyOf": [
+        {"type": "string", "maxLength": 0},
+        {"type": "string", "pattern": EVENT_NUMBER_PATTERN},
+        {"type": "string", "pattern": STREAM_ID_PATTERN},
+    ]
+}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -35,16 +42,19 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     what = {
-        400: "Malformed request: bad JSON, a bad session name, event id or grace",
+        400: "Malformed request: bad JSON, a bad session name, event id or grace, or a "
+        "host name this server does not answer to",
         401: "Missing or wrong bearer token (when the server has one)",
+        403: "A cross-site request: another origin may not change state here",
         404: "No such run or session",
         409: "The session or run is in a state that does not allow this",
         413: "The request body is over the server's limit",
+        415: "The request body is not declared application/json",
         422: "The JSON body has missing, unknown or mistyped fields",
         501: "Not supported by this server",
         503: "Redis, shared by the servers, cannot be reached",
     }
-    return {str(s): _json(_ref("Error"), what[s]) for s in (401, *statuses, 503)}
+    return {str(s): _json(_ref("Error"), what[s]) for s in sorted({400, 401, *statuses, 503})}
 
 
 def _body(schema: dict[str, Any], *, required: bool) -> dict[str, Any]:
@@ -85,7 +95,7 @@ def _control(summary: str, body: dict[str, Any] | None = None, **extra: Any) -> 
         "requestBody": body or _EMPTY,
         "responses": {
             "202": _json(_ref("Run"), "Accepted: the run's state as the request found it"),
-            **_errors(400, 404, 409, 413, 422, *extra.pop("errors", ())),
+            **_errors(400, 403, 404, 409, 413, 415, 422, *extra.pop("errors", ())),
         },
     }
     operation.update(extra)
@@ -194,7 +204,8 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {
                         "200": _json(
                             _object({"status": {"const": "ok"}}, ("status",)), "The server is up"
-                        )
+                        ),
+                        "400": _json(_ref("Error"), "A host name this server does not answer to"),
                     },
                 }
             },
@@ -226,7 +237,7 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Delete a session",
                     "responses": {
                         "204": {"description": "Deleted"},
-                        **_errors(400, 404, 409),
+                        **_errors(403, 404, 409, 415),
                     },
                 },
             },
@@ -238,7 +249,7 @@ def openapi_document() -> dict[str, Any]:
                         _object({"task": {"type": "string", "minLength": 1}}, ("task",)),
                         required=True,
                     ),
-                    "responses": {"202": started, **_errors(400, 409, 413, 422)},
+                    "responses": {"202": started, **_errors(403, 409, 413, 415, 422)},
                 },
             },
             "/sessions/{session}/resume": {
@@ -246,7 +257,7 @@ def openapi_document() -> dict[str, Any]:
                 "post": {
                     "summary": "Continue the session exactly where its last run stopped",
                     "requestBody": _EMPTY,
-                    "responses": {"202": started, **_errors(400, 409, 413, 422)},
+                    "responses": {"202": started, **_errors(403, 409, 413, 415, 422)},
                 },
             },
             "/runs/{run_id}": {
@@ -346,7 +357,7 @@ def openapi_document() -> dict[str, Any]:
                             "Decided; after the last decision the run resumed as "
                             "resumed_run_id",
                         ),
-                        **_errors(400, 404, 409, 413, 422),
+                        **_errors(403, 404, 409, 413, 415, 422),
                     },
                 )
             },

@@ -29,6 +29,7 @@ from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage, zero_usage
 from aimu.serve.errors import BadRequest, Conflict, NotFound
+from aimu.serve.ids import check_run_id, event_number
 
 __all__ = ["AgentFactory", "Batch", "LocalRuns", "RunRecord", "check_run_id", "event_json"]
 
@@ -39,8 +40,6 @@ JSONEvent: TypeAlias = dict[str, Any]
 Batch: TypeAlias = list[tuple[str, JSONEvent]]
 
 _RUN_ID_BYTES: Final = 18  # 144 bits: unguessable, so a run id is a capability
-_RUN_ID_LONGEST: Final = 128
-_RUN_ID_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 #: A follower with nothing to read hears a comment this often, so proxies keep it open.
 KEEPALIVE_SECONDS: Final = 15.0
 MAX_GRACE_SECONDS: Final = 3600.0
@@ -48,13 +47,6 @@ MAX_GRACE_SECONDS: Final = 3600.0
 DECISION_WAIT_SECONDS: Final = 10.0
 _FIRST_RETRY: Final = 0.005
 _log = logging.getLogger("aimu.serve")
-
-
-def check_run_id(run_id: str) -> str:
-    """``run_id`` if it could be one of ours, else ``NotFound`` (a malformed id names no run)."""
-    if not 0 < len(run_id) <= _RUN_ID_LONGEST or not _RUN_ID_CHARS.issuperset(run_id):
-        raise NotFound(f"no run {run_id[:64]!r}: run ids are 1-128 characters from A-Z a-z 0-9 - _")
-    return run_id
 
 
 def event_json(event: Event) -> JSONEvent:
@@ -142,18 +134,6 @@ def pending_json(pending: PendingApproval) -> dict[str, Any]:
     }
 
 
-def parse_after(after: str | None) -> int:
-    """How many events a follower has seen, from its ``Last-Event-ID`` (None: none)."""
-    if after is None or after == "":
-        return 0
-    if not after.isdigit() or len(after) > 12:
-        raise BadRequest(
-            f"Last-Event-ID {after[:40]!r} is not an event id of this run: "
-            "send the id: field of the last event you received"
-        )
-    return int(after)
-
-
 def check_grace(grace: float) -> float:
     if not math.isfinite(grace) or not 0 <= grace <= MAX_GRACE_SECONDS:
         raise BadRequest(f"grace must be seconds from 0 to {MAX_GRACE_SECONDS:g}, got {grace!r}")
@@ -187,17 +167,11 @@ class LocalRuns:
     async def start(self, session: str, task: str | None) -> RunRecord:
         """Start ``task`` on ``session`` (None: resume where it stopped); return its record.
 
-        ``Conflict`` if the session has a run in progress (here or, through the store's
-        lock, in another process) or, for a resume, nothing to resume.
+        ``Conflict`` if the session has a run in progress here or, for a resume, nothing
+        to resume; ``SessionLockedError`` if a writer elsewhere holds the session.
         """
         self._check_startable(session)
-        try:
-            agent = await self._open_agent(session)
-        except SessionLockedError as error:
-            raise Conflict(
-                f"session {session!r} is open in another process (a run in progress there): "
-                f"stop it or wait ({error})"
-            ) from error
+        agent = await self._open_agent(session)  # SessionLockedError: serve answers 409
         try:
             run = agent.resume() if task is None else agent.run(task)
         except ValueError as error:  # nothing to resume; calls still wait for a decision
@@ -330,7 +304,7 @@ class LocalRuns:
     def check_after(self, run_id: str, after: str | None) -> int:
         """Validate a follower's ``Last-Event-ID`` against ``run_id``'s log."""
         record = self.get(run_id)
-        seen = parse_after(after)
+        seen = event_number(after)
         if record.ended and seen > len(record.events):
             raise BadRequest(
                 f"Last-Event-ID {after!r} is past the last event of run {run_id} "
@@ -466,10 +440,11 @@ class LocalRuns:
                 return await self._open_agent(record.session)
             except SessionLockedError as error:
                 if loop.time() >= deadline:
+                    _log.info("decision on session %r: %s", record.session, error)
                     raise Conflict(
                         f"session {record.session!r} stayed locked for "
-                        f"{DECISION_WAIT_SECONDS:g} s: try again ({error})"
-                    ) from error
+                        f"{DECISION_WAIT_SECONDS:g} s: try again"
+                    ) from None
             if delay == _FIRST_RETRY:
                 _log.debug(
                     "decision on call %r of session %r waits for the session's lock",

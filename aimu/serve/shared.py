@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
+from aimu.serve.ids import check_run_id, stream_id
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
     AgentFactory,
@@ -26,7 +27,6 @@ from aimu.serve.runs import (
     LocalRuns,
     RunRecord,
     check_grace,
-    check_run_id,
 )
 
 if TYPE_CHECKING:
@@ -108,12 +108,26 @@ class SharedRuns(LocalRuns):
             return [info for info in await self.control.runs() if info.status in _LIVE]
 
     async def check_follow(self, run_id: str, after: str | None) -> None:
-        await self._info(run_id)
-        _check_stream_id(after)
+        await self._at_end(run_id, after)
+
+    async def _at_end(self, run_id: str, after: str | None) -> bool:
+        """True if ``after`` is the last event of a finished run (nothing to follow);
+        ``BadRequest`` if it is past that event (an id this run never sent)."""
+        info = await self._info(run_id)
+        start = stream_id(after)
+        if start is None or not info.done:
+            return False
+        with self._control_errors("read the run's events", run_id):
+            last = await self.control.last_event_id(run_id)
+        if last is not None and _stream_order(start) <= _stream_order(last):
+            return start == last
+        raise BadRequest(f"Last-Event-ID {start!r} is past the last event of run {run_id}")
 
     async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
         """The run's events through Redis, wherever it runs; keep-alives while idle."""
-        events = self.control.events(run_id, _check_stream_id(after))
+        if after and await self._at_end(run_id, after):
+            return
+        events = self.control.events(run_id, stream_id(after))
         closing = asyncio.ensure_future(self._closing.wait())
         pending: asyncio.Task[Any] | None = None
         try:
@@ -238,16 +252,9 @@ async def _next(events: AsyncIterator[Any]) -> Any:
     return await anext(events, None)
 
 
-def _check_stream_id(after: str | None) -> str | None:
-    if after is None or after == "":
-        return None
-    head, dash, tail = after.partition("-")
-    if not (dash and head.isdigit() and tail.isdigit() and len(after) <= 41):
-        raise BadRequest(
-            f"Last-Event-ID {after[:48]!r} is not an event id of this run: send the id: "
-            "field of the last event you received (like '1712345678901-0')"
-        )
-    return after
+def _stream_order(event_id: str) -> tuple[int, int]:
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq)
 
 
 def _record(info: RunInfo) -> RunRecord:

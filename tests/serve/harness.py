@@ -26,6 +26,7 @@ import uvicorn
 
 from aimu import aio
 from aimu.serve import ServeApp, app
+from aimu.serve.connections import DeadlineH11Protocol
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.services import free_port
@@ -196,13 +197,17 @@ def model_server() -> Iterator[LoopbackServer]:
 
 
 @contextlib.contextmanager
-def uvicorn_serving(application: ServeApp) -> Iterator[str]:
-    """Serve ``application`` with Uvicorn in a thread on a random port; yield its base URL."""
+def uvicorn_serving(
+    application: ServeApp, protocol: type[DeadlineH11Protocol] = DeadlineH11Protocol
+) -> Iterator[str]:
+    """Serve ``application`` with Uvicorn in a thread on a random port, with ``protocol``
+    (as ``aimu serve`` does); yield its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(application, log_level="warning", lifespan="on"))
+    config = uvicorn.Config(application, log_level="warning", lifespan="on", http=protocol)
+    server = uvicorn.Server(config)
     started = threading.Event()
     original_startup = server.startup
 

@@ -269,6 +269,12 @@ async def test_resume_with_nothing_to_resume(http: httpx.AsyncClient) -> None:
 # -- errors -------------------------------------------------------------------------------------
 
 UNKNOWN_RUN = "A" * 22
+JSON_BODY = {"Content-Type": "application/json"}
+
+
+async def post_json(http: httpx.AsyncClient, path: str, body: object) -> httpx.Response:
+    """POST ``body`` (bytes, or an async iterator of them) declared as JSON."""
+    return await http.post(path, content=body, headers=JSON_BODY)  # type: ignore[arg-type]
 
 
 async def expect(response: httpx.Response, status: int, words: str = "") -> None:
@@ -280,8 +286,8 @@ async def expect(response: httpx.Response, status: int, words: str = "") -> None
 
 
 async def test_400s(http: httpx.AsyncClient) -> None:
-    await expect(await http.post("/sessions/a/runs", content=b"{nope"), 400, "not JSON")
-    await expect(await http.post("/sessions/a/runs", content=b"\xff\xfe"), 400, "not JSON")
+    await expect(await post_json(http, "/sessions/a/runs", b"{nope"), 400, "not JSON")
+    await expect(await post_json(http, "/sessions/a/runs", b"\xff\xfe"), 400, "not JSON")
     await expect(await http.post("/sessions/a b/runs", json={"task": "x"}), 400, "session name")
     await expect(await http.get("/sessions/%2E%2E"), 400, "session name")
     await expect(await http.get("/sessions/..%2F..%2Fetc"), 404, "no route")  # never a name
@@ -336,13 +342,13 @@ async def test_409s(http: httpx.AsyncClient) -> None:
 
 async def test_413_with_and_without_content_length(http: httpx.AsyncClient, served: Served) -> None:
     big = b'{"task": "' + b"x" * (2 << 20) + b'"}'
-    await expect(await http.post("/sessions/big/runs", content=big), 413, "limit")
+    await expect(await post_json(http, "/sessions/big/runs", big), 413, "limit")
 
     async def chunks():  # no Content-Length: counted as it arrives
         for _ in range(40):
             yield b" " * 65536
 
-    await expect(await http.post("/sessions/big/runs", content=chunks()), 413, "limit")
+    await expect(await post_json(http, "/sessions/big/runs", chunks()), 413, "limit")
     assert (await http.get("/sessions/big")).status_code == 404  # nothing changed
 
 
@@ -351,7 +357,7 @@ async def test_422s(http: httpx.AsyncClient) -> None:
     await expect(await http.post("/sessions/a/runs", json={"task": 3}), 422, "must be a string")
     await expect(await http.post("/sessions/a/runs", json=["task"]), 422, "JSON object")
     surrogate = b'{"task": "hi \\ud800"}'
-    await expect(await http.post("/sessions/a/runs", content=surrogate), 422, "lone surrogate")
+    await expect(await post_json(http, "/sessions/a/runs", surrogate), 422, "lone surrogate")
     await expect(
         await http.post("/sessions/a/runs", json={"task": "x", "model": "y"}), 422, "unknown field"
     )

@@ -17,6 +17,7 @@ from aimu.aio.transcript import validate
 from aimu.serve.command import is_loopback
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import (
+    Served,
     aimu_serve,
     clean_env,
     make_app,
@@ -157,3 +158,155 @@ def test_a_bad_tool_refuses_to_start(spec: str, says: str) -> None:
     done = aimu("--tool", spec, "--port", str(free_port()), env=clean_env())
     assert done.returncode == 2
     assert f"--tool {spec!r}" in done.stderr and says in done.stderr
+
+
+# -- cross-site requests, Host names, headers (issue 21, items 4, 5, 8) ---------------------
+
+JSON_BODY = {"Content-Type": "application/json"}
+
+
+async def stopped_session(http: httpx.AsyncClient, name: str) -> int:
+    """A session whose run was cancelled (so it could be resumed); its message count."""
+    run_id = await start(http, name, "long enough to stop")
+    events = sse_events(http, f"/runs/{run_id}/events")
+    async for event in events:
+        if event.type == "text":
+            break
+    await events.aclose()
+    assert (await http.post(f"/runs/{run_id}/cancel")).status_code == 202
+    async for _ in sse_events(http, f"/runs/{run_id}/events"):
+        pass
+    session = (await http.get(f"/sessions/{name}")).json()
+    assert session["status"] == "cancelled" and session["run_id"] is None
+    return len(session["messages"])
+
+
+async def assert_untouched(http: httpx.AsyncClient, name: str, messages: int | None) -> None:
+    """No run started on ``name``, no session made (None) or its messages unchanged."""
+    response = await http.get(f"/sessions/{name}")
+    if messages is None:
+        assert response.status_code == 404, response.text
+        return
+    session = response.json()
+    assert (session["run_id"], len(session["messages"])) == (None, messages)
+    assert session["status"] == "cancelled"
+
+
+async def test_cross_site_state_changes_are_refused(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    kept = await stopped_session(http, "stopped")
+    port = served.url.rsplit(":", 1)[1]
+    other = f"http://127.0.0.1:{int(port) + 1}"
+    attempts: list[tuple[str, dict[str, str], bytes, int, str]] = [
+        # A no-cors fetch: text/plain, and the browser's Origin and Sec-Fetch-Site.
+        ("/sessions/victim/runs",
+         {"Origin": other, "Sec-Fetch-Site": "same-site", "Content-Type": "text/plain"},
+         b'{"task": "x"}', 403, "cross-site"),
+        # A form (enctype text/plain) on a page that sends no Origin: not JSON.
+        ("/sessions/victim/runs", {"Content-Type": "text/plain"}, b'{"task": "x"}', 415,
+         "application/json"),
+        ("/sessions/victim/runs", {"Content-Type": "application/x-www-form-urlencoded"},
+         b"task=x", 415, "application/json"),
+        ("/sessions/victim/runs", {}, b'{"task": "x"}', 415, "application/json"),
+        # JSON, but from another origin (a CORS request this server does not grant).
+        ("/sessions/victim/runs", {"Origin": other, **JSON_BODY}, b'{"task": "x"}', 403,
+         "cross-site"),
+        ("/sessions/victim/runs", {"Origin": "null", **JSON_BODY}, b'{"task": "x"}', 403,
+         "cross-site"),
+        ("/sessions/victim/runs", {"Sec-Fetch-Site": "cross-site", **JSON_BODY},
+         b'{"task": "x"}', 403, "Sec-Fetch-Site"),
+        # A bodiless resume of a stopped session: only the origin can tell.
+        ("/sessions/stopped/resume", {"Origin": other, "Sec-Fetch-Site": "same-site"}, b"",
+         403, "cross-site"),
+        ("/sessions/stopped/resume", {"Sec-Fetch-Site": "cross-site"}, b"", 403, "cross-site"),
+    ]
+    for path, headers, body, status, says in attempts:
+        response = await http.post(path, headers=headers, content=body)
+        assert response.status_code == status, (path, headers, response.text)
+        assert response.json()["status"] == status and says in response.json()["error"]
+    assert (await http.delete("/sessions/stopped", headers={"Origin": other})).status_code == 403
+    await assert_untouched(http, "victim", None)
+    await assert_untouched(http, "stopped", kept)
+    assert (await http.get("/sessions")).status_code == 200  # reading is not refused
+
+    # The server's own page: its origin and the browser's same-origin verdict.
+    own = {"Origin": served.url, "Sec-Fetch-Site": "same-origin", **JSON_BODY}
+    response = await http.post("/sessions/stopped/resume", headers=own)
+    assert response.status_code == 202, response.text
+    async for _ in sse_events(http, f"/runs/{response.json()['run_id']}/events"):
+        pass
+
+
+async def test_allowed_cors_origins_may_change_state(
+    model_server: LoopbackServer, tmp_path: Path
+) -> None:
+    origin = "https://ok.example"
+    with uvicorn_serving(make_app(model_server, tmp_path / "c.db", cors_origins=[origin])) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            allowed = {"Origin": origin, "Sec-Fetch-Site": "cross-site"}
+            response = await http.post("/sessions/c/runs", headers=allowed, json={"task": "hi"})
+            assert response.status_code == 202, response.text
+            assert response.headers["access-control-allow-origin"] == origin
+            denied = {"Origin": "https://other.example"}
+            response = await http.post("/sessions/d/runs", headers=denied, json={"task": "hi"})
+            assert response.status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("host", "served_ok"),
+    [
+        ("localhost", True), ("LOCALHOST:8000", True), ("127.0.0.1:1", True),
+        ("127.8.9.10", True), ("[::1]:8000", True), ("app.localhost", True),
+        ("evil.example", False), ("evil.example:8000", False), ("10.0.0.1", False),
+        ("127.0.0.1.evil.example", False), ("localhost.evil.example", False), ("", False),
+    ],
+)
+async def test_only_loopback_host_names_without_a_token(
+    http: httpx.AsyncClient, host: str, served_ok: bool
+) -> None:
+    for method, path in [("GET", "/sessions"), ("GET", "/health"), ("GET", "/"),
+                         ("POST", "/sessions/rebound/runs")]:
+        response = await http.request(
+            method, path, headers={"Host": host}, json={"task": "x"} if method == "POST" else None
+        )
+        if served_ok:
+            assert response.status_code in (200, 202), (host, path, response.text)
+        else:
+            assert response.status_code == 400, (host, path, response.text)
+            assert "host name" in response.json()["error"] and "--allowed-host" in response.text
+
+
+async def test_allowed_hosts_and_a_token_widen_the_names(
+    model_server: LoopbackServer, tmp_path: Path
+) -> None:
+    named = make_app(model_server, tmp_path / "a.db", allowed_hosts=["chat.example", "*.corp"])
+    with uvicorn_serving(named) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            for host, status in [("chat.example", 200), ("a.b.corp", 200), ("corp", 400),
+                                 ("other.example", 400), ("localhost", 200)]:
+                response = await http.get("/sessions", headers={"Host": host})
+                assert response.status_code == status, (host, response.text)
+    with uvicorn_serving(make_app(model_server, tmp_path / "b.db", token=TOKEN)) as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            bearer = {"Host": "anything.example", "Authorization": f"Bearer {TOKEN}"}
+            assert (await http.get("/sessions", headers=bearer)).status_code == 200
+
+
+async def test_security_headers_on_the_page_the_api_and_errors(http: httpx.AsyncClient) -> None:
+    for path, page in [("/", True), ("/static/chat.js", True), ("/sessions", False),
+                       ("/health", False), ("/runs/" + "A" * 22, False), ("/nowhere", False)]:
+        response = await http.get(path)
+        headers = response.headers
+        assert headers["x-frame-options"] == "DENY", path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], path
+        assert headers["x-content-type-options"] == "nosniff", path
+        assert headers["referrer-policy"] == "no-referrer", path
+        assert headers["cross-origin-resource-policy"] == "same-origin", path
+        if page:
+            assert "default-src 'self'" in headers["content-security-policy"], path
+        else:
+            assert "default-src 'none'" in headers["content-security-policy"], path
+            assert headers["cache-control"] == "no-store", path
+    refused = await http.get("/sessions", headers={"Host": "evil.example"})
+    assert refused.headers["x-frame-options"] == "DENY"

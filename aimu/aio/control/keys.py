@@ -11,11 +11,11 @@ import re
 import secrets
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from aimu.aio._ids import is_run_id, is_stream_id
+
 __all__ = ["Keys", "check_after", "check_prefix", "check_run_id", "new_run_id", "redact"]
 
-_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _SECRET_QUERY = frozenset({"password", "username"})
 
 
@@ -33,7 +33,7 @@ def check_run_id(run_id: object, prefix: str) -> str:
             f"run id {run_id!r} contains ':': ids are bare names, not Redis keys; this "
             f"control's keys live under {prefix!r}, and a key of another prefix is no run id"
         )
-    if _RUN_ID.fullmatch(run_id) is None:
+    if not is_run_id(run_id):
         raise ValueError(f"malformed run id {run_id!r}: use 1 to 128 letters, digits, '_' or '-'")
     return run_id
 
@@ -46,7 +46,7 @@ def check_prefix(prefix: object) -> str:
 
 def check_after(after: object) -> str:
     """An event id to follow from (``"1712345678901-0"``), else raise."""
-    if not isinstance(after, str) or _STREAM_ID.fullmatch(after) is None:
+    if not is_stream_id(after):
         raise ValueError(
             f"bad event id {after!r}: pass the id of an event this run published "
             "(like '1712345678901-0'), or None to follow from the start"

@@ -513,6 +513,13 @@ class RedisControl:
                 latest[name] = _info(run_id, fields, bool(leased))
         return latest
 
+    async def last_event_id(self, run_id: str) -> str | None:
+        """The id of the run's latest event still kept (None: none kept)."""
+        check_run_id(run_id, self.prefix)
+        with self._errors("events", run_id):
+            last: Any = await self._client.xrevrange(self._keys.events(run_id), count=1)
+        return str(last[0][0]) if last else None
+
     async def runs(self) -> list[RunInfo]:
         """Every run known under the prefix, oldest first (finished ones until they expire)."""
         keys = self._keys
