@@ -208,7 +208,6 @@ def _serve(options: argparse.Namespace) -> int:
             import uvicorn
 
             from aimu.serve.application import app
-            from aimu.serve.connections import DeadlineH11Protocol
     except MissingExtra as missing:
         raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
     try:
@@ -278,6 +277,8 @@ async def _run(
         raise _Refused(str(error)) from None
     url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
     what = _serving(options, store, control, tools, token, url)
+    from aimu.serve.connections import DeadlineH11Protocol  # uvicorn's, imported above
+
     config = uvicorn.Config(
         application,
         log_level=options.log_level,

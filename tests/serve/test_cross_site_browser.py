@@ -72,7 +72,7 @@ def attacker() -> Iterator[tuple[str, list[str]]]:
     page = [""]
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+        def do_GET(self) -> None:
             body = page[0].encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
