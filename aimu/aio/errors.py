@@ -121,7 +121,12 @@ class SessionLockedError(StoreError):
 
 class StoreCapacityError(StoreError):
     """The store has no connection left: its own bound (writers, read pool) or the
-    database server's. Try again once sessions close, or raise the limit it names."""
+    database server's. Try again once sessions close, or raise the limit it names.
+    ``ran_out`` names that limit in words safe to show anyone (no host, no database)."""
+
+    def __init__(self, message: str, *, ran_out: str = "connections") -> None:
+        super().__init__(message)
+        self.ran_out = ran_out
 
 
 class StoreFormatError(StoreError):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
-from aimu.aio.errors import AimuError, SessionLockedError, StoreError
+from aimu.aio.errors import AimuError, SessionLockedError, StoreCapacityError, StoreError
 
 __all__ = [
     "Answer",
@@ -100,6 +100,16 @@ _TABLE: Final[tuple[tuple[type[BaseException], Callable[[BaseException, str], An
             f"{where or 'the session'} is open for writing elsewhere (a run in progress in "
             "another process, or a writer of your own): stop it or wait, then try again",
             logging.INFO,
+        ),
+    ),
+    (
+        StoreCapacityError,
+        lambda e, _: Answer(
+            ServiceUnavailable.status,
+            f"the session store ran out of connections: {getattr(e, 'ran_out', 'connections')} "
+            "are in use; try again when runs end (the server log says which limit to raise)",
+            logging.WARNING,
+            retry_after=5,
         ),
     ),
     (

@@ -260,3 +260,35 @@ async def test_a_client_leaving_mid_body_logs_no_error(served: Served, log: Reco
     async with httpx.AsyncClient(base_url=served.url) as http:
         assert (await http.get("/sessions/left")).status_code == 404
     assert log.errors() == []
+
+
+# -- a store out of connections (item 16) -----------------------------------------------------
+
+
+async def test_a_store_out_of_connections_is_503_saying_what_ran_out(
+    model_server: LoopbackServer, log: Records
+) -> None:
+    async with postgres_database() as url:
+        database = url.rsplit("/", 1)[1]
+        store = PostgresStore(url, max_writers=1)
+        application = make_app(model_server, store)
+        application._closers.append(store.aclose)  # on the server's loop, which used it
+        with uvicorn_serving(application) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=20) as http:
+                run_id = await start(http, "first", "long tale")  # holds the one writer
+                events = sse_events(http, f"/runs/{run_id}/events")
+                async for event in events:
+                    if event.type == "text":
+                        break
+                await events.aclose()
+                response = await http.post("/sessions/second/runs", json={"task": "x"})
+                assert response.status_code == 503, response.text
+                assert response.headers["retry-after"] == "5"
+                error = response.json()["error"]
+                assert "ran out of connections: the 1 writer connections" in error
+                assert leaks(response.text, database, ":5432", "127.0.0.1") == []
+                await http.post(f"/runs/{run_id}/cancel")
+                assert (await collect(http, run_id))[-1].data["status"] == "cancelled"
+                again = await start(http, "second", "x")  # free again
+                assert (await collect(http, again))[-1].data["status"] == "completed"
+    assert "max_writers" in log.text()

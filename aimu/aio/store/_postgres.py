@@ -214,7 +214,8 @@ class PostgresStore:
         return StoreCapacityError(
             f"{self._where} has no connection left to {what} (the server's max_connections "
             f"or the user's connection limit was reached: {detail}); close sessions, lower "
-            "max_writers / pool_size here or raise the server's limit"
+            "max_writers / pool_size here or raise the server's limit",
+            ran_out="the database server's connections",
         )
 
     async def _connect(self, **options: Any) -> asyncpg.Connection:
@@ -311,7 +312,8 @@ class PostgresStore:
             raise StoreCapacityError(
                 f"{self._where}: all {self._pool_size} read connections stayed busy for "
                 f"{self._connect_timeout:g} s, so this could not {what}; raise "
-                "PostgresStore(pool_size=...) or read less at once"
+                "PostgresStore(pool_size=...) or read less at once",
+                ran_out=f"the {self._pool_size} read connections (all busy)",
             ) from None
         except _DRIVER as error:
             raise self._fail(error, what) from error
@@ -399,7 +401,8 @@ class PostgresStore:
             raise StoreCapacityError(
                 f"{self!r}: cannot open session {session!r}: all {self.max_writers} writer "
                 "connections are in use (each open session holds one); close a session "
-                "(agent.aclose()) or raise PostgresStore(max_writers=...)"
+                "(agent.aclose()) or raise PostgresStore(max_writers=...)",
+                ran_out=f"the {self.max_writers} writer connections (one per open session)",
             )
         settings = {"application_name": _application_name()}
         if not self.synchronous_commit:
