@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from aimu.aio.events import RunFinished
 from aimu.aio.scope import RunScope
 
-__all__ = ["Stop", "log", "stop_of"]
+__all__ = ["Stop", "log", "past_deadline", "stop_of"]
 
 log = logging.getLogger("aimu.aio.agent")
 
@@ -44,8 +44,10 @@ def stop_of(
     """The :class:`Stop` of the run that ``final`` ended, by ``error`` (if any);
     ``waiting`` names the calls a paused run waits on."""
     status: str = final.status
+    if status == "timed_out":
+        return Stop(status, "deadline passed")
     if status == "cancelled":
-        if _past_deadline(scope):
+        if past_deadline(scope):
             return Stop("timed_out", "deadline passed")
         if isinstance(error, GeneratorExit):
             return Stop(status, "the consumer closed the event stream")
@@ -67,7 +69,7 @@ def stop_of(
     return Stop(status)
 
 
-def _past_deadline(scope: RunScope | None) -> bool:
+def past_deadline(scope: RunScope | None) -> bool:
     """True when a handle around the run is stopping it for its deadline (and no cancel
     came before or since): the run ends timed_out, as the handle does."""
     while scope is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
-from aimu.aio._stops import Stop, stop_of
+from aimu.aio._stops import Stop, past_deadline, stop_of
 from aimu.aio._tracing import RunSpans
 from aimu.aio.approvals import (
     PAUSED,
@@ -186,6 +186,10 @@ _STATUS_OF: dict[Outcome, RunStatus] = {
 }
 
 
+#: How a run ends when something stopped it mid-step (its open calls get results).
+_STOPPED = frozenset({"cancelled", "timed_out", "failed"})
+
+
 class _Run:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
@@ -277,8 +281,11 @@ class _Run:
         self.scope.note_interrupted()
 
     def stopped_by(self, error: BaseException) -> None:
-        """The run ends by ``error`` (GeneratorExit: the consumer closed the stream)."""
+        """The run ends by ``error`` (GeneratorExit: the consumer closed the stream; a
+        cancel by the deadline of a handle around: timed_out)."""
         self.status = "failed" if isinstance(error, Exception) else "cancelled"
+        if self.status == "cancelled" and past_deadline(self.scope):
+            self.status = "timed_out"
         if not isinstance(error, GeneratorExit):
             self.error = _describe(error)
 
@@ -1205,7 +1212,7 @@ class Agent(Runnable[OutputT]):
             self.model_client.messages.append(unstored[-1])
             run.reply = run.reply or assembler.text
             self._count_estimated(run, assembler)
-        if run.status in ("cancelled", "failed") and run.opened:
+        if run.status in _STOPPED and run.opened:
             unstored.extend(self._settle_calls())
             self._approvals.clear()
         sent = run.scope.take_sent(close=True)
@@ -1267,7 +1274,7 @@ class Agent(Runnable[OutputT]):
     def _output_of(self, run: _Run) -> OutputT | None:
         """What ``run()`` returns for ``run``: its text, or its ``output_type`` value (None
         when it raises, or ended without a valid answer)."""
-        if run.status in ("failed", "cancelled"):
+        if run.status in _STOPPED:
             return None
         if self._config.output is None:
             return cast(OutputT, run.reply)

@@ -36,8 +36,8 @@ __all__ = [
 #: its length limit or a content filter; ``stop_reason`` says which). ``limited``: a
 #: usage limit stopped it (``stop_reason`` is ``"limit:<name>"``); resume() goes on.
 RunStatus: TypeAlias = Literal[
-    "completed", "incomplete", "interrupted", "cancelled", "failed", "max_rounds", "paused",
-    "limited",
+    "completed", "incomplete", "interrupted", "cancelled", "timed_out", "failed", "max_rounds",
+    "paused", "limited",
 ]
 HandleStatus: TypeAlias = Literal[
     "pending", "running", "completed", "incomplete", "interrupted", "paused", "limited",

@@ -432,7 +432,7 @@ async def run_trial(t: Trial) -> None:
             assert dangling_calls(messages) == [], f"dangling tool calls in {messages}"
         if workflow is None and sc.stream != "break":
             expected = {"completed": "completed", "interrupted": "interrupted",
-                        "cancelled": "cancelled", "timed_out": "cancelled", "failed": "failed"}
+                        "cancelled": "cancelled", "timed_out": "timed_out", "failed": "failed"}
             assert agent.last_status == expected[handle.status]
         if store is not None:
             assert await store.load("fuzz") == agent.model_client.messages

@@ -217,17 +217,32 @@ async def test_a_cancel_of_the_awaiting_task_still_propagates(serve: Serve) -> N
     assert agent.last_run is not None and agent.last_run.status == "cancelled"
 
 
-async def test_a_deadline_ends_the_run_cancelled_and_the_handle_timed_out(
-    serve: Serve,
-) -> None:
-    agent = aio.Agent(await serve([Turn(text="never finishes", fault="hang", fault_after=1)]))
-    handle = aio.RunHandle.start(agent.run("x"), timeout=0.2)
+async def test_a_deadline_ends_the_run_timed_out_everywhere(serve: Serve, tmp_path: Any) -> None:
+    """One status for a deadline's stop: the handle, last_run, RunFinished, the store
+    (it was ``cancelled`` in all but the handle)."""
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        client = await serve([Turn(text="never finishes", fault="hang", fault_after=1)])
+        agent = aio.Agent(client, store=store, session="s")
+        handle = aio.RunHandle.start(agent.run("x"), timeout=0.2)
+        finished = []
+        async for event in handle.events():
+            if isinstance(event, RunFinished):
+                finished.append(event)
+        with pytest.raises(TimeoutError):
+            await handle
+        assert handle.status == "timed_out"
+        result = agent.last_run
+        assert result is not None and handle.last_run is result
+        assert result.status == "timed_out" and result.output is None
+        assert agent.status == "timed_out" and [f.status for f in finished] == ["timed_out"]
+        info = await store.info("s")
+        assert info is not None and info.status == "timed_out"
+        await agent.aclose()
+    chain = aio.Chain([aio.Agent(await serve([Turn(text="hangs", fault="hang", fault_after=1)]))])
+    handle = aio.RunHandle.start(chain.run("x"), timeout=0.2)
     with pytest.raises(TimeoutError):
         await handle
-    assert handle.status == "timed_out"
-    result = agent.last_run
-    assert result is not None and handle.last_run is result
-    assert result.status == "cancelled" and result.output is None
+    assert chain.last_status == "timed_out" and chain.state["status"] == "timed_out"
 
 
 async def test_an_interrupted_run_reports_the_step_it_finished(serve: Serve) -> None:

@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 SessionStatus: TypeAlias = Literal[
-    "in_progress", "completed", "incomplete", "interrupted", "cancelled", "failed",
-    "max_rounds", "paused", "limited",
+    "in_progress", "completed", "incomplete", "interrupted", "cancelled", "timed_out",
+    "failed", "max_rounds", "paused", "limited",
 ]
 STATUSES: Final = frozenset(get_args(SessionStatus))
 

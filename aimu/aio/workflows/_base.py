@@ -19,6 +19,7 @@ import json
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
+from aimu.aio._stops import past_deadline
 from aimu.aio.agent import INTERRUPTED
 from aimu.aio.approvals import PAUSED, PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus, StepFinished
@@ -544,7 +545,7 @@ class Workflow(Runnable):
         return RunResult(
             source=self._name,
             status=status,
-            output=None if status in ("failed", "cancelled") else reply,
+            output=None if status in ("failed", "cancelled", "timed_out") else reply,
             reply=reply,
             stop_reason=(
                 scope.limit_honoured if status == "limited"
@@ -592,6 +593,8 @@ class Workflow(Runnable):
             status, reply = await self._execute(self._task, scope)
         except BaseException as exc:
             status = "failed" if isinstance(exc, Exception) else "cancelled"
+            if status == "cancelled" and past_deadline(scope):
+                status = "timed_out"
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
