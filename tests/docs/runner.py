@@ -1,9 +1,13 @@
-"""Run every code block of one Markdown page, in order, in one namespace.
+"""Run every code block of one Markdown page, in order, in the current directory.
 
-``python`` blocks run as written, top-level ``await`` included, inside one event loop;
-with ``--as-scripts`` (the README) each runs as its own script, ``python -c CODE``, as a
-reader would run it. ``sh`` blocks run under bash with stdin closed. A block fenced as
-``python no-run`` is the only kind left out, and the docs test refuses more than a few.
+With ``--as-scripts`` each ``python`` block runs as its own script (``python -c CODE``,
+this directory first on ``sys.path``), as a reader who saves and runs it would: no
+top-level ``await``, no name from an earlier block. A block fenced ``python
+file=NAME.py`` is saved as ``NAME.py`` first, for later blocks to import. Without the
+flag (pages not yet written as scripts) the blocks run in one namespace, top-level
+``await`` allowed, inside one event loop. ``sh`` blocks run under bash with stdin
+closed. A block fenced as ``python no-run`` is the only kind left out, and the docs
+test refuses more than a few.
 """
 
 from __future__ import annotations
@@ -17,10 +21,16 @@ import types
 from pathlib import Path
 
 FENCE = re.compile(r"^```([\w-]*)([^\n]*)\n(.*?)^```\s*$", re.M | re.S)
+FILE = re.compile(r"\bfile=(\S+)")
 
 
 def blocks(page: Path) -> list[tuple[str, str, int]]:
     """(language, code, line number) for each fenced block of ``page``."""
+    return [(language, code, line) for language, code, line, _ in fenced(page)]
+
+
+def fenced(page: Path) -> list[tuple[str, str, int, str | None]]:
+    """(language, code, line number, file name to save it as) for each block to run."""
     text = page.read_text()
     found = []
     for match in FENCE.finditer(text):
@@ -28,7 +38,8 @@ def blocks(page: Path) -> list[tuple[str, str, int]]:
         if "no-run" in flags:
             continue
         line = text.count("\n", 0, match.start()) + 2
-        found.append((language, code, line))
+        named = FILE.search(flags)
+        found.append((language, code, line, named.group(1) if named else None))
     return found
 
 
@@ -42,9 +53,11 @@ async def run_script(code: str, where: str) -> None:
 
 async def run_page(page: Path, *, python_only: bool = False, as_scripts: bool = False) -> None:
     namespace: dict[str, object] = {"__name__": "__docs__"}
-    for language, code, line in blocks(page):
+    for language, code, line, file_name in fenced(page):
         if python_only and language != "python":
             continue
+        if file_name is not None:
+            Path(file_name).write_text(code)  # noqa: ASYNC240 - a small file, before it runs
         if language == "python" and as_scripts:
             await run_script(code, f"{page}:{line}")
         elif language == "python":
