@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -21,7 +22,7 @@ from aimu._logs import LOG_LEVELS
 from aimu.aio.control.keys import redact
 from aimu.assistant import DEMO_TOOLS
 from aimu.cli import build_parser
-from tests.serve.harness import ROOT, clean_env, collect, start
+from tests.serve.harness import ROOT, clean_env, collect, postgres_database, start
 from tests.services import redis_url
 
 SECRET = "sekrit-pw"
@@ -235,3 +236,14 @@ async def test_with_redis_it_says_where_the_runs_are_shared(tmp_path: Path) -> N
     async with aimu_serve(tmp_path, "--redis", url, "--redis-prefix", "cmdtest") as server:
         assert f"  redis  {redact(url)}" in server.said
         assert "  runs   in this process, reachable from every server on Redis" in server.said
+
+
+async def test_a_database_password_is_never_shown(tmp_path: Path) -> None:
+    async with postgres_database() as url:
+        parts = urlsplit(url)
+        netloc = f"{parts.username or 'postgres'}:{SECRET}@{parts.hostname}:{parts.port or 5432}"
+        with_password = urlunsplit(parts._replace(netloc=netloc))
+        async with aimu_serve(tmp_path, "--store", with_password) as server:
+            shown = urlunsplit(parts._replace(netloc=netloc.replace(f":{SECRET}", "")))
+            assert f"  store  {shown}" in server.said
+        assert not [line for line in server.said if SECRET in line]
