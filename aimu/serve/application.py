@@ -27,6 +27,7 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from aimu.aio import _sse as sse
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
 from aimu.aio.store import Store
@@ -212,12 +213,11 @@ async def _client_gone(request: Request, error: Exception) -> Response:
     return error_response(400, "the client disconnected")
 
 
-def _sse(item: tuple[str, dict[str, Any]]) -> str:
+def _sse(item: tuple[str, dict[str, Any]]) -> bytes:
     """One Server-Sent Event (an empty id: a message without one, never resumed from)."""
     event_id, event = item
-    data = json.dumps(event, separators=(",", ":"), default=str)
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {event['type']}\ndata: {data}\n\n"
+    data = json.dumps(event, separators=(",", ":"), default=str).encode()
+    return sse.frame(data, event=event["type"], id=event_id or None)
 
 
 class _Routes:
@@ -345,11 +345,11 @@ class _Routes:
         async def stream() -> AsyncIterator[bytes]:
             async with contextlib.aclosing(follow):
                 async for batch in follow:
-                    yield "".join(map(_sse, batch)).encode() if batch else b": keep-alive\n\n"
+                    yield b"".join(map(_sse, batch)) if batch else sse.KEEP_ALIVE
 
         return StreamingResponse(
             stream(),
-            media_type="text/event-stream",
+            media_type=sse.CONTENT_TYPE,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 

@@ -49,6 +49,14 @@ _FIRST_RETRY: Final = 0.005
 _log = logging.getLogger("aimu.serve")
 
 
+def no_cancel_error(event: JSONEvent) -> JSONEvent:
+    """``event`` without an ``error`` if it reports a cancel: a stop somebody asked for
+    (its ``reason`` says who) is not an error, though the run ended by CancelledError."""
+    if event.get("status") == "cancelled" and event.get("error") is not None:
+        event = {**event, "error": None}
+    return event
+
+
 def event_json(event: Event) -> JSONEvent:
     """An event as a JSON-ready dict (its ``type`` tag included)."""
     return dataclasses.asdict(event)
@@ -91,7 +99,7 @@ class RunRecord:
             "status": self.status,
             "reason": self.reason,
             "reply": self.reply,
-            "error": self.error,
+            "error": None if self.status == "cancelled" else self.error,
             "usage": None if self.remote else dict(self.usage),
             "created_at": self.created_at,
             "finished_at": finished,
@@ -168,9 +176,17 @@ class LocalRuns:
         """Start ``task`` on ``session`` (None: resume where it stopped); return its record.
 
         ``Conflict`` if the session has a run in progress here or, for a resume, nothing
-        to resume; ``SessionLockedError`` if a writer elsewhere holds the session.
+        to resume (no task yet, or its last run completed); ``SessionLockedError`` if a
+        writer elsewhere holds the session.
         """
         self._check_startable(session)
+        if task is None:
+            info = await self.store.info(session)
+            if info is not None and info.status == "completed":
+                raise Conflict(
+                    f"session {session!r} finished its last run (completed): nothing to "
+                    f"resume; start a run with a task (POST /sessions/{session}/runs)"
+                )
         agent = await self._open_agent(session)  # SessionLockedError: serve answers 409
         try:
             run = agent.resume() if task is None else agent.run(task)
@@ -244,7 +260,7 @@ class LocalRuns:
             record.reply = event.reply
             record.usage = dict(event.usage)  # type: ignore[assignment]
             record.error = event.error
-        record.add(event_json(event))
+        record.add(no_cancel_error(event_json(event)))
 
     def _finished(self, record: RunRecord, handle: RunHandle[str]) -> None:
         record.status = handle.status
@@ -254,14 +270,14 @@ class LocalRuns:
             del self._active[record.session]
         record.ended = True
         record.add(
-            {
+            no_cancel_error({
                 "type": "handle_finished",
                 "name": handle.name,
                 "status": record.status,
                 "reason": record.reason,
                 "result": record.reply,
                 "error": record.error,
-            }
+            })
         )
 
     def _forget_old(self) -> None:

@@ -27,6 +27,7 @@ from aimu.serve.runs import (
     LocalRuns,
     RunRecord,
     check_grace,
+    no_cancel_error,
 )
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class SharedRuns(LocalRuns):
                 if event is None:
                     return
                 data: JSONEvent = json.loads(event.data)
-                yield [(event.id, data)]
+                yield [(event.id, no_cancel_error(data))]
         finally:
             closing.cancel()
             if pending is not None:

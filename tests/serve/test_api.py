@@ -144,6 +144,9 @@ async def test_cancel_keeps_the_partial_reply_and_frees_the_session(
 
     run = (await http.get(f"/runs/{run_id}")).json()
     assert run["status"] == "cancelled" and run["reason"] == "user pressed Stop"
+    # A cancel somebody asked for is no error (the run ended by CancelledError inside).
+    assert run["error"] is None
+    assert events[-1].data["error"] is None and events[-2].data["error"] is None
     messages = (await http.get("/sessions/stopme")).json()["messages"]
     validate(messages)
     partial = messages[-1]
@@ -264,6 +267,15 @@ async def test_resume_with_nothing_to_resume(http: httpx.AsyncClient) -> None:
     response = await http.post("/sessions/empty/resume")
     assert response.status_code == 409
     assert "nothing to resume" in response.json()["error"]
+
+
+async def test_resume_a_finished_session_is_409(http: httpx.AsyncClient) -> None:
+    await finished(http, await start(http, "done", "hello"))
+    before = (await http.get("/sessions/done")).json()
+    response = await http.post("/sessions/done/resume")
+    assert response.status_code == 409, response.text
+    assert "finished its last run (completed): nothing to resume" in response.json()["error"]
+    assert (await http.get("/sessions/done")).json() == before  # no run, nothing added
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -412,6 +424,9 @@ async def test_a_stop_landing_at_each_point(
     assert [m["role"] for m in messages].count("user") == 1
     # The session is free again, and resuming it goes on from there.
     resumed = await http.post(f"/sessions/{session}/resume")
+    if status == "completed":  # nothing to resume
+        assert resumed.status_code == 409, resumed.text
+        return
     assert resumed.status_code == 202, resumed.text
     assert (await finished(http, resumed.json()["run_id"]))["status"] == "completed"
     validate((await http.get(f"/sessions/{session}")).json()["messages"])
