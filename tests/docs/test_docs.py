@@ -63,7 +63,6 @@ NOTEBOOK_PAGES = {
         "how-to/persist-and-resume.md",
         "how-to/results.md",
         "how-to/scale-out.md",
-        "how-to/serve.md",
         "how-to/steer-a-running-run.md",
         "how-to/temporal.md",
         "how-to/timeouts.md",
