@@ -781,7 +781,7 @@ class Agent(Runnable[OutputT]):
             await self._open(run, task, reset)
             run.opened = True
             yield run.publish(RunStarted(self.name, task))
-            self._pick_up(run, task)
+            await self._pick_up(run, task)
             while (step := await self._next_step(run)) is not None:
                 async with aclosing(step):
                     async for event in step:
@@ -858,9 +858,10 @@ class Agent(Runnable[OutputT]):
             self._approvals.clear()
             await self._save_state()
 
-    def _pick_up(self, run: _Run, task: str | None) -> None:
+    async def _pick_up(self, run: _Run, task: str | None) -> None:
         """Where the run starts: the rounds the task has used, the calls a pause or a
-        crash left open (resume runs them), or a resumed answer."""
+        crash left open (resume runs them), or a resumed answer: cut off if it was, and
+        corrected first if it is not a valid typed answer."""
         run.rounds, run.final_prompted = self._rounds_used()
         if task is None:
             open_calls = [call for _, call in dangling_calls(self.model_client.messages)]
@@ -870,7 +871,10 @@ class Agent(Runnable[OutputT]):
                 return
             answer = self._finished_answer()
             if answer is not None:
-                run.end(Outcome.ANSWERED, answer)
+                run.stop_reason = answer.get("aimu_stop_reason")
+                # A fresh run: a correction here costs none of its output retries.
+                if await self._output_checked(run, answer["content"], schema_asked=False):
+                    run.end(Outcome.ANSWERED, answer["content"])
 
     async def _next_step(self, run: _Run) -> AsyncGenerator[Event, None] | None:
         """The step to run next, or None once the run has its outcome. Text sent to the
@@ -1035,6 +1039,9 @@ class Agent(Runnable[OutputT]):
         schema_asked: bool = True,
     ) -> None:
         """Record a finished turn and decide the outcome: answered, tools, or out of rounds."""
+        if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
+            # Kept with the answer: a resumed run must not take it as complete.
+            message["aimu_stop_reason"] = run.stop_reason
         await self._record(message)
         add_usage(run.usage, usage)
         if run.budget is not None:
@@ -1326,14 +1333,15 @@ class Agent(Runnable[OutputT]):
                 rounds += 1
         return rounds, False
 
-    def _finished_answer(self) -> str | None:
+    def _finished_answer(self) -> AssistantMessage | None:
+        """The transcript's last message if it is a whole answer (no tool call)."""
         messages = self.model_client.messages
         last = messages[-1] if messages else None
         if last is None or last["role"] != "assistant":
             return None
         if last.get("tool_calls") or last.get("aimu_partial"):
             return None
-        return last["content"]
+        return last
 
 
 class _Done(Awaitable[None]):

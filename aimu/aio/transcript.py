@@ -3,7 +3,8 @@
 The shape is the Ollama/OpenAI chat shape. Assistant tool calls carry a stable ``id``
 and their arguments as a dict; tool results carry the call's id and the tool name.
 Keys starting with ``aimu_`` are ours (``aimu_partial`` marks a turn cut short by a
-stop) and are never sent to a provider: see :func:`wire_view`.
+stop, ``aimu_stop_reason`` an answer the model's server cut off, e.g. ``"length"``) and
+are never sent to a provider: see :func:`wire_view`.
 
 ``validate`` checks a whole transcript, ``settle`` answers every dangling tool call
 with a deterministic "cancelled" result (idempotently), ``copy_messages`` copies so
@@ -85,6 +86,7 @@ class AssistantMessage(TypedDict):
     tool_calls: NotRequired[list[ToolCall]]
     thinking: NotRequired[str]
     aimu_partial: NotRequired[bool]
+    aimu_stop_reason: NotRequired[str]
 
 
 class ToolMessage(TypedDict):
@@ -129,7 +131,9 @@ _ROLES = ("system", "user", "assistant", "tool")
 _KEYS: dict[str, frozenset[str]] = {
     "system": frozenset({"role", "content"}),
     "user": frozenset({"role", "content"}),
-    "assistant": frozenset({"role", "content", "tool_calls", "thinking", "aimu_partial"}),
+    "assistant": frozenset(
+        {"role", "content", "tool_calls", "thinking", "aimu_partial", "aimu_stop_reason"}
+    ),
     "tool": frozenset({"role", "content", "tool_call_id", "name"}),
 }
 
@@ -306,6 +310,8 @@ def _check_assistant(message: Mapping[str, Any], index: int) -> dict[str, str]:
         _check_string(message, "thinking", index, "assistant")
     if not isinstance(message.get("aimu_partial", False), bool):
         raise _fail(index, "'aimu_partial' must be a bool")
+    if "aimu_stop_reason" in message:
+        _check_string(message, "aimu_stop_reason", index, "assistant")
     return open_calls
 
 
@@ -414,7 +420,7 @@ def copy_messages(messages: Iterable[Mapping[str, Any]]) -> list[Message]:
 
 def wire_view(message: Message) -> dict[str, Any]:
     """The message as a provider should see it: our ``aimu_`` keys left out."""
-    if "aimu_partial" not in message:
+    if "aimu_partial" not in message and "aimu_stop_reason" not in message:
         return cast(dict[str, Any], message)
     return {key: value for key, value in message.items() if not key.startswith("aimu_")}
 

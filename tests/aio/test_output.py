@@ -570,3 +570,39 @@ async def test_an_interrupt_at_every_event_of_a_typed_run_then_resume(tmp_path: 
             else:
                 assert await agent.resume() == OSLO, stop_at
             await agent.aclose()
+
+
+# -- resuming an answer: cut off, or not a valid typed answer ---------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+async def test_resuming_a_cut_off_answer_says_incomplete(protocol: str, tmp_path: Path) -> None:
+    """The stop reason is kept with the answer, so a resumed run (another agent, another
+    process) does not take a cut-off answer as completed; it never goes on the wire."""
+    async with (
+        LoopbackServer([Turn(text="half an", stop_reason="length"), Turn(text="more")]) as server,
+        aio.SQLiteStore(tmp_path / "s.db") as store,
+    ):
+        agent = aio.Agent(CLIENTS[protocol](server), store=store, session="s")
+        assert await agent.run("write") == "half an" and agent.last_status == "incomplete"
+        await agent.aclose()
+        again = aio.Agent(CLIENTS[protocol](server), store=store, session="s")
+        assert await again.resume() == "half an"
+        assert again.last_status == "incomplete"
+        assert again.last_run is not None and again.last_run.stop_reason == "length"
+        assert await again.run("go on") == "more"
+        sent = server.requests[-1].body["messages"]
+        assert sent[1] == {"role": "assistant", "content": "half an"}  # no aimu_ key on the wire
+        await again.aclose()
+        await agent.model_client.aclose()
+
+
+async def test_resuming_a_transcript_ending_in_an_invalid_typed_answer_asks_again() -> None:
+    async with LoopbackServer([Turn(text=GOOD)]) as server, openai(server) as model:
+        agent = aio.Agent(model, output_type=Weather, output_retries=0)
+        agent.restore([{"role": "user", "content": "weather in Oslo"},
+                       {"role": "assistant", "content": "It is cold."}])
+        assert await agent.resume() == OSLO  # it raised OutputValidationError
+        (request,) = server.requests
+        assert request.body["messages"][-1]["content"].startswith(CORRECTION_PREFIX)
+        assert schema_sent(request.body) == TypeAdapter(Weather).json_schema()
