@@ -26,6 +26,7 @@ SMOKE = {
     "bench_journal.py": ["--rounds", "10", "--repeats", "1"],
     "bench_output.py": ["--repeats", "1", "--count", "20"],
     "bench_limits.py": ["--repeats", "1", "--count", "100", "--runs", "2"],
+    "bench_temporal.py": ["--quick"],
 }
 
 
@@ -37,8 +38,10 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs(script: str) -> None:
     options = SMOKE[script]
-    if script == "bench_control.py":  # its Redis, found (or skipped) as every Redis test's
+    if script in ("bench_control.py", "bench_temporal.py"):  # found (or skipped) as in tests
         options = [*options, "--redis", services.redis_url()]
+    if script == "bench_temporal.py":
+        options = [*options, "--temporal", services.temporal_address()]
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *options],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

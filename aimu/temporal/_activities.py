@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from temporalio import activity
 from temporalio.client import WorkflowHandle
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, SessionLockedError
@@ -252,7 +252,10 @@ class _Turn:
             reason = handle.reason or "cancelled"
             with contextlib.suppress(Exception):
                 await self.workflow.cancel(reason=reason)
-            raise ApplicationError(reason, type=CANCELLED, non_retryable=True)
+            raise ApplicationError(  # benign: logged at DEBUG, not as a failure
+                reason, type=CANCELLED, non_retryable=True,
+                category=ApplicationErrorCategory.BENIGN,
+            )
         if final is None:  # the run failed before it began (the store, the session)
             return TurnOutcome(
                 "failed", error=f"the run ended {status} before it began", applied=self.applied
