@@ -101,6 +101,8 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         env["DATABASE_URL"] = services.postgres_dsn()
     if page.name == "scale-out.md":  # its Redis, found (or skipped) as every Redis test's
         env["REDIS_URL"] = services.redis_url()
+    if page.name == "temporal.md":  # its Temporal dev server, as the Temporal tests'
+        env["TEMPORAL_ADDRESS"] = services.temporal_address()
     directory = tmp_path / "reader"  # a fresh directory, the page's blocks run in it
     directory.mkdir()
     for _ in range(2 if page in TWICE_PAGES else 1):

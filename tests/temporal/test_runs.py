@@ -3,7 +3,10 @@ through Redis), cancel before any worker, pause with every worker gone, unreacha
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +148,16 @@ async def test_unreachable_temporal_is_a_prompt_error_naming_the_address() -> No
     with pytest.raises(ControlConnectionError, match=address.replace(".", r"\.")):
         await RunsClient.connect(address, "q")
     assert time.monotonic() - started < 30  # never a hang (a generous bound, not a timing)
+
+
+def test_aimu_worker_says_in_one_line_that_temporal_is_unreachable(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "aimu", "worker", "--temporal", address, "--task-queue", "q",
+         "--store", str(tmp_path / "s.db"), "--no-tools"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"aimu worker: cannot reach Temporal at {address}"), line
+    assert "Traceback" not in done.stderr
