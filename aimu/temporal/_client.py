@@ -294,12 +294,12 @@ class RunsClient:
         """Wait until the run ends (a paused run waits for decisions); its final state."""
         async with asyncio.timeout(timeout):
             try:
-                await self._handle(run_id).result()
+                state: dict[str, Any] = await self._handle(run_id).result()
             except RPCError as error:
                 raise self._rpc_error(run_id, error) from None
-            except Exception:  # cancelled or failed: the state says which
-                pass
-        return await self.status(run_id, after=1 << 30)
+            except Exception:  # cancelled or failed: the workflow's state says which
+                return await self.status(run_id, after=1 << 30)
+        return state  # the workflow returns its final state: no query needed
 
     async def events(
         self, run_id: str, after: int = 0
