@@ -171,7 +171,9 @@ function renderSession(session) {
   const mark = END_MARKS[session.status];
   const last = session.messages[session.messages.length - 1];
   if (mark && last && last.role === "assistant" && last.aimu_partial) {
-    // already marked (stopped)
+    // Marked (stopped) as every partial reply is; the last one says how its run ended.
+    const marks = $("messages").querySelectorAll(".msg.assistant .mark");
+    if (marks.length) marks[marks.length - 1].textContent = mark;
   } else if (mark && session.status === "incomplete" && last && last.role === "assistant") {
     addMark($("messages").lastElementChild, mark);
   } else if (mark) {
