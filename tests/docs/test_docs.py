@@ -50,20 +50,14 @@ SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
 NOTEBOOK_PAGES = {
     ROOT / "docs" / name
     for name in (
-        "api.md",
         "workflows.md",
         "how-to/approvals.md",
-        "how-to/budgets.md",
         "how-to/cancel-a-run.md",
-        "how-to/chat.md",
-        "how-to/deps-and-instructions.md",
         "how-to/interrupt-a-run.md",
         "how-to/mcp.md",
-        "how-to/observability.md",
         "how-to/persist-and-resume.md",
         "how-to/results.md",
         "how-to/scale-out.md",
-        "how-to/steer-a-running-run.md",
         "how-to/temporal.md",
         "how-to/timeouts.md",
         "how-to/tool-side-effects.md",
