@@ -60,7 +60,6 @@ NOTEBOOK_PAGES = {
         "how-to/scale-out.md",
         "how-to/temporal.md",
         "how-to/timeouts.md",
-        "how-to/tool-side-effects.md",
         "how-to/typed-output.md",
     )
 }
