@@ -528,9 +528,7 @@ class Agent(Runnable[OutputT]):
         """Store the session's state: the approvals, the text a pause carries, and what
         the session has spent."""
         if self._writer is not None:
-            state: dict[str, Any] = {
-                "approvals": self._approvals.dump(), "spend": self._spend.dump()
-            }
+            state: dict[str, Any] = {**self._approvals.state(), "spend": self._spend.dump()}
             if self._carried.texts:
                 state["sent"] = self._carried.dump()
             await self._writer.save_state(state)
@@ -643,7 +641,7 @@ class Agent(Runnable[OutputT]):
             settled = copy_messages(stored)
             assert self._store is not None and self._session is not None
             state = await self._store.load_state(self._session)
-            approvals = Approvals.load(state.get("approvals"), f"session {self._session!r}")
+            approvals = Approvals.from_state(state, f"session {self._session!r}")
             self._spend = Spend.load(state.get("spend"), f"session {self._session!r}")
             starts = await self._store.tool_starts(self._session)
             self._store_stale = self._settle_loaded(settled, approvals, starts)
@@ -1157,7 +1155,7 @@ class Agent(Runnable[OutputT]):
         run.calls, run.outcome = [], None
         if asked:
             for call in asked:
-                self._approvals.ask(call)
+                self._approvals.ask(call, run_id=run.scope.run_id)
             await self._save_state()
             run.end(Outcome.PAUSED, PAUSED)
             run.scope.note_paused()

@@ -4,13 +4,16 @@ A tool declared ``@aio.tool(approval=True)``, or a call an agent's ``approve=`` 
 answers ``"ask"``, is not run: the run records the turn, runs the calls that need no
 decision and pauses. :class:`Approvals` keeps the calls waiting and the decisions
 given (``approve()`` / ``deny()``) as plain JSON, so a store keeps them across a restart.
+This module alone reads and writes that stored form (:meth:`Approvals.from_state`,
+:meth:`Approvals.state`); each waiting call names the run that asked, so a decision
+meant for one run never decides another's call that happens to share its id.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from aimu.aio.transcript import ToolCall
 
@@ -22,6 +25,9 @@ __all__ = [
     "PendingApproval",
     "denied_result",
 ]
+
+#: The key of a session's state under which its approvals are stored.
+STATE_KEY: Final = "approvals"
 
 #: What a run returns when it paused for approvals.
 PAUSED = "Run paused: tool calls wait for approval."
@@ -44,6 +50,8 @@ class PendingApproval:
     arguments: dict[str, Any]
     in_doubt: bool = False
     """It was running when the process stopped: approving it runs it again."""
+    run_id: str | None = None
+    """The registered run (``RunHandle.run_id``) that paused on it, if it had an id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +69,18 @@ class Approvals:
         self.pending: dict[str, PendingApproval] = {}
         self.decisions: dict[str, Decision] = {}
 
-    def waiting(self) -> list[PendingApproval]:
-        """The pending calls with no decision yet, in the order they were asked."""
-        return [p for call_id, p in self.pending.items() if call_id not in self.decisions]
+    def waiting(self, run_id: str | None = None) -> list[PendingApproval]:
+        """The pending calls with no decision yet, in the order they were asked; given
+        ``run_id``, only those that run paused on (or that name no run)."""
+        return [
+            p for call_id, p in self.pending.items()
+            if call_id not in self.decisions and (run_id is None or p.run_id in (None, run_id))
+        ]
 
-    def ask(self, call: ToolCall, *, in_doubt: bool = False) -> None:
+    def ask(self, call: ToolCall, *, in_doubt: bool = False, run_id: str | None = None) -> None:
         function = call["function"]
         self.pending[call["id"]] = PendingApproval(
-            call["id"], function["name"], function["arguments"], in_doubt
+            call["id"], function["name"], function["arguments"], in_doubt, run_id
         )
 
     def decide(self, call_id: str, decision: Decision, session: str) -> None:
@@ -110,7 +122,7 @@ class Approvals:
         return {
             "pending": [
                 {"call_id": p.call_id, "tool": p.tool, "arguments": p.arguments,
-                 "in_doubt": p.in_doubt}
+                 "in_doubt": p.in_doubt, "run_id": p.run_id}
                 for p in self.pending.values()
             ],
             "decisions": {
@@ -129,9 +141,10 @@ class Approvals:
             if not isinstance(data, Mapping):
                 raise TypeError(f"a dict, not {type(data).__name__}")
             for item in data.get("pending") or []:
+                run_id = item.get("run_id")
                 approvals.pending[item["call_id"]] = PendingApproval(
                     str(item["call_id"]), str(item["tool"]), dict(item["arguments"]),
-                    bool(item.get("in_doubt", False)),
+                    bool(item.get("in_doubt", False)), None if run_id is None else str(run_id),
                 )
             for call_id, item in (data.get("decisions") or {}).items():
                 reason = item.get("reason")
@@ -141,3 +154,12 @@ class Approvals:
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{where}: unreadable approvals ({error!r:.100})") from error
         return approvals
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], where: str) -> Approvals:
+        """The approvals in a session's stored state (a store's ``load_state``)."""
+        return cls.load(state.get(STATE_KEY), where)
+
+    def state(self) -> dict[str, Any]:
+        """The session state that stores these approvals (for ``save_state``)."""
+        return {STATE_KEY: self.dump()}

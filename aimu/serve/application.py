@@ -1,6 +1,6 @@
 """The ASGI application of ``aimu serve``: the runs API, its OpenAPI document, the chat page.
 
-:func:`app` builds a Starlette application around a :class:`~aimu.serve.runs.LocalRuns`.
+:func:`app` builds a Starlette application around a :class:`~aimu.serve.runs.Runs`.
 Routes answer JSON (see :mod:`aimu.serve.openapi` for the contract), errors included;
 ``GET /runs/{id}/events`` streams Server-Sent Events. Mounted inside another ASGI
 application, call ``await app.aclose()`` when that application shuts down (a mounted
@@ -37,8 +37,9 @@ from aimu.serve.errors import BadRequest, Conflict, NotFound, answer
 from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, error_response, fields, read_json
 from aimu.serve.ids import check_run_id
+from aimu.serve.local import LocalBackend
 from aimu.serve.openapi import openapi_document
-from aimu.serve.runs import AgentFactory, LocalRuns, validate_name
+from aimu.serve.runs import AgentFactory, Runs, RunsBackend, validate_name
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
@@ -56,7 +57,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 class ServeApp(Starlette):
     """The Starlette application :func:`app` returns; ``runs`` executes the runs."""
 
-    runs: LocalRuns
+    runs: Runs
     _closers: list[Callable[[], Awaitable[None]]]
 
     async def aclose(self) -> None:
@@ -111,7 +112,7 @@ def app(
         )
         closers.append(close_model)
 
-    runs: LocalRuns
+    backend: RunsBackend
     control: RedisControl | None = None
     connect: Callable[[], Awaitable[None]] | None = None
     if redis is not None:
@@ -122,16 +123,17 @@ def app(
     if temporal is not None:
         if task_queue is None:
             raise ValueError("app(temporal=...) needs task_queue=: the queue the workers take")
-        from aimu.serve.temporal import TemporalRuns  # the aimu[temporal] extra
+        from aimu.serve.temporal import TemporalBackend  # the aimu[temporal] extra
 
-        runs = TemporalRuns(agents, opened, temporal, task_queue, redis=control)
-        connect = runs.connect
+        temporal_backend = TemporalBackend(temporal, task_queue, opened, redis=control)
+        backend, connect = temporal_backend, temporal_backend.connect
     elif control is None:
-        runs = LocalRuns(agents, opened)
+        backend = LocalBackend(agents, opened)
     else:
-        from aimu.serve.shared import SharedRuns
+        from aimu.serve.shared import RedisBackend
 
-        runs = SharedRuns(agents, opened, control)
+        backend = RedisBackend(agents, opened, control)
+    runs = Runs(backend, opened, agents)
     api = _Routes(runs, max_body)
     middleware = [
         Middleware(
@@ -223,7 +225,7 @@ def _sse(item: tuple[str, dict[str, Any]]) -> bytes:
 class _Routes:
     """The route handlers, sharing the runs and the body limit."""
 
-    def __init__(self, runs: LocalRuns, max_body: int) -> None:
+    def __init__(self, runs: Runs, max_body: int) -> None:
         self.runs = runs
         self.max_body = max_body
 
@@ -264,7 +266,8 @@ class _Routes:
     # -- sessions ----------------------------------------------------------------------
 
     async def sessions(self, request: Request) -> Response:
-        running = await self.runs.session_runs()
+        infos = await self.runs.store.sessions()
+        running = await self.runs.session_runs([info.name for info in infos])
         listed = [
             {
                 "name": info.name,
@@ -274,7 +277,7 @@ class _Routes:
                 "status": info.status,
                 "run_id": running.get(info.name),
             }
-            for info in await self.runs.store.sessions()
+            for info in infos
         ]
         return JSON({"sessions": listed})
 

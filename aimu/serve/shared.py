@@ -1,10 +1,13 @@
 """Runs shared by several server processes through Redis (``aimu serve --redis``).
 
-:class:`SharedRuns` executes the runs started here like :class:`LocalRuns`, and also
-registers them with a :class:`~aimu.aio.RedisControl`; every process on the same Redis
-(and the same store) then reports, follows, cancels, interrupts and stops any run, wherever
-it executes. Event ids are the Redis stream's, the same in every process, so a follower
-can reconnect to any of them with ``Last-Event-ID``.
+:class:`RedisBackend` executes the runs started here with a
+:class:`~aimu.serve.local.Launcher`, each registered with a
+:class:`~aimu.aio.RedisControl` before its id is handed out (Redis away: the start
+fails at once and the run never starts). Everything else goes through the control, for
+the runs of this process as for any other's: a run's record, a session's latest run (one
+key per session, so no listing scans the runs kept), following (event ids are the Redis
+stream's, the same in every process, so a follower can reconnect to any of them with
+``Last-Event-ID``), cancel, interrupt, stop and send.
 """
 
 from __future__ import annotations
@@ -12,21 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
+from aimu.serve.decisions import StoreDecisions
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
-from aimu.serve.ids import check_run_id, stream_id
+from aimu.serve.ids import stream_id
+from aimu.serve.local import Launcher
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
     AgentFactory,
     Batch,
+    Decided,
     JSONEvent,
-    LocalRuns,
-    RunRecord,
-    check_grace,
+    Request,
+    RunView,
     no_cancel_error,
 )
 
@@ -34,39 +40,21 @@ if TYPE_CHECKING:
     from aimu.aio.control import RedisControl, RunInfo
     from aimu.aio.store import Store
 
-__all__ = ["SharedRuns"]
-
-_LIVE: Final = frozenset({"pending", "running"})
+__all__ = ["RedisBackend"]
 
 
-class SharedRuns(LocalRuns):
-    """Local runs registered with ``control``; any run on the same Redis is reachable."""
+class RedisBackend:
+    """Runs executing here and registered with ``control``; any run on the same Redis
+    (and store) is found, followed and stopped through it."""
 
     def __init__(self, agents: AgentFactory, store: Store, control: RedisControl) -> None:
-        super().__init__(agents, store)
+        self._launcher = Launcher(agents)
+        self._decisions = StoreDecisions(store, agents, self)
         self.control = control
-
-    # -- starting ----------------------------------------------------------------
-
-    def _start_handle(self, run: Coroutine[Any, Any, str], record: RunRecord) -> RunHandle[str]:
-        tagged = self.control.with_info(
-            session=record.session,
-            task="" if record.task is None else record.task,
-            resume="1" if record.task is None else "",
-            messages_from=str(record.messages_from),
-        )
-        handle = RunHandle.start(run, control=tagged)
-        assert handle.run_id is not None
-        record.run_id = handle.run_id
-        return handle
-
-    async def _started(self, handle: RunHandle[str]) -> None:
-        # Every process must find the run before its id is handed out.
-        with self._control_errors("register the run"):
-            await self.control.registered(handle)
+        self._closing = asyncio.Event()
 
     @contextlib.contextmanager
-    def _control_errors(self, what: str, run_id: str | None = None) -> Any:
+    def _errors(self, what: str, run_id: str | None = None) -> Iterator[None]:
         try:
             yield
         except UnknownRunError:
@@ -74,39 +62,51 @@ class SharedRuns(LocalRuns):
         except ControlError as error:
             raise ServiceUnavailable(f"cannot {what}: {error}") from None
 
-    # -- reading -------------------------------------------------------------------
+    # -- starting --------------------------------------------------------------------
 
-    async def _info(self, run_id: str) -> RunInfo:
-        check_run_id(run_id)
-        with self._control_errors("read the run", run_id):
-            return await self.control.status(run_id)
+    async def start(self, session: str, task: str | None, agent: Agent | None) -> RunView:
+        busy = await self._latest_live(session)
+        if busy is not None:
+            if agent is not None:
+                await agent.aclose()
+            raise Conflict(
+                f"session {session!r} has a run in progress ({busy.run_id}); stop it or wait"
+            )
+        control = self.control
 
-    async def public(self, run_id: str) -> dict[str, Any]:
-        if run_id in self._runs:
-            return await self._public(self._runs[run_id])
-        return await self._public(_record(await self._info(run_id)))
+        def start(run: Any, messages_from: int) -> RunHandle[str]:
+            tagged = control.required(
+                session=session,
+                task="" if task is None else task,
+                resume="1" if task is None else "",
+                messages_from=str(messages_from),
+            )
+            return RunHandle.start(run, control=tagged)
 
-    async def session_run(self, session: str) -> RunRecord | None:
-        here = await super().session_run(session)
-        if here is not None:
-            return here
-        for info in await self._live_elsewhere():
-            if info.info.get("session") == session:
-                return _record(info)
-        return None
+        handle = await self._launcher.launch(session, task, agent, start)
+        # Every process must find the run before its id is handed out.
+        try:
+            with self._errors("start the run"):
+                run_id = await control.registered(handle)
+        except ServiceUnavailable:
+            await self._launcher.settled(handle)  # it never started; its session is free
+            raise
+        return await self.view(run_id)
 
-    async def session_runs(self) -> dict[str, str]:
-        running = {
-            info.info["session"]: info.run_id
-            for info in await self._live_elsewhere()
-            if "session" in info.info
-        }
-        running.update(await super().session_runs())
-        return running
+    async def _latest_live(self, session: str) -> RunView | None:
+        latest = (await self.latest([session])).get(session)
+        return latest if latest is not None and latest.live else None
 
-    async def _live_elsewhere(self) -> list[RunInfo]:
-        with self._control_errors("list the runs"):
-            return [info for info in await self.control.runs() if info.status in _LIVE]
+    # -- reading ---------------------------------------------------------------------
+
+    async def view(self, run_id: str) -> RunView:
+        with self._errors("read the run", run_id):
+            return _view(await self.control.status(run_id))
+
+    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+        with self._errors("read the sessions' runs"):
+            found = await self.control.latest(sessions)
+        return {name: _view(info) for name, info in found.items()}
 
     async def check_follow(self, run_id: str, after: str | None) -> None:
         await self._at_end(run_id, after)
@@ -114,11 +114,11 @@ class SharedRuns(LocalRuns):
     async def _at_end(self, run_id: str, after: str | None) -> bool:
         """True if ``after`` is the last event of a finished run (nothing to follow);
         ``BadRequest`` if it is past that event (an id this run never sent)."""
-        info = await self._info(run_id)
+        view = await self.view(run_id)
         start = stream_id(after)
-        if start is None or not info.done:
+        if start is None or view.live or view.status == "lost":
             return False
-        with self._control_errors("read the run's events", run_id):
+        with self._errors("read the run's events", run_id):
             last = await self.control.last_event_id(run_id)
         if last is not None and _stream_order(start) <= _stream_order(last):
             return start == last
@@ -165,88 +165,45 @@ class SharedRuns(LocalRuns):
             if aclose is not None:
                 await aclose()
 
-    # -- control -------------------------------------------------------------------
+    # -- control ---------------------------------------------------------------------
 
-    async def cancel(self, run_id: str, reason: str | None) -> dict[str, Any]:
-        if self._here_and_live(run_id):
-            return await super().cancel(run_id, reason)
-        reason = reason or "cancelled over HTTP"
-        await self._request(run_id, "cancel", lambda: self.control.cancel(run_id, reason))
-        return await self.public(run_id)
+    async def request(self, run_id: str, request: Request) -> None:
+        control, kind, value = self.control, request.kind, request.value
+        what = "send to" if kind == "send" else kind
+        with self._errors(what, run_id):
+            if kind == "cancel":
+                accepted = await control.cancel(run_id, value if isinstance(value, str) else None)
+            elif kind == "interrupt":
+                accepted = await control.interrupt(run_id)
+            elif kind == "send":
+                accepted = await control.send(run_id, str(value))
+            else:
+                info = await control.status(run_id)
+                accepted = info.status in ("pending", "running")
+                if accepted:
+                    grace = float(value) if isinstance(value, float | int) else 5.0
+                    self._launcher.spawn(self._stop(run_id, grace))
+        if not accepted:
+            view = await self.view(run_id)
+            raise Conflict(f"run {run_id} already ended ({view.status}): nothing to {what}")
 
-    async def interrupt(self, run_id: str) -> dict[str, Any]:
-        if self._here_and_live(run_id):
-            return await super().interrupt(run_id)
-        await self._request(run_id, "interrupt", lambda: self.control.interrupt(run_id))
-        return await self.public(run_id)
+    async def decide(
+        self, view: RunView, call_id: str, approve: bool, reason: str | None
+    ) -> Decided:
+        return await self._decisions.decide(view, call_id, approve, reason)
 
-    async def stop(self, run_id: str, grace: float) -> dict[str, Any]:
-        if self._here_and_live(run_id):
-            return await super().stop(run_id, grace)
-        check_grace(grace)
-        info = await self._info(run_id)
-        if info.status not in _LIVE:
-            raise Conflict(f"run {run_id} already ended ({info.status}): nothing to stop")
-        self._spawn(self._stop_elsewhere(run_id, grace))
-        return _public(info)
-
-    async def _stop_elsewhere(self, run_id: str, grace: float) -> None:
+    async def _stop(self, run_id: str, grace: float) -> None:
         with contextlib.suppress(ControlError, TimeoutError):  # the run's end reports itself
             await self.control.stop(run_id, grace)
 
-    async def send(self, run_id: str, text: str) -> dict[str, Any]:
-        if run_id in self._runs:
-            return await super().send(run_id, text)
-        await self._request(run_id, "send to", lambda: self.control.send(run_id, text))
-        return await self.public(run_id)
+    # -- shutting down ---------------------------------------------------------------
 
-    async def _paused(self, run_id: str) -> RunRecord:
-        """The paused run, whichever process ran it (its session is in the shared store)."""
-        if run_id in self._runs:
-            return await super()._paused(run_id)
-        record = _record(await self._info(run_id))
-        if record.status != "paused":
-            raise Conflict(
-                f"run {run_id} is {record.status}, not paused: no tool call awaits a decision"
-            )
-        return record
+    def begin_shutdown(self) -> None:
+        self._closing.set()
 
-    async def _latest_run(self, session: str) -> RunRecord | None:
-        with self._control_errors("list the runs"):
-            runs = [i for i in await self.control.runs() if i.info.get("session") == session]
-        if not runs:
-            return await super()._latest_run(session)
-        latest = max(runs, key=lambda info: info.created_at or 0.0)
-        return self._runs.get(latest.run_id) or _record(latest)
-
-    async def _later_run(self, record: RunRecord) -> str | None:
-        here = await super()._later_run(record)
-        if here is not None:
-            return here
-        with self._control_errors("list the runs"):
-            runs = await self.control.runs()
-        later = [
-            info.run_id for info in runs
-            if info.info.get("session") == record.session
-            and info.run_id != record.run_id
-            and (info.created_at or 0.0) > record.created_at
-        ]
-        return later[-1] if later else None
-
-    def _here_and_live(self, run_id: str) -> bool:
-        record = self._runs.get(run_id)
-        return record is not None and not record.ended
-
-    async def _request(
-        self, run_id: str, what: str, request: Callable[[], Awaitable[bool]]
-    ) -> None:
-        """Send ``request()`` for ``run_id`` (made only once the id is checked)."""
-        check_run_id(run_id)
-        with self._control_errors(what, run_id):
-            accepted = await request()
-        if not accepted:
-            info = await self._info(run_id)
-            raise Conflict(f"run {run_id} already ended ({info.status}): nothing to {what}")
+    async def aclose(self) -> None:
+        self.begin_shutdown()
+        await self._launcher.aclose()
 
 
 async def _next(events: AsyncIterator[Any]) -> Any:
@@ -258,10 +215,11 @@ def _stream_order(event_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-def _record(info: RunInfo) -> RunRecord:
-    """A record of a run executing elsewhere, from what Redis knows of it."""
+def _view(info: RunInfo) -> RunView:
+    """A run as the API reports it, from what Redis knows of it."""
     extra = info.info
-    record = RunRecord(
+    messages_from = extra.get("messages_from") or "0"
+    return RunView(
         info.run_id,
         extra.get("session", ""),
         None if extra.get("resume") else extra.get("task"),
@@ -269,13 +227,10 @@ def _record(info: RunInfo) -> RunRecord:
         created_at=info.created_at or 0.0,
         finished_at=info.ended_at,
         reason=info.reason,
+        reply=info.result if isinstance(info.result, str) else None,
         error=info.error,
+        usage=info.usage,  # type: ignore[arg-type]
+        events=info.events,
+        messages_from=int(messages_from) if messages_from.isdigit() else 0,
     )
-    record.messages_from = int(extra.get("messages_from") or 0)
-    record.remote = True
-    record.event_count = info.events
-    return record
 
-
-def _public(info: RunInfo) -> dict[str, Any]:
-    return _record(info).public()

@@ -1,11 +1,12 @@
 """Runs handed to Temporal workers (``aimu serve --temporal HOST:PORT --task-queue Q``).
 
-:class:`TemporalRuns` answers the same runs API as :class:`LocalRuns`, but executes
+:class:`TemporalBackend` is a :class:`~aimu.serve.runs.RunsBackend` that executes
 nothing here: each run is a workflow that an ``aimu worker`` executes (see
-:mod:`aimu.temporal`). A pump per run follows the workflow's events into the run's
-record, so followers, ``Last-Event-ID`` and the web page work as with local runs. A run
-that pauses for approval ends here as ``paused``; once every call is decided the same
-workflow goes on, reported as a new run (``resumed_run_id``) that follows it from there.
+:mod:`aimu.temporal`). A pump per run follows the workflow's events into this process's
+:class:`~aimu.serve.local.RunLog`, so followers, ``Last-Event-ID`` and the web page work
+as with local runs. A run that pauses for approval ends here as ``paused``; decisions
+are the workflow's signals, and once every call is decided the same workflow goes on,
+reported as a new run (``resumed_run_id``) that follows it from there.
 """
 
 from __future__ import annotations
@@ -14,39 +15,42 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.serve.errors import Conflict, NotFound, ServiceUnavailable
-from aimu.serve.runs import AgentFactory, LocalRuns, RunRecord, check_grace
+from aimu.serve.local import RunLog, RunRecord
+from aimu.serve.runs import Decided, Request, RunView, no_cancel_error
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
     from aimu.aio.store import Store
     from aimu.temporal import RunsClient
 
-__all__ = ["TemporalRuns"]
+__all__ = ["TemporalBackend"]
 
 _log = logging.getLogger("aimu.serve")
 #: Seconds between attempts to follow a run whose events could not be read.
 _RETRY_SECONDS: Final = 0.5
 
 
-class TemporalRuns(LocalRuns):
-    """The runs API over runs that Temporal workers execute (call :meth:`connect` first)."""
+class TemporalBackend(RunLog):
+    """Runs that Temporal workers execute, followed here (call :meth:`connect` first)."""
 
     def __init__(
         self,
-        agents: AgentFactory,
-        store: Store,
         temporal: str,
         task_queue: str,
+        store: Store,
         *,
         redis: RedisControl | None = None,
     ) -> None:
-        super().__init__(agents, store)
+        super().__init__()
         self.temporal = temporal
         self.task_queue = task_queue
+        self._store = store
         self._redis = redis
         self._client: RunsClient | None = None
         self._workflow: dict[str, tuple[str, int]] = {}
@@ -71,25 +75,26 @@ class TemporalRuns(LocalRuns):
 
     # -- starting ------------------------------------------------------------------------
 
-    async def start(self, session: str, task: str | None) -> RunRecord:
-        self._check_startable(session)
-        stored = await self.store.load(session)
+    async def start(self, session: str, task: str | None, agent: Agent | None) -> RunView:
+        if agent is not None:  # the workers open the session, not this process
+            await agent.aclose()
+        self.check_free(session)
+        stored = await self._store.load(session)
         if task is None and not any(m["role"] == "user" for m in stored):
             raise Conflict(f"session {session!r}: nothing to resume: it has no task yet")
         with self._errors("start the run"):
             run_id = await self.client.start(session, task)
-        return self._follow(RunRecord(run_id, session, task), run_id, 0, len(stored))
+        view = RunView(run_id, session, task, created_at=time.time())
+        return self._follow(view, run_id, 0, len(stored))
 
-    def _follow(self, record: RunRecord, workflow: str, offset: int, before: int) -> RunRecord:
-        record.messages_from = before
-        self._workflow[record.run_id] = (workflow, offset)
-        self._active[record.session] = record.run_id
-        self._runs[record.run_id] = record
-        self._forget_old()
+    def _follow(self, view: RunView, workflow: str, offset: int, before: int) -> RunView:
+        view.messages_from = before
+        self._workflow[view.run_id] = (workflow, offset)
+        record = self.add(view)
         pump = asyncio.get_running_loop().create_task(self._pump(record, workflow, offset))
         self._pumps.add(pump)
         pump.add_done_callback(self._pumps.discard)
-        return record
+        return view
 
     async def _pump(self, record: RunRecord, workflow: str, offset: int) -> None:
         """Copy the workflow's events into ``record`` until the run ends or pauses."""
@@ -103,39 +108,27 @@ class TemporalRuns(LocalRuns):
                         return
                 return
             except (ControlError, OSError) as error:
-                _log.warning("run %s: events not read from Temporal: %s", record.run_id, error)
+                _log.warning("run %s: events not read from Temporal: %s", record.view.run_id, error)
                 await asyncio.sleep(_RETRY_SECONDS)
 
     def _take(self, record: RunRecord, event: dict[str, Any]) -> None:
-        if record.status == "pending":
-            record.status = "running"
+        view = record.view
+        if view.status == "pending":
+            view.status = "running"
         kind = event.get("type")
         if kind == "run_finished":
-            record.reply, record.error = event.get("reply"), event.get("error")
-            record.usage = event.get("usage") or record.usage
-        record.add(event)
+            view.reply, view.error = event.get("reply"), event.get("error")
+            view.usage = event.get("usage") or view.usage
+        record.add(no_cancel_error(event))
         if kind == "run_finished" and event.get("status") == "paused":
-            self._end(record, "paused", None)
+            record.end("paused", None)
         elif kind == "handle_finished":
-            record.reason = event.get("reason")
-            self._end(record, str(event.get("status")), None, add=False)
-
-    def _end(self, record: RunRecord, status: str, reason: str | None, add: bool = True) -> None:
-        record.status = status
-        record.finished_at = time.time()
-        if self._active.get(record.session) == record.run_id:
-            del self._active[record.session]
-        if add:
-            record.add({"type": "handle_finished", "name": f"run {record.run_id}",
-                        "status": status, "reason": reason, "result": record.reply,
-                        "error": record.error})
-        record.ended = True
-        record.wake()
+            record.end(str(event.get("status")), event.get("reason"), add=False)
 
     # -- control -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, what: str) -> Any:
+    def _errors(self, what: str) -> Iterator[None]:
         from aimu.temporal import RequestRefused
 
         try:
@@ -149,74 +142,51 @@ class TemporalRuns(LocalRuns):
         except ControlError as error:
             raise ServiceUnavailable(f"cannot {what}: {error}") from None
 
-    def _running(self, run_id: str, what: str) -> str:
-        record = self.get(run_id)
+    async def request(self, run_id: str, request: Request) -> None:
+        record = self.record(run_id)
+        kind, value = request.kind, request.value
+        what = "send to" if kind == "send" else kind
         if record.ended:
-            raise Conflict(f"run {run_id} already ended ({record.status}): nothing to {what}")
-        return self._workflow[run_id][0]
-
-    async def cancel(self, run_id: str, reason: str | None) -> dict[str, Any]:
-        workflow = self._running(run_id, "cancel")
-        with self._errors("cancel the run"):
-            await self.client.cancel(workflow, reason or "cancelled over HTTP")
-        return self.get(run_id).public()
-
-    async def interrupt(self, run_id: str) -> dict[str, Any]:
-        workflow = self._running(run_id, "interrupt")
-        with self._errors("interrupt the run"):
-            await self.client.interrupt(workflow)
-        return self.get(run_id).public()
-
-    async def stop(self, run_id: str, grace: float) -> dict[str, Any]:
-        workflow = self._running(run_id, "stop")
-        with self._errors("stop the run"):
-            await self.client.request_stop(workflow, check_grace(grace))
-        return self.get(run_id).public()
-
-    async def send(self, run_id: str, text: str) -> dict[str, Any]:
-        workflow = self._running(run_id, "send to")
-        with self._errors("send to the run"):
-            await self.client.send(workflow, text)
-        return self.get(run_id).public()
+            raise Conflict(f"run {run_id} already ended ({record.view.status}): nothing to {what}")
+        workflow = self._workflow[run_id][0]
+        with self._errors(f"{what} the run"):
+            if kind == "cancel":
+                await self.client.cancel(workflow, str(value or "cancelled over HTTP"))
+            elif kind == "interrupt":
+                await self.client.interrupt(workflow)
+            elif kind == "stop":
+                await self.client.request_stop(workflow, float(value or 0.0))
+            else:
+                await self.client.send(workflow, str(value))
 
     async def decide(
-        self, run_id: str, call_id: str, approve: bool, reason: str | None
-    ) -> dict[str, Any]:
+        self, view: RunView, call_id: str, approve: bool, reason: str | None
+    ) -> Decided:
         """Record the decision in the run's workflow; after the last one the workflow
         resumes the run on a worker, reported as a new run following it."""
-        self._check_open()
-        record = await self._paused(run_id)
-        workflow, _ = self._workflow[run_id]
+        workflow, _ = self._workflow[view.run_id]
         with self._errors("record the decision"):
             if approve:
                 waiting = await self.client.approve(workflow, call_id)
             else:
                 waiting = await self.client.deny(workflow, call_id, reason)
-        resumed = None
         if waiting is None:  # no worker answered: the workflow has the decision anyway
             waiting = []
-        if not waiting:
-            state = await self.client.status(workflow, after=1 << 30)
-            later = RunRecord(f"{workflow}-{state['event_count']}", record.session, None)
-            stored = await self.store.load(record.session)
-            self._follow(later, workflow, int(state["event_count"]), len(stored))
-            resumed = record.resumed_run_id = later.run_id
-        return {
-            "run_id": run_id,
-            "call_id": call_id,
-            "approve": approve,
-            "pending": waiting,
-            "resumed_run_id": resumed,
-        }
+        if waiting:
+            return Decided(waiting, None)
+        state = await self.client.status(workflow, after=1 << 30)
+        count = int(state["event_count"])
+        later = RunView(f"{workflow}-{count}", view.session, None, created_at=time.time())
+        stored = await self._store.load(view.session)
+        self._follow(later, workflow, count, len(stored))
+        return Decided([], later.run_id)
 
     # -- shutting down -------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Stop following; the runs go on in the workers."""
-        self._closed = True
         self.begin_shutdown()
         pumps = list(self._pumps)
         for pump in pumps:
             pump.cancel()
-        await asyncio.gather(*pumps, *self._background, return_exceptions=True)
-
+        await asyncio.gather(*pumps, return_exceptions=True)

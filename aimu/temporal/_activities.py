@@ -26,11 +26,12 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, SessionLockedError
+from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
-from aimu.serve.runs import AgentFactory, event_json, pending_json
+from aimu.serve.runs import AgentFactory, pending_json
 from aimu.temporal._workflow import (
     BEGIN,
     CANCELLED,
@@ -192,7 +193,7 @@ class _Turn:
     def _on_event(self, event: Event) -> None:
         if isinstance(event, RunFinished) and event.source == self.agent.name:
             self.final = event
-        self.batch.append(event_json(event))
+        self.batch.append(event_data(event))
         self.batch_ready.set()
         with contextlib.suppress(RuntimeError):  # heartbeats after the activity ended
             activity.heartbeat(self.applied)

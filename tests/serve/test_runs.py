@@ -1,4 +1,5 @@
-"""LocalRuns without HTTP: what the routes rely on and cannot show from outside."""
+"""The runs service and its backends without HTTP: what the routes rely on and cannot
+show from outside."""
 
 from __future__ import annotations
 
@@ -10,23 +11,52 @@ import pytest
 
 from aimu import aio
 from aimu.aio.run_handle import RunHandle
-from aimu.serve.runs import LocalRuns, RunRecord
+from aimu.serve.local import Launcher, LocalBackend
+from aimu.serve.runs import Runs, RunsBackend
+from aimu.serve.shared import RedisBackend
 
 
-class NoHandles(LocalRuns):
-    """Runs whose handle cannot start (as when the server's control has closed)."""
-
-    def _start_handle(self, run: Coroutine[Any, Any, str], record: RunRecord) -> RunHandle[str]:
-        raise RuntimeError("no handle today")
+def test_both_backends_implement_the_protocol() -> None:
+    for backend in (LocalBackend, RedisBackend):
+        missing = [
+            name for name in ("start", "view", "latest", "check_follow", "follow", "request",
+                              "decide", "begin_shutdown", "aclose")
+            if not callable(getattr(backend, name, None))
+        ]
+        assert not missing, (backend, missing)
+    assert RunsBackend.__doc__ and "Conflict" in RunsBackend.__doc__
 
 
 async def test_a_run_whose_handle_cannot_start_releases_its_session(tmp_path: Path) -> None:
+    def no_handle(run: Coroutine[Any, Any, str], messages_from: int) -> RunHandle[str]:
+        raise RuntimeError("no handle today")  # as when the server's control has closed
+
     async with aio.SQLiteStore(tmp_path / "s.db") as store:
         client = aio.client("test")
-        runs = NoHandles(lambda s: aio.Agent(client.fork(), store=store, session=s), store)
+        agents = lambda s: aio.Agent(client.fork(), store=store, session=s)  # noqa: E731
         with pytest.raises(RuntimeError, match="no handle today"):
-            await runs.start("s", "hello")
-        assert runs.active_run("s") is None
+            await Launcher(agents).launch("s", "hello", None, no_handle)
+        runs = Runs(LocalBackend(agents, store), store, agents)
+        assert await runs.session_run("s") is None
         writer = await store.open_session("s")  # the lock was released
+        await writer.aclose()
+        await client.aclose()
+
+
+async def test_a_run_cancelled_before_it_began_releases_its_session(tmp_path: Path) -> None:
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        client = aio.client("test")
+        agents = lambda s: aio.Agent(client.fork(), store=store, session=s)  # noqa: E731
+        launcher = Launcher(agents)
+
+        def cancelled_at_once(run: Coroutine[Any, Any, str], _: int) -> RunHandle[str]:
+            handle = RunHandle.start(run)
+            handle.cancel("before it began")
+            return handle
+
+        handle = await launcher.launch("s", "hello", None, cancelled_at_once)
+        await launcher.settled(handle)
+        assert handle.status == "cancelled"
+        writer = await store.open_session("s")  # released though the run never began
         await writer.aclose()
         await client.aclose()

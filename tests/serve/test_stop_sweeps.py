@@ -165,7 +165,7 @@ async def stop_and_check(http: httpx.AsyncClient, served: Served, case: Case) ->
     status = events[-1].data["status"]
     assert status in (AT_THE_ANSWER if case.point == "model" else ALLOWED)[action], status
     assert (await http.get(f"/runs/{run_id}")).json()["status"] == status
-    assert served.app.runs.active_run(session) is None
+    assert await served.app.runs.session_run(session) is None
     model = served.model
     await model.wait_until(
         lambda: all(s.completed or s.abandoned for s in model.streams[case.streams:]),
@@ -185,7 +185,7 @@ async def stop_and_check(http: httpx.AsyncClient, served: Served, case: Case) ->
     follow_up = await start(http, session, "short 2")
     assert (await collect(http, follow_up))[-1].data["status"] == "completed"
     # The stop's background task (stop?grace) ended with the stopped run, long before.
-    assert not served.app.runs._background
+    assert not served.app.runs.backend._launcher._background  # type: ignore[attr-defined]
 
 
 async def transcript(http: httpx.AsyncClient, session: str) -> list[dict[str, object]]:
