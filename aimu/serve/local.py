@@ -40,7 +40,7 @@ from aimu.serve.runs import (
     open_agent,
 )
 
-__all__ = ["Launcher", "LocalBackend", "RunLog", "RunRecord"]
+__all__ = ["Launcher", "LocalBackend", "RunLog", "RunRecord", "ended"]
 
 _RUN_ID_BYTES: Final = 18  # 144 bits: unguessable, so a run id is a capability
 
@@ -83,7 +83,7 @@ class Launcher:
             finally:
                 await agent.aclose()
 
-        def ended(handle: RunHandle[str]) -> None:
+        def on_done(handle: RunHandle[str]) -> None:
             self._handles.discard(handle)
             if not started:  # cancelled before it began: release the session here
                 run.close()
@@ -98,12 +98,12 @@ class Launcher:
             await agent.aclose()
             raise
         self._handles.add(handle)
-        handle.add_done_callback(ended)
+        handle.add_done_callback(on_done)
         return handle
 
     async def settled(self, handle: RunHandle[str]) -> None:
         """Wait until ``handle`` ended and its session was released."""
-        await _settled(handle)
+        await ended(handle)
         release = self._releasing.pop(handle, None)
         if release is not None:
             await release
@@ -121,7 +121,7 @@ class Launcher:
             handle.cancel("the server is shutting down")
         for task in list(self._background):
             task.cancel()
-        pending: list[Any] = [*self._background, *(_settled(h) for h in handles)]
+        pending: list[Any] = [*self._background, *(ended(h) for h in handles)]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
@@ -338,7 +338,7 @@ class LocalBackend(RunLog):
         await self._launcher.aclose()
 
 
-async def _settled(handle: RunHandle[str]) -> None:
+async def ended(handle: RunHandle[Any]) -> None:
     """Wait until ``handle`` ends, whatever ended it (its outcome is not ours to raise)."""
     ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 

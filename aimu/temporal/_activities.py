@@ -31,6 +31,7 @@ from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
+from aimu.serve.local import ended
 from aimu.serve.runs import AgentFactory, pending_json
 from aimu.temporal._workflow import (
     BEGIN,
@@ -126,7 +127,7 @@ class _Turn:
         flusher = asyncio.create_task(self._flush_batches())
         ticker = asyncio.create_task(self._tick())
         try:
-            await _ended(handle)
+            await ended(handle)
         except asyncio.CancelledError:
             # Temporal cancelled the activity: the run gets the cancel, settles, and the
             # activity ends cancelled (its transcript is in the store).
@@ -135,7 +136,7 @@ class _Turn:
             if details is not None and details.timed_out:
                 reason = "the turn timed out in Temporal"
             handle.cancel(reason)
-            await _uncancellable(_ended(handle))
+            await _uncancellable(ended(handle))
             raise
         finally:
             ticker.cancel()
@@ -277,18 +278,6 @@ def _stored(messages: list[Message], messages_from: int, task: str) -> bool:
     return any(
         m["role"] == "user" and m.get("content") == task for m in messages[messages_from:]
     )
-
-
-async def _ended(handle: RunHandle[Any]) -> None:
-    """Wait until ``handle`` ends, whatever ended it (a cancel of the waiter leaves it)."""
-    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def settle(_: object) -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    handle.add_done_callback(settle)
-    await ended
 
 
 async def _uncancellable(work: Any) -> None:
