@@ -56,7 +56,6 @@ NOTEBOOK_PAGES = {
         "how-to/interrupt-a-run.md",
         "how-to/mcp.md",
         "how-to/persist-and-resume.md",
-        "how-to/results.md",
         "how-to/scale-out.md",
         "how-to/temporal.md",
         "how-to/timeouts.md",
