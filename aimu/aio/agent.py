@@ -80,7 +80,7 @@ from aimu.aio.runnable import (
     load_usage,
     options_in,
 )
-from aimu.aio.scope import RunScope
+from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
 from aimu.aio.transcript import (
@@ -941,10 +941,11 @@ class Agent(Runnable[OutputT]):
         request = turn_request(
             config.output, config.tool_choice, config.parallel_tool_calls, specs, client.messages
         )
-        turn = (
+        turn = _in_scope(
             client.stream_turn(client.messages, specs)
             if request is None  # a client of our own without request= keeps working
-            else client.stream_turn(client.messages, specs, request=request)
+            else client.stream_turn(client.messages, specs, request=request),
+            run.scope,
         )
         watch, streamed, hit = budget.watch, 0, None
         try:
@@ -1399,6 +1400,25 @@ class _Carried:
         if texts and all(text in later for text in texts):
             return cls()  # joined already
         return cls(texts, after)
+
+
+async def _in_scope(
+    chunks: AsyncGenerator[Chunk, None], scope: RunScope
+) -> AsyncGenerator[Chunk, None]:
+    """``chunks`` stepped with the run's ``scope`` as ``current_scope``, so the provider's
+    retry wait sees the run's interrupt and deadline even outside any handle."""
+    try:
+        while True:
+            token = current_scope.set(scope)
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            finally:
+                current_scope.reset(token)
+            yield chunk
+    finally:
+        await chunks.aclose()
 
 
 def _built_tools(

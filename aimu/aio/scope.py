@@ -9,6 +9,8 @@ interrupt of an outer scope reaches the inner ones, and events bubble outwards.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +26,16 @@ EventListener = Callable[[Event], None]
 
 # Guards every scope's inbox: a send from another thread and the run closing it.
 _inbox_lock = threading.Lock()
+# Guards the interrupt waiters: an interrupt may be requested from another thread.
+_waiters_lock = threading.Lock()
+
+#: A task waiting for an interrupt: its future, and the loop it runs on.
+_Waiter = tuple["asyncio.Future[bool]", asyncio.AbstractEventLoop]
+
+
+def _settle(waiter: asyncio.Future[bool], interrupted: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(interrupted)
 
 
 class RunScope:
@@ -32,6 +44,7 @@ class RunScope:
     __slots__ = (
         "_inbox",
         "_interrupt_requested",
+        "_interrupt_waiters",
         "_listeners",
         "deadline",
         "interrupt_honoured",
@@ -53,6 +66,8 @@ class RunScope:
         #: Loop time (``loop.time()``) at which the run is cancelled, inherited by nested scopes.
         self.deadline: float | None = deadline
         self._interrupt_requested = False
+        #: Tasks in :meth:`interrupted_within` here or in a scope inside (None: none yet).
+        self._interrupt_waiters: list[_Waiter] | None = None
         #: True once a loop in this scope stopped because of an interrupt (a run that
         #: finished its answer despite one leaves it False).
         self.interrupt_honoured = False
@@ -85,8 +100,53 @@ class RunScope:
         return False
 
     def request_interrupt(self) -> None:
-        """Ask every loop in this scope to stop at its next step boundary."""
+        """Ask every loop in this scope to stop at its next step boundary; wakes the
+        tasks in :meth:`interrupted_within`. Safe from another thread or a signal handler."""
         self._interrupt_requested = True
+        with _waiters_lock:
+            waiters = tuple(self._interrupt_waiters or ())
+        for waiter, loop in waiters:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_settle, waiter, True)
+
+    async def interrupted_within(self, seconds: float | None) -> bool:
+        """Wait until an interrupt is requested of this scope or one around it, for at
+        most ``seconds`` (None: no limit); True if one was. Awaiting, not polling: the
+        request wakes the waiter at once. Cancelling the waiter only stops the waiting."""
+        if self.interrupt_requested:
+            return True
+        if seconds is not None and seconds <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        entry = (waiter, loop)
+        chain = self._chain()
+        with _waiters_lock:
+            for scope in chain:
+                if scope._interrupt_waiters is None:
+                    scope._interrupt_waiters = []
+                scope._interrupt_waiters.append(entry)
+        timer = None if seconds is None else loop.call_later(seconds, _settle, waiter, False)
+        try:
+            if self.interrupt_requested:  # asked between the first look and registering
+                return True
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with _waiters_lock:
+                for scope in chain:
+                    if scope._interrupt_waiters is not None:
+                        scope._interrupt_waiters.remove(entry)
+
+    def _chain(self) -> list[RunScope]:
+        """This scope and those around it, innermost first."""
+        chain: list[RunScope] = []
+        scope: RunScope | None = self
+        while scope is not None:
+            chain.append(scope)
+            scope = scope.parent
+        return chain
 
     def note_interrupted(self) -> None:
         """Record that a loop stopped at a step boundary because of an interrupt."""
@@ -137,11 +197,7 @@ class RunScope:
 
         ``close``: this scope's run is ending, so a later ``send()`` answers False.
         """
-        chain: list[RunScope] = []
-        scope: RunScope | None = self
-        while scope is not None:
-            chain.append(scope)
-            scope = scope.parent
+        chain = self._chain()
         taken: list[str] = []
         with _inbox_lock:
             for scope in reversed(chain):  # the outer scope's texts came first

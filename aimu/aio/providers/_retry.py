@@ -38,7 +38,6 @@ DEFAULT_RETRIES = 3
 DEFAULT_DELAY = 0.5
 _MAX_DELAY = 30.0
 _MAX_RETRY_AFTER = 60.0
-_POLL = 0.02  # how often a backoff wait looks for an interrupt
 #: Seconds a server that answers ``503 Loading model`` is waited for (from its first).
 LOADING_WAIT = 120.0
 _LOADING_POLL = 1.0  # the longest wait between two tries of a loading server
@@ -146,8 +145,7 @@ class Retry:
             )
         if scope is not None:
             scope.emit(ModelRetry(reporter.host, reporter.model, attempt, delay, error))
-        while (left := end - loop.time()) > 0:
-            await asyncio.sleep(min(left, _POLL) if scope is not None else left)
-            if scope is not None and scope.interrupt_requested:
-                return False
-        return True
+        if scope is None:
+            await asyncio.sleep(delay)
+            return True
+        return not await scope.interrupted_within(delay)  # an interrupt ends it at once

@@ -222,6 +222,55 @@ async def test_a_stop_during_the_backoff_wait_is_immediate(provider: str, stop: 
     await assert_only_current_task()
 
 
+@pytest.mark.parametrize("where", ["no scope", "a plain scope"])
+async def test_agent_interrupt_cuts_a_backoff_wait_short_outside_a_handle(
+    provider: str, where: str
+) -> None:
+    """Agent.interrupt() reached the retry wait only under a handle (the wait read the
+    handle's scope); now the run's own scope is current while the provider runs."""
+    script = [Turn(fault="http_503", retry_after="30"), Turn(text="after the resume")]
+    async with LoopbackServer(script) as server:
+        model = make(provider, server.url)
+        agent = aio.Agent(model)
+        waiting = asyncio.Event()
+        with contextlib.ExitStack() as stack:
+            if where == "a plain scope":  # a listener sees the retry: a provable point
+                run_scope, _ = stack.enter_context(scope())
+                run_scope.add_listener(
+                    lambda e: waiting.set() if isinstance(e, ModelRetry) else None
+                )
+            task = asyncio.create_task(agent.run("x"))
+        async with asyncio.timeout(10):  # a guard against a hang, not a timing bet
+            if where == "a plain scope":
+                await waiting.wait()
+            else:
+                await server.wait_requests(1)  # the 503 was asked for; the wait follows
+            assert agent.interrupt()
+            assert await task == "Run interrupted."
+        assert agent.last_status == "interrupted"
+        assert await agent.resume() == "after the resume"
+        await model.aclose()
+    assert len(server.requests) == 2
+
+
+async def test_interrupted_within_wakes_at_once_and_cleans_up() -> None:
+    outer = RunScope("outer")
+    inner = RunScope("inner", parent=outer)
+    assert await inner.interrupted_within(0.01) is False  # the time passed, nothing asked
+    waiter = asyncio.ensure_future(inner.interrupted_within(None))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, outer.request_interrupt)  # from another thread
+    assert await waiter is True
+    assert inner._interrupt_waiters == [] and outer._interrupt_waiters == []
+    assert await inner.interrupted_within(30) is True  # already asked: no wait
+    cancelled = asyncio.ensure_future(RunScope("x").interrupted_within(None))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+
+
 async def test_an_agent_run_reports_each_retry_to_its_handle(provider: str) -> None:
     async with LoopbackServer([Turn(fault="http_502"), Turn(text="fine")]) as server:
         model = make(provider, server.url)
