@@ -59,7 +59,6 @@ NOTEBOOK_PAGES = {
         "how-to/scale-out.md",
         "how-to/temporal.md",
         "how-to/timeouts.md",
-        "how-to/typed-output.md",
     )
 }
 # Pages run twice in the same directory: a reader runs a tutorial again.
