@@ -58,7 +58,6 @@ NOTEBOOK_PAGES = {
         "how-to/persist-and-resume.md",
         "how-to/scale-out.md",
         "how-to/temporal.md",
-        "how-to/timeouts.md",
     )
 }
 # Pages run twice in the same directory: a reader runs a tutorial again.
