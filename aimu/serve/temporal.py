@@ -34,6 +34,8 @@ __all__ = ["TemporalBackend"]
 _log = logging.getLogger("aimu.serve")
 #: Seconds between attempts to follow a run whose events could not be read.
 _RETRY_SECONDS: Final = 0.5
+#: How long a run another server started may take to catch up here before it is shown.
+_CATCH_UP_SECONDS: Final = 10.0
 
 
 class TemporalBackend(RunLog):
@@ -125,6 +127,48 @@ class TemporalBackend(RunLog):
         elif kind == "handle_finished":
             record.end(str(event.get("status")), event.get("reason"), add=False)
 
+    # -- runs another server started ----------------------------------------------------
+
+    async def _adopt(self, run_id: str) -> None:
+        """Know ``run_id`` here if Temporal does (another server process started it):
+        its record follows the workflow's events, as on the server that started it. A
+        resumed run's id is its workflow's, ``-r`` and the workflow's events before it."""
+        if run_id in self._workflow or self._client is None:
+            return
+        workflow, offset = run_id, 0
+        state = await self._state_of(workflow)
+        head, marker, tail = run_id.rpartition("-r")
+        if state is None and marker and tail.isdigit():
+            workflow, offset = head, int(tail)
+            state = await self._state_of(workflow)
+        if state is None or state.get("session") is None or run_id in self._workflow:
+            return
+        view = RunView(run_id, state["session"], None if offset else state.get("task"),
+                       created_at=state.get("created_at") or time.time())
+        self._follow(view, workflow, offset, int(state.get("messages_from") or 0))
+        # Answer from what had happened when asked: the pump takes those events first.
+        record, known = self.record(run_id), int(state.get("event_count") or 0) - offset
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CATCH_UP_SECONDS):
+                while len(record.events) < known and not record.ended:
+                    await record.changed(_CATCH_UP_SECONDS)
+
+    async def _state_of(self, workflow: str) -> dict[str, Any] | None:
+        try:
+            return await self.client.status(workflow)
+        except UnknownRunError:
+            return None
+        except ControlError as error:
+            raise ServiceUnavailable(f"cannot read run {workflow}: {error}") from None
+
+    async def view(self, run_id: str) -> RunView:
+        await self._adopt(run_id)
+        return await super().view(run_id)
+
+    async def check_follow(self, run_id: str, after: str | None) -> None:
+        await self._adopt(run_id)
+        await super().check_follow(run_id, after)
+
     # -- control -------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -143,6 +187,7 @@ class TemporalBackend(RunLog):
             raise ServiceUnavailable(f"cannot {what}: {error}") from None
 
     async def request(self, run_id: str, request: Request) -> None:
+        await self._adopt(run_id)
         record = self.record(run_id)
         kind, value = request.kind, request.value
         what = "send to" if kind == "send" else kind
@@ -151,13 +196,16 @@ class TemporalBackend(RunLog):
         workflow = self._workflow[run_id][0]
         with self._errors(f"{what} the run"):
             if kind == "cancel":
-                await self.client.cancel(workflow, str(value or "cancelled over HTTP"))
+                live = await self.client.cancel(workflow, str(value or "cancelled over HTTP"))
             elif kind == "interrupt":
-                await self.client.interrupt(workflow)
+                live = await self.client.interrupt(workflow)
             elif kind == "stop":
-                await self.client.request_stop(workflow, float(value or 0.0))
+                live = await self.client.request_stop(workflow, float(value or 0.0))
             else:
                 await self.client.send(workflow, str(value))
+                live = True
+        if not live:  # ended in Temporal before this server's record heard of it
+            raise Conflict(f"run {run_id} already ended: nothing to {what}")
 
     async def decide(
         self, view: RunView, call_id: str, approve: bool, reason: str | None
@@ -176,7 +224,7 @@ class TemporalBackend(RunLog):
             return Decided(waiting, None)
         state = await self.client.status(workflow, after=1 << 30)
         count = int(state["event_count"])
-        later = RunView(f"{workflow}-{count}", view.session, None, created_at=time.time())
+        later = RunView(f"{workflow}-r{count}", view.session, None, created_at=time.time())
         stored = await self._store.load(view.session)
         self._follow(later, workflow, count, len(stored))
         return Decided([], later.run_id)

@@ -48,6 +48,8 @@ __all__ = ["Activities"]
 _log = logging.getLogger("aimu.temporal")
 #: Events wait at most this long to be signalled to the workflow (one signal per batch).
 _EVENT_BATCH_SECONDS: Final = 0.2
+#: Tries to signal a batch of events before it is given up (Temporal briefly away).
+_SIGNAL_ATTEMPTS: Final = 3
 
 
 class Activities:
@@ -208,12 +210,18 @@ class _Turn:
 
     async def _send_batch(self) -> None:
         batch, self.batch = self.batch, []
-        if batch:
+        for attempt in range(_SIGNAL_ATTEMPTS):
+            if not batch:
+                return
             try:
                 await self.workflow.signal("aimu.events", batch)
+                return
             except Exception as error:  # followers miss them; the run and store do not
-                _log.warning("run %s: %d events not delivered: %s",
-                             self.request.run_id, len(batch), error)
+                if attempt + 1 == _SIGNAL_ATTEMPTS:
+                    _log.warning("run %s: %d events not delivered: %s",
+                                 self.request.run_id, len(batch), error)
+                else:
+                    await asyncio.sleep(0.1 * 2**attempt)
 
     async def _tick(self) -> None:
         """Heartbeat, and take the controls the workflow accepted, every tick."""

@@ -3,6 +3,7 @@ through Redis), cancel before any worker, pause with every worker gone, unreacha
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -161,3 +162,38 @@ def test_aimu_worker_says_in_one_line_that_temporal_is_unreachable(tmp_path: Pat
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"aimu worker: cannot reach Temporal at {address}"), line
     assert "Traceback" not in done.stderr
+
+
+async def test_a_second_server_reports_and_stops_a_run_the_first_started(
+    temporal: str, queue: str, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    from aimu.serve.errors import Conflict, NotFound
+    from aimu.serve.runs import Request
+    from aimu.serve.temporal import TemporalBackend
+
+    model_server.script = [SLOW]
+    await workers.start()
+    first, second = (TemporalBackend(temporal, queue, store) for _ in range(2))
+    for server in (first, second):
+        await server.connect()
+    try:
+        started = await first.start("s1", "talk", None)
+        await model_server.wait_requests(1, timeout=60)  # streaming on the worker
+        view = await second.view(started.run_id)
+        assert (view.session, view.task) == ("s1", "talk")
+        await second.request(started.run_id, Request("cancel", "from the other server"))
+        record = first.record(started.run_id)
+        async with asyncio.timeout(60):
+            while not record.ended:
+                await record.changed(5)
+        assert record.view.status == "cancelled"
+        assert record.view.reason == "from the other server"
+        await model_server.wait_abandoned(1, timeout=30)
+        with pytest.raises(Conflict, match="already ended"):
+            await second.request(started.run_id, Request("cancel", None))
+        with pytest.raises(NotFound):
+            await second.view("no-such-run")
+    finally:
+        await first.aclose()
+        await second.aclose()
