@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapp
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
@@ -195,10 +195,11 @@ class _Run:
 
     __slots__ = (
         "argument_errors", "assembler", "budget", "calls", "clock", "closing", "contexts",
-        "deps", "error", "final_prompted", "first", "limit", "opened", "options", "outcome",
-        "output", "output_failures", "reply", "request_end", "requests", "reruns",
-        "retries_from", "rounds", "scope", "settled", "spans", "status", "stop_reason",
-        "store_error", "untouched", "usage", "usage_estimated",
+        "continuation", "cut_answer", "deps", "error", "final_prompted", "first", "limit",
+        "opened", "options", "outcome", "output", "output_failures", "prefix", "reply",
+        "request_end", "requests", "reruns", "retries_from", "rounds", "scope", "settled",
+        "spans", "status", "stop_reason", "store_error", "untouched", "usage",
+        "usage_estimated",
     )
 
     def __init__(
@@ -212,6 +213,13 @@ class _Run:
         self.deps: object = None
         #: The limit that stopped the run, if one did.
         self.limit: LimitHit | None = None
+        #: The answer a stop cut short that this resume found last in the transcript; and,
+        #: while the model continues it, that same message (the turn's prefix).
+        self.cut_answer: AssistantMessage | None = None
+        self.prefix: AssistantMessage | None = None
+        #: How the cut answer was taken up: "continued" (sent as the assistant's prefix)
+        #: or "re-asked" (left out of the request: the model answers anew).
+        self.continuation: Literal["continued", "re-asked"] | None = None
         #: Where the messages of the request in flight end (to estimate a cut turn's usage).
         self.request_end = 0
         #: Some of ``usage`` was estimated from streamed text (a cut stream reports none).
@@ -873,6 +881,10 @@ class Agent(Runnable[OutputT]):
                 # A fresh run: a correction here costs none of its output retries.
                 if await self._output_checked(run, answer["content"], schema_asked=False):
                     run.end(Outcome.ANSWERED, answer["content"])
+                return
+            last = self.model_client.messages[-1] if self.model_client.messages else None
+            if last is not None and last["role"] == "assistant" and last.get("aimu_partial"):
+                run.cut_answer = last
 
     async def _next_step(self, run: _Run) -> AsyncGenerator[Event, None] | None:
         """The step to run next, or None once the run has its outcome. Text sent to the
@@ -901,6 +913,36 @@ class Agent(Runnable[OutputT]):
             run.limited(hit)
             return None
         return self._model_turn(run)
+
+    def _taken_up(self, run: _Run) -> list[Message]:
+        """The messages this turn sends: with an answer a stop cut short last, either all
+        of them (``resume(continue_partial=True)`` on a server that continues a trailing
+        assistant message: the model goes on from the cut) or all but that answer (the
+        model answers anew). Sets ``run.prefix`` and ``run.continuation``."""
+        messages = self.model_client.messages
+        cut, run.cut_answer = run.cut_answer, None
+        if cut is None or not messages or messages[-1] is not cut:
+            return messages
+        if run.options.continue_partial and self.model_client.continues_partial:
+            run.prefix, run.continuation = cut, "continued"
+            return messages
+        run.continuation = "re-asked"
+        return messages[:-1]
+
+    async def _keep(self, run: _Run, message: AssistantMessage) -> AssistantMessage:
+        """Record a turn's message; a continuation replaces the answer it continued,
+        joined to it (one assistant message). Returns the message as recorded."""
+        prefix, run.prefix = run.prefix, None
+        if prefix is None:
+            await self._record(message)
+            return message
+        joined = _joined(prefix, message)
+        messages = self.model_client.messages
+        messages[-1] = joined
+        if self._writer is not None:
+            self._store_stale = True  # the stored answer is replaced: rewrite from memory
+            await self._sync_store(self._writer)
+        return joined
 
     def _context_hit(self) -> LimitHit | None:
         """The model's context window, if the next request would not fit it."""
@@ -938,13 +980,14 @@ class Agent(Runnable[OutputT]):
         # After a correction the model must answer: the schema goes, the tools wait.
         must_answer = final_turn or (config.output is not None and _after_correction(client))
         specs = None if must_answer else config.specs
+        sent = self._taken_up(run)
         request = turn_request(
-            config.output, config.tool_choice, config.parallel_tool_calls, specs, client.messages
+            config.output, config.tool_choice, config.parallel_tool_calls, specs, sent
         )
         turn = _in_scope(
-            client.stream_turn(client.messages, specs)
+            client.stream_turn(sent, specs)
             if request is None  # a client of our own without request= keeps working
-            else client.stream_turn(client.messages, specs, request=request),
+            else client.stream_turn(sent, specs, request=request),
             run.scope,
         )
         watch, streamed, hit = budget.watch, 0, None
@@ -982,7 +1025,12 @@ class Agent(Runnable[OutputT]):
         run.assembler = None
         run.spans.turn_ended(assembler.usage, assembler.stop_reason)
         schema_asked = request is not None and request.output_schema is not None
-        await self._end_turn(run, assembler.message(), assembler.usage, final_turn, schema_asked)
+        message = assembler.message()
+        if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
+            # Kept with the answer: a resumed run must not take it as complete.
+            message["aimu_stop_reason"] = run.stop_reason
+        message = await self._keep(run, message)
+        await self._end_turn(run, message, assembler.usage, final_turn, schema_asked)
         if not assembler.usage_reported and budget.watch:
             raise ModelProtocolError(
                 f"the model at {client.host} reported no token usage, so the token or cost "
@@ -995,12 +1043,11 @@ class Agent(Runnable[OutputT]):
         """A streamed reply crossed a token or cost limit: keep what came (marked partial,
         its usage estimated, any complete tool call answered as not run) and end limited."""
         run.assembler = None
-        message = assembler.message()
-        await self._record(message)
+        message = await self._keep(run, assembler.message())
         for result in self._settle_calls():
             await self._record(result)
         self._count_estimated(run, assembler)
-        run.reply = assembler.text
+        run.reply = message["content"]
         run.limited(hit)
         run.spans.turn_ended(run.usage, hit.stop_reason)
 
@@ -1037,11 +1084,8 @@ class Agent(Runnable[OutputT]):
         final_turn: bool,
         schema_asked: bool = True,
     ) -> None:
-        """Record a finished turn and decide the outcome: answered, tools, or out of rounds."""
-        if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
-            # Kept with the answer: a resumed run must not take it as complete.
-            message["aimu_stop_reason"] = run.stop_reason
-        await self._record(message)
+        """Decide the outcome of a finished turn (recorded): answered, tools, or out of
+        rounds."""
         add_usage(run.usage, usage)
         if run.budget is not None:
             run.budget.count_tokens(usage, estimated=False)
@@ -1214,9 +1258,15 @@ class Agent(Runnable[OutputT]):
         unstored: list[Message] = []
         assembler = run.assembler
         if assembler is not None and assembler.started:
-            unstored.append(assembler.message())
-            self.model_client.messages.append(unstored[-1])
-            run.reply = run.reply or assembler.text
+            partial = assembler.message()
+            if run.prefix is not None:  # a continuation cut short: one answer, still partial
+                partial = _joined(run.prefix, partial)
+                self.model_client.messages[-1] = partial
+                self._store_stale = True
+            else:
+                unstored.append(partial)
+                self.model_client.messages.append(partial)
+            run.reply = run.reply or partial["content"]
             self._count_estimated(run, assembler)
         if run.status in _STOPPED and run.opened:
             unstored.extend(self._settle_calls())
@@ -1273,6 +1323,7 @@ class Agent(Runnable[OutputT]):
             error=run.error,
             run_id=run.scope.run_id,
             spend=None if run.budget is None else run.budget.run,
+            continuation=run.continuation,
             usage_estimated=run.usage_estimated,
             limit=None if run.limit is None else run.limit.message,
         )
@@ -1310,8 +1361,11 @@ class Agent(Runnable[OutputT]):
         """Store what the settling added, the session's spend and ``status`` (None: the
         run changed nothing, so the session's status stays as it was)."""
         if self._writer is not None:
-            for message in unstored:
-                await self._writer.append(message)
+            if self._store_stale:  # memory holds the unstored messages: rewrite it all
+                await self._sync_store(self._writer)
+            else:
+                for message in unstored:
+                    await self._writer.append(message)
             if status is not None:
                 await self._save_state()
                 await self._writer.set_status(status)
@@ -1439,6 +1493,21 @@ def _after_correction(client: ModelClient) -> bool:
     """True when the transcript ends with a correction of an invalid typed answer."""
     messages = client.messages
     return bool(messages) and is_correction(messages[-1])
+
+
+def _joined(prefix: AssistantMessage, more: AssistantMessage) -> AssistantMessage:
+    """The answer ``prefix`` continued by ``more``: one message (partial while ``more`` is)."""
+    joined: AssistantMessage = {"role": "assistant", "content": prefix["content"] + more["content"]}
+    if "tool_calls" in more:
+        joined["tool_calls"] = more["tool_calls"]
+    thinking = prefix.get("thinking", "") + more.get("thinking", "")
+    if thinking:
+        joined["thinking"] = thinking
+    if more.get("aimu_partial"):
+        joined["aimu_partial"] = True
+    if "aimu_stop_reason" in more:
+        joined["aimu_stop_reason"] = more["aimu_stop_reason"]
+    return joined
 
 
 def _call_started(name: str, call: ToolCall) -> ToolCallStarted:

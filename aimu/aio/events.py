@@ -164,6 +164,10 @@ class RunResult(Generic[_Output]):
     cut (a stop, a limit) gets no usage from its server."""
     limit: str | None = None
     """What the usage limit that stopped a ``limited`` run was, in words."""
+    continuation: Literal["continued", "re-asked"] | None = None
+    """How a resume took up an answer a stop had cut short: ``continued`` (the model went
+    on from the cut; one assistant message holds both parts) or ``re-asked`` (the server
+    cannot continue, or ``continue_partial`` was not asked: the model answered anew)."""
 
     @property
     def cut_off(self) -> bool:

@@ -55,11 +55,18 @@ class ScriptedModel(ModelClient):
     provider = "scripted"
 
     def __init__(
-        self, script: Script, *, model: str = "scripted", record: bool = True
+        self,
+        script: Script,
+        *,
+        model: str = "scripted",
+        record: bool = True,
+        continues_partial: bool = False,
     ) -> None:
         super().__init__(model)
         self._shared = _Shared(script)
         self._record = record
+        #: Play the next turn as the continuation of a trailing assistant message.
+        self.continues_partial = continues_partial
 
     @property
     def host(self) -> str:
@@ -83,6 +90,7 @@ class ScriptedModel(ModelClient):
         ModelClient.__init__(twin, self.model)
         twin._shared = self._shared
         twin._record = self._record
+        twin.continues_partial = self.continues_partial
         return twin
 
     def _next_turn(self, request: Mapping[str, Any]) -> Turn:

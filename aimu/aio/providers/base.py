@@ -170,6 +170,9 @@ class ModelClient(abc.ABC):
     provider: str = ""
     #: Requests this client retried so far (a run counts its own by the difference).
     retry_count: int = 0
+    #: The server continues a trailing assistant message (a prefix) instead of starting
+    #: a new reply: what ``resume(continue_partial=True)`` needs.
+    continues_partial: bool = False
     #: The model's context window in tokens, if known (``context_window=`` sets it): an
     #: agent stops ``limited`` before a request that would not fit.
     context_window: int | None = None

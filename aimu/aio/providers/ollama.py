@@ -101,6 +101,8 @@ class OllamaClient(HTTPModelClient):
     reply began; ``merge_roles`` sends adjacent same-role messages as one;
     ``concurrency`` bounds the requests in flight. ``context_window`` (tokens) is the
     model's context size: an agent stops ``limited`` before a request that would not fit.
+    Ollama continues a trailing assistant message, so ``resume(continue_partial=True)``
+    continues a cut answer (``continues_partial=False`` for a server that cannot).
     """
 
     provider = "ollama"
@@ -122,6 +124,7 @@ class OllamaClient(HTTPModelClient):
         merge_roles: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
         context_window: int | None = None,
+        continues_partial: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -138,6 +141,7 @@ class OllamaClient(HTTPModelClient):
         )
         self.options: dict[str, Any] = dict(options or {})
         self.context_window = check_context_window(context_window)
+        self.continues_partial = bool(continues_partial)
         self.think = think
         self.keep_alive = keep_alive
 

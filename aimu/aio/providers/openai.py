@@ -79,6 +79,9 @@ class OpenAIClient(HTTPModelClient):
     ``merge_roles`` sends adjacent same-role messages as one; ``concurrency`` bounds
     the requests in flight. ``context_window`` (tokens) is the
     model's context size: an agent stops ``limited`` before a request that would not fit.
+    ``continues_partial=True`` says the server continues a trailing assistant message
+    (llama.cpp's server does; OpenAI's answers anew), so ``resume(continue_partial=True)``
+    sends a cut answer as the prefix to continue.
     """
 
     provider = "openai"
@@ -100,6 +103,7 @@ class OpenAIClient(HTTPModelClient):
         merge_roles: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
         context_window: int | None = None,
+        continues_partial: bool = False,
     ) -> None:
         url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).strip()
         if "://" not in url:
@@ -125,6 +129,7 @@ class OpenAIClient(HTTPModelClient):
         )
         self.options: dict[str, Any] = dict(options or {})
         self.context_window = check_context_window(context_window)
+        self.continues_partial = bool(continues_partial)
 
     @property
     def base_url(self) -> str:

@@ -28,7 +28,14 @@ from aimu.testing.server.ollama import OLLAMA
 from aimu.testing.server.openai import OPENAI
 from aimu.testing.server.playback import play
 from aimu.testing.server.records import Headers, RecordedRequest, StreamRecord
-from aimu.testing.server.wire import JSON, Protocol, Wire, alternation_error, json_bytes
+from aimu.testing.server.wire import (
+    JSON,
+    Protocol,
+    Wire,
+    alternation_error,
+    json_bytes,
+    trailing_assistant_error,
+)
 
 __all__ = ["LoopbackServer"]
 
@@ -75,9 +82,14 @@ class LoopbackServer:
         host: str = "127.0.0.1",
         port: int = 0,
         strict_alternation: bool = False,
+        continues_partial: bool = True,
     ) -> None:
         self.host = host
         self.port = port
+        #: Continue a trailing assistant message (the script's turn is its continuation),
+        #: as Ollama and llama.cpp's server do; False: refuse it (400), as a server that
+        #: cannot continue one would be modelled.
+        self.continues_partial = continues_partial
         #: Refuse (400) a chat whose user and assistant turns do not alternate, as the
         #: chat templates of Mistral or Gemma on vLLM do.
         self.strict_alternation = strict_alternation
@@ -370,6 +382,8 @@ class LoopbackServer:
             error = wire.refusal()
         if error is None and self.strict_alternation:
             error = alternation_error(body.get("messages"))
+        if error is None and not self.continues_partial:
+            error = trailing_assistant_error(body.get("messages"))
         if error is not None:
             return await reply(400, wire.error_body(400, error))
         self._models[model] = None

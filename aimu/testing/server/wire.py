@@ -29,6 +29,7 @@ __all__ = [
     "alternation_error",
     "json_bytes",
     "output_tokens",
+    "trailing_assistant_error",
 ]
 
 JSON = "application/json"
@@ -128,6 +129,20 @@ class Protocol:
             return "POST"
         found = self.endpoints.get(path)
         return found[0] if found else None
+
+
+def trailing_assistant_error(messages: object) -> str | None:
+    """The 400 of a server that cannot continue an assistant message (the chat must end
+    with a user or tool message), for a request whose last message is the assistant's."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    last = messages[-1]
+    if isinstance(last, Mapping) and last.get("role") == "assistant":
+        return (
+            "this server cannot continue an assistant message: the last message must be "
+            "from the user or a tool"
+        )
+    return None
 
 
 def alternation_error(messages: object) -> str | None:
