@@ -739,14 +739,14 @@ class Agent(Runnable[OutputT]):
         snapshot = {
             "messages": copy_messages(self.model_client.messages),
             "usage": self.usage,
-            "approvals": self._approvals.dump(),
+            **self._approvals.state(),
         }
         if self._carried.texts:  # text sent to a paused run: it joins the resumed one
             snapshot["sent"] = self._carried.dump()
         return snapshot
 
     def blank_snapshot(self) -> dict[str, Any]:
-        return {"messages": [], "usage": zero_usage(), "approvals": Approvals().dump()}
+        return {"messages": [], "usage": zero_usage(), **Approvals().state()}
 
     def session_from(self, snapshot: Mapping[str, Any]) -> Agent[OutputT] | None:
         """A new session holding ``snapshot``; None when it holds no transcript."""
@@ -754,7 +754,7 @@ class Agent(Runnable[OutputT]):
         if not messages:
             return None
         session = self.start()
-        approvals = Approvals.load(snapshot.get("approvals"), "the snapshot")
+        approvals = Approvals.from_state(snapshot, "the snapshot")
         session._restore(cast(list[Message], messages), approvals)
         session._carried = _Carried.load(snapshot.get("sent"), messages, "the snapshot")
         session._usage = load_usage(snapshot.get("usage"), "the snapshot")
