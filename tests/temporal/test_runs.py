@@ -15,7 +15,7 @@ from aimu import aio
 from aimu.aio.errors import ControlConnectionError
 from aimu.aio.store import SQLiteStore
 from aimu.temporal import RequestRefused, RunsClient
-from aimu.testing.script import Turn
+from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.services import free_port, redis_url
 from tests.temporal.conftest import Workers
@@ -197,3 +197,38 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
     finally:
         await first.aclose()
         await second.aclose()
+
+
+@pytest.mark.parametrize("how", ["interrupt", "stop"])
+async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_grace(
+    how: str, runs: RunsClient, workers: Workers, model_server: LoopbackServer,
+    store: SQLiteStore,
+) -> None:
+    def lookup(query: str) -> str:
+        """Look it up."""
+        return "found"
+
+    model_server.script = [
+        Turn("let me look " * 12, tool_calls=(ScriptedCall("lookup", {"query": "x"}),),
+             delay=0.05),
+        SLOW,
+    ]
+    await workers.start(tools=[lookup])
+    run_id = await runs.start("s1", "talk")
+    async for _, event in runs.events(run_id):
+        if event["type"] == "text":
+            break  # mid-stream on the worker
+    if how == "interrupt":
+        assert await runs.interrupt(run_id)
+        state = await runs.wait(run_id, timeout=60)
+        assert state["status"] == "interrupted"
+        assert len(model_server.streams) == 1  # the step finished, no second turn began
+        assert model_server.streams[0].completed
+        assert [m["role"] for m in await store.load("s1")][-1] == "tool"  # its tool round
+    else:
+        state = await runs.stop(run_id, grace=0)
+        assert state["status"] == "cancelled"  # the grace ran out: cancelled, not retried
+        await model_server.wait_abandoned(1, timeout=30)
+        assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
+    await restorable(store, "s1")
+    assert not await runs.interrupt(run_id), "the run has ended"
