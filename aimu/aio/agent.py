@@ -435,8 +435,11 @@ class Agent(Runnable[OutputT]):
         self._scope: RunScope | None = None
         self._approvals = Approvals()
         #: Text sent while the last run paused: it joins the next run at its first boundary
-        #: (with a store it is kept in the session's state until then, see _SentTexts).
+        #: (with a store it is kept in the session's state until then, see _Carried).
         self._carried = _Carried()
+        #: Memory holds the session: no store, or its session loaded (open()) or replaced
+        #: (restore()). Until then the transcript and approvals are not known.
+        self._loaded = store is None
         self._usage = zero_usage()
         #: What this session spent in all, its runs in every process (kept in the store).
         self._spend = Spend()
@@ -511,8 +514,32 @@ class Agent(Runnable[OutputT]):
 
     @property
     def pending_approvals(self) -> list[PendingApproval]:
-        """The tool calls the paused run waits on (call id, tool, arguments)."""
+        """The tool calls the paused run waits on (call id, tool, arguments).
+
+        With a store, ``RuntimeError`` until the session is opened: they are not known."""
+        self._check_loaded("pending_approvals")
         return self._approvals.waiting()
+
+    @property
+    def messages(self) -> list[Message]:
+        """This session's transcript (``model_client.messages``, the same list).
+
+        With a store, ``RuntimeError`` until the session is opened: an unopened session
+        is not empty, its transcript is not loaded yet."""
+        self._check_loaded("messages")
+        return self.model_client.messages
+
+    def _check_loaded(self, what: str) -> None:
+        if not self._loaded:
+            raise RuntimeError(
+                f"agent {self.name!r}: session {self._session!r} is not open, so its {what} "
+                "are not loaded yet: await agent.open() (or use `async with agent`) first"
+            )
+
+    def _check_new_task(self) -> None:
+        # Before the session is loaded its approvals are unknown: opening it checks them.
+        if self._loaded:
+            super()._check_new_task()
 
     def approve(self, call_id: str) -> None:
         """Let the waiting call ``call_id`` run when the run resumes."""
@@ -524,6 +551,7 @@ class Agent(Runnable[OutputT]):
         self._decide(call_id, Decision(False, reason))
 
     def _decide(self, call_id: str, decision: Decision) -> None:
+        self._check_loaded("pending approvals")
         if self.running:
             raise RuntimeError(
                 f"agent {self.name!r}: cannot decide on call {call_id!r:.80} while a run is "
@@ -663,6 +691,7 @@ class Agent(Runnable[OutputT]):
         await self._sync_store(writer)
         if self._state_stale:
             await self._save_state()
+        self._loaded = True
 
     def restore(self, messages: Sequence[Message]) -> Awaitable[None]:
         """Load ``messages`` as this session's transcript, validating them first.
@@ -701,6 +730,7 @@ class Agent(Runnable[OutputT]):
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
         self._carried = _Carried()  # text sent to the paused run of the transcript replaced
+        self._loaded = True
         self._store_stale = self._state_stale = True
 
     def _settle_loaded(

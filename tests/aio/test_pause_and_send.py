@@ -549,3 +549,28 @@ async def test_sends_do_not_renew_the_round_budget() -> None:
     assert len(model.requests) == 3
     users = [m["content"] for m in agent.model_client.messages if m["role"] == "user"]
     assert users.count("one more thing") == 2
+
+
+async def test_messages_and_pending_approvals_before_open_say_so(tmp_path: Path) -> None:
+    """They looked like an empty session until the agent was opened."""
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        first = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge],
+                          store=store, session="pay")
+        assert await first.run("pay") == PAUSED
+        await first.aclose()
+        agent = aio.Agent(ScriptedModel(pay_script()), tools=[lookup, charge],
+                          store=store, session="pay")
+        for read in (lambda: agent.messages, lambda: agent.pending_approvals,
+                     lambda: agent.approve("anything")):
+            with pytest.raises(RuntimeError, match=r"session 'pay' is not open.*agent.open\(\)"):
+                read()
+        await agent.open()
+        assert agent.messages is agent.model_client.messages and len(agent.messages) == 3
+        (pending,) = agent.pending_approvals
+        await agent.aclose()
+        assert agent.pending_approvals == [pending]  # what was loaded stays readable
+        fresh = aio.Agent(ScriptedModel([Turn(text="hi")]), store=store, session="new")
+        assert await fresh.run("hello") == "hi"  # a run opens the session itself
+        await fresh.aclose()
+    no_store = aio.Agent(ScriptedModel([Turn(text="hi")]))
+    assert no_store.messages == [] and no_store.pending_approvals == []
