@@ -135,7 +135,9 @@ class _Turn:
             # activity ends cancelled (its transcript is in the store).
             reason = "cancelled through Temporal"
             details = activity.cancellation_details()
-            if details is not None and details.timed_out:
+            if activity.is_worker_shutdown():
+                reason = "the worker shut down; the run goes on on another worker"
+            elif details is not None and details.timed_out:
                 reason = "the turn timed out in Temporal"
             handle.cancel(reason)
             await _uncancellable(ended(handle))
