@@ -52,7 +52,6 @@ NOTEBOOK_PAGES = {
     for name in (
         "workflows.md",
         "how-to/approvals.md",
-        "how-to/cancel-a-run.md",
         "how-to/interrupt-a-run.md",
         "how-to/mcp.md",
         "how-to/persist-and-resume.md",
