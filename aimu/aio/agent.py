@@ -91,6 +91,7 @@ from aimu.aio.transcript import (
     ToolMessage,
     ToolSpec,
     Usage,
+    UserMessage,
     add_usage,
     copy_messages,
     dangling_calls,
@@ -879,7 +880,10 @@ class Agent(Runnable[OutputT]):
             self._require_task()
         else:
             await self._drop_undone_calls()
-            await self._record({"role": "user", "content": task})
+            message: UserMessage = {"role": "user", "content": task}
+            if run.options.images:
+                message["images"] = list(run.options.images)
+            await self._record(message)
         if self._writer is not None:
             await self._writer.set_status("in_progress")
 

@@ -22,6 +22,7 @@ from typing_extensions import TypeVar
 
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
+from aimu.aio.images import image_urls
 from aimu.aio.limits import UsageLimits
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Usage, check_text, zero_usage
@@ -58,7 +59,8 @@ class RunOptions:
 
     limits: UsageLimits | None = None
     deps: object = NO_DEPS
-    images: tuple[object, ...] = ()
+    #: The images beside the task, checked, as ``data:`` URLs.
+    images: tuple[str, ...] = ()
     continue_partial: bool = False
 
 
@@ -339,7 +341,7 @@ class Runnable(abc.ABC, Generic[OutputT]):
             raise TypeError(f"continue_partial must be a bool, got {continue_partial!r}")
         if limits is None and deps is NO_DEPS and not images and not continue_partial:
             return NO_OPTIONS
-        return RunOptions(limits, deps, tuple(images), continue_partial)
+        return RunOptions(limits, deps, tuple(image_urls(images)), continue_partial)
 
     def run_sync(self, task: str, *, reset: bool = False) -> OutputT:
         """``run(task)`` for code with no event loop (a script, a notebook without one).

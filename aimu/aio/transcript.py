@@ -78,6 +78,8 @@ class SystemMessage(TypedDict):
 class UserMessage(TypedDict):
     role: Literal["user"]
     content: str
+    images: NotRequired[list[str]]
+    """Images beside the text, as ``data:image/...;base64,...`` URLs."""
 
 
 class AssistantMessage(TypedDict):
@@ -130,7 +132,7 @@ def add_usage(total: Usage, more: Usage) -> None:
 _ROLES = ("system", "user", "assistant", "tool")
 _KEYS: dict[str, frozenset[str]] = {
     "system": frozenset({"role", "content"}),
-    "user": frozenset({"role", "content"}),
+    "user": frozenset({"role", "content", "images"}),
     "assistant": frozenset(
         {"role", "content", "tool_calls", "thinking", "aimu_partial", "aimu_stop_reason"}
     ),
@@ -290,9 +292,19 @@ def _check_shape(message: object, index: int) -> str:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
         raise _fail(index, f"{role} message has unexpected keys {shown}{more}")
     _check_string(message, "content", index, role)
+    if role == "user" and "images" in message:
+        _check_images(message["images"], index)
     if role == "system" and index != 0:
         raise _fail(index, "a system message may only be the first message")
     return str(role)
+
+
+def _check_images(images: object, index: int) -> None:
+    if not isinstance(images, list) or not all(
+        isinstance(url, str) and url.startswith("data:image/") and ";base64," in url
+        for url in images
+    ):
+        raise _fail(index, "'images' must be a list of data:image/...;base64,... URLs")
 
 
 def _check_assistant(message: Mapping[str, Any], index: int) -> dict[str, str]:

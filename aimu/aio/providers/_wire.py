@@ -48,7 +48,11 @@ def merge_messages(group: Sequence[Message]) -> Message:
     """One message saying what the adjacent same-role messages of ``group`` said."""
     content = _JOIN.join(m["content"] for m in group if m["content"])
     if group[0]["role"] != "assistant":
-        return cast(Message, {"role": group[0]["role"], "content": content})
+        merged_user: dict[str, Any] = {"role": group[0]["role"], "content": content}
+        images = [url for m in group for url in cast("list[str]", m.get("images", []))]
+        if images:
+            merged_user["images"] = images
+        return cast(Message, merged_user)
     merged: AssistantMessage = {"role": "assistant", "content": content}
     assistants = cast(Sequence[AssistantMessage], group)
     calls: list[ToolCall] = [c for m in assistants for c in m.get("tool_calls", ())]

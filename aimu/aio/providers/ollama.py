@@ -88,6 +88,9 @@ def to_wire(message: Message) -> dict[str, Any]:
                 for f in (c["function"] for c in calls)
             ]
         return wire
+    if message["role"] == "user" and message.get("images"):
+        images = [url.partition(",")[2] for url in message["images"]]  # bare base64
+        return {"role": "user", "content": message["content"], "images": images}
     return {"role": message["role"], "content": message["content"]}
 
 

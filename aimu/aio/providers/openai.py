@@ -66,6 +66,10 @@ def to_wire(message: Message) -> dict[str, Any]:
                 for call in calls
             ]
         return wire
+    if message["role"] == "user" and message.get("images"):
+        parts: list[dict[str, Any]] = [{"type": "text", "text": message["content"]}]
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in message["images"]]
+        return {"role": "user", "content": parts}
     return {"role": message["role"], "content": message["content"]}
 
 

@@ -33,6 +33,7 @@ from aimu.testing.server.wire import (
     Protocol,
     Wire,
     alternation_error,
+    image_error,
     json_bytes,
     trailing_assistant_error,
 )
@@ -382,6 +383,8 @@ class LoopbackServer:
             error = wire.refusal()
         if error is None and self.strict_alternation:
             error = alternation_error(body.get("messages"))
+        if error is None:
+            error = image_error(body.get("messages"))
         if error is None and not self.continues_partial:
             error = trailing_assistant_error(body.get("messages"))
         if error is not None:

@@ -17,6 +17,15 @@ from aimu.testing.script import ScriptedCall, Turn
 __all__ = ["default_script", "requested_schema"]
 
 
+def _text_parts(content: object) -> str:
+    """The text of OpenAI content parts (images left out)."""
+    parts = content if isinstance(content, list) else []
+    return "".join(
+        str(part.get("text", "")) for part in parts
+        if isinstance(part, Mapping) and part.get("type") == "text"
+    )
+
+
 def _canonical_messages(wire_messages: object) -> list[dict[str, Any]]:
     """Wire messages of either protocol in the transcript shape (arguments as dicts)."""
     messages: list[dict[str, Any]] = []
@@ -30,7 +39,7 @@ def _canonical_messages(wire_messages: object) -> list[dict[str, Any]]:
         content = raw.get("content")
         message: dict[str, Any] = {
             "role": raw.get("role", "user"),
-            "content": content if isinstance(content, str) else "",
+            "content": content if isinstance(content, str) else _text_parts(content),
         }
         if message["role"] == "assistant" and raw.get("tool_calls"):
             calls = []

@@ -10,6 +10,7 @@ its other endpoints. To serve another endpoint, add a function to the protocol's
 from __future__ import annotations
 
 import abc
+import base64
 import json
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +28,7 @@ __all__ = [
     "ServerView",
     "Wire",
     "alternation_error",
+    "image_error",
     "json_bytes",
     "output_tokens",
     "trailing_assistant_error",
@@ -129,6 +131,41 @@ class Protocol:
             return "POST"
         found = self.endpoints.get(path)
         return found[0] if found else None
+
+
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
+
+
+def _bad_image(encoded: object) -> bool:
+    """True unless ``encoded`` is base64 of a PNG, JPEG, GIF or WebP image."""
+    if not isinstance(encoded, str):
+        return True
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return True
+    webp = data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+    return not (webp or data.startswith(_IMAGE_MAGIC))
+
+
+def image_error(messages: object) -> str | None:
+    """The 400 a server gives an image it cannot decode: Ollama's ``images`` (base64) or
+    an OpenAI ``image_url`` content part (a ``data:`` URL)."""
+    if not isinstance(messages, list):
+        return None
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        encoded: list[object] = list(message.get("images") or [])
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, Mapping) and part.get("type") == "image_url":
+                url = part.get("image_url", {}).get("url", "")
+                prefix, _, data = str(url).partition(";base64,")
+                encoded.append(data if prefix.startswith("data:image/") else None)
+        if any(_bad_image(item) for item in encoded):
+            return f"invalid image input in message {index}: not a base64 PNG, JPEG, GIF or WebP"
+    return None
 
 
 def trailing_assistant_error(messages: object) -> str | None:
