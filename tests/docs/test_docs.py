@@ -51,7 +51,6 @@ NOTEBOOK_PAGES = {
     ROOT / "docs" / name
     for name in (
         "workflows.md",
-        "how-to/approvals.md",
         "how-to/interrupt-a-run.md",
         "how-to/mcp.md",
         "how-to/persist-and-resume.md",
