@@ -239,11 +239,13 @@ class _Turn:
                 _log.debug("run %s: controls not read: %s", self.request.run_id, error)
                 controls = []
             for control in controls:
-                self._obey(handle, control)
+                if not self._obey(handle, control):
+                    break  # the run is ending: the workflow gives it to a resumed turn
                 self.applied = control.seq
             await asyncio.sleep(self.owner.tick)
 
-    def _obey(self, handle: RunHandle[Any], control: Control) -> None:
+    def _obey(self, handle: RunHandle[Any], control: Control) -> bool:
+        """Apply ``control`` to the run; False for text the ending run did not take."""
         if control.kind == "interrupt":
             handle.interrupt()
         elif control.kind == "stop":
@@ -252,8 +254,8 @@ class _Turn:
             task.add_done_callback(self.background.discard)
         elif control.kind == "send" and control.text is not None and not handle.send(control.text):
             _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
-            self.applied = control.seq - 1
-            return
+            return False
+        return True
 
     async def _outcome(self, handle: RunHandle[Any]) -> TurnOutcome:
         final = self.final

@@ -137,6 +137,7 @@ class RunWorkflow:
         self._events: list[dict[str, Any]] = []
         self._finished_at: float | None = None
         self._cancel_reason: str | None = None
+        self._unsent: list[str] = []
 
     # -- the run ---------------------------------------------------------------------
 
@@ -177,6 +178,7 @@ class RunWorkflow:
                 sends = [c.text or "" for c in self._controls[outcome.applied :]
                          if c.kind == "send"]
                 if outcome.status != "completed" or not sends:
+                    self._unsent = sends  # the run was stopped: said, not lost in silence
                     self._finish(outcome.status)
                     return
                 turn.sends = sends
@@ -269,6 +271,7 @@ class RunWorkflow:
             "finished_at": self._finished_at,
             "messages_from": self._messages_from,
             "pending": [p for p in self._pending if p["call_id"] not in self._decisions],
+            "unsent": list(self._unsent),
             "event_count": len(self._events),
             "events": self._events[after : after + EVENTS_PER_QUERY],
         }
