@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
     from aimu.aio.approvals import PendingApproval
+    from aimu.aio.context import ContextPolicy, KeepLastTurns
     from aimu.aio.control import RedisControl, RunEvent, RunInfo
     from aimu.aio.errors import (
         AimuError,
@@ -68,12 +69,14 @@ __all__ = [
     "Agent",
     "AimuError",
     "Chain",
+    "ContextPolicy",
     "ControlConnectionError",
     "ControlError",
     "EvaluatorOptimizer",
     "Event",
     "HandleFinished",
     "JSONLStore",
+    "KeepLastTurns",
     "Message",
     "ModelClient",
     "ModelConnectionError",
@@ -158,6 +161,8 @@ _WHERE = {
     "Runnable": "runnable",
     "Router": "workflows",
     "RunContext": "instructions",
+    "ContextPolicy": "context",
+    "KeepLastTurns": "context",
     "ModelPrice": "limits",
     "Spend": "limits",
     "UsageLimits": "limits",

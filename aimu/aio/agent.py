@@ -43,6 +43,7 @@ from aimu.aio.client import (
     TurnAssembler,
     TurnDone,
 )
+from aimu.aio.context import ContextPolicy
 from aimu.aio.errors import ModelError, ModelProtocolError, StoreError
 from aimu.aio.events import (
     CUT_OFF_REASONS,
@@ -135,6 +136,7 @@ class _Options(TypedDict, total=False):
     limits: UsageLimits | None
     session_limits: UsageLimits | None
     deps: object
+    context: ContextPolicy | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,8 @@ class _Config:
     session_limits: UsageLimits | None = None
     #: The app state a run hands its tools as ``ctx.deps`` (never stored or sent).
     deps: object = None
+    #: What of the transcript each request sends (None: all of it).
+    context: ContextPolicy | None = None
 
 
 class Outcome(enum.Enum):
@@ -319,6 +323,8 @@ class Agent(Runnable[OutputT]):
     session's total (kept in the store); a run that reaches one ends ``limited``. ``deps``
     is handed to tools as ``ctx.deps`` and never stored. ``system`` may be a function
     (sync or async) of a :class:`~aimu.aio.RunContext`, evaluated at each run's start.
+    ``context`` (a policy such as :class:`~aimu.aio.KeepLastTurns`) chooses what of a
+    long transcript each request sends; the transcript itself stays whole.
     """
 
     kind = "agent"
@@ -372,6 +378,7 @@ class Agent(Runnable[OutputT]):
         limits: UsageLimits | None = None,
         session_limits: UsageLimits | None = None,
         deps: object = None,
+        context: ContextPolicy | None = None,
     ) -> None:
         if not isinstance(client, ModelClient):
             raise TypeError(
@@ -388,6 +395,11 @@ class Agent(Runnable[OutputT]):
                 )
             if given is not None:
                 given.price_of(client.model)  # a cost limit needs this model's price
+        if context is not None and not isinstance(context, ContextPolicy):
+            raise TypeError(
+                "context must be a context policy (aio.KeepLastTurns(n), or an object with "
+                f"view(messages)), got {type(context).__name__}"
+            )
         if (store is None) != (session is None):
             raise ValueError("store and session go together: give both, or neither")
         built, by_name = _built_tools(tools)
@@ -407,6 +419,7 @@ class Agent(Runnable[OutputT]):
             limits=limits,
             session_limits=session_limits,
             deps=deps,
+            context=context,
         )
         self._setup(config, client, store, session, owns_client=True)
 
@@ -983,7 +996,11 @@ class Agent(Runnable[OutputT]):
         window = self.model_client.context_window
         if window is None:
             return None
-        needed = self._prompt_tokens()
+        policy = self._config.context
+        needed = (
+            self._prompt_tokens() if policy is None
+            else estimate_tokens(transcript_chars(policy.view(self.model_client.messages), 0))
+        )
         return LimitHit("context_window", window, needed) if needed > window else None
 
     def _prompt_tokens(self) -> int:
@@ -1015,6 +1032,8 @@ class Agent(Runnable[OutputT]):
         must_answer = final_turn or (config.output is not None and _after_correction(client))
         specs = None if must_answer else config.specs
         sent = self._taken_up(run)
+        if config.context is not None:
+            sent = list(config.context.view(sent))
         request = turn_request(
             config.output, config.tool_choice, config.parallel_tool_calls, specs, sent
         )
