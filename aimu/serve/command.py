@@ -268,7 +268,7 @@ async def _run(
         await application.runs.store.sessions()
         if control is not None:
             await control.connect()
-        connect = getattr(application.runs, "connect", None)  # --temporal
+        connect = getattr(application.runs.backend, "connect", None)  # --temporal
         if connect is not None:
             await connect()
         sock = _listen(options.host, options.port)

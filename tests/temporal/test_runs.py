@@ -151,17 +151,20 @@ async def test_unreachable_temporal_is_a_prompt_error_naming_the_address() -> No
     assert time.monotonic() - started < 30  # never a hang (a generous bound, not a timing)
 
 
-def test_aimu_worker_says_in_one_line_that_temporal_is_unreachable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_the_commands_say_in_one_line_that_temporal_is_unreachable(
+    command: str, tmp_path: Path
+) -> None:
     address = f"127.0.0.1:{free_port()}"
+    extra = ["--port", str(free_port())] if command == "serve" else []
     done = subprocess.run(
-        [sys.executable, "-m", "aimu", "worker", "--temporal", address, "--task-queue", "q",
-         "--store", str(tmp_path / "s.db"), "--no-tools"],
+        [sys.executable, "-m", "aimu", command, "--temporal", address, "--task-queue", "q",
+         "--store", str(tmp_path / "s.db"), "--no-tools", *extra],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith(f"aimu worker: cannot reach Temporal at {address}"), line
-    assert "Traceback" not in done.stderr
+    assert line.startswith(f"aimu {command}: cannot reach Temporal at {address}"), line
 
 
 async def test_a_second_server_reports_and_stops_a_run_the_first_started(
