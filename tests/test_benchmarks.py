@@ -26,6 +26,7 @@ SMOKE = {
     "bench_journal.py": ["--rounds", "10", "--repeats", "1"],
     "bench_output.py": ["--repeats", "1", "--count", "20"],
     "bench_limits.py": ["--repeats", "1", "--count", "100", "--runs", "2"],
+    "bench_continue.py": ["--repeats", "1", "--words", "10", "--delay", "0"],
     "bench_temporal.py": ["--quick"],
 }
 
