@@ -50,7 +50,6 @@ SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
 NOTEBOOK_PAGES = {
     ROOT / "docs" / name
     for name in (
-        "how-to/interrupt-a-run.md",
         "how-to/mcp.md",
         "how-to/persist-and-resume.md",
         "how-to/scale-out.md",
