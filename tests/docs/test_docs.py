@@ -51,7 +51,6 @@ NOTEBOOK_PAGES = {
     ROOT / "docs" / name
     for name in (
         "how-to/mcp.md",
-        "how-to/persist-and-resume.md",
         "how-to/scale-out.md",
         "how-to/temporal.md",
     )
