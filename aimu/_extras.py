@@ -27,7 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "otel": ("opentelemetry",),
     "postgres": ("asyncpg",),
     "redis": ("redis",),
-    "serve": ("starlette", "uvicorn"),
+    "serve": ("fastapi", "starlette", "uvicorn"),
     "temporal": ("temporalio",),
 }
 

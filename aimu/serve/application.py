@@ -1,7 +1,8 @@
 """The ASGI application of ``aimu serve``: the runs API, its OpenAPI document, the chat page.
 
-:func:`app` builds a Starlette application around a :class:`~aimu.serve.runs.Runs`.
-Routes answer JSON (see :mod:`aimu.serve.openapi` for the contract), errors included;
+:func:`app` builds a FastAPI application around a :class:`~aimu.serve.runs.Runs`.
+Routes answer JSON (:mod:`aimu.serve.routes` is the contract, served at ``/openapi.json``
+and browsable at ``/docs``), errors included, each through one table (:func:`answer`);
 ``GET /runs/{id}/events`` streams Server-Sent Events. Mounted inside another ASGI
 application, call ``await app.aclose()`` when that application shuts down (a mounted
 app receives no lifespan events of its own).
@@ -10,7 +11,6 @@ app receives no lifespan events of its own).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -18,44 +18,50 @@ from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Final
 
-from starlette.applications import Starlette
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from aimu.aio import _sse as sse
+from aimu import __version__
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool
 from aimu.serve.agents import agent_factory, open_store
-from aimu.serve.errors import BadRequest, Conflict, NotFound, answer
+from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
-from aimu.serve.http import JSON, BearerAuth, error_response, fields, read_json
-from aimu.serve.ids import check_run_id
+from aimu.serve.http import JSON, BearerAuth, BodyLimit, error_response, validation_answer
 from aimu.serve.local import LocalBackend
-from aimu.serve.openapi import openapi_document
-from aimu.serve.runs import AgentFactory, Runs, RunsBackend, validate_name
+from aimu.serve.models import Error, Health
+from aimu.serve.routes import router
+from aimu.serve.runs import AgentFactory, Runs, RunsBackend
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
 
-__all__ = ["DEFAULT_MAX_BODY", "ServeApp", "app"]
+__all__ = ["DEFAULT_MAX_BODY", "ServeApp", "app", "openapi_document"]
 
 #: Request bodies above this many bytes are refused with 413.
 DEFAULT_MAX_BODY: Final = 1 << 20
 STATIC: Final = Path(__file__).with_name("static")
 _log = logging.getLogger("aimu.serve")
 
-Handler = Callable[[Request], Awaitable[Response]]
+_TITLE: Final = "aimu runs API"
+_DESCRIPTION: Final = (
+    "Start, follow, stop, steer and resume agent runs. Every route but /health, /docs, "
+    "/openapi.json and the chat page needs 'Authorization: Bearer <token>' when the server "
+    "has a token. Every error is {\"error\": message, \"status\": code}."
+)
 
 
-class ServeApp(Starlette):
-    """The Starlette application :func:`app` returns; ``runs`` executes the runs."""
+class ServeApp(FastAPI):
+    """The FastAPI application :func:`app` returns; ``runs`` executes the runs."""
 
     runs: Runs
     _closers: list[Callable[[], Awaitable[None]]]
@@ -134,7 +140,6 @@ def app(
 
         backend = RedisBackend(agents, opened, control)
     runs = Runs(backend, opened, agents)
-    api = _Routes(runs, max_body)
     middleware = [
         Middleware(
             RequestGuard, allowed_hosts=allowed_hosts, token=bool(token), origins=cors_origins
@@ -151,9 +156,10 @@ def app(
         )
     if token:
         middleware.append(Middleware(BearerAuth, token=token))
+    middleware.append(Middleware(BodyLimit, limit=max_body))
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if control is not None:
             await control.connect()  # a clear error naming the URL, before serving
         if connect is not None:
@@ -162,27 +168,90 @@ def app(
         await application.aclose()
 
     application = ServeApp(
-        routes=api.routes(),
+        title=_TITLE,
+        version=__version__,
+        description=_DESCRIPTION,
+        docs_url="/docs",
+        redoc_url=None,
+        default_response_class=JSON,
         middleware=middleware,
         # Exception (a 500) is answered by Starlette's outermost layer, which then
         # re-raises it for the server to log; every known error is answered here.
         exception_handlers={
             HTTPException: _http_error,
+            RequestValidationError: _invalid,
             AimuError: _error,
             ClientDisconnect: _client_gone,
             Exception: _error,
         },
         lifespan=lifespan,
     )
+    _add_routes(application)
     application.runs = runs
     application._closers = closers
     return application
 
 
+def openapi_document() -> dict[str, Any]:
+    """The runs API's OpenAPI document, as every server built by :func:`app` serves it."""
+    bare = FastAPI(
+        title=_TITLE, version=__version__, description=_DESCRIPTION,
+        default_response_class=JSON, docs_url=None, redoc_url=None, openapi_url=None,
+    )
+    _add_routes(bare)
+    return bare.openapi()
+
+
+def _add_routes(application: FastAPI) -> None:
+    """The API's routes (:mod:`aimu.serve.routes`), the chat page, the health check."""
+    application.include_router(router)
+    application.add_api_route("/", _page, methods=["GET"], include_in_schema=False)
+    application.add_api_route(
+        "/health", _health, methods=["GET"], summary="Health check (no token needed)",
+        response_model=Health, openapi_extra={"security": []},
+        responses={400: {"model": Error, "description": "A host name not served here"}},
+    )
+    application.mount("/static", StaticFiles(directory=STATIC), name="static")
+    application.openapi = lambda: _document(application)  # type: ignore[method-assign]
+
+
+async def _page() -> Response:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def _health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def _document(application: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document FastAPI writes from the routes, with the bearer scheme."""
+    if application.openapi_schema is None:
+        document = get_openapi(
+            title=application.title,
+            version=application.version,
+            description=application.description,
+            routes=application.routes,
+        )
+        document.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"}
+        }
+        document["security"] = [{"bearer": []}]
+        application.openapi_schema = document
+    return application.openapi_schema
+
+
+async def _invalid(request: Request, error: Exception) -> Response:
+    """A request FastAPI found off its model: 400 (not JSON, a bad path, query or
+    header value) or 422 (JSON with missing, unknown or mistyped fields)."""
+    assert isinstance(error, RequestValidationError)
+    status, message = validation_answer(error.errors())
+    return error_response(status, message)
+
+
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     if error.status_code == 404:
-        message = f"no route {request.url.path[:200]!r}; see /openapi.json"
+        message = f"no route {request.url.path[:200]!r}; see /docs"
     elif error.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path[:200]!r}"
     else:
@@ -213,183 +282,3 @@ async def _client_gone(request: Request, error: Exception) -> Response:
     _log.debug("%s %s: the client disconnected before sending its body",
                request.method, request.url.path)
     return error_response(400, "the client disconnected")
-
-
-def _sse(item: tuple[str, dict[str, Any]]) -> bytes:
-    """One Server-Sent Event (an empty id: a message without one, never resumed from)."""
-    event_id, event = item
-    data = json.dumps(event, separators=(",", ":"), default=str).encode()
-    return sse.frame(data, event=event["type"], id=event_id or None)
-
-
-class _Routes:
-    """The route handlers, sharing the runs and the body limit."""
-
-    def __init__(self, runs: Runs, max_body: int) -> None:
-        self.runs = runs
-        self.max_body = max_body
-
-    def routes(self) -> list[Route | Mount]:
-        return [
-            Route("/", self.page, methods=["GET"]),
-            Route("/health", self.health, methods=["GET"]),
-            Route("/openapi.json", self.openapi, methods=["GET"]),
-            Route("/sessions", self.sessions, methods=["GET"]),
-            Route("/sessions/{session}", self.session, methods=["GET"]),
-            Route("/sessions/{session}", self.delete_session, methods=["DELETE"]),
-            Route("/sessions/{session}/runs", self.start, methods=["POST"]),
-            Route("/sessions/{session}/resume", self.resume, methods=["POST"]),
-            Route("/runs/{run_id}", self.run, methods=["GET"]),
-            Route("/runs/{run_id}/events", self.events, methods=["GET"]),
-            Route("/runs/{run_id}/cancel", self.cancel, methods=["POST"]),
-            Route("/runs/{run_id}/interrupt", self.interrupt, methods=["POST"]),
-            Route("/runs/{run_id}/stop", self.stop, methods=["POST"]),
-            Route("/runs/{run_id}/send", self.send, methods=["POST"]),
-            Route("/runs/{run_id}/approvals/{call_id}", self.decide, methods=["POST"]),
-            Mount("/static", StaticFiles(directory=STATIC), name="static"),
-        ]
-
-    async def body(self, request: Request) -> dict[str, Any] | None:
-        return await read_json(request, self.max_body)
-
-    # -- pages and documents -----------------------------------------------------------
-
-    async def page(self, request: Request) -> Response:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
-
-    async def health(self, request: Request) -> Response:
-        return JSON({"status": "ok"})
-
-    async def openapi(self, request: Request) -> Response:
-        return JSON(openapi_document())
-
-    # -- sessions ----------------------------------------------------------------------
-
-    async def sessions(self, request: Request) -> Response:
-        infos = await self.runs.store.sessions()
-        running = await self.runs.session_runs([info.name for info in infos])
-        listed = [
-            {
-                "name": info.name,
-                "created": info.created,
-                "updated": info.updated,
-                "message_count": info.message_count,
-                "status": info.status,
-                "run_id": running.get(info.name),
-            }
-            for info in infos
-        ]
-        return JSON({"sessions": listed})
-
-    async def session(self, request: Request) -> Response:
-        name = validate_name(request.path_params["session"])
-        store = self.runs.store
-        info = await store.info(name)
-        active = await self.runs.session_run(name)
-        if info is None and active is None:
-            raise NotFound(f"no session {name!r} in the store")
-        paused, pending = (None, []) if active is not None else await self.runs.paused_on(name)
-        return JSON(
-            {
-                "name": name,
-                "status": None if info is None else info.status,
-                "run_id": None if active is None else active.run_id,
-                "run_messages_from": None if active is None else active.messages_from,
-                "paused_run_id": paused,
-                "pending": pending,
-                "messages": await store.load(name),
-            }
-        )
-
-    async def delete_session(self, request: Request) -> Response:
-        name = validate_name(request.path_params["session"])
-        active = await self.runs.session_run(name)
-        if active is not None:
-            raise Conflict(
-                f"session {name!r} has a run in progress ({active.run_id}); stop it first"
-            )
-        deleted = await self.runs.store.delete(name)  # SessionLockedError: a 409
-        if not deleted:
-            raise NotFound(f"no session {name!r} in the store")
-        return Response(status_code=204)
-
-    async def start(self, request: Request) -> Response:
-        name = validate_name(request.path_params["session"])
-        body = fields(await self.body(request), {"task": str})
-        task: str = body["task"]
-        if not task.strip():
-            raise BadRequest("the task is empty: say what the run should do")
-        return self._started(await self.runs.start(name, task))
-
-    async def resume(self, request: Request) -> Response:
-        name = validate_name(request.path_params["session"])
-        fields(await self.body(request), {})
-        return self._started(await self.runs.start(name, None))
-
-    @staticmethod
-    def _started(record: Any) -> Response:
-        return JSON(
-            {"run_id": record.run_id, "session": record.session, "status": record.status},
-            status_code=202,
-            headers={"Location": f"/runs/{record.run_id}"},
-        )
-
-    # -- runs ----------------------------------------------------------------------------
-
-    async def run(self, request: Request) -> Response:
-        return JSON(await self.runs.public(request.path_params["run_id"]))
-
-    async def events(self, request: Request) -> Response:
-        run_id = check_run_id(request.path_params["run_id"])
-        after = request.headers.get("last-event-id") or request.query_params.get("after")
-        await self.runs.check_follow(run_id, after)  # errors now, before the stream starts
-        follow = self.runs.follow(run_id, after)
-
-        async def stream() -> AsyncIterator[bytes]:
-            async with contextlib.aclosing(follow):
-                async for batch in follow:
-                    yield b"".join(map(_sse, batch)) if batch else sse.KEEP_ALIVE
-
-        return StreamingResponse(
-            stream(),
-            media_type=sse.CONTENT_TYPE,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-
-    async def cancel(self, request: Request) -> Response:
-        body = fields(await self.body(request), {}, {"reason": str})
-        record = await self.runs.cancel(request.path_params["run_id"], body.get("reason"))
-        return JSON(record, status_code=202)
-
-    async def interrupt(self, request: Request) -> Response:
-        fields(await self.body(request), {})
-        record = await self.runs.interrupt(request.path_params["run_id"])
-        return JSON(record, status_code=202)
-
-    async def stop(self, request: Request) -> Response:
-        fields(await self.body(request), {})
-        raw = request.query_params.get("grace", "5")
-        try:
-            grace = float(raw)
-        except ValueError:
-            raise BadRequest(f"grace must be a number of seconds, got {raw[:40]!r}") from None
-        record = await self.runs.stop(request.path_params["run_id"], grace)
-        return JSON(record, status_code=202)
-
-    async def send(self, request: Request) -> Response:
-        body = fields(await self.body(request), {"text": str})
-        text: str = body["text"]
-        if not text.strip():
-            raise BadRequest("the text is empty: nothing to send")
-        record = await self.runs.send(request.path_params["run_id"], text)
-        return JSON(record, status_code=202)
-
-    async def decide(self, request: Request) -> Response:
-        body = fields(await self.body(request), {"approve": bool}, {"reason": str})
-        result = await self.runs.decide(
-            request.path_params["run_id"],
-            request.path_params["call_id"],
-            body["approve"],
-            body.get("reason"),
-        )
-        return JSON(result, status_code=202)

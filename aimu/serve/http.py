@@ -8,28 +8,29 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aimu.serve.errors import BadRequest, PayloadTooLarge, Unauthorized, Unprocessable
+from aimu.serve.errors import Unauthorized
 
-__all__ = ["JSON", "BearerAuth", "error_response", "fields", "read_json"]
+__all__ = ["JSON", "BearerAuth", "BodyLimit", "error_response", "validation_answer"]
+
+_log = logging.getLogger("aimu.serve")
 
 #: Paths answered without the token: the health check, and the chat page's static shell
 #: (a browser cannot attach a bearer header to a page load; the page holds no data and
 #: asks for the token, which it then sends on every API call).
-PUBLIC_PATHS: Final = frozenset({"/health", "/"})
+PUBLIC_PATHS: Final = frozenset({"/health", "/", "/docs", "/openapi.json"})
 PUBLIC_PREFIX: Final = "/static/"
 
 
-class JSON(Response):
+class JSON(JSONResponse):
     """A JSON response, ASCII-escaped."""
-
-    media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, separators=(",", ":")).encode("ascii")
@@ -39,68 +40,90 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
     return JSON({"error": message, "status": status}, status_code=status, headers=headers)
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any] | None:
-    """The request's JSON object, or None for an empty body.
+class BodyLimit:
+    """ASGI middleware: a request's body, read whole before any route runs, up to ``limit``.
 
-    ``PayloadTooLarge`` past ``limit`` bytes (read no further), ``BadRequest`` for bytes
-    that are not JSON, ``Unprocessable`` for JSON that is not an object.
+    Past ``limit`` bytes (declared or counted as they arrive) the answer is 413 and no
+    more is read; a client leaving mid-body gets no answer and is logged at DEBUG only.
+    The route then reads the buffered body as usual.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not (declared.isascii() and declared.isdigit()):
-            raise BadRequest(f"Content-Length {declared[:20]!r} is not a number of bytes")
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"the request body is over the limit of {limit} bytes")
-    if not body.strip():
-        return None
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise BadRequest(f"the request body is not JSON: {error}") from None
-    except RecursionError:
-        raise BadRequest("the request body is JSON nested too deeply") from None
-    if not isinstance(value, dict):
-        raise Unprocessable(f"the request body must be a JSON object, not {_kind(value)}")
-    return value
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        refusal = None
+        if declared is not None and not (declared.isascii() and declared.isdigit()):
+            refusal = 400, f"Content-Length {declared[:20]!r} is not a number of bytes"
+        elif declared is not None and int(declared) > self.limit:
+            refusal = 413, f"the request body is {declared} bytes; the limit is {self.limit}"
+        if refusal is not None:
+            await error_response(*refusal)(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                _log.debug("%s %s: the client disconnected before sending its body",
+                           scope["method"], scope["path"])
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                too_large = f"the request body is over the limit of {self.limit} bytes"
+                await error_response(413, too_large)(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # the disconnect, when the client goes
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
-def fields(
-    body: Mapping[str, Any] | None,
-    required: Mapping[str, type],
-    optional: Mapping[str, type] = {},
-) -> dict[str, Any]:
-    """Check ``body`` against field names and types; ``Unprocessable`` names what is wrong."""
-    given = dict(body or {})
-    unknown = sorted(set(given) - set(required) - set(optional))
-    if unknown:
-        raise Unprocessable(
-            f"unknown field {unknown[0]!r:.60}; expected {', '.join([*required, *optional])}"
-        )
-    for name in required:
-        if name not in given:
-            raise Unprocessable(f"the field {name!r} is required")
-    for name, value in given.items():
-        kind = required.get(name) or optional[name]
-        if value is None and name in optional:
-            continue
-        if kind is str and not isinstance(value, str):
-            raise Unprocessable(f"the field {name!r} must be a string, not {_kind(value)}")
-        if kind is str:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as error:
-                raise Unprocessable(
-                    f"the field {name!r} holds a lone surrogate at character {error.start}: "
-                    "send valid Unicode"
-                ) from None
-        if kind is bool and not isinstance(value, bool):
-            raise Unprocessable(f"the field {name!r} must be true or false, not {_kind(value)}")
-    return given
+def validation_answer(errors: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
+    """The status and message for FastAPI's validation ``errors`` (the first one said):
+    400 for bytes that are not JSON or a bad path, query or header value; 422 for JSON
+    with missing, unknown or mistyped fields."""
+    error = errors[0]
+    where, *path = error.get("loc") or ("body",)
+    kind = str(error.get("type", ""))
+    given = error.get("input")
+    name = str(path[-1]) if path and isinstance(path[-1], str) else None
+    if kind == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        return 400, f"the request body is not JSON: {detail}"
+    if where != "body":
+        shown = repr(given)[:60] if isinstance(given, str) else "nothing"
+        return 400, f"{name or where} {_said(error)}, got {shown}"
+    if name is None:
+        if kind == "missing":
+            return 422, "the request body is required: a JSON object"
+        return 422, f"the request body must be a JSON object, not {_kind(given)}"
+    if kind == "missing":
+        return 422, f"the field {name!r} is required"
+    if kind == "extra_forbidden":
+        return 422, f"unknown field {name!r:.60}; see /docs for this route's fields"
+    if kind == "string_type":
+        return 422, f"the field {name!r} must be a string, not {_kind(given)}"
+    if kind == "bool_type":
+        return 422, f"the field {name!r} must be true or false, not {_kind(given)}"
+    return 422, f"the field {name!r} {_said(error)}"
+
+
+def _said(error: Mapping[str, Any]) -> str:
+    message = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
+    return message[:1].lower() + message[1:] if not message.startswith("holds") else message
 
 
 def _kind(value: object) -> str:

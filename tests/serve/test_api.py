@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from aimu.serve.openapi import openapi_document
+from aimu.serve.application import openapi_document
 from tests.serve.harness import (
     Served,
     collect,
@@ -41,25 +41,36 @@ async def test_health_needs_nothing(http: httpx.AsyncClient) -> None:
     assert response.json() == {"status": "ok"}
 
 
-async def test_openapi_document_lists_every_route(http: httpx.AsyncClient, served: Served) -> None:
+ROUTES = {
+    ("/health", "GET"), ("/sessions", "GET"), ("/sessions/{session}", "GET"),
+    ("/sessions/{session}", "DELETE"), ("/sessions/{session}/runs", "POST"),
+    ("/sessions/{session}/resume", "POST"), ("/runs/{run_id}", "GET"),
+    ("/runs/{run_id}/events", "GET"), ("/runs/{run_id}/cancel", "POST"),
+    ("/runs/{run_id}/interrupt", "POST"), ("/runs/{run_id}/stop", "POST"),
+    ("/runs/{run_id}/send", "POST"), ("/runs/{run_id}/approvals/{call_id}", "POST"),
+}
+
+
+async def test_the_openapi_document_and_the_docs_page(
+    http: httpx.AsyncClient, served: Served
+) -> None:
     response = await http.get("/openapi.json")
     assert response.status_code == 200
     document = response.json()
-    assert document == openapi_document()
+    assert document == served.app.openapi() == openapi_document()  # written from the routes
     assert document["openapi"].startswith("3.1")
     documented = {
-        (path, method.upper())
-        for path, item in document["paths"].items()
-        for method in item
-        if method != "parameters"
+        (path, method.upper()) for path, item in document["paths"].items() for method in item
     }
-    routes = {
-        (route.path, method)
-        for route in served.app.routes
-        for method in getattr(route, "methods", None) or ()
-        if method != "HEAD" and route.path not in ("/", "/openapi.json")
-    }
-    assert routes == documented
+    assert documented == ROUTES
+    for path, method in ROUTES:  # every error a route answers has the one error shape
+        for status, answer in document["paths"][path][method.lower()]["responses"].items():
+            if status[0] in "45":
+                schema = answer["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/Error"}, (path, method, status)
+    page = await http.get("/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "swagger" in page.text.lower() and "/openapi.json" in page.text
 
 
 async def test_a_run_from_start_to_end(http: httpx.AsyncClient) -> None:

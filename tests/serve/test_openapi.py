@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from aimu import aio, serve
-from aimu.serve.openapi import openapi_document
+from aimu.serve.application import openapi_document
 from tests import services
 from tests.serve.harness import uvicorn_serving
 
@@ -44,6 +44,7 @@ def base_url(
         yield url
 
 
+#: The document FastAPI writes from the routes (the same for every server).
 schema = schemathesis.openapi.from_dict(openapi_document())
 CHECKS = [
     schemathesis.checks.not_a_server_error,

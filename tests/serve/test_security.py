@@ -41,13 +41,14 @@ async def test_every_route_but_health_needs_the_token(guarded: str) -> None:
     async with httpx.AsyncClient(base_url=guarded) as http:
         assert (await http.get("/health")).status_code == 200
         assert (await http.get("/")).status_code == 200  # the page shell: no data in it
+        assert (await http.get("/openapi.json")).status_code == 200  # the contract, no data
+        assert (await http.get("/docs")).status_code == 200
         for method, path in [
             ("GET", "/sessions"),
             ("GET", "/sessions/a"),
             ("DELETE", "/sessions/a"),
             ("POST", "/sessions/a/runs"),
             ("POST", "/sessions/a/resume"),
-            ("GET", "/openapi.json"),
             ("GET", "/runs/" + "A" * 22),
             ("GET", "/runs/" + "A" * 22 + "/events"),
             ("POST", "/runs/" + "A" * 22 + "/cancel"),

@@ -1,0 +1,152 @@
+"""The shapes on the wire of the runs API: request bodies and answers, as pydantic models.
+
+FastAPI validates each request body against its model and writes the OpenAPI document
+from these, so the contract and the checks cannot drift. Bodies are strict (no ``"yes"``
+for ``true``, no ``3`` for a string) and refuse unknown fields; text refuses lone
+surrogates, which no store can write.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from aimu.aio._ids import RUN_ID_PATTERN
+from aimu.aio.events import HandleStatus
+
+__all__ = [
+    "CancelBody",
+    "Decision",
+    "DecisionBody",
+    "EmptyBody",
+    "Error",
+    "Health",
+    "Run",
+    "SendBody",
+    "Session",
+    "SessionInfo",
+    "SessionList",
+    "StartBody",
+    "Started",
+]
+
+#: A run's status: its handle's, or ``lost`` (its server died; with --redis).
+STATUSES = (*get_args(HandleStatus), "lost")
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"holds a lone surrogate at character {error.start}: send valid Unicode"
+        ) from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EmptyBody(_Body):
+    """No fields: the body may be empty or ``{}``."""
+
+
+class StartBody(_Body):
+    task: Annotated[Text, Field(min_length=1, description="What the run should do")]
+
+
+class CancelBody(_Body):
+    reason: Text | None = Field(None, description="Why; shown as the run's reason")
+
+
+class SendBody(_Body):
+    text: Annotated[Text, Field(min_length=1, description="A user message for the run")]
+
+
+class DecisionBody(_Body):
+    approve: bool
+    reason: Text | None = Field(None, description="Why (told to the model on a denial)")
+
+
+class Error(BaseModel):
+    """Every error: a message saying what to do, and the HTTP status again."""
+
+    error: str
+    status: int
+
+
+class Health(BaseModel):
+    status: str = Field(json_schema_extra={"const": "ok"})
+
+
+class Started(BaseModel):
+    run_id: RunId
+    session: str
+    status: str = Field(json_schema_extra={"enum": list(STATUSES)})
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class Pending(BaseModel):
+    """A tool call a paused run waits on."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    in_doubt: bool
+
+
+class Run(BaseModel):
+    run_id: RunId
+    session: str
+    task: str | None
+    status: str = Field(json_schema_extra={"enum": list(STATUSES)})
+    reason: str | None
+    reply: str | None
+    error: str | None
+    usage: Usage | None
+    created_at: float
+    finished_at: float | None
+    duration: float | None
+    events: int | None = Field(ge=0)
+    pending: list[Pending]
+
+
+class Decision(BaseModel):
+    run_id: RunId
+    call_id: str
+    approve: bool
+    pending: list[Pending]
+    resumed_run_id: RunId | None
+
+
+class SessionInfo(BaseModel):
+    name: str
+    created: float
+    updated: float
+    message_count: int = Field(ge=0)
+    status: str | None
+    run_id: str | None
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class Session(BaseModel):
+    name: str
+    status: str | None
+    run_id: str | None
+    run_messages_from: int | None = Field(ge=0)
+    paused_run_id: RunId | None
+    pending: list[Pending]
+    messages: list[dict[str, Any]]

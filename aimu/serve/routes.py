@@ -1,0 +1,314 @@
+"""The runs API's routes: one table of paths, bodies, answers and errors (FastAPI).
+
+Each route names its request model and its answers (:mod:`aimu.serve.models`); FastAPI
+validates the bodies against them and writes ``/openapi.json`` and ``/docs`` from this
+table, so the document is what the server does. Handlers reach the runs through
+``request.app.runs``; what they raise is answered through :func:`aimu.serve.errors.answer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Body, Header, Path, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from aimu.aio import _sse as sse
+from aimu.aio._ids import EVENT_NUMBER_PATTERN, RUN_ID_PATTERN, STREAM_ID_PATTERN
+from aimu.serve.errors import BadRequest, Conflict, NotFound
+from aimu.serve.http import JSON
+from aimu.serve.ids import check_run_id
+from aimu.serve.models import (
+    CancelBody,
+    Decision,
+    DecisionBody,
+    EmptyBody,
+    Error,
+    Run,
+    SendBody,
+    Session,
+    SessionList,
+    StartBody,
+    Started,
+)
+from aimu.serve.runs import Runs, RunView, validate_name
+
+__all__ = ["router"]
+
+_WHY: Final = {
+    400: "Malformed request: bad JSON, a bad session name, event id or grace, or a host "
+    "name this server does not answer to",
+    401: "Missing or wrong bearer token (when the server has one)",
+    403: "A cross-site request: another origin may not change state here",
+    404: "No such run or session",
+    409: "The session or run is in a state that does not allow this",
+    413: "The request body is over the server's limit",
+    415: "The request body is not declared application/json",
+    422: "The JSON body has missing, unknown or mistyped fields",
+    503: "The session store or Redis cannot serve this now",
+}
+#: FastAPI would document its own 422 body; ours has the one error shape.
+_READ: Final = (400, 401, 404, 422, 503)
+_WRITE: Final = (*_READ, 403, 409, 413, 415)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": Error, "description": _WHY[status]} for status in statuses}
+
+
+SessionName = Annotated[
+    str,
+    Path(
+        description="1-128 of A-Z a-z 0-9 . _ -, not . or ..",
+        json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,128}$"},
+    ),
+]
+RunIdParam = Annotated[str, Path(json_schema_extra={"pattern": RUN_ID_PATTERN})]
+_EVENT_ID: Final = {
+    "anyOf": [
+        {"type": "string", "maxLength": 0},
+        {"type": "string", "pattern": EVENT_NUMBER_PATTERN},
+        {"type": "string", "pattern": STREAM_ID_PATTERN},
+    ]
+}
+
+router = APIRouter()
+
+
+def _runs(request: Request) -> Runs:
+    runs: Runs = request.app.runs
+    return runs
+
+
+def _started(record: RunView) -> Response:
+    return JSON(
+        {"run_id": record.run_id, "session": record.session, "status": record.status},
+        status_code=202,
+        headers={"Location": f"/runs/{record.run_id}"},
+    )
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+@router.get(
+    "/sessions", response_model=SessionList, summary="Every stored session",
+    responses=_errors(401, 422, 503),
+)
+async def sessions(request: Request) -> dict[str, Any]:
+    runs = _runs(request)
+    infos = await runs.store.sessions()
+    running = await runs.session_runs([info.name for info in infos])
+    listed = [
+        {
+            "name": info.name,
+            "created": info.created,
+            "updated": info.updated,
+            "message_count": info.message_count,
+            "status": info.status,
+            "run_id": running.get(info.name),
+        }
+        for info in infos
+    ]
+    return {"sessions": listed}
+
+
+@router.get(
+    "/sessions/{session}", response_model=Session, summary="A session's transcript",
+    responses=_errors(*_READ),
+)
+async def session(request: Request, session: SessionName) -> dict[str, Any]:
+    runs = _runs(request)
+    name = validate_name(session)
+    info = await runs.store.info(name)
+    active = await runs.session_run(name)
+    if info is None and active is None:
+        raise NotFound(f"no session {name!r} in the store")
+    paused, pending = (None, []) if active is not None else await runs.paused_on(name)
+    return {
+        "name": name,
+        "status": None if info is None else info.status,
+        "run_id": None if active is None else active.run_id,
+        "run_messages_from": None if active is None else active.messages_from,
+        "paused_run_id": paused,
+        "pending": pending,
+        "messages": await runs.store.load(name),
+    }
+
+
+@router.delete(
+    "/sessions/{session}", status_code=204, response_class=Response, summary="Delete a session",
+    responses={204: {"description": "Deleted"}, **_errors(*_READ, 403, 409, 415)},
+)
+async def delete_session(request: Request, session: SessionName) -> Response:
+    runs = _runs(request)
+    name = validate_name(session)
+    active = await runs.session_run(name)
+    if active is not None:
+        raise Conflict(f"session {name!r} has a run in progress ({active.run_id}); stop it first")
+    if not await runs.store.delete(name):  # SessionLockedError: a 409
+        raise NotFound(f"no session {name!r} in the store")
+    return Response(status_code=204)
+
+
+_STARTED: Final[dict[int | str, dict[str, Any]]] = {
+    202: {"model": Started, "description": "Accepted: follow /runs/{run_id}/events"},
+}
+
+
+@router.post(
+    "/sessions/{session}/runs", status_code=202, response_model=Started,
+    summary="Start a run on the session (409 if one is in progress)",
+    responses={**_STARTED, **_errors(*_WRITE)},
+)
+async def start(request: Request, session: SessionName, body: StartBody) -> Response:
+    name = validate_name(session)
+    if not body.task.strip():
+        raise BadRequest("the task is empty: say what the run should do")
+    return _started(await _runs(request).start(name, body.task))
+
+
+@router.post(
+    "/sessions/{session}/resume", status_code=202, response_model=Started,
+    summary="Continue the session exactly where its last run stopped (409: nothing to "
+    "resume, its last run completed)",
+    responses={**_STARTED, **_errors(*_WRITE)},
+)
+async def resume(
+    request: Request, session: SessionName, body: Annotated[EmptyBody | None, Body()] = None
+) -> Response:
+    return _started(await _runs(request).start(validate_name(session), None))
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+
+@router.get(
+    "/runs/{run_id}", response_model=Run, summary="A run's status, reply, usage and timing",
+    responses=_errors(*_READ),
+)
+async def run(request: Request, run_id: RunIdParam) -> dict[str, Any]:
+    return await _runs(request).public(run_id)
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    summary="The run's events as Server-Sent Events, the terminal one last",
+    description="Each event has an id; reconnect with Last-Event-ID (or ?after=) to "
+    "continue after it, missing nothing and repeating nothing. The last event is "
+    "handle_finished.",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "An event stream",
+            "content": {sse.CONTENT_TYPE: {"schema": {"type": "string"}}},
+        },
+        **_errors(*_READ),
+    },
+)
+async def events(
+    request: Request,
+    run_id: RunIdParam,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", json_schema_extra=_EVENT_ID)
+    ] = None,
+    after: Annotated[str | None, Query(json_schema_extra=_EVENT_ID)] = None,
+) -> StreamingResponse:
+    runs = _runs(request)
+    check_run_id(run_id)
+    start_after = last_event_id or after
+    await runs.check_follow(run_id, start_after)  # errors now, before the stream starts
+    follow = runs.follow(run_id, start_after)
+
+    async def stream() -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(follow):
+            async for batch in follow:
+                yield b"".join(map(_sse, batch)) if batch else sse.KEEP_ALIVE
+
+    return StreamingResponse(
+        stream(),
+        media_type=sse.CONTENT_TYPE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _sse(item: tuple[str, dict[str, Any]]) -> bytes:
+    """One Server-Sent Event (an empty id: a message without one, never resumed from)."""
+    event_id, event = item
+    data = json.dumps(event, separators=(",", ":"), default=str).encode()
+    return sse.frame(data, event=event["type"], id=event_id or None)
+
+
+_ACCEPTED: Final[dict[int | str, dict[str, Any]]] = {
+    202: {"model": Run, "description": "Accepted: the run as the request found it"}
+}
+
+
+@router.post(
+    "/runs/{run_id}/cancel", status_code=202, response_model=Run,
+    summary="Cancel the run now (its partial reply is kept)",
+    responses={**_ACCEPTED, **_errors(*_WRITE)},
+)
+async def cancel(
+    request: Request, run_id: RunIdParam, body: Annotated[CancelBody | None, Body()] = None
+) -> dict[str, Any]:
+    return await _runs(request).cancel(run_id, None if body is None else body.reason)
+
+
+@router.post(
+    "/runs/{run_id}/interrupt", status_code=202, response_model=Run,
+    summary="Stop the run at its next step boundary",
+    responses={**_ACCEPTED, **_errors(*_WRITE)},
+)
+async def interrupt(
+    request: Request, run_id: RunIdParam, body: Annotated[EmptyBody | None, Body()] = None
+) -> dict[str, Any]:
+    return await _runs(request).interrupt(run_id)
+
+
+@router.post(
+    "/runs/{run_id}/stop", status_code=202, response_model=Run,
+    summary="Interrupt, then cancel if still running after grace seconds",
+    responses={**_ACCEPTED, **_errors(*_WRITE)},
+)
+async def stop(
+    request: Request,
+    run_id: RunIdParam,
+    grace: Annotated[float, Query(ge=0, le=3600, description="Seconds")] = 5.0,
+    body: Annotated[EmptyBody | None, Body()] = None,
+) -> dict[str, Any]:
+    return await _runs(request).stop(run_id, grace)
+
+
+@router.post(
+    "/runs/{run_id}/send", status_code=202, response_model=Run,
+    summary="Add a user message to the running run at its next step boundary (409 once "
+    "it has ended)",
+    responses={**_ACCEPTED, **_errors(*_WRITE)},
+)
+async def send(request: Request, run_id: RunIdParam, body: SendBody) -> dict[str, Any]:
+    if not body.text.strip():
+        raise BadRequest("the text is empty: nothing to send")
+    return await _runs(request).send(run_id, body.text)
+
+
+@router.post(
+    "/runs/{run_id}/approvals/{call_id}", status_code=202, response_model=Decision,
+    summary="Approve or deny a tool call the paused run waits on; the last decision "
+    "resumes it (404: the run waits on no such call; 409: not paused, or decided already)",
+    responses={
+        202: {"model": Decision, "description": "Decided; after the last decision the run "
+              "resumed as resumed_run_id"},
+        **_errors(*_WRITE),
+    },
+)
+async def decide(
+    request: Request,
+    run_id: RunIdParam,
+    call_id: Annotated[str, Path(min_length=1, max_length=200)],
+    body: DecisionBody,
+) -> dict[str, Any]:
+    return await _runs(request).decide(run_id, call_id, body.approve, body.reason)
