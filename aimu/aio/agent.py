@@ -115,6 +115,10 @@ FINAL_TURN_PROMPT = (
     "final answer, without calling any tool."
 )
 
+#: Requests smaller than this (estimated tokens) fit every model: no need to ask the
+#: server for the model's context window until one grows past it.
+_ASK_WINDOW_FROM = 1024
+
 _NO_ROUNDS_LEFT = "[not run: no tool rounds were left]"
 
 _T = TypeVar("_T")
@@ -954,8 +958,9 @@ class Agent(Runnable[OutputT]):
             run.interrupted()
             return None
         hit = budget.before_request() if budget.limited else None
-        if hit is None:
-            hit = self._context_hit()
+        if hit is None and (self.model_client.context_window is not None
+                            or self.model_client.discovers_context_window):
+            hit = await self._context_hit()
         if hit is not None:
             run.limited(hit)
             return None
@@ -991,16 +996,20 @@ class Agent(Runnable[OutputT]):
             await self._sync_store(self._writer)
         return joined
 
-    def _context_hit(self) -> LimitHit | None:
-        """The model's context window, if the next request would not fit it."""
-        window = self.model_client.context_window
-        if window is None:
-            return None
+    async def _context_hit(self) -> LimitHit | None:
+        """The model's context window, if the next request would not fit it. A server
+        that can say the window is asked once a request grows past _ASK_WINDOW_FROM."""
+        client = self.model_client
         policy = self._config.context
         needed = (
             self._prompt_tokens() if policy is None
-            else estimate_tokens(transcript_chars(policy.view(self.model_client.messages), 0))
+            else estimate_tokens(transcript_chars(policy.view(client.messages), 0))
         )
+        window = client.context_window
+        if window is None and needed > _ASK_WINDOW_FROM:
+            window = await client.discover_context_window()
+        if window is None:
+            return None
         return LimitHit("context_window", window, needed) if needed > window else None
 
     def _prompt_tokens(self) -> int:

@@ -422,3 +422,23 @@ async def test_every_limit_crossed_at_every_step_leaves_a_resumable_transcript(
     assert tool_results == ["Oslo is sunny", "Rome is sunny"]  # each call ran once
     answers = [m for m in agent.model_client.messages if m["role"] == "assistant"]
     assert answers[-1]["content"] == "both are sunny today"
+
+
+async def test_ollama_says_the_models_context_window_once_a_request_grows(
+    server: LoopbackServer,
+) -> None:
+    from aimu.testing.server.ollama import CONTEXT_LENGTH
+
+    async with OllamaClient("llama-test", host=server.url) as client:
+        agent = aio.Agent(client)
+        assert await agent.run("hello") != LIMITED
+        assert [r.path for r in server.requests] == ["/api/chat"]  # small: nothing asked
+        assert await agent.run("y " * (CONTEXT_LENGTH * 2)) == LIMITED
+        assert agent.last_run is not None
+        assert agent.last_run.stop_reason == "limit:context_window"
+        assert f"context window of {CONTEXT_LENGTH}" in (agent.last_run.limit or "")
+        assert [r.path for r in server.requests] == ["/api/chat", "/api/show"]
+        await agent.run("y " * (CONTEXT_LENGTH * 2))
+        assert [r.path for r in server.requests].count("/api/show") == 1  # asked once
+    async with OllamaClient("llama-test", host=server.url, options={"num_ctx": 100}) as small:
+        assert await small.discover_context_window() == 100  # what Ollama then uses

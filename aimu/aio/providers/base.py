@@ -176,6 +176,13 @@ class ModelClient(abc.ABC):
     #: The model's context window in tokens, if known (``context_window=`` sets it): an
     #: agent stops ``limited`` before a request that would not fit.
     context_window: int | None = None
+    #: The server can say the model's context window (:meth:`discover_context_window`).
+    discovers_context_window: bool = False
+
+    async def discover_context_window(self) -> int | None:
+        """The model's context window as its server reports it (asked once), or None when
+        it cannot be known; the configured ``context_window`` wins."""
+        return self.context_window
 
     def __init__(self, model: str) -> None:
         self.model = model

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import httpx
+
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
@@ -110,6 +112,8 @@ class OllamaClient(HTTPModelClient):
 
     provider = "ollama"
     service = "Ollama"
+    discovers_context_window = True
+    _context_asked = False
     hint = "is Ollama running there? host= or OLLAMA_HOST sets the address"
 
     def __init__(
@@ -150,6 +154,28 @@ class OllamaClient(HTTPModelClient):
 
     def endpoint(self) -> str:
         return self.url + "/api/chat"
+
+    async def discover_context_window(self) -> int | None:
+        """``options["num_ctx"]`` if set (what Ollama then uses), else the model's context
+        length from ``/api/show``, asked once; None when the server cannot say."""
+        if self.context_window is not None or self._context_asked:
+            return self.context_window
+        self._context_asked = True
+        num_ctx = self.options.get("num_ctx")
+        if isinstance(num_ctx, int) and not isinstance(num_ctx, bool) and num_ctx > 0:
+            self.context_window = num_ctx
+            return num_ctx
+        http = await self._pool.bind()
+        try:
+            response = await http.post(self.url + "/api/show", json={"model": self.model})
+            shown = response.json() if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return None  # unknown: the chat request itself will say what is wrong
+        info = shown.get("model_info") if isinstance(shown, dict) else None
+        for key, value in (info.items() if isinstance(info, dict) else ()):
+            if key.endswith(".context_length") and isinstance(value, int) and value > 0:
+                self.context_window = value
+        return self.context_window
 
     def body(
         self,

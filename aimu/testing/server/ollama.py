@@ -16,7 +16,7 @@ from aimu.testing.server.wire import (
     output_tokens,
 )
 
-__all__ = ["OLLAMA", "OLLAMA_VERSION", "OllamaWire"]
+__all__ = ["CONTEXT_LENGTH", "OLLAMA", "OLLAMA_VERSION", "OllamaWire"]
 
 OLLAMA_VERSION = "0.6.0"
 
@@ -106,6 +106,26 @@ def _tags(server: ServerView, body: Mapping[str, Any]) -> Reply:
     return Reply(json_bytes({"models": models}))
 
 
+#: The context length ``/api/show`` reports for every model.
+CONTEXT_LENGTH = 4096
+
+
+def _show(server: ServerView, body: Mapping[str, Any]) -> Reply:
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name:
+        return Reply(json_bytes({"error": "model is required"}), status=400)
+    return Reply(json_bytes({
+        "modelfile": f"FROM {name}",
+        "parameters": "",
+        "template": "{{ .Prompt }}",
+        "details": {"format": "gguf", "family": "loopback", "parameter_size": "0B",
+                    "quantization_level": "Q4_0"},
+        "model_info": {"general.architecture": "loopback",
+                       "loopback.context_length": CONTEXT_LENGTH},
+        "capabilities": ["completion", "tools", "vision"],
+    }))
+
+
 def _version(server: ServerView, body: Mapping[str, Any]) -> Reply:
     return Reply(json_bytes({"version": OLLAMA_VERSION}))
 
@@ -118,5 +138,10 @@ OLLAMA = Protocol(
     "ollama",
     "/api/chat",
     OllamaWire,
-    {"/": ("GET", _running), "/api/version": ("GET", _version), "/api/tags": ("GET", _tags)},
+    {
+        "/": ("GET", _running),
+        "/api/version": ("GET", _version),
+        "/api/tags": ("GET", _tags),
+        "/api/show": ("POST", _show),
+    },
 )
