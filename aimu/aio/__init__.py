@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         AimuError,
         ControlConnectionError,
         ControlError,
+        MCPServerError,
         ModelConnectionError,
         ModelError,
         ModelHTTPError,
@@ -45,10 +46,12 @@ if TYPE_CHECKING:
         TextChunk,
         ThinkingChunk,
         ToolCallStarted,
+        ToolProgress,
         ToolResult,
     )
     from aimu.aio.instructions import RunContext
     from aimu.aio.limits import ModelPrice, Spend, UsageLimits
+    from aimu.aio.mcp import MCPServer
     from aimu.aio.run_handle import RunHandle, on_sigint
     from aimu.aio.runnable import Runnable
     from aimu.aio.scope import RunScope, current_scope
@@ -61,7 +64,7 @@ if TYPE_CHECKING:
         Store,
         ToolStart,
     )
-    from aimu.aio.tools import Tool, ToolContext, tool
+    from aimu.aio.tools import Tool, ToolContext, Toolset, tool
     from aimu.aio.transcript import Message, ToolCall
     from aimu.aio.workflows import Chain, EvaluatorOptimizer, Parallel, Router
 
@@ -77,6 +80,8 @@ __all__ = [
     "HandleFinished",
     "JSONLStore",
     "KeepLastTurns",
+    "MCPServer",
+    "MCPServerError",
     "Message",
     "ModelClient",
     "ModelConnectionError",
@@ -120,8 +125,10 @@ __all__ = [
     "ToolCallStarted",
     "ToolContext",
     "ToolDefinitionError",
+    "ToolProgress",
     "ToolResult",
     "ToolStart",
+    "Toolset",
     "TranscriptError",
     "UnknownRunError",
     "UsageLimits",
@@ -151,6 +158,8 @@ _WHERE = {
     "ToolStart": "store",
     "Tool": "tools",
     "ToolContext": "tools",
+    "Toolset": "tools",
+    "MCPServer": "mcp",
     "tool": "tools",
     "Message": "transcript",
     "ToolCall": "transcript",
@@ -168,7 +177,8 @@ _WHERE = {
     "UsageLimits": "limits",
 }
 _ERRORS = (
-    "AimuError", "ControlConnectionError", "ControlError", "ModelConnectionError",
+    "AimuError", "ControlConnectionError", "ControlError", "MCPServerError",
+    "ModelConnectionError",
     "ModelError", "ModelHTTPError", "ModelProtocolError", "NoOutputError", "OutputError",
     "OutputValidationError",
     "RunLostError", "SessionLockedError", "StoreCapacityError", "StoreError", "StoreFormatError",
@@ -176,7 +186,7 @@ _ERRORS = (
 )
 _EVENTS = (
     "Event", "HandleFinished", "RunFinished", "RunStarted", "StepFinished", "TextChunk",
-    "ThinkingChunk", "ToolCallStarted", "ToolResult", "ModelRetry", "RunResult",
+    "ThinkingChunk", "ToolCallStarted", "ToolProgress", "ToolResult", "ModelRetry", "RunResult",
 )
 _WHERE.update(dict.fromkeys(_ERRORS, "errors"))
 _WHERE.update(dict.fromkeys(_EVENTS, "events"))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, overlo
 from typing_extensions import Unpack
 
 from aimu.aio._stops import Stop, past_deadline, stop_of
+from aimu.aio._tool_table import ToolTable
 from aimu.aio._tracing import RunSpans
 from aimu.aio.approvals import (
     PAUSED,
@@ -56,6 +57,7 @@ from aimu.aio.events import (
     TextChunk,
     ThinkingChunk,
     ToolCallStarted,
+    ToolProgress,
     ToolResult,
 )
 from aimu.aio.instructions import Instructions, RunContext, check_instructions, instructions_text
@@ -83,14 +85,13 @@ from aimu.aio.runnable import (
 )
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.store import validate_session_name
-from aimu.aio.tools import Tool, ToolContext, ToolOutcome, as_tool, invoke
+from aimu.aio.tools import Tool, ToolContext, ToolOutcome, Toolset, invoke
 from aimu.aio.transcript import (
     CANCELLED_RESULT,
     AssistantMessage,
     Message,
     ToolCall,
     ToolMessage,
-    ToolSpec,
     Usage,
     UserMessage,
     add_usage,
@@ -152,9 +153,8 @@ class _Config:
     system: Instructions | None
     max_rounds: int
     concurrent_tools: bool
-    tools: tuple[Tool, ...]
-    tools_by_name: dict[str, Tool]
-    specs: tuple[ToolSpec, ...]
+    #: The tools by name and their specs; a toolset's once it is open (shared by sessions).
+    table: ToolTable
     approve: ApprovalPolicy | None
     #: ``output_type=`` (None: the answer is text) and the tool-only request options.
     output: OutputSpec[Any] | None = None
@@ -337,7 +337,7 @@ class Agent(Runnable[OutputT]):
     def __init__(
         self: Agent[str],
         client: ModelClient,
-        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
         *,
         output_type: None = None,
         **options: Unpack[_Options],
@@ -347,7 +347,7 @@ class Agent(Runnable[OutputT]):
     def __init__(
         self: Agent[_T],
         client: ModelClient,
-        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
         *,
         output_type: type[_T],
         **options: Unpack[_Options],
@@ -357,7 +357,7 @@ class Agent(Runnable[OutputT]):
     def __init__(  # a union or other special form: annotate the agent to type it
         self: Agent[Any],
         client: ModelClient,
-        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
         *,
         output_type: object,
         **options: Unpack[_Options],
@@ -366,7 +366,7 @@ class Agent(Runnable[OutputT]):
     def __init__(
         self,
         client: ModelClient,
-        tools: Sequence[Callable[..., Any] | Tool | EllipsisType] = (),
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
         *,
         system: Instructions | None = None,
         max_rounds: int = 10,
@@ -406,16 +406,15 @@ class Agent(Runnable[OutputT]):
             )
         if (store is None) != (session is None):
             raise ValueError("store and session go together: give both, or neither")
-        built, by_name = _built_tools(tools)
-        check_tool_choice(tool_choice, list(by_name))
+        table = ToolTable(tools)
+        if not table.toolsets:  # a toolset's names are known once it is open
+            check_tool_choice(tool_choice, list(table.by_name))
         config = _Config(
             name=name or "agent",
             system=system,
             max_rounds=max_rounds,
             concurrent_tools=concurrent_tools,
-            tools=built,
-            tools_by_name=by_name,
-            specs=tuple(t.spec for t in built),
+            table=table,
             approve=approve,
             output=None if output_type is None else OutputSpec(output_type, output_retries),
             tool_choice=tool_choice,
@@ -501,7 +500,8 @@ class Agent(Runnable[OutputT]):
 
     @property
     def tools(self) -> tuple[Tool, ...]:
-        return self._config.tools
+        """The tools offered to the model (a toolset's once the agent opened it)."""
+        return self._config.table.tools
 
     @property
     def session(self) -> str | None:
@@ -621,6 +621,7 @@ class Agent(Runnable[OutputT]):
         """
         if self._store is None or self._session is None or self._writer is not None:
             return
+        await self._config.table.ready()  # a loaded call in doubt needs its tool's flags
         writer = self._writer = await self._store.open_session(self._session)
         try:
             await self._load_stored(writer)
@@ -646,7 +647,10 @@ class Agent(Runnable[OutputT]):
                     await writer.aclose()
         finally:
             if self._owns_client:
-                await self.model_client.aclose()
+                try:
+                    await self._config.table.aclose()
+                finally:
+                    await self.model_client.aclose()
 
     async def __aenter__(self) -> Agent[OutputT]:
         await self.open()
@@ -769,7 +773,7 @@ class Agent(Runnable[OutputT]):
         }
         before = len(messages)
         found = settle_in_doubt(
-            messages, starts, self._config.tools_by_name, approvals.pending, approved
+            messages, starts, self._config.table.by_name, approvals.pending, approved
         )
         found.log(f"{self.kind} {self.name!r}, session {self._session!r}")
         for call_id in approved:
@@ -873,6 +877,7 @@ class Agent(Runnable[OutputT]):
         reset, system prompt, the task recorded (the first of the run's messages)."""
         config, options = self._config, run.options
         run.deps = config.deps if options.deps is NO_DEPS else options.deps
+        await config.table.ready()
         await self.open()
         if config.system is not None and not isinstance(config.system, str):
             context = RunContext(self.name, self._session, task, run.deps)
@@ -1039,7 +1044,7 @@ class Agent(Runnable[OutputT]):
         run.spans.turn_started()
         # After a correction the model must answer: the schema goes, the tools wait.
         must_answer = final_turn or (config.output is not None and _after_correction(client))
-        specs = None if must_answer else config.specs
+        specs = None if must_answer else config.table.specs
         sent = self._taken_up(run)
         if config.context is not None:
             sent = list(config.context.view(sent))
@@ -1229,7 +1234,7 @@ class Agent(Runnable[OutputT]):
             if verdict == "ask":
                 return None
             return Decision(True) if verdict else Decision(False, "refused by the policy")
-        tool = self._config.tools_by_name.get(function["name"])
+        tool = self._config.table.by_name.get(function["name"])
         return None if tool is not None and tool.approval else Decision(True)
 
     async def _tool_round(self, run: _Run) -> AsyncGenerator[Event, None]:
@@ -1241,24 +1246,25 @@ class Agent(Runnable[OutputT]):
             run.budget.count_tools(len(calls))
         for call, refusal in refused:
             yield _call_started(name, call)
-            yield await self._call_tool(call, run, refusal)
+            yield await self._call_tool(call, run, refusal=refusal)
         if self._config.concurrent_tools and len(calls) > 1:
             for call in calls:
                 yield _call_started(name, call)
-            tasks = [asyncio.ensure_future(self._call_tool(call, run)) for call in calls]
-            try:
-                for finished in asyncio.as_completed(tasks):
-                    yield await finished
-            finally:
-                pending = [t for t in tasks if not t.done()]
-                for t in pending:
-                    t.cancel()
-                if pending:
-                    await asyncio.gather(*pending, return_exceptions=True)
+            async with aclosing(self._calls_as_tasks(calls, run)) as events:
+                async for event in events:
+                    yield event
         else:
+            by_name = self._config.table.by_name
             for call in calls:
                 yield _call_started(name, call)
-                yield await self._call_tool(call, run)
+                tool = by_name.get(call["function"]["name"])
+                if tool is None or not tool.from_schema_given:
+                    yield await self._call_tool(call, run)
+                    continue
+                # A server's tool may report progress while it runs: its events come first.
+                async with aclosing(self._calls_as_tasks([call], run)) as events:
+                    async for event in events:
+                        yield event
         run.calls, run.outcome = [], None
         if asked:
             for call in asked:
@@ -1269,8 +1275,39 @@ class Agent(Runnable[OutputT]):
             return
         yield StepFinished(name, run.rounds)
 
+    async def _calls_as_tasks(
+        self, calls: list[ToolCall], run: _Run
+    ) -> AsyncGenerator[ToolResult | ToolProgress, None]:
+        """Run ``calls`` side by side; yield their progress and results as they come.
+        Leaving early (a cancel, a close) cancels the calls still running and waits."""
+        queue: asyncio.Queue[ToolProgress | asyncio.Task[ToolResult]] = asyncio.Queue()
+        tasks = [
+            asyncio.ensure_future(self._call_tool(call, run, queue.put_nowait)) for call in calls
+        ]
+        for task in tasks:
+            task.add_done_callback(queue.put_nowait)
+        try:
+            left = len(tasks)
+            while left:
+                item = await queue.get()
+                if isinstance(item, asyncio.Task):
+                    left -= 1
+                    yield item.result()
+                else:
+                    yield item
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
     async def _call_tool(
-        self, call: ToolCall, run: _Run, refusal: str | None = None
+        self,
+        call: ToolCall,
+        run: _Run,
+        progress: Callable[[ToolProgress], None] | None = None,
+        refusal: str | None = None,
     ) -> ToolResult:
         """Run one call (its start journaled first, with a store) and record its result
         the moment it exists; a refused call gets ``refusal`` as its result."""
@@ -1285,10 +1322,12 @@ class Agent(Runnable[OutputT]):
                 tool_name=call["function"]["name"],
                 interrupt_probe=run.interrupt_asked,
                 deps=run.deps,
+                progress=None if progress is None else _progress_sink(self.name, call, progress),
             )
             run.contexts.append(context)
             with run.spans.tool_calls():
-                outcome = await invoke(self._config.tools_by_name, call, context)
+                outcome = await invoke(self._config.table.by_name, call, context)
+            context.mark_finished()
             if call["id"] in run.reruns:
                 outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
         result = _result(call, outcome)
@@ -1302,7 +1341,7 @@ class Agent(Runnable[OutputT]):
         """With a store, durably note that ``call`` starts: if the process dies before
         its result is recorded, the next load knows the call is in doubt."""
         function = call["function"]
-        if self._writer is not None and function["name"] in self._config.tools_by_name:
+        if self._writer is not None and function["name"] in self._config.table.by_name:
             await self._writer.record_tool_start(
                 call["id"], function["name"], function["arguments"]
             )
@@ -1537,18 +1576,15 @@ async def _in_scope(
         await chunks.aclose()
 
 
-def _built_tools(
-    tools: Sequence[Callable[..., Any] | Tool | EllipsisType],
-) -> tuple[tuple[Tool, ...], dict[str, Tool]]:
-    """The tools, and the same by name (unique); ``tools=[...]``, the docs' placeholder,
-    means none."""
-    built = tuple(as_tool(t) for t in tools if t is not Ellipsis)
-    by_name: dict[str, Tool] = {}
-    for t in built:
-        if t.name in by_name:
-            raise ValueError(f"two tools are named {t.name!r}; tool names must be unique")
-        by_name[t.name] = t
-    return built, by_name
+def _progress_sink(
+    source: str, call: ToolCall, emit: Callable[[ToolProgress], None]
+) -> Callable[[float, float | None, str | None], None]:
+    call_id, name = call["id"], call["function"]["name"]
+
+    def report(progress: float, total: float | None, message: str | None) -> None:
+        emit(ToolProgress(source, call_id, name, progress, total, message))
+
+    return report
 
 
 def _after_correction(client: ModelClient) -> bool:

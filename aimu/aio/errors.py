@@ -7,6 +7,7 @@
      │    └── ModelProtocolError    the server's reply could not be understood
      ├── TranscriptError            a transcript is invalid (also a ValueError; names the index)
      ├── ToolDefinitionError        a function cannot be offered as a tool (also a TypeError)
+     ├── MCPServerError             an MCP server could not be started, reached or listed
      ├── OutputError                a run could not give its typed output (``output_type=``)
      │    ├── OutputValidationError the model's answers failed the output type (names it)
      │    └── NoOutputError         the run ended without an answer (interrupted, paused)
@@ -29,6 +30,7 @@ __all__ = [
     "AimuError",
     "ControlConnectionError",
     "ControlError",
+    "MCPServerError",
     "ModelConnectionError",
     "ModelError",
     "ModelHTTPError",
@@ -86,6 +88,15 @@ class TranscriptError(AimuError, ValueError):
 
 class ToolDefinitionError(AimuError, TypeError):
     """A function cannot be turned into a tool (unsupported type, bad default)."""
+
+
+class MCPServerError(AimuError, ConnectionError):
+    """An MCP server could not be started, reached, or listed its tools badly; ``server``
+    is its name (the message says which command or URL, never a header's value)."""
+
+    def __init__(self, message: str, *, server: str) -> None:
+        super().__init__(message)
+        self.server = server
 
 
 class OutputError(AimuError):

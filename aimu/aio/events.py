@@ -29,6 +29,7 @@ __all__ = [
     "TextChunk",
     "ThinkingChunk",
     "ToolCallStarted",
+    "ToolProgress",
     "ToolResult",
 ]
 
@@ -78,6 +79,20 @@ class ToolCallStarted:
     name: str
     arguments: dict[str, Any]
     type: Literal["tool_call"] = field(default="tool_call", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """A running tool said how far it is (an MCP server's progress notification, or
+    ``ToolContext.report_progress``); between its ``ToolCallStarted`` and ``ToolResult``."""
+
+    source: str
+    call_id: str
+    name: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+    type: Literal["tool_progress"] = field(default="tool_progress", init=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +224,7 @@ Event: TypeAlias = (
     | TextChunk
     | ThinkingChunk
     | ToolCallStarted
+    | ToolProgress
     | ToolResult
     | StepFinished
     | RunFinished

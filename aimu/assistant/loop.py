@@ -36,7 +36,7 @@ from aimu.aio.events import (
 )
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
-from aimu.aio.tools import Tool
+from aimu.aio.tools import Tool, Toolset
 from aimu.assistant.client import error_line, without_hint
 from aimu.assistant.commands import (
     fresh_name,
@@ -91,7 +91,7 @@ class Assistant:
         *,
         session: str = "default",
         system: str | None = None,
-        tools: Sequence[Callable[..., Any] | Tool] = DEMO_TOOLS,
+        tools: Sequence[Callable[..., Any] | Tool | Toolset] = DEMO_TOOLS,
         out: TextIO | None = None,
         err: TextIO | None = None,
         prompt: bool = False,

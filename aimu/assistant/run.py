@@ -17,9 +17,10 @@ from typing import Any, TextIO
 
 from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
+from aimu._mcp_options import mcp_servers, open_all
 from aimu.aio.errors import AimuError
 from aimu.aio.store import SQLiteStore, validate_session_name
-from aimu.aio.tools import Tool
+from aimu.aio.tools import Tool, Toolset
 from aimu.assistant.client import error_line, make_client
 from aimu.assistant.loop import Assistant
 from aimu.assistant.screen import is_tty
@@ -83,12 +84,16 @@ async def _run_chat(
 
     try:
         validate_session_name(settings.session)
+        servers = mcp_servers(settings.mcp, settings.mcp_urls)
         client = make_client(settings.model)
     except ValueError as error:
         return fail(error, 2)
-    chosen = (tools if tools is not None else DEMO_TOOLS) if settings.tools else ()
+    chosen: list[Callable[..., Any] | Tool | Toolset] = [
+        *((tools if tools is not None else DEMO_TOOLS) if settings.tools else ()), *servers
+    ]
     try:
         try:
+            await open_all(servers)  # one clear error now for a server that cannot start
             settings.home.mkdir(parents=True, exist_ok=True)
             store = SQLiteStore(settings.store_path)
         except (AimuError, OSError) as error:
@@ -122,4 +127,8 @@ async def _run_chat(
         finally:
             await store.aclose()
     finally:
-        await client.aclose()
+        try:
+            for server in servers:
+                await server.aclose()
+        finally:
+            await client.aclose()

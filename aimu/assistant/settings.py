@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aimu._logs import add_log_level_option
+from aimu._mcp_options import add_mcp_options
 
 __all__ = ["ChatSettings", "add_chat_options", "default_home"]
 
@@ -36,6 +37,10 @@ class ChatSettings:
     """Plain line input even on a terminal (no line editing, history or colour)."""
     join: bool = False
     """Lines typed during a turn join it (``agent.send``) instead of queueing after it."""
+    mcp: tuple[str, ...] = ()
+    """MCP servers to start over stdio (``"COMMAND ARGS"``), their tools offered too."""
+    mcp_urls: tuple[str, ...] = ()
+    """MCP servers to reach over Streamable HTTP."""
 
     @property
     def store_path(self) -> Path:
@@ -57,6 +62,8 @@ class ChatSettings:
             log_level=options.log_level,
             plain=options.plain,
             join=options.join,
+            mcp=tuple(getattr(options, "mcp", ())),
+            mcp_urls=tuple(getattr(options, "mcp_url", ())),
         )
 
 
@@ -92,3 +99,4 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
         help="plain line input on a terminal too: no line editing, history, colour or spinner",
     )
     add_log_level_option(parser, default=None)
+    add_mcp_options(parser)

@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
 from aimu.aio.store import SQLiteStore, Store
-from aimu.aio.tools import Tool, as_tool
+from aimu.aio.tools import Tool, Toolset, as_tool
 from aimu.serve.runs import AgentFactory
 
 __all__ = ["AgentFactory", "Closer", "agent_factory", "open_store"]
@@ -48,7 +48,7 @@ def agent_factory(
     model: str | ModelClient,
     store: Store,
     *,
-    tools: Sequence[Callable[..., Any] | Tool] = (),
+    tools: Sequence[Callable[..., Any] | Tool | Toolset] = (),
     system: str | None = None,
     max_rounds: int = 10,
 ) -> tuple[AgentFactory, Closer]:
@@ -63,7 +63,8 @@ def agent_factory(
         from aimu.assistant import make_client
 
         root = make_client(model)
-    built = [as_tool(t) for t in tools]
+    # A toolset (an MCP server) is opened by the app, so a run's agent never closes it.
+    built = [t if isinstance(t, Toolset) else as_tool(t) for t in tools]
 
     def agents(session: str) -> Agent:
         return Agent(

@@ -32,7 +32,7 @@ from aimu import __version__
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
 from aimu.aio.store import Store
-from aimu.aio.tools import Tool
+from aimu.aio.tools import Tool, Toolset
 from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
@@ -78,7 +78,7 @@ def app(
     model: str | ModelClient = "test",
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    tools: Sequence[Callable[..., Any] | Tool] = (),
+    tools: Sequence[Callable[..., Any] | Tool | Toolset] = (),
     system: str | None = None,
     max_rounds: int = 10,
     token: str | EllipsisType | None = ...,
@@ -117,6 +117,11 @@ def app(
             model, opened, tools=tools, system=system, max_rounds=max_rounds
         )
         closers.append(close_model)
+
+    # Toolsets (aio.MCPServer) open when the app starts and close with it.
+    toolsets = [t for t in tools if isinstance(t, Toolset)]
+    for toolset in toolsets:
+        closers.insert(0, toolset.aclose)
 
     backend: RunsBackend
     control: RedisControl | None = None
@@ -164,6 +169,8 @@ def app(
             await control.connect()  # a clear error naming the URL, before serving
         if connect is not None:
             await connect()  # Temporal: the same
+        for toolset in toolsets:
+            await toolset.open()  # an MCP server that cannot start: an error naming it
         yield
         await application.aclose()
 

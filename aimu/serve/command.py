@@ -20,8 +20,9 @@ from urllib.parse import urlsplit
 
 from aimu._extras import MissingExtra, needs_extra
 from aimu._logs import add_log_level_option, logging_to
+from aimu._mcp_options import add_mcp_options, mcp_servers, open_all
 from aimu.aio.errors import AimuError
-from aimu.aio.tools import as_tool
+from aimu.aio.tools import Toolset, as_tool
 from aimu.assistant import default_home
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
         help="answer requests for this host name too (repeatable; '*.example.com' for its "
         "subdomains). Default: loopback names only without a token, any with one",
     )
+    add_mcp_options(parser)
     add_log_level_option(parser, default="info", what=logs)
 
 
@@ -211,7 +213,8 @@ def _serve(options: argparse.Namespace) -> int:
     except MissingExtra as missing:
         raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
     try:
-        tools = agent_tools(options)
+        tools: list[Callable[..., Any] | Toolset] = [*agent_tools(options)]
+        tools += mcp_servers(options.mcp, options.mcp_url)
     except ValueError as error:
         raise _Refused(str(error), 2) from None
     if (options.temporal is None) != (options.task_queue is None):
@@ -227,7 +230,7 @@ async def _run(
     options: argparse.Namespace,
     uvicorn: Any,
     make_app: Callable[..., ServeApp],
-    tools: list[Callable[..., Any]],
+    tools: list[Callable[..., Any] | Toolset],
     store: str,
     token: str | None,
 ) -> int:
@@ -271,6 +274,7 @@ async def _run(
         connect = getattr(application.runs.backend, "connect", None)  # --temporal
         if connect is not None:
             await connect()
+        await open_all([t for t in tools if isinstance(t, Toolset)])  # --mcp, --mcp-url
         sock = _listen(options.host, options.port)
     except (AimuError, OSError) as error:
         await application.aclose()
@@ -357,12 +361,15 @@ def _serving(
     options: argparse.Namespace,
     store: str,
     control: RedisControl | None,
-    tools: list[Callable[..., Any]],
+    tools: list[Callable[..., Any] | Toolset],
     token: str | None,
     url: str,
 ) -> str:
     """What the server serves, for the person who started it (never a secret)."""
-    names = [as_tool(tool).name for tool in tools]
+    names = [
+        f"{tool.name} (MCP server)" if isinstance(tool, Toolset) else as_tool(tool).name
+        for tool in tools
+    ]
     rows = [
         ("model", options.model),
         ("store", _shown_store(store)),

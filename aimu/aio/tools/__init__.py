@@ -19,11 +19,13 @@ A long sync tool should take a ``ctx: ToolContext`` parameter and watch
 Modules: ``_context`` (ToolContext), ``_docstring`` (summary and ``Args:``), ``_schema``
 (a type hint → JSON schema + converter), ``_parameters`` (a signature compiled, the
 model's arguments bound), ``_json_values`` (defaults and results as JSON),
-``_definition`` (Tool, ``tool()``, ``as_tool()``), ``_invocation`` (``invoke``).
+``_definition`` (Tool, ``tool()``, ``as_tool()``), ``_invocation`` (``invoke``),
+``_toolset`` (:class:`Toolset`: tools from a server that must be opened first, like MCP).
 """
 
 from aimu.aio.tools._context import ToolContext
 from aimu.aio.tools._definition import Tool, as_tool, tool
 from aimu.aio.tools._invocation import ToolOutcome, invoke
+from aimu.aio.tools._toolset import Toolset
 
-__all__ = ["Tool", "ToolContext", "ToolOutcome", "as_tool", "invoke", "tool"]
+__all__ = ["Tool", "ToolContext", "ToolOutcome", "Toolset", "as_tool", "invoke", "tool"]

@@ -19,6 +19,10 @@ def _never() -> bool:
     return False
 
 
+#: Called with (progress, total, message) when a running tool reports its progress.
+ProgressSink = Callable[[float, "float | None", "str | None"], None]
+
+
 # One lock for all contexts: it guards only the lazy creation of an Event, which
 # most calls never need (creating one per call would cost more than the call).
 _EVENT_LOCK = threading.Lock()
@@ -35,7 +39,8 @@ class ToolContext(Generic[DepsT]):
     """
 
     __slots__ = (
-        "_cancelled", "_event", "_interrupt_probe", "agent", "call_id", "deps", "tool_name",
+        "_cancelled", "_event", "_interrupt_probe", "_progress", "agent", "call_id", "deps",
+        "tool_name",
     )
 
     def __init__(
@@ -46,12 +51,14 @@ class ToolContext(Generic[DepsT]):
         tool_name: str,
         interrupt_probe: Callable[[], bool] = _never,
         deps: DepsT = None,  # type: ignore[assignment]  # None: the run was given none
+        progress: ProgressSink | None = None,
     ) -> None:
         self.deps: DepsT = deps
         self.agent = agent
         self.call_id = call_id
         self.tool_name = tool_name
         self._interrupt_probe = interrupt_probe
+        self._progress = progress
         self._cancelled = False
         self._event: threading.Event | None = None
 
@@ -64,6 +71,22 @@ class ToolContext(Generic[DepsT]):
     def interrupt_requested(self) -> bool:
         """True once a graceful stop was asked for: finish this call, the run stops after."""
         return self._interrupt_probe()
+
+    def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Tell the run how far this call is (a :class:`~aimu.aio.ToolProgress` event).
+
+        Call it on the event loop (from an async tool); a call after the tool returned,
+        or outside a run, goes nowhere.
+        """
+        sink = self._progress
+        if sink is not None and not self._cancelled:
+            sink(progress, total, message)
+
+    def mark_finished(self) -> None:
+        """The call returned: a later progress report goes nowhere."""
+        self._progress = None
 
     def check(self) -> None:
         """Raise ``asyncio.CancelledError`` if the call was cancelled; else do nothing."""

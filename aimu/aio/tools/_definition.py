@@ -11,13 +11,21 @@ import functools
 import inspect
 import math
 import re
-from collections.abc import Callable
-from typing import Any, overload
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, overload
 
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools._docstring import parse_docstring
 from aimu.aio.tools._parameters import Parameters
 from aimu.aio.transcript import ToolSpec
+
+if TYPE_CHECKING:
+    from aimu.aio.tools._context import ToolContext
+    from aimu.aio.tools._invocation import ToolOutcome
+
+#: A tool described by a JSON schema from elsewhere: it gets the arguments object and
+#: the call's context, and returns text or a whole outcome (an error the model reads).
+SchemaCall = Callable[[dict[str, Any], "ToolContext"], Awaitable["str | ToolOutcome"]]
 
 __all__ = ["Tool", "as_tool", "tool"]
 
@@ -103,11 +111,59 @@ class Tool:
             },
         }
 
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        call: SchemaCall,
+        *,
+        timeout: float | None = None,
+        approval: bool = False,
+        idempotent: bool = False,
+    ) -> Tool:
+        """A tool whose JSON schema ``parameters`` is given (an MCP server's), sent to the
+        model as is; ``call(arguments, ctx)`` runs it with the model's arguments object."""
+        _check_definition(name, call, timeout)
+        if not isinstance(parameters, dict) or parameters.get("type") != "object":
+            raise ToolDefinitionError(
+                f"tool {name!r}: its input schema must be a JSON schema of type 'object', "
+                f"got {_schema_kind(parameters)}"
+            )
+        made = cls.__new__(cls)
+        made.name = name
+        made.fn = made.__wrapped__ = call
+        made.timeout = float(timeout) if timeout is not None else None
+        made.approval = bool(approval)
+        made.idempotent = bool(idempotent)
+        made.is_async = True
+        made.description = description
+        made._params = Parameters.from_schema(name, parameters)
+        made.context_param = made._params.context_param
+        made.parameters = parameters
+        made.spec = {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        }
+        return made
+
+    @property
+    def from_schema_given(self) -> bool:
+        """True for a tool made by :meth:`from_schema` (its schema given, not inferred)."""
+        return self._params.raw
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<Tool {self._params.signature_text}{' async' if self.is_async else ''}>"
+
+
+def _schema_kind(schema: object) -> str:
+    if isinstance(schema, dict):
+        return f"type {schema.get('type')!r}"
+    return type(schema).__name__
 
 
 def _check_definition(name: str, target: Callable[..., Any], timeout: object) -> None:
@@ -186,6 +242,16 @@ def tool(
     """
 
     def make(obj: Callable[..., Any] | Tool) -> Tool:
+        if isinstance(obj, Tool) and obj.from_schema_given:
+            return Tool.from_schema(
+                obj.name if name is None else name,
+                obj.description if description is None else description,
+                obj.parameters,
+                obj.fn,
+                timeout=obj.timeout if timeout is None else timeout,
+                approval=obj.approval if approval is None else approval,
+                idempotent=obj.idempotent if idempotent is None else idempotent,
+            )
         if isinstance(obj, Tool):
             return Tool(
                 obj.fn,

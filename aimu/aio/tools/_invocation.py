@@ -105,18 +105,22 @@ async def _run_within_timeout(
 ) -> ToolOutcome:
     """The tool's result as text, or an error outcome if its own timeout passed."""
     if tool.timeout is None:
-        return ToolOutcome(await _run(tool, args, kwargs), False)
+        return _outcome(await _run(tool, args, kwargs))
     deadline = asyncio.timeout(tool.timeout)
     try:
         async with deadline:
-            text = await _run(tool, args, kwargs)
+            result = await _run(tool, args, kwargs)
     except TimeoutError:
         if not deadline.expired():
             raise  # the tool's own TimeoutError: a failure like any other
         ctx.mark_cancelled()
         log.warning("tool %r timed out after %g s (call %s)", tool.name, tool.timeout, ctx.call_id)
         return ToolOutcome(f"tool {tool.name!r} timed out after {tool.timeout:g} s", True)
-    return ToolOutcome(text, False)
+    return _outcome(result)
+
+
+def _outcome(result: str | ToolOutcome) -> ToolOutcome:
+    return result if isinstance(result, ToolOutcome) else ToolOutcome(result, False)
 
 
 def _arguments(
@@ -138,7 +142,9 @@ def _arguments(
     return args, kwargs
 
 
-async def _run(tool: Tool, args: list[object], kwargs: dict[str, object]) -> str:
+async def _run(tool: Tool, args: list[object], kwargs: dict[str, object]) -> str | ToolOutcome:
     if tool.is_async:
-        return to_text(await tool.fn(*args, **kwargs))
+        result = await tool.fn(*args, **kwargs)
+        # A tool from a schema (an MCP server's) may answer with a whole outcome.
+        return result if isinstance(result, ToolOutcome) else to_text(result)
     return await asyncio.to_thread(run_sync, tool.fn, args, kwargs)

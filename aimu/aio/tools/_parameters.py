@@ -68,6 +68,25 @@ class Parameters:
     context_param: str | None
     signature_text: str
     """``name(a: integer, b?: string)``, for ``repr`` and error messages."""
+    raw: bool = False
+    """The schema came from elsewhere (an MCP server): the arguments object is passed
+    whole, as ``arguments``, and checked by whoever runs the tool."""
+
+    @classmethod
+    def from_schema(cls, tool_name: str, schema: dict[str, Any]) -> Parameters:
+        """Parameters that take the model's arguments object as is (``raw``): the tool
+        gets it as ``arguments`` and its context as ``ctx``."""
+        return cls(
+            tool_name=tool_name,
+            schema=schema,
+            converters={},
+            required=(),
+            required_set=frozenset(),
+            positional=(),
+            context_param="ctx",
+            signature_text=f"{tool_name}(arguments: object)",
+            raw=True,
+        )
 
     @classmethod
     def of(
@@ -126,6 +145,8 @@ class Parameters:
                 raise self._bad([f"the arguments are not valid JSON ({exc})"]) from None
         if type(arguments) is not dict:
             raise self._bad([f"the arguments must be a JSON object, got {shown_value(arguments)}"])
+        if self.raw:
+            return {"arguments": arguments}
         converters = self.converters
         out: dict[str, object] = {}
         problems: list[str] = []

@@ -1,0 +1,17 @@
+"""MCP servers' tools for agents (the extra ``aimu[mcp]``, the official ``mcp`` SDK 2.x).
+
+:class:`MCPServer` (``_server``) is a :class:`~aimu.aio.tools.Toolset`: its tools go
+beside plain functions in an agent's ``tools=[...]``. ``_connection`` holds one live
+SDK session in a task of its own; ``_launcher`` ties a stdio server to this process.
+"""
+
+try:
+    import mcp  # noqa: F401
+except ImportError as error:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "MCP servers need the mcp package (2.x): pip install 'aimu[mcp]'"
+    ) from error
+
+from aimu.aio.mcp._server import MCPServer
+
+__all__ = ["MCPServer"]

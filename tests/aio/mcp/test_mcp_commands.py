@@ -1,0 +1,75 @@
+"""``--mcp`` and ``--mcp-url`` on ``aimu chat`` and ``aimu serve``: the server's tools are
+offered, a server that cannot start is one clear error, and no server process is left."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aimu._mcp_options import mcp_servers
+from tests.aio.mcp.helpers import SERVER
+from tests.serve.harness import aimu_serve, collect, model_server, start  # noqa: F401
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def chat(home: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AIMU_HOME": str(home)}
+    env.pop("AIMU_MODEL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--plain", "--no-tools", *args],
+        input=stdin, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env,
+    )
+
+
+def server_command(*only: str) -> str:
+    return shlex.join([sys.executable, SERVER, "stdio", "--only", ",".join(only)])
+
+
+def test_chat_offers_an_mcp_servers_tools(tmp_path: Path) -> None:
+    done = chat(tmp_path, "--mcp", server_command("add"), stdin="add some numbers\n")
+    assert done.returncode == 0, done.stderr
+    # The test model calls each offered tool once: here only the server's add.
+    assert "add(" in done.stdout and "error" not in done.stderr
+    assert "--no-tools" not in done.stdout
+
+
+def test_chat_with_a_server_that_cannot_start_is_one_error_line(tmp_path: Path) -> None:
+    done = chat(tmp_path, "--mcp", "no-such-mcp-command --flag")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "MCP server 'no-such-mcp-command'" in lines[0] and "not found" in lines[0]
+    done = chat(tmp_path, "--mcp", "'unclosed")
+    assert done.returncode == 2 and "--mcp" in done.stderr
+
+
+def test_option_parsing() -> None:
+    servers = mcp_servers(["tool-a --x", "tool-a"], ["http://127.0.0.1:9/mcp"])
+    assert [s.name for s in servers] == ["tool-a", "tool-a_2", "127_0_0_1"]
+    with pytest.raises(ValueError, match="--mcp-url 'ftp://x'"):
+        mcp_servers([], ["ftp://x"])
+    with pytest.raises(ValueError, match="--mcp needs a command"):
+        mcp_servers([" "], [])
+
+
+async def test_serve_offers_the_servers_tools_and_streams_their_progress(
+    model_server, tmp_path: Path  # noqa: F811
+) -> None:
+    store = tmp_path / "sessions.db"
+    serving = aimu_serve(model_server, tmp_path, "--store", str(store),
+                         "--mcp", server_command("lookup"))
+    async with serving as served, httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        run_id = await start(http, "s1", "tool find it")
+        events = await collect(http, run_id)
+    kinds = [e.type for e in events]
+    assert "tool_progress" in kinds, kinds
+    assert kinds.index("tool_call") < kinds.index("tool_progress") < kinds.index("tool_result")
+    assert kinds[-1] == "handle_finished"
