@@ -14,6 +14,7 @@ the next call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import json
 import math
@@ -22,13 +23,13 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
 from mcp import MCPError, StdioServerParameters, types
-from mcp.client._transport import Transport
+from mcp.client._transport import Transport, TransportStreams
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -452,8 +453,18 @@ class _Http(_TransportFactory):
         return _Http(self._url, self._headers)
 
     def make(self) -> Transport:
-        client = create_mcp_http_client(headers=self._headers or None)
-        return streamable_http_client(self._url, http_client=client)
+        return _http_transport(self._url, self._headers)
+
+
+@contextlib.asynccontextmanager
+async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStreams]:
+    """Streamable HTTP on an HTTP client of its own, closed with it (the SDK leaves a
+    client it was given open)."""
+    async with (
+        create_mcp_http_client(headers=headers or None) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams
 
 
 def _outcome(result: types.CallToolResult) -> ToolOutcome:
