@@ -36,7 +36,10 @@ __all__ = [
     "Unauthorized",
     "Unprocessable",
     "answer",
+    "unavailable",
 ]
+
+_log = logging.getLogger("aimu.serve")
 
 
 class ServeError(AimuError):
@@ -122,6 +125,16 @@ _TABLE: Final[tuple[tuple[type[BaseException], Callable[[BaseException, str], An
         ),
     ),
 )
+
+
+def unavailable(what: str, error: BaseException) -> ServiceUnavailable:
+    """``ServiceUnavailable`` for a control (Redis, Temporal) that failed while doing
+    ``what``: the client learns what failed, the log learns where (its address)."""
+    _log.warning("cannot %s: %s", what, error)
+    return ServiceUnavailable(
+        f"cannot {what}: the service the servers share (Redis or Temporal) did not answer; "
+        "try again (the server log says why)"
+    )
 
 
 def answer(error: BaseException, where: str = "") -> Answer:

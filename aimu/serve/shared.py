@@ -22,7 +22,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
 from aimu.serve.decisions import StoreDecisions
-from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
+from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
 from aimu.serve.ids import stream_id
 from aimu.serve.local import Launcher
 from aimu.serve.runs import (
@@ -60,7 +60,7 @@ class RedisBackend:
         except UnknownRunError:
             raise NotFound(f"no run {run_id!r} on any server sharing this Redis") from None
         except ControlError as error:
-            raise ServiceUnavailable(f"cannot {what}: {error}") from None
+            raise unavailable(what, error) from None
 
     # -- starting --------------------------------------------------------------------
 

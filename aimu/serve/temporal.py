@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
-from aimu.serve.errors import Conflict, NotFound, ServiceUnavailable
+from aimu.serve.errors import Conflict, NotFound, ServiceUnavailable, unavailable
 from aimu.serve.local import RunLog, RunRecord
 from aimu.serve.runs import Decided, Request, RunView, no_cancel_error
 
@@ -159,7 +159,7 @@ class TemporalBackend(RunLog):
         except UnknownRunError:
             return None
         except ControlError as error:
-            raise ServiceUnavailable(f"cannot read run {workflow}: {error}") from None
+            raise unavailable(f"read run {workflow}", error) from None
 
     async def view(self, run_id: str) -> RunView:
         await self._adopt(run_id)
@@ -184,7 +184,7 @@ class TemporalBackend(RunLog):
         except UnknownRunError as error:
             raise NotFound(str(error)) from None
         except ControlError as error:
-            raise ServiceUnavailable(f"cannot {what}: {error}") from None
+            raise unavailable(what, error) from None
 
     async def request(self, run_id: str, request: Request) -> None:
         await self._adopt(run_id)

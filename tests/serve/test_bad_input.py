@@ -19,8 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from aimu.aio.errors import ControlConnectionError
 from aimu.aio.store import PostgresStore, SQLiteStore
 from aimu.serve.connections import DeadlineH11Protocol
+from aimu.serve.errors import answer, unavailable
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import (
     Served,
@@ -292,3 +294,12 @@ async def test_a_store_out_of_connections_is_503_saying_what_ran_out(
                 again = await start(http, "second", "x")  # free again
                 assert (await collect(http, again))[-1].data["status"] == "completed"
     assert "max_writers" in log.text()
+
+
+def test_a_control_that_failed_is_503_naming_no_address(log: Records) -> None:
+    url = "redis://:hunter2@10.9.8.7:6390/0"
+    error = ControlConnectionError(f"cannot reach Redis at {url}: refused", url=url)
+    told = answer(unavailable("list the runs", error))
+    assert told.status == 503 and "cannot list the runs" in told.message
+    assert leaks(told.message, "10.9.8.7", "6390", "hunter2") == []
+    assert "10.9.8.7" in log.text()  # the operator still learns where
