@@ -17,6 +17,7 @@ from typing import Any
 from aimu import __version__
 from aimu.aio.tools import Tool
 from aimu.assistant import ChatSettings, add_chat_options, run_chat
+from aimu.models import add_models_options, add_pull_options, run_models, run_pull
 from aimu.serve.command import add_serve_options, run_serve
 
 __all__ = ["build_parser", "main"]
@@ -53,6 +54,18 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         description="Take aimu runs from a Temporal task queue and execute them here.",
     )
     _add_worker_options(worker)
+    models = commands.add_parser(
+        "models",
+        help="list the Ollama server's models, with size and context length",
+        description="List the models of the Ollama server (OLLAMA_HOST, or --host).",
+    )
+    add_models_options(models)
+    pulling = commands.add_parser(
+        "pull",
+        help="pull a model onto the Ollama server, showing its progress",
+        description="Pull MODEL onto the Ollama server; Ctrl+C stops (a later pull resumes).",
+    )
+    add_pull_options(pulling)
     return parser
 
 
@@ -81,6 +94,10 @@ def main(
         return 0
     if options.command == "serve":
         return run_serve(options)
+    if options.command == "models":
+        return run_models(options)
+    if options.command == "pull":
+        return run_pull(options)
     if options.command == "worker":
         from aimu.temporal._command import run_worker
 

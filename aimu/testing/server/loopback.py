@@ -105,6 +105,8 @@ class LoopbackServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._models: dict[str, None] = {"test": None}
+        #: Model names ``/api/pull`` and ``/api/show`` say do not exist.
+        self.missing_models: set[str] = set()
         self._serial = iter(range(1, sys.maxsize))
 
     # -- script ---------------------------------------------------------------------

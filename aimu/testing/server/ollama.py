@@ -97,7 +97,7 @@ def _tags(server: ServerView, body: Mapping[str, Any]) -> Reply:
             "name": name,
             "model": name,
             "modified_at": "2024-01-01T00:00:00Z",
-            "size": 0,
+            "size": 4_000_000,
             "digest": "0" * 64,
             "details": {"format": "gguf", "family": "loopback", "parameter_size": "0B"},
         }
@@ -114,6 +114,8 @@ def _show(server: ServerView, body: Mapping[str, Any]) -> Reply:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         return Reply(json_bytes({"error": "model is required"}), status=400)
+    if name in server.missing_models:
+        return Reply(json_bytes({"error": f"model '{name}' not found"}), status=404)
     return Reply(json_bytes({
         "modelfile": f"FROM {name}",
         "parameters": "",
@@ -124,6 +126,29 @@ def _show(server: ServerView, body: Mapping[str, Any]) -> Reply:
                        "loopback.context_length": CONTEXT_LENGTH},
         "capabilities": ["completion", "tools", "vision"],
     }))
+
+
+def _pull(server: ServerView, body: Mapping[str, Any]) -> Reply:
+    """A pull's progress as NDJSON lines (manifest, one layer in four steps, success);
+    a model in ``missing_models`` gets Ollama's error line."""
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name:
+        return Reply(json_bytes({"error": "model is required"}), status=400)
+    if name in server.missing_models:
+        return Reply(json_bytes({"error": "pull model manifest: file does not exist"}),
+                     status=500)
+    total = 4_000_000
+    lines: list[dict[str, Any]] = [{"status": "pulling manifest"}]
+    lines += [
+        {"status": f"pulling {'0' * 12}", "digest": "sha256:" + "0" * 64, "total": total,
+         "completed": total * step // 4}
+        for step in range(5)
+    ]
+    lines += [{"status": "verifying sha256 digest"}, {"status": "writing manifest"},
+              {"status": "success"}]
+    server.models[name] = None  # type: ignore[index]  # pulled: listed from now on
+    return Reply(b"".join(json_bytes(line) + b"\n" for line in lines),
+                 content_type="application/x-ndjson")
 
 
 def _version(server: ServerView, body: Mapping[str, Any]) -> Reply:
@@ -143,5 +168,6 @@ OLLAMA = Protocol(
         "/api/version": ("GET", _version),
         "/api/tags": ("GET", _tags),
         "/api/show": ("POST", _show),
+        "/api/pull": ("POST", _pull),
     },
 )

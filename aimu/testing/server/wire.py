@@ -101,6 +101,11 @@ class ServerView(typing.Protocol):
         """The model names the server has been asked for, in order (``test`` first)."""
         ...
 
+    @property
+    def missing_models(self) -> set[str]:
+        """Model names the registry does not have (pulls of them fail)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Reply:

@@ -1,0 +1,99 @@
+"""``aimu models`` and ``aimu pull`` against the loopback server's Ollama endpoints."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aimu import cli
+from aimu.testing.server import LoopbackServer
+from aimu.testing.server.ollama import CONTEXT_LENGTH
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread() as running:
+        yield running
+
+
+def test_models_lists_name_size_and_context_length(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["pull", "--host", server.url, "qwen3:8b"]) == 0
+    assert cli.main(["models", "--host", server.url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3].split() == ["MODEL", "SIZE", "CONTEXT"]
+    assert out[-1].split() == ["test", "4.0", "MB", f"{CONTEXT_LENGTH:,}"]
+    assert out[-2].split() == ["qwen3:8b", "4.0", "MB", f"{CONTEXT_LENGTH:,}"]
+
+
+def test_pull_prints_plain_progress_lines_when_not_a_terminal(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["pull", "--host", server.url, "llama3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "pulling manifest"
+    assert [line.split()[-4] for line in out if "% of" in line] == [
+        "0%", "20%", "50%", "70%", "100%"
+    ]
+    assert out[-2:] == ["success", "pulled llama3"]
+    assert "llama3" in server.models
+
+
+def test_a_pull_of_a_model_that_does_not_exist_is_one_clear_line(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.missing_models.add("nope")
+    assert cli.main(["pull", "--host", server.url, "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"aimu pull: cannot pull 'nope' from {server.url}: "
+        "pull model manifest: file does not exist"
+    )
+    assert "nope" not in server.models
+
+
+@pytest.mark.parametrize("command", [["pull", "llama3"], ["models"]])
+def test_a_server_that_is_down_is_one_clear_line(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = f"http://127.0.0.1:{free_port()}"
+    assert cli.main([*command, "--host", host]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"cannot reach Ollama at {host}: is it running? (--host or "
+                        "OLLAMA_HOST sets the address)")
+    assert "\n" not in err
+
+
+def test_pull_shows_a_progress_bar_on_a_terminal(server: LoopbackServer) -> None:
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aimu", "pull", "--host", server.url, "mistral"],
+        stdin=secondary, stdout=secondary, stderr=secondary, cwd=ROOT,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "80", "LINES": "24"},
+    )
+    os.close(secondary)
+    output = b""
+    while True:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        output += data
+    assert process.wait(timeout=60) == 0
+    os.close(primary)
+    text = output.decode(errors="replace")
+    assert "pulling mistral" in text  # the bar's title
+    assert "\x1b[" in text  # drawn with terminal escapes, not plain lines
+    assert "pulled mistral" in text
