@@ -180,6 +180,8 @@ class RedisControl:
         )
         self._worker: Worker | None = None
         self._closed = False
+        self._made: set[str] = set()
+        """Ids made by run_id(None) and not yet attached."""
 
     def __repr__(self) -> str:
         runs = 0 if self._worker is None else len(self._worker.runs)
@@ -251,14 +253,20 @@ class RedisControl:
         """``wanted`` checked, or a new unguessable id (``RunHandle.start`` calls this)."""
         if self._closed:
             raise RuntimeError(f"RedisControl for {self.url} is closed: cannot register runs")
-        return new_run_id() if wanted is None else check_run_id(wanted, self.prefix)
+        if wanted is not None:
+            return check_run_id(wanted, self.prefix)
+        made = new_run_id()
+        self._made.add(made)  # nobody can have sent it a request yet: no need to wait
+        return made
 
     def attach(self, handle: RunHandle[Any]) -> asyncio.Future[None]:
         """Register ``handle`` (started with ``control=``): publish it and obey requests.
 
-        The run starts once Redis answered its registration (with the requests sent for
-        it before, so a cancel of a reserved run means it never starts), or once Redis
-        could not be reached (it starts anyway, and is registered when Redis is back).
+        A run under an id given to ``RunHandle.start`` (a reserved or claimed one) starts
+        once Redis answered its registration (with the requests sent for it before, so a
+        cancel of a reserved run means it never starts), or once Redis could not be
+        reached (it starts anyway, and is registered when Redis is back). A run under an
+        id made here starts at once: no request can name it yet.
         """
         return self._attach(handle, "", required=False)
 
@@ -284,7 +292,9 @@ class RedisControl:
         assert run_id is not None
         if self._worker is None:
             self._worker = Worker(self._link)
-        return self._worker.attach(run_id, handle, info, required=required)
+        made = run_id in self._made
+        self._made.discard(run_id)
+        return self._worker.attach(run_id, handle, info, required=required, wait=not made)
 
     async def registered(self, handle: RunHandle[Any]) -> str:
         """Wait until Redis knows ``handle``'s run (so every process can find it); its id.

@@ -191,10 +191,19 @@ class Worker:
     # -- attaching -------------------------------------------------------------------
 
     def attach(
-        self, run_id: str, handle: RunHandle[Any], info: str, *, required: bool = False
+        self,
+        run_id: str,
+        handle: RunHandle[Any],
+        info: str,
+        *,
+        required: bool = False,
+        wait: bool = True,
     ) -> asyncio.Future[None]:
-        """Serve ``handle``'s run; the future it waits for before it starts."""
+        """Serve ``handle``'s run; the future it waits for before it starts (resolved at
+        once unless ``wait`` or ``required``: it waits for its first registration)."""
         run = _Run(run_id, handle, info, required)
+        if not (wait or required):
+            run.admit()
         if run_id in self.runs and not self.runs[run_id].over:
             handle.cancel(f"run id {run_id!r} is already running in this process")
             run.admit()
@@ -308,6 +317,7 @@ class Worker:
                     await asyncio.sleep(_BACKOFF.compute(failures))
                     self._kick.set()
                     continue
+                _reraise_cancel()  # a cancel redis-py took for a lost connection and retried
                 failures = 0
                 self._note_up()
                 if more:
@@ -335,6 +345,7 @@ class Worker:
             async with asyncio.timeout(self._link.timeout):
                 while any(r.handle.done and not r.over for r in self.runs.values()):
                     await self._flush()
+                    await asyncio.sleep(0)  # the handles' done callbacks run in between
         except (TimeoutError, *_DOWN, RedisError, asyncio.CancelledError):
             logger.warning(
                 "runs %s: their end did not reach Redis at %s before the loop closed",
@@ -520,6 +531,7 @@ class Worker:
                 failures = 0
                 while True:
                     message = await pubsub.get_message(timeout=None)
+                    _reraise_cancel()
                     if message is not None:
                         self._on_message(message.get("data"))
             except (*_DOWN, RedisError) as error:
@@ -583,6 +595,7 @@ class Worker:
                 _reraise_cancel()
                 self._note_down(error)
                 continue
+            _reraise_cancel()
             for run, result in zip(live, results, strict=True):
                 if isinstance(result, BaseException) or run.state is not _State.REGISTERED:
                     continue
@@ -682,7 +695,8 @@ _CANCEL_WAIT = 0.5
 
 
 def _reraise_cancel() -> None:
-    """redis-py may report a cancel of its read as a connection error: never swallow it."""
+    """redis-py may report a cancel of its read as a connection error, or retry the
+    command and answer normally: never swallow it (a task cancelled stays cancelled)."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
