@@ -172,11 +172,27 @@ class _PrivateTemporal:
         )
         self.address = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 60.0  # ~5 s alone; a loaded machine takes longer
-        while not _answers("127.0.0.1", self.port):
+        # An open port is not a ready server: its frontend answers "not healthy yet" and
+        # the default namespace is missing for a while after. Wait until it describes it.
+        while not self._ready(binary, deadline):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 unavailable(f"a Temporal dev server on port {self.port} did not start")
             time.sleep(0.05)
+
+    def _ready(self, binary: str, deadline: float) -> bool:
+        if not _answers("127.0.0.1", self.port):
+            return False
+        try:
+            described = subprocess.run(
+                [binary, "operator", "namespace", "describe", "--namespace", "default",
+                 "--address", self.address],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return described.returncode == 0
 
     def stop(self) -> None:
         self._process.kill()
