@@ -5,7 +5,8 @@ event loop. It heartbeats on every event and on a timer (a cancel from Temporal 
 with a heartbeat's answer and reaches the run as ``CancelledError``), reads the run's
 controls from the workflow on the same timer, and signals the run's events to the
 workflow in batches. With a :class:`~aimu.aio.RedisControl` the run is also registered
-in Redis under its run id, so a cancel, interrupt or stop from Redis lands at once.
+in Redis under its run id (its part resumed after a pause too, on the reopened record),
+so a cancel, interrupt or stop from Redis lands at once.
 
 A retried turn (its worker died) opens the session from the store: the transcript is
 there up to the last recorded message and the tool journal decides the calls that were
@@ -25,7 +26,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from aimu.aio.agent import Agent
-from aimu.aio.errors import ControlError, SessionLockedError
+from aimu.aio.errors import ControlError, SessionLockedError, UnknownRunError
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
@@ -37,6 +38,7 @@ from aimu.temporal._workflow import (
     BEGIN,
     CANCELLED,
     CONTROLS_QUERY,
+    END_PAUSED,
     TURN,
     Control,
     TurnOutcome,
@@ -70,7 +72,7 @@ class Activities:
         self.tick = tick
 
     def all(self) -> Sequence[Any]:
-        return [self.begin, self.turn]
+        return [self.begin, self.turn, self.end_paused]
 
     @activity.defn(name=BEGIN)
     async def begin(self, session: str) -> int:
@@ -80,6 +82,25 @@ class Activities:
         except (TypeError, ValueError) as error:
             raise ApplicationError(str(error), type="AimuBadInput", non_retryable=True) from None
         return len(await self.store.load(session))
+
+    @activity.defn(name=END_PAUSED)
+    async def end_paused(self, run_id: str, session: str, reason: str) -> None:
+        """Record in the store and in Redis that the paused run ``run_id`` was cancelled."""
+        try:
+            writer = await self.store.open_session(session)
+        except SessionLockedError as error:  # a decision being recorded, often: retried
+            raise ApplicationError(
+                f"session {session!r} is open elsewhere: {error}", type="AimuLocked"
+            ) from None
+        try:
+            info = await self.store.info(session)
+            if info is not None and info.status == "paused":  # not if the session went on
+                await writer.set_status("cancelled")
+        finally:
+            await writer.aclose()
+        if self.control is not None:
+            with contextlib.suppress(UnknownRunError):  # it was not registered in Redis
+                await self.control.cancel_paused(run_id, reason)
 
     @activity.defn(name=TURN)
     async def turn(self, request: TurnRequest) -> TurnOutcome:
@@ -184,15 +205,23 @@ class _Turn:
     async def _control(self) -> Any:
         """The Redis control to register this attempt with, if there is one to use."""
         control = self.owner.control
-        if control is None or self.request.segment != 0:
-            return None  # a resumed turn after a pause is stopped through Temporal
-        if self.attempt == 1:
+        if control is None:
+            return None
+        if self.request.segment == 0 and self.attempt == 1:
             return control
-        try:  # a retry: the dead worker's registration must be lost to be taken over
-            if await control.claim(self.request.run_id) is not None:
+        run_id = self.request.run_id
+        try:
+            # The resumed part after a pause: the record says paused until it is reopened
+            # (by this attempt, or by an earlier one that died before it registered).
+            if self.request.segment != 0 and await control.reopen(run_id):
+                return control
+            if self.attempt == 1:
+                return None  # not paused in Redis: nothing of this run to take over
+            # A retry: the dead worker's registration must be lost to be taken over.
+            if await control.claim(run_id) is not None:
                 return control
         except ControlError as error:
-            _log.warning("run %s: Redis control not used on retry: %s", self.request.run_id, error)
+            _log.warning("run %s: Redis control not used: %s", run_id, error)
         return None
 
     def _on_event(self, event: Event) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "BEGIN",
     "CANCELLED",
     "CONTROLS_QUERY",
+    "END_PAUSED",
     "NOT_RETRIED",
     "STATE_QUERY",
     "TURN",
@@ -43,6 +44,8 @@ __all__ = [
 WORKFLOW: Final = "aimu.run"
 BEGIN: Final = "aimu.begin"
 TURN: Final = "aimu.turn"
+#: The local activity that records a run cancelled while it was paused (no turn ran to).
+END_PAUSED: Final = "aimu.end_paused"
 STATE_QUERY: Final = "aimu.state"
 CONTROLS_QUERY: Final = "aimu.controls"
 #: The error type of a turn cancelled from outside Temporal (Redis): never retried.
@@ -170,7 +173,11 @@ class RunWorkflow:
             if outcome.status == "paused":
                 self._pending = outcome.pending
                 self._status = "paused"
-                await workflow.wait_condition(self._all_decided)
+                try:
+                    await workflow.wait_condition(self._all_decided)
+                except asyncio.CancelledError:
+                    await self._end_paused(request)
+                    raise
                 decisions = [self._decisions[p["call_id"]] for p in self._pending]
                 self._pending, self._decisions = [], {}
             else:
@@ -218,6 +225,18 @@ class RunWorkflow:
                 await workflow.wait_condition(lambda: workflow.cancellation_reason() is not None)
                 raise asyncio.CancelledError(cause.message) from None
             raise
+
+    async def _end_paused(self, request: RunRequest) -> None:
+        """Cancelled while paused: no turn runs to record it, so the store's session and
+        the Redis record (both still ``paused``) are set cancelled here."""
+        reason = workflow.cancellation_reason() or "cancelled"
+        await workflow.execute_local_activity(
+            END_PAUSED,
+            args=[request.run_id, request.session, reason],
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5),
+                                     maximum_attempts=20),
+        )
 
     def _all_decided(self) -> bool:
         return all(p["call_id"] in self._decisions for p in self._pending)

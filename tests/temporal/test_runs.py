@@ -235,3 +235,97 @@ async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_gr
         assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
     await restorable(store, "s1")
     assert not await runs.interrupt(run_id), "the run has ended"
+
+
+async def paused(runs: RunsClient, run_id: str) -> dict[str, object]:
+    """The run's state once the workflow holds it paused (its turn has returned)."""
+    async for _, event in runs.events(run_id):
+        if event["type"] == "run_finished":
+            assert event["status"] == "paused", event
+            break
+    async with asyncio.timeout(60):
+        while (state := await runs.status(run_id))["status"] != "paused":  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # the turn's outcome is on its way to the workflow
+    return state
+
+
+@pytest.mark.parametrize("with_redis", [False, True])
+async def test_a_run_cancelled_while_paused_is_cancelled_in_temporal_redis_and_the_store(
+    with_redis: bool, temporal: str, queue: str, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    done: list[str] = []
+
+    @aio.tool(approval=True)
+    def transfer(amount: int) -> str:
+        """Move money."""
+        done.append("transfer")
+        return "moved"
+
+    model_server.script = [Turn("", tool_calls=(ScriptedCall("transfer", {"amount": 5}),))]
+    control = aio.RedisControl(redis_url(), f"aimu-t-{queue}") if with_redis else None
+    if control is not None:
+        await control.connect()
+    try:
+        runs = await RunsClient.connect(temporal, queue, redis=control, heartbeat_timeout=2.0)
+        await workers.start(tools=[transfer], redis=control)
+        run_id = await runs.start("s1", "pay")
+        await paused(runs, run_id)
+        assert (await store.info("s1")).status == "paused"  # type: ignore[union-attr]
+        if control is not None:
+            assert (await control.status(run_id)).status == "paused"
+        assert await runs.cancel(run_id, "not today")  # no activity runs: the workflow waits
+        state = await runs.wait(run_id, timeout=60)
+        assert (state["status"], state["reason"]) == ("cancelled", "not today")
+        assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
+        if control is not None:
+            info = await control.status(run_id)
+            assert (info.status, info.reason) == ("cancelled", "not today")
+        assert done == [] and len(model_server.requests) == 1  # never resumed
+        await restorable(store, "s1")
+        assert not await runs.cancel(run_id), "a second cancel finds the run ended"
+    finally:
+        if control is not None:
+            await control.aclose()
+
+
+async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
+    temporal: str, queue: str, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    done: list[str] = []
+
+    @aio.tool(approval=True)
+    def transfer(amount: int) -> str:
+        """Move money."""
+        done.append("transfer")
+        return "moved"
+
+    model_server.script = [Turn("", tool_calls=(ScriptedCall("transfer", {"amount": 5}),)),
+                           SLOW]
+    control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
+    await control.connect()
+    try:
+        runs = await RunsClient.connect(temporal, queue, redis=control, heartbeat_timeout=2.0)
+        await workers.start(tools=[transfer], redis=control)
+        run_id = await runs.start("s1", "pay")
+        [pending] = (await paused(runs, run_id))["pending"]  # type: ignore[misc]
+        await runs.approve(run_id, pending["call_id"])
+        async for _, event in runs.events(run_id):
+            if event["type"] == "text":
+                break  # the resumed part streams its reply on the worker
+        info = await control.status(run_id)
+        assert (info.status, info.attempt) == ("running", 2)  # registered again, same id
+        # Redis alone: no cancel request reaches Temporal, the worker's run gets it.
+        assert await control.cancel(run_id, "stop it now")
+        await model_server.wait_abandoned(1, timeout=30)
+        state = await runs.wait(run_id, timeout=60)
+        assert (state["status"], state["reason"]) == ("cancelled", "stop it now")
+        info = await control.wait(run_id, timeout=30)
+        assert (info.status, info.reason) == ("cancelled", "stop it now")
+        assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
+        assert done == ["transfer"]
+        messages = await restorable(store, "s1")
+        assert messages[-1]["role"] == "assistant" and messages[-1].get("aimu_partial")
+    finally:
+        await control.aclose()

@@ -21,7 +21,7 @@ __all__ = ["Link", "Scripts"]
 class Scripts:
     """The control's Lua scripts, registered with one client (sent by hash after once)."""
 
-    __slots__ = ("claim", "publish", "register", "renew", "request", "reserve")
+    __slots__ = ("claim", "paused", "publish", "register", "renew", "request", "reserve")
 
     def __init__(self, client: redis.Redis) -> None:
         self.register: AsyncScript = client.register_script(scripts.REGISTER)
@@ -30,6 +30,7 @@ class Scripts:
         self.claim: AsyncScript = client.register_script(scripts.CLAIM)
         self.request: AsyncScript = client.register_script(scripts.REQUEST)
         self.reserve: AsyncScript = client.register_script(scripts.RESERVE)
+        self.paused: AsyncScript = client.register_script(scripts.PAUSED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -337,6 +337,29 @@ class RedisControl:
             return None
         return await self.status(run_id)
 
+    async def reopen(self, run_id: str) -> bool:
+        """Make a ``paused`` run pending again, so the part that resumes it after the
+        decisions registers under the same id (``RunHandle.start(agent.resume(),
+        run_id=run_id, control=control)``) and obeys requests sent from then on.
+        False if the run is not paused; UnknownRunError if there is no such run."""
+        return await self._paused(run_id, "pending", None)
+
+    async def cancel_paused(self, run_id: str, reason: str | None = None) -> bool:
+        """Record that a ``paused`` run was cancelled while it waited for decisions (no
+        worker ran it, so none can publish its end). False if it is not paused."""
+        return await self._paused(run_id, "cancelled", reason or "cancelled")
+
+    async def _paused(self, run_id: str, status: str, reason: str | None) -> bool:
+        check_run_id(run_id, self.prefix)
+        with self._errors("update the paused run", run_id):
+            result = await self._scripts.paused(
+                keys=[self._keys.run(run_id)], args=[status, reason or "", f"{time.time():.6f}"]
+            )
+        answer = scripts.reply(result)
+        if answer.tag == "unknown":
+            self._unknown(run_id)
+        return answer.tag == "ok"
+
     # -- the controller side ---------------------------------------------------------
 
     async def reserve(self, run_id: str | None = None, **info: str) -> str:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["CLAIM", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "Reply", "reply"]
+__all__ = [
+    "CLAIM", "PAUSED", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "Reply", "reply",
+]
 
 #: How many runs of the runs list each registration checks, dropping those whose record
 #: expired. A cursor walks the whole list round and round, so a run that lives long at
@@ -182,6 +184,22 @@ if worker then
   redis.call('PUBLISH', ARGV[3] .. worker, cjson.encode({run = ARGV[4], id = id}))
 end
 return {'ok', id}
+"""
+
+#: KEYS run; ARGV new status ('pending': its resumed part registers next; or an end
+#: status), reason, now. Only a paused run's record changes.
+#: -> {'ok'} | {'unknown'} | {'finished', status}
+PAUSED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown'} end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'paused' then return {'finished', status} end
+if ARGV[1] == 'pending' then
+  redis.call('HSET', KEYS[1], 'status', 'pending')
+  redis.call('HDEL', KEYS[1], 'worker', 'ended_at', 'reason', 'error', 'result', 'usage')
+else
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'reason', ARGV[2], 'ended_at', ARGV[3])
+end
+return {'ok'}
 """
 
 #: KEYS run, runs, session; ARGV now, info, ttl_s, run_id, key prefix ('P:').
