@@ -237,6 +237,23 @@ async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_gr
     assert not await runs.interrupt(run_id), "the run has ended"
 
 
+#: The model's first turn: it calls ``transfer``, which waits for approval.
+PAY = Turn("", tool_calls=(ScriptedCall("transfer", {"amount": 5}),))
+
+
+def approval_tool() -> tuple[aio.Tool, list[str]]:
+    """A ``transfer`` tool that needs approval, and the list each of its runs adds to."""
+    done: list[str] = []
+
+    @aio.tool(approval=True)
+    def transfer(amount: int) -> str:
+        """Move money."""
+        done.append("transfer")
+        return "moved"
+
+    return transfer, done
+
+
 async def paused(runs: RunsClient, run_id: str) -> dict[str, object]:
     """The run's state once the workflow holds it paused (its turn has returned)."""
     async for _, event in runs.events(run_id):
@@ -254,15 +271,8 @@ async def test_a_run_cancelled_while_paused_is_cancelled_in_temporal_redis_and_t
     with_redis: bool, temporal: str, queue: str, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer,
 ) -> None:
-    done: list[str] = []
-
-    @aio.tool(approval=True)
-    def transfer(amount: int) -> str:
-        """Move money."""
-        done.append("transfer")
-        return "moved"
-
-    model_server.script = [Turn("", tool_calls=(ScriptedCall("transfer", {"amount": 5}),))]
+    transfer, done = approval_tool()
+    model_server.script = [PAY]
     control = aio.RedisControl(redis_url(), f"aimu-t-{queue}") if with_redis else None
     if control is not None:
         await control.connect()
@@ -293,16 +303,8 @@ async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
     temporal: str, queue: str, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer,
 ) -> None:
-    done: list[str] = []
-
-    @aio.tool(approval=True)
-    def transfer(amount: int) -> str:
-        """Move money."""
-        done.append("transfer")
-        return "moved"
-
-    model_server.script = [Turn("", tool_calls=(ScriptedCall("transfer", {"amount": 5}),)),
-                           SLOW]
+    transfer, done = approval_tool()
+    model_server.script = [PAY, SLOW]
     control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
     await control.connect()
     try:
