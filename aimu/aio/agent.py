@@ -487,6 +487,16 @@ class Agent(Runnable[OutputT]):
         return self._system_text
 
     @property
+    def limits(self) -> UsageLimits | None:
+        """The budget of each run (``limits=``), and of the session in all
+        (:attr:`session_limits`)."""
+        return self._config.limits
+
+    @property
+    def session_limits(self) -> UsageLimits | None:
+        return self._config.session_limits
+
+    @property
     def spend(self) -> Spend:
         """What this session spent in all (requests, tool calls, tokens, cost, seconds),
         as its store keeps it across processes. A copy."""

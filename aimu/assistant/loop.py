@@ -34,6 +34,7 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolResult,
 )
+from aimu.aio.limits import UsageLimits
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.tools import Tool, Toolset
@@ -99,8 +100,10 @@ class Assistant:
         join: bool = False,
         plain: bool = False,
         max_rounds: int = 10,
+        limits: UsageLimits | None = None,
     ) -> None:
         self._client = client
+        self._limits = limits
         self._store = store
         self._system = system
         self._tools = tuple(tools)
@@ -140,6 +143,7 @@ class Assistant:
             self._tools,
             system=self._system,
             max_rounds=self._max_rounds,
+            limits=self._limits,
             name="assistant",
             store=self._store,
             session=session,
@@ -543,6 +547,8 @@ class Assistant:
             self._line(INTERRUPTED)
         elif finished.status == "max_rounds":
             self._line(f"(stopped: the turn used its {self._max_rounds} tool rounds)")
+        elif finished.status == "limited":
+            self._line(f"(stopped: {finished.stop_reason}; /resume goes on)")
         elif finished.status == "incomplete":
             self._line(f"(cut off: the model stopped with {finished.stop_reason!r})")
         else:

@@ -112,6 +112,7 @@ async def _run_chat(
                     colour=history is not None,
                     join=settings.join,
                     plain=settings.plain,
+                    limits=settings.limits,
                 )
             except AimuError as error:
                 return fail(error, 1)

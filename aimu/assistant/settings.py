@@ -7,8 +7,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aimu._limit_options import add_limit_options, limits_from
 from aimu._logs import add_log_level_option
 from aimu._mcp_options import add_mcp_options
+from aimu.aio.limits import UsageLimits
 
 __all__ = ["ChatSettings", "add_chat_options", "default_home"]
 
@@ -41,6 +43,8 @@ class ChatSettings:
     """MCP servers to start over stdio (``"COMMAND ARGS"``), their tools offered too."""
     mcp_urls: tuple[str, ...] = ()
     """MCP servers to reach over Streamable HTTP."""
+    limits: UsageLimits | None = None
+    """The budget of each turn's run (``--max-requests`` and kin)."""
 
     @property
     def store_path(self) -> Path:
@@ -64,6 +68,7 @@ class ChatSettings:
             join=options.join,
             mcp=tuple(getattr(options, "mcp", ())),
             mcp_urls=tuple(getattr(options, "mcp_url", ())),
+            limits=limits_from(options),
         )
 
 
@@ -100,3 +105,4 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
     )
     add_log_level_option(parser, default=None)
     add_mcp_options(parser)
+    add_limit_options(parser)

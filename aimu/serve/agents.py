@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 
 from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
+from aimu.aio.limits import UsageLimits
 from aimu.aio.store import SQLiteStore, Store
 from aimu.aio.tools import Tool, Toolset, as_tool
 from aimu.serve.runs import AgentFactory
@@ -51,6 +52,7 @@ def agent_factory(
     tools: Sequence[Callable[..., Any] | Tool | Toolset] = (),
     system: str | None = None,
     max_rounds: int = 10,
+    limits: UsageLimits | None = None,
 ) -> tuple[AgentFactory, Closer]:
     """A factory of one agent per session on ``store``, and how to close its model client.
 
@@ -72,6 +74,7 @@ def agent_factory(
             built,
             system=system,
             max_rounds=max_rounds,
+            limits=limits,
             store=store,
             session=session,
         )

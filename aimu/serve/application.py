@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from aimu import __version__
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
+from aimu.aio.limits import UsageLimits
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool, Toolset
 from aimu.serve.agents import agent_factory, open_store
@@ -81,6 +82,7 @@ def app(
     tools: Sequence[Callable[..., Any] | Tool | Toolset] = (),
     system: str | None = None,
     max_rounds: int = 10,
+    limits: UsageLimits | None = None,
     token: str | EllipsisType | None = ...,
     cors_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] | None = None,
@@ -100,7 +102,8 @@ def app(
     ``cors_origins`` allows those browser origins (none by default). ``allowed_hosts``
     are the host names served besides loopback ones (default: none without a token, any
     with one; see :class:`~aimu.serve.guards.RequestGuard`). ``agents`` replaces
-    how the agent of a session's run is built. ``redis`` (a URL or a control) shares
+    how the agent of a session's run is built; ``limits`` bound each run (see
+    :class:`~aimu.aio.UsageLimits`). ``redis`` (a URL or a control) shares
     the runs with every server on the same Redis and store; the app checks that Redis
     answers when it starts. ``temporal`` (``HOST:PORT``) with ``task_queue`` hands every
     run to ``aimu worker`` processes instead (``redis`` then makes their cancels land at
@@ -114,7 +117,7 @@ def app(
         closers.append(close_store)
     if agents is None:
         agents, close_model = agent_factory(
-            model, opened, tools=tools, system=system, max_rounds=max_rounds
+            model, opened, tools=tools, system=system, max_rounds=max_rounds, limits=limits
         )
         closers.append(close_model)
 

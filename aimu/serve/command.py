@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from urllib.parse import urlsplit
 
 from aimu._extras import MissingExtra, needs_extra
+from aimu._limit_options import add_limit_options, limits_from
 from aimu._logs import add_log_level_option, logging_to
 from aimu._mcp_options import add_mcp_options, mcp_servers, open_all
 from aimu.aio.errors import AimuError
@@ -111,6 +112,7 @@ def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
         help="key prefix in Redis; servers that work together use the same one (default aimu)",
     )
     parser.add_argument("--system", default=None, help="system prompt for every session")
+    add_limit_options(parser)
     parser.add_argument(
         "--tool",
         action="append",
@@ -250,6 +252,7 @@ async def _run(
             store=store,
             tools=tools,
             system=options.system,
+            limits=limits_from(options),
             token=token,
             cors_origins=options.cors_origin,
             allowed_hosts=options.allowed_host or None,

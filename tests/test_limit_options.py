@@ -1,0 +1,50 @@
+"""``--max-requests`` and kin on ``aimu chat`` and ``aimu serve``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aimu import aio, cli
+from aimu._limit_options import limits_from
+from aimu.serve.agents import agent_factory
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_options_give_limits_and_none_without_them() -> None:
+    parser = cli.build_parser()
+    options = parser.parse_args(["chat", "--max-requests", "3", "--max-tokens", "900",
+                                 "--max-tool-calls", "0", "--max-seconds", "1.5"])
+    assert limits_from(options) == aio.UsageLimits(requests=3, total_tokens=900,
+                                                   tool_calls=0, wall=1.5)
+    assert limits_from(parser.parse_args(["serve"])) is None
+
+
+@pytest.mark.parametrize("bad", [["--max-requests", "-1"], ["--max-seconds", "nan"],
+                                 ["--max-tokens", "many"]])
+def test_bad_limits_are_usage_errors(bad: list[str]) -> None:
+    assert cli.main(["chat", *bad]) == 2
+
+
+async def test_serve_builds_its_agents_with_the_limits(tmp_path: Path) -> None:
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    limits = aio.UsageLimits(requests=2)
+    agents, close = agent_factory("test", store, limits=limits)
+    assert agents("s1").limits == limits
+    await close()
+    await store.aclose()
+
+
+def test_a_chat_turn_that_reaches_a_limit_says_so(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--max-requests", "1"],
+        input="What is the weather in Oslo?\n", capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "AIMU_HOME": str(tmp_path), "AIMU_MODEL": "test"}, timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "(stopped: limit:requests; /resume goes on)" in completed.stdout
