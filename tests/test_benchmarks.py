@@ -28,6 +28,7 @@ SMOKE = {
     "bench_limits.py": ["--repeats", "1", "--count", "100", "--runs", "2"],
     "bench_continue.py": ["--repeats", "1", "--words", "10", "--delay", "0"],
     "bench_temporal.py": ["--quick"],
+    "bench_mcp.py": ["--quick"],
 }
 
 

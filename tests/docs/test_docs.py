@@ -50,7 +50,6 @@ SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
 NOTEBOOK_PAGES = {
     ROOT / "docs" / name
     for name in (
-        "how-to/mcp.md",
         "how-to/scale-out.md",
         "how-to/temporal.md",
     )

@@ -9,7 +9,9 @@ saw. ``pid`` gives the server's process id (for the orphan tests).
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import time
 from typing import Annotated
 
 import anyio
@@ -18,6 +20,15 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 server = MCPServer("aimu-test")
+
+
+def cancel_seen(tag: str) -> None:
+    """Tell ``AIMU_MCP_CANCEL_SOCKET`` (a unix datagram socket, the benchmark's) when the
+    tool saw its cancel, on the monotonic clock every process here shares."""
+    path = os.environ.get("AIMU_MCP_CANCEL_SOCKET")
+    if path:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(f"{tag} {time.monotonic()}".encode(), path)
 
 
 def note(line: str) -> None:
@@ -47,6 +58,7 @@ async def wait(tag: str, seconds: float, ctx: Context) -> str:
         await ctx.report_progress(0, 1, f"waiting {tag}")
         await anyio.sleep(seconds)
     except anyio.get_cancelled_exc_class():
+        cancel_seen(tag)
         note(f"cancelled {tag}")
         raise
     note(f"finished {tag}")
