@@ -97,3 +97,51 @@ def test_pull_shows_a_progress_bar_on_a_terminal(server: LoopbackServer) -> None
     assert "pulling mistral" in text  # the bar's title
     assert "\x1b[" in text  # drawn with terminal escapes, not plain lines
     assert "pulled mistral" in text
+
+
+def test_ctrl_c_stops_a_pull_cleanly(tmp_path: Path) -> None:
+    """A server that sends the first progress line and then nothing: SIGINT (Ctrl+C)
+    ends the pull with one line and status 130, and the server sees the client go."""
+    import asyncio
+    import signal
+    import threading
+
+    gone = threading.Event()
+    ready: list[int] = []
+    started = threading.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()).strip():
+            pass  # the request head; the body is small and ignored
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        line = b'{"status":"pulling manifest"}\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        await writer.drain()
+        await reader.read()  # until the client closes the connection
+        gone.set()
+        writer.close()
+
+    def serve() -> None:
+        async def main() -> None:
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            ready.append(server.sockets[0].getsockname()[1])
+            started.set()
+            async with server:
+                await asyncio.sleep(60)
+
+        asyncio.run(main())
+
+    threading.Thread(target=serve, daemon=True).start()
+    started.wait(10)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aimu", "pull", "--host", f"http://127.0.0.1:{ready[0]}", "m"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "pulling manifest\n"  # the pull is under way
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err.strip() == "aimu pull: stopped; pull m again to resume"
+    assert gone.wait(10)  # the connection was closed: the server stops sending
