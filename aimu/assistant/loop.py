@@ -347,28 +347,7 @@ class Assistant:
                 self._line("(this session is paused: a tool call waits for your approval)")
                 self._ask_next()
             self._show_prompt()
-            while True:
-                self._wake.clear()
-                turn = self._current
-                if turn is not None and turn.handle.done:
-                    self._current = None
-                    await self._report(turn)
-                    self._show_prompt()
-                    continue
-                if turn is None:
-                    if self._exit_requested:
-                        break
-                    if self._backlog:
-                        self._busy = True
-                        try:
-                            await self._handle(self._backlog.popleft())
-                        finally:
-                            self._busy = False
-                        self._show_prompt()
-                        continue
-                    if self._input_ended:
-                        break
-                await self._wake.wait()
+            await self._loop()
         finally:
             await stop_reading()
             if restore_sigint is not None:
@@ -378,6 +357,32 @@ class Assistant:
             finally:
                 self._serving = False
         return 1 if self._last_turn_failed else 0
+
+    async def _loop(self) -> None:
+        """Report turns as they end and run queued lines in order, until the input ended
+        (and nothing is queued or running) or an exit was asked for."""
+        while True:
+            self._wake.clear()
+            turn = self._current
+            if turn is not None and turn.handle.done:
+                self._current = None
+                await self._report(turn)
+                self._show_prompt()
+                continue
+            if turn is None:
+                if self._exit_requested:
+                    return
+                if self._backlog:
+                    self._busy = True
+                    try:
+                        await self._handle(self._backlog.popleft())
+                    finally:
+                        self._busy = False
+                    self._show_prompt()
+                    continue
+                if self._input_ended:
+                    return
+            await self._wake.wait()
 
     def _read_input(
         self, stdin: bool, terminal: Path | None
