@@ -24,6 +24,7 @@ __all__ = [
 #: Each extra of pyproject.toml and the top-level modules it installs.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "chat": ("prompt_toolkit",),
+    "mcp": ("mcp",),
     "otel": ("opentelemetry",),
     "postgres": ("asyncpg",),
     "redis": ("redis",),

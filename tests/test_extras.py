@@ -60,7 +60,7 @@ def test_has_extra_looks_without_importing(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_an_unknown_extra_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="no extra 'web'; the extras are chat, otel"):
+    with pytest.raises(ValueError, match="no extra 'web'; the extras are chat, mcp, otel"):
         install_command("web")
 
 
