@@ -240,6 +240,40 @@ async def test_a_paused_run_reads_paused_everywhere(
     assert (await control.status(run_id)).status == "paused"
 
 
+async def test_a_paused_run_is_reopened_for_its_resumed_part_or_recorded_cancelled(
+    server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
+) -> None:
+    @aio.tool(approval=True)
+    def hold() -> str:
+        """Hold (a person approves it first)."""
+        return "held"
+
+    async with aio.Agent(aio.client("ollama:m", host=server.url), [hold]) as agent:
+        handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
+        run_id = await worker.registered(handle)
+        assert (await control.wait(run_id, timeout=30)).status == "paused"
+        assert await control.reopen(run_id)
+        assert (await control.status(run_id)).status == "pending"
+        assert not await control.reopen(run_id), "only a paused run is reopened"
+        [call] = agent.pending_approvals
+        agent.approve(call.call_id)
+        resumed = aio.RunHandle.start(agent.resume(), run_id=run_id, control=worker)
+        await worker.registered(resumed)  # the same id, taken again
+        info = await control.wait(run_id, timeout=30)
+        assert (info.status, info.attempt) == ("completed", 2)
+        assert not await control.cancel_paused(run_id, "late"), "it is not paused"
+
+        handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
+        other = await worker.registered(handle)
+        assert (await control.wait(other, timeout=30)).status == "paused"
+        assert await control.cancel_paused(other, "nobody decided")
+        info = await control.status(other)
+        assert (info.status, info.reason, info.done) == ("cancelled", "nobody decided", True)
+        assert not await control.cancel(other), "a cancelled run takes no more requests"
+    with pytest.raises(aio.UnknownRunError, match="no-such-run"):
+        await control.reopen("no-such-run")
+
+
 async def test_registering_a_run_drops_expired_runs_from_the_list(
     agent: aio.Agent, worker: aio.RedisControl, control: aio.RedisControl, prefix: str
 ) -> None:
