@@ -223,35 +223,37 @@ async def test_urls_that_are_not_redis_fail_clearly_and_hide_the_password(
     await http.aclose()
 
 
+@aio.tool(approval=True)
+def hold() -> str:
+    """Hold (a person approves it first)."""
+    return "held"
+
+
+async def paused(
+    agent: aio.Agent, worker: aio.RedisControl, control: aio.RedisControl
+) -> tuple[aio.RunHandle[str], str]:
+    """Start a run that calls ``hold`` under ``worker``; once Redis says it paused."""
+    handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
+    run_id = await worker.registered(handle)
+    info = await control.wait(run_id, timeout=30)
+    assert info.status == "paused" and info.done
+    return handle, run_id
+
+
 async def test_a_paused_run_reads_paused_everywhere(
     server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
 ) -> None:
-    @aio.tool(approval=True)
-    def hold() -> str:
-        """Hold (a person approves it first)."""
-        return "held"
-
     async with aio.Agent(aio.client("ollama:m", host=server.url), [hold]) as agent:
-        handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
-        run_id = await worker.registered(handle)
-        info = await control.wait(run_id, timeout=30)
+        handle, run_id = await paused(agent, worker, control)
     assert handle.status == "paused"
-    assert info.status == "paused" and info.done
     assert (await control.status(run_id)).status == "paused"
 
 
 async def test_a_paused_run_is_reopened_for_its_resumed_part_or_recorded_cancelled(
     server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
 ) -> None:
-    @aio.tool(approval=True)
-    def hold() -> str:
-        """Hold (a person approves it first)."""
-        return "held"
-
     async with aio.Agent(aio.client("ollama:m", host=server.url), [hold]) as agent:
-        handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
-        run_id = await worker.registered(handle)
-        assert (await control.wait(run_id, timeout=30)).status == "paused"
+        _, run_id = await paused(agent, worker, control)
         assert await control.reopen(run_id)
         assert (await control.status(run_id)).status == "pending"
         assert not await control.reopen(run_id), "only a paused run is reopened"
@@ -263,9 +265,7 @@ async def test_a_paused_run_is_reopened_for_its_resumed_part_or_recorded_cancell
         assert (info.status, info.attempt) == ("completed", 2)
         assert not await control.cancel_paused(run_id, "late"), "it is not paused"
 
-        handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
-        other = await worker.registered(handle)
-        assert (await control.wait(other, timeout=30)).status == "paused"
+        _, other = await paused(agent, worker, control)
         assert await control.cancel_paused(other, "nobody decided")
         info = await control.status(other)
         assert (info.status, info.reason, info.done) == ("cancelled", "nobody decided", True)
