@@ -636,6 +636,29 @@ class RunHandle(RunScope, Generic[T]):
                 await self._wait_done(None)
         return self.status
 
+    async def wait(self) -> HandleFinished:
+        """Wait until the run has ended and return its terminal event (:attr:`final`).
+
+        Never raises the run's outcome: a cancelled, timed-out or failed run is told by
+        the event's ``status``, ``reason`` and ``error``. Cancelling the waiter only stops
+        the waiting. Safe from another thread's event loop, as :meth:`stop`.
+        """
+        loop = self._loop
+        if not _on_loop(loop):
+            future = asyncio.run_coroutine_threadsafe(self._wait_final(), loop)
+            return await asyncio.wrap_future(future)
+        return await self._wait_final()
+
+    async def _wait_final(self) -> HandleFinished:
+        await self._wait_done(None)
+        return self._terminal_event()
+
+    @property
+    def final(self) -> HandleFinished | None:
+        """The run's terminal event once it has ended (the one :meth:`events` ends with:
+        status, reason, result, error), else None."""
+        return None if self._state in _LIVE else self._terminal_event()
+
     async def _wait_done(self, seconds: float | None) -> bool:
         """Wait until the run ends or ``seconds`` pass; True if it ended."""
         if self._state not in _LIVE:

@@ -1284,3 +1284,57 @@ async def test_a_handle_is_a_good_asyncio_citizen() -> None:
     with pytest.raises(TimeoutError):
         await timed.task
     assert isinstance(timed.exception(), TimeoutError)
+
+
+# -- wait() and final: the outcome without exceptions (issue 22) ------------------------------
+
+
+async def test_wait_never_raises_and_returns_the_terminal_event_for_every_outcome() -> None:
+    async def returns() -> str:
+        return "done"
+
+    async def fails() -> str:
+        raise LookupError("no such thing")
+
+    async def hangs() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    completed = RunHandle.start(returns())
+    failed = RunHandle.start(fails())
+    cancelled = RunHandle.start(hangs())
+    timed_out = RunHandle.start(hangs(), timeout=0.01)
+    assert completed.final is None  # still pending
+    cancelled.cancel("the user pressed stop")
+    finals = [await h.wait() for h in (completed, failed, cancelled, timed_out)]
+    assert [f.status for f in finals] == ["completed", "failed", "cancelled", "timed_out"]
+    assert finals[0].result == "done" and finals[0].error is None
+    assert finals[1].error == "LookupError: no such thing"
+    assert finals[2].reason == "the user pressed stop"
+    assert finals[3].reason == "deadline passed"
+    for handle, final in zip((completed, failed, cancelled, timed_out), finals, strict=True):
+        assert handle.final is final  # the same event events() ends with
+        assert [e async for e in handle.events()] == [final]
+    with pytest.raises(LookupError):
+        await failed  # awaiting the handle still raises, as before
+
+
+async def test_a_cancelled_waiter_only_stops_waiting_and_wait_works_from_another_loop() -> None:
+    release = asyncio.Event()
+
+    async def held() -> str:
+        await release.wait()
+        return "released"
+
+    handle = RunHandle.start(held())
+    waiter = asyncio.ensure_future(handle.wait())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert handle.status == "running"
+    loop = asyncio.get_running_loop()
+    other = loop.run_in_executor(None, asyncio.run, handle.wait())  # another thread's loop
+    release.set()
+    final = await other
+    assert final.status == "completed" and final.result == "released"

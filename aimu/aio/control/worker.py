@@ -34,7 +34,7 @@ from aimu.aio.events import Event, HandleFinished, RunFinished, TextChunk, Think
 
 if TYPE_CHECKING:
     from aimu.aio.control.link import Link
-    from aimu.aio.run_handle import EventStream, RunHandle
+    from aimu.aio.run_handle import RunHandle
 
 __all__ = ["REQUESTS", "Worker", "stream_id"]
 
@@ -115,7 +115,7 @@ class _Run:
         "down",
         "dropped",
         "final",
-        "final_stream",
+        "final_due",
         "handle",
         "info",
         "next_number",
@@ -154,7 +154,8 @@ class _Run:
         self.cursor_sent = "0-0"
         """The last request the run's record in Redis says was applied."""
         self.cursor_pending = "0-0"
-        self.final_stream: EventStream | None = None
+        self.final_due: HandleFinished | None = None
+        """The handle's terminal event, once it ended, until it is queued."""
         self.final: HandleFinished | None = None
         self.usage = ""
         self.dropped = 0
@@ -232,7 +233,7 @@ class Worker:
             run.remove_listener()
             run.remove_listener = None
         run.admit()
-        run.final_stream = run.handle.events()  # holds just the terminal event
+        run.final_due = run.handle.final
         self._kick.set()
 
     async def registered(self, run_id: str) -> tuple[str, bool] | None:
@@ -302,7 +303,7 @@ class Worker:
         try:
             while not self._stopping:
                 await self._kick.wait()
-                if all(r.final_stream is None and r.state is _State.REGISTERED
+                if all(r.final_due is None and r.state is _State.REGISTERED
                        for r in self.runs.values()):
                     # Only events to send: let a few more gather (fewer, fuller batches).
                     await asyncio.sleep(_LINGER)
@@ -378,7 +379,7 @@ class Worker:
                 if run.handle.done:
                     self.runs.pop(run.run_id, None)
                 continue
-            if run.final_stream is not None and run.final is None:
+            if run.final_due is not None and run.final is None:
                 await self._take_final(run)
             if run.state in (_State.NEW, _State.AGAIN):
                 await self._register(pipe, run)
@@ -403,16 +404,14 @@ class Worker:
         if refused is not None:
             raise refused  # the pump backs off before trying again
         return more or any(
-            r.queue or r.final_stream for r in self.runs.values() if r.state is not _State.REJECTED
+            r.queue or r.final_due for r in self.runs.values() if r.state is not _State.REJECTED
         )
 
     async def _take_final(self, run: _Run) -> None:
         """Queue the run's terminal event (its handle has ended)."""
-        assert run.final_stream is not None
-        final = await anext(run.final_stream)
-        assert isinstance(final, HandleFinished)
-        run.final = final
-        run.final_stream = None
+        final = run.final_due
+        assert final is not None
+        run.final, run.final_due = final, None
         kind, data = encode_event(final)
         run.queue.append((run.next_number, kind, data))
         run.next_number += 1
