@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
-from aimu.aio.errors import ControlConnectionError
+from aimu._mcp_options import mcp_servers, open_all
+from aimu.aio.errors import ControlConnectionError, MCPServerError
+from aimu.aio.tools import Toolset
 from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.command import add_agent_options, agent_tools
 
@@ -39,7 +41,7 @@ def run_worker(options: argparse.Namespace) -> int:
         print(f"{missing_extra('aimu worker', 'temporal')}", file=sys.stderr)
         return 2
     try:
-        tools = agent_tools(options)
+        tools: list[Any] = [*agent_tools(options), *mcp_servers(options.mcp, options.mcp_url)]
     except ValueError as error:
         print(f"aimu worker: {error}", file=sys.stderr)
         return 2
@@ -52,19 +54,21 @@ def run_worker(options: argparse.Namespace) -> int:
             return asyncio.run(_work(options, tools))
     except KeyboardInterrupt:
         return 130
-    except ControlConnectionError as error:
+    except (ControlConnectionError, MCPServerError) as error:
         print(f"aimu worker: {error}", file=sys.stderr)
         return 1
 
 
-async def _work(options: argparse.Namespace, tools: Sequence[Callable[..., Any]]) -> int:
+async def _work(options: argparse.Namespace, tools: Sequence[Any]) -> int:
     from aimu.temporal._worker import AgentWorker
 
     store, close_store = open_store(options.store)
     agents, close_model = agent_factory(options.model, store, tools=tools,
                                         system=options.system)
     control = None
+    toolsets = [t for t in tools if isinstance(t, Toolset)]
     try:
+        await open_all(toolsets)  # --mcp, --mcp-url: one that cannot start ends it here
         if options.redis:
             from aimu.aio.control import RedisControl
 
@@ -87,6 +91,8 @@ async def _work(options: argparse.Namespace, tools: Sequence[Callable[..., Any]]
             await worker.run()
         return 0
     finally:
+        for toolset in toolsets:
+            await toolset.aclose()
         if control is not None:
             await control.aclose()
         await close_model()

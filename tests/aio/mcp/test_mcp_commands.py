@@ -73,3 +73,16 @@ async def test_serve_offers_the_servers_tools_and_streams_their_progress(
     assert "tool_progress" in kinds, kinds
     assert kinds.index("tool_call") < kinds.index("tool_progress") < kinds.index("tool_result")
     assert kinds[-1] == "handle_finished"
+
+
+def test_worker_with_a_server_that_cannot_start_is_one_error_line(tmp_path: Path) -> None:
+    env = {**os.environ, "AIMU_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "aimu", "worker", "--temporal", "127.0.0.1:1", "--task-queue",
+         "q", "--mcp", "no-such-mcp-command"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "aimu worker: MCP server 'no-such-mcp-command'"
+    )
