@@ -28,7 +28,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "otel": ("opentelemetry",),
     "postgres": ("asyncpg",),
     "redis": ("redis",),
-    "serve": ("fastapi", "starlette", "uvicorn"),
+    "serve": ("fastapi", "starlette", "uvicorn", "fastapi_offline"),
     "temporal": ("temporalio",),
 }
 

@@ -35,6 +35,7 @@ from aimu.aio.limits import UsageLimits
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool, Toolset
 from aimu.serve.agents import agent_factory, open_store
+from aimu.serve.docs import add_docs
 from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, BodyLimit, error_response, validation_answer
@@ -181,7 +182,7 @@ def app(
         title=_TITLE,
         version=__version__,
         description=_DESCRIPTION,
-        docs_url="/docs",
+        docs_url=None,  # our own page (aimu.serve.docs): no CDN, no inline script
         redoc_url=None,
         default_response_class=JSON,
         middleware=middleware,
@@ -222,6 +223,7 @@ def _add_routes(application: FastAPI) -> None:
         responses={400: {"model": Error, "description": "A host name not served here"}},
     )
     application.mount("/static", StaticFiles(directory=STATIC), name="static")
+    add_docs(application)
     application.openapi = lambda: _document(application)  # type: ignore[method-assign]
 
 

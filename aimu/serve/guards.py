@@ -40,11 +40,12 @@ PAGE_POLICY: Final = (
     "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
     "form-action 'self'; frame-ancestors 'none'"
 )
-#: FastAPI's /docs page: Swagger UI from its CDN, started by an inline script.
+#: The /docs page (aimu.serve.docs): Swagger UI's files and its start script come from
+#: this server; no inline script or style, no CDN; "Try it out" calls only this server.
 DOCS_POLICY: Final = (
-    "default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; "
-    "style-src https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; "
-    "connect-src 'self'; frame-ancestors 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
 )
 #: API answers are data: no content of theirs runs, loads or gets framed.
 API_POLICY: Final = "default-src 'none'; frame-ancestors 'none'; sandbox"
@@ -163,8 +164,9 @@ class RequestGuard:
 
 def _with_security_headers(send: Send, scope: Scope) -> Send:
     path: str = scope["path"][len(scope.get("root_path", "")):] or "/"
-    page = path == "/" or path.startswith("/static/")
-    policy = DOCS_POLICY if path.startswith("/docs") else PAGE_POLICY if page else API_POLICY
+    docs = path == "/docs" or path.startswith("/docs/")
+    page = docs or path == "/" or path.startswith("/static/")
+    policy = DOCS_POLICY if docs else PAGE_POLICY if page else API_POLICY
 
     async def reply(message: Message) -> None:
         if message["type"] == "http.response.start":

@@ -26,7 +26,7 @@ _log = logging.getLogger("aimu.serve")
 #: (a browser cannot attach a bearer header to a page load; the page holds no data and
 #: asks for the token, which it then sends on every API call).
 PUBLIC_PATHS: Final = frozenset({"/health", "/", "/docs", "/openapi.json"})
-PUBLIC_PREFIX: Final = "/static/"
+PUBLIC_PREFIX: Final = ("/static/", "/docs/")  # the pages' files: no data in them
 
 
 class JSON(JSONResponse):
