@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -71,3 +72,50 @@ def test_without_an_import_error_the_missing_module_is_found(
     assert str(missing_extra("aimu serve", "serve")) == (
         "aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu[serve]'"
     )
+
+
+# Every extra's top-level modules, made unimportable in a child process: what a plain
+# `pip install aimu` has. (pydantic stays: the core's ollama package needs it.)
+_NO_EXTRAS = """
+import sys
+for name in ("temporalio", "mcp", "fastapi", "fastapi_offline", "starlette", "uvicorn",
+             "redis", "asyncpg", "prompt_toolkit", "opentelemetry"):
+    sys.modules[name] = None  # `import name` now raises ImportError
+from aimu.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _aimu_without_extras(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _NO_EXTRAS, *args], input=stdin, capture_output=True,
+        text=True, timeout=120, check=False,
+    )
+
+
+def test_aimu_chat_and_help_need_no_extra() -> None:
+    """The README's first command: a plain install answers on the embedded model (building
+    the command line once imported aimu.temporal, which needs temporalio)."""
+    chat = _aimu_without_extras("chat", "--model", "test", stdin="hello\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "I called" in chat.stdout
+    assert "Traceback" not in chat.stderr
+    bare = _aimu_without_extras()
+    assert bare.returncode == 0 and "worker" in bare.stdout, bare.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "extra"),
+    [
+        (("worker", "--temporal", "127.0.0.1:1", "--task-queue", "q"), "temporal"),
+        (("serve",), "serve"),
+        (("chat", "--mcp", "some-server"), "mcp"),
+    ],
+)
+def test_a_command_whose_extra_is_missing_says_how_to_install_it(
+    args: tuple[str, ...], extra: str
+) -> None:
+    done = _aimu_without_extras(*args)
+    assert done.returncode != 0
+    assert f"pip install 'aimu[{extra}]'" in done.stderr
+    assert "Traceback" not in done.stderr
