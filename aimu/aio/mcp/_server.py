@@ -13,6 +13,7 @@ the next call.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import fnmatch
@@ -372,19 +373,21 @@ class _ToolCall:
         return await self.server._call(self.tool, arguments, ctx)
 
 
-class _TransportFactory:
+class _TransportFactory(abc.ABC):
     """Makes a fresh transport for each connection (a reconnect starts a new one)."""
 
+    @abc.abstractmethod
     def make(self) -> Transport:
-        raise NotImplementedError
+        """A new transport to the server."""
 
+    @abc.abstractmethod
     def copy(self) -> _TransportFactory:
-        raise NotImplementedError
+        """The same server's factory, for another MCPServer (its own connection)."""
 
     def stderr_tail(self) -> str:
         return ""
 
-    def closed(self) -> None:
+    def closed(self) -> None:  # noqa: B027 (optional hook: most transports keep nothing)
         """The connection ended: release what the last transport kept."""
 
 
