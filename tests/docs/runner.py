@@ -1,23 +1,19 @@
 """Run every code block of one Markdown page, in order, in the current directory.
 
-With ``--as-scripts`` each ``python`` block runs as its own script (``python -c CODE``,
-this directory first on ``sys.path``), as a reader who saves and runs it would: no
-top-level ``await``, no name from an earlier block. A block fenced ``python
-file=NAME.py`` is saved as ``NAME.py`` first, for later blocks to import. Without the
-flag (pages not yet written as scripts) the blocks run in one namespace, top-level
-``await`` allowed, inside one event loop. ``sh`` blocks run under bash with stdin
+Each ``python`` block runs as its own script (``python -c CODE``, this directory first
+on ``sys.path``), as a reader who saves and runs it would: no top-level ``await``, no
+name from an earlier block. A block fenced ``python file=NAME.py`` is saved as
+``NAME.py`` first, for later blocks to import. ``sh`` blocks run under bash with stdin
 closed. A block fenced as ``python no-run`` is the only kind left out, and the docs
 test refuses more than a few.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 FENCE = re.compile(r"^```([\w-]*)([^\n]*)\n(.*?)^```\s*$", re.M | re.S)
@@ -51,23 +47,14 @@ async def run_script(code: str, where: str) -> None:
         raise SystemExit(f"{where}: script exited {process.returncode}")
 
 
-async def run_page(page: Path, *, python_only: bool = False, as_scripts: bool = False) -> None:
-    namespace: dict[str, object] = {"__name__": "__docs__"}
+async def run_page(page: Path, *, python_only: bool = False) -> None:
     for language, code, line, file_name in fenced(page):
         if python_only and language != "python":
             continue
         if file_name is not None:
             Path(file_name).write_text(code)  # noqa: ASYNC240 - a small file, before it runs
-        if language == "python" and as_scripts:
+        if language == "python":
             await run_script(code, f"{page}:{line}")
-        elif language == "python":
-            source = "\n" * (line - 1) + code
-            compiled = compile(
-                source, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-            )
-            result = eval(compiled, namespace)
-            if isinstance(result, types.CoroutineType):
-                await result
         elif language in ("sh", "bash", "shell"):
             process = await asyncio.create_subprocess_exec(
                 "bash", "-euo", "pipefail", "-c", code, stdin=subprocess.DEVNULL
@@ -77,10 +64,4 @@ async def run_page(page: Path, *, python_only: bool = False, as_scripts: bool = 
 
 
 if __name__ == "__main__":
-    flags = sys.argv[2:]
-    asyncio.run(
-        run_page(
-            Path(sys.argv[1]), python_only="--python-only" in flags,
-            as_scripts="--as-scripts" in flags,
-        )
-    )
+    asyncio.run(run_page(Path(sys.argv[1]), python_only="--python-only" in sys.argv[2:]))

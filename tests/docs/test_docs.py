@@ -44,16 +44,6 @@ def test_only_benchmark_commands_are_left_out() -> None:
 
 # The tutorial's demo waits on purpose (a person watching a reply stream): `slow`.
 SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
-# Pages whose blocks still share one namespace (top-level `await`, names from earlier
-# blocks): run as one notebook. Every other page's blocks run each as a script, as a
-# reader saves and runs them. Shrink this set; add nothing to it.
-NOTEBOOK_PAGES = {
-    ROOT / "docs" / name
-    for name in (
-        "how-to/scale-out.md",
-        "how-to/temporal.md",
-    )
-}
 # Pages run twice in the same directory: a reader runs a tutorial again.
 TWICE_PAGES = {ROOT / "docs" / "tutorial.md"}
 
@@ -67,9 +57,7 @@ TWICE_PAGES = {ROOT / "docs" / "tutorial.md"}
 def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
     # The README's shell commands are the fresh-machine commands CI itself runs; its
     # Python runs as plain scripts, the way a reader saves and runs the quick start.
-    extra = [] if page in NOTEBOOK_PAGES else ["--as-scripts"]
-    if page.name == "README.md":
-        extra.append("--python-only")
+    extra = ["--python-only"] if page.name == "README.md" else []
     if not blocks(page):
         return
     env = {
