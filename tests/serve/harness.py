@@ -25,6 +25,7 @@ import pytest
 import uvicorn
 
 from aimu import aio
+from aimu.aio._sse import SSEParser
 from aimu.serve import ServeApp, app
 from aimu.serve.connections import DeadlineH11Protocol
 from aimu.testing.script import ScriptedCall, Turn
@@ -265,22 +266,15 @@ class SSE:
 async def sse_events(
     client: httpx.AsyncClient, path: str, headers: Mapping[str, str] | None = None
 ) -> AsyncIterator[SSE]:
-    """Parse a Server-Sent Events response; comments (keep-alives) are skipped."""
+    """The events of a Server-Sent Events response (aimu's own parser); keep-alives skipped."""
     async with client.stream("GET", path, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
         assert response.headers["content-type"].startswith("text/event-stream")
-        fields: dict[str, str] = {}
+        parser = SSEParser()
         async for line in response.aiter_lines():
-            if not line:
-                if "data" in fields:
-                    yield SSE(fields.get("id", ""), fields.get("event", ""),
-                              json.loads(fields["data"]))
-                fields = {}
-                continue
-            if line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
+            event = parser.feed(line)
+            if event is not None:
+                yield SSE(event.id, event.event, json.loads(event.data))
 
 
 async def collect(

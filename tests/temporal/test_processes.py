@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from aimu.aio.store import SQLiteStore
 from aimu.temporal import RunsClient
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
+from tests.serve.harness import sse_events
 from tests.services import free_port
 
 pytestmark = pytest.mark.slow
@@ -231,17 +231,13 @@ async def test_serve_hands_20_runs_to_two_workers_and_stops_10_mid_stream(
 
         async def follow(run_id: str, stop: bool) -> str:
             """Follow the run's events; Stop it at its first text if ``stop``."""
-            async with http.stream("GET", f"/runs/{run_id}/events") as events:
-                async for line in events.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    event = json.loads(line[6:])
-                    if stop and event["type"] == "text":
-                        stop = False
-                        answer = await http.post(f"/runs/{run_id}/cancel", json={})
-                        assert answer.status_code == 202, answer.text
-                    if event["type"] == "handle_finished":
-                        return str(event["status"])
+            async for event in sse_events(http, f"/runs/{run_id}/events"):
+                if stop and event.type == "text":
+                    stop = False
+                    answer = await http.post(f"/runs/{run_id}/cancel", json={})
+                    assert answer.status_code == 202, answer.text
+                if event.type == "handle_finished":
+                    return str(event.data["status"])
             raise AssertionError(f"run {run_id}: the event stream ended without its end")
 
         statuses = await asyncio.gather(*(follow(r, i % 2 == 0) for i, r in enumerate(started)))
