@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -208,7 +209,7 @@ class _Run:
         "opened", "options", "outcome", "output", "output_failures", "prefix", "reply",
         "request_end", "requests", "reruns", "retries_from", "rounds", "scope", "settled",
         "spans", "status", "stop_reason", "store_error", "untouched", "usage",
-        "usage_estimated",
+        "usage_estimated", "wall_at",
     )
 
     def __init__(
@@ -220,6 +221,8 @@ class _Run:
         #: Set when the run opens: its budget, and the deps its tools see.
         self.budget: Budget | None = None
         self.deps: object = None
+        #: With a ``wall`` limit, the event loop's time when it is reached (else None).
+        self.wall_at: float | None = None
         #: The limit that stopped the run, if one did.
         self.limit: LimitHit | None = None
         #: The answer a stop cut short that this resume found last in the transcript; and,
@@ -895,7 +898,11 @@ class Agent(Runnable[OutputT]):
             self._system_text = await instructions_text(config.system, context, self.name)
             run.untouched = False
         limits = config.limits if options.limits is None else options.limits
-        run.budget = Budget(limits, config.session_limits, self._spend, self.model_client.model)
+        run.budget = budget = Budget(
+            limits, config.session_limits, self._spend, self.model_client.model
+        )
+        if budget.wall_at is not None:
+            run.wall_at = asyncio.get_running_loop().time() + budget.wall_at - time.monotonic()
         if reset:
             self.model_client.messages.clear()
             self._reruns = set()
@@ -1066,6 +1073,7 @@ class Agent(Runnable[OutputT]):
             if request is None  # a client of our own without request= keeps working
             else client.stream_turn(sent, specs, request=request),
             run.scope,
+            run.wall_at,
         )
         watch, streamed, hit = budget.watch, 0, None
         try:
@@ -1081,6 +1089,8 @@ class Agent(Runnable[OutputT]):
                         )
                         if hit is not None:
                             break
+        except _WallReached:
+            hit = budget.wall_hit()
         except ModelError as error:
             if assembler.started or not run.interrupt_asked():
                 raise
@@ -1117,12 +1127,11 @@ class Agent(Runnable[OutputT]):
             )
 
     async def _cut_by_limit(self, run: _Run, assembler: TurnAssembler, hit: LimitHit) -> None:
-        """A streamed reply crossed a token or cost limit: keep what came (marked partial,
+        """A streamed reply crossed a token, cost or wall limit: keep what came (marked partial,
         its usage estimated, any complete tool call answered as not run) and end limited."""
         run.assembler = None
         message = await self._keep(run, assembler.message())
-        for result in self._settle_calls():
-            await self._record(result)
+        await self._answer_cut_calls()
         self._count_estimated(run, assembler)
         run.reply = message["content"]
         run.limited(hit)
@@ -1257,24 +1266,32 @@ class Agent(Runnable[OutputT]):
         for call, refusal in refused:
             yield _call_started(name, call)
             yield await self._call_tool(call, run, refusal=refusal)
-        if self._config.concurrent_tools and len(calls) > 1:
-            for call in calls:
-                yield _call_started(name, call)
-            async with aclosing(self._calls_as_tasks(calls, run)) as events:
-                async for event in events:
-                    yield event
-        else:
-            by_name = self._config.table.by_name
-            for call in calls:
-                yield _call_started(name, call)
-                tool = by_name.get(call["function"]["name"])
-                if tool is None or not tool.from_schema_given:
-                    yield await self._call_tool(call, run)
-                    continue
-                # A server's tool may report progress while it runs: its events come first.
-                async with aclosing(self._calls_as_tasks([call], run)) as events:
+        try:
+            if self._config.concurrent_tools and len(calls) > 1:
+                for call in calls:
+                    yield _call_started(name, call)
+                async with aclosing(self._calls_as_tasks(calls, run)) as events:
                     async for event in events:
                         yield event
+            else:
+                by_name = self._config.table.by_name
+                for call in calls:
+                    yield _call_started(name, call)
+                    tool = by_name.get(call["function"]["name"])
+                    if run.wall_at is None and (tool is None or not tool.from_schema_given):
+                        yield await self._call_tool(call, run)
+                        continue
+                    # A server's tool may report progress while it runs (its events come
+                    # first), and a wall limit may cut a call: run it as a task.
+                    async with aclosing(self._calls_as_tasks([call], run)) as events:
+                        async for event in events:
+                            yield event
+        except _WallReached:
+            assert run.budget is not None
+            await self._answer_cut_calls()
+            run.calls = []
+            run.limited(run.budget.wall_hit())
+            return
         run.calls, run.outcome = [], None
         if asked:
             for call in asked:
@@ -1299,7 +1316,7 @@ class Agent(Runnable[OutputT]):
         try:
             left = len(tasks)
             while left:
-                item = await queue.get()
+                item = await _before(run.wall_at, queue.get())
                 if isinstance(item, asyncio.Task):
                     left -= 1
                     yield item.result()
@@ -1449,6 +1466,17 @@ class Agent(Runnable[OutputT]):
         answered = run.status in ("completed", "incomplete", "max_rounds")
         return cast(OutputT, run.output) if answered else None
 
+    async def _answer_cut_calls(self) -> None:
+        """A limit cut the last turn short: its calls still open are answered "cancelled"
+        (they come last in the transcript: in memory, then in the store)."""
+        results = self._settle_calls()
+        writer = self._writer
+        if writer is not None and self._store_stale:
+            await self._sync_store(writer)
+        elif writer is not None:
+            for result in results:
+                await writer.append(result)
+
     def _settle_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in
         memory); return those results."""
@@ -1567,16 +1595,36 @@ class _Carried:
         return cls(texts, after)
 
 
+class _WallReached(Exception):
+    """The run's ``wall`` limit came while a reply streamed or a tool call ran."""
+
+
+async def _before(deadline: float | None, awaitable: Awaitable[_T]) -> _T:
+    """``awaitable``'s value; _WallReached, ``awaitable`` cancelled, if the event loop's
+    clock reaches ``deadline`` first (None: no deadline, nothing armed)."""
+    if deadline is None:
+        return await awaitable
+    timeout = asyncio.timeout_at(deadline)
+    try:
+        async with timeout:
+            return await awaitable
+    except TimeoutError:
+        if timeout.expired():  # this deadline's own cancel, not another TimeoutError
+            raise _WallReached from None
+        raise
+
+
 async def _in_scope(
-    chunks: AsyncGenerator[Chunk, None], scope: RunScope
+    chunks: AsyncGenerator[Chunk, None], scope: RunScope, wall_at: float | None = None
 ) -> AsyncGenerator[Chunk, None]:
     """``chunks`` stepped with the run's ``scope`` as ``current_scope``, so the provider's
-    retry wait sees the run's interrupt and deadline even outside any handle."""
+    retry wait sees the run's interrupt and deadline even outside any handle; with a
+    ``wall_at``, each step is cut (_WallReached) when the wall limit comes."""
     try:
         while True:
             token = current_scope.set(scope)
             try:
-                chunk = await anext(chunks)
+                chunk = await _before(wall_at, anext(chunks))
             except StopAsyncIteration:
                 return
             finally:

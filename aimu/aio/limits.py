@@ -2,8 +2,9 @@
 
 A limit that can be known in advance (requests, tool calls, a context window, tokens
 or cost already spent, the wall clock) stops the run at the step boundary before it
-would be crossed; a streamed reply that crosses a token or cost limit is cut at once,
-its partial text kept. The run then ends with status ``limited`` and a ``stop_reason``
+would be crossed; a streamed reply that crosses a token or cost limit, or a reply or
+tool call still going when the wall clock limit comes, is cut at once, its partial text
+kept. The run then ends with status ``limited`` and a ``stop_reason``
 of ``"limit:<name>"``. :class:`Spend` counts what a run or a session used; a session's
 spend is kept in its store, so no process can spend past a session budget.
 """
@@ -90,8 +91,10 @@ class UsageLimits:
     (``Agent(session_limits=)``) may use; None: no limit on that.
 
     ``cost`` is priced with ``prices`` (model name -> :class:`ModelPrice`; no price list
-    ships with aimu). ``wall`` is seconds, checked at each step boundary (a hard deadline
-    is ``RunHandle.start(..., timeout=)``). Negative or NaN values raise at once.
+    ships with aimu). ``wall`` is seconds: reached mid-reply or mid-tool-call, it cuts the
+    reply (kept, marked partial) or the calls (answered "cancelled") at once and the run
+    ends ``limited``, resumable; ``RunHandle.start(..., timeout=)`` is the deadline that
+    ends a run ``timed_out`` instead. Negative or NaN values raise at once.
     """
 
     requests: int | None = None
@@ -273,8 +276,8 @@ class Budget:
     """
 
     __slots__ = (
-        "_checks", "_scopes", "_started", "price", "run", "session", "session_limits_set",
-        "watch",
+        "_checks", "_scopes", "_started", "_wall", "price", "run", "session",
+        "session_limits_set", "wall_at", "watch",
     )
 
     def __init__(
@@ -303,9 +306,18 @@ class Budget:
             for per, each, spent in scopes
         )
         self.session_limits_set = session_limits is not None
+        started = time.monotonic()
+        #: When the first ``wall`` limit is reached (``time.monotonic()``), and that limit.
+        self.wall_at: float | None = None
+        self._wall: tuple[Literal["run", "session"], float, Spend] | None = None
+        for per, each, spent in scopes:
+            if each.wall is not None:
+                at = started + each.wall - spent.wall
+                if self.wall_at is None or at < self.wall_at:
+                    self.wall_at, self._wall = at, (per, each.wall, spent)
         #: True when a streamed reply must be watched as it comes (a token or cost limit).
         self.watch = any(each.counts_tokens for _, each, _ in scopes)
-        self._started = time.monotonic()
+        self._started = started
 
     @property
     def limited(self) -> bool:
@@ -350,6 +362,12 @@ class Budget:
             if crossed is not None:
                 return LimitHit(*crossed, per)
         return None
+
+    def wall_hit(self) -> LimitHit:
+        """The ``wall`` limit reached at :attr:`wall_at` (a reply or a tool call cut by it)."""
+        assert self._wall is not None, "no wall limit"
+        per, wall, spent = self._wall
+        return LimitHit("wall", wall, spent.wall + time.monotonic() - self._started, per)
 
     def count_request(self) -> None:
         self.run.requests += 1

@@ -8,7 +8,6 @@ import base64
 import contextlib
 import struct
 import zlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +39,6 @@ def png() -> bytes:
 
 
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 60 + b"\xff\xd9"
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[LoopbackServer]:
-    async with LoopbackServer() as loopback:
-        yield loopback
-
-
-@pytest.fixture(params=["ollama", "openai"])
-def provider(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def make(provider: str, server: LoopbackServer) -> ModelClient:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,34 +37,6 @@ def three_rounds() -> list[Turn]:
              output_tokens=5),
         Turn(text="both are sunny", input_tokens=30, output_tokens=5),
     ]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[LoopbackServer]:
-    async with LoopbackServer() as loopback:
-        yield loopback
-
-
-@pytest.fixture(params=["ollama", "openai"])
-async def make_client(
-    request: pytest.FixtureRequest, server: LoopbackServer
-) -> AsyncIterator[Callable[..., ModelClient]]:
-    made: list[ModelClient] = []
-
-    def make(**options: Any) -> ModelClient:
-        client: ModelClient
-        if request.param == "ollama":
-            client = OllamaClient("llama-test", host=server.url, **options)
-        else:
-            client = OpenAIClient(
-                "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options
-            )
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.aclose()
 
 
 def assert_valid(agent: aio.Agent) -> None:

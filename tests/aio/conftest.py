@@ -1,12 +1,12 @@
-"""Fixtures for the provider tests: the loopback server and clients of both protocols."""
+"""Fixtures for the agent and provider tests: the loopback server and clients of both
+protocols (``make_client`` runs a test once per protocol)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from provider_support import MakeClient
 
 from aimu.aio.client import ModelClient
 from aimu.aio.providers.ollama import OllamaClient
@@ -28,7 +28,7 @@ def provider(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def make_client(
     provider: str, server: LoopbackServer
-) -> AsyncIterator[MakeClient]:
+) -> AsyncIterator[Callable[..., ModelClient]]:
     """Builds clients of ``provider`` pointed at ``server``; all are closed at teardown."""
     made: list[ModelClient] = []
 
