@@ -897,9 +897,12 @@ class Agent(Runnable[OutputT]):
             run.untouched = True
             self._system_text = await instructions_text(config.system, context, self.name)
             run.untouched = False
-        limits = config.limits if options.limits is None else options.limits
+        # A workflow's limits bound all its agent runs together (shared), not each one.
+        shared = options_in(run.scope.parent).shared
+        own = options.limits if options.shared is None else None
         run.budget = budget = Budget(
-            limits, config.session_limits, self._spend, self.model_client.model
+            config.limits if own is None else own, config.session_limits, self._spend,
+            self.model_client.model, shared,
         )
         if budget.wall_at is not None:
             run.wall_at = asyncio.get_running_loop().time() + budget.wall_at - time.monotonic()

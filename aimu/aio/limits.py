@@ -24,6 +24,7 @@ __all__ = [
     "LimitHit",
     "LimitName",
     "ModelPrice",
+    "SharedBudget",
     "Spend",
     "UsageLimits",
     "estimate_tokens",
@@ -154,6 +155,20 @@ class UsageLimits:
         return f"UsageLimits({', '.join(shown)})"
 
 
+Per = Literal["run", "session", "workflow"]
+"""Whose limit: the run's, the session's, or the workflow run's the agent runs inside."""
+
+
+@dataclass(slots=True)
+class SharedBudget:
+    """A workflow run's limits and what all the agent runs inside it spend together
+    (side by side or one after another): each agent run checks them as its own."""
+
+    limits: UsageLimits
+    spend: Spend = field(default_factory=lambda: Spend())
+    started: float = field(default_factory=time.monotonic)
+
+
 @dataclass(frozen=True, slots=True)
 class LimitHit:
     """A limit that stopped a run: which, its value, and what was used (or would be)."""
@@ -161,7 +176,7 @@ class LimitHit:
     name: LimitName
     limit: float
     used: float
-    per: Literal["run", "session"] = "run"
+    per: Per = "run"
 
     @property
     def stop_reason(self) -> str:
@@ -271,13 +286,14 @@ class Budget:
     """The limits of one run and of its session, with what each has spent.
 
     ``run`` counts this run; ``session`` is what the session spent in all, this run
-    included (loaded from the store when there is one). The checks return the
+    included (loaded from the store when there is one); ``shared``, with a workflow's
+    limits, what all the agent runs of that workflow run spent together. The checks return the
     :class:`LimitHit` that stops the run, or None; each costs a few comparisons.
     """
 
     __slots__ = (
         "_checks", "_scopes", "_started", "_wall", "price", "run", "session",
-        "session_limits_set", "wall_at", "watch",
+        "session_limits_set", "shared", "wall_at", "watch",
     )
 
     def __init__(
@@ -286,37 +302,45 @@ class Budget:
         session_limits: UsageLimits | None,
         session: Spend,
         model: str,
+        shared: SharedBudget | None = None,
     ) -> None:
         self.run = Spend()
         self.session = session
+        #: What the agent runs of the workflow run around this one spend together.
+        self.shared = None if shared is None else shared.spend
+        workflow_limits = None if shared is None else shared.limits
         price = None
-        for each in (limits, session_limits):
+        for each in (limits, session_limits, workflow_limits):
             if each is not None:
                 price = each.price_of(model) or price
         self.price = price
-        scopes: list[tuple[Literal["run", "session"], UsageLimits, Spend]] = []
+        started = time.monotonic()
+        # (whose, limits, spend, when its clock started); a workflow's clock is its own,
+        # and what ran before this run is in the run's and the session's spend.wall.
+        scopes: list[tuple[Per, UsageLimits, Spend, float]] = []
         if limits is not None:
-            scopes.append(("run", limits, self.run))
+            scopes.append(("run", limits, self.run, started))
         if session_limits is not None:
-            scopes.append(("session", session_limits, session))
-        self._scopes = tuple(scopes)
+            scopes.append(("session", session_limits, session, started))
+        if shared is not None:
+            scopes.append(("workflow", shared.limits, shared.spend, shared.started))
+        self._scopes = tuple((per, each, spent) for per, each, spent, _ in scopes)
         self._checks = tuple(
             (per, each.requests, each.input_tokens, each.output_tokens, each.total_tokens,
-             each.cost, each.wall, spent)
-            for per, each, spent in scopes
+             each.cost, each.wall, spent, since)
+            for per, each, spent, since in scopes
         )
         self.session_limits_set = session_limits is not None
-        started = time.monotonic()
         #: When the first ``wall`` limit is reached (``time.monotonic()``), and that limit.
         self.wall_at: float | None = None
-        self._wall: tuple[Literal["run", "session"], float, Spend] | None = None
-        for per, each, spent in scopes:
+        self._wall: tuple[Per, float, Spend, float] | None = None
+        for per, each, spent, since in scopes:
             if each.wall is not None:
-                at = started + each.wall - spent.wall
+                at = since + each.wall - spent.wall
                 if self.wall_at is None or at < self.wall_at:
-                    self.wall_at, self._wall = at, (per, each.wall, spent)
+                    self.wall_at, self._wall = at, (per, each.wall, spent, since)
         #: True when a streamed reply must be watched as it comes (a token or cost limit).
-        self.watch = any(each.counts_tokens for _, each, _ in scopes)
+        self.watch = any(each.counts_tokens for _, each, _ in self._scopes)
         self._started = started
 
     @property
@@ -329,7 +353,8 @@ class Budget:
 
         The hot path of every round: plain comparisons on locals (see bench_limits.py).
         """
-        for per, requests, input_tokens, output_tokens, total, cost, wall, spent in self._checks:
+        for (per, requests, input_tokens, output_tokens, total, cost, wall, spent,
+             since) in self._checks:
             if requests is not None and spent.requests >= requests:
                 return LimitHit("requests", requests, spent.requests + 1, per)
             if input_tokens is not None and spent.input_tokens >= input_tokens:
@@ -342,7 +367,7 @@ class Budget:
             if cost is not None and spent.cost >= cost:
                 return LimitHit("cost", cost, spent.cost, per)
             if wall is not None:
-                used = spent.wall + time.monotonic() - self._started
+                used = spent.wall + time.monotonic() - since
                 if used >= wall:
                     return LimitHit("wall", wall, used, per)
         return None
@@ -366,20 +391,26 @@ class Budget:
     def wall_hit(self) -> LimitHit:
         """The ``wall`` limit reached at :attr:`wall_at` (a reply or a tool call cut by it)."""
         assert self._wall is not None, "no wall limit"
-        per, wall, spent = self._wall
-        return LimitHit("wall", wall, spent.wall + time.monotonic() - self._started, per)
+        per, wall, spent, since = self._wall
+        return LimitHit("wall", wall, spent.wall + time.monotonic() - since, per)
 
     def count_request(self) -> None:
         self.run.requests += 1
         self.session.requests += 1
+        if self.shared is not None:
+            self.shared.requests += 1
 
     def count_tools(self, calls: int) -> None:
         self.run.tool_calls += calls
         self.session.tool_calls += calls
+        if self.shared is not None:
+            self.shared.tool_calls += calls
 
     def count_tokens(self, usage: Usage, *, estimated: bool) -> None:
         self.run.add_tokens(usage, self.price, estimated=estimated)
         self.session.add_tokens(usage, self.price, estimated=estimated)
+        if self.shared is not None:
+            self.shared.add_tokens(usage, self.price, estimated=estimated)
 
     def finish(self) -> Spend:
         """This run's spend, its wall time added (to the session's too)."""

@@ -23,7 +23,7 @@ from typing_extensions import TypeVar
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.images import image_urls
-from aimu.aio.limits import UsageLimits
+from aimu.aio.limits import SharedBudget, UsageLimits
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Usage, check_text, zero_usage
 
@@ -54,14 +54,17 @@ NO_DEPS: Any = _NoDeps()
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """What one call of ``run()`` / ``resume()`` adds to the configuration: its limits
-    and deps (for a workflow, every agent run inside it uses them), images beside the
-    task, and whether a resume continues a cut answer."""
+    (for a workflow: the total of every agent run inside it), deps (for a workflow, every
+    agent run inside uses them), images beside the task, and whether a resume continues
+    a cut answer."""
 
     limits: UsageLimits | None = None
     deps: object = NO_DEPS
     #: The images beside the task, checked, as ``data:`` URLs.
     images: tuple[str, ...] = ()
     continue_partial: bool = False
+    #: A workflow run's ``limits``, with what the agent runs inside spend together.
+    shared: SharedBudget | None = None
 
 
 NO_OPTIONS = RunOptions()

@@ -17,13 +17,14 @@ import contextlib
 import inspect
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
 from aimu.aio._stops import past_deadline
 from aimu.aio.agent import INTERRUPTED
 from aimu.aio.approvals import PAUSED, PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus, StepFinished
-from aimu.aio.limits import LIMITED
+from aimu.aio.limits import LIMITED, SharedBudget
 from aimu.aio.runnable import NO_OPTIONS, RunClock, Runnable, RunOptions
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, Usage, add_usage, check_text, zero_usage
@@ -489,7 +490,7 @@ class Workflow(Runnable):
 
     def _claim(self, task: str | None, options: RunOptions = NO_OPTIONS) -> RunScope:
         """Claim this workflow for one run and open the run's scope (holding ``options``:
-        each agent run inside uses their limits and deps)."""
+        each agent run inside uses their deps, and all of them together their limits)."""
         if options.images:
             raise TypeError(
                 f"{self.kind} {self.name!r}: images go to an agent's run, not a workflow's"
@@ -498,6 +499,8 @@ class Workflow(Runnable):
             raise TypeError(
                 f"{self.kind} {self.name!r}: continue_partial is an agent's resume() option"
             )
+        if options.limits is not None:  # one budget for every agent run inside
+            options = replace(options, shared=SharedBudget(options.limits))
         scope = self._open_scope(options)
         self._clock = RunClock()
         self._reply_slots = ()
