@@ -596,7 +596,7 @@ class Agent(Runnable[OutputT]):
         the session has spent."""
         if self._writer is not None:
             state: dict[str, Any] = {**self._approvals.state(), "spend": self._spend.dump()}
-            if self._carried.texts:
+            if self._carried.messages:
                 state["sent"] = self._carried.dump()
             await self._writer.save_state(state)
             self._state_stale = False
@@ -806,7 +806,7 @@ class Agent(Runnable[OutputT]):
             "usage": self.usage,
             **self._approvals.state(),
         }
-        if self._carried.texts:  # text sent to a paused run: it joins the resumed one
+        if self._carried.messages:  # text sent to a paused run: it joins the resumed one
             snapshot["sent"] = self._carried.dump()
         return snapshot
 
@@ -1221,12 +1221,12 @@ class Agent(Runnable[OutputT]):
 
         Sent text joins the run: it does not renew the run's round budget."""
         carried = self._carried.take()
-        texts = [*carried, *run.scope.take_sent()]
-        for text in texts:
-            await self._record({"role": "user", "content": text})
+        sent = [*carried, *run.scope.take_sent()]
+        for message in sent:
+            await self._record(message)
         if carried:
             await self._save_state()  # in the transcript now: no longer in the state
-        return bool(texts)
+        return bool(sent)
 
     def _sort_calls(
         self, calls: list[ToolCall]
@@ -1407,9 +1407,8 @@ class Agent(Runnable[OutputT]):
             # Joins the resumed run at its first boundary; stored in the session's state.
             self._carried.add(sent, len(self.model_client.messages))
         else:
-            for text in sent:
-                unstored.append({"role": "user", "content": text})
-                self.model_client.messages.append(unstored[-1])
+            unstored.extend(sent)
+            self.model_client.messages.extend(sent)
         if run.budget is not None:
             run.budget.finish()
         try:
@@ -1553,49 +1552,62 @@ _DONE = _Done()
 
 
 class _Carried:
-    """Text sent to a run that then paused: it joins the resumed run at its first step
-    boundary, exactly once. ``after`` is the transcript's length when the run paused: the
-    texts are already joined if they appear, in order, as user messages after it (a
-    crash came between recording them and storing the state without them)."""
+    """Messages sent to a run that then paused: they join the resumed run at its first
+    step boundary, exactly once. ``after`` is the transcript's length when the run
+    paused: the messages are already joined if they appear, in order, as user messages
+    after it (a crash came between recording them and storing the state without them).
+    Stored as ``{"texts": [...], "after": n}``, each a text or, with images, the message."""
 
-    __slots__ = ("after", "texts")
+    __slots__ = ("after", "messages")
 
-    def __init__(self, texts: Sequence[str] = (), after: int = 0) -> None:
-        self.texts = list(texts)
+    def __init__(self, messages: Sequence[UserMessage] = (), after: int = 0) -> None:
+        self.messages = list(messages)
         self.after = after
 
-    def add(self, texts: Sequence[str], after: int) -> None:
-        if texts and not self.texts:
+    def add(self, messages: Sequence[UserMessage], after: int) -> None:
+        if messages and not self.messages:
             self.after = after
-        self.texts.extend(texts)
+        self.messages.extend(messages)
 
-    def take(self) -> list[str]:
-        texts, self.texts = self.texts, []
-        return texts
+    def take(self) -> list[UserMessage]:
+        messages, self.messages = self.messages, []
+        return messages
 
     def dump(self) -> dict[str, Any]:
-        return {"texts": list(self.texts), "after": self.after}
+        texts = [m["content"] if "images" not in m else dict(m) for m in self.messages]
+        return {"texts": texts, "after": self.after}
 
     @classmethod
     def load(cls, data: object, messages: Sequence[Message], where: str) -> _Carried:
-        """The texts in :meth:`dump` data (None: none) not yet in ``messages``;
+        """The messages in :meth:`dump` data (None: none) not yet in ``messages``;
         ValueError naming ``where`` when the data is not that shape."""
         if data is None:
             return cls()
         texts = data.get("texts") if isinstance(data, Mapping) else None
         after = data.get("after") if isinstance(data, Mapping) else None
-        if (
-            not isinstance(texts, list)
-            or not all(isinstance(text, str) for text in texts)
-            or isinstance(after, bool)
-            or not isinstance(after, int)
-        ):
-            raise ValueError(f"{where}: unreadable sent texts (expected {{'texts': [str], "
-                             f"'after': int}}, got {data!r:.100})")
-        later = iter(m["content"] for m in messages[after:] if m["role"] == "user")
-        if texts and all(text in later for text in texts):
+        carried = [_carried_message(t) for t in texts] if isinstance(texts, list) else None
+        if (carried is None or None in carried or isinstance(after, bool)
+                or not isinstance(after, int)):
+            raise ValueError(f"{where}: unreadable sent texts (expected {{'texts': [str or "
+                             f"user message], 'after': int}}, got {data!r:.100})")
+        sent = cast(list[UserMessage], carried)
+        later = iter(m for m in messages[after:] if m["role"] == "user")
+        if sent and all(message in later for message in sent):
             return cls()  # joined already
-        return cls(texts, after)
+        return cls(sent, after)
+
+
+def _carried_message(item: object) -> UserMessage | None:
+    """A stored sent text (a string, or a user message with images), or None if neither."""
+    if isinstance(item, str):
+        return {"role": "user", "content": item}
+    if isinstance(item, Mapping) and item.get("role") == "user":
+        try:
+            validate([dict(item)])
+        except ValueError:
+            return None
+        return cast(UserMessage, dict(item))
+    return None
 
 
 class _WallReached(Exception):

@@ -1,4 +1,4 @@
-"""Images beside a task: bytes or paths checked and turned into ``data:`` URLs.
+"""Images beside a task: bytes, paths or ``data:`` URLs checked, as ``data:`` URLs.
 
 A user message holds its images inline, as ``data:image/...;base64,...`` URLs in its
 ``images`` list, so a transcript with images stays plain JSON that any store keeps and
@@ -10,6 +10,7 @@ A user message holds its images inline, as ``data:image/...;base64,...`` URLs in
 from __future__ import annotations
 
 import base64
+import binascii
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,9 +40,12 @@ def sniff(data: bytes) -> str | None:
 
 
 def _read(image: object, index: int) -> tuple[bytes, str]:
-    """The bytes of one image given as bytes or a path, and how to name it in an error."""
+    """The bytes of one image given as bytes, a ``data:`` URL or a path, and how to name
+    it in an error."""
     if isinstance(image, bytes | bytearray | memoryview):
         return bytes(image), f"image {index}"
+    if isinstance(image, str) and image.startswith("data:"):
+        return _from_data_url(image, index), f"image {index} (a data: URL)"
     if isinstance(image, str | os.PathLike):
         path = Path(image)
         name = f"image {index} ({str(path)[-80:]!r})"
@@ -56,7 +60,22 @@ def _read(image: object, index: int) -> tuple[bytes, str]:
             raise ValueError(f"{name}: a directory, not an image file") from None
         except PermissionError:
             raise ValueError(f"{name}: not readable (permission denied)") from None
-    raise TypeError(f"image {index} must be bytes or a path, got {type(image).__name__}")
+    raise TypeError(
+        f"image {index} must be bytes, a path or a data: URL, got {type(image).__name__}"
+    )
+
+
+def _from_data_url(url: str, index: int) -> bytes:
+    """The bytes of a ``data:<type>;base64,<data>`` URL (as a transcript keeps them)."""
+    head, comma, data = url.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise ValueError(f"image {index}: a data: URL must be data:<type>;base64,<data>")
+    if len(data) > (MAX_IMAGE_BYTES + 2) // 3 * 4:
+        raise ValueError(_too_large(f"image {index}", len(data) * 3 // 4))
+    try:
+        return base64.b64decode(data, validate=True)
+    except binascii.Error:
+        raise ValueError(f"image {index}: the data: URL's base64 does not decode") from None
 
 
 def _too_large(name: str, size: int) -> str:

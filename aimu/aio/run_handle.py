@@ -73,13 +73,19 @@ import time
 import types
 from asyncio import CancelledError, Future, Task
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Sequence,
+)
 from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
-from aimu.aio.scope import RunScope, current_scope
-from aimu.aio.transcript import check_text
+from aimu.aio.scope import RunScope, current_scope, sent_message
 
 __all__ = ["EventStream", "RunControl", "RunHandle", "on_sigint"]
 
@@ -587,17 +593,16 @@ class RunHandle(RunScope, Generic[T]):
             return self._queue(self._interrupt)
         return self._interrupt()
 
-    def send(self, text: str) -> bool:
-        """Give ``text`` to the aimu loop running inside: it joins the run as a user
-        message at the next step boundary. False if the run has ended or is being
-        cancelled. Thread-safe; several sends keep their order."""
-        if not isinstance(text, str):
-            raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
-        check_text(text, "the text sent")  # refused whatever the state: bad input
+    def send(self, text: str, *, images: Sequence[object] = ()) -> bool:
+        """Give ``text`` (and ``images``: bytes or paths, as ``run(images=)`` takes them)
+        to the aimu loop running inside: it joins the run as a user message at the next
+        step boundary. False if the run has ended or is being cancelled. Thread-safe;
+        several sends keep their order."""
+        message = sent_message(text, images)  # refused whatever the state: bad input
         state = self._state
         if state is not _State.PENDING and state is not _State.RUNNING:
             return False
-        return RunScope.send(self, text)
+        return self.post(message)
 
     def _interrupt(self) -> bool:
         state = self._state

@@ -24,7 +24,7 @@ from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.images import image_urls
 from aimu.aio.limits import SharedBudget, UsageLimits
-from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.scope import RunScope, current_scope, sent_message
 from aimu.aio.transcript import Usage, check_text, zero_usage
 
 __all__ = [
@@ -182,16 +182,15 @@ class Runnable(abc.ABC, Generic[OutputT]):
         scope.request_interrupt()
         return True
 
-    def send(self, text: str) -> bool:
-        """Give ``text`` to the run in progress: it joins as a user message at the next
-        step boundary (after the model turn and tool round in flight) and the run goes
-        on with it. False, and nothing happens, when no run is in progress. Thread-safe;
-        several sends keep their order."""
-        if not isinstance(text, str):
-            raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
-        check_text(text, "the text sent")  # refused whether or not a run is in progress
+    def send(self, text: str, *, images: Sequence[object] = ()) -> bool:
+        """Give ``text`` (and ``images``: bytes or paths, as ``run(images=)`` takes them)
+        to the run in progress: it joins as a user message at the next step boundary
+        (after the model turn and tool round in flight) and the run goes on with it.
+        False, and nothing happens, when no run is in progress. Thread-safe; several
+        sends keep their order."""
+        message = sent_message(text, images)  # refused whether or not a run is in progress
         scope = self._scope
-        return scope is not None and scope.send(text)
+        return scope is not None and scope.post(message)
 
     @property
     def interrupt_requested(self) -> bool:

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
 from aimu.aio.events import Event, RunResult
-from aimu.aio.transcript import check_text
+from aimu.aio.images import image_urls
+from aimu.aio.transcript import UserMessage, check_text
 
 __all__ = ["RunScope", "current_scope"]
 
@@ -81,7 +82,7 @@ class RunScope:
         #: The options of the call that opened this run (a ``RunOptions``), if any.
         self.options: object = None
         #: Text sent to the run (``send()``): None before the first, () once closed.
-        self._inbox: deque[str] | tuple[()] | None = None
+        self._inbox: deque[UserMessage] | tuple[()] | None = None
 
     @property
     def expiring(self) -> bool:
@@ -178,27 +179,31 @@ class RunScope:
         """The id of the registered run this scope belongs to (a handle's), if any."""
         return None if self.parent is None else self.parent.run_id
 
-    def send(self, text: str) -> bool:
-        """Give ``text`` to the loops in this scope: the first to reach a step boundary
-        adds it as a user message. False once the scope's run has ended; ValueError,
-        and nothing sent, for text a store could not hold. Thread-safe."""
-        check_text(text, "the text sent")
+    def send(self, text: str, *, images: Sequence[object] = ()) -> bool:
+        """Give ``text`` (and ``images`` beside it) to the loops in this scope: the first
+        to reach a step boundary adds it as a user message. False once the scope's run
+        has ended; ValueError or TypeError, and nothing sent, for text a store could not
+        hold or an image that is not one. Thread-safe."""
+        return self.post(sent_message(text, images))
+
+    def post(self, message: UserMessage) -> bool:
+        """:meth:`send` for a message already checked (:func:`sent_message`)."""
         with _inbox_lock:
             inbox = self._inbox
             if isinstance(inbox, tuple):
                 return False
             if inbox is None:
                 inbox = self._inbox = deque()
-            inbox.append(text)
+            inbox.append(message)
         return True
 
-    def take_sent(self, *, close: bool = False) -> list[str]:
-        """The texts sent to this scope and those around it, oldest first, taken.
+    def take_sent(self, *, close: bool = False) -> list[UserMessage]:
+        """The user messages sent to this scope and those around it, oldest first, taken.
 
         ``close``: this scope's run is ending, so a later ``send()`` answers False.
         """
         chain = self._chain()
-        taken: list[str] = []
+        taken: list[UserMessage] = []
         with _inbox_lock:
             for scope in reversed(chain):  # the outer scope's texts came first
                 inbox = scope._inbox
@@ -234,3 +239,17 @@ class RunScope:
 
 #: The scope of the run this code executes in, or None outside any handle.
 current_scope: ContextVar[RunScope | None] = ContextVar("aimu_run_scope", default=None)
+
+
+def sent_message(text: object, images: Sequence[object] = ()) -> UserMessage:
+    """The user message ``send(text, images=...)`` adds, checked: TypeError or ValueError
+    naming what is wrong (text a store could not hold, an image that is not one)."""
+    if not isinstance(text, str):
+        raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
+    check_text(text, "the text sent")
+    if isinstance(images, str | bytes) or not isinstance(images, Sequence):
+        raise TypeError("images must be a list of images (bytes or paths)")
+    message: UserMessage = {"role": "user", "content": text}
+    if images:
+        message["images"] = image_urls(images)
+    return message

@@ -102,7 +102,7 @@ async def test_images_are_stored_restored_and_resumed(
         (b"just some text", ValueError, "image 0 is not an image"),
         (b"\x89PNG\r\n\x1a\n" + b"\x00" * MAX_IMAGE_BYTES, ValueError, "MB"),
         ("missing.png", ValueError, "no such file"),
-        (42, TypeError, "image 0 must be bytes or a path"),
+        (42, TypeError, "image 0 must be bytes, a path or a data: URL"),
     ],
 )
 async def test_a_bad_image_is_a_clear_error_and_nothing_changes(

@@ -19,7 +19,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
 
@@ -35,6 +35,7 @@ from aimu.aio.control.keys import (
 from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
 from aimu.aio.event_json import decode_event
 from aimu.aio.events import Event, HandleStatus
+from aimu.aio.scope import sent_message
 
 try:
     import redis.asyncio as redis
@@ -394,17 +395,18 @@ class RedisControl:
         """Ask the run to stop at its next step boundary; False if it had finished."""
         return await self._request(run_id, "interrupt", {})
 
-    async def send(self, run_id: str, text: str) -> bool:
-        """Give ``text`` to the run wherever it runs: it joins as a user message at the
-        next step boundary, once. Recorded before it is published, like a cancel.
+    async def send(self, run_id: str, text: str, *, images: Sequence[object] = ()) -> bool:
+        """Give ``text`` (and ``images``: bytes, paths or ``data:`` URLs, checked here
+        as ``run(images=)`` checks them) to the run wherever it runs: it joins as a user
+        message at the next step boundary, once. Recorded before it is published, like a
+        cancel; the images travel inline in the request (20 MB each at most).
 
         True once the run took it (or, for a run not started yet or lost, once it is
         stored for the run that starts or resumes); False if the run ended first, and
         then the text is in no run. ControlError if a live worker did not answer within
         ``lease`` seconds (the text is stored and may still join)."""
-        if not isinstance(text, str):
-            raise TypeError(f"send() takes the text as a string, got {type(text).__name__}")
-        return await self._request(run_id, "send", {"text": text})
+        message = sent_message(text, images)  # TypeError/ValueError: nothing recorded
+        return await self._request(run_id, "send", dict(message))
 
     async def stop(
         self,

@@ -72,8 +72,14 @@ def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
 
 
 def _send(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
-    text = data.get("text")
-    return not isinstance(text, str) or handle.send(text)
+    # "text" from an aimu before images could be sent; "content" (a user message) since.
+    text, images = data.get("content", data.get("text")), data.get("images", [])
+    if not isinstance(text, str) or not isinstance(images, list):
+        return True  # not a send this aimu can read: dropped, as applied
+    try:
+        return handle.send(text, images=images)
+    except (TypeError, ValueError):
+        return True  # checked by the sender; unreadable here: dropped, as applied
 
 
 #: What a request of each kind does to the run; False: the run could not take it (it is

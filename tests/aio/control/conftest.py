@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aimu import aio
+from aimu.aio.control import worker as control_worker
 from tests.aio.control.helpers import LEASE, DurableRedis
 
 
@@ -42,3 +45,18 @@ def durable_redis() -> Iterator[DurableRedis]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def send_arrived(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set each time a worker has applied a send: the provable point after one."""
+    arrived = asyncio.Event()
+    original = control_worker.REQUESTS["send"]
+
+    def observed(*args: Any) -> bool:
+        taken = original(*args)
+        arrived.set()
+        return taken
+
+    monkeypatch.setitem(control_worker.REQUESTS, "send", observed)
+    return arrived

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from aimu import aio
-from aimu.aio.control import worker as control_worker
 from aimu.aio.control.redis_control import RedisControl
 from aimu.aio.control.worker import Worker
 from aimu.aio.events import TextChunk, ToolCallStarted
@@ -355,17 +354,10 @@ async def test_wait_sees_an_end_that_lands_as_it_starts(
 
 
 async def test_a_send_near_the_end_is_stored_exactly_when_it_is_accepted(
-    worker: aio.RedisControl, control: aio.RedisControl, monkeypatch: pytest.MonkeyPatch
+    worker: aio.RedisControl, control: aio.RedisControl, monkeypatch: pytest.MonkeyPatch,
+    send_arrived: asyncio.Event,
 ) -> None:
-    arrived = asyncio.Event()
-    original = control_worker.REQUESTS["send"]
-
-    def observed(*args: Any) -> bool:
-        taken = original(*args)
-        arrived.set()
-        return taken
-
-    monkeypatch.setitem(control_worker.REQUESTS, "send", observed)
+    arrived = send_arrived
     # Hold each run's end in the worker until the test lets it go.
     ends = asyncio.Event()
     take_final = Worker._take_final

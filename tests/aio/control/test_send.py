@@ -4,18 +4,20 @@ text crosses Redis and joins the run in the worker exactly once, at its step bou
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import NamedTuple
 
 import pytest
 
 from aimu import aio
-from aimu.aio.control import worker as control_worker
 from aimu.aio.events import ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
 from tests.aio.control.helpers import LEASE
 from tests.aio.control.scripts import steer
+from tests.aio.test_images import png
 
 
 @pytest.fixture
@@ -24,18 +26,19 @@ async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]
         yield made
 
 
-async def test_a_send_from_another_control_joins_the_run_once(
-    worker: aio.RedisControl, control: aio.RedisControl, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    arrived = asyncio.Event()
-    original = control_worker.REQUESTS["send"]
+class Steered(NamedTuple):
+    server: LoopbackServer
+    agent: aio.Agent
+    handle: aio.RunHandle[str]
+    run_id: str
 
-    def observed(*args: Any) -> bool:
-        taken = original(*args)
-        arrived.set()  # the provable point: the worker applied the send
-        return taken
 
-    monkeypatch.setitem(control_worker.REQUESTS, "send", observed)
+@contextlib.asynccontextmanager
+async def steered_run(
+    worker: aio.RedisControl, control: aio.RedisControl, arrived: asyncio.Event
+) -> AsyncIterator[Steered]:
+    """A run in ``worker`` whose tool waits until a send reached the worker; yielded
+    once ``control`` saw the tool call start (the provable point to send)."""
 
     async def wait_for_send() -> str:
         """Wait until a send reached the worker."""
@@ -50,21 +53,47 @@ async def test_a_send_from_another_control_joins_the_run_once(
             async for seen in control.events(run_id):
                 if isinstance(seen.event, ToolCallStarted):
                     break
-            assert await control.send(run_id, "and more")
-            assert await handle == "got and more"
-            assert handle.status == "completed"
-            messages = agent.model_client.messages
-            validate(messages)
-            assert [m["content"] for m in messages if m["role"] == "user"] == [
-                "steer", "and more",
-            ]
-            info = await control.wait(run_id, timeout=10)
-            assert info.status == "completed"
-            # The run has ended: a send is refused, and changes nothing.
-            assert not await control.send(run_id, "too late")
-            assert len(agent.model_client.messages) == len(messages)
+            yield Steered(server, agent, handle, run_id)
         finally:
             await agent.aclose()
+
+
+async def test_a_send_from_another_control_joins_the_run_once(
+    worker: aio.RedisControl, control: aio.RedisControl, send_arrived: asyncio.Event
+) -> None:
+    async with steered_run(worker, control, send_arrived) as (_, agent, handle, run_id):
+        assert await control.send(run_id, "and more")
+        assert await handle == "got and more"
+        assert handle.status == "completed"
+        messages = agent.model_client.messages
+        validate(messages)
+        assert [m["content"] for m in messages if m["role"] == "user"] == [
+            "steer", "and more",
+        ]
+        info = await control.wait(run_id, timeout=10)
+        assert info.status == "completed"
+        # The run has ended: a send is refused, and changes nothing.
+        assert not await control.send(run_id, "too late")
+        assert len(agent.model_client.messages) == len(messages)
+
+
+async def test_images_sent_through_redis_join_the_run_with_their_text(
+    worker: aio.RedisControl, control: aio.RedisControl, send_arrived: asyncio.Event
+) -> None:
+    async with steered_run(worker, control, send_arrived) as (server, agent, handle, run_id):
+        with pytest.raises(ValueError, match="not an image"):
+            await control.send(run_id, "bad", images=[b"no image"])  # nothing recorded
+        assert await control.send(run_id, "and this", images=[png()])
+        assert await handle == "got and this"
+        sent = agent.model_client.messages
+        assert [m for m in sent if m["role"] == "user"][-1] == {
+            "role": "user", "content": "and this",
+            "images": ["data:image/png;base64," + base64.b64encode(png()).decode()],
+        }
+        assert server.requests[-1].body["messages"][-1]["images"] == [
+            base64.b64encode(png()).decode()
+        ]
+        validate(sent)
 
 
 async def test_send_bad_input(control: aio.RedisControl) -> None:
