@@ -23,9 +23,11 @@ import ollama
 from aimu.aio.providers.ollama import resolve_host
 
 __all__ = [
+    "Lines",
     "ModelInfo",
     "add_models_options",
     "add_pull_options",
+    "is_missing",
     "list_models",
     "pull",
     "run_models",
@@ -93,6 +95,20 @@ def _size(size: int) -> str:
     return f"{size} B"
 
 
+async def is_missing(model: str, host: str | None = None) -> bool:
+    """True when the Ollama server says it does not have ``model`` (404); False when it
+    has it, or cannot say (down, or an error of its own: the first request says so)."""
+    url = resolve_host(host)
+    try:
+        async with ollama.AsyncClient(host=url) as client:
+            await client.show(model)
+    except ollama.ResponseError as error:
+        return error.status_code == 404
+    except (httpx.TransportError, ConnectionError):
+        return False
+    return False
+
+
 async def pull(
     model: str,
     host: str | None = None,
@@ -112,7 +128,7 @@ async def pull(
         raise ModelsError(f"cannot pull {model!r} from {url}: {error.error}") from None
 
 
-class _Lines:
+class Lines:
     """Progress as plain lines: each status once, a download every 10 %."""
 
     def __init__(self, out: IO[str]) -> None:
@@ -193,7 +209,7 @@ def run_pull(options: argparse.Namespace, out: IO[str] | None = None) -> int:
         bar = _Bar(options.model)
         progress, shown = bar, bar
     else:
-        progress, shown = _Lines(out), nullcontext()
+        progress, shown = Lines(out), nullcontext()
     try:
         with shown:
             asyncio.run(pull(options.model, options.host, progress))

@@ -846,3 +846,74 @@ def test_on_a_terminal_the_bar_and_a_line_say_a_request_is_retried(
     chat.expect(" Enter sends")
     chat.press("\x04")
     assert chat.wait() == 1  # the last turn failed
+
+
+# -- a model the Ollama server does not have -------------------------------------------
+
+
+def chat_requests_for(server: LoopbackServer, model: str) -> list[Any]:
+    return [r for r in server.requests if r.path == "/api/chat" and r.body.get("model") == model]
+
+
+def test_a_missing_model_without_a_terminal_names_the_pull_command_and_exits_1(
+    tmp_path: Path, chats: list[Chat], server: LoopbackServer
+) -> None:
+    server.not_pulled.add("absent-piped")
+    chat = Chat("--model", "ollama:absent-piped", env=environment(tmp_path, server.url))
+    chats.append(chat)
+    chat.close_input()
+    assert chat.wait() == 1
+    assert chat.errors == (
+        f"error: the model 'absent-piped' is not on the Ollama server at {server.url}; "
+        "fetch it with: aimu pull absent-piped\n"
+    )
+    assert not chat_requests_for(server, "absent-piped")
+    assert "absent-piped" in server.not_pulled  # nothing pulled behind the user's back
+
+
+@pytest.mark.parametrize("mode", ["--plain", "editor"])
+def test_on_a_terminal_a_missing_model_is_offered_pulled_and_the_chat_goes_on(
+    tmp_path: Path, chats: list[Chat], server: LoopbackServer, mode: str
+) -> None:
+    model = f"absent-yes-{mode.strip('-')}"
+    server.not_pulled.add(model)
+    env = environment(tmp_path, server.url)
+    plain = ["--plain"] if mode == "--plain" else []
+    chat = Chat("--model", f"ollama:{model}", *plain, "--no-tools", env=env, tty=True)
+    chats.append(chat)
+    chat.expect(f"The model '{model}' is not on the Ollama server at {server.url}. "
+                "Pull it now? [Y/n] ")
+    chat.send("")  # Enter: yes
+    chat.expect("pulling manifest")
+    chat.expect(f"pulled {model}")
+    chat.expect(BANNER_END)
+    assert model not in server.not_pulled
+    chat.send("hello")
+    chat.expect("answer to hello")  # the chat went on with the pulled model
+    wait_for(lambda: bool(chat_requests_for(server, model)), "a chat request")
+    chat.close_input()
+    assert chat.wait() == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "answer", "said"),
+    [
+        ("absent-no", "n", "not pulled; aimu pull absent-no fetches it"),
+        ("absent-nowhere", "y", "error: cannot pull 'absent-nowhere'"),  # not in a registry
+    ],
+)
+def test_on_a_terminal_a_pull_declined_or_failed_exits_1_with_one_line(
+    tmp_path: Path, chats: list[Chat], server: LoopbackServer, model: str, answer: str,
+    said: str,
+) -> None:
+    server.not_pulled.add(model)
+    if model == "absent-nowhere":
+        server.missing_models.add(model)
+    chat = Chat("--model", f"ollama:{model}", "--plain", env=environment(tmp_path, server.url),
+                tty=True)
+    chats.append(chat)
+    chat.expect("Pull it now? [Y/n] ")
+    chat.send(answer)
+    chat.expect(said)
+    assert chat.wait() == 1
+    assert model in server.not_pulled and not chat_requests_for(server, model)

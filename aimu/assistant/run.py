@@ -8,6 +8,7 @@ them; on a terminal with the ``chat`` extra it reads lines with the editor
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
 from aimu._mcp_options import mcp_servers, open_all
 from aimu.aio.errors import AimuError
+from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.store import SQLiteStore, validate_session_name
 from aimu.aio.tools import Tool, Toolset
 from aimu.assistant.client import error_line, make_client
@@ -92,6 +94,10 @@ async def _run_chat(
         *((tools if tools is not None else DEMO_TOOLS) if settings.tools else ()), *servers
     ]
     try:
+        if isinstance(client, OllamaClient):
+            status = await _offer_pull(client, out, err)
+            if status is not None:
+                return status
         try:
             await open_all(servers)  # one clear error now for a server that cannot start
             settings.home.mkdir(parents=True, exist_ok=True)
@@ -133,3 +139,32 @@ async def _run_chat(
                 await server.aclose()
         finally:
             await client.aclose()
+
+
+async def _offer_pull(client: OllamaClient, out: TextIO, err: TextIO) -> int | None:
+    """When the Ollama server lacks the chat's model: on a terminal, offer to pull it
+    (None once pulled: the chat goes on); else one line naming the command, and 1."""
+    from aimu.models import Lines, ModelsError, is_missing, pull  # the ollama package
+
+    model, host = client.model, client.host
+    if not await is_missing(model, client.url):
+        return None
+    command = f"aimu pull {model}"
+    where = f"the model {model!r} is not on the Ollama server at {host}"
+    if not (is_tty(sys.stdin) and is_tty(out)):
+        err.write(f"error: {where}; fetch it with: {command}\n")
+        return 1
+    out.write(f"{where[0].upper()}{where[1:]}. Pull it now? [Y/n] ")
+    out.flush()
+    answer = await asyncio.to_thread(sys.stdin.readline)
+    if answer.strip().lower() not in ("", "y", "yes"):
+        err.write(f"not pulled; {command} fetches it\n")
+        return 1
+    try:
+        await pull(model, client.url, Lines(out))
+    except ModelsError as error:
+        err.write(f"error: {error}\n")
+        return 1
+    out.write(f"pulled {model}\n")
+    out.flush()
+    return None

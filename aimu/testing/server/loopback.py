@@ -107,6 +107,9 @@ class LoopbackServer:
         self._models: dict[str, None] = {"test": None}
         #: Model names ``/api/pull`` and ``/api/show`` say do not exist.
         self.missing_models: set[str] = set()
+        #: Model names the registry has but this server has not pulled yet: ``/api/show``
+        #: answers 404 until ``/api/pull`` fetches them.
+        self.not_pulled: set[str] = set()
         self._serial = iter(range(1, sys.maxsize))
 
     # -- script ---------------------------------------------------------------------

@@ -114,7 +114,7 @@ def _show(server: ServerView, body: Mapping[str, Any]) -> Reply:
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         return Reply(json_bytes({"error": "model is required"}), status=400)
-    if name in server.missing_models:
+    if name in server.missing_models or name in server.not_pulled:
         return Reply(json_bytes({"error": f"model '{name}' not found"}), status=404)
     return Reply(json_bytes({
         "modelfile": f"FROM {name}",
@@ -129,8 +129,9 @@ def _show(server: ServerView, body: Mapping[str, Any]) -> Reply:
 
 
 def _pull(server: ServerView, body: Mapping[str, Any]) -> Reply:
-    """A pull's progress as NDJSON lines (manifest, one layer in four steps, success);
-    a model in ``missing_models`` gets Ollama's error line."""
+    """A pull's progress as NDJSON lines (manifest, one layer in four steps, success),
+    after which the model is on the server; a model in ``missing_models`` gets Ollama's
+    error line."""
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         return Reply(json_bytes({"error": "model is required"}), status=400)
@@ -147,6 +148,7 @@ def _pull(server: ServerView, body: Mapping[str, Any]) -> Reply:
     lines += [{"status": "verifying sha256 digest"}, {"status": "writing manifest"},
               {"status": "success"}]
     server.models[name] = None  # type: ignore[index]  # pulled: listed from now on
+    server.not_pulled.discard(name)
     return Reply(b"".join(json_bytes(line) + b"\n" for line in lines),
                  content_type="application/x-ndjson")
 

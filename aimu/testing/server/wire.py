@@ -106,6 +106,11 @@ class ServerView(typing.Protocol):
         """Model names the registry does not have (pulls of them fail)."""
         ...
 
+    @property
+    def not_pulled(self) -> set[str]:
+        """Model names not on the server until a pull fetches them."""
+        ...
+
 
 @dataclass(frozen=True)
 class Reply:
