@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
     from aimu.aio.approvals import PendingApproval
-    from aimu.aio.context import ContextPolicy, KeepLastTurns
+    from aimu.aio.context import ContextPolicy, KeepLastTurns, SummarizeOlderTurns
     from aimu.aio.control import RedisControl, RunEvent, RunInfo
     from aimu.aio.errors import (
         AimuError,
@@ -118,6 +118,7 @@ __all__ = [
     "StoreCapacityError",
     "StoreError",
     "StoreFormatError",
+    "SummarizeOlderTurns",
     "TextChunk",
     "ThinkingChunk",
     "Tool",
@@ -172,6 +173,7 @@ _WHERE = {
     "RunContext": "instructions",
     "ContextPolicy": "context",
     "KeepLastTurns": "context",
+    "SummarizeOlderTurns": "context",
     "ModelPrice": "limits",
     "Spend": "limits",
     "UsageLimits": "limits",

@@ -45,7 +45,7 @@ from aimu.aio.client import (
     TurnAssembler,
     TurnDone,
 )
-from aimu.aio.context import ContextPolicy
+from aimu.aio.context import ContextPolicy, SummarizeOlderTurns, Summary
 from aimu.aio.errors import ModelError, ModelProtocolError, StoreError
 from aimu.aio.events import (
     CUT_OFF_REASONS,
@@ -457,6 +457,8 @@ class Agent(Runnable[OutputT]):
         #: Text sent while the last run paused: it joins the next run at its first boundary
         #: (with a store it is kept in the session's state until then, see _Carried).
         self._carried = _Carried()
+        #: With SummarizeOlderTurns: the summary of the older turns (session state).
+        self._summary: Summary | None = None
         #: Memory holds the session: no store, or its session loaded (open()) or replaced
         #: (restore()). Until then the transcript and approvals are not known.
         self._loaded = store is None
@@ -598,6 +600,8 @@ class Agent(Runnable[OutputT]):
             state: dict[str, Any] = {**self._approvals.state(), "spend": self._spend.dump()}
             if self._carried.messages:
                 state["sent"] = self._carried.dump()
+            if self._summary is not None:
+                state["summary"] = self._summary.dump()
             await self._writer.save_state(state)
             self._state_stale = False
 
@@ -718,6 +722,9 @@ class Agent(Runnable[OutputT]):
             self._store_stale = self._settle_loaded(settled, approvals, starts)
             self._approvals = approvals
             self._carried = _Carried.load(state.get("sent"), settled, f"session {self._session!r}")
+            self._summary = Summary.load(
+                state.get("summary"), len(settled), f"session {self._session!r}"
+            )
             messages[:] = settled
         elif messages:
             validate(messages)
@@ -765,6 +772,7 @@ class Agent(Runnable[OutputT]):
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
         self._carried = _Carried()  # text sent to the paused run of the transcript replaced
+        self._summary = None
         self._loaded = True
         self._store_stale = self._state_stale = True
 
@@ -911,6 +919,7 @@ class Agent(Runnable[OutputT]):
             self._reruns = set()
             self._approvals.clear()
             self._carried = _Carried()
+            self._summary = None
             self._store_stale = self._state_stale = True
         self._place_system()
         if self._writer is not None:
@@ -1028,7 +1037,7 @@ class Agent(Runnable[OutputT]):
         policy = self._config.context
         needed = (
             self._prompt_tokens() if policy is None
-            else estimate_tokens(transcript_chars(policy.view(client.messages), 0))
+            else estimate_tokens(transcript_chars(self._policy_view(policy), 0))
         )
         window = client.context_window
         if window is None and needed > _ASK_WINDOW_FROM:
@@ -1036,6 +1045,16 @@ class Agent(Runnable[OutputT]):
         if window is None:
             return None
         return LimitHit("context_window", window, needed) if needed > window else None
+
+    def _policy_view(self, policy: ContextPolicy) -> Sequence[Message]:
+        """What the context policy will send next (a summary due counted as the old one)."""
+        messages = self.model_client.messages
+        if not isinstance(policy, SummarizeOlderTurns):
+            return policy.view(messages)
+        summary, due = self._summary, policy.due(messages, self._summary)
+        if due is not None:
+            summary = Summary(due[0], "" if summary is None else summary.text)
+        return policy.view_with(messages, summary)
 
     def _prompt_tokens(self) -> int:
         """The next request's size in tokens: what the server counted for the last turn,
@@ -1066,7 +1085,14 @@ class Agent(Runnable[OutputT]):
         must_answer = final_turn or (config.output is not None and _after_correction(client))
         specs = None if must_answer else config.table.specs
         sent = self._taken_up(run)
-        if config.context is not None:
+        if isinstance(config.context, SummarizeOlderTurns):
+            try:
+                await self._summarize(run, config.context)
+            except _WallReached:
+                run.limited(budget.wall_hit())
+                return
+            sent = config.context.view_with(sent, self._summary)
+        elif config.context is not None:
             sent = list(config.context.view(sent))
         request = turn_request(
             config.output, config.tool_choice, config.parallel_tool_calls, specs, sent
@@ -1128,6 +1154,33 @@ class Agent(Runnable[OutputT]):
                 "server that reports usage",
                 host=client.host,
             )
+
+    async def _summarize(self, run: _Run, policy: SummarizeOlderTurns) -> None:
+        """Ask the model for a new summary of the older turns if the policy says one is
+        due; a request of the run's (counted in its usage and limits), stored in the
+        session's state. A stop cuts it like any model turn: nothing is kept of it."""
+        due = policy.due(self.model_client.messages, self._summary)
+        if due is None:
+            return
+        cut, older = due
+        budget = run.budget
+        assert budget is not None
+        run.requests += 1
+        budget.count_request()
+        assembler = TurnAssembler()
+        stream = _in_scope(
+            self.model_client.stream_turn(policy.request(self._summary, older), None),
+            run.scope, run.wall_at,
+        )
+        try:
+            async for chunk in stream:
+                assembler.add(chunk)
+        finally:
+            await stream.aclose()
+        add_usage(run.usage, assembler.usage)
+        budget.count_tokens(assembler.usage, estimated=False)
+        self._summary = Summary(cut, assembler.text.strip())
+        await self._save_state()
 
     async def _cut_by_limit(self, run: _Run, assembler: TurnAssembler, hit: LimitHit) -> None:
         """A streamed reply crossed a token, cost or wall limit: keep what came (marked partial,
