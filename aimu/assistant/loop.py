@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
@@ -529,22 +529,23 @@ class Assistant:
         handle = turn.handle
         self._waiting = None
         self._last_turn_failed = False
+        final = await handle.wait()  # never raises: the run's outcome is in the event
         if handle.cancelled:
             self._line(STOPPED)
             return
-        try:
-            finished = await handle
-        except AimuError as error:
+        error = handle.exception()
+        if isinstance(error, BrokenPipeError) or not isinstance(error, Exception | None):
+            raise error  # our own output went away (nobody to tell), or not a run's error
+        if isinstance(error, AimuError):
             self._last_turn_failed = True
             self._error(error_line(error, self._client))
             return
-        except BrokenPipeError:  # our own output went away: nobody to tell
-            raise
-        except Exception as error:  # a bug, not an expected error: details go to stderr
+        if error is not None:  # a bug, not an expected error: details go to stderr
             self._last_turn_failed = True
             traceback.print_exception(error, file=self._screen.err)
             self._error(f"{type(error).__name__}: {error_line(error)}")
             return
+        finished = cast(RunFinished, final.result)  # what _turn returned
         if finished.status == "paused":
             self._line("(paused: a tool call waits for your approval)")
             self._ask_next()
