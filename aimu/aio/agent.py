@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, overlo
 
 from typing_extensions import Unpack
 
+from aimu.aio._session import Carried, SessionRecord
 from aimu.aio._stops import Stop, past_deadline, stop_of
 from aimu.aio._tool_table import ToolTable
 from aimu.aio._tracing import RunSpans
@@ -443,29 +444,17 @@ class Agent(Runnable[OutputT]):
         self._owns_client = owns_client
         self._store = store
         self._session = session
-        self._writer: SessionWriter | None = None
-        #: Memory changed in a way the store has not seen (restore(), reset, the system
-        #: prompt): the stored transcript is rewritten from memory at the next store write.
-        self._store_stale = False
-        #: Approvals changed since the store last saw them (a decision given).
-        self._state_stale = False
+        #: The store session and the state kept beside the transcript (see _session.py).
+        self._durable = SessionRecord(store, session)
         #: Ids of the in-doubt calls of idempotent tools found on load: resume() runs
         #: them again (their results start with RERUN_NOTE).
         self._reruns: set[str] = set()
         self._scope: RunScope | None = None
         self._approvals = Approvals()
-        #: Text sent while the last run paused: it joins the next run at its first boundary
-        #: (with a store it is kept in the session's state until then, see _Carried).
-        self._carried = _Carried()
-        #: With SummarizeOlderTurns: the summary of the older turns (session state).
-        self._summary: Summary | None = None
         #: Memory holds the session: no store, or its session loaded (open()) or replaced
         #: (restore()). Until then the transcript and approvals are not known.
         self._loaded = store is None
         self._usage = zero_usage()
-        #: What this session spent in all, its runs in every process (kept in the store).
-        self._spend = Spend()
-        #: The system prompt last placed (a callable ``system=`` gives it at run start).
         self._system_text: str | None = (
             config.system if isinstance(config.system, str) else None
         )
@@ -506,7 +495,7 @@ class Agent(Runnable[OutputT]):
         """What this session spent in all (requests, tool calls, tokens, cost, seconds),
         as its store keeps it across processes. A copy."""
         copy = Spend()
-        copy.add(self._spend)
+        copy.add(self._durable.spend)
         return copy
 
     @property
@@ -534,7 +523,7 @@ class Agent(Runnable[OutputT]):
         return any(m["role"] == "user" for m in self.model_client.messages)
 
     def _check_resumable(self) -> None:
-        if self._store is not None and self._writer is None:
+        if self._store is not None and self._durable.writer is None:
             return  # checked once the run has loaded the stored session
         self._require_task()
 
@@ -591,19 +580,10 @@ class Agent(Runnable[OutputT]):
                 "in progress; decide once it has paused"
             )
         self._approvals.decide(call_id, decision, f"agent {self.name!r}")
-        self._state_stale = True
+        self._durable.state_stale = True
 
     async def _save_state(self) -> None:
-        """Store the session's state: the approvals, the text a pause carries, and what
-        the session has spent."""
-        if self._writer is not None:
-            state: dict[str, Any] = {**self._approvals.state(), "spend": self._spend.dump()}
-            if self._carried.messages:
-                state["sent"] = self._carried.dump()
-            if self._summary is not None:
-                state["summary"] = self._summary.dump()
-            await self._writer.save_state(state)
-            self._state_stale = False
+        await self._durable.save_state(self._approvals)
 
     def start(self, *, session: str | None = None) -> Agent[OutputT]:
         """A new session of this agent: same model settings, tools and limits.
@@ -636,14 +616,14 @@ class Agent(Runnable[OutputT]):
         ``SessionLockedError`` if another writer holds it. The first run does this
         itself; without a store this does nothing. Idempotent.
         """
-        if self._store is None or self._session is None or self._writer is not None:
+        if self._store is None or self._session is None or self._durable.writer is not None:
             return
         await self._config.table.ready()  # a loaded call in doubt needs its tool's flags
-        writer = self._writer = await self._store.open_session(self._session)
+        writer = self._durable.writer = await self._store.open_session(self._session)
         try:
             await self._load_stored(writer)
         except BaseException:
-            self._writer = None
+            self._durable.writer = None
             await writer.aclose()
             raise
 
@@ -653,15 +633,8 @@ class Agent(Runnable[OutputT]):
         A transcript given to :meth:`restore` since the last run is stored first, and
         approval decisions given since (so they survive a restart before ``resume()``).
         """
-        if self._writer is not None and self._state_stale:
-            await self._save_state()
-        writer, self._writer = self._writer, None
         try:
-            if writer is not None:
-                try:
-                    await self._sync_store(writer)
-                finally:
-                    await writer.aclose()
+            await self._durable.close(self.model_client.messages, self._approvals)
         finally:
             if self._owns_client:
                 try:
@@ -679,18 +652,7 @@ class Agent(Runnable[OutputT]):
     # -- transcript ----------------------------------------------------------------
 
     async def _record(self, message: Message) -> None:
-        self.model_client.messages.append(message)
-        if self._writer is not None:
-            if self._store_stale:
-                await self._sync_store(self._writer)
-            else:
-                await self._writer.append(message)
-
-    async def _sync_store(self, writer: SessionWriter) -> None:
-        """Rewrite the stored transcript from memory if memory changed behind its back."""
-        if self._store_stale:
-            await writer.replace(self.model_client.messages)
-            self._store_stale = False
+        await self._durable.record(self.model_client.messages, message)
 
     def _place_system(self) -> None:
         """Keep the system prompt present exactly once, first."""
@@ -704,34 +666,30 @@ class Agent(Runnable[OutputT]):
             messages[0] = {"role": "system", "content": system}
         else:
             messages.insert(0, {"role": "system", "content": system})
-        if self._writer is not None:
-            self._store_stale = True
+        if self._durable.writer is not None:
+            self._durable.transcript_stale = True
 
     async def _load_stored(self, writer: SessionWriter) -> None:
         """Take the stored transcript into memory (a restore() before this one wins)."""
         messages = self.model_client.messages
-        stored = [] if self._store_stale else await writer.load()
+        stored = [] if self._durable.transcript_stale else await writer.load()
         if stored:
             validate(stored)
             settled = copy_messages(stored)
             assert self._store is not None and self._session is not None
             state = await self._store.load_state(self._session)
             approvals = Approvals.from_state(state, f"session {self._session!r}")
-            self._spend = Spend.load(state.get("spend"), f"session {self._session!r}")
             starts = await self._store.tool_starts(self._session)
-            self._store_stale = self._settle_loaded(settled, approvals, starts)
+            self._durable.transcript_stale = self._settle_loaded(settled, approvals, starts)
             self._approvals = approvals
-            self._carried = _Carried.load(state.get("sent"), settled, f"session {self._session!r}")
-            self._summary = Summary.load(
-                state.get("summary"), len(settled), f"session {self._session!r}"
-            )
+            self._durable.load_state(state, settled)
             messages[:] = settled
         elif messages:
             validate(messages)
-            self._store_stale = True
+            self._durable.transcript_stale = True
         self._place_system()
-        await self._sync_store(writer)
-        if self._state_stale:
+        await self._durable.sync(messages)
+        if self._durable.state_stale:
             await self._save_state()
         self._loaded = True
 
@@ -752,11 +710,11 @@ class Agent(Runnable[OutputT]):
 
     async def _store_restored(self) -> None:
         """Write what restore() put in memory to the store (the session opened first)."""
-        if self._writer is None:
+        if self._durable.writer is None:
             await self.open()  # memory is stale, so opening writes it instead of loading
-        if self._writer is not None:
-            await self._sync_store(self._writer)
-            if self._state_stale:
+        if self._durable.writer is not None:
+            await self._durable.sync(self.model_client.messages)
+            if self._durable.state_stale:
                 await self._save_state()
 
     def _restore(self, messages: Sequence[Message], approvals: Approvals) -> None:
@@ -771,10 +729,8 @@ class Agent(Runnable[OutputT]):
         elif system is not None:
             restored.insert(0, {"role": "system", "content": system})
         self.model_client.messages[:] = restored
-        self._carried = _Carried()  # text sent to the paused run of the transcript replaced
-        self._summary = None
+        self._durable.forget()  # what the state said of the transcript replaced goes
         self._loaded = True
-        self._store_stale = self._state_stale = True
 
     def _settle_loaded(
         self, messages: list[Message], approvals: Approvals, starts: Sequence[ToolStart]
@@ -801,7 +757,7 @@ class Agent(Runnable[OutputT]):
             approvals.take(call_id)
         for call in found.asked:
             approvals.ask(call, in_doubt=True)
-        self._state_stale = self._state_stale or bool(approved)
+        self._durable.state_stale = self._durable.state_stale or bool(approved)
         self._reruns = {call["id"] for call in found.rerun}
         return len(messages) != before
 
@@ -814,8 +770,8 @@ class Agent(Runnable[OutputT]):
             "usage": self.usage,
             **self._approvals.state(),
         }
-        if self._carried.messages:  # text sent to a paused run: it joins the resumed one
-            snapshot["sent"] = self._carried.dump()
+        if self._durable.carried.messages:  # text sent to a paused run: it joins the resumed one
+            snapshot["sent"] = self._durable.carried.dump()
         return snapshot
 
     def blank_snapshot(self) -> dict[str, Any]:
@@ -829,7 +785,7 @@ class Agent(Runnable[OutputT]):
         session = self.start()
         approvals = Approvals.from_state(snapshot, "the snapshot")
         session._restore(cast(list[Message], messages), approvals)
-        session._carried = _Carried.load(snapshot.get("sent"), messages, "the snapshot")
+        session._durable.carried = Carried.load(snapshot.get("sent"), messages, "the snapshot")
         session._usage = load_usage(snapshot.get("usage"), "the snapshot")
         return session
 
@@ -909,7 +865,7 @@ class Agent(Runnable[OutputT]):
         shared = options_in(run.scope.parent).shared
         own = options.limits if options.shared is None else None
         run.budget = budget = Budget(
-            config.limits if own is None else own, config.session_limits, self._spend,
+            config.limits if own is None else own, config.session_limits, self._durable.spend,
             self.model_client.model, shared,
         )
         if budget.wall_at is not None:
@@ -918,13 +874,11 @@ class Agent(Runnable[OutputT]):
             self.model_client.messages.clear()
             self._reruns = set()
             self._approvals.clear()
-            self._carried = _Carried()
-            self._summary = None
-            self._store_stale = self._state_stale = True
+            self._durable.forget()
         self._place_system()
-        if self._writer is not None:
-            await self._sync_store(self._writer)
-            if self._state_stale:
+        if self._durable.writer is not None:
+            await self._durable.sync(self.model_client.messages)
+            if self._durable.state_stale:
                 await self._save_state()
         run.first = len(self.model_client.messages)
         if task is None:
@@ -935,16 +889,16 @@ class Agent(Runnable[OutputT]):
             if run.options.images:
                 message["images"] = list(run.options.images)
             await self._record(message)
-        if self._writer is not None:
-            await self._writer.set_status("in_progress")
+        if self._durable.writer is not None:
+            await self._durable.writer.set_status("in_progress")
 
     async def _drop_undone_calls(self) -> None:
         """A new task instead of resume(): calls still open are not run; they get
         "cancelled" results (or, in doubt after a crash, IN_DOUBT_RESULT)."""
         self._approvals.check_decided(f"agent {self.name!r}")
         for result in self._close_open_calls():
-            if self._writer is not None:
-                await self._writer.append(result)
+            if self._durable.writer is not None:
+                await self._durable.writer.append(result)
         if self._approvals.pending:
             self._approvals.clear()
             await self._save_state()
@@ -1025,9 +979,9 @@ class Agent(Runnable[OutputT]):
         joined = _joined(prefix, message)
         messages = self.model_client.messages
         messages[-1] = joined
-        if self._writer is not None:
-            self._store_stale = True  # the stored answer is replaced: rewrite from memory
-            await self._sync_store(self._writer)
+        if self._durable.writer is not None:
+            self._durable.transcript_stale = True  # the stored answer replaced: rewrite it
+            await self._durable.sync(messages)
         return joined
 
     async def _context_hit(self) -> LimitHit | None:
@@ -1051,7 +1005,7 @@ class Agent(Runnable[OutputT]):
         messages = self.model_client.messages
         if not isinstance(policy, SummarizeOlderTurns):
             return policy.view(messages)
-        summary, due = self._summary, policy.due(messages, self._summary)
+        summary, due = self._durable.summary, policy.due(messages, self._durable.summary)
         if due is not None:
             summary = Summary(due[0], "" if summary is None else summary.text)
         return policy.view_with(messages, summary)
@@ -1091,7 +1045,7 @@ class Agent(Runnable[OutputT]):
             except _WallReached:
                 run.limited(budget.wall_hit())
                 return
-            sent = config.context.view_with(sent, self._summary)
+            sent = config.context.view_with(sent, self._durable.summary)
         elif config.context is not None:
             sent = list(config.context.view(sent))
         request = turn_request(
@@ -1159,7 +1113,7 @@ class Agent(Runnable[OutputT]):
         """Ask the model for a new summary of the older turns if the policy says one is
         due; a request of the run's (counted in its usage and limits), stored in the
         session's state. A stop cuts it like any model turn: nothing is kept of it."""
-        due = policy.due(self.model_client.messages, self._summary)
+        due = policy.due(self.model_client.messages, self._durable.summary)
         if due is None:
             return
         cut, older = due
@@ -1169,7 +1123,7 @@ class Agent(Runnable[OutputT]):
         budget.count_request()
         assembler = TurnAssembler()
         stream = _in_scope(
-            self.model_client.stream_turn(policy.request(self._summary, older), None),
+            self.model_client.stream_turn(policy.request(self._durable.summary, older), None),
             run.scope, run.wall_at,
         )
         try:
@@ -1179,7 +1133,7 @@ class Agent(Runnable[OutputT]):
             await stream.aclose()
         add_usage(run.usage, assembler.usage)
         budget.count_tokens(assembler.usage, estimated=False)
-        self._summary = Summary(cut, assembler.text.strip())
+        self._durable.summary = Summary(cut, assembler.text.strip())
         await self._save_state()
 
     async def _cut_by_limit(self, run: _Run, assembler: TurnAssembler, hit: LimitHit) -> None:
@@ -1231,7 +1185,7 @@ class Agent(Runnable[OutputT]):
         add_usage(run.usage, usage)
         if run.budget is not None:
             run.budget.count_tokens(usage, estimated=False)
-            if run.budget.session_limits_set and self._writer is not None:
+            if run.budget.session_limits_set and self._durable.writer is not None:
                 await self._save_state()  # the session's spend, durable turn by turn
         if usage["input_tokens"]:  # the server counted: later estimates start from here
             self._known = (
@@ -1273,7 +1227,7 @@ class Agent(Runnable[OutputT]):
         """Record the text sent to the run as user messages; True if there was any.
 
         Sent text joins the run: it does not renew the run's round budget."""
-        carried = self._carried.take()
+        carried = self._durable.carried.take()
         sent = [*carried, *run.scope.take_sent()]
         for message in sent:
             await self._record(message)
@@ -1424,8 +1378,8 @@ class Agent(Runnable[OutputT]):
         """With a store, durably note that ``call`` starts: if the process dies before
         its result is recorded, the next load knows the call is in doubt."""
         function = call["function"]
-        if self._writer is not None and function["name"] in self._config.table.by_name:
-            await self._writer.record_tool_start(
+        if self._durable.writer is not None and function["name"] in self._config.table.by_name:
+            await self._durable.writer.record_tool_start(
                 call["id"], function["name"], function["arguments"]
             )
 
@@ -1446,7 +1400,7 @@ class Agent(Runnable[OutputT]):
             if run.prefix is not None:  # a continuation cut short: one answer, still partial
                 partial = _joined(run.prefix, partial)
                 self.model_client.messages[-1] = partial
-                self._store_stale = True
+                self._durable.transcript_stale = True
             else:
                 unstored.append(partial)
                 self.model_client.messages.append(partial)
@@ -1458,7 +1412,7 @@ class Agent(Runnable[OutputT]):
         sent = run.scope.take_sent(close=True)
         if run.status == "paused":
             # Joins the resumed run at its first boundary; stored in the session's state.
-            self._carried.add(sent, len(self.model_client.messages))
+            self._durable.carried.add(sent, len(self.model_client.messages))
         else:
             unstored.extend(sent)
             self.model_client.messages.extend(sent)
@@ -1524,13 +1478,7 @@ class Agent(Runnable[OutputT]):
     async def _answer_cut_calls(self) -> None:
         """A limit cut the last turn short: its calls still open are answered "cancelled"
         (they come last in the transcript: in memory, then in the store)."""
-        results = self._settle_calls()
-        writer = self._writer
-        if writer is not None and self._store_stale:
-            await self._sync_store(writer)
-        elif writer is not None:
-            for result in results:
-                await writer.append(result)
+        await self._durable.store_added(self.model_client.messages, self._settle_calls())
 
     def _settle_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in
@@ -1554,15 +1502,10 @@ class Agent(Runnable[OutputT]):
     async def _store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
         """Store what the settling added, the session's spend and ``status`` (None: the
         run changed nothing, so the session's status stays as it was)."""
-        if self._writer is not None:
-            if self._store_stale:  # memory holds the unstored messages: rewrite it all
-                await self._sync_store(self._writer)
-            else:
-                for message in unstored:
-                    await self._writer.append(message)
-            if status is not None:
-                await self._save_state()
-                await self._writer.set_status(status)
+        await self._durable.store_added(self.model_client.messages, unstored)
+        if self._durable.writer is not None and status is not None:
+            await self._save_state()
+            await self._durable.writer.set_status(status)
 
     def _rounds_used(self) -> tuple[int, bool]:
         """Model turns made for the current task (from the transcript), and whether its
@@ -1602,65 +1545,6 @@ class _Done(Awaitable[None]):
 
 
 _DONE = _Done()
-
-
-class _Carried:
-    """Messages sent to a run that then paused: they join the resumed run at its first
-    step boundary, exactly once. ``after`` is the transcript's length when the run
-    paused: the messages are already joined if they appear, in order, as user messages
-    after it (a crash came between recording them and storing the state without them).
-    Stored as ``{"texts": [...], "after": n}``, each a text or, with images, the message."""
-
-    __slots__ = ("after", "messages")
-
-    def __init__(self, messages: Sequence[UserMessage] = (), after: int = 0) -> None:
-        self.messages = list(messages)
-        self.after = after
-
-    def add(self, messages: Sequence[UserMessage], after: int) -> None:
-        if messages and not self.messages:
-            self.after = after
-        self.messages.extend(messages)
-
-    def take(self) -> list[UserMessage]:
-        messages, self.messages = self.messages, []
-        return messages
-
-    def dump(self) -> dict[str, Any]:
-        texts = [m["content"] if "images" not in m else dict(m) for m in self.messages]
-        return {"texts": texts, "after": self.after}
-
-    @classmethod
-    def load(cls, data: object, messages: Sequence[Message], where: str) -> _Carried:
-        """The messages in :meth:`dump` data (None: none) not yet in ``messages``;
-        ValueError naming ``where`` when the data is not that shape."""
-        if data is None:
-            return cls()
-        texts = data.get("texts") if isinstance(data, Mapping) else None
-        after = data.get("after") if isinstance(data, Mapping) else None
-        carried = [_carried_message(t) for t in texts] if isinstance(texts, list) else None
-        if (carried is None or None in carried or isinstance(after, bool)
-                or not isinstance(after, int)):
-            raise ValueError(f"{where}: unreadable sent texts (expected {{'texts': [str or "
-                             f"user message], 'after': int}}, got {data!r:.100})")
-        sent = cast(list[UserMessage], carried)
-        later = iter(m for m in messages[after:] if m["role"] == "user")
-        if sent and all(message in later for message in sent):
-            return cls()  # joined already
-        return cls(sent, after)
-
-
-def _carried_message(item: object) -> UserMessage | None:
-    """A stored sent text (a string, or a user message with images), or None if neither."""
-    if isinstance(item, str):
-        return {"role": "user", "content": item}
-    if isinstance(item, Mapping) and item.get("role") == "user":
-        try:
-            validate([dict(item)])
-        except ValueError:
-            return None
-        return cast(UserMessage, dict(item))
-    return None
 
 
 class _WallReached(Exception):

@@ -281,7 +281,7 @@ async def test_an_idempotent_call_in_doubt_runs_again_on_resume(
     agent = aio.Agent(ScriptedModel([Turn(tool_calls=[call])]), tools=[stdio_server(log)],
                       store=store, session="j")
     await agent.open()
-    writer = agent._writer
+    writer = agent._durable.writer
     assert writer is not None
     # The state a crash leaves: the call recorded and journalled as started, no result.
     await writer.append({"role": "user", "content": "add"})

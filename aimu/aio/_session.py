@@ -1,0 +1,173 @@
+"""An agent session's durable side: the store session it writes, and its state.
+
+:class:`SessionRecord` holds what an :class:`~aimu.aio.agent.Agent` keeps durable
+beside its transcript in memory: the store and the session's writer; whether memory
+changed in a way the store has not seen (the transcript, rewritten whole at the next
+write; the state); and the state kept beside the transcript (approvals are the agent's;
+the messages a pause carries, the summary of older turns, the session's spend). The
+agent records through it; nothing here runs a model or a tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from aimu.aio.approvals import Approvals
+from aimu.aio.context import Summary
+from aimu.aio.limits import Spend
+from aimu.aio.transcript import Message, UserMessage, validate
+
+if TYPE_CHECKING:
+    from aimu.aio.store import SessionWriter, Store
+
+__all__ = ["Carried", "SessionRecord", "carried_message"]
+
+
+class SessionRecord:
+    """The store session of one agent session, and the state kept beside it."""
+
+    __slots__ = (
+        "carried", "name", "spend", "state_stale", "store", "summary", "transcript_stale",
+        "writer",
+    )
+
+    def __init__(self, store: Store | None, name: str | None) -> None:
+        self.store = store
+        self.name = name
+        self.writer: SessionWriter | None = None
+        #: Memory changed in a way the store has not seen (restore(), reset, the system
+        #: prompt): the stored transcript is rewritten from memory at the next store write.
+        self.transcript_stale = False
+        #: The state changed since the store last saw it (a decision given).
+        self.state_stale = False
+        #: Text sent while the last run paused: it joins the next run at its first boundary
+        #: (with a store it is kept in the session's state until then, see Carried).
+        self.carried = Carried()
+        #: With SummarizeOlderTurns: the summary of the older turns.
+        self.summary: Summary | None = None
+        #: What this session spent in all, its runs in every process.
+        self.spend = Spend()
+
+    def forget(self) -> None:
+        """The transcript was replaced (reset, restore): what the state said of it goes,
+        and the store is rewritten from memory at the next write."""
+        self.carried = Carried()
+        self.summary = None
+        self.transcript_stale = self.state_stale = True
+
+    def load_state(self, state: Mapping[str, Any], messages: Sequence[Message]) -> None:
+        """Take the stored state of the session whose transcript is ``messages``
+        (ValueError naming the session when it is unreadable); approvals are the agent's."""
+        where = f"session {self.name!r}"
+        self.spend = Spend.load(state.get("spend"), where)
+        self.carried = Carried.load(state.get("sent"), messages, where)
+        self.summary = Summary.load(state.get("summary"), len(messages), where)
+
+    async def record(self, messages: list[Message], message: Message) -> None:
+        """Append ``message`` to ``messages`` (memory), then to the store."""
+        messages.append(message)
+        if self.writer is not None:
+            if self.transcript_stale:
+                await self.sync(messages)
+            else:
+                await self.writer.append(message)
+
+    async def store_added(self, messages: list[Message], added: Sequence[Message]) -> None:
+        """Store ``added``, already last in ``messages`` (or all of memory, if stale)."""
+        writer = self.writer
+        if writer is not None and self.transcript_stale:
+            await self.sync(messages)
+        elif writer is not None:
+            for message in added:
+                await writer.append(message)
+
+    async def sync(self, messages: Sequence[Message]) -> None:
+        """Rewrite the stored transcript from memory if memory changed behind its back."""
+        if self.writer is not None and self.transcript_stale:
+            await self.writer.replace(messages)
+            self.transcript_stale = False
+
+    async def close(self, messages: Sequence[Message], approvals: Approvals) -> None:
+        """Store what memory has that the store lacks, then release the writer."""
+        writer = self.writer
+        if writer is None:
+            return
+        try:
+            if self.state_stale:
+                await self.save_state(approvals)
+            await self.sync(messages)
+        finally:
+            self.writer = None
+            await writer.aclose()
+
+    async def save_state(self, approvals: Approvals) -> None:
+        """Store the session's state: the approvals, the messages a pause carries, the
+        summary and what the session has spent."""
+        if self.writer is not None:
+            state: dict[str, Any] = {**approvals.state(), "spend": self.spend.dump()}
+            if self.carried.messages:
+                state["sent"] = self.carried.dump()
+            if self.summary is not None:
+                state["summary"] = self.summary.dump()
+            await self.writer.save_state(state)
+            self.state_stale = False
+
+
+class Carried:
+    """Messages sent to a run that then paused: they join the resumed run at its first
+    step boundary, exactly once. ``after`` is the transcript's length when the run
+    paused: the messages are already joined if they appear, in order, as user messages
+    after it (a crash came between recording them and storing the state without them).
+    Stored as ``{"texts": [...], "after": n}``, each a text or, with images, the message."""
+
+    __slots__ = ("after", "messages")
+
+    def __init__(self, messages: Sequence[UserMessage] = (), after: int = 0) -> None:
+        self.messages = list(messages)
+        self.after = after
+
+    def add(self, messages: Sequence[UserMessage], after: int) -> None:
+        if messages and not self.messages:
+            self.after = after
+        self.messages.extend(messages)
+
+    def take(self) -> list[UserMessage]:
+        messages, self.messages = self.messages, []
+        return messages
+
+    def dump(self) -> dict[str, Any]:
+        texts = [m["content"] if "images" not in m else dict(m) for m in self.messages]
+        return {"texts": texts, "after": self.after}
+
+    @classmethod
+    def load(cls, data: object, messages: Sequence[Message], where: str) -> Carried:
+        """The messages in :meth:`dump` data (None: none) not yet in ``messages``;
+        ValueError naming ``where`` when the data is not that shape."""
+        if data is None:
+            return cls()
+        texts = data.get("texts") if isinstance(data, Mapping) else None
+        after = data.get("after") if isinstance(data, Mapping) else None
+        carried = [carried_message(t) for t in texts] if isinstance(texts, list) else None
+        if (carried is None or None in carried or isinstance(after, bool)
+                or not isinstance(after, int)):
+            raise ValueError(f"{where}: unreadable sent texts (expected {{'texts': [str or "
+                             f"user message], 'after': int}}, got {data!r:.100})")
+        sent = cast(list[UserMessage], carried)
+        later = iter(m for m in messages[after:] if m["role"] == "user")
+        if sent and all(message in later for message in sent):
+            return cls()  # joined already
+        return cls(sent, after)
+
+
+def carried_message(item: object) -> UserMessage | None:
+    """A stored sent text (a string, or a user message with images), or None if neither."""
+    if isinstance(item, str):
+        return {"role": "user", "content": item}
+    if isinstance(item, Mapping) and item.get("role") == "user":
+        try:
+            validate([dict(item)])
+        except ValueError:
+            return None
+        return cast(UserMessage, dict(item))
+    return None
