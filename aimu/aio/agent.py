@@ -3,7 +3,9 @@
 One async generator (:meth:`Agent._events`) does the work; ``run()`` drains it and
 ``run(stream=True)`` hands it out, so both share one code path. It runs named steps,
 a model turn (:meth:`Agent._model_turn`) and the tool round it asked for
-(:meth:`Agent._tool_round`); each turn ends in an :class:`Outcome`. Every message is
+(:meth:`Agent._tool_round`); each step leaves its outcome, tagged with its data, in
+``run.next`` (:data:`Next`: :class:`NeedsTools`, :class:`Ended`, or None for another
+model turn), and :meth:`Agent._next_step` matches on it. Every message is
 recorded the moment it exists and one ``finally`` settles the run: whatever ends it
 (answer, error, cancel, interrupt, a consumer that stops iterating), the transcript in
 ``agent.model_client.messages`` is valid to send to a model again.
@@ -15,7 +17,6 @@ it stopped.
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import aclosing
@@ -107,7 +108,7 @@ from aimu.aio.transcript import (
 if TYPE_CHECKING:
     from aimu.aio.store import SessionWriter, Store, ToolStart
 
-__all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Outcome"]
+__all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Ended", "NeedsTools", "Next"]
 
 #: What a run returns when ``interrupt()`` stopped it at a step boundary.
 INTERRUPTED = "Run interrupted."
@@ -171,30 +172,26 @@ class _Config:
     context: ContextPolicy | None = None
 
 
-class Outcome(enum.Enum):
-    """How a step of the loop ended, and so what the run does next."""
+@dataclass(frozen=True, slots=True)
+class NeedsTools:
+    """A step's outcome: the model called tools, so a tool round comes next. ``reruns``:
+    the ids of calls a crash left in doubt that this round runs again."""
 
-    ANSWERED = "answered"
-    """The model answered without calling a tool: the run completes."""
-    NEEDS_TOOLS = "needs_tools"
-    """The model called tools: a tool round comes next."""
-    INTERRUPTED = "interrupted"
-    """An interrupt was honoured at a step boundary: the run returns INTERRUPTED."""
-    OUT_OF_ROUNDS = "out_of_rounds"
-    """The last, tool-less turn ended: the run ends with status max_rounds."""
-    PAUSED = "paused"
-    """Tool calls wait for a person's decision: the run returns paused."""
-    LIMITED = "limited"
-    """A usage limit stopped the run: it ends with status limited."""
+    calls: list[ToolCall]
+    reruns: frozenset[str] = frozenset()
 
 
-_STATUS_OF: dict[Outcome, RunStatus] = {
-    Outcome.ANSWERED: "completed",
-    Outcome.INTERRUPTED: "interrupted",
-    Outcome.OUT_OF_ROUNDS: "max_rounds",
-    Outcome.PAUSED: "paused",
-    Outcome.LIMITED: "limited",
-}
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A step's outcome: the run ends with ``status`` (completed, incomplete,
+    max_rounds, interrupted, paused or limited) and ``reply``."""
+
+    status: RunStatus
+    reply: str
+
+
+#: What a step decided comes next: a tool round, the end, or (None) a model turn.
+Next = NeedsTools | Ended | None
 
 
 #: How a run ends when something stopped it mid-step (its open calls get results).
@@ -205,12 +202,12 @@ class _Run:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "argument_errors", "assembler", "budget", "calls", "clock", "closing", "contexts",
+        "argument_errors", "assembler", "budget", "clock", "closing", "contexts",
         "continuation", "cut_answer", "deps", "error", "final_prompted", "first", "limit",
-        "opened", "options", "outcome", "output", "output_failures", "prefix", "reply",
-        "request_end", "requests", "reruns", "retries_from", "rounds", "scope", "settled",
-        "spans", "status", "stop_reason", "store_error", "untouched", "usage",
-        "usage_estimated", "wall_at",
+        "next", "opened", "options", "output", "output_failures", "prefix", "reply",
+        "request_end", "requests", "retries_from", "rounds", "scope", "settled", "spans",
+        "status", "stop_reason", "store_error", "untouched", "usage", "usage_estimated",
+        "wall_at",
     )
 
     def __init__(
@@ -248,7 +245,8 @@ class _Run:
         self.first = len(client.messages)
         self.retries_from = client.retry_count
         self.requests = 0
-        self.outcome: Outcome | None = None
+        #: What the last step decided comes next (see Next).
+        self.next: Next = None
         self.status: RunStatus = "failed"
         self.reply = ""
         self.error: str | None = None
@@ -263,10 +261,6 @@ class _Run:
         #: The turn in flight (None between turns) and its argument errors by call id.
         self.assembler: TurnAssembler | None = None
         self.argument_errors: dict[str, str] = {}
-        #: The tool calls of the last turn, while its tool round is due.
-        self.calls: list[ToolCall] = []
-        #: Ids of the calls a crash left in doubt that this run runs again.
-        self.reruns: frozenset[str] = frozenset()
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
         #: The consumer closed the stream (GeneratorExit came in at a yield).
@@ -285,20 +279,22 @@ class _Run:
     def interrupt_asked(self) -> bool:
         return self.scope.interrupt_requested
 
-    def end(self, outcome: Outcome, reply: str) -> None:
-        self.outcome, self.status, self.reply = outcome, _STATUS_OF[outcome], reply
-        if self.status == "completed" and self.stop_reason in CUT_OFF_REASONS:
-            self.status = "incomplete"  # an answer, but cut off: never a plain completed
+    def end(self, status: RunStatus, reply: str) -> None:
+        """The run's outcome is known: it ends with ``status`` and ``reply``."""
+        if status == "completed" and self.stop_reason in CUT_OFF_REASONS:
+            status = "incomplete"  # an answer, but cut off: never a plain completed
+        self.next = Ended(status, reply)
+        self.status, self.reply = status, reply
 
     def limited(self, hit: LimitHit) -> None:
         """A usage limit stops the run: it ends ``limited``, naming the limit."""
-        self.end(Outcome.LIMITED, self.reply or LIMITED)
+        self.end("limited", self.reply or LIMITED)
         self.limit, self.stop_reason = hit, hit.stop_reason
         self.scope.note_limited(hit.stop_reason)
 
     def interrupted(self) -> None:
         """The interrupt is honoured: the run returns INTERRUPTED."""
-        self.end(Outcome.INTERRUPTED, INTERRUPTED)
+        self.end("interrupted", INTERRUPTED)
         self.scope.note_interrupted()
 
     def stopped_by(self, error: BaseException) -> None:
@@ -911,15 +907,15 @@ class Agent(Runnable[OutputT]):
         if task is None:
             open_calls = [call for _, call in dangling_calls(self.model_client.messages)]
             if open_calls:
-                run.calls, run.outcome = open_calls, Outcome.NEEDS_TOOLS
-                run.reruns, self._reruns = frozenset(self._reruns), set()
+                run.next = NeedsTools(open_calls, frozenset(self._reruns))
+                self._reruns = set()
                 return
             answer = self._finished_answer()
             if answer is not None:
                 run.stop_reason = answer.get("aimu_stop_reason")
                 # A fresh run: a correction here costs none of its output retries.
                 if await self._output_checked(run, answer["content"], schema_asked=False):
-                    run.end(Outcome.ANSWERED, answer["content"])
+                    run.end("completed", answer["content"])
                 return
             last = self.model_client.messages[-1] if self.model_client.messages else None
             if last is not None and last["role"] == "assistant" and last.get("aimu_partial"):
@@ -931,16 +927,17 @@ class Agent(Runnable[OutputT]):
         step would cross stops the run here."""
         budget = run.budget
         assert budget is not None
-        if run.outcome is Outcome.NEEDS_TOOLS:
-            hit = budget.before_tools(len(run.calls)) if budget.limited else None
-            if hit is not None:
-                run.limited(hit)  # the calls stay open: resume() runs them
+        match run.next:
+            case NeedsTools(calls) as tools:
+                hit = budget.before_tools(len(calls)) if budget.limited else None
+                if hit is not None:
+                    run.limited(hit)  # the calls stay open: resume() runs them
+                    return None
+                return self._tool_round(run, tools)
+            case Ended("completed" | "incomplete") if await self._join_sent(run):
+                run.next = None  # text sent as the answer came: the run goes on with it
+            case Ended():
                 return None
-            return self._tool_round(run)
-        if run.outcome is Outcome.ANSWERED and await self._join_sent(run):
-            run.outcome = None
-        if run.outcome is not None:
-            return None
         await self._join_sent(run)
         if run.interrupt_asked():  # the step boundary
             run.interrupted()
@@ -1020,7 +1017,7 @@ class Agent(Runnable[OutputT]):
         return tokens + estimate_tokens(transcript_chars(messages, count))
 
     async def _model_turn(self, run: _Run) -> AsyncGenerator[Event, None]:
-        """One model turn, streamed; it ends recorded, with ``run.outcome`` set."""
+        """One model turn, streamed; it ends recorded, with ``run.next`` set."""
         config = self._config
         final_turn = run.rounds >= config.max_rounds
         if final_turn and not run.final_prompted:
@@ -1194,15 +1191,15 @@ class Agent(Runnable[OutputT]):
         run.rounds += 1
         calls = message.get("tool_calls")
         if not calls and not await self._output_checked(run, message["content"], schema_asked):
-            return  # a correction was sent: the model answers again
-        if not calls:
-            run.end(Outcome.OUT_OF_ROUNDS if final_turn else Outcome.ANSWERED, message["content"])
+            run.next = None  # a correction was sent: the model answers again
+        elif not calls:
+            run.end("max_rounds" if final_turn else "completed", message["content"])
         elif final_turn:
             for call in calls:
                 await self._record(_result(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
-            run.end(Outcome.OUT_OF_ROUNDS, message["content"])
+            run.end("max_rounds", message["content"])
         else:
-            run.calls, run.outcome = calls, Outcome.NEEDS_TOOLS
+            run.next = NeedsTools(calls)
 
     async def _output_checked(self, run: _Run, text: str, schema_asked: bool = True) -> bool:
         """True if ``text`` is a valid answer (always, without ``output_type``); else the
@@ -1219,7 +1216,6 @@ class Agent(Runnable[OutputT]):
             run.output_failures += schema_asked
             if run.output_failures > output.retries:
                 raise output.failed(self.name, text, str(error), run.output_failures) from None
-            run.outcome = None
             return False
         return True
 
@@ -1266,11 +1262,12 @@ class Agent(Runnable[OutputT]):
         tool = self._config.table.by_name.get(function["name"])
         return None if tool is not None and tool.approval else Decision(True)
 
-    async def _tool_round(self, run: _Run) -> AsyncGenerator[Event, None]:
-        """Run the last turn's calls, recording each result as it exists; ends the step,
-        or pauses the run when calls wait for a person."""
+    async def _tool_round(self, run: _Run, step: NeedsTools) -> AsyncGenerator[Event, None]:
+        """Run the last turn's calls, recording each result as it exists; ends the step
+        (a model turn comes next), or pauses the run when calls wait for a person."""
         name = self._config.name
-        calls, refused, asked = self._sort_calls(run.calls)
+        reruns = step.reruns
+        calls, refused, asked = self._sort_calls(step.calls)
         if run.budget is not None:
             run.budget.count_tools(len(calls))
         for call, refusal in refused:
@@ -1280,7 +1277,7 @@ class Agent(Runnable[OutputT]):
             if self._config.concurrent_tools and len(calls) > 1:
                 for call in calls:
                     yield _call_started(name, call)
-                async with aclosing(self._calls_as_tasks(calls, run)) as events:
+                async with aclosing(self._calls_as_tasks(calls, run, reruns)) as events:
                     async for event in events:
                         yield event
             else:
@@ -1289,37 +1286,39 @@ class Agent(Runnable[OutputT]):
                     yield _call_started(name, call)
                     tool = by_name.get(call["function"]["name"])
                     if run.wall_at is None and (tool is None or not tool.from_schema_given):
-                        yield await self._call_tool(call, run)
+                        yield await self._call_tool(call, run, rerun=call["id"] in reruns)
                         continue
                     # A server's tool may report progress while it runs (its events come
                     # first), and a wall limit may cut a call: run it as a task.
-                    async with aclosing(self._calls_as_tasks([call], run)) as events:
+                    async with aclosing(self._calls_as_tasks([call], run, reruns)) as events:
                         async for event in events:
                             yield event
         except _WallReached:
             assert run.budget is not None
             await self._answer_cut_calls()
-            run.calls = []
             run.limited(run.budget.wall_hit())
             return
-        run.calls, run.outcome = [], None
+        run.next = None
         if asked:
             for call in asked:
                 self._approvals.ask(call, run_id=run.scope.run_id)
             await self._save_state()
-            run.end(Outcome.PAUSED, PAUSED)
+            run.end("paused", PAUSED)
             run.scope.note_paused()
             return
         yield StepFinished(name, run.rounds)
 
     async def _calls_as_tasks(
-        self, calls: list[ToolCall], run: _Run
+        self, calls: list[ToolCall], run: _Run, reruns: frozenset[str]
     ) -> AsyncGenerator[ToolResult | ToolProgress, None]:
         """Run ``calls`` side by side; yield their progress and results as they come.
         Leaving early (a cancel, a close) cancels the calls still running and waits."""
         queue: asyncio.Queue[ToolProgress | asyncio.Task[ToolResult]] = asyncio.Queue()
         tasks = [
-            asyncio.ensure_future(self._call_tool(call, run, queue.put_nowait)) for call in calls
+            asyncio.ensure_future(
+                self._call_tool(call, run, queue.put_nowait, rerun=call["id"] in reruns)
+            )
+            for call in calls
         ]
         for task in tasks:
             task.add_done_callback(queue.put_nowait)
@@ -1345,6 +1344,8 @@ class Agent(Runnable[OutputT]):
         run: _Run,
         progress: Callable[[ToolProgress], None] | None = None,
         refusal: str | None = None,
+        *,
+        rerun: bool = False,
     ) -> ToolResult:
         """Run one call (its start journaled first, with a store) and record its result
         the moment it exists; a refused call gets ``refusal`` as its result."""
@@ -1365,7 +1366,7 @@ class Agent(Runnable[OutputT]):
             with run.spans.tool_calls():
                 outcome = await invoke(self._config.table.by_name, call, context)
             context.mark_finished()
-            if call["id"] in run.reruns:
+            if rerun:  # a call a crash left in doubt, run again
                 outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
         result = _result(call, outcome)
         if not run.settled:
