@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, overload
 
@@ -175,10 +175,24 @@ class _Config:
 @dataclass(frozen=True, slots=True)
 class NeedsTools:
     """A step's outcome: the model called tools, so a tool round comes next. ``reruns``:
-    the ids of calls a crash left in doubt that this round runs again."""
+    the ids of calls a crash left in doubt that this round runs again; ``argument_errors``:
+    by call id, the calls whose arguments did not parse (answered with the error)."""
 
     calls: list[ToolCall]
     reruns: frozenset[str] = frozenset()
+    argument_errors: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Turn:
+    """The model turn in flight: what has streamed, where its request's messages end (to
+    estimate a cut turn's usage), the cut answer it continues (sent as the assistant's
+    prefix), and the argument errors of its calls by id."""
+
+    assembler: TurnAssembler
+    request_end: int
+    prefix: AssistantMessage | None = None
+    argument_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +216,11 @@ class _Run:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "argument_errors", "assembler", "budget", "clock", "closing", "contexts",
-        "continuation", "cut_answer", "deps", "error", "final_prompted", "first", "limit",
-        "next", "opened", "options", "output", "output_failures", "prefix", "reply",
-        "request_end", "requests", "retries_from", "rounds", "scope", "settled", "spans",
-        "status", "stop_reason", "store_error", "untouched", "usage", "usage_estimated",
-        "wall_at",
+        "budget", "clock", "closing", "contexts", "continuation", "cut_answer", "deps",
+        "error", "final_prompted", "first", "limit", "next", "opened", "options", "output",
+        "output_failures", "reply", "requests", "retries_from", "rounds", "scope", "settled",
+        "spans", "status", "stop_reason", "store_error", "turn", "untouched", "usage",
+        "usage_estimated", "wall_at",
     )
 
     def __init__(
@@ -223,15 +236,11 @@ class _Run:
         self.wall_at: float | None = None
         #: The limit that stopped the run, if one did.
         self.limit: LimitHit | None = None
-        #: The answer a stop cut short that this resume found last in the transcript; and,
-        #: while the model continues it, that same message (the turn's prefix).
+        #: The answer a stop cut short that this resume found last in the transcript.
         self.cut_answer: AssistantMessage | None = None
-        self.prefix: AssistantMessage | None = None
         #: How the cut answer was taken up: "continued" (sent as the assistant's prefix)
         #: or "re-asked" (left out of the request: the model answers anew).
         self.continuation: Literal["continued", "re-asked"] | None = None
-        #: Where the messages of the request in flight end (to estimate a cut turn's usage).
-        self.request_end = 0
         #: Some of ``usage`` was estimated from streamed text (a cut stream reports none).
         self.usage_estimated = False
         #: The run failed before it changed anything (its instructions raised): the
@@ -258,9 +267,8 @@ class _Run:
         self.output: object = None
         #: The final-turn prompt is in the transcript for this task (after max_rounds).
         self.final_prompted = False
-        #: The turn in flight (None between turns) and its argument errors by call id.
-        self.assembler: TurnAssembler | None = None
-        self.argument_errors: dict[str, str] = {}
+        #: The model turn in flight (None between turns).
+        self.turn: _Turn | None = None
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
         #: The consumer closed the stream (GeneratorExit came in at a yield).
@@ -951,25 +959,26 @@ class Agent(Runnable[OutputT]):
             return None
         return self._model_turn(run)
 
-    def _taken_up(self, run: _Run) -> list[Message]:
+    def _taken_up(self, run: _Run, inflight: _Turn) -> list[Message]:
         """The messages this turn sends: with an answer a stop cut short last, either all
         of them (``resume(continue_partial=True)`` on a server that continues a trailing
         assistant message: the model goes on from the cut) or all but that answer (the
-        model answers anew). Sets ``run.prefix`` and ``run.continuation``."""
+        model answers anew). Sets the turn's prefix and ``run.continuation``."""
         messages = self.model_client.messages
         cut, run.cut_answer = run.cut_answer, None
         if cut is None or not messages or messages[-1] is not cut:
             return messages
         if run.options.continue_partial and self.model_client.continues_partial:
-            run.prefix, run.continuation = cut, "continued"
+            inflight.prefix, run.continuation = cut, "continued"
             return messages
         run.continuation = "re-asked"
         return messages[:-1]
 
-    async def _keep(self, run: _Run, message: AssistantMessage) -> AssistantMessage:
-        """Record a turn's message; a continuation replaces the answer it continued,
-        joined to it (one assistant message). Returns the message as recorded."""
-        prefix, run.prefix = run.prefix, None
+    async def _keep(
+        self, prefix: AssistantMessage | None, message: AssistantMessage
+    ) -> AssistantMessage:
+        """Record a turn's message; a continuation (of ``prefix``) replaces the answer it
+        continued, joined to it (one assistant message). Returns the message as recorded."""
         if prefix is None:
             await self._record(message)
             return message
@@ -1024,18 +1033,17 @@ class Agent(Runnable[OutputT]):
             await self._record({"role": "user", "content": FINAL_TURN_PROMPT})
             run.final_prompted = True
         client = self.model_client
-        assembler = run.assembler = TurnAssembler()
-        run.argument_errors = {}
+        assembler = TurnAssembler()
+        inflight = run.turn = _Turn(assembler, len(client.messages))
         run.requests += 1
         budget = run.budget
         assert budget is not None
         budget.count_request()
-        run.request_end = len(client.messages)
         run.spans.turn_started()
         # After a correction the model must answer: the schema goes, the tools wait.
         must_answer = final_turn or (config.output is not None and _after_correction(client))
         specs = None if must_answer else config.table.specs
-        sent = self._taken_up(run)
+        sent = self._taken_up(run, inflight)
         if isinstance(config.context, SummarizeOlderTurns):
             try:
                 await self._summarize(run, config.context)
@@ -1059,7 +1067,7 @@ class Agent(Runnable[OutputT]):
         try:
             async for chunk in turn:
                 assembler.add(chunk)
-                event = self._chunk_event(chunk, run)
+                event = self._chunk_event(chunk, run, inflight)
                 if event is not None:
                     yield event
                     if watch:  # a token or cost limit: crossed by this reply yet?
@@ -1082,22 +1090,22 @@ class Agent(Runnable[OutputT]):
         finally:
             await turn.aclose()
         if hit is not None:
-            await self._cut_by_limit(run, assembler, hit)
+            await self._cut_by_limit(run, inflight, hit)
             return
         if not assembler.done:
             raise ModelProtocolError(
                 f"the model at {client.host} ended its turn without finishing it",
                 host=client.host,
             )
-        run.assembler = None
+        run.turn = None
         run.spans.turn_ended(assembler.usage, assembler.stop_reason)
         schema_asked = request is not None and request.output_schema is not None
         message = assembler.message()
         if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
             # Kept with the answer: a resumed run must not take it as complete.
             message["aimu_stop_reason"] = run.stop_reason
-        message = await self._keep(run, message)
-        await self._end_turn(run, message, assembler.usage, final_turn, schema_asked)
+        message = await self._keep(inflight.prefix, message)
+        await self._end_turn(run, message, inflight, final_turn, schema_asked)
         if not assembler.usage_reported and budget.watch:
             raise ModelProtocolError(
                 f"the model at {client.host} reported no token usage, so the token or cost "
@@ -1133,22 +1141,23 @@ class Agent(Runnable[OutputT]):
         self._durable.summary = Summary(cut, assembler.text.strip())
         await self._save_state()
 
-    async def _cut_by_limit(self, run: _Run, assembler: TurnAssembler, hit: LimitHit) -> None:
+    async def _cut_by_limit(self, run: _Run, inflight: _Turn, hit: LimitHit) -> None:
         """A streamed reply crossed a token, cost or wall limit: keep what came (marked partial,
         its usage estimated, any complete tool call answered as not run) and end limited."""
-        run.assembler = None
-        message = await self._keep(run, assembler.message())
+        run.turn = None
+        message = await self._keep(inflight.prefix, inflight.assembler.message())
         await self._answer_cut_calls()
-        self._count_estimated(run, assembler)
+        self._count_estimated(run, inflight)
         run.reply = message["content"]
         run.limited(hit)
         run.spans.turn_ended(run.usage, hit.stop_reason)
 
-    def _count_estimated(self, run: _Run, assembler: TurnAssembler) -> None:
+    def _count_estimated(self, run: _Run, inflight: _Turn) -> None:
         """Count a cut turn's usage, which no server reports: its request's and its
         streamed text's size, estimated (so stopping a reply never escapes a budget)."""
         messages = self.model_client.messages
-        sent = estimate_tokens(transcript_chars(messages[: run.request_end], 0))
+        assembler = inflight.assembler
+        sent = estimate_tokens(transcript_chars(messages[: inflight.request_end], 0))
         streamed = len(assembler.text) + sum(len(t) for t in assembler.thinking_parts)
         usage: Usage = {"input_tokens": sent, "output_tokens": estimate_tokens(streamed)}
         add_usage(run.usage, usage)
@@ -1156,7 +1165,7 @@ class Agent(Runnable[OutputT]):
         if run.budget is not None:
             run.budget.count_tokens(usage, estimated=True)
 
-    def _chunk_event(self, chunk: Chunk, run: _Run) -> Event | None:
+    def _chunk_event(self, chunk: Chunk, run: _Run, inflight: _Turn) -> Event | None:
         """The event for a streamed chunk, if the consumer sees one; notes the rest."""
         if isinstance(chunk, TextDelta):
             return TextChunk(self._config.name, chunk.text)
@@ -1164,7 +1173,7 @@ class Agent(Runnable[OutputT]):
             return ThinkingChunk(self._config.name, chunk.text)
         if isinstance(chunk, ToolCallDelta):
             if chunk.error is not None:
-                run.argument_errors[chunk.call["id"]] = chunk.error
+                inflight.argument_errors[chunk.call["id"]] = chunk.error
         elif isinstance(chunk, TurnDone):
             run.stop_reason = chunk.done_reason
         return None
@@ -1173,12 +1182,13 @@ class Agent(Runnable[OutputT]):
         self,
         run: _Run,
         message: AssistantMessage,
-        usage: Usage,
+        inflight: _Turn,
         final_turn: bool,
         schema_asked: bool = True,
     ) -> None:
         """Decide the outcome of a finished turn (recorded): answered, tools, or out of
         rounds."""
+        usage = inflight.assembler.usage
         add_usage(run.usage, usage)
         if run.budget is not None:
             run.budget.count_tokens(usage, estimated=False)
@@ -1199,7 +1209,7 @@ class Agent(Runnable[OutputT]):
                 await self._record(_result(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
             run.end("max_rounds", message["content"])
         else:
-            run.next = NeedsTools(calls)
+            run.next = NeedsTools(calls, argument_errors=inflight.argument_errors)
 
     async def _output_checked(self, run: _Run, text: str, schema_asked: bool = True) -> bool:
         """True if ``text`` is a valid answer (always, without ``output_type``); else the
@@ -1266,7 +1276,6 @@ class Agent(Runnable[OutputT]):
         """Run the last turn's calls, recording each result as it exists; ends the step
         (a model turn comes next), or pauses the run when calls wait for a person."""
         name = self._config.name
-        reruns = step.reruns
         calls, refused, asked = self._sort_calls(step.calls)
         if run.budget is not None:
             run.budget.count_tools(len(calls))
@@ -1277,7 +1286,7 @@ class Agent(Runnable[OutputT]):
             if self._config.concurrent_tools and len(calls) > 1:
                 for call in calls:
                     yield _call_started(name, call)
-                async with aclosing(self._calls_as_tasks(calls, run, reruns)) as events:
+                async with aclosing(self._calls_as_tasks(calls, run, step)) as events:
                     async for event in events:
                         yield event
             else:
@@ -1286,11 +1295,11 @@ class Agent(Runnable[OutputT]):
                     yield _call_started(name, call)
                     tool = by_name.get(call["function"]["name"])
                     if run.wall_at is None and (tool is None or not tool.from_schema_given):
-                        yield await self._call_tool(call, run, rerun=call["id"] in reruns)
+                        yield await self._call_tool(call, run, **_as_in(step, call))
                         continue
                     # A server's tool may report progress while it runs (its events come
                     # first), and a wall limit may cut a call: run it as a task.
-                    async with aclosing(self._calls_as_tasks([call], run, reruns)) as events:
+                    async with aclosing(self._calls_as_tasks([call], run, step)) as events:
                         async for event in events:
                             yield event
         except _WallReached:
@@ -1309,14 +1318,14 @@ class Agent(Runnable[OutputT]):
         yield StepFinished(name, run.rounds)
 
     async def _calls_as_tasks(
-        self, calls: list[ToolCall], run: _Run, reruns: frozenset[str]
+        self, calls: list[ToolCall], run: _Run, step: NeedsTools
     ) -> AsyncGenerator[ToolResult | ToolProgress, None]:
         """Run ``calls`` side by side; yield their progress and results as they come.
         Leaving early (a cancel, a close) cancels the calls still running and waits."""
         queue: asyncio.Queue[ToolProgress | asyncio.Task[ToolResult]] = asyncio.Queue()
         tasks = [
             asyncio.ensure_future(
-                self._call_tool(call, run, queue.put_nowait, rerun=call["id"] in reruns)
+                self._call_tool(call, run, queue.put_nowait, **_as_in(step, call))
             )
             for call in calls
         ]
@@ -1349,9 +1358,8 @@ class Agent(Runnable[OutputT]):
     ) -> ToolResult:
         """Run one call (its start journaled first, with a store) and record its result
         the moment it exists; a refused call gets ``refusal`` as its result."""
-        error = refusal or run.argument_errors.get(call["id"])
-        if error is not None:
-            outcome = ToolOutcome(error, True)
+        if refusal is not None:
+            outcome = ToolOutcome(refusal, True)
         else:
             await self._journal_start(call)
             context = ToolContext(
@@ -1395,18 +1403,18 @@ class Agent(Runnable[OutputT]):
         for context in run.contexts:
             context.mark_cancelled()
         unstored: list[Message] = []
-        assembler = run.assembler
-        if assembler is not None and assembler.started:
-            partial = assembler.message()
-            if run.prefix is not None:  # a continuation cut short: one answer, still partial
-                partial = _joined(run.prefix, partial)
+        inflight = run.turn
+        if inflight is not None and inflight.assembler.started:
+            partial = inflight.assembler.message()
+            if inflight.prefix is not None:  # a continuation cut short: one answer, partial
+                partial = _joined(inflight.prefix, partial)
                 self.model_client.messages[-1] = partial
                 self._durable.transcript_stale = True
             else:
                 unstored.append(partial)
                 self.model_client.messages.append(partial)
             run.reply = run.reply or partial["content"]
-            self._count_estimated(run, assembler)
+            self._count_estimated(run, inflight)
         if run.status in _STOPPED and run.opened:
             unstored.extend(self._settle_calls())
             self._approvals.clear()
@@ -1585,6 +1593,17 @@ async def _in_scope(
             yield chunk
     finally:
         await chunks.aclose()
+
+
+class _CallOptions(TypedDict):
+    refusal: str | None
+    rerun: bool
+
+
+def _as_in(step: NeedsTools, call: ToolCall) -> _CallOptions:
+    """How ``step`` runs ``call``: answered with its argument error, if its arguments did
+    not parse; run again with a note, if a crash left it in doubt."""
+    return {"refusal": step.argument_errors.get(call["id"]), "rerun": call["id"] in step.reruns}
 
 
 def _progress_sink(
