@@ -1,6 +1,8 @@
 """Agent loop overhead, flatness over long runs, and memory per concurrent session.
 
     python benchmarks/bench_agent.py [--repeats 7]
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python benchmarks/bench_agent.py --one-run 300    # and 100: instructions per round
 
 The loop's own cost is the time per round of ``Agent.run`` minus the time per round of
 a bare hand-written loop driving the same in-process scripted model and the same
@@ -148,7 +150,13 @@ async def concurrent_sessions(count: int = 1000) -> dict[str, float]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--one-run", type=int, metavar="ROUNDS",
+                        help="make one Agent.run of ROUNDS tool rounds and exit (to count "
+                             "its instructions with callgrind at two sizes)")
     args = parser.parse_args()
+    if args.one_run is not None:
+        await agent_loop(args.one_run)
+        return
     print("agent loop overhead (scripted model, no-op async tool; medians of "
           f"{args.repeats} repeats)")
     print(f"{'rounds':>7} {'bare µs/round':>14} {'agent µs/round':>15} {'overhead µs':>12} "

@@ -1334,7 +1334,8 @@ class Agent(Runnable[OutputT]):
         try:
             left = len(tasks)
             while left:
-                item = await _before(run.wall_at, queue.get())
+                item = await (queue.get() if run.wall_at is None
+                              else _before(run.wall_at, queue.get()))
                 if isinstance(item, asyncio.Task):
                     left -= 1
                     yield item.result()
@@ -1585,7 +1586,10 @@ async def _in_scope(
         while True:
             token = current_scope.set(scope)
             try:
-                chunk = await _before(wall_at, anext(chunks))
+                if wall_at is None:  # no timer to arm: the common case, per chunk
+                    chunk = await anext(chunks)
+                else:
+                    chunk = await _before(wall_at, anext(chunks))
             except StopAsyncIteration:
                 return
             finally:
