@@ -18,7 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import EllipsisType
@@ -220,7 +228,7 @@ class _Run:
         "error", "final_prompted", "first", "limit", "next", "opened", "options", "output",
         "output_failures", "reply", "requests", "retries_from", "rounds", "scope", "settled",
         "spans", "status", "stop_reason", "store_error", "turn", "untouched", "usage",
-        "usage_estimated", "wall_at",
+        "usage_estimated", "wall",
     )
 
     def __init__(
@@ -233,7 +241,7 @@ class _Run:
         self.budget: Budget | None = None
         self.deps: object = None
         #: With a ``wall`` limit, the event loop's time when it is reached (else None).
-        self.wall_at: float | None = None
+        self.wall: _WallTimer | None = None
         #: The limit that stopped the run, if one did.
         self.limit: LimitHit | None = None
         #: The answer a stop cut short that this resume found last in the transcript.
@@ -872,8 +880,9 @@ class Agent(Runnable[OutputT]):
             config.limits if own is None else own, config.session_limits, self._durable.spend,
             self.model_client.model, shared,
         )
-        if budget.wall_at is not None:
-            run.wall_at = asyncio.get_running_loop().time() + budget.wall_at - time.monotonic()
+        if budget.wall_at is not None:  # one timer for the run, armed now
+            loop = asyncio.get_running_loop()
+            run.wall = _WallTimer(loop.time() + budget.wall_at - time.monotonic())
         if reset:
             self.model_client.messages.clear()
             self._reruns = set()
@@ -1061,7 +1070,7 @@ class Agent(Runnable[OutputT]):
             if request is None  # a client of our own without request= keeps working
             else client.stream_turn(sent, specs, request=request),
             run.scope,
-            run.wall_at,
+            run.wall,
         )
         watch, streamed, hit = budget.watch, 0, None
         try:
@@ -1129,7 +1138,7 @@ class Agent(Runnable[OutputT]):
         assembler = TurnAssembler()
         stream = _in_scope(
             self.model_client.stream_turn(policy.request(self._durable.summary, older), None),
-            run.scope, run.wall_at,
+            run.scope, run.wall,
         )
         try:
             async for chunk in stream:
@@ -1294,11 +1303,12 @@ class Agent(Runnable[OutputT]):
                 for call in calls:
                     yield _call_started(name, call)
                     tool = by_name.get(call["function"]["name"])
-                    if run.wall_at is None and (tool is None or not tool.from_schema_given):
-                        yield await self._call_tool(call, run, **_as_in(step, call))
+                    if tool is None or not tool.from_schema_given:
+                        called = self._call_tool(call, run, **_as_in(step, call))
+                        yield await (called if run.wall is None else run.wall.guard(called))
                         continue
-                    # A server's tool may report progress while it runs (its events come
-                    # first), and a wall limit may cut a call: run it as a task.
+                    # A server's tool may report progress while it runs: its events come
+                    # first (a task runs the call; a wall limit cuts the wait for it).
                     async with aclosing(self._calls_as_tasks([call], run, step)) as events:
                         async for event in events:
                             yield event
@@ -1334,8 +1344,7 @@ class Agent(Runnable[OutputT]):
         try:
             left = len(tasks)
             while left:
-                item = await (queue.get() if run.wall_at is None
-                              else _before(run.wall_at, queue.get()))
+                item = await (queue.get() if run.wall is None else run.wall.guard(queue.get()))
                 if isinstance(item, asyncio.Task):
                     left -= 1
                     yield item.result()
@@ -1401,6 +1410,8 @@ class Agent(Runnable[OutputT]):
         (the run ends ``failed``, its transcript in memory and restorable).
         """
         run.settled = True
+        if run.wall is not None:
+            run.wall.close()
         for context in run.contexts:
             context.mark_cancelled()
         unstored: list[Message] = []
@@ -1561,35 +1572,69 @@ class _WallReached(Exception):
     """The run's ``wall`` limit came while a reply streamed or a tool call ran."""
 
 
-async def _before(deadline: float | None, awaitable: Awaitable[_T]) -> _T:
-    """``awaitable``'s value; _WallReached, ``awaitable`` cancelled, if the event loop's
-    clock reaches ``deadline`` first (None: no deadline, nothing armed)."""
-    if deadline is None:
-        return await awaitable
-    timeout = asyncio.timeout_at(deadline)
-    try:
-        async with timeout:
-            return await awaitable
-    except TimeoutError:
-        if timeout.expired():  # this deadline's own cancel, not another TimeoutError
-            raise _WallReached from None
-        raise
+class _WallTimer:
+    """A run's ``wall`` limit: one timer for the whole run, armed when it opens. When it
+    comes, the step waiting in :meth:`guard` (a stream step, a tool call) is cancelled
+    and :meth:`guard` raises _WallReached in its place; a guard after that raises at
+    once. The cancel accounting is asyncio.timeout's: a cancel from elsewhere in the same
+    moment stays a CancelledError."""
+
+    __slots__ = ("_fired", "_handle", "_task", "reached")
+
+    def __init__(self, deadline: float) -> None:
+        self.reached = False
+        self._task: asyncio.Task[Any] | None = None
+        self._fired = False
+        self._handle = asyncio.get_running_loop().call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self.reached = True
+        if self._task is not None:
+            self._fired = True
+            self._task.cancel()
+
+    async def guard(self, awaitable: Awaitable[_T]) -> _T:
+        """``awaitable``'s value, or _WallReached (``awaitable`` cancelled) if the limit
+        comes first."""
+        if self.reached:
+            if isinstance(awaitable, Coroutine):
+                awaitable.close()
+            raise _WallReached
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        self._task, self._fired = task, False
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if self._fired and task.uncancel() <= cancelling:
+                raise _WallReached from None
+            raise
+        finally:
+            self._task = None
+        if self._fired and task.uncancel() <= cancelling:  # the cut was swallowed below
+            raise _WallReached
+        return result
+
+    def close(self) -> None:
+        """The run has ended: the timer goes."""
+        self._handle.cancel()
 
 
 async def _in_scope(
-    chunks: AsyncGenerator[Chunk, None], scope: RunScope, wall_at: float | None = None
+    chunks: AsyncGenerator[Chunk, None], scope: RunScope, wall: _WallTimer | None = None
 ) -> AsyncGenerator[Chunk, None]:
     """``chunks`` stepped with the run's ``scope`` as ``current_scope``, so the provider's
     retry wait sees the run's interrupt and deadline even outside any handle; with a
-    ``wall_at``, each step is cut (_WallReached) when the wall limit comes."""
+    ``wall`` timer, each step is cut (_WallReached) when the wall limit comes."""
     try:
         while True:
             token = current_scope.set(scope)
             try:
-                if wall_at is None:  # no timer to arm: the common case, per chunk
+                if wall is None:  # no wall limit: the common case, per chunk
                     chunk = await anext(chunks)
                 else:
-                    chunk = await _before(wall_at, anext(chunks))
+                    chunk = await wall.guard(anext(chunks))
             except StopAsyncIteration:
                 return
             finally:
