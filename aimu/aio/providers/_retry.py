@@ -19,16 +19,13 @@ import email.utils
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 
 from aimu.aio.errors import ModelError, ModelHTTPError
 from aimu.aio.events import ModelRetry
 from aimu.aio.scope import current_scope
-
-if TYPE_CHECKING:
-    from aimu.aio.providers._http import Reporter
 
 __all__ = ["DEFAULT_RETRIES", "LOADING_WAIT", "Retry", "loading_model", "retry_after"]
 
@@ -76,6 +73,17 @@ def retry_after(value: str | None) -> float | None:
     return max(0.0, seconds) if seconds == seconds else None  # NaN: ignored
 
 
+class Named(Protocol):
+    """What a retry names in its log lines and events: the server and the model (the
+    request's error reporter has them)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+
 class Retry:
     """The retry policy of one client: how many attempts, and the first backoff delay."""
 
@@ -107,7 +115,7 @@ class Retry:
         attempt: int,
         requested: float | None,
         failure: ModelError,
-        reporter: Reporter,
+        reporter: Named,
         loading_for: float | None = None,
     ) -> bool:
         """Wait before retry ``attempt``; False when no retry may be made.

@@ -7,6 +7,7 @@ compiles the parameters' schema and validator, and fails with a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -21,10 +22,17 @@ from aimu.aio.transcript import ToolSpec
 
 if TYPE_CHECKING:
     from aimu.aio.tools._context import ToolContext
-    from aimu.aio.tools._invocation import ToolOutcome
 
 #: A tool described by a JSON schema from elsewhere: it gets the arguments object and
 #: the call's context, and returns text or a whole outcome (an error the model reads).
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What a tool call gives the model: the result text, and whether it is an error."""
+
+    content: str
+    is_error: bool
+
+
 SchemaCall = Callable[[dict[str, Any], "ToolContext"], Awaitable["str | ToolOutcome"]]
 
 __all__ = ["Tool", "as_tool", "tool"]

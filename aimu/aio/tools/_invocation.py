@@ -9,7 +9,6 @@ the thread's result goes nowhere.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +16,7 @@ from typing import Any
 
 from aimu.aio import _tracing as tracing
 from aimu.aio.tools._context import ToolContext
-from aimu.aio.tools._definition import Tool
+from aimu.aio.tools._definition import Tool, ToolOutcome
 from aimu.aio.tools._json_values import NotText, to_text
 from aimu.aio.tools._parameters import BadArguments
 from aimu.aio.transcript import ToolCall
@@ -27,14 +26,6 @@ __all__ = ["ToolOutcome", "invoke"]
 # Problems at INFO (the model's) and WARNING (the tool's), named but without contents;
 # arguments and results only at DEBUG.
 log = logging.getLogger("aimu.aio.tools")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolOutcome:
-    """What a tool call gives the model: the result text, and whether it is an error."""
-
-    content: str
-    is_error: bool
 
 
 def run_sync(fn: Callable[..., Any], args: Sequence[object], kwargs: dict[str, object]) -> str:
