@@ -545,7 +545,7 @@ class Worker:
                 self._note_down(error)
                 await asyncio.sleep(_BACKOFF.compute(failures))
             finally:
-                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis 8.2
 
     def _on_message(self, payload: object) -> None:
         """A run has a new request: re-read its request stream (the message is only a
