@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -86,21 +87,24 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _aimu_without_extras(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def _aimu_without_extras(
+    *args: str, home: Path, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _NO_EXTRAS, *args], input=stdin, capture_output=True,
-        text=True, timeout=120, check=False,
+        text=True, timeout=120, check=False, env={**os.environ, "AIMU_HOME": str(home)},
     )
 
 
-def test_aimu_chat_and_help_need_no_extra() -> None:
+def test_aimu_chat_and_help_need_no_extra(tmp_path: Path) -> None:
     """The README's first command: a plain install answers on the embedded model (building
     the command line once imported aimu.temporal, which needs temporalio)."""
-    chat = _aimu_without_extras("chat", "--model", "test", stdin="hello\n")
+    chat = _aimu_without_extras("chat", "--model", "test", stdin="hello\n", home=tmp_path)
     assert chat.returncode == 0, chat.stderr
     assert "I called" in chat.stdout
     assert "Traceback" not in chat.stderr
-    bare = _aimu_without_extras()
+    assert (tmp_path / "sessions.db").exists()  # the test's home, not the user's
+    bare = _aimu_without_extras(home=tmp_path)
     assert bare.returncode == 0 and "worker" in bare.stdout, bare.stderr
 
 
@@ -113,9 +117,9 @@ def test_aimu_chat_and_help_need_no_extra() -> None:
     ],
 )
 def test_a_command_whose_extra_is_missing_says_how_to_install_it(
-    args: tuple[str, ...], extra: str
+    args: tuple[str, ...], extra: str, tmp_path: Path
 ) -> None:
-    done = _aimu_without_extras(*args)
+    done = _aimu_without_extras(*args, home=tmp_path)
     assert done.returncode != 0
     assert f"pip install 'aimu[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr
