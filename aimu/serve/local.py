@@ -322,7 +322,7 @@ class LocalBackend(RunLog):
         elif kind == "stop":
             grace = request.value if isinstance(request.value, float | int) else 5.0
             self._launcher.spawn(handle.stop(float(grace)))
-        elif not handle.send(str(request.value)):
+        elif not handle.send(str(request.value), images=request.images):
             raise Conflict(
                 f"run {run_id} is ending (being cancelled): the text was not sent; "
                 "start a new run with it"

@@ -67,6 +67,11 @@ class CancelBody(_Body):
 
 class SendBody(_Body):
     text: Annotated[Text, Field(min_length=1, description="A user message for the run")]
+    images: list[str] = Field(
+        default_factory=list,
+        description="Images beside the text, each a data:image/...;base64,... URL (PNG, "
+        "JPEG, GIF or WebP); the request's body limit bounds their size",
+    )
 
 
 class DecisionBody(_Body):

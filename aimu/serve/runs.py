@@ -120,10 +120,12 @@ class Decided(NamedTuple):
 
 class Request(NamedTuple):
     """What a client asks of a live run: ``cancel`` (``value``: the reason), ``interrupt``,
-    ``stop`` (``value``: the grace in seconds) or ``send`` (``value``: the text)."""
+    ``stop`` (``value``: the grace in seconds) or ``send`` (``value``: the text,
+    ``images``: its images as ``data:`` URLs)."""
 
     kind: Literal["cancel", "interrupt", "stop", "send"]
     value: str | float | None = None
+    images: tuple[str, ...] = ()
 
 
 class RunsBackend(Protocol):
@@ -309,9 +311,12 @@ class Runs:
         """Interrupt now and cancel after ``grace`` seconds, in the background."""
         return await self._request(run_id, Request("stop", check_grace(grace)))
 
-    async def send(self, run_id: str, text: str) -> dict[str, Any]:
-        """Give ``text`` to the run: it joins as a user message at its next step boundary."""
-        return await self._request(run_id, Request("send", text))
+    async def send(
+        self, run_id: str, text: str, images: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """Give ``text`` (and ``images``, checked ``data:`` URLs) to the run: they join as
+        a user message at its next step boundary."""
+        return await self._request(run_id, Request("send", text, images))
 
     # -- decisions -------------------------------------------------------------------
 

@@ -176,7 +176,7 @@ class RedisBackend:
             elif kind == "interrupt":
                 accepted = await control.interrupt(run_id)
             elif kind == "send":
-                accepted = await control.send(run_id, str(value))
+                accepted = await control.send(run_id, str(value), images=request.images)
             else:
                 info = await control.status(run_id)
                 accepted = info.status in ("pending", "running")

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
-from aimu.serve.errors import Conflict, NotFound, ServiceUnavailable, unavailable
+from aimu.serve.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    ServiceUnavailable,
+    unavailable,
+)
 from aimu.serve.local import RunLog, RunRecord
 from aimu.serve.runs import Decided, Request, RunView, no_cancel_error
 
@@ -202,7 +208,10 @@ class TemporalBackend(RunLog):
             elif kind == "stop":
                 live = await self.client.request_stop(workflow, float(value or 0.0))
             else:
-                await self.client.send(workflow, str(value))
+                try:
+                    await self.client.send(workflow, str(value), images=request.images)
+                except ValueError as error:  # images past what Temporal's payloads carry
+                    raise BadRequest(str(error)) from None
                 live = True
         if not live:  # ended in Temporal before this server's record heard of it
             raise Conflict(f"run {run_id} already ended: nothing to {what}")

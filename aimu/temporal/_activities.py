@@ -145,8 +145,8 @@ class _Turn:
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
         handle.scope.add_listener(self._on_event)
-        for text in self.request.sends:
-            handle.send(text)
+        for sent in self.request.sends:
+            handle.send(sent.text or "", images=sent.images)
         flusher = asyncio.create_task(self._flush_batches())
         ticker = asyncio.create_task(self._tick())
         try:
@@ -281,7 +281,8 @@ class _Turn:
             task = asyncio.create_task(handle.stop(control.grace or 0.0))
             self.background.add(task)
             task.add_done_callback(self.background.discard)
-        elif control.kind == "send" and control.text is not None and not handle.send(control.text):
+        elif (control.kind == "send" and control.text is not None
+              and not handle.send(control.text, images=control.images)):
             _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
             return False
         return True

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,8 +28,15 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from aimu.aio.errors import ControlError, UnknownRunError
+from aimu.aio.scope import sent_message
 from aimu.temporal._connect import connect
-from aimu.temporal._workflow import STATE_QUERY, WORKFLOW, Decision, RunRequest
+from aimu.temporal._workflow import (
+    MAX_SENT_IMAGE_CHARS,
+    STATE_QUERY,
+    WORKFLOW,
+    Decision,
+    RunRequest,
+)
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
@@ -172,10 +179,22 @@ class RunsClient:
             return False
         return await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))
 
-    async def send(self, run_id: str, text: str) -> None:
-        """Give ``text`` to the running run: it joins at the next step boundary, once.
-        ``RequestRefused`` if the run is not running."""
-        await self._update(run_id, "aimu.send", text)
+    async def send(self, run_id: str, text: str, *, images: Sequence[object] = ()) -> None:
+        """Give ``text`` (and ``images``: bytes, paths or ``data:`` URLs, checked here as
+        ``run(images=)`` checks them) to the running run: they join at the next step
+        boundary, once. ``RequestRefused`` if the run is not running, or if the images sent
+        in its turn would come to more than :data:`MAX_SENT_IMAGE_CHARS` (1 MB as ``data:``
+        URLs: they travel in Temporal's payloads); ValueError for a send past it alone."""
+        message = sent_message(text, images)  # TypeError/ValueError: nothing sent
+        urls = message.get("images", [])
+        size = sum(map(len, urls))
+        if size > MAX_SENT_IMAGE_CHARS:
+            raise ValueError(
+                f"the images are {size / 1e6:.1f} MB as data: URLs, more than the "
+                f"{MAX_SENT_IMAGE_CHARS / 1e6:.0f} MB a run on Temporal may be sent in one "
+                "turn (they travel in Temporal's payloads): send smaller images"
+            )
+        await self._update(run_id, "aimu.send", text, urls)
 
     async def approve(self, run_id: str, call_id: str) -> list[dict[str, Any]] | None:
         """Let the waiting call run; after the last decision the run resumes on a worker.
@@ -218,9 +237,9 @@ class RunsClient:
         await self._rpc(run_id, self._handle(run_id).signal("aimu.decide", decision))
         return waiting
 
-    async def _update(self, run_id: str, name: str, arg: Any) -> Any:
+    async def _update(self, run_id: str, name: str, *args: Any) -> Any:
         try:
-            return await self._handle(run_id).execute_update(name, arg)
+            return await self._handle(run_id).execute_update(name, args=args)
         except WorkflowUpdateFailedError as error:
             cause = error.cause
             if isinstance(cause, ApplicationError):

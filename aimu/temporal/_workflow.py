@@ -29,6 +29,7 @@ __all__ = [
     "CANCELLED",
     "CONTROLS_QUERY",
     "END_PAUSED",
+    "MAX_SENT_IMAGE_CHARS",
     "NOT_RETRIED",
     "STATE_QUERY",
     "TURN",
@@ -52,6 +53,10 @@ CONTROLS_QUERY: Final = "aimu.controls"
 CANCELLED: Final = "AimuRunCancelled"
 #: Errors a retry cannot fix: bad input, the run cancelled.
 NOT_RETRIED: Final = ("AimuBadInput", CANCELLED)
+#: The ``data:`` URL characters the images sent to a run during one turn (from its start
+#: or a resume to its end or pause) may come to: sends not taken by a turn ride in the
+#: next turn's activity input, and Temporal refuses a payload over 2 MB.
+MAX_SENT_IMAGE_CHARS: Final = 1_000_000
 #: Events one state query returns at most (a follower asks again for the rest).
 EVENTS_PER_QUERY: Final = 500
 _ENDED: Final = frozenset({"completed", "interrupted", "cancelled", "failed", "timed_out"})
@@ -84,9 +89,11 @@ class Control:
 
     seq: int
     kind: str
-    """``interrupt``, ``stop`` (with ``grace``) or ``send`` (with ``text``)."""
+    """``interrupt``, ``stop`` (with ``grace``) or ``send`` (with ``text``, ``images``)."""
     text: str | None = None
     grace: float | None = None
+    images: list[str] = field(default_factory=list)
+    """A send's images, as ``data:`` URLs."""
 
 
 @dataclass
@@ -101,8 +108,8 @@ class TurnRequest:
     segment: int = 0
     """0 for the first turn of the run, then one more for each resume after a pause."""
     decisions: list[Decision] = field(default_factory=list)
-    sends: list[str] = field(default_factory=list)
-    """Text accepted for the run after its turn had ended: it joins the resumed turn."""
+    sends: list[Control] = field(default_factory=list)
+    """Sends accepted for the run after its turn had ended: they join the resumed turn."""
     controls_after: int = 0
     """Controls up to this number were dealt with by an earlier turn."""
 
@@ -141,6 +148,7 @@ class RunWorkflow:
         self._finished_at: float | None = None
         self._cancel_reason: str | None = None
         self._unsent: list[str] = []
+        self._turn_from = 0  # the controls before this number went to an earlier turn
 
     # -- the run ---------------------------------------------------------------------
 
@@ -182,10 +190,10 @@ class RunWorkflow:
                 self._pending, self._decisions = [], {}
             else:
                 decisions = []
-                sends = [c.text or "" for c in self._controls[outcome.applied :]
-                         if c.kind == "send"]
+                sends = [c for c in self._controls[outcome.applied :] if c.kind == "send"]
                 if outcome.status != "completed" or not sends:
-                    self._unsent = sends  # the run was stopped: said, not lost in silence
+                    # the run was stopped: said, not lost in silence
+                    self._unsent = [c.text or "" for c in sends]
                     self._finish(outcome.status)
                     return
                 turn.sends = sends
@@ -201,6 +209,7 @@ class RunWorkflow:
             )
 
     async def _turn(self, turn: TurnRequest, heartbeat_timeout: float) -> TurnOutcome:
+        self._turn_from = turn.controls_after
         try:
             outcome: TurnOutcome = await workflow.execute_activity(
                 TURN,
@@ -324,22 +333,40 @@ class RunWorkflow:
         """Interrupt now; the turn cancels itself ``grace`` seconds later if still running."""
         self._control("stop", grace=grace)
 
-    def _control(self, kind: str, text: str | None = None, grace: float | None = None) -> int:
+    def _control(
+        self,
+        kind: str,
+        text: str | None = None,
+        grace: float | None = None,
+        images: list[str] | None = None,
+    ) -> int:
         seq = len(self._controls) + 1
-        self._controls.append(Control(seq, kind, text, grace))
+        self._controls.append(Control(seq, kind, text, grace, images or []))
         return seq
 
     @workflow.update(name="aimu.send")
-    def send(self, text: str) -> int:
-        """Give ``text`` to the run; it joins at the next step boundary. Its number."""
-        return self._control("send", text=text)
+    def send(self, text: str, images: list[str] | None = None) -> int:
+        """Give ``text`` (and ``images``, ``data:`` URLs checked by the client) to the run;
+        they join at the next step boundary. Its number."""
+        return self._control("send", text=text, images=images)
 
     @send.validator
-    def _check_send(self, text: str) -> None:
+    def _check_send(self, text: str, images: list[str] | None = None) -> None:
         if self._status not in ("pending", "running"):
             raise ApplicationError(
                 f"run {workflow.info().workflow_id} is {self._status}: the text was not sent; "
                 "start a new run with it",
+                type="AimuBadInput",
+            )
+        size = sum(map(len, images or ()))
+        if size:
+            size += sum(len(url) for c in self._controls[self._turn_from :] for url in c.images)
+        if size > MAX_SENT_IMAGE_CHARS:
+            raise ApplicationError(
+                f"with the images sent before, this turn's come to {size / 1e6:.1f} MB as "
+                f"data: URLs, more than the {MAX_SENT_IMAGE_CHARS / 1e6:.0f} MB a run on "
+                "Temporal may be sent in one turn (they travel in Temporal's payloads): "
+                "send smaller images",
                 type="AimuBadInput",
             )
 

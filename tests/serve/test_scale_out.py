@@ -18,6 +18,7 @@ import pytest
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import SSE, aimu_serve, collect, postgres_database, sse_events, start
+from tests.serve.test_steer import PNG_URL
 
 pytestmark = pytest.mark.slow
 
@@ -170,15 +171,19 @@ async def test_send_on_one_server_joins_a_run_in_the_other(
     on_a, on_b = pair
     run_id = await start(on_a, "steered", "long steer")
     await until_text(on_b, run_id)  # the long first turn is streaming in A
-    response = await on_b.post(f"/runs/{run_id}/send", json={"text": "from B"})
+    # The image travels in the Redis request to A's run.
+    response = await on_b.post(
+        f"/runs/{run_id}/send", json={"text": "from B", "images": [PNG_URL]}
+    )
     assert response.status_code == 202, response.text
     events = await collect(on_b, run_id)
     assert events[-1].data["status"] == "completed"
     run = (await on_a.get(f"/runs/{run_id}")).json()
-    assert run["reply"] == "answer to from B"
+    assert run["reply"].startswith("answer to [{'type': 'text', 'text': 'from B'}")
     messages = (await on_b.get("/sessions/steered")).json()["messages"]
     validate(messages)
     assert [m["content"] for m in messages if m["role"] == "user"] == ["long steer", "from B"]
+    assert [m.get("images") for m in messages if m["role"] == "user"] == [None, [PNG_URL]]
     late = await on_b.post(f"/runs/{run_id}/send", json={"text": "too late"})
     assert late.status_code == 409
 

@@ -6,10 +6,16 @@ A send lands at a provable point (the follower saw a text event of the run in fl
 
 from __future__ import annotations
 
+import base64
+
 import httpx
+import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import MAILED, collect, first_text, start
+from tests.aio.test_images import png
+from tests.serve.harness import MAILED, Served, collect, first_text, start
+
+PNG_URL = "data:image/png;base64," + base64.b64encode(png()).decode()
 
 
 async def ended(http: httpx.AsyncClient, run_id: str) -> dict[str, object]:
@@ -73,6 +79,63 @@ async def test_send_bad_inputs(http: httpx.AsyncClient) -> None:
     assert (await http.post(f"/runs/{run_id}/send", json={"text": 3})).status_code == 422
     assert (await http.post(f"/runs/{run_id}/send", json={"text": "  "})).status_code == 400
     assert (await http.post("/runs/nosuchrun/send", json={"text": "x"})).status_code == 404
+
+
+async def test_a_send_with_images_joins_the_run_once_as_content_parts(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    run_id = await start(http, "seeing", "long please")
+    await first_text(http, run_id)  # the first turn is provably in flight
+    requests = len(served.model.requests)
+    response = await http.post(
+        f"/runs/{run_id}/send", json={"text": "and this?", "images": [PNG_URL]}
+    )
+    assert response.status_code == 202, response.text
+    run = await ended(http, run_id)
+    assert run["status"] == "completed", run
+    messages = await transcript(http, "seeing")
+    sent = [m for m in messages if m["role"] == "user" and m["content"] == "and this?"]
+    assert sent == [{"role": "user", "content": "and this?", "images": [PNG_URL]}]
+    # The next model request carried the image once, as an OpenAI content part.
+    (request,) = served.model.requests[requests:]
+    wire = [m for m in request.body["messages"] if m["role"] == "user"]
+    assert wire[-1]["content"] == [
+        {"type": "text", "text": "and this?"},
+        {"type": "image_url", "image_url": {"url": PNG_URL}},
+    ]
+    assert sum(str(m).count(PNG_URL) for m in request.body["messages"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("images", "status", "words"),
+    [
+        (["/etc/hostname"], 400, "data:image/...;base64"),  # never a file of the server's
+        (["data:text/plain;base64,aGVsbG8="], 400, "not an image aimu can send"),
+        (["data:image/png;base64,%%%"], 400, "does not decode"),
+        ([3], 422, ""),
+        ("data:image/png;base64,AAAA", 422, ""),
+    ],
+)
+async def test_a_send_with_a_bad_image_is_refused_and_changes_nothing(
+    http: httpx.AsyncClient, served: Served, images: object, status: int, words: str
+) -> None:
+    run_id = await start(http, "badimage", "long please")
+    await first_text(http, run_id)
+    response = await http.post(f"/runs/{run_id}/send", json={"text": "x", "images": images})
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+    assert "/etc" not in response.text
+    assert (await http.post(f"/runs/{run_id}/cancel", json={})).status_code == 202
+    assert (await ended(http, run_id))["status"] == "cancelled"
+    messages = await transcript(http, "badimage")
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["long please"]
+
+
+async def test_images_past_the_body_limit_are_413(http: httpx.AsyncClient) -> None:
+    big = "data:image/png;base64," + "A" * (1 << 20)
+    response = await http.post("/runs/r1/send", json={"text": "x", "images": [big]})
+    assert response.status_code == 413
+    assert "limit" in response.json()["error"]
 
 
 async def test_approve_resumes_the_paused_run(http: httpx.AsyncClient) -> None:

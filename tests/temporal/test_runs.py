@@ -17,9 +17,12 @@ from aimu.aio.store import SQLiteStore
 from aimu.temporal import RequestRefused, RunsClient
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
+from tests.aio.test_images import png
+from tests.serve.test_steer import PNG_URL
 from tests.services import free_port, redis_url
 from tests.temporal.conftest import Workers
 
+PNG_HEAD = b"\x89PNG\r\n\x1a\n"
 SLOW = Turn("one two three four five six seven eight nine ten " * 20, delay=0.05)
 
 
@@ -134,11 +137,29 @@ async def test_send_and_interrupt_reach_the_running_turn(
     async for _, event in runs.events(run_id):
         if event["type"] == "text":
             break
-    await runs.send(run_id, "also this")
+    # Bad images, and images past what a run on Temporal may be sent in a turn, are
+    # refused at the call (by the workflow for the sum of several sends): none is recorded.
+    with pytest.raises(ValueError, match="not an image"):
+        await runs.send(run_id, "a bad one", images=[b"text"])
+    with pytest.raises(ValueError, match="more than the 1 MB"):
+        await runs.send(run_id, "a big one", images=[PNG_HEAD + bytes(800_000)])
+    requests = len(model_server.requests)
+    await runs.send(run_id, "also this", images=[png(), PNG_HEAD + bytes(400_000)])
+    with pytest.raises(RequestRefused, match=r"this turn's come to 1\.1 MB"):
+        await runs.send(run_id, "and this", images=[PNG_HEAD + bytes(400_000)])
     state = await runs.wait(run_id, timeout=60)
     assert state["status"] == "completed"
-    contents = [m.get("content") for m in await store.load("s1")]
+    messages = await restorable(store, "s1")
+    contents = [m.get("content") for m in messages]
     assert contents.count("also this") == 1 and contents[-1] == "joined"
+    assert not {"a bad one", "a big one", "and this"} & set(contents)
+    [sent] = [m for m in messages if m.get("content") == "also this"]
+    assert sent["images"][0] == PNG_URL and len(sent["images"]) == 2
+    # The images went on the wire once (Ollama's bare base64), in the request after the send.
+    (request,) = model_server.requests[requests:]
+    assert request.body["messages"][-1]["images"] == [
+        url.partition(",")[2] for url in sent["images"]
+    ]
     with pytest.raises(RequestRefused, match="not sent"):
         await runs.send(run_id, "too late")
 
