@@ -405,3 +405,32 @@ async def test_a_message_sent_as_a_run_ends_stays_on_screen(page: object, served
     await page.reload()
     await expect(page.locator(".msg")).to_have_count(4)
     assert await shown(page) == live
+
+
+async def test_typing_in_the_new_session_box_while_the_page_loads_keeps_the_keys_there(
+    page: object, served: Served
+) -> None:
+    import asyncio
+
+    from playwright.async_api import Page, Route, expect
+
+    assert isinstance(page, Page)
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(route: Route) -> None:
+        held.set()
+        await release.wait()
+        await route.continue_()
+
+    await page.route("**/sessions/default", hold)
+    await page.goto(f"{served.url}/")
+    await held.wait()  # the page is loading its session: it has not focused anything yet
+    await page.locator("#new-session-name").focus()
+    await page.keyboard.type("fre")
+    release.set()
+    await page.locator("body[data-ready]").wait_for(state="attached")  # done loading
+    await expect(page.locator("#new-session-name")).to_be_focused()  # the focus stayed
+    await page.keyboard.type("sh")
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#session-title")).to_have_text("fresh")
+    await expect(page.locator("#input")).to_have_value("")

@@ -503,7 +503,11 @@ async function start() {
       || (sessions[0] && sessions[0].name)
       || "default";
     await openSession(wanted);
-    $("input").focus();
+    // Ready to type at once, unless the person is already typing somewhere else (the
+    // new-session box): moving the focus then would send their keys to the message box.
+    const active = document.activeElement;
+    if (active === null || active === document.body) $("input").focus();
+    document.body.dataset.ready = "";  // loaded: the page's tests wait for this
   } catch (error) {
     if (!(error instanceof ApiError && error.status === 401)) notice(error.message);
   }
