@@ -1,12 +1,15 @@
 """send() takes images beside the text, as run() does: checked at the call (a bad image
 is a clear error and nothing is sent), joined at the next step boundary as one user
 message with its images, sent as each wire takes them, carried by a pause into the
-resumed run exactly once, and across Redis to a run in another process."""
+resumed run exactly once, and across Redis to a run in another process. Sent at each
+await point of a run (pending, streaming, in a tool call, in a summarising request),
+the images join once."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import pytest
 
 from aimu import aio
 from aimu.aio.client import ModelClient
+from aimu.aio.context import SUMMARY_INSTRUCTIONS
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
@@ -138,3 +142,58 @@ async def test_images_sent_to_a_run_that_pauses_join_the_resumed_run_once(
         assert await store.load("s") == again.model_client.messages
         validate(again.model_client.messages)
     await store.aclose()
+
+
+@pytest.mark.parametrize("point", ["pending", "streaming", "tool call", "summary request"])
+async def test_a_send_with_images_at_each_await_point_joins_once(
+    make_client: Callable[..., ModelClient], server: LoopbackServer, provider: str,
+    point: str,
+) -> None:
+    """Sent before the run starts, while a reply streams, while a tool runs, or while the
+    model writes a summary (SummarizeOlderTurns): the images join once, as one message."""
+    gate = Gate()
+    slow = Turn(text=" ".join(["word"] * 15), delay=0.2)  # streams for ~3 s: in flight
+
+    def script(request: dict[str, object]) -> Turn:
+        messages = request["messages"]
+        assert isinstance(messages, list)
+        if messages[0]["content"] == SUMMARY_INSTRUCTIONS:
+            return Turn(text="SUMMARY " + slow.text) if point != "summary request" else slow
+        last = messages[-1]
+        if last["role"] == "user" and last["content"] == "now":
+            if point == "tool call":
+                return Turn(tool_calls=[ScriptedCall("look", {})])
+            if point == "streaming":
+                return slow
+        return Turn(text=f"answer after {last['role']}")
+
+    server.script = script  # type: ignore[assignment]
+    context = aio.SummarizeOlderTurns(keep=1) if point == "summary request" else None
+    agent = aio.Agent(make_client(), tools=[gate.look], context=context)
+    if context is not None:
+        await agent.run("before")  # an older turn: the next run asks for a summary first
+    before = len(server.requests)
+    handle = aio.RunHandle.start(agent.run("now"))
+    if point == "pending":
+        assert handle.status == "pending"
+    elif point == "tool call":
+        await gate.entered.wait()
+    else:  # the server has read the streaming or summarising request
+        await server.wait_requests(before + 1)
+    assert handle.send("and this?", images=[png()])
+    gate.release.set()
+    await handle
+    assert handle.status == "completed"
+    messages = agent.model_client.messages
+    validate(messages)
+    assert [m for m in messages if m.get("images")] == [
+        {"role": "user", "content": "and this?", "images": [PNG_URL]}
+    ]
+    # The last request carried the image exactly once, as the wire takes it.
+    sent = PNG_URL if provider == "openai" else PNG_URL.partition(",")[2]
+    last = server.requests[-1].body
+    assert json.dumps(last).count(sent) == 1
+    if point == "summary request":
+        assert server.requests[before].body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+        assert sent not in json.dumps(server.requests[before].body)
+    await agent.aclose()
