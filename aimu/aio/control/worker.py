@@ -74,7 +74,9 @@ def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
 def _send(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
     # "text" from an aimu before images could be sent; "content" (a user message) since.
     text, images = data.get("content", data.get("text")), data.get("images", [])
-    if not isinstance(text, str) or not isinstance(images, list):
+    if not isinstance(text, str) or not isinstance(images, list) or not all(
+        isinstance(image, str) and image.startswith("data:") for image in images
+    ):  # a sender's images are data: URLs: a path would read this worker's files
         return True  # not a send this aimu can read: dropped, as applied
     try:
         return handle.send(text, images=images)

@@ -7,11 +7,13 @@ import asyncio
 import base64
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from aimu import aio
+from aimu.aio.control import worker as control_worker
 from aimu.aio.events import ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
@@ -101,3 +103,22 @@ async def test_send_bad_input(control: aio.RedisControl) -> None:
         await control.send("nosuchrun", "hello")
     with pytest.raises(TypeError):
         await control.send("nosuchrun", 3)  # type: ignore[arg-type]
+
+
+async def test_a_worker_takes_images_only_as_data_urls(tmp_path: Path) -> None:
+    """A send's images cross Redis as data: URLs; anything else in a request (a path a
+    writer to Redis put there) is dropped, never read from the worker's disk."""
+    (tmp_path / "secret.png").write_bytes(png())
+    waiting = asyncio.Event()
+    handle = aio.RunHandle.start(waiting.wait())
+    try:
+        url = "data:image/png;base64," + base64.b64encode(png()).decode()
+        bad = {"content": "look", "images": [str(tmp_path / "secret.png")]}
+        assert control_worker._send(None, handle, bad)  # type: ignore[arg-type]
+        assert handle.take_sent() == []  # dropped: nothing joins the run
+        good = {"content": "look", "images": [url]}
+        assert control_worker._send(None, handle, good)  # type: ignore[arg-type]
+        assert handle.take_sent() == [{"role": "user", "content": "look", "images": [url]}]
+    finally:
+        waiting.set()
+        await handle
