@@ -146,7 +146,7 @@ class _Turn:
         handle = self.handle = await self._start()
         handle.scope.add_listener(self._on_event)
         for sent in self.request.sends:
-            handle.send(sent.text or "", images=sent.images)
+            _send(handle, sent.text or "", sent.images)
         flusher = asyncio.create_task(self._flush_batches())
         ticker = asyncio.create_task(self._tick())
         try:
@@ -282,7 +282,7 @@ class _Turn:
             self.background.add(task)
             task.add_done_callback(self.background.discard)
         elif (control.kind == "send" and control.text is not None
-              and not handle.send(control.text, images=control.images)):
+              and not _send(handle, control.text, control.images)):
             _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
             return False
         return True
@@ -334,3 +334,17 @@ async def _uncancellable(work: Any) -> None:
     if cancelled:
         raise asyncio.CancelledError
 
+
+
+def _send(handle: RunHandle[Any], text: str, images: list[str]) -> bool:
+    """Give a recorded send to the run; one that does not check out (the workflow takes
+    only data: URLs, but its history may come from an older aimu) is logged and dropped,
+    never read as a path on this worker's disk, never a failed activity."""
+    if not all(url.startswith("data:") for url in images):
+        _log.warning("a send with images that are not data: URLs was dropped")
+        return True
+    try:
+        return handle.send(text, images=images)
+    except (TypeError, ValueError) as error:
+        _log.warning("a send that does not check out was dropped: %s", error)
+        return True

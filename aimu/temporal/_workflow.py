@@ -358,6 +358,12 @@ class RunWorkflow:
                 "start a new run with it",
                 type="AimuBadInput",
             )
+        if not all(isinstance(url, str) and url.startswith("data:") for url in images or ()):
+            raise ApplicationError(  # a path would be read from a worker's disk
+                "a send's images must be data: URLs (RunsClient.send converts bytes and "
+                "paths)",
+                type="AimuBadInput",
+            )
         size = sum(map(len, images or ()))
         if size:
             size += sum(len(url) for c in self._controls[self._turn_from :] for url in c.images)

@@ -147,12 +147,16 @@ async def test_send_and_interrupt_reach_the_running_turn(
     await runs.send(run_id, "also this", images=[png(), PNG_HEAD + bytes(400_000)])
     with pytest.raises(RequestRefused, match=r"this turn's come to 1\.1 MB"):
         await runs.send(run_id, "and this", images=[PNG_HEAD + bytes(400_000)])
+    # The workflow takes images only as data: URLs: a path sent by another client would
+    # be read from a worker's disk.
+    with pytest.raises(RequestRefused, match="must be data: URLs"):
+        await runs._update(run_id, "aimu.send", "a path", ["/etc/hostname"])
     state = await runs.wait(run_id, timeout=60)
     assert state["status"] == "completed"
     messages = await restorable(store, "s1")
     contents = [m.get("content") for m in messages]
     assert contents.count("also this") == 1 and contents[-1] == "joined"
-    assert not {"a bad one", "a big one", "and this"} & set(contents)
+    assert not {"a bad one", "a big one", "and this", "a path"} & set(contents)
     [sent] = [m for m in messages if m.get("content") == "also this"]
     assert sent["images"][0] == PNG_URL and len(sent["images"]) == 2
     # The images went on the wire once (Ollama's bare base64), in the request after the send.
