@@ -3,6 +3,7 @@
     python benchmarks/bench_agent.py [--repeats 7]
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
         python benchmarks/bench_agent.py --one-run 300    # and 100: instructions per round
+        python benchmarks/bench_agent.py --one-run 300 --limits every   # the same, limited
 
 The loop's own cost is the time per round of ``Agent.run`` minus the time per round of
 a bare hand-written loop driving the same in-process scripted model and the same
@@ -77,9 +78,23 @@ async def bare_loop(rounds: int) -> float:
     return time.perf_counter() - start
 
 
-async def agent_loop(rounds: int) -> tuple[float, list[float]]:
+# Limits no run of the bench reaches: each round checks them all, none stops it.
+_HIGH = 10**9
+LIMITS = {
+    "none": None,
+    "counts": aio.UsageLimits(requests=_HIGH, tool_calls=_HIGH),
+    "every": aio.UsageLimits(
+        requests=_HIGH, tool_calls=_HIGH, input_tokens=_HIGH, output_tokens=_HIGH,
+        total_tokens=_HIGH, cost=1e9, prices={"scripted": aio.ModelPrice(1.0, 2.0)},
+    ),
+}
+
+
+async def agent_loop(rounds: int, limits: str = "none") -> tuple[float, list[float]]:
+    """``limits``: a key of LIMITS, set on the run and on the session alike."""
     agent = aio.Agent(ScriptedModel(script_for(rounds), record=False), tools=[noop],
-                      max_rounds=rounds + 1)
+                      max_rounds=rounds + 1, limits=LIMITS[limits],
+                      session_limits=LIMITS[limits])
     marks: list[float] = []
     start = time.perf_counter()
     async for event in agent.run("go", stream=True):
@@ -153,9 +168,12 @@ async def main() -> None:
     parser.add_argument("--one-run", type=int, metavar="ROUNDS",
                         help="make one Agent.run of ROUNDS tool rounds and exit (to count "
                              "its instructions with callgrind at two sizes)")
+    parser.add_argument("--limits", choices=LIMITS, default="none",
+                        help="with --one-run: the usage limits set on the run and the session "
+                             "(counts: requests and tool calls; every: all but wall)")
     args = parser.parse_args()
     if args.one_run is not None:
-        await agent_loop(args.one_run)
+        await agent_loop(args.one_run, args.limits)
         return
     print("agent loop overhead (scripted model, no-op async tool; medians of "
           f"{args.repeats} repeats)")

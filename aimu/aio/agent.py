@@ -1624,12 +1624,18 @@ class _WallTimer:
 async def _in_scope(
     chunks: AsyncGenerator[Chunk, None], scope: RunScope, wall: _WallTimer | None = None
 ) -> AsyncGenerator[Chunk, None]:
-    """``chunks`` stepped with the run's ``scope`` as ``current_scope``, so the provider's
-    retry wait sees the run's interrupt and deadline even outside any handle; with a
-    ``wall`` timer, each step is cut (_WallReached) when the wall limit comes."""
+    """``chunks`` stepped with the run's ``scope`` as ``current_scope`` until the first
+    chunk comes, so the provider's retry wait sees the run's interrupt and deadline even
+    outside any handle; with a ``wall`` timer, each step is cut (_WallReached) when the
+    wall limit comes.
+
+    A provider retries only while no byte of the reply has come (it opens its request in
+    the first step), so the later steps do not set the scope: a set and reset of the
+    context variable for every chunk was most of this wrapper's cost."""
+    streaming = False
     try:
         while True:
-            token = current_scope.set(scope)
+            token = None if streaming else current_scope.set(scope)
             try:
                 if wall is None:  # no wall limit: the common case, per chunk
                     chunk = await anext(chunks)
@@ -1638,7 +1644,9 @@ async def _in_scope(
             except StopAsyncIteration:
                 return
             finally:
-                current_scope.reset(token)
+                if token is not None:
+                    current_scope.reset(token)
+            streaming = True
             yield chunk
     finally:
         await chunks.aclose()

@@ -292,7 +292,7 @@ class Budget:
     """
 
     __slots__ = (
-        "_checks", "_scopes", "_started", "_wall", "price", "run", "session",
+        "_checks", "_scopes", "_started", "_wall", "limited", "price", "run", "session",
         "session_limits_set", "shared", "wall_at", "watch",
     )
 
@@ -339,14 +339,11 @@ class Budget:
                 at = since + each.wall - spent.wall
                 if self.wall_at is None or at < self.wall_at:
                     self.wall_at, self._wall = at, (per, each.wall, spent, since)
+        #: True when there is any limit to check (read twice a round, so kept, not derived).
+        self.limited = bool(self._scopes)
         #: True when a streamed reply must be watched as it comes (a token or cost limit).
         self.watch = any(each.counts_tokens for _, each, _ in self._scopes)
         self._started = started
-
-    @property
-    def limited(self) -> bool:
-        """True when there is any limit to check."""
-        return bool(self._scopes)
 
     def before_request(self) -> LimitHit | None:
         """The limit the next model request would cross (or one already reached).

@@ -203,6 +203,11 @@ class RunScope:
         ``close``: this scope's run is ending, so a later ``send()`` answers False.
         """
         chain = self._chain()
+        if not close and not any(scope._inbox for scope in chain):
+            # Nothing sent (every boundary of most runs): no lock. A send() racing this
+            # read lands in an inbox and is taken at the next boundary, as it would be
+            # had it come just after the lock was released.
+            return []
         taken: list[UserMessage] = []
         with _inbox_lock:
             for scope in reversed(chain):  # the outer scope's texts came first
