@@ -78,23 +78,26 @@ async def bare_loop(rounds: int) -> float:
     return time.perf_counter() - start
 
 
-# Limits no run of the bench reaches: each round checks them all, none stops it.
-_HIGH = 10**9
-LIMITS = {
-    "none": None,
-    "counts": aio.UsageLimits(requests=_HIGH, tool_calls=_HIGH),
-    "every": aio.UsageLimits(
-        requests=_HIGH, tool_calls=_HIGH, input_tokens=_HIGH, output_tokens=_HIGH,
-        total_tokens=_HIGH, cost=1e9, prices={"scripted": aio.ModelPrice(1.0, 2.0)},
-    ),
-}
+def limits_for(name: str) -> dict[str, Any]:
+    """The ``Agent`` arguments of ``--limits name``: limits no run of the bench reaches, set
+    on the run and on the session, so each round checks them all and none stops it. Nothing
+    for ``none``, so the bench still runs against checkouts older than limits."""
+    if name == "none":
+        return {}
+    high = 10**9
+    limits = aio.UsageLimits(requests=high, tool_calls=high)
+    if name == "every":
+        limits = aio.UsageLimits(
+            requests=high, tool_calls=high, input_tokens=high, output_tokens=high,
+            total_tokens=high, cost=1e9, prices={"scripted": aio.ModelPrice(1.0, 2.0)},
+        )
+    return {"limits": limits, "session_limits": limits}
 
 
 async def agent_loop(rounds: int, limits: str = "none") -> tuple[float, list[float]]:
-    """``limits``: a key of LIMITS, set on the run and on the session alike."""
+    """``limits``: see :func:`limits_for`."""
     agent = aio.Agent(ScriptedModel(script_for(rounds), record=False), tools=[noop],
-                      max_rounds=rounds + 1, limits=LIMITS[limits],
-                      session_limits=LIMITS[limits])
+                      max_rounds=rounds + 1, **limits_for(limits))
     marks: list[float] = []
     start = time.perf_counter()
     async for event in agent.run("go", stream=True):
@@ -168,7 +171,7 @@ async def main() -> None:
     parser.add_argument("--one-run", type=int, metavar="ROUNDS",
                         help="make one Agent.run of ROUNDS tool rounds and exit (to count "
                              "its instructions with callgrind at two sizes)")
-    parser.add_argument("--limits", choices=LIMITS, default="none",
+    parser.add_argument("--limits", choices=("none", "counts", "every"), default="none",
                         help="with --one-run: the usage limits set on the run and the session "
                              "(counts: requests and tool calls; every: all but wall)")
     args = parser.parse_args()
