@@ -1042,11 +1042,17 @@ class Agent(Runnable[OutputT]):
             await self._record({"role": "user", "content": FINAL_TURN_PROMPT})
             run.final_prompted = True
         client = self.model_client
+        budget = run.budget
+        assert budget is not None
+        if isinstance(config.context, SummarizeOlderTurns):
+            try:  # first, if one is due: a request of its own, before this turn's
+                await self._summarize(run, config.context)
+            except _WallReached:
+                run.limited(budget.wall_hit())
+                return
         assembler = TurnAssembler()
         inflight = run.turn = _Turn(assembler, len(client.messages))
         run.requests += 1
-        budget = run.budget
-        assert budget is not None
         budget.count_request()
         run.spans.turn_started()
         # After a correction the model must answer: the schema goes, the tools wait.
@@ -1054,11 +1060,6 @@ class Agent(Runnable[OutputT]):
         specs = None if must_answer else config.table.specs
         sent = self._taken_up(run, inflight)
         if isinstance(config.context, SummarizeOlderTurns):
-            try:
-                await self._summarize(run, config.context)
-            except _WallReached:
-                run.limited(budget.wall_hit())
-                return
             sent = config.context.view_with(sent, self._durable.summary)
         elif config.context is not None:
             sent = list(config.context.view(sent))

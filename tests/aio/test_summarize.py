@@ -165,6 +165,7 @@ async def test_a_wall_limit_cuts_the_summary_request() -> None:
     assert await agent.run("t2", limits=aio.UsageLimits(wall=0.2)) == LIMITED
     result = agent.last_run
     assert result is not None and (result.status, result.stop_reason) == ("limited", "limit:wall")
+    assert result.requests == 1  # the summary's only: the turn's own request was never made
     assert agent._durable.summary is None and model.open_streams == 0
     validate(agent.model_client.messages)
 
