@@ -3,8 +3,10 @@
 The shape is the Ollama/OpenAI chat shape. Assistant tool calls carry a stable ``id``
 and their arguments as a dict; tool results carry the call's id and the tool name.
 Keys starting with ``aimu_`` are ours (``aimu_partial`` marks a turn cut short by a
-stop, ``aimu_stop_reason`` an answer the model's server cut off, e.g. ``"length"``) and
-are never sent to a provider: see :func:`wire_view`.
+stop, ``aimu_stop_reason`` an answer the model's server cut off, e.g. ``"length"``,
+``aimu_model`` the model that wrote a reply, ``aimu_native`` what one wire needs back
+unchanged) and are never sent to a provider as they are: see :func:`wire_view` and
+:func:`native_data`.
 
 ``validate`` checks a whole transcript, ``settle`` answers every dangling tool call
 with a deterministic "cancelled" result (idempotently), ``copy_messages`` copies so
@@ -42,6 +44,7 @@ __all__ = [
     "copy_messages",
     "dangling_calls",
     "is_correction",
+    "native_data",
     "settle",
     "validate",
     "wire_view",
@@ -89,6 +92,12 @@ class AssistantMessage(TypedDict):
     thinking: NotRequired[str]
     aimu_partial: NotRequired[bool]
     aimu_stop_reason: NotRequired[str]
+    aimu_model: NotRequired[str]
+    """The model that wrote this reply, as ``"provider:model"``; kept, never sent."""
+    aimu_native: NotRequired[dict[str, Any]]
+    """Provider-native data of a finished reply that its wire needs back unchanged
+    (signed thinking blocks, thought signatures, reasoning items): ``{"wire": NAME, ...}``.
+    Only a provider of that wire sends it (:func:`native_data`); others drop it."""
 
 
 class ToolMessage(TypedDict):
@@ -134,7 +143,10 @@ _KEYS: dict[str, frozenset[str]] = {
     "system": frozenset({"role", "content"}),
     "user": frozenset({"role", "content", "images"}),
     "assistant": frozenset(
-        {"role", "content", "tool_calls", "thinking", "aimu_partial", "aimu_stop_reason"}
+        {
+            "role", "content", "tool_calls", "thinking",
+            "aimu_partial", "aimu_stop_reason", "aimu_model", "aimu_native",
+        }
     ),
     "tool": frozenset({"role", "content", "tool_call_id", "name"}),
 }
@@ -324,6 +336,12 @@ def _check_assistant(message: Mapping[str, Any], index: int) -> dict[str, str]:
         raise _fail(index, "'aimu_partial' must be a bool")
     if "aimu_stop_reason" in message:
         _check_string(message, "aimu_stop_reason", index, "assistant")
+    if "aimu_model" in message:
+        _check_string(message, "aimu_model", index, "assistant")
+    if "aimu_native" in message:
+        native = message["aimu_native"]
+        if not isinstance(native, dict) or not isinstance(native.get("wire"), str):
+            raise _fail(index, "'aimu_native' must be an object with a string 'wire'")
     return open_calls
 
 
@@ -432,9 +450,18 @@ def copy_messages(messages: Iterable[Mapping[str, Any]]) -> list[Message]:
 
 def wire_view(message: Message) -> dict[str, Any]:
     """The message as a provider should see it: our ``aimu_`` keys left out."""
-    if "aimu_partial" not in message and "aimu_stop_reason" not in message:
+    if not any(key.startswith("aimu_") for key in message):
         return cast(dict[str, Any], message)
     return {key: value for key, value in message.items() if not key.startswith("aimu_")}
+
+
+def native_data(message: Message, wire: str) -> dict[str, Any] | None:
+    """The reply's ``aimu_native`` data if it was written on ``wire``, else None: what a
+    provider of that wire sends back unchanged (another wire drops it)."""
+    native = message.get("aimu_native")
+    if isinstance(native, dict) and native.get("wire") == wire:
+        return native
+    return None
 
 
 def dumps(message: Message) -> str:

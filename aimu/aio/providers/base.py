@@ -29,6 +29,7 @@ from aimu.aio.transcript import (
 __all__ = [
     "Chunk",
     "ModelClient",
+    "NativeData",
     "TextDelta",
     "ThinkingDelta",
     "ToolCallDelta",
@@ -93,7 +94,17 @@ class TurnDone:
         return self.stop_reason
 
 
-Chunk = TextDelta | ThinkingDelta | ToolCallDelta | TurnDone
+@dataclass(frozen=True, slots=True)
+class NativeData:
+    """Provider-native data of the reply (``{"wire": NAME, ...}``) that its wire needs
+    back unchanged on the next turn; kept as the message's ``aimu_native`` only if the
+    turn finishes (a cut turn keeps none: nothing half-signed is ever sent back)."""
+
+    data: dict[str, Any]
+    type: Literal["native"] = "native"
+
+
+Chunk = TextDelta | ThinkingDelta | ToolCallDelta | NativeData | TurnDone
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +127,15 @@ class TurnAssembler:
     """Builds the assistant message of one turn from its chunks, complete or cut short."""
 
     __slots__ = (
-        "done", "stop_reason", "text_parts", "thinking_parts", "tool_calls", "usage",
-        "usage_reported",
+        "done", "native", "stop_reason", "text_parts", "thinking_parts", "tool_calls",
+        "usage", "usage_reported",
     )
 
     def __init__(self) -> None:
         self.text_parts: list[str] = []
         self.thinking_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []
+        self.native: dict[str, Any] | None = None
         self.usage: Usage = zero_usage()
         self.usage_reported = False
         self.done = False
@@ -137,6 +149,8 @@ class TurnAssembler:
             self.thinking_parts.append(chunk.text)
         elif isinstance(chunk, ToolCallDelta):
             self.tool_calls.append(chunk.call)
+        elif isinstance(chunk, NativeData):
+            self.native = chunk.data
         else:
             self.usage = chunk.usage
             self.usage_reported = chunk.usage_reported
@@ -160,6 +174,8 @@ class TurnAssembler:
             message["thinking"] = "".join(self.thinking_parts)
         if not self.done:
             message["aimu_partial"] = True
+        elif self.native is not None:
+            message["aimu_native"] = self.native
         return message
 
 
