@@ -2,17 +2,26 @@
 
 ``with needs_extra("aimu serve", "serve"): import uvicorn`` turns the bare
 ``No module named 'uvicorn'`` into :class:`MissingExtra` saying
-``aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu[serve]'``.
+``aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu-agents[serve]'``.
 An ImportError from a module that is not part of the extra passes through unchanged.
+
+The distribution is :data:`DISTRIBUTION` (``aimu`` on PyPI is another project); the
+import name stays ``aimu``. Run from a checkout (an editable install, or the source tree
+on the path), the command installs from that checkout: ``pip install -e '.[serve]'``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+import shlex
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 __all__ = [
+    "DISTRIBUTION",
     "EXTRAS",
     "MissingExtra",
     "has_extra",
@@ -20,6 +29,9 @@ __all__ = [
     "missing_extra",
     "needs_extra",
 ]
+
+#: The name pip installs aimu by (``pip install aimu`` would bring another project).
+DISTRIBUTION = "aimu-agents"
 
 #: Each extra of pyproject.toml and the top-level modules it installs.
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -37,11 +49,28 @@ class MissingExtra(ImportError):
     """An optional dependency is not installed; the message says how to install it."""
 
 
+def checkout() -> Path | None:
+    """The source checkout this ``aimu`` is imported from (its ``pyproject.toml`` names
+    :data:`DISTRIBUTION`), or None for an installed copy."""
+    root = Path(__file__).parent.parent  # not resolved: a copy linked elsewhere is a copy
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return root if project.get("project", {}).get("name") == DISTRIBUTION else None
+
+
 def install_command(extra: str) -> str:
-    """The shell command that installs ``extra`` (quoted for every shell)."""
+    """The shell command that installs ``extra`` (quoted for every shell), from the
+    checkout when aimu runs from one, else from PyPI."""
     if extra not in EXTRAS:
         raise ValueError(f"aimu has no extra {extra!r}; the extras are {', '.join(EXTRAS)}")
-    return f"pip install 'aimu[{extra}]'"
+    source = checkout()
+    if source is None:
+        return f"pip install {shlex.quote(f'{DISTRIBUTION}[{extra}]')}"
+    here = os.path.realpath(source) == os.path.realpath(os.getcwd())
+    where = "." if here else str(source)
+    return f"pip install -e {shlex.quote(f'{where}[{extra}]')}"
 
 
 def _belongs(module: str | None, extra: str) -> bool:

@@ -2,7 +2,7 @@
 serve`` and ``aimu worker``, defined once here for each command to add.
 
 :func:`mcp_servers` turns the options into :class:`~aimu.aio.MCPServer` objects (a
-``ValueError`` saying what is wrong: a command that does not split, the ``aimu[mcp]``
+``ValueError`` saying what is wrong: a command that does not split, the ``aimu-agents[mcp]``
 extra missing); the command opens them before serving, so a server that cannot start
 is a clear error at once, and closes them when it ends.
 """
@@ -30,14 +30,14 @@ def add_mcp_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar='"COMMAND ARGS"',
         help="an MCP server to start over stdio, its tools offered to the model, e.g. "
-        '--mcp "npx -y @modelcontextprotocol/server-everything" (repeatable; needs aimu[mcp])',
+        '--mcp "npx -y @modelcontextprotocol/server-everything" (repeatable; needs aimu-agents[mcp])',
     )
     parser.add_argument(
         "--mcp-url",
         action="append",
         default=[],
         metavar="URL",
-        help="an MCP server to reach over Streamable HTTP (repeatable; needs aimu[mcp])",
+        help="an MCP server to reach over Streamable HTTP (repeatable; needs aimu-agents[mcp])",
     )
 
 

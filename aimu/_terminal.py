@@ -1,4 +1,4 @@
-"""``aimu chat`` on a terminal: line editing, history and a spinner (extra ``aimu[chat]``).
+"""``aimu chat`` on a terminal: line editing, history and a spinner (extra ``aimu-agents[chat]``).
 
 prompt_toolkit keeps the input line at the bottom while replies stream above it
 (``patch_stdout``; the line still streaming is drawn by the prompt itself, since a

@@ -38,19 +38,19 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
             "Chat with an assistant whose turns you can /stop, /interrupt and /resume. "
             "Type /help once it runs. Ctrl+C interrupts the running turn (twice: stops "
             "it now), or exits when idle; Ctrl+D exits. On a terminal, with "
-            "aimu[chat] installed, lines can be edited and recalled (Up, Ctrl+R)."
+            "aimu-agents[chat] installed, lines can be edited and recalled (Up, Ctrl+R)."
         ),
     )
     add_chat_options(chat)
     serve = commands.add_parser(
         "serve",
-        help="serve the runs API and the web chat over HTTP (needs aimu[serve])",
+        help="serve the runs API and the web chat over HTTP (needs aimu-agents[serve])",
         description="Serve the runs API and the web chat at http://HOST:PORT/.",
     )
     add_serve_options(serve)
     worker = commands.add_parser(
         "worker",
-        help="execute the runs of a Temporal task queue (needs aimu[temporal])",
+        help="execute the runs of a Temporal task queue (needs aimu-agents[temporal])",
         description="Take aimu runs from a Temporal task queue and execute them here.",
     )
     _add_worker_options(worker)

@@ -760,7 +760,7 @@ def test_on_a_terminal_without_the_chat_extra_the_plain_mode_says_how_to_get_edi
     chat = start(chats, "--model", "test", "--no-tools", env=env, tty=True)
     assert chat.output.startswith(
         "(line editing needs the chat extra (prompt_toolkit is not installed): "
-        "pip install 'aimu[chat]')\naimu chat: model test"  # then the plain mode, as before
+        "pip install -e '.[chat]')\naimu chat: model test"  # then the plain mode, as before
     )
     chat.close_input()
     assert chat.wait() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from aimu._extras import (
+    DISTRIBUTION,
     EXTRAS,
     MissingExtra,
     has_extra,
@@ -35,7 +37,7 @@ def test_a_missing_module_of_the_extra_becomes_the_install_command(
     with pytest.raises(MissingExtra) as caught, needs_extra("aimu serve", "serve"):
         import uvicorn  # noqa: F401
     assert str(caught.value) == (
-        "aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu[serve]'"
+        f"aimu serve needs the serve extra (uvicorn is not installed): {install_command('serve')}"
     )
     assert caught.value.name == "uvicorn"
     assert isinstance(caught.value.__cause__, ModuleNotFoundError)
@@ -43,7 +45,7 @@ def test_a_missing_module_of_the_extra_becomes_the_install_command(
 
 def test_a_missing_submodule_counts_as_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prompt_toolkit.history", None)
-    wanted = r"pip install 'aimu\[chat\]'$"
+    wanted = re.escape(install_command("chat")) + "$"
     with pytest.raises(MissingExtra, match=wanted), needs_extra("line editing", "chat"):
         from prompt_toolkit.history import FileHistory  # noqa: F401
 
@@ -71,12 +73,46 @@ def test_without_an_import_error_the_missing_module_is_found(
 ) -> None:
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     assert str(missing_extra("aimu serve", "serve")) == (
-        "aimu serve needs the serve extra (uvicorn is not installed): pip install 'aimu[serve]'"
+        f"aimu serve needs the serve extra (uvicorn is not installed): {install_command('serve')}"
     )
 
 
+def _install_hint(cwd: Path, path: Path) -> str:
+    code = "from aimu._extras import install_command; print(install_command('serve'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60,
+        check=True, env={**os.environ, "PYTHONPATH": str(path)},
+    )
+    return done.stdout.strip()
+
+
+def test_the_hint_names_the_distribution_or_the_checkout_aimu_runs_from(tmp_path: Path) -> None:
+    """``aimu`` on PyPI is another project: an installed copy is told the distribution's
+    name, a checkout (editable, or on the path) to install from itself."""
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"] == (
+        DISTRIBUTION
+    )
+    assert DISTRIBUTION == "aimu-agents"
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    (installed / "aimu").symlink_to(ROOT / "aimu")  # a copy with no checkout around it
+    assert _install_hint(tmp_path, installed) == "pip install 'aimu-agents[serve]'"
+    assert _install_hint(ROOT, ROOT) == "pip install -e '.[serve]'"
+    assert _install_hint(tmp_path, ROOT) == f"pip install -e '{ROOT}[serve]'"
+
+
+def test_no_page_or_hint_names_the_other_projects_distribution() -> None:
+    """``pip install 'aimu[...]'`` or ``pip install aimu`` would install someone else's code."""
+    wrong = re.compile(r"pip install (-\w+ )*'?aimu(\[|'|\s|$)|`aimu\[")
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "aimu").rglob("*.py"), *(ROOT / "examples").rglob("*.md")]
+    found = [f"{page.relative_to(ROOT)}: {line.strip()}" for page in pages
+             for line in page.read_text().splitlines() if wrong.search(line)]
+    assert found == []
+
+
 # Every extra's top-level modules, made unimportable in a child process: what a plain
-# `pip install aimu` has. (pydantic stays: the core's ollama package needs it.)
+# `pip install aimu-agents` has. (pydantic stays: the core's ollama package needs it.)
 _NO_EXTRAS = """
 import sys
 for name in ("temporalio", "mcp", "fastapi", "fastapi_offline", "starlette", "uvicorn",
@@ -121,5 +157,5 @@ def test_a_command_whose_extra_is_missing_says_how_to_install_it(
 ) -> None:
     done = _aimu_without_extras(*args, home=tmp_path)
     assert done.returncode != 0
-    assert f"pip install 'aimu[{extra}]'" in done.stderr
+    assert install_command(extra) in done.stderr
     assert "Traceback" not in done.stderr

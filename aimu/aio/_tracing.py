@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for runs, model turns and tool calls (extra ``aimu[otel]``).
+"""OpenTelemetry spans for runs, model turns and tool calls (extra ``aimu-agents[otel]``).
 
 A span is made only when the process has set a tracer provider (the SDK's, or any
 other): without one, or without ``opentelemetry-api`` installed, every helper here is

@@ -2,7 +2,7 @@
 
 ``aimu.serve.app(...)`` builds the ASGI application (FastAPI) to run under any ASGI
 server or mount in another application; ``aimu serve`` runs it under Uvicorn. Needs the
-``aimu[serve]`` extra; the application is imported on first use, so the ``aimu`` command
+``serve`` extra; the application is imported on first use, so the ``aimu`` command
 line works without it.
 
 Why FastAPI and Uvicorn: the routes, their pydantic request and answer models and the
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from aimu._extras import missing_extra
 
 if TYPE_CHECKING:
     from aimu.serve.application import DEFAULT_MAX_BODY, ServeApp, app
@@ -33,10 +35,7 @@ def __getattr__(name: str) -> Any:
         top = str(missing.name).partition(".")[0]
         if top not in ("fastapi", "pydantic", "starlette", "uvicorn"):
             raise
-        raise ImportError(
-            f"aimu.serve needs the serve extra ({missing.name} is missing): "
-            "pip install 'aimu[serve]'"
-        ) from missing
+        raise missing_extra("aimu.serve", "serve", missing) from missing
     value = getattr(module, name)
     globals()[name] = value
     return value

@@ -26,7 +26,7 @@ Closer: TypeAlias = Callable[[], Awaitable[None]]
 def open_store(store: str | os.PathLike[str] | Store | None) -> tuple[Store, Closer | None]:
     """The store for ``store`` and how to close it (None: the caller owns it).
 
-    A SQLite path, a ``postgresql://`` URL (the ``aimu[postgres]`` extra), a store, or
+    A SQLite path, a ``postgresql://`` URL (the ``aimu-agents[postgres]`` extra), a store, or
     None for ``$AIMU_HOME/sessions.db`` (the home of ``aimu chat``).
     """
     if isinstance(store, Store):

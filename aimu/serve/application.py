@@ -138,7 +138,7 @@ def app(
     if temporal is not None:
         if task_queue is None:
             raise ValueError("app(temporal=...) needs task_queue=: the queue the workers take")
-        from aimu.serve.temporal import TemporalBackend  # the aimu[temporal] extra
+        from aimu.serve.temporal import TemporalBackend  # the aimu-agents[temporal] extra
 
         temporal_backend = TemporalBackend(temporal, task_queue, opened, redis=control)
         backend, connect = temporal_backend, temporal_backend.connect

@@ -4,7 +4,7 @@
 command line); :class:`RunsClient` starts them and steers them by run id from any
 process (``aimu serve --temporal`` on top of it). A run is one workflow; the agent loop
 runs in an activity; the transcript lives in aimu's store, so a worker that dies
-hands its run to another one that resumes it from the store. Needs ``aimu[temporal]``.
+hands its run to another one that resumes it from the store. Needs ``aimu-agents[temporal]``.
 See docs/how-to/temporal.md.
 """
 

@@ -118,7 +118,7 @@ async def test_a_missing_extra_names_the_install_command(tmp_path: Path) -> None
         line = one_clear_line(err)
         assert line.startswith("aimu serve: needs the serve extra")
         assert f"({module} is not installed)" in line
-        assert line.endswith("pip install 'aimu[serve]'")
+        assert line.endswith("pip install -e '.[serve]'")  # run from this checkout
 
 
 def test_help_names_the_environment_and_the_log_levels_agree_with_chat(

@@ -1,4 +1,4 @@
-"""Run control across processes and hosts, on Redis (the ``aimu[redis]`` extra).
+"""Run control across processes and hosts, on Redis (the ``aimu-agents[redis]`` extra).
 
 :class:`RedisControl` registers runs started with ``RunHandle.start(coro,
 control=control)`` and cancels, interrupts, stops, inspects and follows them from any

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
 
+from aimu._extras import missing_extra
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import (
     Keys,
@@ -45,9 +46,7 @@ try:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "aio.RedisControl needs the redis package: pip install 'aimu[redis]'"
-    ) from error
+    raise missing_extra("aio.RedisControl", "redis", error) from error
 
 from aimu.aio.control.link import Link, Scripts
 from aimu.aio.control.worker import Worker, stream_id

@@ -1,16 +1,16 @@
-"""MCP servers' tools for agents (the extra ``aimu[mcp]``, the official ``mcp`` SDK 2.x).
+"""MCP servers' tools for agents (the extra ``aimu-agents[mcp]``, the official ``mcp`` SDK 2.x).
 
 :class:`MCPServer` (``_server``) is a :class:`~aimu.aio.tools.Toolset`: its tools go
 beside plain functions in an agent's ``tools=[...]``. ``_connection`` holds one live
 SDK session in a task of its own; ``_launcher`` ties a stdio server to this process.
 """
 
+from aimu._extras import missing_extra
+
 try:
     import mcp  # noqa: F401
 except ImportError as error:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "MCP servers need the mcp package (2.x): pip install 'aimu[mcp]'"
-    ) from error
+    raise missing_extra("MCP servers", "mcp", error) from error
 
 from aimu.aio.mcp._server import MCPServer
 

@@ -5,7 +5,7 @@ and a JSON state; a :class:`SessionWriter` from :meth:`Store.open_session` holds
 session's write lock; reading is always allowed. Every method is a coroutine.
 :class:`SQLiteStore` (the default: one file, stdlib ``sqlite3`` in WAL mode) and
 :class:`JSONLStore` (a directory of append-only ``<session>.jsonl`` files) serve one
-machine; :class:`PostgresStore` (extra ``aimu[postgres]``) serves many hosts. A torn
+machine; :class:`PostgresStore` (extra ``aimu-agents[postgres]``) serves many hosts. A torn
 last record (the process died mid-write) is ignored on load with a ``RuntimeWarning``
 and repaired by the next writer; corruption before it is a
 :class:`~aimu.aio.errors.StoreFormatError` naming the place.

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
+from aimu._extras import missing_extra
 from aimu.aio.errors import (
     SessionLockedError,
     StoreCapacityError,
@@ -42,9 +43,7 @@ from aimu.aio.transcript import Message, validate
 try:
     import asyncpg
 except ImportError as missing:  # pragma: no cover - the extra is in the test install
-    raise ImportError(
-        "PostgresStore needs the asyncpg driver: pip install 'aimu[postgres]'"
-    ) from missing
+    raise missing_extra("PostgresStore", "postgres", missing) from missing
 
 __all__ = ["PostgresStore"]
 
