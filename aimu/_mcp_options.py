@@ -30,14 +30,14 @@ def add_mcp_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar='"COMMAND ARGS"',
         help="an MCP server to start over stdio, its tools offered to the model, e.g. "
-        '--mcp "npx -y @modelcontextprotocol/server-everything" (repeatable; needs aimu-agents[mcp])',
+        '--mcp "npx -y @modelcontextprotocol/server-everything" (repeatable; needs the mcp extra)',
     )
     parser.add_argument(
         "--mcp-url",
         action="append",
         default=[],
         metavar="URL",
-        help="an MCP server to reach over Streamable HTTP (repeatable; needs aimu-agents[mcp])",
+        help="an MCP server to reach over Streamable HTTP (repeatable; needs the mcp extra)",
     )
 
 

@@ -44,13 +44,13 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
     add_chat_options(chat)
     serve = commands.add_parser(
         "serve",
-        help="serve the runs API and the web chat over HTTP (needs aimu-agents[serve])",
+        help="serve the runs API and the web chat over HTTP (needs the serve extra)",
         description="Serve the runs API and the web chat at http://HOST:PORT/.",
     )
     add_serve_options(serve)
     worker = commands.add_parser(
         "worker",
-        help="execute the runs of a Temporal task queue (needs aimu-agents[temporal])",
+        help="execute the runs of a Temporal task queue (needs the temporal extra)",
         description="Take aimu runs from a Temporal task queue and execute them here.",
     )
     _add_worker_options(worker)

@@ -64,7 +64,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="hand every run to `aimu worker` processes through this Temporal server "
-        "(needs aimu-agents[temporal] and --task-queue)",
+        "(needs the temporal extra and --task-queue)",
     )
     parser.add_argument(
         "--task-queue",
