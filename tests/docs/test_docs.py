@@ -8,6 +8,7 @@ for ``ollama:`` or ``openai:`` models run as written.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,6 +33,15 @@ def server() -> Iterator[LoopbackServer]:
 def test_there_are_pages_with_code() -> None:
     assert PAGES, "docs/ has no pages"
     assert sum(len(blocks(page)) for page in PAGES) >= 5
+
+
+def test_the_index_links_every_page_once() -> None:
+    """A page the index does not link is a page nobody finds; one linked twice is noise."""
+    index = ROOT / "docs" / "index.md"
+    targets = re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", index.read_text())
+    linked = [(index.parent / target).resolve() for target in targets]
+    assert sorted(set(linked)) == [p for p in PAGES if p != index]
+    assert len(linked) == len(set(linked)), "a page is listed twice"
 
 
 def test_only_benchmark_commands_are_left_out() -> None:
