@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -19,6 +21,7 @@ from typing import IO, Any
 
 import httpx
 import ollama
+import pydantic
 
 from aimu.aio.providers.ollama import resolve_host
 
@@ -63,6 +66,16 @@ def _unreachable(host: str) -> ModelsError:
     )
 
 
+def _not_ollama(host: str, what: str) -> ModelsError:
+    return ModelsError(f"{host} does not answer as Ollama does: {what}")
+
+
+#: Ollama's own answer to ``/api/show`` for a model it does not have ("model 'x' not
+#: found"; older servers: 'model "x" not found, try pulling it first'). Any other 404 is
+#: not Ollama saying so: a proxy that passes only /api/chat says "404 page not found".
+_MODEL_NOT_FOUND = re.compile(r"model\b.*\bnot found", re.IGNORECASE | re.DOTALL)
+
+
 async def list_models(host: str | None = None) -> list[ModelInfo]:
     """The models of the Ollama server at ``host`` (default: ``OLLAMA_HOST``), by name."""
     url = resolve_host(host)
@@ -96,14 +109,15 @@ def _size(size: int) -> str:
 
 
 async def is_missing(model: str, host: str | None = None) -> bool:
-    """True when the Ollama server says it does not have ``model`` (404); False when it
-    has it, or cannot say (down, or an error of its own: the first request says so)."""
+    """True when the Ollama server says it does not have ``model`` (its own 404 "model
+    not found"); False when it has it, or cannot say (down, an error of its own, or a
+    proxy's 404 for the path: the chat request itself says what is wrong)."""
     url = resolve_host(host)
     try:
         async with ollama.AsyncClient(host=url) as client:
             await client.show(model)
     except ollama.ResponseError as error:
-        return error.status_code == 404
+        return error.status_code == 404 and _MODEL_NOT_FOUND.match(error.error) is not None
     except (httpx.TransportError, ConnectionError):
         return False
     return False
@@ -120,12 +134,39 @@ async def pull(
     try:
         async with ollama.AsyncClient(host=url) as client:
             stream: AsyncIterator[ollama.ProgressResponse] = await client.pull(model, stream=True)
-            async for part in stream:
+            async for part in _checked(stream, url):
                 on_progress(part.status or "", part.completed or 0, part.total or 0)
     except (httpx.TransportError, ConnectionError):
         raise _unreachable(url) from None
     except ollama.ResponseError as error:
         raise ModelsError(f"cannot pull {model!r} from {url}: {error.error}") from None
+
+
+async def _checked(
+    stream: AsyncIterator[ollama.ProgressResponse], url: str
+) -> AsyncIterator[ollama.ProgressResponse]:
+    """The progress lines of a pull, each one Ollama could have sent: a line that is not a
+    JSON object, or a count that is not a whole number of bytes, is ModelsError naming
+    the server (not a traceback, nor "-50% of -10 B")."""
+    while True:
+        try:
+            part = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except json.JSONDecodeError:
+            raise _not_ollama(url, "a progress line is not JSON") from None
+        except pydantic.ValidationError as error:
+            wrong = error.errors()[0]
+            field = ".".join(str(at) for at in wrong["loc"])
+            raise _not_ollama(
+                url, f"a progress line's {field} is {wrong['input']!r}, not a count of bytes"
+            ) from None
+        except (AttributeError, TypeError):  # the package reads each line as an object
+            raise _not_ollama(url, "a progress line is not a JSON object") from None
+        for field, value in (("total", part.total), ("completed", part.completed)):
+            if value is not None and value < 0:
+                raise _not_ollama(url, f"a progress line's {field} is {value}, not a count")
+        yield part
 
 
 class Lines:

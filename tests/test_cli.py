@@ -23,12 +23,14 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyte
 import pytest
 
 from aimu.cli import main
 from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
+from tests.http_stub import stub_server
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = " ".join(f"w{i}" for i in range(2000))
@@ -869,6 +871,31 @@ def test_a_missing_model_without_a_terminal_names_the_pull_command_and_exits_1(
     )
     assert not chat_requests_for(server, "absent-piped")
     assert "absent-piped" in server.not_pulled  # nothing pulled behind the user's back
+
+
+def test_a_proxys_404_for_api_show_is_not_a_missing_model(
+    tmp_path: Path, chats: list[Chat], server: LoopbackServer
+) -> None:
+    """A proxy that passes only /api/chat answers /api/show with its own 404 ("404 page
+    not found", not Ollama's "model 'x' not found"): the model is not missing, the chat
+    goes on and the answer comes through."""
+
+    async def proxy(method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        if path != "/api/chat":
+            return 404, "text/plain; charset=utf-8", b"404 page not found"
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(server.url + path, content=body)
+        return answer.status_code, answer.headers["content-type"], answer.content
+
+    with stub_server(proxy) as stub:
+        chat = Chat("--model", "ollama:test", "--no-tools", env=environment(tmp_path, stub.url))
+        chats.append(chat)
+        chat.send("hello")
+        chat.expect("answer to hello")
+        chat.close_input()
+        assert chat.wait() == 0
+        assert ("POST", "/api/show") in stub.requests  # asked, and the 404 read as "cannot say"
+    assert "pull" not in chat.errors
 
 
 @pytest.mark.parametrize("mode", ["--plain", "editor"])

@@ -14,6 +14,7 @@ import pytest
 from aimu import cli
 from aimu.testing.server import LoopbackServer
 from aimu.testing.server.ollama import CONTEXT_LENGTH
+from tests.http_stub import stub_server
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +61,33 @@ def test_a_pull_of_a_model_that_does_not_exist_is_one_clear_line(
         "pull model manifest: file does not exist"
     )
     assert "nope" not in server.models
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [b"<html>not an Ollama server</html>"],  # a line that is not JSON
+        [b'{"status": "pulling manifest"}', b'{"status": "pulling", "total": "lots"}'],
+        [b'{"status": "pulling", "total": 1.5, "completed": 0}'],
+        [b'{"status": "pulling", "total": -10, "completed": 5}'],
+        [b'{"status": "pulling", "total": 10, "completed": -5}'],
+        [b'["status"]'],  # JSON, but not a progress line
+    ],
+    ids=["not-json", "total-lots", "total-fraction", "total-negative", "done-negative",
+         "not-an-object"],
+)
+def test_a_pull_from_a_server_that_is_not_ollama_is_one_line_naming_it(
+    lines: list[bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def answer(method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        return 200, "application/x-ndjson", b"".join(line + b"\n" for line in lines)
+
+    with stub_server(answer) as stub:
+        assert cli.main(["pull", "--host", stub.url, "m"]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"aimu pull: {stub.url} does not answer as Ollama does: ")
+    assert err.count("\n") == 1, err
+    assert "%" not in out and "-" not in out  # no nonsense progress
 
 
 @pytest.mark.parametrize("command", [["pull", "llama3"], ["models"]])
