@@ -34,6 +34,7 @@ from aimu.aio.errors import AimuError
 from aimu.aio.limits import UsageLimits
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool, Toolset
+from aimu.serve import ag_ui
 from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.docs import add_docs
 from aimu.serve.errors import answer
@@ -216,6 +217,7 @@ def openapi_document() -> dict[str, Any]:
 def _add_routes(application: FastAPI) -> None:
     """The API's routes (:mod:`aimu.serve.routes`), the chat page, the health check."""
     application.include_router(router)
+    application.include_router(ag_ui.router)
     application.add_api_route("/", _page, methods=["GET"], include_in_schema=False)
     application.add_api_route(
         "/health", _health, methods=["GET"], summary="Health check (no token needed)",

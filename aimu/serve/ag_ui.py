@@ -1,0 +1,420 @@
+"""AG-UI over ``aimu serve``: ``POST /ag-ui`` takes a ``RunAgentInput`` and streams AG-UI events.
+
+The thread is an aimu session (its id a session name) and the session in the store is the
+conversation: of the client's ``messages`` only the new user message at the end is taken
+(the server holds the rest, as it wrote it). A request is one of three things:
+
+- a new user message last: a run of it (409 if the thread has a run in progress);
+- ``resume`` entries: the decisions on the approvals the thread's paused run waits on
+  (its ``interrupt`` outcome named them); the last decision resumes the run;
+- neither (a page that came back): a ``MESSAGES_SNAPSHOT`` of the session, then the run in
+  progress from its start, if there is one.
+
+The response is a Server-Sent Events stream of AG-UI events. Leaving it is a stop: a
+client that aborts (closes the stream) cancels the run it was following, and the run ends
+``cancelled`` with its partial reply kept in the session, as aimu's own cancel route
+does. A run stopped by that route ends the stream with the ``cancelled`` outcome too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from typing import Annotated, Any, Final, Literal
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from aimu.aio import _sse as sse
+from aimu.aio.transcript import Message
+from aimu.serve.errors import BadRequest, Conflict
+from aimu.serve.runs import Runs, validate_name
+from aimu.serve.stream_runs import ClosingStreamingResponse, RunEnd, RunFollower
+
+__all__ = ["RunAgentInput", "router", "to_ag_ui_messages"]
+
+_log = logging.getLogger("aimu.serve")
+
+PROTOCOL_VERSION: Final = "1.0"
+#: The ``reason`` of the interrupts a paused run reports (a tool call waits for a person).
+APPROVAL_REASON: Final = "tool_approval"
+#: What a resume entry's ``payload`` may say (a bare true/false means the same).
+DECISION_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "reason": {"type": "string", "description": "Why (told to the model on a denial)"},
+    },
+    "required": ["approved"],
+}
+
+
+class _Model(BaseModel):
+    """AG-UI's JSON: camelCase on the wire, unknown fields kept (the protocol adds them)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+
+class InputMessage(_Model):
+    id: Annotated[str, Field(max_length=200)]
+    role: Literal["developer", "system", "assistant", "user", "tool", "activity", "reasoning"]
+    content: Any = None
+    tool_call_id: str | None = None
+
+
+class ResumeEntry(_Model):
+    interrupt_id: Annotated[str, Field(min_length=1, max_length=200)]
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+
+
+class InputTool(_Model):
+    name: str
+    description: str = ""
+    parameters: Any = None
+
+
+class RunAgentInput(_Model):
+    """The body of ``POST /ag-ui`` (AG-UI 1.0's ``RunAgentInput``)."""
+
+    thread_id: Annotated[str, Field(min_length=1, max_length=128)]
+    run_id: Annotated[str, Field(min_length=1, max_length=200)]
+    messages: list[InputMessage]
+    tools: list[InputTool] | None = None
+    resume: list[ResumeEntry] | None = None
+    parent_run_id: str | None = None
+    protocol_version: str | None = None
+    state: Any = None
+    context: Any = None
+    forwarded_props: Any = None
+
+
+router = APIRouter()
+
+
+@router.post(
+    "/ag-ui",
+    summary="Run the agent on a thread, speaking AG-UI (RunAgentInput in, AG-UI events out)",
+    description="The thread is a session. A new user message last: a run of it; resume "
+    "entries: the decisions on the paused run's approvals; neither: a MESSAGES_SNAPSHOT and "
+    "the run in progress. Closing the stream cancels the run (its partial reply is kept).",
+    response_class=StreamingResponse,
+    responses={
+        200: {"description": "AG-UI events", "content": {sse.CONTENT_TYPE: {}}},
+        400: {"description": "A bad thread id, message or resume entry; nothing changed"},
+        409: {"description": "The thread has a run in progress, or nothing to resume"},
+    },
+)
+async def ag_ui(request: Request, body: RunAgentInput) -> Response:
+    runs: Runs = request.app.runs
+    session = validate_name(body.thread_id)
+    if body.tools:
+        names = ", ".join(repr(tool.name) for tool in body.tools)
+        raise BadRequest(
+            f"this server runs the agent's own tools; client-side tools ({names}) are not "
+            "supported: send no 'tools'"
+        )
+    follower, came_back = await _begin(runs, session, body)
+    events = _events(runs, session, body, follower, came_back)
+    return ClosingStreamingResponse(
+        _encoded(events),
+        media_type=sse.CONTENT_TYPE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _begin(
+    runs: Runs, session: str, body: RunAgentInput
+) -> tuple[RunFollower | None, bool]:
+    """Start what ``body`` asks for on ``session`` before the stream starts, so that a bad
+    request is an HTTP error with nothing changed: the run to follow, if any, and whether
+    the client came back (it asked for nothing new)."""
+    if body.resume:
+        return await _decide(runs, session, body.resume), False
+    task = _new_user_text(body.messages)
+    if task is not None:
+        return RunFollower(runs, await runs.start(session, task), owned=True), False
+    active = await runs.session_run(session)
+    return (None if active is None else RunFollower(runs, active, owned=True)), True
+
+
+def _new_user_text(messages: list[InputMessage]) -> str | None:
+    """The text of the user message the input ends with, or None if it ends otherwise."""
+    if not messages or messages[-1].role != "user":
+        return None
+    text = _text_of(messages[-1].content, messages[-1].id)
+    if not text.strip():
+        raise BadRequest(f"message {messages[-1].id!r} is empty: say what the run should do")
+    return text
+
+
+def _text_of(content: object, message_id: str) -> str:
+    """A user message's text: its string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            part.get("text") for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text"
+        ]
+        if len(texts) == len(content) and all(isinstance(text, str) for text in texts):
+            return "\n".join(str(text) for text in texts)
+    raise BadRequest(
+        f"message {message_id!r}: only text content is supported (a string, or text parts)"
+    )
+
+
+async def _decide(runs: Runs, session: str, entries: list[ResumeEntry]) -> RunFollower | None:
+    """Apply the decisions of ``entries`` to the session's paused run, all checked first."""
+    paused, pending = await runs.paused_on(session)
+    if paused is None or not pending:
+        raise Conflict(f"thread {session!r} has no paused run waiting on a decision")
+    waiting = {str(call["call_id"]) for call in pending}
+    decisions = [(entry.interrupt_id, *_decision(entry)) for entry in entries]
+    unknown = [call_id for call_id, _, _ in decisions if call_id not in waiting]
+    if unknown:
+        raise BadRequest(f"no interrupt {unknown[0]!r} waits on thread {session!r}")
+    if len({call_id for call_id, _, _ in decisions}) != len(decisions):
+        raise BadRequest("an interrupt is answered twice")
+    resumed: str | None = None
+    for call_id, approve, reason in decisions:
+        answer = await runs.decide(paused, call_id, approve, reason)
+        resumed = answer["resumed_run_id"] or resumed
+    if resumed is None:
+        return None  # still waiting on others: the stream reports them
+    return RunFollower(runs, await runs.backend.view(resumed), owned=True)
+
+
+def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
+    if entry.status == "cancelled":
+        return False, "the user dismissed it"
+    payload = entry.payload
+    if isinstance(payload, bool):
+        return payload, None
+    if isinstance(payload, Mapping) and isinstance(payload.get("approved"), bool):
+        reason = payload.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise BadRequest(f"interrupt {entry.interrupt_id!r}: 'reason' must be a string")
+        return bool(payload["approved"]), reason
+    raise BadRequest(
+        f"interrupt {entry.interrupt_id!r}: the payload must be true, false or "
+        '{"approved": true|false, "reason": "..."}'
+    )
+
+
+async def _encoded(events: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _events(
+    runs: Runs, session: str, body: RunAgentInput, follower: RunFollower | None,
+    came_back: bool,
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The AG-UI events of this request; leaving early cancels the run being followed."""
+    thread, run_id = body.thread_id, body.run_id
+    yield {
+        "type": "RUN_STARTED", "threadId": thread, "runId": run_id,
+        "protocolVersion": PROTOCOL_VERSION,
+        **({"parentRunId": body.parent_run_id} if body.parent_run_id else {}),
+    }
+    try:
+        if came_back:
+            before = None if follower is None else follower.view.messages_from
+            stored = await runs.store.load(session)
+            yield {
+                "type": "MESSAGES_SNAPSHOT",
+                "messages": to_ag_ui_messages(stored[:before], session),
+            }
+        end: RunEnd | None
+        if follower is None:
+            end = await _latest_end(runs, session)
+        else:
+            translator = _Translator(run_id)
+            async for event in follower.events():
+                for out in translator.feed(event):
+                    yield out
+            end = follower.end
+            for out in translator.close():
+                yield out
+        yield await _finished(runs, session, thread, run_id, end)
+    finally:
+        if follower is not None:
+            with anyio.CancelScope(shield=True):
+                await follower.aclose()
+
+
+async def _latest_end(runs: Runs, session: str) -> RunEnd:
+    """How the thread's last run ended (for a request that ran nothing)."""
+    paused, _ = await runs.paused_on(session)
+    return RunEnd("paused" if paused is not None else "completed", None, None, None, None)
+
+
+async def _finished(
+    runs: Runs, session: str, thread: str, run_id: str, end: RunEnd | None
+) -> dict[str, Any]:
+    """The terminal event: RUN_FINISHED with its outcome, or RUN_ERROR."""
+    if end is None or end.status == "failed":
+        message = "the run failed" if end is None or not end.error else end.error
+        return {"type": "RUN_ERROR", "message": message, "code": "failed"}
+    event: dict[str, Any] = {"type": "RUN_FINISHED", "threadId": thread, "runId": run_id}
+    if end.status == "completed":
+        event["outcome"] = {"type": "success"}
+        if end.reply is not None:
+            event["result"] = end.reply
+    elif end.status == "paused":
+        _, pending = await runs.paused_on(session)
+        if pending:
+            event["outcome"] = {"type": "interrupt", "interrupts": _interrupts(pending)}
+        else:  # decided meanwhile (another client): nothing waits
+            event["outcome"] = {"type": "success"}
+    else:  # cancelled, interrupted, timed out, limited, out of rounds: stopped, not failed
+        event["outcome"] = {"type": "cancelled"}
+    if end.usage is not None:
+        event["usage"] = [{
+            "inputTokens": end.usage["input_tokens"],
+            "outputTokens": end.usage["output_tokens"],
+            "totalTokens": end.usage["input_tokens"] + end.usage["output_tokens"],
+        }]
+    event["metadata"] = {"aimuStatus": end.status, "aimuRunId": end.run_id, "reason": end.reason}
+    return event
+
+
+def _interrupts(pending: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": str(call["call_id"]),
+            "reason": APPROVAL_REASON,
+            "message": f"Allow {call['name']}({json.dumps(call['arguments'])})?"
+            + (" It was running when the server stopped: allowing runs it again."
+               if call.get("in_doubt") else ""),
+            "toolCallId": str(call["call_id"]),
+            "responseSchema": DECISION_SCHEMA,
+            "metadata": {"tool": call["name"], "arguments": call["arguments"]},
+        }
+        for call in pending
+    ]
+
+
+class _Translator:
+    """aimu's run events (as JSON) to AG-UI events, keeping text and steps well nested."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+        self._messages = 0
+        self._text: str | None = None  # the id of the open text message
+        self._reasoning: str | None = None
+        self._step: str | None = None
+
+    def _next_id(self) -> str:
+        self._messages += 1
+        return f"{self._run_id}-{self._messages}"
+
+    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        kind = event.get("type")
+        out: list[dict[str, Any]] = []
+        if kind in ("text", "thinking", "tool_call", "tool_result", "tool_progress"):
+            out += self._open_step()
+        if kind == "text" and event["text"]:
+            out += self._close_reasoning()
+            if self._text is None:
+                self._text = self._next_id()
+                out.append({"type": "TEXT_MESSAGE_START", "messageId": self._text,
+                            "role": "assistant"})
+            out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text,
+                        "delta": event["text"]})
+        elif kind == "thinking" and event["text"]:
+            out += self._close_text()
+            if self._reasoning is None:
+                self._reasoning = self._next_id()
+                out += [{"type": "REASONING_START", "messageId": self._reasoning},
+                        {"type": "REASONING_MESSAGE_START", "messageId": self._reasoning,
+                         "role": "reasoning"}]
+            out.append({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning,
+                        "delta": event["text"]})
+        elif kind == "tool_call":
+            parent = self._text
+            out += self._close_text() + self._close_reasoning()
+            call_id = str(event["call_id"])
+            start = {"type": "TOOL_CALL_START", "toolCallId": call_id,
+                     "toolCallName": event["name"]}
+            out += [
+                {**start, "parentMessageId": parent} if parent else start,
+                {"type": "TOOL_CALL_ARGS", "toolCallId": call_id,
+                 "delta": json.dumps(event["arguments"], ensure_ascii=False)},
+                {"type": "TOOL_CALL_END", "toolCallId": call_id},
+            ]
+        elif kind == "tool_result":
+            out += self._close_text()
+            out.append({"type": "TOOL_CALL_RESULT", "messageId": self._next_id(),
+                        "toolCallId": str(event["call_id"]), "content": event["content"],
+                        "role": "tool"})
+        elif kind == "tool_progress":
+            out.append({"type": "CUSTOM", "name": "aimu.tool_progress", "value": {
+                key: event.get(key) for key in ("call_id", "name", "progress", "total", "message")
+            }})
+        elif kind == "step_finished":
+            out += self.close()
+        return out
+
+    def _open_step(self) -> list[dict[str, Any]]:
+        if self._step is not None:
+            return []
+        self._step = f"step {self._next_id()}"
+        return [{"type": "STEP_STARTED", "stepName": self._step}]
+
+    def _close_text(self) -> list[dict[str, Any]]:
+        if self._text is None:
+            return []
+        message_id, self._text = self._text, None
+        return [{"type": "TEXT_MESSAGE_END", "messageId": message_id}]
+
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        if self._reasoning is None:
+            return []
+        message_id, self._reasoning = self._reasoning, None
+        return [{"type": "REASONING_MESSAGE_END", "messageId": message_id},
+                {"type": "REASONING_END", "messageId": message_id}]
+
+    def close(self) -> list[dict[str, Any]]:
+        """End whatever is open (a step's end, or the run's)."""
+        out = self._close_text() + self._close_reasoning()
+        if self._step is not None:
+            out.append({"type": "STEP_FINISHED", "stepName": self._step})
+            self._step = None
+        return out
+
+
+def to_ag_ui_messages(messages: Iterable[Message], session: str) -> list[dict[str, Any]]:
+    """A session's transcript as AG-UI messages (ids from their places in the session; a
+    reply cut by a stop is marked ``metadata.aimuPartial``)."""
+    out: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        base = {"id": f"{session}-{index}", "role": message["role"]}
+        if message["role"] == "tool":
+            out.append({**base, "content": message["content"],
+                        "toolCallId": message["tool_call_id"]})
+        elif message["role"] == "assistant":
+            item: dict[str, Any] = {**base, "content": message["content"]}
+            calls = message.get("tool_calls") or []
+            if calls:
+                item["toolCalls"] = [
+                    {"id": call["id"], "type": "function", "function": {
+                        "name": call["function"]["name"],
+                        "arguments": json.dumps(call["function"]["arguments"],
+                                                ensure_ascii=False),
+                    }}
+                    for call in calls
+                ]
+            if message.get("aimu_partial"):
+                item["metadata"] = {"aimuPartial": True}
+            out.append(item)
+        else:
+            out.append({**base, "content": message["content"]})
+    return out

@@ -1,0 +1,93 @@
+"""Following one run for a protocol's stream (AG-UI, the AI SDK's UI message stream).
+
+A protocol stream that started a run owns it: :class:`RunFollower` yields the run's
+events (as JSON, from its start) until its terminal event and keeps how it ended
+(:class:`RunEnd`); closing the follower before that end cancels the run, since a client
+that leaves such a stream asked for a stop. :class:`ClosingStreamingResponse` makes sure
+the stream's generator is closed when the client goes, at once, not when it is collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from aimu.aio.transcript import Usage
+from aimu.serve.errors import ServeError
+from aimu.serve.runs import Runs, RunView
+
+__all__ = ["ClosingStreamingResponse", "RunEnd", "RunFollower"]
+
+#: Why a run is cancelled when the client that owned its stream left.
+LEFT = "the client closed the stream"
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a followed run ended: its handle's status and what its last event said."""
+
+    status: str
+    reply: str | None
+    error: str | None
+    usage: Usage | None
+    reason: str | None
+    run_id: str | None = None
+
+
+class RunFollower:
+    """Follows ``view``'s run from its first event; ``owned``: leaving early cancels it."""
+
+    def __init__(self, runs: Runs, view: RunView, *, owned: bool) -> None:
+        self.runs = runs
+        self.view = view
+        self.owned = owned
+        self.end: RunEnd | None = None
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """The run's events up to (not including) its terminal one, which sets :attr:`end`."""
+        reply: str | None = None
+        usage: Usage | None = None
+        follow = self.runs.follow(self.view.run_id, None)
+        async with contextlib.aclosing(follow):
+            async for batch in follow:
+                for _, event in batch:
+                    kind = event.get("type")
+                    if kind == "handle_finished":
+                        status = str(event.get("status"))
+                        error = None if status == "cancelled" else event.get("error")
+                        self.end = RunEnd(
+                            status, reply, error, usage, event.get("reason"), self.view.run_id
+                        )
+                        return
+                    if kind == "run_finished":
+                        reply, usage = event.get("reply"), event.get("usage")
+                    yield event
+
+    async def aclose(self) -> None:
+        """Cancel the run if this follower owns it and it has not ended (shielded: this
+        runs while the stream is being torn down)."""
+        if self.end is not None or not self.owned:
+            return
+        # ServeError: it ended meanwhile, or the control is gone: nothing to stop.
+        with anyio.CancelScope(shield=True), contextlib.suppress(ServeError):
+            await self.runs.cancel(self.view.run_id, LEFT)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its generator when the response ends in any way,
+    so a client that disconnects runs the generator's ``finally`` at once."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()

@@ -1,0 +1,295 @@
+"""AG-UI at POST /ag-ui: every event validated by the ``ag-ui-protocol`` package's models.
+
+Stops land at provable points: the first TEXT_MESSAGE_CONTENT seen, a gated tool entered,
+the model server's record of an abandoned stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import TypeAdapter
+
+from aimu.aio.transcript import validate
+from tests.serve.harness import GATE, MAILED, Served
+
+ag_ui_core = pytest.importorskip("ag_ui.core")
+EVENT: TypeAdapter[Any] = TypeAdapter(ag_ui_core.Event)
+
+
+def run_input(thread: str, run: str, *messages: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"threadId": thread, "runId": run, "messages": list(messages), **more}
+
+
+def user(text: str, message_id: str = "u1") -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "content": text}
+
+
+async def ag_ui_events(
+    http: httpx.AsyncClient, body: dict[str, Any], until: str | None = None
+) -> list[dict[str, Any]]:
+    """The events of one POST /ag-ui, each validated; with ``until``, the client leaves
+    (closes the stream) right after the first event of that type."""
+    seen: list[dict[str, Any]] = []
+    async for event in _stream(http, body):
+        seen.append(event)
+        if event["type"] == until:
+            break
+    return seen
+
+
+async def _stream(http: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async with http.stream("POST", "/ag-ui", json=body,
+                           headers={"Accept": "text/event-stream"}) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                EVENT.validate_python(event)  # the protocol's own models accept it
+                yield event
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [event["type"] for event in events]
+
+
+def shape(events: list[dict[str, Any]]) -> list[str]:
+    """The event types with runs of one type (the deltas of a message) as one."""
+    kinds = types(events)
+    return [kind for i, kind in enumerate(kinds) if i == 0 or kinds[i - 1] != kind]
+
+
+async def session(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
+    response = await http.get(f"/sessions/{name}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def test_a_run_streams_text_and_finishes_with_its_answer(http: httpx.AsyncClient) -> None:
+    events = await ag_ui_events(http, run_input("agui-hello", "r1", user("hello")))
+    assert shape(events) == [
+        "RUN_STARTED", "STEP_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END", "STEP_FINISHED", "RUN_FINISHED",
+    ]
+    assert events[0]["threadId"] == "agui-hello" and events[0]["runId"] == "r1"
+    assert events[-1]["outcome"] == {"type": "success"}
+    assert events[-1]["result"] == "answer to hello"
+    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "answer to hello"
+    assert events[-1]["usage"][0]["outputTokens"] > 0
+    stored = (await session(http, "agui-hello"))["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+
+
+async def test_tool_calls_and_results(http: httpx.AsyncClient) -> None:
+    events = await ag_ui_events(http, run_input("agui-tool", "r1", user("tool please")))
+    kinds = types(events)
+    start = kinds.index("TOOL_CALL_START")
+    assert kinds[start:start + 3] == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+    call = events[start]
+    assert call["toolCallName"] == "lookup"
+    assert json.loads(events[start + 1]["delta"]) == {"query": "tool please"}
+    result = events[kinds.index("TOOL_CALL_RESULT")]
+    assert result["toolCallId"] == call["toolCallId"] and result["content"] == "found tool please"
+    assert kinds.count("STEP_STARTED") == kinds.count("STEP_FINISHED") == 2
+    assert events[-1]["outcome"] == {"type": "success"}
+
+
+async def test_leaving_the_stream_mid_text_cancels_the_run_and_keeps_the_partial(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    seen = await ag_ui_events(http, run_input("agui-abort", "r1", user("long tale")),
+                              until="TEXT_MESSAGE_CONTENT")
+    assert seen[-1]["delta"]
+    await served.model.wait_abandoned(abandoned + 1)  # the model's stream was closed
+    state = await _settled(http, "agui-abort")
+    assert state["status"] == "cancelled"
+    messages = state["messages"]
+    validate(messages)
+    assert messages[-1]["role"] == "assistant" and messages[-1]["aimu_partial"] is True
+    assert messages[-1]["content"].startswith(seen[-1]["delta"])
+
+
+async def test_leaving_the_stream_mid_tool_settles_the_call(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    GATE.reset()
+    body = run_input("agui-midtool", "r1", user("gate 1 3"))
+    async with contextlib.aclosing(_stream(http, body)) as stream:
+        async for event in stream:
+            if event["type"] == "TOOL_CALL_END":
+                await GATE.entered(1)  # the tool is running: leave now
+                break
+    state = await _settled(http, "agui-midtool")
+    GATE.open()
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+    assert state["messages"][-1]["role"] == "tool"
+    assert "cancelled" in state["messages"][-1]["content"]
+
+
+async def test_aimu_cancel_route_ends_the_stream_cancelled(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    body = run_input("agui-route", "r7", user("long road"))
+    events: list[dict[str, Any]] = []
+    async for event in _stream(http, body):
+        events.append(event)
+        if event["type"] == "TEXT_MESSAGE_CONTENT" and len(events) < 10_000:
+            if types(events).count("TEXT_MESSAGE_CONTENT") == 1:
+                run_id = (await session(http, "agui-route"))["run_id"]
+                cancel = await http.post(f"/runs/{run_id}/cancel", json={"reason": "Stop"})
+                assert cancel.status_code == 202, cancel.text
+    assert events[-2]["type"] == "STEP_FINISHED" and events[-3]["type"] == "TEXT_MESSAGE_END"
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert events[-1]["metadata"]["aimuStatus"] == "cancelled"
+    assert events[-1]["metadata"]["reason"] == "Stop"
+
+
+async def test_an_approval_pause_is_an_interrupt_and_resume_entries_decide_it(
+    http: httpx.AsyncClient,
+) -> None:
+    MAILED.clear()
+    paused = await ag_ui_events(http, run_input("agui-mail", "r1", user("mail bob")))
+    outcome = paused[-1]["outcome"]
+    assert outcome["type"] == "interrupt"
+    (interrupt,) = outcome["interrupts"]
+    assert interrupt["reason"] == "tool_approval" and "send_email" in interrupt["message"]
+    assert interrupt["toolCallId"] == interrupt["id"]
+    assert MAILED == []
+
+    # A bad answer changes nothing.
+    for resume, status in (
+        ([{"interruptId": "nope", "status": "resolved", "payload": True}], 400),
+        ([{"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"}], 400),
+        ([{"interruptId": interrupt["id"], "status": "resolved", "payload": True}] * 2, 400),
+    ):
+        response = await http.post("/ag-ui", json=run_input("agui-mail", "r2", resume=resume))
+        assert response.status_code == status, response.text
+    assert (await session(http, "agui-mail"))["pending"]
+
+    resume = [{"interruptId": interrupt["id"], "status": "resolved",
+               "payload": {"approved": True}}]
+    resumed = await ag_ui_events(http, run_input("agui-mail", "r2", resume=resume))
+    assert resumed[0]["runId"] == "r2"
+    assert "TOOL_CALL_RESULT" in types(resumed)
+    assert resumed[-1]["outcome"] == {"type": "success"}
+    assert resumed[-1]["result"] == "mail result: sent to mail bob"
+    assert MAILED == ["mail bob"]
+
+    again = await http.post("/ag-ui", json=run_input("agui-mail", "r3", resume=resume))
+    assert again.status_code == 409  # nothing waits any more
+
+
+async def test_a_dismissed_interrupt_denies_the_call(http: httpx.AsyncClient) -> None:
+    MAILED.clear()
+    paused = await ag_ui_events(http, run_input("agui-deny", "r1", user("mail eve")))
+    (interrupt,) = paused[-1]["outcome"]["interrupts"]
+    resume = [{"interruptId": interrupt["id"], "status": "cancelled"}]
+    resumed = await ag_ui_events(http, run_input("agui-deny", "r2", resume=resume))
+    assert resumed[-1]["outcome"] == {"type": "success"}
+    assert "denied" in resumed[-1]["result"]
+    assert MAILED == []
+
+
+async def test_coming_back_gets_a_snapshot_with_the_partial_reply(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    await ag_ui_events(http, run_input("agui-back", "r1", user("long way")),
+                       until="TEXT_MESSAGE_CONTENT")
+    await _settled(http, "agui-back")
+    back = await ag_ui_events(http, run_input("agui-back", "r2"))
+    assert types(back) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    snapshot = back[1]["messages"]
+    assert [m["role"] for m in snapshot] == ["user", "assistant"]
+    assert snapshot[1]["metadata"] == {"aimuPartial": True} and snapshot[1]["content"]
+
+
+async def test_coming_back_during_a_run_follows_it_from_its_start(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    GATE.reset()
+    first = _stream(http, run_input("agui-live", "r1", user("gate 1 3")))
+    async with contextlib.aclosing(first):
+        async for event in first:
+            if event["type"] == "TOOL_CALL_END":
+                break
+        await GATE.entered(1)
+        # The page came back (a second connection) while the first still follows.
+        second = _stream(http, run_input("agui-live", "r2"))
+        async with contextlib.aclosing(second):
+            seen = [await anext(second), await anext(second)]
+            assert types(seen) == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
+            assert [m["role"] for m in seen[1]["messages"]] == []  # the run holds the rest
+            GATE.open()
+            async for event in second:
+                seen.append(event)
+    kinds = types(seen)
+    assert kinds.index("TOOL_CALL_START") < kinds.index("TOOL_CALL_RESULT")
+    assert seen[-1]["outcome"] == {"type": "success"}
+
+
+async def test_bad_input_is_refused_and_changes_nothing(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    cases: list[tuple[object, int]] = [
+        ({"threadId": "x"}, 422),  # no runId, no messages
+        (run_input("../etc", "r1", user("hi")), 400),
+        (run_input("agui-bad", "r1", {"id": "u", "role": "wizard", "content": "hi"}), 422),
+        (run_input("agui-bad", "r1", user("   ")), 400),
+        (run_input("agui-bad", "r1", {"id": "u", "role": "user",
+                                      "content": [{"type": "binary", "data": "x"}]}), 400),
+        (run_input("agui-bad", "r1", user("hi"),
+                   tools=[{"name": "confirm", "description": "ask", "parameters": {}}]), 400),
+        (run_input("agui-bad", "r1", resume=[{"interruptId": "c", "status": "resolved"}]), 409),
+    ]
+    for body, status in cases:
+        response = await http.post("/ag-ui", json=body)
+        assert response.status_code == status, (body, response.text)
+        assert "error" in response.json()
+    assert (await http.get("/sessions/agui-bad")).status_code == 404
+
+    # A second run on a busy thread is refused; the first goes on.
+    GATE.reset()
+    first = _stream(http, run_input("agui-busy", "r1", user("gate 1 2")))
+    async with contextlib.aclosing(first):
+        async for event in first:
+            if event["type"] == "TOOL_CALL_END":
+                break
+        busy = await http.post("/ag-ui", json=run_input("agui-busy", "r2", user("meanwhile")))
+        assert busy.status_code == 409, busy.text
+        GATE.open()
+        rest = [event async for event in first]
+    assert rest[-1]["outcome"] == {"type": "success"}
+    users = [m for m in (await session(http, "agui-busy"))["messages"] if m["role"] == "user"]
+    assert [m["content"] for m in users] == ["gate 1 2"]
+
+
+async def test_a_foreign_origin_is_refused(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/ag-ui", json=run_input("agui-x", "r1", user("hi")),
+        headers={"Origin": "https://evil.example"},
+    )
+    assert response.status_code == 403
+    assert (await http.get("/sessions/agui-x")).status_code == 404
+
+
+async def _settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
+    """The session once its run has ended (the run's own event stream says when)."""
+    state = await session(http, name)
+    run_id = state["run_id"]
+    if run_id is not None:
+        async with http.stream("GET", f"/runs/{run_id}/events") as response:
+            async for _ in response.aiter_lines():
+                pass
+        state = await session(http, name)
+    return state
