@@ -36,11 +36,11 @@ from aimu.aio.store import Store
 from aimu.aio.tools import Tool, Toolset
 from aimu.serve import ag_ui
 from aimu.serve.agents import agent_factory, open_store
+from aimu.serve.backends.local import LocalBackend
 from aimu.serve.docs import add_docs
 from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, BodyLimit, error_response, validation_answer
-from aimu.serve.local import LocalBackend
 from aimu.serve.models import Error, Health
 from aimu.serve.routes import router
 from aimu.serve.runs import AgentFactory, Runs, RunsBackend
@@ -139,14 +139,14 @@ def app(
     if temporal is not None:
         if task_queue is None:
             raise ValueError("app(temporal=...) needs task_queue=: the queue the workers take")
-        from aimu.serve.temporal import TemporalBackend  # the aimu-agents[temporal] extra
+        from aimu.serve.backends.temporal import TemporalBackend  # the aimu-agents[temporal] extra
 
         temporal_backend = TemporalBackend(temporal, task_queue, opened, redis=control)
         backend, connect = temporal_backend, temporal_backend.connect
     elif control is None:
         backend = LocalBackend(agents, opened)
     else:
-        from aimu.serve.shared import RedisBackend
+        from aimu.serve.backends.redis import RedisBackend
 
         backend = RedisBackend(agents, opened, control)
     runs = Runs(backend, opened, agents)

@@ -284,7 +284,7 @@ async def _run(
         raise _Refused(str(error)) from None
     url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
     what = _serving(options, store, control, tools, token, url)
-    from aimu.serve.connections import DeadlineH11Protocol  # uvicorn's, imported above
+    from aimu.serve.slow_clients import DeadlineH11Protocol  # uvicorn's, imported above
 
     config = uvicorn.Config(
         application,

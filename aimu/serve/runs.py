@@ -2,21 +2,10 @@
 
 :class:`Runs` is what the HTTP routes call. It checks the input, reads the calls a paused
 run waits on from the store, records decisions and resumes a session once; where a run
-executes and how it is found, followed and stopped is its :class:`RunsBackend`'s:
-
-- :class:`~aimu.serve.local.LocalBackend`: in this process (``aimu serve``);
-- :class:`~aimu.serve.shared.RedisBackend`: here, registered with a ``RedisControl``,
-  and every run on the same Redis found, followed and stopped through it
-  (``aimu serve --redis``).
-
-- :class:`~aimu.serve.temporal.TemporalBackend`: as workflows on Temporal workers
-  (``aimu serve --temporal``).
-
-A backend implements the protocol's nine methods; :class:`~aimu.serve.local.RunLog`
-keeps the numbered events of runs followed here, :class:`~aimu.serve.local.Launcher`
-executes runs in this process, and :class:`~aimu.serve.decisions.StoreDecisions`
-records decisions in the shared store. The sessions, their transcripts and the
-approvals stay in the store, read through :mod:`aimu.aio.approvals`.
+executes and how it is found, followed and stopped is its :class:`RunsBackend`'s, one of
+:mod:`aimu.serve.backends` (in this process, shared through Redis, or on Temporal
+workers). The sessions, their transcripts and the approvals stay in the store, read
+through :mod:`aimu.aio.approvals`.
 """
 
 from __future__ import annotations
@@ -170,7 +159,7 @@ class RunsBackend(Protocol):
     ) -> Decided:
         """Record a decision on a call the paused run ``view`` waits on; after the last,
         resume its session as a new run. The backends that execute with the store's
-        sessions use :class:`~aimu.serve.decisions.StoreDecisions`."""
+        sessions use :class:`~aimu.serve.backends.decisions.StoreDecisions`."""
         ...
 
     def begin_shutdown(self) -> None:

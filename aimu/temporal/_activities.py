@@ -32,7 +32,7 @@ from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
-from aimu.serve.local import ended
+from aimu.serve.backends.launcher import ended
 from aimu.serve.runs import AgentFactory, pending_json
 from aimu.temporal._workflow import (
     BEGIN,

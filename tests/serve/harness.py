@@ -27,7 +27,7 @@ import uvicorn
 from aimu import aio
 from aimu.aio._sse import SSEParser
 from aimu.serve import ServeApp, app
-from aimu.serve.connections import DeadlineH11Protocol
+from aimu.serve.slow_clients import DeadlineH11Protocol
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.services import free_port

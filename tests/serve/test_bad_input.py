@@ -21,8 +21,8 @@ import pytest
 
 from aimu.aio.errors import ControlConnectionError
 from aimu.aio.store import PostgresStore, SQLiteStore
-from aimu.serve.connections import DeadlineH11Protocol
 from aimu.serve.errors import answer, unavailable
+from aimu.serve.slow_clients import DeadlineH11Protocol
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import (
     Served,

@@ -11,9 +11,10 @@ import pytest
 
 from aimu import aio
 from aimu.aio.run_handle import RunHandle
-from aimu.serve.local import Launcher, LocalBackend
+from aimu.serve.backends.launcher import Launcher
+from aimu.serve.backends.local import LocalBackend
+from aimu.serve.backends.redis import RedisBackend
 from aimu.serve.runs import Runs, RunsBackend
-from aimu.serve.shared import RedisBackend
 
 
 def test_both_backends_implement_the_protocol() -> None:

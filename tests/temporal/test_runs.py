@@ -196,9 +196,9 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
     temporal: str, queue: str, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer,
 ) -> None:
+    from aimu.serve.backends.temporal import TemporalBackend
     from aimu.serve.errors import Conflict, NotFound
     from aimu.serve.runs import Request
-    from aimu.serve.temporal import TemporalBackend
 
     model_server.script = [SLOW]
     await workers.start()

@@ -3,7 +3,7 @@
 :class:`TemporalBackend` is a :class:`~aimu.serve.runs.RunsBackend` that executes
 nothing here: each run is a workflow that an ``aimu worker`` executes (see
 :mod:`aimu.temporal`). A pump per run follows the workflow's events into this process's
-:class:`~aimu.serve.local.RunLog`, so followers, ``Last-Event-ID`` and the web page work
+:class:`~aimu.serve.backends.run_log.RunLog`, so followers, ``Last-Event-ID`` and the web page work
 as with local runs. A run that pauses for approval ends here as ``paused``; decisions
 are the workflow's signals, and once every call is decided the same workflow goes on,
 reported as a new run (``resumed_run_id``) that follows it from there.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
+from aimu.serve.backends.run_log import RunLog, RunRecord
 from aimu.serve.errors import (
     BadRequest,
     Conflict,
@@ -27,7 +28,6 @@ from aimu.serve.errors import (
     ServiceUnavailable,
     unavailable,
 )
-from aimu.serve.local import RunLog, RunRecord
 from aimu.serve.runs import Decided, Request, RunView, no_cancel_error
 
 if TYPE_CHECKING:

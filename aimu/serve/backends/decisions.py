@@ -1,6 +1,6 @@
 """Decisions on paused runs recorded in the shared store, for the backends whose runs
-open the store's sessions (:class:`~aimu.serve.local.LocalBackend`,
-:class:`~aimu.serve.shared.RedisBackend`).
+open the store's sessions (:class:`~aimu.serve.backends.local.LocalBackend`,
+:class:`~aimu.serve.backends.redis.RedisBackend`).
 
 Each decision is recorded in the session's state under its write lock: of two processes
 given the last two decisions at once, one records its decision and releases the lock,

@@ -1,7 +1,7 @@
 """Runs shared by several server processes through Redis (``aimu serve --redis``).
 
 :class:`RedisBackend` executes the runs started here with a
-:class:`~aimu.serve.local.Launcher`, each registered with a
+:class:`~aimu.serve.backends.launcher.Launcher`, each registered with a
 :class:`~aimu.aio.RedisControl` before its id is handed out (Redis away: the start
 fails at once and the run never starts). Everything else goes through the control, for
 the runs of this process as for any other's: a run's record, a session's latest run (one
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
-from aimu.serve.decisions import StoreDecisions
+from aimu.serve.backends.decisions import StoreDecisions
+from aimu.serve.backends.launcher import Launcher
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
 from aimu.serve.ids import stream_id
-from aimu.serve.local import Launcher
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
     AgentFactory,

@@ -1,0 +1,104 @@
+"""Runs executing in this process, found and controlled from it (``aimu serve``):
+:class:`LocalBackend` launches runs (:mod:`.launcher`), keeps their numbered events
+(:mod:`.run_log`) and records decisions in the store (:mod:`.decisions`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Coroutine
+from typing import Any, Final
+
+from aimu.aio.agent import Agent
+from aimu.aio.event_json import event_data
+from aimu.aio.events import Event, RunFinished
+from aimu.aio.run_handle import RunHandle
+from aimu.aio.store import Store
+from aimu.serve.backends.decisions import StoreDecisions
+from aimu.serve.backends.launcher import Launcher
+from aimu.serve.backends.run_log import RunLog, RunRecord
+from aimu.serve.errors import Conflict
+from aimu.serve.runs import AgentFactory, Decided, Request, RunView, no_cancel_error
+
+__all__ = ["LocalBackend"]
+
+_RUN_ID_BYTES: Final = 18  # 144 bits: unguessable, so a run id is a capability
+
+
+class LocalBackend(RunLog):
+    """Runs executing in this process, found and controlled from this process only."""
+
+    def __init__(self, agents: AgentFactory, store: Store, *, keep_finished: int = 1000) -> None:
+        super().__init__(keep_finished=keep_finished)
+        self._launcher = Launcher(agents)
+        self._decisions = StoreDecisions(store, agents, self)
+
+    async def start(self, session: str, task: str | None, agent: Agent | None) -> RunView:
+        try:
+            self.check_free(session)
+        except Conflict:
+            if agent is not None:
+                await agent.aclose()
+            raise
+        view = RunView(secrets.token_urlsafe(_RUN_ID_BYTES), session, task, created_at=time.time())
+
+        def start(run: Coroutine[Any, Any, str], messages_from: int) -> RunHandle[str]:
+            view.messages_from = messages_from
+            return RunHandle.start(run, name=f"run {view.run_id}", run_id=view.run_id)
+
+        handle = await self._launcher.launch(session, task, agent, start)
+        record = self.add(view)
+        record.handle = handle
+        view.status = handle.status
+        handle.scope.add_listener(lambda event: self._on_event(record, event))
+        handle.add_done_callback(lambda done: self._finished(record, done))
+        return view
+
+    def _on_event(self, record: RunRecord, event: Event) -> None:
+        view = record.view
+        if view.status == "pending":
+            view.status = "running"
+        if isinstance(event, RunFinished):
+            view.reply, view.error = event.reply, event.error
+            view.usage = dict(event.usage)  # type: ignore[assignment]
+        record.add(no_cancel_error(event_data(event)))
+
+    def _finished(self, record: RunRecord, handle: RunHandle[str]) -> None:
+        error = None
+        if record.view.error is None and handle.status == "failed":
+            failure = handle.exception()
+            error = None if failure is None else f"{type(failure).__name__}: {failure}"
+        record.end(handle.status, handle.reason, error)
+
+    async def request(self, run_id: str, request: Request) -> None:
+        record = self.record(run_id)
+        kind, handle = request.kind, record.handle
+        what = "send to" if kind == "send" else kind
+        if record.ended or handle is None:
+            raise Conflict(
+                f"run {run_id} already ended ({record.view.status}): nothing to {what}"
+            )
+        if kind == "cancel":
+            handle.cancel(request.value if isinstance(request.value, str) else None)
+        elif kind == "interrupt":
+            if not handle.interrupt():
+                raise Conflict(f"run {run_id} is being cancelled already: nothing to interrupt")
+        elif kind == "stop":
+            grace = request.value if isinstance(request.value, float | int) else 5.0
+            self._launcher.spawn(handle.stop(float(grace)))
+        elif not handle.send(str(request.value), images=request.images):
+            raise Conflict(
+                f"run {run_id} is ending (being cancelled): the text was not sent; "
+                "start a new run with it"
+            )
+
+    async def decide(
+        self, view: RunView, call_id: str, approve: bool, reason: str | None
+    ) -> Decided:
+        return await self._decisions.decide(view, call_id, approve, reason)
+
+    async def aclose(self) -> None:
+        self.begin_shutdown()
+        await self._launcher.aclose()
+
