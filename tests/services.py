@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import os
 import shutil
 import socket
@@ -263,6 +264,24 @@ def temporal_address() -> str:
     if server is None:
         server = _private["AIMU_TEST_TEMPORAL_ADDRESS"] = _PrivateTemporal()
     return server.address
+
+
+#: The protocols' own JavaScript clients the serve tests drive (``.ci/run`` installs them).
+NPM_CLIENTS = {"@ag-ui/client": "1.0.0", "ai": "7.0.173"}
+
+
+def npm_clients() -> Path:
+    """Where ``node`` finds the protocols' own clients (``$AIMU_NPM_CLIENTS``, default
+    ``~/.cache/aimu/npm-clients``); skip, or fail in CI, without node or them."""
+    if shutil.which("node") is None:
+        unavailable("node not found: install Node.js to run the protocol client tests")
+    prefix = Path(os.environ.get("AIMU_NPM_CLIENTS") or "~/.cache/aimu/npm-clients").expanduser()
+    for package, version in NPM_CLIENTS.items():
+        manifest = prefix / "node_modules" / package / "package.json"
+        if not manifest.exists() or json.loads(manifest.read_text())["version"] != version:
+            unavailable(f"{package}@{version} is not installed in {prefix}: run .ci/run, or "
+                        f"npm install --prefix {prefix} {package}@{version}")
+    return prefix
 
 
 def chromium_path() -> str:

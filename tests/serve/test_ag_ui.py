@@ -6,9 +6,12 @@ the model server's record of an abandoned stream.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +20,7 @@ from pydantic import TypeAdapter
 
 from aimu.aio.transcript import validate
 from tests.serve.harness import GATE, MAILED, Served
+from tests.services import npm_clients
 
 ag_ui_core = pytest.importorskip("ag_ui.core")
 EVENT: TypeAdapter[Any] = TypeAdapter(ag_ui_core.Event)
@@ -292,3 +296,69 @@ async def _settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
                 pass
         state = await session(http, name)
     return state
+
+
+# -- the AG-UI project's own client (@ag-ui/client from npm, in Node) ----------------------
+
+CLIENT = Path(__file__).with_name("ag_ui_client.mjs")
+
+
+async def node_client(served: Served, mode: str, thread: str, text: str = "") -> list[Any]:
+    """``ag_ui_client.mjs MODE``: the lines it printed (events, then its end)."""
+    prefix = npm_clients()
+    process = await asyncio.create_subprocess_exec(
+        "node", str(CLIENT), mode, served.url, thread, text,
+        env={**os.environ, "AIMU_NPM_CLIENTS": str(prefix)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    return [json.loads(line) for line in out.decode().splitlines()]
+
+
+def client_events(lines: list[Any]) -> list[dict[str, Any]]:
+    return [line["event"] for line in lines if "event" in line]
+
+
+async def test_the_ag_ui_client_runs_and_keeps_the_answer(served: Served) -> None:
+    lines = await node_client(served, "run", "agui-js", "tool please")
+    events = client_events(lines)
+    assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+    end = lines[-1]["end"]
+    assert end["error"] is None
+    roles = [m["role"] for m in end["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert end["messages"][2]["content"] == "found tool please"
+
+
+async def test_the_ag_ui_clients_abort_stops_the_run_server_side(
+    served: Served, http: httpx.AsyncClient
+) -> None:
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    lines = await node_client(served, "abort", "agui-js-abort", "long saga")
+    events = client_events(lines)
+    # The client ends its side itself (RUN_ERROR "abort"); the server sent no end of its own.
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "abort"
+    assert "RUN_FINISHED" not in types(events)
+    await served.model.wait_abandoned(abandoned + 1)
+    state = await _settled(http, "agui-js-abort")
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+    assert state["messages"][-1]["aimu_partial"] is True
+
+    # The page comes back: the client gets the session, the partial reply in it.
+    back = await node_client(served, "back", "agui-js-abort")
+    messages = back[-1]["end"]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[1]["content"] == state["messages"][-1]["content"]
+
+
+async def test_the_ag_ui_client_answers_an_interrupt(served: Served) -> None:
+    MAILED.clear()
+    lines = await node_client(served, "approve", "agui-js-mail", "mail ann")
+    (interrupts,) = [line["interrupts"] for line in lines if "interrupts" in line]
+    assert [i["reason"] for i in interrupts] == ["tool_approval"]
+    end = lines[-1]["end"]
+    assert end["error"] is None and end["pending"] == []
+    assert end["result"] == "mail result: sent to mail ann"
+    assert MAILED == ["mail ann"]
