@@ -27,7 +27,7 @@ import httpx
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
 from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
-from aimu.aio.providers._wire import WireEncoder, dumps
+from aimu.aio.providers._wire import PrefillEcho, WireEncoder, dumps, prefill
 from aimu.aio.providers.base import Chunk, ModelClient, TurnRequest
 from aimu.aio.transcript import Message, ToolSpec
 
@@ -371,6 +371,9 @@ class HTTPModelClient(ModelClient):
         body = self.body(messages, tools, stream, request)
         reporter = self.reporter()
         decoder = self.decoder(reporter)
+        # A continued answer: a server may send the prefix back first (llama.cpp does).
+        prefix = prefill(messages, self._wire.merge_roles)
+        echo = PrefillEcho(prefix) if prefix else None
         pool = self._pool
         http = await pool.bind()
         async with pool.slots:
@@ -380,7 +383,8 @@ class HTTPModelClient(ModelClient):
             try:
                 with reporter:
                     if not stream:
-                        for chunk in decoder.whole(await response.aread()):
+                        chunks = decoder.whole(await response.aread())
+                        for chunk in echo.chunks(chunks) if echo is not None else chunks:
                             yield chunk
                         return
                     rest = b""
@@ -391,6 +395,9 @@ class HTTPModelClient(ModelClient):
                             chunks = decoder.line(line)
                             if decoder.finished:
                                 await _drain(pieces)  # so the connection goes back to the pool
+                            if echo is not None:
+                                chunks = echo.chunks(chunks)
+                                echo = None if echo.settled else echo
                             for chunk in chunks:
                                 yield chunk
                             if decoder.finished:
@@ -398,7 +405,7 @@ class HTTPModelClient(ModelClient):
                     chunks = decoder.line(rest) if rest else []
                     if not decoder.finished:
                         chunks += decoder.end()
-                    for chunk in chunks:
+                    for chunk in echo.chunks(chunks) if echo is not None else chunks:
                         yield chunk
             except (ModelConnectionError, ModelProtocolError) as error:
                 _note_dropped(reporter, error)

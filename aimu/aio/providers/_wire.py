@@ -19,9 +19,13 @@ from typing import Any, cast
 
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._unicode import clean, clean_json
+from aimu.aio.providers.base import Chunk, TextDelta, ThinkingDelta
 from aimu.aio.transcript import AssistantMessage, Message, ToolCall, ToolSpec
 
-__all__ = ["WireEncoder", "decode_arguments", "dumps", "dumps_text", "merge_messages"]
+__all__ = [
+    "PrefillEcho", "WireEncoder", "decode_arguments", "dumps", "dumps_text", "merge_messages",
+    "prefill",
+]
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _MERGED = frozenset({"user", "assistant"})
@@ -62,6 +66,66 @@ def merge_messages(group: Sequence[Message]) -> Message:
     if thinking:
         merged["thinking"] = thinking
     return merged
+
+
+def prefill(messages: Sequence[Message], merge_roles: bool) -> str:
+    """The text of the trailing assistant message as sent (merged with the assistant
+    messages before it when ``merge_roles``): the prefix a server continues, else ``""``."""
+    if not messages or messages[-1]["role"] != "assistant":
+        return ""
+    if not merge_roles:
+        return messages[-1]["content"]
+    start = len(messages) - 1
+    while start and messages[start - 1]["role"] == "assistant":
+        start -= 1
+    return merge_messages(messages[start:])["content"]
+
+
+class PrefillEcho:
+    """Takes a server's echo of the prefill out of its reply, once.
+
+    llama.cpp's server continues a trailing assistant message but sends that message's
+    text back first (as the first streamed delta; at the start of a whole reply). The
+    reply's text is held while it could still be that echo; it is stripped only when the
+    text starts with the whole prefill, and released unchanged otherwise (or when the
+    reply goes on to a tool call or ends first). Thinking passes through.
+    """
+
+    __slots__ = ("held", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.held = ""
+
+    @property
+    def settled(self) -> bool:
+        """True once the echo was stripped or ruled out: the rest passes as it comes."""
+        return not self.text
+
+    def chunks(self, chunks: list[Chunk]) -> list[Chunk]:
+        """``chunks`` with the echo taken out (text held back while undecided)."""
+        passed: list[Chunk] = []
+        for chunk in chunks:
+            if not self.text or isinstance(chunk, ThinkingDelta):
+                passed.append(chunk)
+                continue
+            if isinstance(chunk, TextDelta):
+                held = self.held + chunk.text
+                if len(held) < len(self.text) and self.text.startswith(held):
+                    self.held = held  # still possibly the echo: wait for more
+                    continue
+                if held.startswith(self.text):
+                    held = held[len(self.text):]
+                self._settle(passed, held)
+            else:  # a call, native data or the end came first: no echo
+                self._settle(passed, self.held)
+                passed.append(chunk)
+        return passed
+
+    def _settle(self, passed: list[Chunk], text: str) -> None:
+        self.text = self.held = ""
+        if text:
+            passed.append(TextDelta(text))
 
 
 class WireEncoder:

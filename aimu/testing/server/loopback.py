@@ -35,6 +35,7 @@ from aimu.testing.server.wire import (
     alternation_error,
     image_error,
     json_bytes,
+    prefill,
     trailing_assistant_error,
 )
 
@@ -84,6 +85,7 @@ class LoopbackServer:
         port: int = 0,
         strict_alternation: bool = False,
         continues_partial: bool = True,
+        echoes_prefill: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -91,6 +93,10 @@ class LoopbackServer:
         #: as Ollama and llama.cpp's server do; False: refuse it (400), as a server that
         #: cannot continue one would be modelled.
         self.continues_partial = continues_partial
+        #: Send a trailing assistant message (the prefill it continues) back before the
+        #: continuation, as llama.cpp's server does: as the first streamed text delta, and
+        #: at the start of a whole reply's content.
+        self.echoes_prefill = echoes_prefill
         #: Refuse (400) a chat whose user and assistant turns do not alternate, as the
         #: chat templates of Mistral or Gemma on vLLM do.
         self.strict_alternation = strict_alternation
@@ -405,4 +411,5 @@ class LoopbackServer:
         record = StreamRecord(path, wire.protocol, wire.streamed(), time.monotonic(), turn.fault)
         self.streams.append(record)
         self._notify()
-        return await play(connection, wire, turn, record, self._notify)
+        echo = prefill(wire.body.get("messages")) if self.echoes_prefill else ""
+        return await play(connection, wire, turn, record, self._notify, echo)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aimu.testing.script import Turn, split_text
 from aimu.testing.server._connection import Connection
@@ -41,12 +41,15 @@ async def play(
     turn: Turn,
     record: StreamRecord,
     notify: Callable[[], None],
+    echo: str = "",
 ) -> bool:
     """Send ``turn`` as the reply; False when the connection must close (cut or gone).
 
     ``notify`` is called after each chunk and when the client abandons the reply.
+    ``echo`` (the prefill, from a server that echoes it) goes first: one text chunk of
+    its own when streamed, the start of the content when whole.
     """
-    player = _Player(connection, wire, turn, record, notify)
+    player = _Player(connection, wire, turn, record, notify, echo)
     connection.watch()
     try:
         return await (player.stream() if record.streamed else player.whole())
@@ -62,6 +65,7 @@ class _Player:
     turn: Turn
     record: StreamRecord
     notify: Callable[[], None]
+    echo: str = ""
 
     def _gone(self) -> bool:
         """The client went away: record it, and close."""
@@ -108,7 +112,8 @@ class _Player:
         if turn.fault == "bad_json":
             body = self.wire.bad_line().strip()
         else:
-            body = self.wire.whole(turn, finished=turn.fault != "no_done")
+            echoed = replace(turn, text=self.echo + turn.text) if self.echo else turn
+            body = self.wire.whole(echoed, finished=turn.fault != "no_done")
         if not await connection.send_response(200, body, JSON):
             return self._gone()
         self.record.chunks_sent = 1
@@ -126,6 +131,8 @@ class _Player:
         if not await connection.start_stream(self.wire.stream_content_type):
             return self._gone()
         pieces = self.wire.chunks(turn)
+        if self.echo:
+            pieces = self.wire.chunks(Turn(text=self.echo, chunks=1)) + pieces
         fault_at = min(turn.fault_after, len(pieces)) if turn.fault in _MID_STREAM_FAULTS else -1
         for position in range(len(pieces) + 1):
             if position == len(pieces) and position != fault_at:

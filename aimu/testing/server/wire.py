@@ -31,6 +31,7 @@ __all__ = [
     "image_error",
     "json_bytes",
     "output_tokens",
+    "prefill",
     "trailing_assistant_error",
 ]
 
@@ -176,6 +177,15 @@ def image_error(messages: object) -> str | None:
         if any(_bad_image(item) for item in encoded):
             return f"invalid image input in message {index}: not a base64 PNG, JPEG, GIF or WebP"
     return None
+
+
+def prefill(messages: object) -> str:
+    """The text of a trailing assistant message (what a server continues), else ``""``."""
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, Mapping) and last.get("role") == "assistant":
+        content = last.get("content")
+        return content if isinstance(content, str) else ""
+    return ""
 
 
 def trailing_assistant_error(messages: object) -> str | None:
