@@ -807,6 +807,53 @@ async def test_return_values_become_text() -> None:
     assert "return a str or JSON data" in outcome.content
 
 
+async def test_a_result_over_the_cap_is_cut_with_a_marker_saying_how_much() -> None:
+    def huge() -> str:
+        return "é" + "x" * 1_999_998  # 2,000,000 bytes of UTF-8
+
+    outcome = await run(huge)
+    body, marker = outcome.content.rsplit("\n", 1)
+    assert body == "é" + "x" * 999_998 and not outcome.is_error  # 1 MB by default
+    assert marker == (
+        "[cut: 1,000,000 of 2,000,000 bytes dropped; tool 'huge' results are capped at "
+        "1,000,000 bytes]"
+    )
+    assert (await run(tool(huge, max_result=2_000_000))).content == huge()
+    assert (await run(tool(huge, max_result=None))).content == huge()
+    # A character is never cut in two: 1 byte of "é" is nothing, counted as dropped.
+    assert (await run(tool(huge, max_result=1))).content.startswith("\n[cut: 2,000,000 of")
+    assert tool(tool(huge, max_result=5)).max_result == 5  # kept when not given again
+
+    async def failing() -> str:
+        raise ValueError("y" * 50)
+
+    failed = await run(tool(failing, max_result=20))
+    assert failed.is_error and failed.content.startswith("tool 'failing' faile\n[cut: 65 of 85 ")
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ToolDefinitionError, match="max_result must be a positive number"):
+            tool(huge, max_result=bad)  # type: ignore[arg-type]
+
+
+async def test_the_cut_result_is_what_the_transcript_and_the_store_keep(tmp_path: Any) -> None:
+    from aimu.testing.scripted import ScriptedModel, tool_turn
+
+    def huge() -> str:
+        return "x" * 1_500_000
+
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    agent = aio.Agent(ScriptedModel([tool_turn(("huge", {})), Turn("done")]), tools=[huge],
+                      store=store, session="s")
+    assert await agent.run("go") == "done"
+    (result,) = [m["content"] for m in agent.model_client.messages if m["role"] == "tool"]
+    assert result.endswith("[cut: 500,000 of 1,500,000 bytes dropped; tool 'huge' results are "
+                           "capped at 1,000,000 bytes]")
+    assert len(result) < 1_000_100
+    stored = await store.load("s")
+    assert [m["content"] for m in stored if m["role"] == "tool"] == [result]
+    await agent.aclose()
+    await store.aclose()
+
+
 async def test_sync_function_returning_a_coroutine_is_an_error_without_warning(
     recwarn: pytest.WarningsRecorder,
 ) -> None:

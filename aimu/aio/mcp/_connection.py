@@ -81,7 +81,7 @@ class Connection:
     async def _session(
         self, transport: Callable[[], Transport], ready: asyncio.Future[None]
     ) -> None:
-        async with Client(transport(), cache=None) as client:
+        async with Client(transport(), cache=None, message_handler=self._on_message) as client:
             tools: list[types.Tool] = []
             cursor: str | None = None
             while True:
@@ -95,6 +95,14 @@ class Connection:
             self.client, self.tools = client, tools
             ready.set_result(None)
             await self._closing.wait()
+
+    async def _on_message(self, message: types.ServerNotification | Exception) -> None:
+        """A message the transport could not read (not JSON, or nested deeper than the
+        parser allows) while connecting: its answer will never come, so start-up fails
+        with what went wrong now, instead of waiting out the timeout."""
+        ready = self._ready
+        if isinstance(message, Exception) and ready is not None and not ready.done():
+            ready.set_exception(message)
 
     async def aclose(self, *, abort: bool = False) -> None:
         """End the connection and wait until it has (a stdio server stopped and reaped),

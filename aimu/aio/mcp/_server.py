@@ -4,11 +4,14 @@
 life: it never outlives it, even after ``kill -9``); ``MCPServer.http(url)`` talks
 Streamable HTTP. Either is a :class:`~aimu.aio.tools.Toolset`: give it in an agent's
 ``tools=[...]``. Its tools keep the server's JSON schemas; annotations become policies
-(``destructiveHint`` asks for approval, ``idempotentHint`` lets a call in doubt run
-again). A cancelled call is cancelled on the server (the SDK 2.x sends
-``notifications/cancelled``, or aborts the HTTP request) and the connection stays
-usable; a server that crashes mid-call gives the model a tool error and is restarted at
-the next call.
+with the MCP specification's defaults: a tool is destructive (asks for approval) and not
+idempotent unless its annotations say otherwise (``readOnlyHint: true``, or
+``destructiveHint: false``; ``idempotentHint: true`` lets a call in doubt run again);
+``approval=`` on the server decides for all its tools instead. A result over
+``max_result`` bytes is cut with a marker. A cancelled call is cancelled on the server
+(the SDK 2.x sends ``notifications/cancelled``, or aborts the HTTP request) and the
+connection stays usable; a server that crashes mid-call gives the model a tool error
+and is restarted at the next call.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pydantic import ValidationError
 
 from aimu.aio.errors import MCPServerError, ToolDefinitionError
 from aimu.aio.mcp._connection import Connection, describe, first_error
-from aimu.aio.tools import Tool, ToolContext, ToolOutcome
+from aimu.aio.tools import DEFAULT_MAX_RESULT, Tool, ToolContext, ToolOutcome
 
 __all__ = ["MCPServer"]
 
@@ -72,6 +75,8 @@ class MCPServer:
         tools: Sequence[str] | str | None,
         timeout: float | None,
         tool_timeout: float | None,
+        approval: bool | None = None,
+        max_result: int | None = DEFAULT_MAX_RESULT,
     ) -> None:
         self._name = name
         self._where = where
@@ -82,6 +87,19 @@ class MCPServer:
             None if tool_timeout is None
             else _check_seconds(name, "tool_timeout", tool_timeout, None)
         )
+        if approval is not None and not isinstance(approval, bool):
+            raise ValueError(
+                f"MCP server {name!r}: approval= must be True, False or None, got {approval!r}"
+            )
+        self._approval = approval
+        if max_result is not None and (
+            isinstance(max_result, bool) or not isinstance(max_result, int) or max_result <= 0
+        ):
+            raise ValueError(
+                f"MCP server {name!r}: max_result must be a positive number of bytes or "
+                f"None, got {max_result!r}"
+            )
+        self._max_result = max_result
         self._connection: Connection | None = None
         self._tools: list[Tool] = []
         self._lock: asyncio.Lock | None = None
@@ -100,6 +118,8 @@ class MCPServer:
         tools: Sequence[str] | str | None = None,
         timeout: float | None = None,
         tool_timeout: float | None = None,
+        approval: bool | None = None,
+        max_result: int | None = DEFAULT_MAX_RESULT,
     ) -> MCPServer:
         """A server started as ``command args`` speaking MCP on its stdin and stdout.
 
@@ -107,6 +127,10 @@ class MCPServer:
         the command's (or, for ``npx``/``uvx``..., its package's) name; ``tools``
         keeps the tools whose names match one of these names or globs; ``timeout``
         bounds start-up (default 30 s), ``tool_timeout`` each call (default none).
+        ``approval``: None follows each tool's annotations (MCP's defaults: no
+        annotations asks); False trusts the server (none of its tools asks); True makes
+        every tool ask. ``max_result``: bytes of a result kept (default 1 MB), the rest
+        cut with a marker saying how much was dropped; None keeps results whole.
         """
         if not isinstance(command, str) or not command.strip():
             raise ValueError(
@@ -129,6 +153,8 @@ class MCPServer:
             tools=tools,
             timeout=timeout,
             tool_timeout=tool_timeout,
+            approval=approval,
+            max_result=max_result,
         )
 
     @classmethod
@@ -141,6 +167,8 @@ class MCPServer:
         tools: Sequence[str] | str | None = None,
         timeout: float | None = None,
         tool_timeout: float | None = None,
+        approval: bool | None = None,
+        max_result: int | None = DEFAULT_MAX_RESULT,
     ) -> MCPServer:
         """A server at ``url`` speaking MCP over Streamable HTTP.
 
@@ -163,6 +191,8 @@ class MCPServer:
             tools=tools,
             timeout=timeout,
             tool_timeout=tool_timeout,
+            approval=approval,
+            max_result=max_result,
         )
 
     def renamed(self, name: str) -> MCPServer:
@@ -174,6 +204,8 @@ class MCPServer:
             tools=self._filters,
             timeout=self._timeout,
             tool_timeout=self._tool_timeout,
+            approval=self._approval,
+            max_result=self._max_result,
         )
 
     # -- the Toolset protocol -------------------------------------------------------
@@ -274,6 +306,9 @@ class MCPServer:
             return f"exited or closed the connection during start-up{tail}"
         if isinstance(error, MCPError):
             return f"answered its start-up requests with an error: {error.error.message}{tail}"
+        unreadable = _unreadable(error)
+        if unreadable is not None:
+            return f"sent a message that cannot be read: {unreadable}{tail}"
         if isinstance(error, ValidationError):  # the SDK checks the tool list's shape
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:3]
@@ -309,10 +344,9 @@ class MCPServer:
         return made
 
     def _tool(self, listed: types.Tool) -> Tool:
-        annotations = listed.annotations
-        destructive = annotations is not None and annotations.destructive_hint is True
-        read_only = annotations is not None and annotations.read_only_hint is True
-        idempotent = annotations is not None and annotations.idempotent_hint is True
+        approval, idempotent = policies(listed.annotations)
+        if self._approval is not None:
+            approval = self._approval
         name = _NOT_A_NAME.sub("_", listed.name)[:64] or "tool"
         call = _ToolCall(self, listed.name)
         try:
@@ -322,8 +356,9 @@ class MCPServer:
                 listed.input_schema,
                 call,
                 timeout=self._tool_timeout,
-                approval=destructive and not read_only,
+                approval=approval,
                 idempotent=idempotent,
+                max_result=self._max_result,
             )
         except ToolDefinitionError as error:
             raise self._error(f"offers a tool aimu cannot use: {error}") from None
@@ -470,6 +505,20 @@ async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[Tr
         yield streams
 
 
+def policies(annotations: types.ToolAnnotations | None) -> tuple[bool, bool]:
+    """(asks for approval, idempotent) as the MCP specification's defaults read a tool's
+    annotations: ``readOnlyHint`` false, ``destructiveHint`` true, ``idempotentHint``
+    false when unset. A read-only tool changes nothing: it never asks and may run again;
+    otherwise it asks unless ``destructiveHint`` is false, and is idempotent only when
+    ``idempotentHint`` is true. (Hints from a server you do not trust are only hints:
+    ``approval=True`` on the server makes every tool ask.)"""
+    if annotations is not None and annotations.read_only_hint is True:
+        return False, True
+    destructive = annotations is None or annotations.destructive_hint is not False
+    idempotent = annotations is not None and annotations.idempotent_hint is True
+    return destructive, idempotent
+
+
 def _outcome(result: types.CallToolResult) -> ToolOutcome:
     """A tool result as the text the model reads: text blocks as they are, other blocks
     (images, resources) and structured content as JSON."""
@@ -482,6 +531,23 @@ def _outcome(result: types.CallToolResult) -> ToolOutcome:
     if not parts and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content))
     return ToolOutcome("\n".join(parts), bool(result.is_error))
+
+
+def _unreadable(error: BaseException) -> str | None:
+    """What makes a message from the server unreadable (its JSON), or None."""
+    if not isinstance(error, ValidationError):
+        return None
+    for problem in error.errors():
+        if problem["type"] != "json_invalid":
+            continue
+        said = str(problem.get("ctx", {}).get("error", problem["msg"]))
+        if "recursion" in said:
+            return (
+                "it nests deeper than a JSON parser allows (a tool's inputSchema is nested "
+                "too deeply to list its tools)"
+            )
+        return f"it is not valid JSON ({said})"
+    return None
 
 
 def _default_name(command: str, args: Sequence[str]) -> str:

@@ -9,7 +9,9 @@ always propagates.
 
 Choices made here: a parameter without an annotation takes any JSON value; a ``None``
 default also allows null; an integral float (``3.0``) is accepted for ``int``; a
-return value of ``None`` becomes ``"null"``, like every non-str value turned into JSON.
+return value of ``None`` becomes ``"null"``, like every non-str value turned into JSON;
+a result over ``max_result`` bytes (1 MB by default) is cut with a marker saying how
+much was dropped, so one call cannot fill the transcript, the store and the context.
 
 Sync tools run in a worker thread. A thread cannot be killed: on a cancel or timeout
 the caller moves on at once, the thread runs to its end, and its result goes nowhere.
@@ -24,8 +26,17 @@ model's arguments bound), ``_json_values`` (defaults and results as JSON),
 """
 
 from aimu.aio.tools._context import ToolContext
-from aimu.aio.tools._definition import Tool, as_tool, tool
+from aimu.aio.tools._definition import DEFAULT_MAX_RESULT, Tool, as_tool, tool
 from aimu.aio.tools._invocation import ToolOutcome, invoke
 from aimu.aio.tools._toolset import Toolset
 
-__all__ = ["Tool", "ToolContext", "ToolOutcome", "Toolset", "as_tool", "invoke", "tool"]
+__all__ = [
+    "DEFAULT_MAX_RESULT",
+    "Tool",
+    "ToolContext",
+    "ToolOutcome",
+    "Toolset",
+    "as_tool",
+    "invoke",
+    "tool",
+]

@@ -13,6 +13,7 @@ import inspect
 import math
 import re
 from collections.abc import Awaitable, Callable
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, overload
 
 from aimu.aio.errors import ToolDefinitionError
@@ -35,7 +36,11 @@ class ToolOutcome:
 
 SchemaCall = Callable[[dict[str, Any], "ToolContext"], Awaitable["str | ToolOutcome"]]
 
-__all__ = ["Tool", "as_tool", "tool"]
+__all__ = ["DEFAULT_MAX_RESULT", "Tool", "as_tool", "tool"]
+
+#: Bytes (UTF-8) of a tool's result kept in the transcript, in memory and in the store;
+#: the rest is cut, with a marker saying how much was dropped. ``max_result=`` changes it.
+DEFAULT_MAX_RESULT = 1_000_000
 
 # Names OpenAI-compatible servers accept for a function.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -66,6 +71,7 @@ class Tool:
         "fn",
         "idempotent",
         "is_async",
+        "max_result",
         "name",
         "parameters",
         "spec",
@@ -81,6 +87,7 @@ class Tool:
         timeout: float | None = None,
         approval: bool = False,
         idempotent: bool = False,
+        max_result: int | None = DEFAULT_MAX_RESULT,
     ) -> None:
         if not callable(fn):
             raise ToolDefinitionError(f"a tool must be callable, got {type(fn).__name__}")
@@ -90,6 +97,8 @@ class Tool:
         if not (inspect.isfunction(target) or inspect.ismethod(target)):
             target = type(target).__call__  # a callable object: its __call__ has the hints
         _check_definition(name, target, timeout)
+        #: Bytes of a result kept (the rest cut with a marker); None keeps it whole.
+        self.max_result = _check_max_result(name, max_result)
         self.name = name
         self.fn = fn
         self.timeout = float(timeout) if timeout is not None else None
@@ -130,6 +139,7 @@ class Tool:
         timeout: float | None = None,
         approval: bool = False,
         idempotent: bool = False,
+        max_result: int | None = DEFAULT_MAX_RESULT,
     ) -> Tool:
         """A tool whose JSON schema ``parameters`` is given (an MCP server's), sent to the
         model as is; ``call(arguments, ctx)`` runs it with the model's arguments object."""
@@ -140,6 +150,7 @@ class Tool:
                 f"got {_schema_kind(parameters)}"
             )
         made = cls.__new__(cls)
+        made.max_result = _check_max_result(name, max_result)
         made.name = name
         made.fn = made.__wrapped__ = call
         made.timeout = float(timeout) if timeout is not None else None
@@ -197,6 +208,17 @@ def _check_definition(name: str, target: Callable[..., Any], timeout: object) ->
         )
 
 
+def _check_max_result(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ToolDefinitionError(
+            f"tool {name!r}: max_result must be a positive number of bytes or None, "
+            f"got {value!r}"
+        )
+    return value
+
+
 def as_tool(obj: Callable[..., Any] | Tool) -> Tool:
     """``obj`` as a :class:`Tool`: a Tool is returned as is, a callable is inspected.
 
@@ -215,6 +237,7 @@ def tool(
     timeout: float | None = None,
     approval: bool | None = None,
     idempotent: bool | None = None,
+    max_result: int | EllipsisType | None = ...,
 ) -> Tool: ...
 
 
@@ -228,6 +251,7 @@ def tool(
     timeout: float | None = None,
     approval: bool | None = None,
     idempotent: bool | None = None,
+    max_result: int | EllipsisType | None = ...,
 ) -> Callable[[Callable[..., Any] | Tool], Tool]: ...
 
 
@@ -240,16 +264,22 @@ def tool(
     timeout: float | None = None,
     approval: bool | None = None,
     idempotent: bool | None = None,
+    max_result: int | EllipsisType | None = ...,
 ) -> Tool | Callable[[Callable[..., Any] | Tool], Tool]:
     """Make a :class:`Tool`, overriding the inferred name, description or timeout.
 
     Usable bare (``@tool``) or with arguments (``@tool(timeout=2)``); given a Tool it
     returns a new Tool with the overrides applied. ``approval=True``: every call waits
     for a person (the run pauses); ``idempotent=True``: a call in doubt after a crash
-    is run again (the default gives it an "outcome unknown" result instead).
+    is run again (the default gives it an "outcome unknown" result instead);
+    ``max_result``: bytes of a result kept, the rest cut with a marker saying how much
+    was dropped (default :data:`DEFAULT_MAX_RESULT`, 1 MB; None keeps results whole).
     """
 
     def make(obj: Callable[..., Any] | Tool) -> Tool:
+        # max_result not given (...): what the tool had; None is "no cap".
+        kept = obj.max_result if isinstance(obj, Tool) else DEFAULT_MAX_RESULT
+        cap = kept if isinstance(max_result, EllipsisType) else max_result
         if isinstance(obj, Tool) and obj.from_schema_given:
             return Tool.from_schema(
                 obj.name if name is None else name,
@@ -259,6 +289,7 @@ def tool(
                 timeout=obj.timeout if timeout is None else timeout,
                 approval=obj.approval if approval is None else approval,
                 idempotent=obj.idempotent if idempotent is None else idempotent,
+                max_result=cap,
             )
         if isinstance(obj, Tool):
             return Tool(
@@ -268,10 +299,11 @@ def tool(
                 timeout=obj.timeout if timeout is None else timeout,
                 approval=obj.approval if approval is None else approval,
                 idempotent=obj.idempotent if idempotent is None else idempotent,
+                max_result=cap,
             )
         return Tool(
             obj, name=name, description=description, timeout=timeout,
-            approval=bool(approval), idempotent=bool(idempotent),
+            approval=bool(approval), idempotent=bool(idempotent), max_result=cap,
         )
 
     return make if fn is None else make(fn)

@@ -60,6 +60,35 @@ async def invoke(tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext) ->
 
 
 async def _invoke(tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+    outcome = await _outcome_of(tools, call, ctx)
+    tool = tools.get(call["function"]["name"])
+    if tool is None or tool.max_result is None:
+        return outcome
+    return _capped(outcome, tool.max_result, tool.name, call["id"])
+
+
+def _capped(outcome: ToolOutcome, cap: int, name: str, call_id: str) -> ToolOutcome:
+    """``outcome`` with its text cut to ``cap`` bytes of UTF-8 (on a character boundary)
+    and a marker saying how much was dropped: what the transcript and the store keep."""
+    text = outcome.content
+    if len(text) <= cap // 4:  # 4 bytes a character at most: short enough, not encoded
+        return outcome
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= cap:
+        return outcome
+    kept = data[:cap].decode("utf-8", "ignore")  # a character cut in two is left out
+    dropped = len(data) - len(kept.encode("utf-8", "surrogatepass"))
+    log.info("tool %r returned %d bytes, cut to %d (call %s)", name, len(data), cap, call_id)
+    marker = (
+        f"\n[cut: {dropped:,} of {len(data):,} bytes dropped; "
+        f"tool {name!r} results are capped at {cap:,} bytes]"
+    )
+    return ToolOutcome(kept + marker, outcome.is_error)
+
+
+async def _outcome_of(
+    tools: Mapping[str, Tool], call: ToolCall, ctx: ToolContext
+) -> ToolOutcome:
     function = call["function"]
     name = function["name"]
     tool = tools.get(name)

@@ -38,19 +38,24 @@ def note(line: str) -> None:
             log.write(line + "\n")
 
 
+# Changes nothing it could not change again: no approval, not idempotent (a tool with no
+# annotations would ask for approval, as the MCP specification's defaults read).
+ADDITIVE = ToolAnnotations(destructiveHint=False)
+
+
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True, idempotentHint=True))
 def add(a: int, b: Annotated[int, Field(description="the second number")]) -> str:
     """Add two numbers."""
     return str(a + b)
 
 
-@server.tool()
+@server.tool(annotations=ADDITIVE)
 def pid() -> str:
     """This server's process id."""
     return str(os.getpid())
 
 
-@server.tool()
+@server.tool(annotations=ADDITIVE)
 async def wait(tag: str, seconds: float, ctx: Context) -> str:
     """Report progress, then wait `seconds` (or until cancelled), noting what happened."""
     note(f"started {tag}")
@@ -66,21 +71,21 @@ async def wait(tag: str, seconds: float, ctx: Context) -> str:
     return f"waited {tag}"
 
 
-@server.tool()
+@server.tool(annotations=ADDITIVE)
 async def lookup(query: str, ctx: Context) -> str:
     """Look something up, reporting progress on the way."""
     await ctx.report_progress(1, 2, f"looking up {query}")
     return f"found {query}"
 
 
-@server.tool()
+@server.tool(annotations=ADDITIVE)
 def crash(tag: str) -> str:
     """Exit the server process mid-call."""
     note(f"crashed {tag}")
     os._exit(3)
 
 
-@server.tool()
+@server.tool(annotations=ADDITIVE)
 def fail(reason: str) -> str:
     """Raise an error (the model reads it)."""
     raise ValueError(reason)

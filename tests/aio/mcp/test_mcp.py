@@ -239,6 +239,70 @@ async def test_annotations_become_policies(server: aio.MCPServer) -> None:
     assert not tools["pid"].approval and not tools["pid"].idempotent
 
 
+def raw_annotated(**options: object) -> aio.MCPServer:
+    return aio.MCPServer.stdio(sys.executable, [RAW_SERVER, "annotations"], name="raw",
+                               **options)  # type: ignore[arg-type]
+
+
+async def test_annotations_follow_the_mcp_specifications_defaults() -> None:
+    """Unset hints read as the specification's defaults: readOnlyHint false,
+    destructiveHint true, idempotentHint false. So a tool with no annotations asks."""
+    async with raw_annotated() as server:
+        policies = {t.name: (t.approval, t.idempotent) for t in await server.list_tools()}
+    assert policies == {  # (asks for approval, idempotent)
+        "none": (True, False),
+        "empty": (True, False),
+        "read_only": (False, True),
+        "read_only_destructive": (False, True),  # destructiveHint means nothing when read-only
+        "additive": (False, False),
+        "additive_idempotent": (False, True),
+        "destructive_idempotent": (True, True),
+        "idempotent": (True, True),
+        "big": (False, True),
+    }
+    for approval in (False, True):  # the server's own setting decides for all its tools
+        async with raw_annotated(approval=approval) as server:
+            assert {t.approval for t in await server.list_tools()} == {approval}
+
+
+async def test_a_tool_with_no_annotations_pauses_the_run_for_approval() -> None:
+    async with raw_annotated() as server:
+        agent = aio.Agent(ScriptedModel([tool_turn(("none", {})), Turn("done")]), tools=[server])
+        assert await agent.run("go") == PAUSED
+        assert [p.tool for p in agent.pending_approvals] == ["none"]
+        trusted = aio.Agent(ScriptedModel([tool_turn(("none", {})), Turn("done")]),
+                            tools=[raw_annotated(approval=False)])
+        async with trusted:
+            assert await trusted.run("go") == "done"
+
+
+async def test_a_result_over_the_cap_is_cut_with_a_marker_in_memory_and_in_the_store(
+    tmp_path: Path,
+) -> None:
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    for cap, kept in [(None, 1_000_000), (1000, 1000), (1, 0)]:  # 1: "é" (2 bytes) not cut
+        options = {} if cap is None else {"max_result": cap}
+        agent = aio.Agent(ScriptedModel([tool_turn(("big", {})), Turn("done")]),
+                          tools=[raw_annotated(**options)], store=store, session=f"s{cap}")
+        async with agent:
+            assert await agent.run("go") == "done"
+        (result,) = tool_results(agent)
+        body, marker = result.rsplit("\n", 1)
+        assert len(body.encode()) == kept
+        assert marker == (
+            f"[cut: {1_500_000 - kept:,} of 1,500,000 bytes dropped; tool 'big' results are "
+            f"capped at {cap or 1_000_000:,} bytes]"
+        )
+        stored = await store.load(f"s{cap}")
+        assert [m["content"] for m in stored if m["role"] == "tool"] == [result]
+    whole = aio.Agent(ScriptedModel([tool_turn(("big", {})), Turn("done")]),
+                      tools=[raw_annotated(max_result=None)])
+    async with whole:
+        await whole.run("go")
+    assert len(tool_results(whole)[0].encode()) == 1_500_000
+    await store.aclose()
+
+
 async def test_the_agents_policy_overrides_the_destructive_hint(
     server: aio.MCPServer, log: ServerLog
 ) -> None:
@@ -371,6 +435,10 @@ async def test_bad_servers_are_clear_errors_naming_the_server() -> None:
          r"'mute' .* did not start and list its tools within 1 s"),
         (aio.MCPServer.stdio(sys.executable, [RAW_SERVER, "string-schema"], name="odd"),
          r"'odd' .* inputSchema must be a JSON schema of type 'object'"),
+        (aio.MCPServer.stdio(sys.executable, [RAW_SERVER, "deep-schema"], name="deep",
+                             timeout=20),
+         r"'deep' .* sent a message that cannot be read: it nests deeper than a JSON parser "
+         r"allows \(a tool's inputSchema is nested too deeply"),
         (aio.MCPServer.stdio(sys.executable, [RAW_SERVER, "list-fails"], name="broken"),
          r"'broken' .* with an error: the tool list is broken"),
         (aio.MCPServer.http(f"http://127.0.0.1:{free_port()}/mcp", name="away",
