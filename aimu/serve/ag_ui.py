@@ -32,9 +32,15 @@ from pydantic.alias_generators import to_camel
 
 from aimu.aio import _sse as sse
 from aimu.aio.transcript import Message
-from aimu.serve.errors import BadRequest, Conflict
+from aimu.serve.errors import BadRequest
 from aimu.serve.runs import Runs, validate_name
-from aimu.serve.stream_runs import ClosingStreamingResponse, RunEnd, RunFollower
+from aimu.serve.stream_runs import (
+    ClosingStreamingResponse,
+    RunEnd,
+    RunFollower,
+    decide_all,
+    sse_data,
+)
 
 __all__ = ["RunAgentInput", "router", "to_ag_ui_messages"]
 
@@ -171,23 +177,9 @@ def _text_of(content: object, message_id: str) -> str:
 
 async def _decide(runs: Runs, session: str, entries: list[ResumeEntry]) -> RunFollower | None:
     """Apply the decisions of ``entries`` to the session's paused run, all checked first."""
-    paused, pending = await runs.paused_on(session)
-    if paused is None or not pending:
-        raise Conflict(f"thread {session!r} has no paused run waiting on a decision")
-    waiting = {str(call["call_id"]) for call in pending}
-    decisions = [(entry.interrupt_id, *_decision(entry)) for entry in entries]
-    unknown = [call_id for call_id, _, _ in decisions if call_id not in waiting]
-    if unknown:
-        raise BadRequest(f"no interrupt {unknown[0]!r} waits on thread {session!r}")
-    if len({call_id for call_id, _, _ in decisions}) != len(decisions):
-        raise BadRequest("an interrupt is answered twice")
-    resumed: str | None = None
-    for call_id, approve, reason in decisions:
-        answer = await runs.decide(paused, call_id, approve, reason)
-        resumed = answer["resumed_run_id"] or resumed
-    if resumed is None:
-        return None  # still waiting on others: the stream reports them
-    return RunFollower(runs, await runs.backend.view(resumed), owned=True)
+    return await decide_all(
+        runs, session, [(entry.interrupt_id, *_decision(entry)) for entry in entries]
+    )
 
 
 def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
@@ -210,7 +202,7 @@ def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
 async def _encoded(events: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
     async with contextlib.aclosing(events):
         async for event in events:
-            yield b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+            yield sse_data(event)
 
 
 async def _events(

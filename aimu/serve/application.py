@@ -34,7 +34,7 @@ from aimu.aio.errors import AimuError
 from aimu.aio.limits import UsageLimits
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool, Toolset
-from aimu.serve import ag_ui
+from aimu.serve import ag_ui, ai_sdk
 from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.backends.local import LocalBackend
 from aimu.serve.docs import add_docs
@@ -218,6 +218,7 @@ def _add_routes(application: FastAPI) -> None:
     """The API's routes (:mod:`aimu.serve.routes`), the chat page, the health check."""
     application.include_router(router)
     application.include_router(ag_ui.router)
+    application.include_router(ai_sdk.router)
     application.add_api_route("/", _page, methods=["GET"], include_in_schema=False)
     application.add_api_route(
         "/health", _health, methods=["GET"], summary="Health check (no token needed)",

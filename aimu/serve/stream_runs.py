@@ -10,7 +10,8 @@ the stream's generator is closed when the client goes, at once, not when it is c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +20,10 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from aimu.aio.transcript import Usage
-from aimu.serve.errors import ServeError
+from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.runs import Runs, RunView
 
-__all__ = ["ClosingStreamingResponse", "RunEnd", "RunFollower"]
+__all__ = ["ClosingStreamingResponse", "RunEnd", "RunFollower", "decide_all", "sse_data"]
 
 #: Why a run is cancelled when the client that owned its stream left.
 LEFT = "the client closed the stream"
@@ -91,3 +92,32 @@ class ClosingStreamingResponse(StreamingResponse):
             if close is not None:
                 with anyio.CancelScope(shield=True):
                     await close()
+
+
+def sse_data(event: object) -> bytes:
+    """One Server-Sent Event carrying ``event`` as compact JSON (no id, no event name)."""
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def decide_all(
+    runs: Runs, session: str, decisions: Sequence[tuple[str, bool, str | None]]
+) -> RunFollower | None:
+    """Apply ``(call_id, approve, reason)`` decisions to ``session``'s paused run, every one
+    checked before any is applied; the run the session resumed as (owned by the caller),
+    or None while other calls still wait."""
+    paused, pending = await runs.paused_on(session)
+    if paused is None or not pending:
+        raise Conflict(f"session {session!r} has no paused run waiting on a decision")
+    waiting = {str(call["call_id"]) for call in pending}
+    unknown = [call_id for call_id, _, _ in decisions if call_id not in waiting]
+    if unknown:
+        raise BadRequest(f"no tool call {unknown[0]!r} waits for a decision on {session!r}")
+    if len({call_id for call_id, _, _ in decisions}) != len(decisions):
+        raise BadRequest("a tool call is decided twice")
+    resumed: str | None = None
+    for call_id, approve, reason in decisions:
+        answer = await runs.decide(paused, call_id, approve, reason)
+        resumed = answer["resumed_run_id"] or resumed
+    if resumed is None:
+        return None
+    return RunFollower(runs, await runs.backend.view(resumed), owned=True)

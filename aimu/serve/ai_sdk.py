@@ -1,0 +1,286 @@
+"""The AI SDK's UI message stream (v1) over ``aimu serve``: what ``useChat`` speaks.
+
+- ``POST /api/chat`` (``useChat``'s default path) takes ``{id, messages, trigger}``: the chat
+  id is an aimu session, and the session in the store is the conversation, so of
+  ``messages`` only the last one is read: a user message is a run of its text; an
+  assistant message whose tool parts carry approval responses decides the paused run's
+  calls and resumes it. The answer is the UI message stream (``x-vercel-ai-ui-message-stream:
+  v1``): ``start``, ``start-step``, ``text-*``, ``reasoning-*``, ``tool-input-start``,
+  ``tool-input-available``, ``tool-output-available``, ``tool-approval-request``,
+  ``finish-step``, then ``finish``, ``abort`` or ``error``, and ``[DONE]``.
+- ``GET /api/chat/{id}/stream`` (the resumable-stream convention): the chat's run in
+  progress from its start (204 when none), for a page that was refreshed.
+- ``POST /api/chat/{id}/stop``: cancels the chat's run in progress, server-side.
+
+Leaving the POST stream (the client's ``stop()`` aborts its fetch) cancels the run, as the
+stop route does, unless the request said ``"resumable": true``: then it only detaches, as
+the AI SDK documents for resumable streams, and the run goes on for a reconnect. Leaving a
+reconnected stream only detaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Annotated, Any, Final, Literal
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from aimu.aio import _sse as sse
+from aimu.serve.errors import BadRequest, Conflict
+from aimu.serve.http import JSON
+from aimu.serve.runs import Runs, validate_name
+from aimu.serve.stream_runs import (
+    ClosingStreamingResponse,
+    RunEnd,
+    RunFollower,
+    decide_all,
+    sse_data,
+)
+
+__all__ = ["ChatRequest", "router"]
+
+#: The header that says which UI message stream protocol a response speaks.
+STREAM_HEADER: Final = {"x-vercel-ai-ui-message-stream": "v1"}
+_HEADERS: Final = {**STREAM_HEADER, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DONE: Final = b"data: [DONE]\n\n"
+#: aimu's stop reasons as the AI SDK's finish reasons.
+_FINISH: Final = {"stop": "stop", "length": "length", "tool_calls": "tool-calls"}
+
+
+class UIMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: Annotated[str, Field(max_length=200)] = ""
+    role: Literal["system", "user", "assistant"]
+    parts: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatRequest(BaseModel):
+    """The body ``useChat``'s transport posts (unknown fields allowed: apps add their own)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: Annotated[str, Field(min_length=1, max_length=128)]
+    messages: Annotated[list[UIMessage], Field(min_length=1)]
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    resumable: bool = False
+    """Leaving the stream only detaches; the run goes on for ``GET /api/chat/{id}/stream``."""
+
+
+ChatId = Annotated[str, Path(json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,128}$"})]
+
+router = APIRouter()
+
+
+@router.post(
+    "/api/chat",
+    summary="Chat in the AI SDK's UI message stream (v1): a user message last runs it; "
+    "approval responses decide the paused run",
+    response_class=ClosingStreamingResponse,
+    responses={
+        200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
+        400: {"description": "A bad chat id or message; nothing changed"},
+        409: {"description": "The chat has a run in progress, or nothing waits for approval"},
+    },
+)
+async def chat(request: Request, body: ChatRequest) -> Response:
+    runs: Runs = request.app.runs
+    session = validate_name(body.id)
+    if body.trigger == "regenerate-message":
+        raise BadRequest("regenerate is not supported: the session keeps every answer; send "
+                         "a new message instead")
+    last = body.messages[-1]
+    if last.role == "user":
+        follower = RunFollower(runs, await runs.start(session, _user_text(last)),
+                               owned=not body.resumable)
+    elif last.role == "assistant":
+        decisions = _approval_responses(last)
+        if not decisions:
+            raise BadRequest(f"message {last.id!r} answers no approval request: end the "
+                             "messages with a user message or approval responses")
+        resumed = await decide_all(runs, session, decisions)
+        if resumed is None:
+            raise Conflict("other tool calls still wait for a decision: answer them together")
+        resumed.owned = not body.resumable
+        follower = resumed
+    else:
+        raise BadRequest("the last message must be the user's, or approval responses")
+    return _response(runs, follower)
+
+
+@router.get(
+    "/api/chat/{id}/stream",
+    summary="Reattach to the chat's run in progress, from its start (204: none)",
+    response_class=ClosingStreamingResponse,
+    responses={
+        200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
+        204: {"description": "The chat has no run in progress"},
+    },
+)
+async def reconnect(request: Request, id: ChatId) -> Response:
+    runs: Runs = request.app.runs
+    active = await runs.session_run(validate_name(id))
+    if active is None:
+        return Response(status_code=204)
+    return _response(runs, RunFollower(runs, active, owned=False))
+
+
+@router.post(
+    "/api/chat/{id}/stop", status_code=202,
+    summary="Cancel the chat's run in progress, server-side (its partial reply is kept)",
+    responses={409: {"description": "The chat has no run in progress"}},
+)
+async def stop(request: Request, id: ChatId) -> Response:
+    runs: Runs = request.app.runs
+    session = validate_name(id)
+    active = await runs.session_run(session)
+    if active is None:
+        raise Conflict(f"chat {session!r} has no run in progress")
+    return JSON(await runs.cancel(active.run_id, "stopped by the chat"), status_code=202)
+
+
+def _response(runs: Runs, follower: RunFollower) -> Response:
+    return ClosingStreamingResponse(
+        _encoded(_chunks(runs, follower)), media_type=sse.CONTENT_TYPE, headers=_HEADERS
+    )
+
+
+def _user_text(message: UIMessage) -> str:
+    texts = [part.get("text") for part in message.parts if part.get("type") == "text"]
+    if not texts or not all(isinstance(text, str) for text in texts):
+        raise BadRequest(f"message {message.id!r}: only text parts are supported")
+    text = "\n".join(str(text) for text in texts)
+    if not text.strip():
+        raise BadRequest(f"message {message.id!r} is empty: say what the run should do")
+    return text
+
+
+def _approval_responses(message: UIMessage) -> list[tuple[str, bool, str | None]]:
+    """The ``(call_id, approved, reason)`` of the message's tool parts that were answered."""
+    decisions = []
+    for part in message.parts:
+        approval = part.get("approval")
+        if part.get("state") != "approval-responded" or not isinstance(approval, Mapping):
+            continue
+        approved, reason = approval.get("approved"), approval.get("reason")
+        if not isinstance(approved, bool) or not (reason is None or isinstance(reason, str)):
+            raise BadRequest(f"tool part {part.get('toolCallId')!r}: 'approval' needs a "
+                             "boolean 'approved' and an optional string 'reason'")
+        decisions.append((str(approval.get("id") or part.get("toolCallId")), approved, reason))
+    return decisions
+
+
+async def _encoded(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            yield sse_data(chunk)
+    yield _DONE
+
+
+async def _chunks(runs: Runs, follower: RunFollower) -> AsyncGenerator[dict[str, Any], None]:
+    """The run's UI message chunks; leaving early stops the run if the follower owns it."""
+    translator = _Translator(follower.view.run_id)
+    try:
+        yield {"type": "start", "messageId": f"{follower.view.run_id}-reply"}
+        async for event in follower.events():
+            for chunk in translator.feed(event):
+                yield chunk
+        for chunk in translator.close():
+            yield chunk
+        for chunk in await _ending(runs, follower.view.session, follower.end, translator):
+            yield chunk
+    finally:
+        await follower.aclose()
+
+
+async def _ending(
+    runs: Runs, session: str, end: RunEnd | None, translator: _Translator
+) -> list[dict[str, Any]]:
+    if end is None or end.status == "failed":
+        error = "the run failed" if end is None or not end.error else end.error
+        return [{"type": "error", "errorText": error}]
+    metadata = {"aimuStatus": end.status, "aimuRunId": end.run_id, "usage": end.usage}
+    if end.status == "completed":
+        reason = _FINISH.get(translator.stop_reason or "stop", "other")
+        return [{"type": "finish", "finishReason": reason, "messageMetadata": metadata}]
+    if end.status == "paused":
+        _, pending = await runs.paused_on(session)
+        requests = [{"type": "tool-approval-request", "approvalId": str(call["call_id"]),
+                     "toolCallId": str(call["call_id"])} for call in pending]
+        return [*requests, {"type": "finish", "finishReason": "tool-calls",
+                            "messageMetadata": metadata}]
+    return [{"type": "abort", "reason": end.reason or end.status}]
+
+
+class _Translator:
+    """aimu's run events (as JSON) to UI message chunks, parts kept well nested."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+        self._parts = 0
+        self._text: str | None = None
+        self._reasoning: str | None = None
+        self._step = False
+        self.stop_reason: str | None = None
+
+    def _next_id(self) -> str:
+        self._parts += 1
+        return f"{self._run_id}-{self._parts}"
+
+    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        kind = event.get("type")
+        out: list[dict[str, Any]] = []
+        if kind in ("text", "thinking", "tool_call", "tool_result") and not self._step:
+            self._step = True
+            out.append({"type": "start-step"})
+        if kind == "text" and event["text"]:
+            out += self._close("reasoning")
+            if self._text is None:
+                self._text = self._next_id()
+                out.append({"type": "text-start", "id": self._text})
+            out.append({"type": "text-delta", "id": self._text, "delta": event["text"]})
+        elif kind == "thinking" and event["text"]:
+            out += self._close("text")
+            if self._reasoning is None:
+                self._reasoning = self._next_id()
+                out.append({"type": "reasoning-start", "id": self._reasoning})
+            out.append({"type": "reasoning-delta", "id": self._reasoning, "delta": event["text"]})
+        elif kind == "tool_call":
+            out += self._close("text") + self._close("reasoning")
+            call = {"toolCallId": str(event["call_id"]), "toolName": event["name"],
+                    "dynamic": True}
+            out += [{"type": "tool-input-start", **call},
+                    {"type": "tool-input-available", **call, "input": event["arguments"]}]
+        elif kind == "tool_result":
+            out += self._close("text")
+            key = "errorText" if event.get("is_error") else "output"
+            out.append({"type": "tool-output-error" if event.get("is_error")
+                        else "tool-output-available",
+                        "toolCallId": str(event["call_id"]), key: event["content"],
+                        "dynamic": True})
+        elif kind == "run_finished":
+            self.stop_reason = event.get("stop_reason")
+        elif kind == "step_finished":
+            out += self.close()
+        return out
+
+    def _close(self, which: Literal["text", "reasoning"]) -> list[dict[str, Any]]:
+        part = self._text if which == "text" else self._reasoning
+        if part is None:
+            return []
+        if which == "text":
+            self._text = None
+        else:
+            self._reasoning = None
+        return [{"type": f"{which}-end", "id": part}]
+
+    def close(self) -> list[dict[str, Any]]:
+        """End the open parts and the step."""
+        out = self._close("text") + self._close("reasoning")
+        if self._step:
+            self._step = False
+            out.append({"type": "finish-step"})
+        return out
