@@ -26,13 +26,14 @@ from typing import Annotated, Any, Final, Literal
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from aimu.aio import _sse as sse
 from aimu.aio.transcript import Message
 from aimu.serve.errors import BadRequest
+from aimu.serve.routes import WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
     ClosingStreamingResponse,
@@ -109,11 +110,10 @@ router = APIRouter()
     description="The thread is a session. A new user message last: a run of it; resume "
     "entries: the decisions on the paused run's approvals; neither: a MESSAGES_SNAPSHOT and "
     "the run in progress. Closing the stream cancels the run (its partial reply is kept).",
-    response_class=StreamingResponse,
+    response_class=ClosingStreamingResponse,
     responses={
         200: {"description": "AG-UI events", "content": {sse.CONTENT_TYPE: {}}},
-        400: {"description": "A bad thread id, message or resume entry; nothing changed"},
-        409: {"description": "The thread has a run in progress, or nothing to resume"},
+        **errors(*WRITE),
     },
 )
 async def ag_ui(request: Request, body: RunAgentInput) -> Response:

@@ -31,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from aimu.aio import _sse as sse
 from aimu.serve.errors import BadRequest, Conflict
 from aimu.serve.http import JSON
+from aimu.serve.models import Run
+from aimu.serve.routes import READ, WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
     ClosingStreamingResponse,
@@ -82,8 +84,7 @@ router = APIRouter()
     response_class=ClosingStreamingResponse,
     responses={
         200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
-        400: {"description": "A bad chat id or message; nothing changed"},
-        409: {"description": "The chat has a run in progress, or nothing waits for approval"},
+        **errors(*WRITE),
     },
 )
 async def chat(request: Request, body: ChatRequest) -> Response:
@@ -118,6 +119,7 @@ async def chat(request: Request, body: ChatRequest) -> Response:
     responses={
         200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
         204: {"description": "The chat has no run in progress"},
+        **errors(*READ),
     },
 )
 async def reconnect(request: Request, id: ChatId) -> Response:
@@ -129,9 +131,11 @@ async def reconnect(request: Request, id: ChatId) -> Response:
 
 
 @router.post(
-    "/api/chat/{id}/stop", status_code=202,
-    summary="Cancel the chat's run in progress, server-side (its partial reply is kept)",
-    responses={409: {"description": "The chat has no run in progress"}},
+    "/api/chat/{id}/stop", status_code=202, response_model=Run,
+    summary="Cancel the chat's run in progress, server-side (its partial reply is kept; "
+    "409: none in progress)",
+    responses={202: {"model": Run, "description": "The run as the stop found it"},
+               **errors(*WRITE)},
 )
 async def stop(request: Request, id: ChatId) -> Response:
     runs: Runs = request.app.runs
@@ -208,10 +212,16 @@ async def _ending(
         return [{"type": "finish", "finishReason": reason, "messageMetadata": metadata}]
     if end.status == "paused":
         _, pending = await runs.paused_on(session)
-        requests = [{"type": "tool-approval-request", "approvalId": str(call["call_id"]),
-                     "toolCallId": str(call["call_id"])} for call in pending]
-        return [*requests, {"type": "finish", "finishReason": "tool-calls",
-                            "messageMetadata": metadata}]
+        chunks = []
+        for call in pending:
+            call_id = str(call["call_id"])
+            if call_id not in translator.calls:  # asked before it was announced
+                chunks += translator.feed({"type": "tool_call", "call_id": call_id,
+                                           "name": call["name"], "arguments": call["arguments"]})
+            chunks.append({"type": "tool-approval-request", "approvalId": call_id,
+                           "toolCallId": call_id})
+        return [*chunks, *translator.close(),
+                {"type": "finish", "finishReason": "tool-calls", "messageMetadata": metadata}]
     return [{"type": "abort", "reason": end.reason or end.status}]
 
 
@@ -225,6 +235,8 @@ class _Translator:
         self._reasoning: str | None = None
         self._step = False
         self.stop_reason: str | None = None
+        #: The ids of the tool calls announced so far.
+        self.calls: set[str] = set()
 
     def _next_id(self) -> str:
         self._parts += 1
@@ -252,6 +264,7 @@ class _Translator:
             out += self._close("text") + self._close("reasoning")
             call = {"toolCallId": str(event["call_id"]), "toolName": event["name"],
                     "dynamic": True}
+            self.calls.add(call["toolCallId"])
             out += [{"type": "tool-input-start", **call},
                     {"type": "tool-input-available", **call, "input": event["arguments"]}]
         elif kind == "tool_result":

@@ -37,7 +37,7 @@ from aimu.serve.models import (
 )
 from aimu.serve.runs import Runs, RunView, validate_name
 
-__all__ = ["router"]
+__all__ = ["READ", "WRITE", "errors", "router"]
 
 _WHY: Final = {
     400: "Malformed request: bad JSON, a bad session name, event id or grace, or a host "
@@ -52,11 +52,12 @@ _WHY: Final = {
     503: "The session store or Redis cannot serve this now",
 }
 #: FastAPI would document its own 422 body; ours has the one error shape.
-_READ: Final = (400, 401, 404, 422, 503)
-_WRITE: Final = (*_READ, 403, 409, 413, 415)
+#: The statuses a read, and a state-changing request, may be answered with.
+READ: Final = (400, 401, 404, 422, 503)
+WRITE: Final = (*READ, 403, 409, 413, 415)
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Error, "description": _WHY[status]} for status in statuses}
 
 
@@ -97,7 +98,7 @@ def _started(record: RunView) -> Response:
 
 @router.get(
     "/sessions", response_model=SessionList, summary="Every stored session",
-    responses=_errors(401, 422, 503),
+    responses=errors(401, 422, 503),
 )
 async def sessions(request: Request) -> dict[str, Any]:
     runs = _runs(request)
@@ -119,7 +120,7 @@ async def sessions(request: Request) -> dict[str, Any]:
 
 @router.get(
     "/sessions/{session}", response_model=Session, summary="A session's transcript",
-    responses=_errors(*_READ),
+    responses=errors(*READ),
 )
 async def session(request: Request, session: SessionName) -> dict[str, Any]:
     runs = _runs(request)
@@ -142,7 +143,7 @@ async def session(request: Request, session: SessionName) -> dict[str, Any]:
 
 @router.delete(
     "/sessions/{session}", status_code=204, response_class=Response, summary="Delete a session",
-    responses={204: {"description": "Deleted"}, **_errors(*_READ, 403, 409, 415)},
+    responses={204: {"description": "Deleted"}, **errors(*READ, 403, 409, 415)},
 )
 async def delete_session(request: Request, session: SessionName) -> Response:
     runs = _runs(request)
@@ -163,7 +164,7 @@ _STARTED: Final[dict[int | str, dict[str, Any]]] = {
 @router.post(
     "/sessions/{session}/runs", status_code=202, response_model=Started,
     summary="Start a run on the session (409 if one is in progress)",
-    responses={**_STARTED, **_errors(*_WRITE)},
+    responses={**_STARTED, **errors(*WRITE)},
 )
 async def start(request: Request, session: SessionName, body: StartBody) -> Response:
     name = validate_name(session)
@@ -176,7 +177,7 @@ async def start(request: Request, session: SessionName, body: StartBody) -> Resp
     "/sessions/{session}/resume", status_code=202, response_model=Started,
     summary="Continue the session exactly where its last run stopped (409: nothing to "
     "resume, its last run completed)",
-    responses={**_STARTED, **_errors(*_WRITE)},
+    responses={**_STARTED, **errors(*WRITE)},
 )
 async def resume(
     request: Request, session: SessionName, body: Annotated[EmptyBody | None, Body()] = None
@@ -189,7 +190,7 @@ async def resume(
 
 @router.get(
     "/runs/{run_id}", response_model=Run, summary="A run's status, reply, usage and timing",
-    responses=_errors(*_READ),
+    responses=errors(*READ),
 )
 async def run(request: Request, run_id: RunIdParam) -> dict[str, Any]:
     return await _runs(request).public(run_id)
@@ -207,7 +208,7 @@ async def run(request: Request, run_id: RunIdParam) -> dict[str, Any]:
             "description": "An event stream",
             "content": {sse.CONTENT_TYPE: {"schema": {"type": "string"}}},
         },
-        **_errors(*_READ),
+        **errors(*READ),
     },
 )
 async def events(
@@ -251,7 +252,7 @@ _ACCEPTED: Final[dict[int | str, dict[str, Any]]] = {
 @router.post(
     "/runs/{run_id}/cancel", status_code=202, response_model=Run,
     summary="Cancel the run now (its partial reply is kept)",
-    responses={**_ACCEPTED, **_errors(*_WRITE)},
+    responses={**_ACCEPTED, **errors(*WRITE)},
 )
 async def cancel(
     request: Request, run_id: RunIdParam, body: Annotated[CancelBody | None, Body()] = None
@@ -262,7 +263,7 @@ async def cancel(
 @router.post(
     "/runs/{run_id}/interrupt", status_code=202, response_model=Run,
     summary="Stop the run at its next step boundary",
-    responses={**_ACCEPTED, **_errors(*_WRITE)},
+    responses={**_ACCEPTED, **errors(*WRITE)},
 )
 async def interrupt(
     request: Request, run_id: RunIdParam, body: Annotated[EmptyBody | None, Body()] = None
@@ -273,7 +274,7 @@ async def interrupt(
 @router.post(
     "/runs/{run_id}/stop", status_code=202, response_model=Run,
     summary="Interrupt, then cancel if still running after grace seconds",
-    responses={**_ACCEPTED, **_errors(*_WRITE)},
+    responses={**_ACCEPTED, **errors(*WRITE)},
 )
 async def stop(
     request: Request,
@@ -288,7 +289,7 @@ async def stop(
     "/runs/{run_id}/send", status_code=202, response_model=Run,
     summary="Add a user message to the running run at its next step boundary (409 once "
     "it has ended)",
-    responses={**_ACCEPTED, **_errors(*_WRITE)},
+    responses={**_ACCEPTED, **errors(*WRITE)},
 )
 async def send(request: Request, run_id: RunIdParam, body: SendBody) -> dict[str, Any]:
     if not body.text.strip():
@@ -315,7 +316,7 @@ def _images(images: list[str]) -> tuple[str, ...]:
     responses={
         202: {"model": Decision, "description": "Decided; after the last decision the run "
               "resumed as resumed_run_id"},
-        **_errors(*_WRITE),
+        **errors(*WRITE),
     },
 )
 async def decide(

@@ -253,7 +253,8 @@ async def test_bad_input_is_refused_and_changes_nothing(
                                       "content": [{"type": "binary", "data": "x"}]}), 400),
         (run_input("agui-bad", "r1", user("hi"),
                    tools=[{"name": "confirm", "description": "ask", "parameters": {}}]), 400),
-        (run_input("agui-bad", "r1", resume=[{"interruptId": "c", "status": "resolved"}]), 409),
+        (run_input("agui-bad", "r1", resume=[{"interruptId": "c", "status": "resolved",
+                                              "payload": True}]), 409),
     ]
     for body, status in cases:
         response = await http.post("/ag-ui", json=body)

@@ -1,0 +1,72 @@
+// Drives `aimu serve`'s /api/chat with the AI SDK's own client (npm `ai`): its
+// DefaultChatTransport sends and reconnects, every chunk is checked by its UI message chunk
+// schema, and readUIMessageStream builds the UI message as useChat would. Prints one JSON line
+// per chunk, then {"end": {message, error}}. Usage:
+//   node ai_sdk_client.mjs MODE URL CHAT [TEXT]
+// MODE: run (send TEXT), abort (abort the fetch at the first text delta), approve (send TEXT,
+// which pauses on an approval, then send the approval response as useChat does), reconnect
+// (GET the chat's run in progress; prints {"end": null} on 204).
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+
+const require = createRequire(`${process.env.AIMU_NPM_CLIENTS}/`);
+const { DefaultChatTransport, readUIMessageStream } = await import(
+  pathToFileURL(require.resolve("ai")).href
+);
+
+const [mode, url, chatId, text] = process.argv.slice(2);
+const transport = new DefaultChatTransport({ api: `${url}/api/chat` });
+const print = (line) => process.stdout.write(`${JSON.stringify(line)}\n`);
+const user = { id: "u1", role: "user", parts: [{ type: "text", text }] };
+
+async function read(stream, controller, message) {
+  const printed = stream.pipeThrough(new TransformStream({
+    transform(chunk, out) {
+      print({ chunk });
+      out.enqueue(chunk);
+      if (mode === "abort" && chunk.type === "text-delta") controller.abort();
+    },
+  }));
+  let last = message;
+  let error = null;
+  try {
+    for await (const snapshot of readUIMessageStream({ stream: printed, message,
+                                                        terminateOnError: true })) {
+      last = snapshot;
+    }
+  } catch (caught) {
+    error = String(caught && caught.name);
+  }
+  return { message: last, error };
+}
+
+async function send(messages, message) {
+  const controller = new AbortController();
+  try {
+    const stream = await transport.sendMessages({
+      chatId, messages, trigger: "submit-message", messageId: undefined,
+      abortSignal: controller.signal,
+    });
+    return await read(stream, controller, message);
+  } catch (caught) {
+    return { message, error: String(caught && caught.name) };
+  }
+}
+
+let end;
+if (mode === "reconnect") {
+  const stream = await transport.reconnectToStream({ chatId });
+  end = stream === null ? null : await read(stream, new AbortController());
+} else {
+  end = await send([user]);
+  if (mode === "approve") {
+    const asked = end.message;
+    const parts = asked.parts.map((part) => part.state === "approval-requested"
+      ? { ...part, state: "approval-responded", approval: { ...part.approval, approved: true } }
+      : part);
+    const answered = { ...asked, parts };
+    print({ asked });
+    end = await send([user, answered], answered);
+  }
+}
+print({ end });

@@ -1,0 +1,274 @@
+"""The AI SDK's UI message stream at /api/chat, checked at the wire and by the AI SDK's own
+client (npm ``ai``: its chat transport parses every chunk with its schema, and
+readUIMessageStream builds the message as useChat does).
+
+Stops land at provable points: a text delta seen, a gated tool entered, the model server's
+record of an abandoned stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from aimu.aio.transcript import validate
+from tests.serve.harness import GATE, MAILED, Served
+from tests.services import npm_clients
+
+
+def chat_body(chat: str, *messages: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"id": chat, "messages": list(messages), "trigger": "submit-message", **more}
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+async def chunks(
+    http: httpx.AsyncClient, method: str, path: str, body: dict[str, Any] | None = None,
+    until: str | None = None,
+) -> list[Any]:
+    """The chunks of a UI message stream (``"[DONE]"`` last); with ``until``, the client
+    leaves right after the first chunk of that type."""
+    seen: list[Any] = []
+    async for chunk in _stream(http, method, path, body):
+        seen.append(chunk)
+        if chunk["type"] == until:
+            break
+    return seen
+
+
+async def _stream(
+    http: httpx.AsyncClient, method: str, path: str, body: dict[str, Any] | None
+) -> AsyncIterator[Any]:
+    async with http.stream(method, path, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                yield DONE if line == "data: [DONE]" else json.loads(line[6:])
+
+
+#: The stream's last line, ``data: [DONE]``, as the tests list it.
+DONE = {"type": "[DONE]"}
+
+
+def types(seen: list[Any]) -> list[str]:
+    kinds = [c["type"] for c in seen]
+    return [kind for i, kind in enumerate(kinds) if i == 0 or kinds[i - 1] != kind]
+
+
+async def session(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
+    response = await http.get(f"/sessions/{name}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
+    """The session once its run has ended (the run's own event stream says when)."""
+    state = await session(http, name)
+    if state["run_id"] is not None:
+        async with http.stream("GET", f"/runs/{state['run_id']}/events") as response:
+            async for _ in response.aiter_lines():
+                pass
+        state = await session(http, name)
+    return state
+
+
+async def test_a_chat_streams_its_answer(http: httpx.AsyncClient) -> None:
+    seen = await chunks(http, "POST", "/api/chat", chat_body("sdk-hello", user("hello")))
+    assert types(seen) == ["start", "start-step", "text-start", "text-delta", "text-end",
+                           "finish-step", "finish", "[DONE]"]
+    assert "".join(c["delta"] for c in seen if c.get("type") == "text-delta") == "answer to hello"
+    assert seen[-2]["finishReason"] == "stop"
+    assert seen[-2]["messageMetadata"]["aimuStatus"] == "completed"
+
+
+async def test_tool_calls_and_outputs(http: httpx.AsyncClient) -> None:
+    seen = await chunks(http, "POST", "/api/chat", chat_body("sdk-tool", user("tool please")))
+    kinds = types(seen)
+    assert kinds.count("start-step") == kinds.count("finish-step") == 2
+    (call,) = [c for c in seen if c.get("type") == "tool-input-available"]
+    assert call["toolName"] == "lookup" and call["input"] == {"query": "tool please"}
+    (output,) = [c for c in seen if c.get("type") == "tool-output-available"]
+    assert output["toolCallId"] == call["toolCallId"] and output["output"] == "found tool please"
+
+
+async def test_leaving_the_stream_stops_the_run(http: httpx.AsyncClient, served: Served) -> None:
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    seen = await chunks(http, "POST", "/api/chat", chat_body("sdk-leave", user("long one")),
+                        until="text-delta")
+    await served.model.wait_abandoned(abandoned + 1)
+    state = await settled(http, "sdk-leave")
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+    assert state["messages"][-1]["aimu_partial"] is True
+    assert state["messages"][-1]["content"].startswith(seen[-1]["delta"])
+
+
+async def test_stop_route_stops_server_side_and_a_resumable_stream_only_detaches(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    GATE.reset()
+    body = chat_body("sdk-stop", user("gate 1 400"), resumable=True)
+    await chunks(http, "POST", "/api/chat", body, until="tool-input-available")
+    await GATE.entered(1)
+    # The client left a resumable stream: the run goes on, and a reconnect finds it.
+    assert (await session(http, "sdk-stop"))["run_id"] is not None
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    GATE.hurry = False
+    reconnected = _stream(http, "GET", "/api/chat/sdk-stop/stream", None)
+    async with contextlib.aclosing(reconnected):
+        replay = [await anext(reconnected) for _ in range(4)]
+        assert types(replay)[:3] == ["start", "start-step", "text-start"]  # from its start
+        GATE.open()
+        async for chunk in reconnected:
+            replay.append(chunk)
+            if chunk.get("type") == "text-delta" and chunk["delta"].startswith("w"):
+                stop = await http.post("/api/chat/sdk-stop/stop", json={})
+                assert stop.status_code == 202, stop.text
+                assert stop.json()["status"] in ("running", "cancelled")
+    assert replay[-2] == {"type": "abort", "reason": "stopped by the chat"}
+    assert replay[-1] == DONE
+    await served.model.wait_abandoned(abandoned + 1)
+    state = await settled(http, "sdk-stop")
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+
+    nothing = await http.post("/api/chat/sdk-stop/stop", json={})
+    assert nothing.status_code == 409
+    assert (await http.get("/api/chat/sdk-stop/stream")).status_code == 204
+
+
+async def test_an_approval_round_trip(http: httpx.AsyncClient) -> None:
+    MAILED.clear()
+    asked = await chunks(http, "POST", "/api/chat", chat_body("sdk-mail", user("mail kim")))
+    (request,) = [c for c in asked if c.get("type") == "tool-approval-request"]
+    (call,) = [c for c in asked if c.get("type") == "tool-input-available"]
+    assert request["toolCallId"] == call["toolCallId"] and call["toolName"] == "send_email"
+    assert asked[-2]["finishReason"] == "tool-calls" and MAILED == []
+
+    answered = {"id": "a1", "role": "assistant", "parts": [
+        {"type": "dynamic-tool", "toolName": "send_email", "toolCallId": call["toolCallId"],
+         "state": "approval-responded", "input": call["input"],
+         "approval": {"id": request["approvalId"], "approved": True}},
+    ]}
+    done = await chunks(http, "POST", "/api/chat", chat_body("sdk-mail", user("mail kim"),
+                                                             answered))
+    outputs = [c["output"] for c in done if c.get("type") == "tool-output-available"]
+    assert outputs == ["sent to mail kim"] and MAILED == ["mail kim"]
+    assert done[-2]["type"] == "finish"
+
+    again = await http.post("/api/chat", json=chat_body("sdk-mail", answered))
+    assert again.status_code == 409  # decided already: nothing waits
+
+
+async def test_bad_input_is_refused_and_changes_nothing(http: httpx.AsyncClient) -> None:
+    cases: list[tuple[object, int]] = [
+        ({"id": "sdk-bad"}, 422),
+        (chat_body("sdk-bad"), 422),  # no messages
+        (chat_body("../x", user("hi")), 400),
+        (chat_body("sdk-bad", user("  ")), 400),
+        (chat_body("sdk-bad", {"id": "u", "role": "user", "parts": [{"type": "file"}]}), 400),
+        (chat_body("sdk-bad", user("hi"), trigger="regenerate-message"), 400),
+        (chat_body("sdk-bad", {"id": "a", "role": "assistant", "parts": []}), 400),
+        (chat_body("sdk-bad", {"id": "a", "role": "assistant", "parts": [
+            {"type": "dynamic-tool", "toolCallId": "c1", "state": "approval-responded",
+             "approval": {"id": "c1", "approved": True}}]}), 409),
+    ]
+    for body, status in cases:
+        response = await http.post("/api/chat", json=body)
+        assert response.status_code == status, (body, response.text)
+    assert (await http.get("/sessions/sdk-bad")).status_code == 404
+    assert (await http.get("/api/chat/..%2Fx/stream")).status_code in (400, 404)
+    foreign = await http.post("/api/chat", json=chat_body("sdk-bad", user("hi")),
+                              headers={"Origin": "https://evil.example"})
+    assert foreign.status_code == 403
+    assert (await http.get("/sessions/sdk-bad")).status_code == 404
+
+
+# -- the AI SDK's own client (npm `ai`, in Node) --------------------------------------------
+
+CLIENT = Path(__file__).with_name("ai_sdk_client.mjs")
+
+
+async def node_client(
+    served: Served, mode: str, chat: str, text: str = "",
+    on_first_chunk: Callable[[], None] | None = None,
+) -> list[Any]:
+    """``ai_sdk_client.mjs MODE``: the lines it printed; ``on_first_chunk`` is called when
+    the first chunk reached it (a provable point: the client is connected)."""
+    prefix = npm_clients()
+    process = await asyncio.create_subprocess_exec(
+        "node", str(CLIENT), mode, served.url, chat, text,
+        env={**os.environ, "AIMU_NPM_CLIENTS": str(prefix)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    lines: list[Any] = []
+    async with asyncio.timeout(120):
+        async for raw in process.stdout:
+            lines.append(json.loads(raw))
+            if on_first_chunk is not None and "chunk" in lines[-1]:
+                on_first_chunk()
+                on_first_chunk = None
+        err = await process.stderr.read()
+        assert await process.wait() == 0, err.decode()
+    return lines
+
+
+async def test_the_ai_sdk_builds_the_message(served: Served) -> None:
+    lines = await node_client(served, "run", "sdk-js", "tool please")
+    end = lines[-1]["end"]
+    assert end["error"] is None
+    parts = end["message"]["parts"]
+    tools = [p for p in parts if p["type"] == "dynamic-tool"]
+    assert [(t["toolName"], t["state"], t["output"]) for t in tools] == [
+        ("lookup", "output-available", "found tool please")]
+    texts = [p["text"] for p in parts if p["type"] == "text"]
+    assert texts[-1] == "answer to tool please"
+
+
+async def test_the_ai_sdk_abort_stops_the_run(served: Served, http: httpx.AsyncClient) -> None:
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    lines = await node_client(served, "abort", "sdk-js-abort", "long yarn")
+    assert lines[-1]["end"]["error"] == "AbortError"
+    await served.model.wait_abandoned(abandoned + 1)
+    state = await settled(http, "sdk-js-abort")
+    assert state["status"] == "cancelled" and state["messages"][-1]["aimu_partial"] is True
+
+
+async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
+    MAILED.clear()
+    lines = await node_client(served, "approve", "sdk-js-mail", "mail lee")
+    (asked,) = [line["asked"] for line in lines if "asked" in line]
+    assert [p["state"] for p in asked["parts"] if p["type"] == "dynamic-tool"] == [
+        "approval-requested"]
+    end = lines[-1]["end"]
+    assert end["error"] is None and MAILED == ["mail lee"]
+    tools = [p for p in end["message"]["parts"] if p["type"] == "dynamic-tool"]
+    assert [t["state"] for t in tools] == ["output-available"]
+
+
+async def test_the_ai_sdk_reconnects_to_a_resumable_run(
+    served: Served, http: httpx.AsyncClient
+) -> None:
+    assert (await node_client(served, "reconnect", "sdk-js-none"))[-1] == {"end": None}
+    GATE.reset()
+    body = chat_body("sdk-js-back", user("gate 1 3"), resumable=True)
+    await chunks(http, "POST", "/api/chat", body, until="tool-input-available")
+    await GATE.entered(1)
+    # The refreshed page reconnects while the run is held in its tool, which then goes on.
+    lines = await node_client(served, "reconnect", "sdk-js-back", on_first_chunk=GATE.open)
+    end = lines[-1]["end"]
+    assert end["error"] is None
+    assert [p["text"] for p in end["message"]["parts"] if p["type"] == "text"][-1] == "w0 w1 w2"
