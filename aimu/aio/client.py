@@ -53,6 +53,12 @@ def _openai(model: str, **options: Any) -> ModelClient:
     return OpenAIClient(model, **options)
 
 
+def _gemini(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.gemini import GeminiClient
+
+    return GeminiClient(model, **options)
+
+
 def _test(model: str, **options: Any) -> ModelClient:
     from aimu.aio.providers.test import TestModelClient
 
@@ -63,10 +69,11 @@ def _test(model: str, **options: Any) -> ModelClient:
 _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
     "ollama": (_ollama, True),
     "openai": (_openai, True),
+    "gemini": (_gemini, True),
     "test": (_test, False),
 }
 
-PROVIDERS = ("ollama:", "openai:", "test")
+PROVIDERS = ("ollama:", "openai:", "gemini:", "test")
 
 
 def register_provider(name: str, factory: ProviderFactory, *, needs_model: bool = True) -> None:
@@ -81,7 +88,9 @@ def client(spec: str, **options: Any) -> ModelClient:
 
     ``ollama:<model>`` (an Ollama server; ``host=`` or ``OLLAMA_HOST``),
     ``openai:<model>`` (any OpenAI-compatible server; ``base_url=``/``OPENAI_BASE_URL``,
-    ``api_key=``/``OPENAI_API_KEY``) and ``test`` (the embedded offline model).
+    ``api_key=``/``OPENAI_API_KEY``), ``gemini:<model>`` (Google's Gemini API;
+    ``api_key=``/``GEMINI_API_KEY``/``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``)
+    and ``test`` (the embedded offline model).
     """
     if not isinstance(spec, str):
         raise TypeError(f"client() takes a 'provider:model' string, got {type(spec).__name__}")

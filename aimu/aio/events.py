@@ -17,6 +17,7 @@ from aimu.aio.transcript import Message, Usage
 
 __all__ = [
     "CUT_OFF_REASONS",
+    "SAFETY_STOP_REASONS",
     "Event",
     "HandleFinished",
     "HandleStatus",
@@ -44,8 +45,16 @@ HandleStatus: TypeAlias = Literal[
     "pending", "running", "completed", "incomplete", "interrupted", "paused", "limited",
     "cancelled", "timed_out", "failed",
 ]
+#: Safety stops with their reason: a reply withheld or cut for its content (Gemini's
+#: finish reasons, lowercased), or a prompt refused (``prompt_`` + its block reason).
+SAFETY_STOP_REASONS = frozenset({
+    "safety", "recitation", "blocklist", "prohibited_content", "spii", "image_safety",
+    "image_prohibited_content", "image_recitation", "model_armor",
+    "prompt_safety", "prompt_other", "prompt_blocklist", "prompt_prohibited_content",
+    "prompt_image_safety", "prompt_model_armor", "prompt_jailbreak",
+})
 #: The stop reasons (as servers say them) of a reply that was cut off, not finished.
-CUT_OFF_REASONS = frozenset({"length", "max_tokens", "content_filter"})
+CUT_OFF_REASONS = frozenset({"length", "max_tokens", "content_filter"}) | SAFETY_STOP_REASONS
 
 _Output = TypeVar("_Output", covariant=True)
 

@@ -26,6 +26,7 @@ Fault: TypeAlias = Literal[
     "bad_json",  # after `fault_after` chunks, send a line that is not JSON
     "drop",  # after `fault_after` chunks, close the connection mid-stream
     "hang",  # after `fault_after` chunks, never send anything again
+    "error_event",  # after `fault_after` chunks, send the protocol's error event and end
     "no_done",  # send every chunk, then end the stream without the final marker
 ]
 

@@ -162,11 +162,11 @@ async def _play(turn: Turn, serial: int) -> AsyncIterator[Chunk]:
         }
         pieces.append(ToolCallDelta(tool_call))
     for position, piece in enumerate(pieces):
-        if turn.fault in ("bad_json", "drop", "hang") and position == turn.fault_after:
+        if turn.fault in _MID_STREAM and position == turn.fault_after:
             await _fault(turn)
         await _pause(turn.delay if position else 0)
         yield piece
-    if turn.fault in ("bad_json", "drop", "hang") and turn.fault_after >= len(pieces):
+    if turn.fault in _MID_STREAM and turn.fault_after >= len(pieces):
         await _fault(turn)
     if turn.fault == "no_done":
         raise ModelProtocolError(
@@ -178,9 +178,17 @@ async def _play(turn: Turn, serial: int) -> AsyncIterator[Chunk]:
     yield TurnDone(usage, turn.stop_reason or "stop")
 
 
+_MID_STREAM = ("bad_json", "drop", "hang", "error_event")
+
+
 async def _fault(turn: Turn) -> None:
     if turn.fault == "hang":
         await asyncio.Event().wait()
+    if turn.fault == "error_event":
+        raise ModelHTTPError(
+            "in-process model reported an error mid-reply: internal error",
+            host="in-process", status_code=200, body="internal error",
+        )
     if turn.fault == "drop":
         raise ModelConnectionError(
             "in-process model dropped the connection mid-stream", host="in-process"

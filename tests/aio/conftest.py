@@ -1,5 +1,5 @@
-"""Fixtures for the agent and provider tests: the loopback server and clients of both
-protocols (``make_client`` runs a test once per protocol)."""
+"""Fixtures for the agent and provider tests: the loopback server and clients of every
+wire it speaks (``make_client`` runs a test once per provider)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from aimu.aio.client import ModelClient
+from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.testing.server import LoopbackServer
@@ -20,7 +21,7 @@ async def server() -> AsyncIterator[LoopbackServer]:
         yield loopback
 
 
-@pytest.fixture(params=["ollama", "openai"])
+@pytest.fixture(params=["ollama", "openai", "gemini"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -37,6 +38,10 @@ async def make_client(
         made_client: ModelClient
         if provider == "ollama":
             made_client = OllamaClient("llama-test", host=server.url, **options)
+        elif provider == "gemini":
+            made_client = GeminiClient(
+                "gemini-test", base_url=server.gemini_base_url, api_key="AIza-test", **options
+            )
         else:
             made_client = OpenAIClient(
                 "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options

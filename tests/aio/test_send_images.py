@@ -62,6 +62,15 @@ async def test_an_image_sent_during_a_tool_call_goes_as_each_wire_takes_it(
     sent = users(agent.model_client.messages)[-1]
     assert sent == {"role": "user", "content": "and this photo?",
                     "images": [PNG_URL, JPEG_URL]}
+    if provider == "gemini":  # the user turn after the function response
+        parts = server.requests[-1].body["contents"][-1]["parts"]
+        assert parts[-3] == {"text": "and this photo?"}
+        assert [p["inlineData"] for p in parts[-2:]] == [
+            {"mimeType": "image/png", "data": PNG_URL.split(",")[1]},
+            {"mimeType": "image/jpeg", "data": JPEG_URL.split(",")[1]},
+        ]
+        validate(agent.model_client.messages)
+        return
     wire = server.requests[-1].body["messages"][-1]
     if provider == "ollama":
         assert wire["images"] == [PNG_URL.split(",")[1], JPEG_URL.split(",")[1]]
@@ -194,6 +203,6 @@ async def test_a_send_with_images_at_each_await_point_joins_once(
     last = server.requests[-1].body
     assert json.dumps(last).count(sent) == 1
     if point == "summary request":
-        assert server.requests[before].body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+        assert server.requests[before].messages[0]["content"] == SUMMARY_INSTRUCTIONS
         assert sent not in json.dumps(server.requests[before].body)
     await agent.aclose()

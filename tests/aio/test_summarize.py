@@ -187,7 +187,7 @@ async def test_the_summary_goes_over_the_wire(
     agent = aio.Agent(make_client(), context=aio.SummarizeOlderTurns(keep=1))
     await agent.run("t1")
     assert await agent.run("t2") == "answer to t2"
-    bodies = [r.body for r in server.requests]
+    bodies = [{"messages": r.messages} for r in server.requests]
     assert [is_summary(b) for b in bodies] == [False, True, False]
     assert bodies[2]["messages"][0]["content"] == (
         "Summary of the earlier conversation:\nSUMMARY 1"

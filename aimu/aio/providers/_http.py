@@ -331,6 +331,10 @@ class HTTPModelClient(ModelClient):
     def endpoint(self) -> str:
         """The URL chat requests go to."""
 
+    def url_for(self, stream: bool) -> str:
+        """The URL of a streamed, or a whole, reply (one URL for both unless overridden)."""
+        return self.endpoint()
+
     @abc.abstractmethod
     def body(
         self,
@@ -426,7 +430,9 @@ class HTTPModelClient(ModelClient):
         attempt = 0
         loading_since: float | None = None  # when the server first said it was loading
         while True:
-            request = http.build_request("POST", self.endpoint(), content=body, headers=headers)
+            request = http.build_request(
+                "POST", self.url_for(stream), content=body, headers=headers
+            )
             wait: float | None = None
             try:
                 with reporter:

@@ -1,8 +1,9 @@
-"""The loopback protocol server: Ollama and OpenAI-compatible chat over real HTTP/1.1.
+"""The loopback protocol server: Ollama, OpenAI-compatible and Gemini chat over real HTTP/1.1.
 
 A :class:`LoopbackServer` listens on 127.0.0.1 (a random port by default) and plays a
 script (:mod:`aimu.testing.script`) through each protocol's chat path (:mod:`.ollama`:
-``/api/chat``, NDJSON; :mod:`.openai`: ``/v1/chat/completions``, SSE), with delays and
+``/api/chat``, NDJSON; :mod:`.openai`: ``/v1/chat/completions``, SSE; :mod:`.gemini`:
+``/v1beta/models/M:streamGenerateContent``, SSE), with delays and
 injected faults (:mod:`.playback`). It records every request, and for every chat reply
 whether the client abandoned it and when: a closed client connection is noticed even
 while the server waits between chunks.
@@ -23,6 +24,7 @@ import h11
 
 from aimu.testing.script import Script, Turn
 from aimu.testing.server._connection import BadRequest, Connection, Request
+from aimu.testing.server.gemini import GEMINI, is_gemini_path
 from aimu.testing.server.model import default_script
 from aimu.testing.server.ollama import OLLAMA
 from aimu.testing.server.openai import OPENAI
@@ -42,10 +44,14 @@ from aimu.testing.server.wire import (
 __all__ = ["LoopbackServer"]
 
 _REDACTED = "***"
-_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
+_SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
+)
 
 
 def _protocol(path: str) -> Protocol:
+    if is_gemini_path(path):
+        return GEMINI
     return OPENAI if path == "/v1" or path.startswith("/v1/") else OLLAMA
 
 
@@ -163,6 +169,11 @@ class LoopbackServer:
     @property
     def openai_base_url(self) -> str:
         return self.url + "/v1"
+
+    @property
+    def gemini_base_url(self) -> str:
+        """The Gemini API's base (``.../v1beta``): ``client("gemini:M", base_url=...)``."""
+        return self.url + "/v1beta"
 
     async def start(self) -> None:
         """Listen on ``host:port`` (port 0: a free one, then set in ``port``)."""
@@ -373,8 +384,8 @@ class LoopbackServer:
         body, error = _json_body(request)
         self._record(connection, request, body)
         protocol = _protocol(path)
-        model = str(body.get("model") or "test")
-        wire = protocol.wire(model, body, self._serial)
+        wire = protocol.make_wire(request.target, body, self._serial)
+        model = wire.model
 
         async def reply(status: int, payload: bytes, content_type: str = JSON) -> bool:
             return await connection.send_response(status, payload, content_type)
@@ -385,19 +396,20 @@ class LoopbackServer:
         if request.method != method and not (method == "GET" and request.method == "HEAD"):
             message = f"{path} takes {method}, not {request.method}"
             return await reply(405, wire.error_body(405, message))
-        if path != protocol.chat_path:
+        if not protocol.is_chat(path):
             if error is not None:
                 return await reply(400, wire.error_body(400, error))
             answer = protocol.endpoints[path][1](self, body)
             return await reply(answer.status, answer.body, answer.content_type)
         if error is None:
             error = wire.refusal()
+        messages = wire.script_body().get("messages")  # in the chat shape, whatever the wire
         if error is None and self.strict_alternation:
-            error = alternation_error(body.get("messages"))
+            error = alternation_error(messages)
         if error is None:
-            error = image_error(body.get("messages"))
+            error = image_error(messages)
         if error is None and not self.continues_partial:
-            error = trailing_assistant_error(body.get("messages"))
+            error = trailing_assistant_error(messages)
         if error is not None:
             return await reply(400, wire.error_body(400, error))
         self._models[model] = None
@@ -405,7 +417,7 @@ class LoopbackServer:
 
     async def _chat(self, connection: Connection, wire: Wire, path: str) -> bool:
         try:
-            turn = self._next_turn(wire.body)
+            turn = self._next_turn(wire.script_body())
         except _ScriptError as error:
             return await connection.send_response(500, wire.error_body(500, str(error)), JSON)
         record = StreamRecord(path, wire.protocol, wire.streamed(), time.monotonic(), turn.fault)

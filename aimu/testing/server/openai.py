@@ -111,6 +111,9 @@ class OpenAIWire(Wire):
     def bad_line(self) -> bytes:
         return sse.frame(b'{"choices": this is not JSON')
 
+    def error_event(self, message: str) -> bytes:
+        return sse.frame(json_bytes({"error": {"message": message, "type": "server_error"}}))
+
     def whole(self, turn: Turn, *, finished: bool = True) -> bytes:
         message: dict[str, Any] = {
             "role": "assistant",

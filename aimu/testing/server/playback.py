@@ -21,7 +21,7 @@ from aimu.testing.server.wire import JSON, Wire
 
 __all__ = ["HTTP_FAULTS", "play"]
 
-_MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang"})
+_MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang", "error_event"})
 HTTP_FAULTS = {
     "http_500": 500, "http_429": 429, "http_502": 502, "http_503": 503, "http_504": 504,
     "http_503_loading": 503,
@@ -111,6 +111,8 @@ class _Player:
             return self._gone()
         if turn.fault == "bad_json":
             body = self.wire.bad_line().strip()
+        elif turn.fault == "error_event":
+            body = self.wire.error_body(500, "internal error (scripted error_event fault)")
         else:
             echoed = replace(turn, text=self.echo + turn.text) if self.echo else turn
             body = self.wire.whole(echoed, finished=turn.fault != "no_done")
@@ -158,7 +160,11 @@ class _Player:
         if self.turn.fault == "hang":
             await self.connection.wait(None)
             return self._gone()
-        if not await self.connection.send_chunks([self.wire.bad_line()], end=True):
+        if self.turn.fault == "error_event":
+            line = self.wire.error_event("internal error (scripted error_event fault)")
+        else:
+            line = self.wire.bad_line()
+        if not await self.connection.send_chunks([line], end=True):
             return self._gone()
         self.record.chunks_sent += 1
         return True

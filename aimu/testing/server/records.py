@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
+from aimu.testing.server.gemini_chat import chat_view
+
 __all__ = ["Headers", "RecordedRequest", "StreamRecord", "WireProtocol"]
 
-WireProtocol: TypeAlias = Literal["ollama", "openai"]
+WireProtocol: TypeAlias = Literal["ollama", "openai", "gemini"]
 
 _T = TypeVar("_T")
 
@@ -44,6 +46,15 @@ class RecordedRequest:
     """``time.monotonic()`` when the request was fully read."""
     connection: int = 0
     """Serial number of the TCP connection it came on (equal numbers: keep-alive)."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The request's transcript in the chat shape, whatever its wire (Gemini's
+        ``contents`` and ``systemInstruction`` translated; ``[]`` if it has none)."""
+        if self.protocol == "gemini":
+            return list(chat_view(self.body)["messages"])
+        messages = self.body.get("messages")
+        return list(messages) if isinstance(messages, list) else []
 
 
 @dataclass

@@ -74,6 +74,11 @@ class Wire(abc.ABC):
         """Why a real server of this protocol would answer the request 400, if it would."""
         return None
 
+    def script_body(self) -> Mapping[str, Any]:
+        """What a script function is handed: the request body (a protocol whose body is
+        not in the chat shape adds the chat shape's keys, so one script serves all)."""
+        return self.body
+
     @abc.abstractmethod
     def error_body(self, status: int, message: str) -> bytes: ...
 
@@ -88,6 +93,10 @@ class Wire(abc.ABC):
     @abc.abstractmethod
     def bad_line(self) -> bytes:
         """A framed line/event whose JSON is broken (the ``bad_json`` fault)."""
+
+    def error_event(self, message: str) -> bytes:
+        """A framed error the server sends mid-stream (the ``error_event`` fault)."""
+        return json_bytes({"error": message}) + b"\n"
 
     @abc.abstractmethod
     def whole(self, turn: Turn, *, finished: bool = True) -> bytes:
@@ -136,9 +145,18 @@ class Protocol:
     endpoints: Mapping[str, tuple[str, Endpoint]] = field(default_factory=dict)
     """path -> (method, endpoint)."""
 
+    def is_chat(self, path: str) -> bool:
+        """Whether ``path`` is this protocol's chat endpoint."""
+        return path == self.chat_path
+
+    def make_wire(self, target: str, body: Mapping[str, Any], call_ids: Iterator[int]) -> Wire:
+        """The framing of one request to ``target`` (its path and query): for the model
+        its body names."""
+        return self.wire(str(body.get("model") or "test"), body, call_ids)
+
     def method(self, path: str) -> str | None:
         """The method ``path`` takes, or None if this protocol has no such endpoint."""
-        if path == self.chat_path:
+        if self.is_chat(path):
             return "POST"
         found = self.endpoints.get(path)
         return found[0] if found else None

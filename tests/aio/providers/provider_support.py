@@ -10,8 +10,20 @@ from collections.abc import Callable
 from typing import Any
 
 from aimu.aio.client import ModelClient
+from aimu.aio.providers.gemini import GeminiClient
+from aimu.aio.providers.ollama import OllamaClient
+from aimu.aio.providers.openai import OpenAIClient
 
 MakeClient = Callable[..., ModelClient]
+
+
+def client_at(provider: str, url: str, key: str = "sk-test", **options: Any) -> ModelClient:
+    """A client of ``provider`` for the loopback server (or any server) at root ``url``."""
+    if provider == "ollama":
+        return OllamaClient("llama-test", host=url, **options)
+    if provider == "gemini":
+        return GeminiClient("gemini-test", base_url=url + "/v1beta", api_key=key, **options)
+    return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
 
 
 def closed_port() -> int:

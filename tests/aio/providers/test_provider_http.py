@@ -5,12 +5,14 @@ or a closed iterator closes the connection at once (the server sees it abandoned
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 from provider_support import (
     MakeClient,
     assert_only_current_task,
+    client_at,
     closed_port,
     open_connections,
 )
@@ -28,7 +30,7 @@ from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.transcript import ToolSpec, validate
 from aimu.testing.script import ScriptedCall, Turn
-from aimu.testing.server import LoopbackServer
+from aimu.testing.server import LoopbackServer, RecordedRequest
 
 WEATHER: ToolSpec = {
     "type": "function",
@@ -45,6 +47,13 @@ WEATHER: ToolSpec = {
 LONG = " ".join(f"word{n}" for n in range(40))
 
 
+def asked_stream(request: RecordedRequest) -> bool:
+    """Whether a chat request asked for a streamed reply (Gemini says so in its path)."""
+    if request.protocol == "gemini":
+        return request.path.endswith(":streamGenerateContent")
+    return bool(request.body["stream"])
+
+
 async def collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
     return [chunk async for chunk in chunks]
 
@@ -54,11 +63,7 @@ def texts(chunks: list[Chunk]) -> list[str]:
 
 
 def make_for(provider: str, server: LoopbackServer, **options: object) -> ModelClient:
-    if provider == "ollama":
-        return OllamaClient("llama-test", host=server.url, **options)  # type: ignore[arg-type]
-    return OpenAIClient(
-        "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options  # type: ignore[arg-type]
-    )
+    return client_at(provider, server.url, **options)
 
 
 # -- replies --------------------------------------------------------------------------
@@ -72,7 +77,7 @@ async def test_plain_reply_appends_user_and_assistant(
     reply = await model.chat("hi")
     assert reply == {"role": "assistant", "content": "Hello there, friend."}
     assert model.messages == [{"role": "user", "content": "hi"}, reply]
-    assert server.requests[-1].body["stream"] is False
+    assert asked_stream(server.requests[-1]) is False
     assert server.streams[-1].completed
 
 
@@ -88,7 +93,7 @@ async def test_streamed_reply_arrives_in_chunks(
     assert done.usage == {"input_tokens": 11, "output_tokens": 5}
     assert done.done_reason == "stop"
     assert model.messages[-1] == {"role": "assistant", "content": "one two three four five"}
-    assert server.requests[-1].body["stream"] is True
+    assert asked_stream(server.requests[-1]) is True
 
 
 async def test_tool_call_round_trip(
@@ -111,6 +116,15 @@ async def test_tool_call_round_trip(
     validate(model.messages)
 
     first, second = server.requests[-2].body, server.requests[-1].body
+    if provider == "gemini":  # one functionCall turn, answered by the next user turn
+        assert [d["name"] for d in first["tools"][0]["functionDeclarations"]] == ["weather"]
+        asked, answered = second["contents"][1], second["contents"][2]
+        assert asked["role"] == "model" and answered["role"] == "user"
+        assert asked["parts"][0]["functionCall"] == {"name": "weather", "args": {"city": "Oslo"}}
+        assert answered["parts"] == [
+            {"functionResponse": {"name": "weather", "response": {"output": "snow, -3 C"}}}
+        ]
+        return
     assert [tool["function"]["name"] for tool in first["tools"]] == ["weather"]
     wire_call, wire_result = second["messages"][1], second["messages"][2]
     if provider == "ollama":
@@ -160,7 +174,12 @@ async def test_a_partial_turn_is_sent_without_our_marker(
         {"role": "user", "content": "continue"},
     ]
     await collect(model.stream_turn(model.messages))
-    sent = server.requests[-1].body["messages"]
+    body = server.requests[-1].body
+    if "contents" in body:  # Gemini
+        assert body["contents"][1] == {"role": "model", "parts": [{"text": "I was cut"}]}
+        assert "aimu_" not in json.dumps(body)
+        return
+    sent = body["messages"]
     assert sent[1] == {"role": "assistant", "content": "I was cut"}
     assert all(not key.startswith("aimu_") for message in sent for key in message)
 
@@ -245,6 +264,9 @@ async def test_a_refused_connection_fails_fast_naming_the_host(provider: str) ->
     if provider == "ollama":
         model = OllamaClient("llama-test", host=f"127.0.0.1:{port}", retries=0)
         hint = "is Ollama running there? host= or OLLAMA_HOST sets the address"
+    elif provider == "gemini":
+        model = client_at(provider, f"http://127.0.0.1:{port}", retries=0)
+        hint = "GEMINI_BASE_URL"
     else:
         model = OpenAIClient(
             "gpt-test", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retries=0
@@ -267,6 +289,8 @@ async def test_an_unresolvable_host_names_the_host(provider: str) -> None:
     model: ModelClient
     if provider == "ollama":
         model = OllamaClient("m", host="no-such-host.invalid:11434", connect_timeout=2)
+    elif provider == "gemini":
+        model = client_at(provider, "http://no-such-host.invalid", connect_timeout=2)
     else:
         model = OpenAIClient(
             "m", base_url="http://no-such-host.invalid/v1", api_key="k", connect_timeout=2
@@ -394,5 +418,6 @@ async def test_fork_shares_the_pool_and_keeps_its_own_transcript(
     assert [m["content"] for m in model.messages] == ["to the original", "first"]
     await twin.aclose()  # a fork leaves the shared pool open
     assert (await model.chat("again"))["content"] == "third"
-    assert server.requests[-1].body["options" if isinstance(model, OllamaClient)
-                                   else "temperature"] in ({"temperature": 0.2}, 0.2)
+    body = server.requests[-1].body
+    sent = body.get("options") or body.get("generationConfig") or body
+    assert sent["temperature"] == 0.2

@@ -11,14 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from provider_support import assert_only_current_task, closed_port
+from provider_support import assert_only_current_task, client_at, closed_port
 
 from aimu import aio
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError
 from aimu.aio.events import Event, ModelRetry
-from aimu.aio.providers.ollama import OllamaClient
-from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.scope import RunScope, current_scope
 from aimu.testing.script import Fault, Turn
 from aimu.testing.server import LoopbackServer
@@ -28,9 +26,7 @@ KEY = "sk-retry-secret-987654321"
 
 def make(provider: str, url: str, **options: Any) -> ModelClient:
     options.setdefault("retry_delay", 0.001)
-    if provider == "ollama":
-        return OllamaClient("llama-test", host=url, **options)
-    return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=KEY, **options)
+    return client_at(provider, url, KEY, **options)
 
 
 @contextlib.contextmanager
