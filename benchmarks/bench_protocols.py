@@ -1,0 +1,127 @@
+"""A Stop through each protocol `aimu serve` speaks, beside aimu's own cancel route.
+
+    python benchmarks/bench_protocols.py [--repeats N]
+
+One `aimu serve` in a child process (Uvicorn, as the command runs it) on the loopback
+model server (in this process), whose slow reply streams for about 20 s unless stopped.
+Each sample starts a run, reads its stream until the first text, then stops it; the
+figure is the time from the stop to the model server recording the stream abandoned:
+
+- aimu: ``POST /runs/{id}/cancel`` (the baseline);
+- AG-UI: the client leaves ``POST /ag-ui``'s stream (what ``abortRun()`` does);
+- AI SDK: the client leaves ``POST /api/chat``'s stream (what ``stop()`` does);
+- AI SDK stop route: a resumable run, left, then ``POST /api/chat/{id}/stop``.
+
+The contenders take turns within each repeat; medians, p90 and the ratio to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from bench_serve import follow, server, slow_reply, start
+
+from aimu.testing.server import LoopbackServer
+
+USER_AG_UI = {"id": "u1", "role": "user", "content": "long"}
+USER_AI_SDK = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "long"}]}
+
+
+async def _abandoned(model: LoopbackServer, before: int, since: float) -> float:
+    records = await model.wait_abandoned(before + 1, timeout=30)
+    return (max(r.abandoned_at or 0.0 for r in records) - since) * 1000
+
+
+async def _leave_at_text(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], text_type: str
+) -> float:
+    """Read the stream until its first text event, then leave; when it left."""
+    async with http.stream("POST", path, json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if f'"type":"{text_type}"' in line:
+                break
+        left = time.monotonic()
+    return left
+
+
+async def aimu_cancel(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
+    before = len([s for s in model.streams if s.abandoned])
+    run_id = await start(http, session, "long")
+    await follow(http, run_id, until="text")
+    sent = time.monotonic()
+    (await http.post(f"/runs/{run_id}/cancel")).raise_for_status()
+    return await _abandoned(model, before, sent)
+
+
+async def ag_ui_abort(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
+    before = len([s for s in model.streams if s.abandoned])
+    body = {"threadId": session, "runId": "r1", "messages": [USER_AG_UI]}
+    left = await _leave_at_text(http, "/ag-ui", body, "TEXT_MESSAGE_CONTENT")
+    return await _abandoned(model, before, left)
+
+
+async def ai_sdk_abort(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
+    before = len([s for s in model.streams if s.abandoned])
+    body = {"id": session, "messages": [USER_AI_SDK]}
+    left = await _leave_at_text(http, "/api/chat", body, "text-delta")
+    return await _abandoned(model, before, left)
+
+
+async def ai_sdk_stop(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
+    before = len([s for s in model.streams if s.abandoned])
+    body = {"id": session, "messages": [USER_AI_SDK], "resumable": True}
+    await _leave_at_text(http, "/api/chat", body, "text-delta")
+    sent = time.monotonic()
+    (await http.post(f"/api/chat/{session}/stop", json={})).raise_for_status()
+    return await _abandoned(model, before, sent)
+
+
+Contender = Callable[[httpx.AsyncClient, LoopbackServer, str], Awaitable[float]]
+CONTENDERS: dict[str, Contender] = {
+    "aimu: POST /runs/{id}/cancel (baseline)": aimu_cancel,
+    "AG-UI: the client leaves POST /ag-ui": ag_ui_abort,
+    "AI SDK: the client leaves POST /api/chat": ai_sdk_abort,
+    "AI SDK: POST /api/chat/{id}/stop": ai_sdk_stop,
+}
+
+
+def p90(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+
+
+async def main(repeats: int) -> None:
+    print(f"Python {sys.version.split()[0]}, {sys.platform}; {repeats} interleaved repeats")
+    samples: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    with LoopbackServer.in_thread(slow_reply) as model, tempfile.TemporaryDirectory() as tmp:
+        env = {"BENCH_MODEL_URL": model.openai_base_url}
+        async with (
+            server(Path(tmp) / "s.db", **env) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as http,
+        ):
+            for repeat in range(repeats):
+                for index, (name, measure) in enumerate(CONTENDERS.items()):
+                    samples[name].append(await measure(http, model, f"s{repeat}-{index}"))
+    base = statistics.median(samples[next(iter(CONTENDERS))])
+    header = ("Stop → the model server sees its stream closed", "median", "p90", "ratio")
+    rows = [(name, f"{statistics.median(s):.2f} ms", f"{p90(s):.2f} ms",
+             f"{statistics.median(s) / base:.2f}x") for name, s in samples.items()]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20, help="samples per contender")
+    asyncio.run(main(parser.parse_args().repeats))
