@@ -489,7 +489,7 @@ async def test_a_send_into_a_run_that_pauses_reaches_the_resumed_run_in_another_
         third, _, _, _ = held_pay_agent(store)  # and never again
         await third.open()
         assert third.model_client.messages == await store.load("pay")
-        assert third._durable.carried.messages == []
+        assert third._session.durable.carried.messages == []
         await third.aclose()
 
 
@@ -513,7 +513,7 @@ async def test_a_send_carried_by_a_pause_is_joined_once_after_a_crash_between_wr
         await writer.aclose()
         third, _, _, _ = held_pay_agent(store)
         await third.open()
-        assert third._durable.carried.messages == []
+        assert third._session.durable.carried.messages == []
         assert await third.run("again") == "saw: use the blue card | again"
         await third.aclose()
 
@@ -524,7 +524,7 @@ async def test_a_send_carried_by_a_pause_is_in_the_snapshot_and_joins_the_resume
     assert snapshot["sent"]["texts"] == ["first note"]
     copy_of = agent.session_from(snapshot)  # a workflow's state carries it too
     assert copy_of is not None
-    assert copy_of._durable.carried.messages == [{"role": "user", "content": "first note"}]
+    assert copy_of._session.durable.carried.messages == [{"role": "user", "content": "first note"}]
     agent.approve(agent.pending_approvals[0].call_id)
     assert await agent.resume() == "saw: first note"
 

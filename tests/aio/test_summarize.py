@@ -135,7 +135,7 @@ async def test_a_stop_during_the_summary_request_keeps_nothing_of_it_and_resume_
     with pytest.raises(asyncio.CancelledError):
         await handle
     assert handle.status == "cancelled"
-    assert agent._durable.summary is None and model.open_streams == 0
+    assert agent._session.durable.summary is None and model.open_streams == 0
     validate(agent.model_client.messages)
     script.hold_summary = False
     assert await agent.resume() == "answer to t2"
@@ -152,7 +152,7 @@ async def test_an_interrupt_during_the_summary_request_stops_at_the_next_boundar
     await script.summary_asked.wait()
     handle.interrupt()  # the summary is part of the model turn: the turn ends first
     assert await handle == "answer to t2"
-    assert handle.status == "completed" and agent._durable.summary is not None
+    assert handle.status == "completed" and agent._session.durable.summary is not None
     validate(agent.model_client.messages)
 
 
@@ -166,7 +166,7 @@ async def test_a_wall_limit_cuts_the_summary_request() -> None:
     result = agent.last_run
     assert result is not None and (result.status, result.stop_reason) == ("limited", "limit:wall")
     assert result.requests == 1  # the summary's only: the turn's own request was never made
-    assert agent._durable.summary is None and model.open_streams == 0
+    assert agent._session.durable.summary is None and model.open_streams == 0
     validate(agent.model_client.messages)
 
 

@@ -345,7 +345,7 @@ async def test_an_idempotent_call_in_doubt_runs_again_on_resume(
     agent = aio.Agent(ScriptedModel([Turn(tool_calls=[call])]), tools=[stdio_server(log)],
                       store=store, session="j")
     await agent.open()
-    writer = agent._durable.writer
+    writer = agent._session.durable.writer
     assert writer is not None
     # The state a crash leaves: the call recorded and journalled as started, no result.
     await writer.append({"role": "user", "content": "add"})

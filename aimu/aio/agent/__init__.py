@@ -1,0 +1,385 @@
+"""The agent: a tool loop whose transcript survives any stop.
+
+The package is in rooms, one concept each: :mod:`.config` (the options, checked and
+frozen), :mod:`.state` (a run in flight and its step outcomes), :mod:`.session` (the
+transcript, the stored record, approvals: the only writer), :mod:`.turn` (a model
+turn), :mod:`.tool_round`, :mod:`.settle` (the one place a run's record and result are
+made), :mod:`.loop` (the driver: ``match run.next``, one ``finally`` that settles) and
+:mod:`.wall` (the wall-clock cut). :class:`Agent`, here, is the public surface.
+
+One async generator (:func:`.loop.run_events`) does the work; ``run()`` drains it and
+``run(stream=True)`` hands it out, so both share one code path. Whatever ends a run, the
+transcript in ``agent.messages`` is valid to send to a model again.
+
+``interrupt()`` stops the run at the next step boundary; ``resume()`` continues where
+it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+
+from typing_extensions import Unpack
+
+from aimu.aio._session import Carried
+from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingApproval
+from aimu.aio.client import ModelClient
+from aimu.aio.context import ContextPolicy
+from aimu.aio.events import Event, RunResult, RunStatus
+from aimu.aio.instructions import Instructions
+from aimu.aio.limits import Spend, UsageLimits
+from aimu.aio.runnable import NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
+from aimu.aio.scope import RunScope
+from aimu.aio.store import validate_session_name
+from aimu.aio.tools import Tool, Toolset
+from aimu.aio.transcript import Message, Usage, zero_usage
+
+from .config import AgentOptions, Config, make_config
+from .loop import run_events
+from .session import Session
+from .state import FINAL_TURN_PROMPT, INTERRUPTED, Ended, NeedsTools, Next
+
+if TYPE_CHECKING:
+    from aimu.aio.store import Store
+
+__all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Ended", "NeedsTools", "Next"]
+
+_T = TypeVar("_T")
+
+
+class Agent(Runnable[OutputT]):
+    """A model client, tools and a system prompt, running a tool loop on one transcript.
+
+    ``agent.start()`` makes another session of the same agent with its own transcript.
+    With ``store`` and ``session`` every message is written durably as it is recorded,
+    and a new process building the same agent continues from the stored transcript: the
+    session is opened (its write lock taken, its transcript loaded) by :meth:`open`,
+    ``async with agent``, or the first run. Each tool call's start is journalled first,
+    so a call a crash cut is known to be in doubt (see :mod:`aimu.aio.journal`).
+
+    With ``output_type`` (a pydantic model, dataclass, TypedDict, ``list[int]``...) the
+    model is asked for JSON of that type and ``run()`` returns it validated; an invalid
+    answer goes back to the model with the error, ``output_retries`` times a run (see
+    :mod:`aimu.aio.output`). ``tool_choice`` and ``parallel_tool_calls`` go to servers
+    that have them, on turns that offer tools.
+
+    ``limits`` (:class:`~aimu.aio.UsageLimits`) bound each run and ``session_limits`` the
+    session's total (kept in the store); a run that reaches one ends ``limited``. ``deps``
+    is handed to tools as ``ctx.deps`` and never stored. ``system`` may be a function
+    (sync or async) of a :class:`~aimu.aio.RunContext`, evaluated at each run's start.
+    ``context`` (a policy such as :class:`~aimu.aio.KeepLastTurns`) chooses what of a
+    long transcript each request sends; the transcript itself stays whole.
+    """
+
+    kind = "agent"
+
+    @overload
+    def __init__(
+        self: Agent[str],
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
+        *,
+        output_type: None = None,
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[_T],
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
+        *,
+        output_type: type[_T],
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
+
+    @overload
+    def __init__(  # a union or other special form: annotate the agent to type it
+        self: Agent[Any],
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
+        *,
+        output_type: object,
+        **options: Unpack[AgentOptions],
+    ) -> None: ...
+
+    def __init__(
+        self,
+        client: ModelClient,
+        tools: Sequence[Callable[..., Any] | Tool | Toolset | EllipsisType] = (),
+        *,
+        system: Instructions | None = None,
+        max_rounds: int = 10,
+        name: str | None = None,
+        store: Store | None = None,
+        session: str | None = None,
+        concurrent_tools: bool = False,
+        approve: ApprovalPolicy | None = None,
+        output_type: object = None,
+        output_retries: int = 2,
+        tool_choice: str | None = None,
+        parallel_tool_calls: bool | None = None,
+        limits: UsageLimits | None = None,
+        session_limits: UsageLimits | None = None,
+        deps: object = None,
+        context: ContextPolicy | None = None,
+    ) -> None:
+        config = make_config(
+            client, tools, system=system, max_rounds=max_rounds, name=name, store=store,
+            session=session, concurrent_tools=concurrent_tools, approve=approve,
+            output_type=output_type, output_retries=output_retries, tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls, limits=limits,
+            session_limits=session_limits, deps=deps, context=context,
+        )
+        self._setup(config, client, store, session, owns_client=True)
+
+    def _setup(
+        self,
+        config: Config,
+        client: ModelClient,
+        store: Store | None,
+        session: str | None,
+        *,
+        owns_client: bool,
+    ) -> None:
+        self._config = config
+        self.model_client = client
+        self._owns_client = owns_client
+        self._store = store
+        #: The session: transcript, store record, approvals (see session.py).
+        self._session = Session(config, client, store, session)
+        self._scope: RunScope | None = None
+        self.last_status: RunStatus | None = None
+        self.last_run: RunResult[OutputT] | None = None
+        if session is not None:
+            validate_session_name(session)
+        self._session.place_system()
+
+    # -- configuration -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def system(self) -> str | None:
+        """The system prompt: the text given, or the one a ``system=`` function gave
+        for the last run (None before its first)."""
+        return self._session.system_text
+
+    @property
+    def limits(self) -> UsageLimits | None:
+        """The budget of each run (``limits=``), and of the session in all
+        (:attr:`session_limits`)."""
+        return self._config.limits
+
+    @property
+    def session_limits(self) -> UsageLimits | None:
+        return self._config.session_limits
+
+    @property
+    def spend(self) -> Spend:
+        """What this session spent in all (requests, tool calls, tokens, cost, seconds),
+        as its store keeps it across processes. A copy."""
+        copy = Spend()
+        copy.add(self._session.durable.spend)
+        return copy
+
+    @property
+    def max_rounds(self) -> int:
+        return self._config.max_rounds
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The tools offered to the model (a toolset's once the agent opened it)."""
+        return self._config.table.tools
+
+    @property
+    def session(self) -> str | None:
+        """The store session this agent writes to, if any."""
+        return self._session.name
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by this session's runs so far, resumes included."""
+        usage = self._session.usage
+        return {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]}
+
+    @property
+    def resumable(self) -> bool:
+        return self._session.resumable
+
+    def _check_resumable(self) -> None:
+        self._session.check_resumable()
+
+    # -- approvals -------------------------------------------------------------------
+
+    @property
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The tool calls the paused run waits on (call id, tool, arguments).
+
+        With a store, ``RuntimeError`` until the session is opened: they are not known."""
+        self._session.check_loaded("pending_approvals")
+        return self._session.approvals.waiting()
+
+    @property
+    def messages(self) -> list[Message]:
+        """This session's transcript (``model_client.messages``, the same list).
+
+        With a store, ``RuntimeError`` until the session is opened: an unopened session
+        is not empty, its transcript is not loaded yet."""
+        self._session.check_loaded("messages")
+        return self.model_client.messages
+
+    def _check_new_task(self) -> None:
+        # Before the session is loaded its approvals are unknown: opening it checks them.
+        if self._session.loaded:
+            super()._check_new_task()
+
+    def approve(self, call_id: str) -> None:
+        """Let the waiting call ``call_id`` run when the run resumes."""
+        self._decide(call_id, Decision(True))
+
+    def deny(self, call_id: str, reason: str | None = None) -> None:
+        """Refuse the waiting call ``call_id``: on resume the model reads that it was
+        denied, and ``reason``."""
+        self._decide(call_id, Decision(False, reason))
+
+    def _decide(self, call_id: str, decision: Decision) -> None:
+        self._session.check_loaded("pending approvals")
+        if self.running:
+            raise RuntimeError(
+                f"agent {self.name!r}: cannot decide on call {call_id!r:.80} while a run is "
+                "in progress; decide once it has paused"
+            )
+        self._session.decide(call_id, decision)
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def start(self, *, session: str | None = None) -> Agent[OutputT]:
+        """A new session of this agent: same model settings, tools and limits.
+
+        It has its own transcript and interrupt state, so many conversations can run
+        concurrently. With ``session=`` it persists to this agent's store under that name.
+        """
+        if session is not None and self._store is None:
+            raise ValueError("start(session=...) needs an agent built with a store")
+        fresh: Agent[OutputT] = Agent.__new__(Agent)
+        fresh._setup(
+            self._config,
+            self.model_client.fork(),
+            self._store if session is not None else None,
+            session,
+            owns_client=False,
+        )
+        return fresh
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "idle"
+        return (
+            f"<Agent {self.name!r} {state} messages={len(self.model_client.messages)} "
+            f"tools={[t.name for t in self.tools]}>"
+        )
+
+    async def open(self) -> None:
+        """Open the store session now: take its write lock and load its transcript.
+
+        ``SessionLockedError`` if another writer holds it. The first run does this
+        itself; without a store this does nothing. Idempotent.
+        """
+        await self._session.open()
+
+    async def aclose(self) -> None:
+        """Release the store session and, for the agent that was given it, the client.
+
+        A transcript given to :meth:`restore` since the last run is stored first, and
+        approval decisions given since (so they survive a restart before ``resume()``).
+        """
+        try:
+            await self._session.close()
+        finally:
+            if self._owns_client:
+                try:
+                    await self._config.table.aclose()
+                finally:
+                    await self.model_client.aclose()
+
+    async def __aenter__(self) -> Agent[OutputT]:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def restore(self, messages: Sequence[Message]) -> Awaitable[None]:
+        """Load ``messages`` as this session's transcript, validating them first.
+
+        An invalid transcript raises ``ValueError`` naming the bad message and changes
+        nothing. Messages are copied in; dangling tool calls get "cancelled" results;
+        this agent's system prompt is kept. With a store, ``await agent.restore(...)``:
+        it opens the session and returns once the transcript is stored (durable).
+        """
+        if self.running:
+            raise RuntimeError("cannot restore() while a run is in progress on this session")
+        self._session.restore(messages, Approvals())
+        if self._store is None:
+            return _DONE
+        return self._session.store_restored()
+
+    # -- progress, for workflows ---------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """This session's transcript and token usage as plain JSON data (copies)."""
+        return self._session.snapshot()
+
+    def blank_snapshot(self) -> dict[str, Any]:
+        return {"messages": [], "usage": zero_usage(), **Approvals().state()}
+
+    def session_from(self, snapshot: Mapping[str, Any]) -> Agent[OutputT] | None:
+        """A new session holding ``snapshot``; None when it holds no transcript."""
+        messages = snapshot.get("messages") or []
+        if not messages:
+            return None
+        fresh = self.start()
+        approvals = Approvals.from_state(snapshot, "the snapshot")
+        session = fresh._session
+        session.restore(cast(list[Message], messages), approvals)
+        session.durable.carried = Carried.load(snapshot.get("sent"), messages, "the snapshot")
+        session.usage = load_usage(snapshot.get("usage"), "the snapshot")
+        return fresh
+
+    # -- the run ---------------------------------------------------------------------
+
+    async def _reply(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> OutputT:
+        """The answer: its text, or with ``output_type`` the validated value (NoOutputError
+        when the run ended without one: interrupted, paused, limited)."""
+        final = await self._finish(task, reset, options)
+        output = self._config.output
+        return cast(OutputT, final.reply if output is None else output.result(final))
+
+    def _check_limits(self, limits: UsageLimits) -> None:
+        limits.price_of(self.model_client.model)  # a cost limit needs this model's price
+
+    def _events(
+        self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
+    ) -> AsyncGenerator[Event, None]:
+        return run_events(
+            self._session, task, reset, options, self._open_scope, self._close_scope
+        )
+
+
+class _Done(Awaitable[None]):
+    """What restore() returns without a store: nothing to wait for, awaited or not."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield  # a generator that ends at once
+
+
+_DONE = _Done()

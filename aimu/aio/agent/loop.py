@@ -1,0 +1,189 @@
+"""The run driver: open the session for a run, then ``match run.next`` for the step to
+run (a model turn, a tool round) until the run has its outcome; one ``finally`` settles.
+
+Every message is recorded the moment it exists, so whatever ends the run (answer,
+error, cancel, interrupt, a consumer that stops iterating) the transcript is valid to
+send to a model again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+from aimu.aio._tracing import RunSpans
+from aimu.aio.events import Event, RunResult, RunStarted
+from aimu.aio.instructions import RunContext, instructions_text
+from aimu.aio.limits import Budget
+from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
+from aimu.aio.scope import RunScope
+from aimu.aio.transcript import UserMessage, dangling_calls
+
+from .session import Session
+from .settle import settle, stop_of_run
+from .state import Ended, NeedsTools, RunState
+from .tool_round import tool_round
+from .turn import context_hit, model_turn, output_checked
+from .wall import WallTimer
+
+__all__ = ["run_events"]
+
+
+async def run_events(
+    session: Session,
+    task: str | None,
+    reset: bool,
+    options: RunOptions,
+    open_scope: Callable[[RunOptions], RunScope],
+    close_scope: Callable[[RunResult[Any]], None],
+) -> AsyncGenerator[Event, None]:
+    """The run as events, ending with one RunFinished (``task`` None: resume).
+    ``open_scope`` claims the session when the run starts, ``close_scope`` releases it."""
+    client = session.client
+    name = session.config.name
+    scope = open_scope(options)
+    spans = RunSpans(name, client.model, client.provider)
+    run = RunState(scope, spans, client, options)
+    failure: BaseException | None = None
+    stopped_by: BaseException | None = None
+    try:
+        await _open(session, run, task, reset)
+        run.opened = True
+        yield run.publish(RunStarted(name, task))
+        await _pick_up(session, run, task)
+        while (step := await _next_step(session, run)) is not None:
+            async with aclosing(step):
+                async for event in step:
+                    try:
+                        yield run.publish(event)
+                    except GeneratorExit:
+                        run.closing = True  # closing the step awaits: a cancel may come
+                        raise
+    except BaseException as error:
+        run.stopped_by(error)
+        stopped_by = error
+        if isinstance(error, GeneratorExit) or run.closing:
+            raise  # the consumer stopped iterating: settle below, never yield again
+        failure = error
+    finally:
+        final = await settle(session, run, close_scope)
+        stop = stop_of_run(session, run, final, stopped_by or run.store_error)
+        run.spans.finished(final, stop.status, stop.reason)
+        stop.log(name)
+    if failure is None:
+        failure = run.store_error
+    if failure is None:
+        yield final
+        return
+    # Deliver the terminal event, then the exception, whatever the consumer does next.
+    try:
+        yield final
+    except GeneratorExit:
+        raise failure from None
+    raise failure
+
+
+async def _open(session: Session, run: RunState, task: str | None, reset: bool) -> None:
+    """Put the session in order for a run: the store opened, the instructions
+    evaluated (a raising ``system=`` function fails the run here, nothing stored),
+    reset, system prompt, the task recorded (the first of the run's messages)."""
+    config, options = session.config, run.options
+    run.deps = config.deps if options.deps is NO_DEPS else options.deps
+    await config.table.ready()
+    await session.open()
+    if config.system is not None and not isinstance(config.system, str):
+        context = RunContext(config.name, session.name, task, run.deps)
+        run.untouched = True
+        session.system_text = await instructions_text(config.system, context, config.name)
+        run.untouched = False
+    # A workflow's limits bound all its agent runs together (shared), not each one.
+    shared = options_in(run.scope.parent).shared
+    own = options.limits if options.shared is None else None
+    run.budget = budget = Budget(
+        config.limits if own is None else own, config.session_limits, session.durable.spend,
+        session.client.model, shared,
+    )
+    if budget.wall_at is not None:  # one timer for the run, armed now
+        loop = asyncio.get_running_loop()
+        run.wall = WallTimer(loop.time() + budget.wall_at - time.monotonic())
+    messages = session.client.messages
+    if reset:
+        messages.clear()
+        session.reruns = set()
+        session.approvals.clear()
+        session.durable.forget()
+    session.place_system()
+    if session.durable.writer is not None:
+        await session.durable.sync(messages)
+        if session.durable.state_stale:
+            await session.save_state()
+    run.first = len(messages)
+    if task is None:
+        session.require_task()
+    else:
+        await session.drop_undone_calls()
+        message: UserMessage = {"role": "user", "content": task}
+        if run.options.images:
+            message["images"] = list(run.options.images)
+        await session.record(message)
+    if session.durable.writer is not None:
+        await session.durable.writer.set_status("in_progress")
+
+
+async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
+    """Where the run starts: the rounds the task has used, the calls a pause or a
+    crash left open (resume runs them), or a resumed answer: cut off if it was, and
+    corrected first if it is not a valid typed answer."""
+    run.rounds, run.final_prompted = session.rounds_used()
+    if task is None:
+        messages = session.client.messages
+        open_calls = [call for _, call in dangling_calls(messages)]
+        if open_calls:
+            run.next = NeedsTools(open_calls, frozenset(session.reruns))
+            session.reruns = set()
+            return
+        answer = session.finished_answer()
+        if answer is not None:
+            run.stop_reason = answer.get("aimu_stop_reason")
+            # A fresh run: a correction here costs none of its output retries.
+            if await output_checked(session, run, answer["content"], schema_asked=False):
+                run.end("completed", answer["content"])
+            return
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant" and last.get("aimu_partial"):
+            run.cut_answer = last
+
+
+async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, None] | None:
+    """The step to run next, or None once the run has its outcome. Text sent to the
+    run joins it here, at the boundary, even after an answer; a usage limit the
+    step would cross stops the run here."""
+    budget = run.budget
+    assert budget is not None
+    match run.next:
+        case NeedsTools(calls) as tools:
+            hit = budget.before_tools(len(calls)) if budget.limited else None
+            if hit is not None:
+                run.limited(hit)  # the calls stay open: resume() runs them
+                return None
+            return tool_round(session, run, tools)
+        case Ended("completed" | "incomplete") if await session.join_sent(run.scope):
+            run.next = None  # text sent as the answer came: the run goes on with it
+        case Ended():
+            return None
+    await session.join_sent(run.scope)
+    if run.interrupt_asked():  # the step boundary
+        run.interrupted()
+        return None
+    hit = budget.before_request() if budget.limited else None
+    client = session.client
+    if hit is None and (client.context_window is not None
+                        or client.discovers_context_window):
+        hit = await context_hit(session)
+    if hit is not None:
+        run.limited(hit)
+        return None
+    return model_turn(session, run)

@@ -1,0 +1,374 @@
+"""An agent session: its transcript, its stored record, its approvals; the only writer.
+
+:class:`Session` holds what one session of an agent keeps between runs (the transcript
+in ``client.messages``, the store session and the state beside it, the calls waiting
+for a person) and is the one place that changes them: loading and restoring, recording
+each message the moment it exists, answering open calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from aimu.aio._session import SessionRecord
+from aimu.aio.approvals import Approvals, Decision
+from aimu.aio.client import ModelClient
+from aimu.aio.journal import IN_DOUBT_RESULT, settle_in_doubt
+from aimu.aio.output import is_correction
+from aimu.aio.providers._unicode import clean
+from aimu.aio.scope import RunScope
+from aimu.aio.tools import ToolOutcome
+from aimu.aio.transcript import (
+    CANCELLED_RESULT,
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolMessage,
+    Usage,
+    copy_messages,
+    dangling_calls,
+    settle,
+    validate,
+    zero_usage,
+)
+
+from .config import Config
+from .state import FINAL_TURN_PROMPT
+
+if TYPE_CHECKING:
+    from aimu.aio.events import RunStatus
+    from aimu.aio.store import SessionWriter, Store, ToolStart
+
+__all__ = ["Session", "joined", "tool_message"]
+
+
+class Session:
+    """One session of an agent: its transcript (``client.messages``), the store session
+    it writes (``durable``) and the state kept beside it, and its approvals."""
+
+    __slots__ = (
+        "approvals", "client", "config", "durable", "known", "loaded", "name", "reruns",
+        "store", "system_text", "usage",
+    )
+
+    def __init__(
+        self, config: Config, client: ModelClient, store: Store | None, name: str | None
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.store = store
+        #: The store session's name (None without a store).
+        self.name = name
+        #: The store session and the state kept beside the transcript (see _session.py).
+        self.durable = SessionRecord(store, name)
+        #: Ids of the in-doubt calls of idempotent tools found on load: resume() runs
+        #: them again (their results start with RERUN_NOTE).
+        self.reruns: set[str] = set()
+        self.approvals = Approvals()
+        #: Memory holds the session: no store, or its session loaded (open()) or replaced
+        #: (restore()). Until then the transcript and approvals are not known.
+        self.loaded = store is None
+        #: Tokens used by this session's runs so far, resumes included.
+        self.usage: Usage = zero_usage()
+        self.system_text: str | None = config.system if isinstance(config.system, str) else None
+        #: (messages, tokens): the transcript's length after the last finished turn and
+        #: the tokens the server counted for it, so a request's size is estimated from
+        #: what was added since.
+        self.known = (0, 0)
+
+    # -- checks ------------------------------------------------------------------------
+
+    @property
+    def resumable(self) -> bool:
+        return any(m["role"] == "user" for m in self.client.messages)
+
+    def check_resumable(self) -> None:
+        if self.store is not None and self.durable.writer is None:
+            return  # checked once the run has loaded the stored session
+        self.require_task()
+
+    def require_task(self) -> None:
+        if not self.resumable:
+            raise ValueError("nothing to resume: the transcript has no task yet; use run(task)")
+        self.approvals.check_decided(f"agent {self.config.name!r}")
+
+    def check_loaded(self, what: str) -> None:
+        if not self.loaded:
+            raise RuntimeError(
+                f"agent {self.config.name!r}: session {self.name!r} is not open, so its "
+                f"{what} are not loaded yet: await agent.open() (or use `async with agent`) "
+                "first"
+            )
+
+    def decide(self, call_id: str, decision: Decision) -> None:
+        self.approvals.decide(call_id, decision, f"agent {self.config.name!r}")
+        self.durable.state_stale = True
+
+    async def save_state(self) -> None:
+        await self.durable.save_state(self.approvals)
+
+    # -- opening, loading, restoring ---------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the store session: take its write lock and load its transcript."""
+        if self.store is None or self.name is None or self.durable.writer is not None:
+            return
+        await self.config.table.ready()  # a loaded call in doubt needs its tool's flags
+        writer = self.durable.writer = await self.store.open_session(self.name)
+        try:
+            await self.load_stored(writer)
+        except BaseException:
+            self.durable.writer = None
+            await writer.aclose()
+            raise
+
+    async def close(self) -> None:
+        """Store what restore() and decisions changed since the last run; release the
+        store session."""
+        await self.durable.close(self.client.messages, self.approvals)
+
+    def place_system(self) -> None:
+        """Keep the system prompt present exactly once, first."""
+        system = self.system_text
+        messages = self.client.messages
+        if system is None:
+            return
+        if messages and messages[0]["role"] == "system":
+            if messages[0]["content"] == system:
+                return
+            messages[0] = {"role": "system", "content": system}
+        else:
+            messages.insert(0, {"role": "system", "content": system})
+        if self.durable.writer is not None:
+            self.durable.transcript_stale = True
+
+    async def load_stored(self, writer: SessionWriter) -> None:
+        """Take the stored transcript into memory (a restore() before this one wins)."""
+        messages = self.client.messages
+        stored = [] if self.durable.transcript_stale else await writer.load()
+        if stored:
+            validate(stored)
+            settled = copy_messages(stored)
+            assert self.store is not None and self.name is not None
+            state = await self.store.load_state(self.name)
+            approvals = Approvals.from_state(state, f"session {self.name!r}")
+            starts = await self.store.tool_starts(self.name)
+            self.durable.transcript_stale = self.settle_loaded(settled, approvals, starts)
+            self.approvals = approvals
+            self.durable.load_state(state, settled)
+            messages[:] = settled
+        elif messages:
+            validate(messages)
+            self.durable.transcript_stale = True
+        self.place_system()
+        await self.durable.sync(messages)
+        if self.durable.state_stale:
+            await self.save_state()
+        self.loaded = True
+
+    async def store_restored(self) -> None:
+        """Write what restore() put in memory to the store (the session opened first)."""
+        if self.durable.writer is None:
+            await self.open()  # memory is stale, so opening writes it instead of loading
+        if self.durable.writer is not None:
+            await self.durable.sync(self.client.messages)
+            if self.durable.state_stale:
+                await self.save_state()
+
+    def restore(self, messages: Sequence[Message], approvals: Approvals) -> None:
+        """Hold ``messages`` (validated, copied, dangling calls answered) and
+        ``approvals`` in memory; the system prompt kept."""
+        validate(messages)
+        restored = copy_messages(messages)
+        self.settle_loaded(restored, approvals, ())
+        self.approvals = approvals
+        self.known = (0, 0)
+        system = self.system_text
+        if system is not None and restored and restored[0]["role"] == "system":
+            restored[0] = {"role": "system", "content": system}
+        elif system is not None:
+            restored.insert(0, {"role": "system", "content": system})
+        self.client.messages[:] = restored
+        self.durable.forget()  # what the state said of the transcript replaced goes
+        self.loaded = True
+
+    def settle_loaded(
+        self, messages: list[Message], approvals: Approvals, starts: Sequence[ToolStart]
+    ) -> bool:
+        """Answer the dangling calls of a loaded transcript, the tool journal ``starts``
+        deciding which were in doubt (see :mod:`aimu.aio.journal`); True if any was
+        answered. Calls waiting for a person stay open, and so do in-doubt calls of
+        idempotent tools (resume runs them again) and of approval tools (a person
+        decides: they join the waiting calls)."""
+        approvals.keep_only({call["id"]: call for _, call in dangling_calls(messages)})
+        # An approved call the journal saw start was running when the process stopped:
+        # its approval is spent, and it is in doubt like any other.
+        journaled = {start.call_id for start in starts}
+        approved = {
+            call_id for call_id, decision in approvals.decisions.items()
+            if decision.approved and call_id in journaled
+        }
+        before = len(messages)
+        found = settle_in_doubt(
+            messages, starts, self.config.table.by_name, approvals.pending, approved
+        )
+        found.log(f"agent {self.config.name!r}, session {self.name!r}")
+        for call_id in approved:
+            approvals.take(call_id)
+        for call in found.asked:
+            approvals.ask(call, in_doubt=True)
+        self.durable.state_stale = self.durable.state_stale or bool(approved)
+        self.reruns = {call["id"] for call in found.rerun}
+        return len(messages) != before
+
+    def snapshot(self) -> dict[str, Any]:
+        """The transcript and token usage as plain JSON data (copies)."""
+        snapshot = {
+            "messages": copy_messages(self.client.messages),
+            "usage": {"input_tokens": self.usage["input_tokens"],
+                      "output_tokens": self.usage["output_tokens"]},
+            **self.approvals.state(),
+        }
+        if self.durable.carried.messages:  # text sent to a paused run: it joins the resumed one
+            snapshot["sent"] = self.durable.carried.dump()
+        return snapshot
+
+    # -- the transcript ----------------------------------------------------------------
+
+    async def record(self, message: Message) -> None:
+        await self.durable.record(self.client.messages, message)
+
+    async def keep(
+        self, prefix: AssistantMessage | None, message: AssistantMessage
+    ) -> AssistantMessage:
+        """Record a turn's message; a continuation (of ``prefix``) replaces the answer it
+        continued, joined to it (one assistant message). Returns the message as recorded."""
+        if prefix is None:
+            await self.record(message)
+            return message
+        whole = joined(prefix, message)
+        messages = self.client.messages
+        messages[-1] = whole
+        if self.durable.writer is not None:
+            self.durable.transcript_stale = True  # the stored answer replaced: rewrite it
+            await self.durable.sync(messages)
+        return whole
+
+    async def join_sent(self, scope: RunScope) -> bool:
+        """Record the text sent to the run as user messages; True if there was any.
+
+        Sent text joins the run: it does not renew the run's round budget."""
+        carried = self.durable.carried.take()
+        sent = [*carried, *scope.take_sent()]
+        for message in sent:
+            await self.record(message)
+        if carried:
+            await self.save_state()  # in the transcript now: no longer in the state
+        return bool(sent)
+
+    async def journal_start(self, call: ToolCall) -> None:
+        """With a store, durably note that ``call`` starts: if the process dies before
+        its result is recorded, the next load knows the call is in doubt."""
+        function = call["function"]
+        if self.durable.writer is not None and function["name"] in self.config.table.by_name:
+            await self.durable.writer.record_tool_start(
+                call["id"], function["name"], function["arguments"]
+            )
+
+    async def drop_undone_calls(self) -> None:
+        """A new task instead of resume(): calls still open are not run; they get
+        "cancelled" results (or, in doubt after a crash, IN_DOUBT_RESULT)."""
+        self.approvals.check_decided(f"agent {self.config.name!r}")
+        for result in self.close_open_calls():
+            if self.durable.writer is not None:
+                await self.durable.writer.append(result)
+        if self.approvals.pending:
+            self.approvals.clear()
+            await self.save_state()
+
+    async def answer_cut_calls(self) -> None:
+        """A limit cut the last turn short: its calls still open are answered "cancelled"
+        (they come last in the transcript: in memory, then in the store)."""
+        await self.durable.store_added(self.client.messages, self.cancel_last_calls())
+
+    def cancel_last_calls(self) -> list[ToolMessage]:
+        """Give each dangling call of the last assistant turn a "cancelled" result (in
+        memory); return those results."""
+        messages = self.client.messages
+        last_assistant = len(messages) - 1
+        while last_assistant > 0 and messages[last_assistant]["role"] == "tool":
+            last_assistant -= 1
+        return self.close_open_calls(start=max(last_assistant, 0))
+
+    def close_open_calls(self, start: int = 0) -> list[ToolMessage]:
+        """Answer the open calls in memory: "cancelled", or IN_DOUBT_RESULT for a call
+        a crash left in doubt that is now not run again; return the results."""
+        reruns, self.reruns = self.reruns, set()
+        return settle(
+            self.client.messages,
+            lambda _index, call: IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT,
+            start=start,
+        )
+
+    async def store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
+        """Store what the settling added, the session's spend and ``status`` (None: the
+        run changed nothing, so the session's status stays as it was)."""
+        await self.durable.store_added(self.client.messages, unstored)
+        if self.durable.writer is not None and status is not None:
+            await self.save_state()
+            await self.durable.writer.set_status(status)
+
+    # -- reading the transcript --------------------------------------------------------
+
+    def rounds_used(self) -> tuple[int, bool]:
+        """Model turns made for the current task (from the transcript), and whether its
+        final-turn prompt was given already."""
+        rounds = 0
+        for message in reversed(self.client.messages):
+            role = message["role"]
+            if role == "user":
+                if message["content"] == FINAL_TURN_PROMPT:
+                    return self.config.max_rounds, True
+                if is_correction(message):
+                    continue  # the same task: the model was asked to fix its answer
+                break
+            if role == "assistant" and not message.get("aimu_partial"):
+                rounds += 1
+        return rounds, False
+
+    def finished_answer(self) -> AssistantMessage | None:
+        """The transcript's last message if it is a whole answer (no tool call)."""
+        messages = self.client.messages
+        last = messages[-1] if messages else None
+        if last is None or last["role"] != "assistant":
+            return None
+        if last.get("tool_calls") or last.get("aimu_partial"):
+            return None
+        return last
+
+
+def joined(prefix: AssistantMessage, more: AssistantMessage) -> AssistantMessage:
+    """The answer ``prefix`` continued by ``more``: one message (partial while ``more`` is)."""
+    whole: AssistantMessage = {"role": "assistant", "content": prefix["content"] + more["content"]}
+    if "tool_calls" in more:
+        whole["tool_calls"] = more["tool_calls"]
+    thinking = prefix.get("thinking", "") + more.get("thinking", "")
+    if thinking:
+        whole["thinking"] = thinking
+    if more.get("aimu_partial"):
+        whole["aimu_partial"] = True
+    if "aimu_stop_reason" in more:
+        whole["aimu_stop_reason"] = more["aimu_stop_reason"]
+    return whole
+
+
+def tool_message(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
+    """The tool message for ``outcome``; a lone surrogate in a tool's text (which no
+    store or server takes) becomes U+FFFD, as in a model's reply."""
+    return {
+        "role": "tool",
+        "content": clean(outcome.content),
+        "tool_call_id": call["id"],
+        "name": call["function"]["name"],
+    }

@@ -1,0 +1,124 @@
+"""Settling a run: the one place its record and result are made.
+
+However the run ended (answer, error, cancel, interrupt, a consumer that stopped
+iterating), :func:`settle` leaves a valid transcript, stores what it added, and makes
+the run's :class:`RunResult` and :class:`RunFinished`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aimu.aio._stops import Stop, stop_of
+from aimu.aio.errors import StoreError
+from aimu.aio.events import RunFinished, RunResult
+from aimu.aio.transcript import Message, add_usage
+
+from .session import Session, joined
+from .state import STOPPED, RunState, describe
+
+__all__ = ["settle", "stop_of_run"]
+
+
+async def settle(
+    session: Session, run: RunState, close_scope: Callable[[RunResult[Any]], None]
+) -> RunFinished:
+    """Leave a valid transcript however the run ended, release the session
+    (``close_scope``), and publish the run's RunFinished (returned for the consumer).
+
+    Memory is settled first; a store that fails now is kept in ``run.store_error``
+    (the run ends ``failed``, its transcript in memory and restorable).
+    """
+    run.settled = True
+    if run.wall is not None:
+        run.wall.close()
+    for context in run.contexts:
+        context.mark_cancelled()
+    messages = session.client.messages
+    unstored: list[Message] = []
+    inflight = run.turn
+    if inflight is not None and inflight.assembler.started:
+        partial = inflight.assembler.message()
+        if inflight.prefix is not None:  # a continuation cut short: one answer, partial
+            partial = joined(inflight.prefix, partial)
+            messages[-1] = partial
+            session.durable.transcript_stale = True
+        else:
+            unstored.append(partial)
+            messages.append(partial)
+        run.reply = run.reply or partial["content"]
+        run.count_estimated(messages, inflight)
+    if run.status in STOPPED and run.opened:
+        unstored.extend(session.cancel_last_calls())
+        session.approvals.clear()
+    sent = run.scope.take_sent(close=True)
+    if run.status == "paused":
+        # Joins the resumed run at its first boundary; stored in the session's state.
+        session.durable.carried.add(sent, len(messages))
+    else:
+        unstored.extend(sent)
+        messages.extend(sent)
+    if run.budget is not None:
+        run.budget.finish()
+    try:
+        await session.store_settled(unstored, None if run.untouched else run.status)
+    except StoreError as error:
+        run.store_error = error
+        run.status, run.error = "failed", describe(error)
+    finally:
+        add_usage(session.usage, run.usage)
+        result = _result_of(session, run)
+        close_scope(result)
+    final = RunFinished(
+        session.config.name, run.status, run.reply, run.usage, run.error, run.stop_reason,
+        result.requests, result.retries, result.duration,
+    )
+    run.scope.emit(final)
+    return final
+
+
+def stop_of_run(
+    session: Session, run: RunState, final: RunFinished, error: BaseException | None
+) -> Stop:
+    """How the run ended, for its span and the log (a deadline's cancel: timed_out)."""
+    waiting = [f"{p.tool} ({p.call_id})" for p in session.approvals.pending.values()]
+    limit = None if run.limit is None else run.limit.message
+    return stop_of(final, error, run.scope, waiting, session.config.max_rounds, limit)
+
+
+def _result_of(session: Session, run: RunState) -> RunResult[Any]:
+    """The run's result, once settled: what it returned and added, and its numbers."""
+    client = session.client
+    duration, started_at, ended_at = run.clock.span()
+    return RunResult(
+        source=session.config.name,
+        status=run.status,
+        output=_output_of(session, run),
+        reply=run.reply,
+        stop_reason=run.stop_reason,
+        usage=run.usage,
+        requests=run.requests,
+        retries=client.retry_count - run.retries_from,
+        duration=duration,
+        started_at=started_at,
+        ended_at=ended_at,
+        messages=client.messages[run.first:],  # no copy: ~6 us a message, per run
+        error=run.error,
+        run_id=run.scope.run_id,
+        spend=None if run.budget is None else run.budget.run,
+        continuation=run.continuation,
+        usage_estimated=run.usage_estimated,
+        limit=None if run.limit is None else run.limit.message,
+    )
+
+
+def _output_of(session: Session, run: RunState) -> object:
+    """What ``run()`` returns for ``run``: its text, or its ``output_type`` value (None
+    when it raises, or ended without a valid answer)."""
+    if run.status in STOPPED:
+        return None
+    if session.config.output is None:
+        return run.reply
+    answered = run.status in ("completed", "incomplete", "max_rounds")
+    return run.output if answered else None

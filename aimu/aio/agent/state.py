@@ -1,0 +1,196 @@
+"""A run's state: what the loop, its steps and the settling share while it is in flight.
+
+Each step leaves its outcome in ``run.next`` (:data:`Next`): :class:`NeedsTools` (a tool
+round comes next), :class:`Ended` (the run has its outcome), or None (a model turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aimu.aio._stops import past_deadline
+from aimu.aio._tracing import RunSpans
+from aimu.aio.client import ModelClient, TurnAssembler
+from aimu.aio.errors import StoreError
+from aimu.aio.events import CUT_OFF_REASONS, Event, RunStatus
+from aimu.aio.limits import LIMITED, Budget, LimitHit, estimate_tokens, transcript_chars
+from aimu.aio.runnable import NO_OPTIONS, RunClock, RunOptions, options_in
+from aimu.aio.scope import RunScope
+from aimu.aio.tools import ToolContext
+from aimu.aio.transcript import AssistantMessage, Message, ToolCall, Usage, add_usage, zero_usage
+
+from .wall import WallTimer
+
+__all__ = [
+    "FINAL_TURN_PROMPT", "INTERRUPTED", "STOPPED", "Ended", "NeedsTools", "Next", "RunState",
+    "TurnInFlight", "describe",
+]
+
+#: What a run returns when ``interrupt()`` stopped it at a step boundary.
+INTERRUPTED = "Run interrupted."
+
+#: The user message that opens the last turn once ``max_rounds`` model turns were made.
+FINAL_TURN_PROMPT = (
+    "You have used every tool round allowed for this task. Answer now with your best "
+    "final answer, without calling any tool."
+)
+
+#: How a run ends when something stopped it mid-step (its open calls get results).
+STOPPED = frozenset({"cancelled", "timed_out", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsTools:
+    """A step's outcome: the model called tools, so a tool round comes next. ``reruns``:
+    the ids of calls a crash left in doubt that this round runs again; ``argument_errors``:
+    by call id, the calls whose arguments did not parse (answered with the error)."""
+
+    calls: list[ToolCall]
+    reruns: frozenset[str] = frozenset()
+    argument_errors: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A step's outcome: the run ends with ``status`` (completed, incomplete,
+    max_rounds, interrupted, paused or limited) and ``reply``."""
+
+    status: RunStatus
+    reply: str
+
+
+#: What a step decided comes next: a tool round, the end, or (None) a model turn.
+Next = NeedsTools | Ended | None
+
+
+@dataclass(slots=True)
+class TurnInFlight:
+    """The model turn in flight: what has streamed, where its request's messages end (to
+    estimate a cut turn's usage), the cut answer it continues (sent as the assistant's
+    prefix), and the argument errors of its calls by id."""
+
+    assembler: TurnAssembler
+    request_end: int
+    prefix: AssistantMessage | None = None
+    argument_errors: dict[str, str] = field(default_factory=dict)
+
+
+class RunState:
+    """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
+
+    __slots__ = (
+        "budget", "clock", "closing", "contexts", "continuation", "cut_answer", "deps",
+        "error", "final_prompted", "first", "limit", "next", "opened", "options", "output",
+        "output_failures", "reply", "requests", "retries_from", "rounds", "scope", "settled",
+        "spans", "status", "stop_reason", "store_error", "turn", "untouched", "usage",
+        "usage_estimated", "wall",
+    )
+
+    def __init__(
+        self, scope: RunScope, spans: RunSpans, client: ModelClient, options: RunOptions
+    ) -> None:
+        self.scope = scope
+        #: The call's options, or those of a workflow run around it.
+        self.options = options if options is not NO_OPTIONS else options_in(scope.parent)
+        #: Set when the run opens: its budget, and the deps its tools see.
+        self.budget: Budget | None = None
+        self.deps: object = None
+        #: With a ``wall`` limit, the event loop's time when it is reached (else None).
+        self.wall: WallTimer | None = None
+        #: The limit that stopped the run, if one did.
+        self.limit: LimitHit | None = None
+        #: The answer a stop cut short that this resume found last in the transcript.
+        self.cut_answer: AssistantMessage | None = None
+        #: How the cut answer was taken up: "continued" (sent as the assistant's prefix)
+        #: or "re-asked" (left out of the request: the model answers anew).
+        self.continuation: Literal["continued", "re-asked"] | None = None
+        #: Some of ``usage`` was estimated from streamed text (a cut stream reports none).
+        self.usage_estimated = False
+        #: The run failed before it changed anything (its instructions raised): the
+        #: session's stored status stays as it was.
+        self.untouched = False
+        #: The run's OpenTelemetry spans (no-ops unless a tracer provider is set).
+        self.spans = spans
+        self.clock = RunClock()
+        #: Where this run's messages start in the transcript, and the client's retries
+        #: before it: the run's result reports what came after.
+        self.first = len(client.messages)
+        self.retries_from = client.retry_count
+        self.requests = 0
+        #: What the last step decided comes next (see Next).
+        self.next: Next = None
+        self.status: RunStatus = "failed"
+        self.reply = ""
+        self.error: str | None = None
+        self.stop_reason: str | None = None
+        self.rounds = 0
+        #: Answers that failed the agent's output_type in this run (corrections sent).
+        self.output_failures = 0
+        #: The answer parsed as the agent's output_type, once one passed.
+        self.output: object = None
+        #: The final-turn prompt is in the transcript for this task (after max_rounds).
+        self.final_prompted = False
+        #: The model turn in flight (None between turns).
+        self.turn: TurnInFlight | None = None
+        self.contexts: list[ToolContext] = []
+        self.usage: Usage = zero_usage()
+        #: The consumer closed the stream (GeneratorExit came in at a yield).
+        self.closing = False
+        self.settled = False
+        #: The session was put in order for this run (until then nothing is its to settle).
+        self.opened = False
+        #: A store write that failed while the run settled; the run then ends ``failed``.
+        self.store_error: StoreError | None = None
+
+    def publish(self, event: Event) -> Event:
+        """Send ``event`` to the scope's listeners; return it for the consumer."""
+        self.scope.emit(event)
+        return event
+
+    def interrupt_asked(self) -> bool:
+        return self.scope.interrupt_requested
+
+    def end(self, status: RunStatus, reply: str) -> None:
+        """The run's outcome is known: it ends with ``status`` and ``reply``."""
+        if status == "completed" and self.stop_reason in CUT_OFF_REASONS:
+            status = "incomplete"  # an answer, but cut off: never a plain completed
+        self.next = Ended(status, reply)
+        self.status, self.reply = status, reply
+
+    def limited(self, hit: LimitHit) -> None:
+        """A usage limit stops the run: it ends ``limited``, naming the limit."""
+        self.end("limited", self.reply or LIMITED)
+        self.limit, self.stop_reason = hit, hit.stop_reason
+        self.scope.note_limited(hit.stop_reason)
+
+    def interrupted(self) -> None:
+        """The interrupt is honoured: the run returns INTERRUPTED."""
+        self.end("interrupted", INTERRUPTED)
+        self.scope.note_interrupted()
+
+    def stopped_by(self, error: BaseException) -> None:
+        """The run ends by ``error`` (GeneratorExit: the consumer closed the stream; a
+        cancel by the deadline of a handle around: timed_out)."""
+        self.status = "failed" if isinstance(error, Exception) else "cancelled"
+        if self.status == "cancelled" and past_deadline(self.scope):
+            self.status = "timed_out"
+        if not isinstance(error, GeneratorExit):
+            self.error = describe(error)
+
+    def count_estimated(self, messages: list[Message], inflight: TurnInFlight) -> None:
+        """Count a cut turn's usage, which no server reports: its request's and its
+        streamed text's size, estimated (so stopping a reply never escapes a budget)."""
+        assembler = inflight.assembler
+        sent = estimate_tokens(transcript_chars(messages[: inflight.request_end], 0))
+        streamed = len(assembler.text) + sum(len(t) for t in assembler.thinking_parts)
+        usage: Usage = {"input_tokens": sent, "output_tokens": estimate_tokens(streamed)}
+        add_usage(self.usage, usage)
+        self.usage_estimated = True
+        if self.budget is not None:
+            self.budget.count_tokens(usage, estimated=True)
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

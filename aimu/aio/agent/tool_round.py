@@ -1,0 +1,198 @@
+"""The tool round: the calls of the last turn sorted (run, refused, waiting for a
+person), run one by one or side by side, each result recorded the moment it exists."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import TypedDict
+
+from aimu.aio.approvals import PAUSED, Decision, denied_result
+from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, ToolResult
+from aimu.aio.journal import RERUN_NOTE
+from aimu.aio.tools import ToolContext, ToolOutcome, invoke
+from aimu.aio.transcript import ToolCall
+
+from .session import Session, tool_message
+from .state import NeedsTools, RunState
+from .wall import WallReached
+
+__all__ = ["tool_round"]
+
+
+async def tool_round(
+    session: Session, run: RunState, step: NeedsTools
+) -> AsyncGenerator[Event, None]:
+    """Run the last turn's calls, recording each result as it exists; ends the step
+    (a model turn comes next), or pauses the run when calls wait for a person."""
+    config = session.config
+    name = config.name
+    calls, refused, asked = _sort_calls(session, step.calls)
+    if run.budget is not None:
+        run.budget.count_tools(len(calls))
+    for call, refusal in refused:
+        yield _call_started(name, call)
+        yield await _call_tool(session, call, run, refusal=refusal)
+    try:
+        if config.concurrent_tools and len(calls) > 1:
+            for call in calls:
+                yield _call_started(name, call)
+            async with aclosing(_calls_as_tasks(session, calls, run, step)) as events:
+                async for event in events:
+                    yield event
+        else:
+            by_name = config.table.by_name
+            for call in calls:
+                yield _call_started(name, call)
+                tool = by_name.get(call["function"]["name"])
+                if tool is None or not tool.from_schema_given:
+                    called = _call_tool(session, call, run, **_as_in(step, call))
+                    yield await (called if run.wall is None else run.wall.guard(called))
+                    continue
+                # A server's tool may report progress while it runs: its events come
+                # first (a task runs the call; a wall limit cuts the wait for it).
+                async with aclosing(_calls_as_tasks(session, [call], run, step)) as events:
+                    async for event in events:
+                        yield event
+    except WallReached:
+        assert run.budget is not None
+        await session.answer_cut_calls()
+        run.limited(run.budget.wall_hit())
+        return
+    run.next = None
+    if asked:
+        for call in asked:
+            session.approvals.ask(call, run_id=run.scope.run_id)
+        await session.save_state()
+        run.end("paused", PAUSED)
+        run.scope.note_paused()
+        return
+    yield StepFinished(name, run.rounds)
+
+
+def _sort_calls(
+    session: Session, calls: list[ToolCall]
+) -> tuple[list[ToolCall], list[tuple[ToolCall, str]], list[ToolCall]]:
+    """The calls to run now, those refused (with the result the model reads), and
+    those that wait for a person: by the decision given, else the policy or tool."""
+    run_now: list[ToolCall] = []
+    refused: list[tuple[ToolCall, str]] = []
+    asked: list[ToolCall] = []
+    for call in calls:
+        decision = session.approvals.take(call["id"]) or _policy(session, call)
+        if decision is None:
+            asked.append(call)
+        elif decision.approved:
+            run_now.append(call)
+        else:
+            refused.append((call, denied_result(decision.reason)))
+    return run_now, refused, asked
+
+
+def _policy(session: Session, call: ToolCall) -> Decision | None:
+    """What the agent's ``approve=`` policy, or the tool's ``approval`` flag, says
+    of a call no person decided on; None: ask a person."""
+    function = call["function"]
+    policy = session.config.approve
+    if policy is not None:
+        verdict = policy(function["name"], function["arguments"])
+        if verdict == "ask":
+            return None
+        return Decision(True) if verdict else Decision(False, "refused by the policy")
+    tool = session.config.table.by_name.get(function["name"])
+    return None if tool is not None and tool.approval else Decision(True)
+
+
+async def _calls_as_tasks(
+    session: Session, calls: list[ToolCall], run: RunState, step: NeedsTools
+) -> AsyncGenerator[ToolResult | ToolProgress, None]:
+    """Run ``calls`` side by side; yield their progress and results as they come.
+    Leaving early (a cancel, a close) cancels the calls still running and waits."""
+    queue: asyncio.Queue[ToolProgress | asyncio.Task[ToolResult]] = asyncio.Queue()
+    tasks = [
+        asyncio.ensure_future(
+            _call_tool(session, call, run, queue.put_nowait, **_as_in(step, call))
+        )
+        for call in calls
+    ]
+    for task in tasks:
+        task.add_done_callback(queue.put_nowait)
+    try:
+        left = len(tasks)
+        while left:
+            item = await (queue.get() if run.wall is None else run.wall.guard(queue.get()))
+            if isinstance(item, asyncio.Task):
+                left -= 1
+                yield item.result()
+            else:
+                yield item
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _call_tool(
+    session: Session,
+    call: ToolCall,
+    run: RunState,
+    progress: Callable[[ToolProgress], None] | None = None,
+    refusal: str | None = None,
+    *,
+    rerun: bool = False,
+) -> ToolResult:
+    """Run one call (its start journaled first, with a store) and record its result
+    the moment it exists; a refused call gets ``refusal`` as its result."""
+    config = session.config
+    if refusal is not None:
+        outcome = ToolOutcome(refusal, True)
+    else:
+        await session.journal_start(call)
+        context = ToolContext(
+            agent=config.name,
+            call_id=call["id"],
+            tool_name=call["function"]["name"],
+            interrupt_probe=run.interrupt_asked,
+            deps=run.deps,
+            progress=None if progress is None else _progress_sink(config.name, call, progress),
+        )
+        run.contexts.append(context)
+        with run.spans.tool_calls():
+            outcome = await invoke(config.table.by_name, call, context)
+        context.mark_finished()
+        if rerun:  # a call a crash left in doubt, run again
+            outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
+    result = tool_message(call, outcome)
+    if not run.settled:
+        await session.record(result)
+    return ToolResult(config.name, call["id"], result["name"], result["content"], outcome.is_error)
+
+
+class _CallOptions(TypedDict):
+    refusal: str | None
+    rerun: bool
+
+
+def _as_in(step: NeedsTools, call: ToolCall) -> _CallOptions:
+    """How ``step`` runs ``call``: answered with its argument error, if its arguments did
+    not parse; run again with a note, if a crash left it in doubt."""
+    return {"refusal": step.argument_errors.get(call["id"]), "rerun": call["id"] in step.reruns}
+
+
+def _progress_sink(
+    source: str, call: ToolCall, emit: Callable[[ToolProgress], None]
+) -> Callable[[float, float | None, str | None], None]:
+    call_id, name = call["id"], call["function"]["name"]
+
+    def report(progress: float, total: float | None, message: str | None) -> None:
+        emit(ToolProgress(source, call_id, name, progress, total, message))
+
+    return report
+
+
+def _call_started(name: str, call: ToolCall) -> ToolCallStarted:
+    function = call["function"]
+    return ToolCallStarted(name, call["id"], function["name"], function["arguments"])

@@ -1,0 +1,336 @@
+"""The model turn: plan the request, stream it, assemble and record the reply, decide
+what comes next (``run.next``); a due summary first, a cut answer continued."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+
+from aimu.aio.client import (
+    Chunk,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnAssembler,
+    TurnDone,
+)
+from aimu.aio.context import ContextPolicy, SummarizeOlderTurns, Summary
+from aimu.aio.errors import ModelError, ModelProtocolError
+from aimu.aio.events import CUT_OFF_REASONS, Event, TextChunk, ThinkingChunk
+from aimu.aio.limits import LimitHit, estimate_tokens, transcript_chars
+from aimu.aio.output import is_correction, turn_request
+from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.tools import ToolOutcome
+from aimu.aio.transcript import AssistantMessage, Message, add_usage
+
+from .session import Session, tool_message
+from .state import FINAL_TURN_PROMPT, NeedsTools, RunState, TurnInFlight, describe
+from .wall import WallReached, WallTimer
+
+__all__ = ["context_hit", "model_turn", "output_checked"]
+
+#: Requests smaller than this (estimated tokens) fit every model: no need to ask the
+#: server for the model's context window until one grows past it.
+_ASK_WINDOW_FROM = 1024
+
+_NO_ROUNDS_LEFT = "[not run: no tool rounds were left]"
+
+
+async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, None]:
+    """One model turn, streamed; it ends recorded, with ``run.next`` set."""
+    config = session.config
+    final_turn = run.rounds >= config.max_rounds
+    if final_turn and not run.final_prompted:
+        await session.record({"role": "user", "content": FINAL_TURN_PROMPT})
+        run.final_prompted = True
+    client = session.client
+    budget = run.budget
+    assert budget is not None
+    if isinstance(config.context, SummarizeOlderTurns):
+        try:  # first, if one is due: a request of its own, before this turn's
+            await _summarize(session, run, config.context)
+        except WallReached:
+            run.limited(budget.wall_hit())
+            return
+    assembler = TurnAssembler()
+    inflight = run.turn = TurnInFlight(assembler, len(client.messages))
+    run.requests += 1
+    budget.count_request()
+    run.spans.turn_started()
+    # After a correction the model must answer: the schema goes, the tools wait.
+    must_answer = final_turn or (config.output is not None and _after_correction(session))
+    specs = None if must_answer else config.table.specs
+    sent = _taken_up(session, run, inflight)
+    if isinstance(config.context, SummarizeOlderTurns):
+        sent = config.context.view_with(sent, session.durable.summary)
+    elif config.context is not None:
+        sent = list(config.context.view(sent))
+    request = turn_request(
+        config.output, config.tool_choice, config.parallel_tool_calls, specs, sent
+    )
+    turn = in_scope(
+        client.stream_turn(sent, specs)
+        if request is None  # a client of our own without request= keeps working
+        else client.stream_turn(sent, specs, request=request),
+        run.scope,
+        run.wall,
+    )
+    watch, streamed, hit = budget.watch, 0, None
+    try:
+        async for chunk in turn:
+            assembler.add(chunk)
+            event = _chunk_event(chunk, run, inflight, config.name)
+            if event is not None:
+                yield event
+                if watch:  # a token or cost limit: crossed by this reply yet?
+                    streamed += len(event.text)  # type: ignore[union-attr]
+                    hit = budget.streamed(
+                        {"input_tokens": 0, "output_tokens": estimate_tokens(streamed)}
+                    )
+                    if hit is not None:
+                        break
+    except WallReached:
+        hit = budget.wall_hit()
+    except ModelError as error:
+        if assembler.started or not run.interrupt_asked():
+            raise
+        # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
+        # this turn exists, so the interrupt is honoured as at a step boundary.
+        run.error = describe(error)
+        run.interrupted()
+        return
+    finally:
+        await turn.aclose()
+    if hit is not None:
+        await _cut_by_limit(session, run, inflight, hit)
+        return
+    if not assembler.done:
+        raise ModelProtocolError(
+            f"the model at {client.host} ended its turn without finishing it",
+            host=client.host,
+        )
+    run.turn = None
+    run.spans.turn_ended(assembler.usage, assembler.stop_reason)
+    schema_asked = request is not None and request.output_schema is not None
+    message = assembler.message()
+    if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
+        # Kept with the answer: a resumed run must not take it as complete.
+        message["aimu_stop_reason"] = run.stop_reason
+    message = await session.keep(inflight.prefix, message)
+    await _end_turn(session, run, message, inflight, final_turn, schema_asked)
+    if not assembler.usage_reported and budget.watch:
+        raise ModelProtocolError(
+            f"the model at {client.host} reported no token usage, so the token or cost "
+            "limit cannot be checked (aimu does not guess); remove that limit, or use a "
+            "server that reports usage",
+            host=client.host,
+        )
+
+
+def _taken_up(session: Session, run: RunState, inflight: TurnInFlight) -> list[Message]:
+    """The messages this turn sends: with an answer a stop cut short last, either all
+    of them (``resume(continue_partial=True)`` on a server that continues a trailing
+    assistant message: the model goes on from the cut) or all but that answer (the
+    model answers anew). Sets the turn's prefix and ``run.continuation``."""
+    messages = session.client.messages
+    cut, run.cut_answer = run.cut_answer, None
+    if cut is None or not messages or messages[-1] is not cut:
+        return messages
+    if run.options.continue_partial and session.client.continues_partial:
+        inflight.prefix, run.continuation = cut, "continued"
+        return messages
+    run.continuation = "re-asked"
+    return messages[:-1]
+
+
+async def context_hit(session: Session) -> LimitHit | None:
+    """The model's context window, if the next request would not fit it. A server
+    that can say the window is asked once a request grows past _ASK_WINDOW_FROM."""
+    client = session.client
+    policy = session.config.context
+    needed = (
+        _prompt_tokens(session) if policy is None
+        else estimate_tokens(transcript_chars(_policy_view(session, policy), 0))
+    )
+    window = client.context_window
+    if window is None and needed > _ASK_WINDOW_FROM:
+        window = await client.discover_context_window()
+    if window is None:
+        return None
+    return LimitHit("context_window", window, needed) if needed > window else None
+
+
+def _policy_view(session: Session, policy: ContextPolicy) -> Sequence[Message]:
+    """What the context policy will send next (a summary due counted as the old one)."""
+    messages = session.client.messages
+    if not isinstance(policy, SummarizeOlderTurns):
+        return policy.view(messages)
+    summary, due = session.durable.summary, policy.due(messages, session.durable.summary)
+    if due is not None:
+        summary = Summary(due[0], "" if summary is None else summary.text)
+    return policy.view_with(messages, summary)
+
+
+def _prompt_tokens(session: Session) -> int:
+    """The next request's size in tokens: what the server counted for the last turn,
+    and an estimate of what was added since."""
+    messages = session.client.messages
+    count, tokens = session.known
+    if count > len(messages):
+        count, tokens = 0, 0
+    return tokens + estimate_tokens(transcript_chars(messages, count))
+
+
+async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurns) -> None:
+    """Ask the model for a new summary of the older turns if the policy says one is
+    due; a request of the run's (counted in its usage and limits), stored in the
+    session's state. A stop cuts it like any model turn: nothing is kept of it."""
+    durable = session.durable
+    due = policy.due(session.client.messages, durable.summary)
+    if due is None:
+        return
+    cut, older = due
+    budget = run.budget
+    assert budget is not None
+    run.requests += 1
+    budget.count_request()
+    assembler = TurnAssembler()
+    stream = in_scope(
+        session.client.stream_turn(policy.request(durable.summary, older), None),
+        run.scope, run.wall,
+    )
+    try:
+        async for chunk in stream:
+            assembler.add(chunk)
+    finally:
+        await stream.aclose()
+    add_usage(run.usage, assembler.usage)
+    budget.count_tokens(assembler.usage, estimated=False)
+    durable.summary = Summary(cut, assembler.text.strip())
+    await session.save_state()
+
+
+async def _cut_by_limit(
+    session: Session, run: RunState, inflight: TurnInFlight, hit: LimitHit
+) -> None:
+    """A streamed reply crossed a token, cost or wall limit: keep what came (marked partial,
+    its usage estimated, any complete tool call answered as not run) and end limited."""
+    run.turn = None
+    message = await session.keep(inflight.prefix, inflight.assembler.message())
+    await session.answer_cut_calls()
+    run.count_estimated(session.client.messages, inflight)
+    run.reply = message["content"]
+    run.limited(hit)
+    run.spans.turn_ended(run.usage, hit.stop_reason)
+
+
+def _chunk_event(
+    chunk: Chunk, run: RunState, inflight: TurnInFlight, name: str
+) -> Event | None:
+    """The event for a streamed chunk, if the consumer sees one; notes the rest."""
+    if isinstance(chunk, TextDelta):
+        return TextChunk(name, chunk.text)
+    if isinstance(chunk, ThinkingDelta):
+        return ThinkingChunk(name, chunk.text)
+    if isinstance(chunk, ToolCallDelta):
+        if chunk.error is not None:
+            inflight.argument_errors[chunk.call["id"]] = chunk.error
+    elif isinstance(chunk, TurnDone):
+        run.stop_reason = chunk.done_reason
+    return None
+
+
+async def _end_turn(
+    session: Session,
+    run: RunState,
+    message: AssistantMessage,
+    inflight: TurnInFlight,
+    final_turn: bool,
+    schema_asked: bool = True,
+) -> None:
+    """Decide the outcome of a finished turn (recorded): answered, tools, or out of
+    rounds."""
+    usage = inflight.assembler.usage
+    add_usage(run.usage, usage)
+    if run.budget is not None:
+        run.budget.count_tokens(usage, estimated=False)
+        if run.budget.session_limits_set and session.durable.writer is not None:
+            await session.save_state()  # the session's spend, durable turn by turn
+    if usage["input_tokens"]:  # the server counted: later estimates start from here
+        session.known = (
+            len(session.client.messages), usage["input_tokens"] + usage["output_tokens"]
+        )
+    run.rounds += 1
+    calls = message.get("tool_calls")
+    if not calls and not await output_checked(session, run, message["content"], schema_asked):
+        run.next = None  # a correction was sent: the model answers again
+    elif not calls:
+        run.end("max_rounds" if final_turn else "completed", message["content"])
+    elif final_turn:
+        for call in calls:
+            await session.record(tool_message(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
+        run.end("max_rounds", message["content"])
+    else:
+        run.next = NeedsTools(calls, argument_errors=inflight.argument_errors)
+
+
+async def output_checked(
+    session: Session, run: RunState, text: str, schema_asked: bool = True
+) -> bool:
+    """True if ``text`` is a valid answer (always, without ``output_type``); else the
+    model is sent a correction, or, its corrections used up, OutputValidationError.
+    An answer on a turn that was not sent the schema (one offering tools) costs no
+    correction: the model had not been told the format."""
+    output = session.config.output
+    if output is None:
+        return True
+    try:
+        run.output = output.parse(text)
+    except ValueError as error:
+        await session.record(output.correction(str(error)))
+        run.output_failures += schema_asked
+        if run.output_failures > output.retries:
+            raise output.failed(
+                session.config.name, text, str(error), run.output_failures
+            ) from None
+        return False
+    return True
+
+
+def _after_correction(session: Session) -> bool:
+    """True when the transcript ends with a correction of an invalid typed answer."""
+    messages = session.client.messages
+    return bool(messages) and is_correction(messages[-1])
+
+
+async def in_scope(
+    chunks: AsyncGenerator[Chunk, None], scope: RunScope, wall: WallTimer | None = None
+) -> AsyncGenerator[Chunk, None]:
+    """``chunks`` with the run's ``scope`` as ``current_scope`` for the first step, so the
+    provider's retry wait sees the run's interrupt and deadline even outside any handle;
+    with a ``wall`` timer, each step is cut (WallReached) when the wall limit comes.
+
+    A provider opens its request, and retries it, in the first step only (no retry once a
+    byte of the reply came), so later steps need not set the scope. Without a wall limit
+    they are a plain ``async for``: stepping each with ``anext()`` and catching the
+    StopAsyncIteration that ends the turn in Python cost ~3 % of a scripted round."""
+    try:
+        token = current_scope.set(scope)
+        try:
+            first = await (anext(chunks) if wall is None else wall.guard(anext(chunks)))
+        except StopAsyncIteration:
+            return
+        finally:
+            current_scope.reset(token)
+        yield first
+        if wall is None:  # no wall limit: the common case
+            async for chunk in chunks:
+                yield chunk
+            return
+        while True:
+            try:
+                chunk = await wall.guard(anext(chunks))
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        await chunks.aclose()

@@ -1,0 +1,68 @@
+"""The wall-clock cut: a run's ``wall`` limit, one timer for the whole run.
+
+When it comes, the step waiting in :meth:`WallTimer.guard` (a stream step, a tool call)
+is cancelled and ``guard`` raises :class:`WallReached` in its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["WallReached", "WallTimer"]
+
+_T = TypeVar("_T")
+
+
+class WallReached(Exception):
+    """The run's ``wall`` limit came while a reply streamed or a tool call ran."""
+
+
+class WallTimer:
+    """A run's ``wall`` limit: one timer for the whole run, armed when it opens. When it
+    comes, the step waiting in :meth:`guard` (a stream step, a tool call) is cancelled
+    and :meth:`guard` raises WallReached in its place; a guard after that raises at
+    once. The cancel accounting is asyncio.timeout's: a cancel from elsewhere in the same
+    moment stays a CancelledError."""
+
+    __slots__ = ("_fired", "_handle", "_task", "reached")
+
+    def __init__(self, deadline: float) -> None:
+        self.reached = False
+        self._task: asyncio.Task[Any] | None = None
+        self._fired = False
+        self._handle = asyncio.get_running_loop().call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self.reached = True
+        if self._task is not None:
+            self._fired = True
+            self._task.cancel()
+
+    async def guard(self, awaitable: Awaitable[_T]) -> _T:
+        """``awaitable``'s value, or WallReached (``awaitable`` cancelled) if the limit
+        comes first."""
+        if self.reached:
+            if isinstance(awaitable, Coroutine):
+                awaitable.close()
+            raise WallReached
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        self._task, self._fired = task, False
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if self._fired and task.uncancel() <= cancelling:
+                raise WallReached from None
+            raise
+        finally:
+            self._task = None
+        if self._fired and task.uncancel() <= cancelling:  # the cut was swallowed below
+            raise WallReached
+        return result
+
+    def close(self) -> None:
+        """The run has ended: the timer goes."""
+        self._handle.cancel()
