@@ -59,6 +59,12 @@ def _gemini(model: str, **options: Any) -> ModelClient:
     return GeminiClient(model, **options)
 
 
+def _openai_responses(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.openai_responses import OpenAIResponsesClient
+
+    return OpenAIResponsesClient(model, **options)
+
+
 def _test(model: str, **options: Any) -> ModelClient:
     from aimu.aio.providers.test import TestModelClient
 
@@ -70,10 +76,11 @@ _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
     "ollama": (_ollama, True),
     "openai": (_openai, True),
     "gemini": (_gemini, True),
+    "openai-responses": (_openai_responses, True),
     "test": (_test, False),
 }
 
-PROVIDERS = ("ollama:", "openai:", "gemini:", "test")
+PROVIDERS = ("ollama:", "openai:", "openai-responses:", "gemini:", "test")
 
 
 def register_provider(name: str, factory: ProviderFactory, *, needs_model: bool = True) -> None:
@@ -88,9 +95,11 @@ def client(spec: str, **options: Any) -> ModelClient:
 
     ``ollama:<model>`` (an Ollama server; ``host=`` or ``OLLAMA_HOST``),
     ``openai:<model>`` (any OpenAI-compatible server; ``base_url=``/``OPENAI_BASE_URL``,
-    ``api_key=``/``OPENAI_API_KEY``), ``gemini:<model>`` (Google's Gemini API;
-    ``api_key=``/``GEMINI_API_KEY``/``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``)
-    and ``test`` (the embedded offline model).
+    ``api_key=``/``OPENAI_API_KEY``), ``openai-responses:<model>`` (OpenAI's Responses
+    API, the same settings, ``background=True`` for background responses),
+    ``gemini:<model>`` (Google's Gemini API; ``api_key=``/``GEMINI_API_KEY``/
+    ``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``) and ``test`` (the embedded
+    offline model).
     """
     if not isinstance(spec, str):
         raise TypeError(f"client() takes a 'provider:model' string, got {type(spec).__name__}")

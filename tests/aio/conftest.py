@@ -12,6 +12,7 @@ from aimu.aio.client import ModelClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
+from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.testing.server import LoopbackServer
 
 
@@ -21,7 +22,7 @@ async def server() -> AsyncIterator[LoopbackServer]:
         yield loopback
 
 
-@pytest.fixture(params=["ollama", "openai", "gemini"])
+@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -38,6 +39,10 @@ async def make_client(
         made_client: ModelClient
         if provider == "ollama":
             made_client = OllamaClient("llama-test", host=server.url, **options)
+        elif provider == "openai-responses":
+            made_client = OpenAIResponsesClient(
+                "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options
+            )
         elif provider == "gemini":
             made_client = GeminiClient(
                 "gemini-test", base_url=server.gemini_base_url, api_key="AIza-test", **options

@@ -464,18 +464,23 @@ async def _sweep(mode: str, concurrent: bool, streamed: bool) -> int:
     """Stop the run after 1, 2, ... loop yields until it completes on its own.
 
     After each stop the transcript goes, restored into a fresh agent, to the loopback
-    server's OpenAI endpoint, which rejects dangling tool calls as a real server does.
+    server's OpenAI chat endpoint or (every other stop) its Responses endpoint, which
+    reject dangling tool calls as the real servers do.
     """
     async with LoopbackServer(lambda request: Turn(text="ok")) as server:
-        follow_model = aio.client("openai:m", base_url=server.openai_base_url, api_key="x")
+        follow_models = [
+            aio.client("openai:m", base_url=server.openai_base_url, api_key="x"),
+            aio.client("openai-responses:m", base_url=server.openai_base_url, api_key="x"),
+        ]
         try:
-            return await _sweep_against(mode, concurrent, streamed, follow_model)
+            return await _sweep_against(mode, concurrent, streamed, follow_models)
         finally:
-            await follow_model.aclose()
+            for follow_model in follow_models:
+                await follow_model.aclose()
 
 
 async def _sweep_against(
-    mode: str, concurrent: bool, streamed: bool, follow_model: aio.ModelClient
+    mode: str, concurrent: bool, streamed: bool, follow_models: list[aio.ModelClient]
 ) -> int:
     for n in range(1, 2000):
         model = ScriptedModel(sweep_script("thinking about it"))
@@ -513,6 +518,7 @@ async def _sweep_against(
         snapshot = copy.deepcopy(messages)
         await asyncio.sleep(0.005)  # any worker thread still running finishes now
         assert messages == snapshot, "a late tool result leaked into the transcript"
+        follow_model = follow_models[n % len(follow_models)]
         follow = aio.Agent(follow_model.fork(), tools=[add, slow_sync, slow_async])
         follow.restore(messages)
         assert await follow.run("continue") == "ok"

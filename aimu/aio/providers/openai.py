@@ -37,7 +37,7 @@ from aimu.aio.providers.base import (
 )
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
-__all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "to_wire"]
+__all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "openai_endpoint", "to_wire"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -71,6 +71,23 @@ def to_wire(message: Message) -> dict[str, Any]:
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in message["images"]]
         return {"role": "user", "content": parts}
     return {"role": message["role"], "content": message["content"]}
+
+
+def openai_endpoint(
+    base_url: str | None, api_key: str | None, headers: Mapping[str, str] | None
+) -> tuple[str, dict[str, str], list[str]]:
+    """The base URL (``base_url`` or ``OPENAI_BASE_URL``), the headers with the API key
+    (``api_key`` or ``OPENAI_API_KEY``) as a Bearer header, and the secrets to redact."""
+    url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).strip()
+    if "://" not in url:
+        raise ValueError(
+            f"base_url {display_url(url)!r} needs a scheme, e.g. http://127.0.0.1:8080/v1"
+        )
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+    sent = {"Accept": "application/json", **(headers or {})}
+    if key:
+        sent["Authorization"] = f"Bearer {key}"
+    return url, sent, [key] if key else []
 
 
 class OpenAIClient(HTTPModelClient):
@@ -109,20 +126,12 @@ class OpenAIClient(HTTPModelClient):
         context_window: int | None = None,
         continues_partial: bool = False,
     ) -> None:
-        url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).strip()
-        if "://" not in url:
-            raise ValueError(
-                f"base_url {display_url(url)!r} needs a scheme, e.g. http://127.0.0.1:8080/v1"
-            )
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        sent = {"Accept": "application/json", **(headers or {})}
-        if key:
-            sent["Authorization"] = f"Bearer {key}"
+        url, sent, secrets = openai_endpoint(base_url, api_key, headers)
         super().__init__(
             model,
             url,
             headers=sent,
-            secrets=[key] if key else [],
+            secrets=secrets,
             timeout=timeout,
             connect_timeout=connect_timeout,
             retries=retries,

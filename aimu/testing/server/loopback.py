@@ -30,6 +30,7 @@ from aimu.testing.server.ollama import OLLAMA
 from aimu.testing.server.openai import OPENAI
 from aimu.testing.server.playback import play
 from aimu.testing.server.records import Headers, RecordedRequest, StreamRecord
+from aimu.testing.server.responses import PREFIX, RESPONSES, BackgroundResponses, ResponsesWire
 from aimu.testing.server.wire import (
     JSON,
     Protocol,
@@ -52,6 +53,8 @@ _SECRET_HEADERS = frozenset(
 def _protocol(path: str) -> Protocol:
     if is_gemini_path(path):
         return GEMINI
+    if path == PREFIX or path.startswith(PREFIX + "/"):
+        return RESPONSES
     return OPENAI if path == "/v1" or path.startswith("/v1/") else OLLAMA
 
 
@@ -123,6 +126,8 @@ class LoopbackServer:
         #: answers 404 until ``/api/pull`` fetches them.
         self.not_pulled: set[str] = set()
         self._serial = iter(range(1, sys.maxsize))
+        #: The Responses API's background responses (``background: true``), by id.
+        self.background = BackgroundResponses(self._spawn, self._notify)
 
     # -- script ---------------------------------------------------------------------
 
@@ -386,10 +391,14 @@ class LoopbackServer:
         protocol = _protocol(path)
         wire = protocol.make_wire(request.target, body, self._serial)
         model = wire.model
+        if wire.script_body() is not body:
+            self.requests[-1].view = dict(wire.script_body())
 
         async def reply(status: int, payload: bytes, content_type: str = JSON) -> bool:
             return await connection.send_response(status, payload, content_type)
 
+        if isinstance(wire, ResponsesWire) and path != protocol.chat_path:
+            return await self.background.serve(connection, request, wire, self.streams)
         method = protocol.method(path)
         if method is None:
             return await reply(404, wire.error_body(404, f"no such endpoint: {path}"))
@@ -423,5 +432,7 @@ class LoopbackServer:
         record = StreamRecord(path, wire.protocol, wire.streamed(), time.monotonic(), turn.fault)
         self.streams.append(record)
         self._notify()
+        if isinstance(wire, ResponsesWire) and wire.background():
+            return await self.background.create(connection, wire, turn, record)
         echo = prefill(wire.body.get("messages")) if self.echoes_prefill else ""
         return await play(connection, wire, turn, record, self._notify, echo)

@@ -9,7 +9,7 @@ from aimu.testing.server.gemini_chat import chat_view
 
 __all__ = ["Headers", "RecordedRequest", "StreamRecord", "WireProtocol"]
 
-WireProtocol: TypeAlias = Literal["ollama", "openai", "gemini"]
+WireProtocol: TypeAlias = Literal["ollama", "openai", "gemini", "openai-responses"]
 
 _T = TypeVar("_T")
 
@@ -46,11 +46,15 @@ class RecordedRequest:
     """``time.monotonic()`` when the request was fully read."""
     connection: int = 0
     """Serial number of the TCP connection it came on (equal numbers: keep-alive)."""
+    view: dict[str, Any] | None = None
+    """The body in the chat shape, for a wire of another shape (as scripts see it)."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The request's transcript in the chat shape, whatever its wire (Gemini's
         ``contents`` and ``systemInstruction`` translated; ``[]`` if it has none)."""
+        if self.view is not None:
+            return list(self.view.get("messages") or [])
         if self.protocol == "gemini":
             return list(chat_view(self.body)["messages"])
         messages = self.body.get("messages")

@@ -1,0 +1,491 @@
+"""``openai-responses:<model>``: OpenAI's Responses API (``POST /v1/responses``), over httpx.
+
+The transcript becomes ``input`` items: messages, ``function_call`` and
+``function_call_output`` items, and the reasoning items a reply of this wire carried
+(kept in its ``aimu_native``, sent back unchanged, encrypted content included); the
+system prompt goes as ``instructions``, an output schema as ``text.format``. Replies
+stream as SSE events, each with its ``sequence_number``.
+
+With ``background=True`` a turn is a background response (``background``, ``store``):
+a stop closes the stream and sends ``POST /v1/responses/{id}/cancel``, so the server's
+work stops too; a stream dropped mid-reply is re-attached
+(``GET /v1/responses/{id}?stream=true&starting_after=N``) instead of asked again, and
+:meth:`OpenAIResponsesClient.reattach` does the same for a response a crashed process
+left. The API key is sent as a Bearer header and appears in no repr, log or error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx
+
+from aimu.aio._sse import SSEParser
+from aimu.aio.errors import ModelConnectionError, ModelError
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import (
+    DEFAULT_CONCURRENCY,
+    HTTPModelClient,
+    Reporter,
+    TurnDecoder,
+    call_id,
+)
+from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
+from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text
+from aimu.aio.providers.base import (
+    Chunk,
+    NativeData,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+    check_context_window,
+)
+from aimu.aio.providers.openai import openai_endpoint
+from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
+
+__all__ = ["WIRE", "BackgroundResponse", "OpenAIResponsesClient", "input_items"]
+
+WIRE = "openai-responses"
+#: Seconds a stop waits for the server to take a background response's cancel.
+_CANCEL_WAIT = 2.0
+
+
+def input_items(messages: Sequence[Message]) -> tuple[str | None, list[dict[str, Any]]]:
+    """The transcript as the Responses API takes it: ``instructions`` and ``input``.
+
+    A reply written on this wire gives back its reasoning items unchanged (from
+    ``aimu_native``); thinking from another wire cannot cross and is left out.
+    """
+    instructions: str | None = None
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "system":
+            instructions = message["content"]
+        elif message["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
+                          "output": message["content"]})
+        elif message["role"] == "assistant":
+            native = native_data(message, WIRE)
+            reasoning = native.get("reasoning") if native is not None else None
+            if isinstance(reasoning, list):
+                items.extend(item for item in reasoning if isinstance(item, dict))
+            if message["content"]:
+                items.append({"role": "assistant", "content": message["content"]})
+            for call in message.get("tool_calls", ()):
+                items.append({
+                    "type": "function_call", "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": dumps_text(call["function"]["arguments"]),
+                })
+        elif message["role"] == "user" and message.get("images"):
+            parts: list[dict[str, Any]] = [{"type": "input_text", "text": message["content"]}]
+            parts += [{"type": "input_image", "image_url": url} for url in message["images"]]
+            items.append({"role": "user", "content": parts})
+        else:
+            items.append({"role": message["role"], "content": message["content"]})
+    return instructions, items
+
+
+@dataclass(frozen=True)
+class BackgroundResponse:
+    """A background response in flight: its id and the last event number read. What a
+    run keeps durable to re-attach after a crash (:meth:`OpenAIResponsesClient.reattach`)."""
+
+    response_id: str
+    sequence_number: int
+
+
+class OpenAIResponsesClient(HTTPModelClient):
+    """A model behind OpenAI's Responses API (``client("openai-responses:gpt-5-mini")``).
+
+    ``options`` (``temperature``, ``max_output_tokens``, ``reasoning``...) are merged into
+    every request body. ``store`` (default False: the whole transcript goes each turn)
+    says whether the server keeps responses; reasoning items then come back with their
+    ``encrypted_content`` to be sent again. ``background=True`` makes each streamed turn
+    a background response (stored), cancelled on the server when the run stops. The
+    other settings are the ``openai:`` provider's.
+    """
+
+    provider = "openai-responses"
+    service = "the OpenAI Responses API"
+    hint = "is the server running? check base_url= / OPENAI_BASE_URL"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        timeout: float = 300.0,
+        connect_timeout: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+        retries: int = DEFAULT_RETRIES,
+        retry_delay: float = DEFAULT_DELAY,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        context_window: int | None = None,
+        background: bool = False,
+        store: bool | None = None,
+    ) -> None:
+        url, sent, secrets = openai_endpoint(base_url, api_key, headers)
+        super().__init__(
+            model, url, headers=sent, secrets=secrets, timeout=timeout,
+            connect_timeout=connect_timeout, retries=retries, retry_delay=retry_delay,
+            merge_roles=False, concurrency=concurrency, to_wire=dict,
+        )
+        self.options: dict[str, Any] = dict(options or {})
+        self.context_window = check_context_window(context_window)
+        self.background = bool(background)
+        if background and store is False:
+            raise ValueError("background=True needs store=True: the server keeps the response")
+        self.store = bool(background) if store is None else bool(store)
+        #: The background response of the turn in flight (None between turns).
+        self.in_flight: BackgroundResponse | None = None
+        self._attach: BackgroundResponse | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The server's base URL (without credentials)."""
+        return self.url
+
+    @property
+    def has_api_key(self) -> bool:
+        return "Authorization" in self._pool.headers
+
+    def endpoint(self) -> str:
+        return self.url + "/responses"
+
+    def status_hint(self, status: int) -> str:
+        if status in (401, 403):
+            return "; check api_key= / OPENAI_API_KEY"
+        if status == 404:
+            return f"; check the model name and that {self.host} serves /responses"
+        return ""
+
+    def decoder(self, reporter: Reporter) -> _ResponsesTurn:
+        return _ResponsesTurn(reporter)
+
+    def body(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+        stream: bool,
+        request: TurnRequest | None = None,
+    ) -> bytes:
+        instructions, items = input_items(messages)
+        body: dict[str, Any] = {"model": self.model, "stream": stream, "store": self.store}
+        if self.background and stream:
+            body["background"] = True
+        if not self.store:
+            body["include"] = ["reasoning.encrypted_content"]
+        if instructions is not None:
+            body["instructions"] = instructions
+        if tools:
+            body["tools"] = [
+                {"type": "function", "name": spec["function"]["name"],
+                 "description": spec["function"].get("description", ""),
+                 "parameters": spec["function"]["parameters"], "strict": False}
+                for spec in tools
+            ]
+        if request is not None:
+            body.update(_request_fields(request, bool(tools)))
+        body.update(self.options)
+        body["input"] = items
+        return dumps(body)
+
+    # -- background mode --------------------------------------------------------------
+
+    def reattach(self, response: BackgroundResponse) -> None:
+        """Make the next streamed turn re-attach to ``response`` (left by a run that
+        crashed) from its next event, instead of asking the model again."""
+        if not self.background:
+            raise ValueError("reattach() needs a client made with background=True")
+        self._attach = response
+
+    def stream_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        stream: bool = True,
+        request: TurnRequest | None = None,
+    ) -> AsyncGenerator[Chunk, None]:
+        if self.background and stream:
+            return self._background_turn(messages, tools, request)
+        return super().stream_turn(messages, tools, stream=stream, request=request)
+
+    async def _background_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+        request: TurnRequest | None,
+    ) -> AsyncGenerator[Chunk, None]:
+        """A streamed background response: re-attached after a drop, cancelled on the
+        server when the turn is stopped (closed, cancelled or failed) before its end."""
+        reporter = self.reporter()
+        decoder = self.decoder(reporter)
+        attach, self._attach = self._attach, None
+        drops = 0
+        http = await self._pool.bind()
+        try:
+            while True:
+                try:
+                    async with self._pool.slots:
+                        if attach is not None:
+                            decoder.response_id = attach.response_id
+                            decoder.sequence = attach.sequence_number
+                            response = await self._open_get(http, attach, reporter)
+                        else:
+                            body = self.body(messages, tools, True, request)
+                            response = await self._open(http, body, True, reporter)
+                        async for chunk in self._read(response, decoder, reporter):
+                            if decoder.response_id is not None:
+                                self.in_flight = BackgroundResponse(
+                                    decoder.response_id, decoder.sequence
+                                )
+                            yield chunk
+                    return
+                except ModelConnectionError as error:
+                    # The stream broke, not the response: the server is still making it.
+                    if decoder.response_id is None or drops >= max(1, self.retry.retries):
+                        raise
+                    drops += 1
+                    log.info("model %r at %s: background response stream dropped (%s); "
+                             "re-attaching", self.model, self.host, type(error).__name__)
+                    attach = BackgroundResponse(decoder.response_id, decoder.sequence)
+        finally:
+            if not decoder.finished and decoder.response_id is not None:
+                await self._cancel_remote(http, decoder.response_id, reporter)
+            self.in_flight = None
+
+    async def _open_get(
+        self, http: httpx.AsyncClient, attach: BackgroundResponse, reporter: Reporter
+    ) -> httpx.Response:
+        """The stream of a background response from its event after ``attach``'s."""
+        url = f"{self.endpoint()}/{attach.response_id}"
+        params = {"stream": "true", "starting_after": str(attach.sequence_number)}
+        request = http.build_request(
+            "GET", url, params=params, headers={"Accept": "text/event-stream"}
+        )
+        with reporter:
+            response = await http.send(request, stream=True)
+        if response.status_code >= 400:
+            raise await self._http_error(response, reporter)
+        return response
+
+    async def _read(
+        self, response: httpx.Response, decoder: _ResponsesTurn, reporter: Reporter
+    ) -> AsyncGenerator[Chunk, None]:
+        pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+        try:
+            with reporter:
+                rest = b""
+                async for piece in pieces:
+                    lines = (rest + piece).split(b"\n")
+                    rest = lines.pop()
+                    for line in lines:
+                        for chunk in decoder.line(line):
+                            yield chunk
+                        if decoder.finished:
+                            return
+                chunks = decoder.line(rest) if rest else []
+                if not decoder.finished:
+                    chunks += decoder.end()
+                for chunk in chunks:
+                    yield chunk
+        finally:
+            await pieces.aclose()
+            await response.aclose()
+
+    async def _cancel_remote(
+        self, http: httpx.AsyncClient, response_id: str, reporter: Reporter
+    ) -> None:
+        """``POST /responses/{id}/cancel``: the server stops making the response. Bounded;
+        a failure is logged, never raised over the stop that caused it."""
+        url = f"{self.endpoint()}/{response_id}/cancel"
+        try:
+            async with asyncio.timeout(_CANCEL_WAIT):
+                with reporter:
+                    answer = await http.post(url, headers={"Content-Type": "application/json"})
+            if answer.status_code >= 400:
+                log.warning("model %r at %s: cancelling background response %s answered "
+                            "HTTP %d", self.model, self.host, response_id, answer.status_code)
+        except (ModelError, TimeoutError) as error:
+            log.warning("model %r at %s: could not cancel background response %s (%s)",
+                        self.model, self.host, response_id, type(error).__name__)
+
+
+def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:
+    """``text.format`` for an output schema; the tool options only with tools."""
+    fields: dict[str, Any] = {}
+    if request.output_schema is not None:
+        fields["text"] = {"format": {
+            "type": "json_schema", "name": request.output_name,
+            "schema": request.output_schema, "strict": False,
+        }}
+    if with_tools:
+        choice = request.tool_choice
+        if choice in ("auto", "required", "none"):
+            fields["tool_choice"] = choice
+        elif choice is not None:
+            fields["tool_choice"] = {"type": "function", "name": choice}
+        if request.parallel_tool_calls is not None:
+            fields["parallel_tool_calls"] = request.parallel_tool_calls
+    return fields
+
+
+class _ResponsesTurn(TurnDecoder):
+    """One response: its SSE events (or one response object) into chunks.
+
+    Text and reasoning summaries stream as they come; a function call is complete at its
+    ``response.output_item.done``; reasoning items are kept for :class:`NativeData`.
+    """
+
+    __slots__ = ("calls", "parser", "reasoning", "reporter", "response_id", "seen", "sequence",
+                 "text")
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.parser = SSEParser()
+        self.text = TurnText()
+        self.response_id: str | None = None
+        #: The ``sequence_number`` of the last event read (-1: none yet).
+        self.sequence = -1
+        self.calls = 0
+        self.seen: set[str] = set()
+        self.reasoning: list[dict[str, Any]] = []
+
+    def line(self, line: bytes) -> list[Chunk]:
+        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
+        return [] if event is None else self.event(event.data)
+
+    def end(self) -> list[Chunk]:
+        last = self.parser.flush()
+        chunks = self.event(last.data) if last is not None else []
+        if not self.finished:
+            raise self.reporter.protocol(
+                "ended the stream without finishing the response (no response.completed); "
+                "the server may have stopped mid-reply"
+            )
+        return chunks
+
+    def event(self, data: str) -> list[Chunk]:
+        event = self.reporter.json_object(data, "an event")
+        number = event.get("sequence_number")
+        if isinstance(number, int):
+            if number <= self.sequence:
+                return []  # already read (a re-attached stream repeats nothing new)
+            self.sequence = number
+        kind = event.get("type")
+        if kind == "response.output_text.delta":
+            return self.text.chunks(None, event.get("delta"))
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            return self.text.chunks(event.get("delta"), None)
+        if kind == "response.output_item.done":
+            return self._item(_dict(event.get("item")))
+        if kind in ("response.created", "response.queued", "response.in_progress"):
+            identifier = _dict(event.get("response")).get("id")
+            if isinstance(identifier, str) and identifier:
+                self.response_id = identifier
+            return []
+        if kind in ("response.completed", "response.incomplete"):
+            return self._finish(_dict(event.get("response")))
+        if kind == "response.failed":
+            failed = _dict(event.get("response"))
+            raise self.reporter.server_error(failed.get("error") or "the response failed")
+        if kind == "error":
+            raise self.reporter.server_error(event)
+        if kind is None and "error" in event:
+            raise self.reporter.server_error(event["error"])
+        return []
+
+    def _item(self, item: dict[str, Any]) -> list[Chunk]:
+        kind = item.get("type")
+        if kind == "function_call":
+            return [self._call(item)]
+        if kind == "reasoning":
+            self.reasoning.append(item)
+        return []
+
+    def _call(self, item: Mapping[str, Any]) -> ToolCallDelta:
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise self.reporter.protocol(f"sent function call {self.calls} without a name")
+        self.calls += 1
+        raw_id = item.get("call_id")
+        identifier = clean(raw_id) if isinstance(raw_id, str) and raw_id else call_id()
+        if identifier in self.seen:
+            identifier = call_id()
+        self.seen.add(identifier)
+        name = clean(name)
+        arguments = item.get("arguments")
+        decoded, error = decode_arguments(arguments if isinstance(arguments, str) else "", name)
+        call: ToolCall = {
+            "id": identifier, "type": "function",
+            "function": {"name": name, "arguments": decoded},
+        }
+        return ToolCallDelta(call, error)
+
+    def _finish(self, response: dict[str, Any]) -> list[Chunk]:
+        chunks = self.text.flush()
+        if self.reasoning:
+            chunks.append(NativeData({"wire": WIRE, "reasoning": self.reasoning}))
+        status = response.get("status")
+        reason = "tool_calls" if self.calls else "stop"
+        if status == "incomplete":
+            detail = _dict(response.get("incomplete_details")).get("reason")
+            reason = "length" if detail == "max_output_tokens" else str(detail or "incomplete")
+        usage = response.get("usage")
+        chunks.append(TurnDone(_usage(usage), reason, _reported(usage)))
+        self.finished = True
+        return chunks
+
+    def whole(self, body: bytes) -> list[Chunk]:
+        response = self.reporter.json_object(body, "a reply")
+        if response.get("error"):
+            raise self.reporter.server_error(response["error"])
+        status = response.get("status")
+        if status not in ("completed", "incomplete"):
+            raise self.reporter.protocol(
+                f"sent a response that did not finish (status {clip(status, 40)})"
+            )
+        chunks: list[Chunk] = []
+        for item in response.get("output") or ():
+            item = _dict(item)
+            kind = item.get("type")
+            if kind == "message":
+                for part in item.get("content") or ():
+                    part = _dict(part)
+                    text = part.get("text") if part.get("type") == "output_text" else None
+                    chunks += self.text.chunks(None, text)
+            elif kind == "reasoning":
+                for part in item.get("summary") or ():
+                    chunks += self.text.chunks(_dict(part).get("text"), None)
+                self.reasoning.append(item)
+            elif kind == "function_call":
+                chunks.append(self._call(item))
+        return chunks + self._finish(response)
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _reported(value: object) -> bool:
+    usage = _dict(value)
+    return isinstance(usage.get("input_tokens"), int) and isinstance(
+        usage.get("output_tokens"), int
+    )
+
+
+def _usage(value: object) -> Usage:
+    usage = _dict(value)
+    given, made = usage.get("input_tokens"), usage.get("output_tokens")
+    return {
+        "input_tokens": given if isinstance(given, int) else 0,
+        "output_tokens": made if isinstance(made, int) else 0,
+    }
