@@ -214,7 +214,7 @@ class ResponsesWire(Wire):
         super().__init__(model, body, call_ids)
         self.response_id = f"resp_{next(call_ids):06d}{time.time_ns() % 10**9:09d}"
         self.created_at = int(time.time())
-        self._plan: tuple[list[list[bytes]], list[bytes]] | None = None
+        self._plan: tuple[Turn, list[list[bytes]], list[bytes]] | None = None
         self._view: dict[str, Any] | None = None
 
     def streamed(self) -> bool:
@@ -329,8 +329,8 @@ class ResponsesWire(Wire):
     def plan(self, turn: Turn) -> tuple[list[list[bytes]], list[bytes]]:
         """The streamed events of ``turn``, numbered from 0: the chunks (each ending with one
         content delta) and the final events."""
-        if self._plan is not None:
-            return self._plan
+        if self._plan is not None and self._plan[0] is turn:
+            return self._plan[1], self._plan[2]
         events = _Events(self.body.get("background") is True)
         events.add("response.created", response=self.response("in_progress"))
         if self.body.get("background") is True:
@@ -371,8 +371,8 @@ class ResponsesWire(Wire):
             events.add("response.output_item.done", output_index=index, item=done)
         status = self.final_status(turn)
         events.add(f"response.{status}", response=self.response(status, items, turn))
-        self._plan = events.chunks, events.pending
-        return self._plan
+        self._plan = turn, events.chunks, events.pending
+        return events.chunks, events.pending
 
     def chunks(self, turn: Turn) -> list[bytes]:
         return [b"".join(chunk) for chunk in self.plan(turn)[0]]
