@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         OutputValidationError,
         RunLostError,
         SessionLockedError,
+        StaleDecisionError,
         StoreCapacityError,
         StoreError,
         StoreFormatError,
@@ -113,6 +114,7 @@ __all__ = [
     "SessionLockedError",
     "SessionWriter",
     "Spend",
+    "StaleDecisionError",
     "StepFinished",
     "Store",
     "StoreCapacityError",
@@ -183,7 +185,8 @@ _ERRORS = (
     "ModelConnectionError",
     "ModelError", "ModelHTTPError", "ModelProtocolError", "NoOutputError", "OutputError",
     "OutputValidationError",
-    "RunLostError", "SessionLockedError", "StoreCapacityError", "StoreError", "StoreFormatError",
+    "RunLostError", "SessionLockedError", "StaleDecisionError", "StoreCapacityError",
+    "StoreError", "StoreFormatError",
     "ToolDefinitionError", "TranscriptError", "UnknownRunError",
 )
 _EVENTS = (

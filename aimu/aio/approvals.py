@@ -11,10 +11,15 @@ meant for one run never decides another's call that happens to share its id.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
+from aimu.aio.errors import StaleDecisionError
 from aimu.aio.transcript import ToolCall
 
 __all__ = [
@@ -25,6 +30,8 @@ __all__ = [
     "PendingApproval",
     "denied_result",
 ]
+
+_log = logging.getLogger("aimu.aio.approvals")
 
 #: The key of a session's state under which its approvals are stored.
 STATE_KEY: Final = "approvals"
@@ -52,12 +59,41 @@ class PendingApproval:
     """It was running when the process stopped: approving it runs it again."""
     run_id: str | None = None
     """The registered run (``RunHandle.run_id``) that paused on it, if it had an id."""
+    pause_id: str = ""
+    """This pause of the call: a decision binds to it (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     approved: bool
     reason: str | None = None
+    pause_id: str | None = None
+    """The pause it was given for (None: whichever waits when it is recorded)."""
+
+
+def new_pause_id() -> str:
+    return secrets.token_urlsafe(12)
+
+
+def fingerprint(call_id: str, tool: str, arguments: object) -> str:
+    """The pause id of a call stored before pauses had ids: its name and arguments."""
+    data = json.dumps([call_id, tool, arguments], sort_keys=True, default=str)
+    return "f-" + hashlib.sha256(data.encode()).hexdigest()[:22]
+
+
+def stale_decision(session: str, call_id: str, shown: str, pending: PendingApproval | None
+                   ) -> StaleDecisionError:
+    """The error for a decision given for pause ``shown`` of ``call_id`` that no longer
+    waits (``pending``: what waits under that call id now, if anything)."""
+    now = "nothing waits under that id now" if pending is None else (
+        f"what waits under that id now is another pause ({pending.tool} "
+        f"{json.dumps(pending.arguments, default=str)[:120]})"
+    )
+    return StaleDecisionError(
+        f"{session}: the decision on call {call_id!r:.80} was given for pause {shown!r:.40}, "
+        f"which no longer waits: {now}; nothing was decided, look at the waiting calls again",
+        call_id=call_id,
+    )
 
 
 class Approvals:
@@ -78,26 +114,44 @@ class Approvals:
         ]
 
     def ask(self, call: ToolCall, *, in_doubt: bool = False, run_id: str | None = None) -> None:
+        """Make ``call`` wait for a person, as a new pause (the same one if it waits so
+        already)."""
         function = call["function"]
+        name, arguments = function["name"], function["arguments"]
+        old = self.pending.get(call["id"])
+        same = old is not None and (old.tool, old.arguments, old.in_doubt, old.run_id) == (
+            name, arguments, in_doubt, run_id
+        )
         self.pending[call["id"]] = PendingApproval(
-            call["id"], function["name"], function["arguments"], in_doubt, run_id
+            call["id"], name, arguments, in_doubt, run_id,
+            old.pause_id if same and old is not None else new_pause_id(),
         )
 
     def decide(self, call_id: str, decision: Decision, session: str) -> None:
-        """Record a decision; ValueError naming the call when none is waiting for it."""
+        """Record a decision, bound to the pause that waits now; ValueError naming the
+        call when none is waiting for it, StaleDecisionError when ``decision`` was given
+        for another pause of it (both change nothing)."""
+        pending = self.pending.get(call_id)
+        shown = decision.pause_id
+        if shown is not None and (pending is None or pending.pause_id != shown):
+            raise stale_decision(session, call_id, shown, pending)
         if call_id in self.decisions:
             raise ValueError(f"{session}: call {call_id!r:.80} was already decided")
-        if call_id not in self.pending:
+        if pending is None:
             waiting = ", ".join(repr(p.call_id) for p in self.waiting()) or "none"
             raise ValueError(
                 f"{session}: no call {call_id!r:.80} waits for approval (waiting: {waiting})"
             )
-        self.decisions[call_id] = decision
+        self.decisions[call_id] = Decision(decision.approved, decision.reason, pending.pause_id)
 
     def take(self, call_id: str) -> Decision | None:
-        """The decision for ``call_id`` (None: none needed), forgetting the call."""
-        self.pending.pop(call_id, None)
-        return self.decisions.pop(call_id, None)
+        """The decision for ``call_id`` (None: none needed, or none for the pause that
+        waits), forgetting the call."""
+        pending = self.pending.pop(call_id, None)
+        decision = self.decisions.pop(call_id, None)
+        if decision is not None and pending is not None and not _binds(decision, pending):
+            return None
+        return decision
 
     def check_decided(self, session: str) -> None:
         waiting = self.waiting()
@@ -122,11 +176,11 @@ class Approvals:
         return {
             "pending": [
                 {"call_id": p.call_id, "tool": p.tool, "arguments": p.arguments,
-                 "in_doubt": p.in_doubt, "run_id": p.run_id}
+                 "in_doubt": p.in_doubt, "run_id": p.run_id, "pause_id": p.pause_id}
                 for p in self.pending.values()
             ],
             "decisions": {
-                call_id: {"approved": d.approved, "reason": d.reason}
+                call_id: {"approved": d.approved, "reason": d.reason, "pause_id": d.pause_id}
                 for call_id, d in self.decisions.items()
             },
         }
@@ -141,18 +195,29 @@ class Approvals:
             if not isinstance(data, Mapping):
                 raise TypeError(f"a dict, not {type(data).__name__}")
             for item in data.get("pending") or []:
-                run_id = item.get("run_id")
-                approvals.pending[item["call_id"]] = PendingApproval(
-                    str(item["call_id"]), str(item["tool"]), dict(item["arguments"]),
-                    bool(item.get("in_doubt", False)), None if run_id is None else str(run_id),
+                run_id, pause_id = item.get("run_id"), item.get("pause_id")
+                call_id, tool, arguments = str(item["call_id"]), str(item["tool"]), dict(
+                    item["arguments"]
+                )
+                approvals.pending[call_id] = PendingApproval(
+                    call_id, tool, arguments, bool(item.get("in_doubt", False)),
+                    None if run_id is None else str(run_id),
+                    fingerprint(call_id, tool, arguments) if not pause_id else str(pause_id),
                 )
             for call_id, item in (data.get("decisions") or {}).items():
-                reason = item.get("reason")
+                reason, pause_id = item.get("reason"), item.get("pause_id")
                 approvals.decisions[str(call_id)] = Decision(
-                    bool(item["approved"]), None if reason is None else str(reason)
+                    bool(item["approved"]), None if reason is None else str(reason),
+                    None if pause_id is None else str(pause_id),
                 )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{where}: unreadable approvals ({error!r:.100})") from error
+        for call_id, decision in list(approvals.decisions.items()):
+            pending = approvals.pending.get(call_id)
+            if pending is not None and not _binds(decision, pending):
+                _log.warning("%s: a decision on call %r was given for a pause that no longer "
+                             "waits: dropped", where, call_id[:80])
+                del approvals.decisions[call_id]
         return approvals
 
     @classmethod
@@ -163,3 +228,9 @@ class Approvals:
     def state(self) -> dict[str, Any]:
         """The session state that stores these approvals (for ``save_state``)."""
         return {STATE_KEY: self.dump()}
+
+
+def _binds(decision: Decision, pending: PendingApproval) -> bool:
+    """True if ``decision`` was given for the pause of ``pending`` (or for no pause in
+    particular: stored before pauses had ids)."""
+    return decision.pause_id is None or decision.pause_id == pending.pause_id

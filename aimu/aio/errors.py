@@ -8,6 +8,7 @@
      ├── TranscriptError            a transcript is invalid (also a ValueError; names the index)
      ├── ToolDefinitionError        a function cannot be offered as a tool (also a TypeError)
      ├── MCPServerError             an MCP server could not be started, reached or listed
+     ├── StaleDecisionError         a decision for a pause that no longer waits (a ValueError)
      ├── OutputError                a run could not give its typed output (``output_type=``)
      │    ├── OutputValidationError the model's answers failed the output type (names it)
      │    └── NoOutputError         the run ended without an answer (interrupted, paused)
@@ -40,6 +41,7 @@ __all__ = [
     "OutputValidationError",
     "RunLostError",
     "SessionLockedError",
+    "StaleDecisionError",
     "StoreCapacityError",
     "StoreError",
     "StoreFormatError",
@@ -97,6 +99,15 @@ class MCPServerError(AimuError, ConnectionError):
     def __init__(self, message: str, *, server: str) -> None:
         super().__init__(message)
         self.server = server
+
+
+class StaleDecisionError(AimuError, ValueError):
+    """A decision was given for a pause of a tool call that no longer waits (the session
+    was replaced, or the call asked again since): it changes nothing. Names the call."""
+
+    def __init__(self, message: str, *, call_id: str) -> None:
+        super().__init__(message)
+        self.call_id = call_id
 
 
 class OutputError(AimuError):

@@ -77,6 +77,11 @@ class SendBody(_Body):
 class DecisionBody(_Body):
     approve: bool
     reason: Text | None = Field(None, description="Why (told to the model on a denial)")
+    pause_id: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        None,
+        description="The pause_id of the waiting call the person was shown: the decision "
+        "holds only while that pause waits (409 otherwise, and nothing runs)",
+    )
 
 
 class Error(BaseModel):
@@ -108,6 +113,7 @@ class Pending(BaseModel):
     name: str
     arguments: dict[str, Any]
     in_doubt: bool
+    pause_id: str = Field(description="This pause of the call; send it with the decision")
 
 
 class Run(BaseModel):

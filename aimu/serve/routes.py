@@ -312,7 +312,8 @@ def _images(images: list[str]) -> tuple[str, ...]:
 @router.post(
     "/runs/{run_id}/approvals/{call_id}", status_code=202, response_model=Decision,
     summary="Approve or deny a tool call the paused run waits on; the last decision "
-    "resumes it (404: the run waits on no such call; 409: not paused, or decided already)",
+    "resumes it (404: the run waits on no such call; 409: not paused, decided already, or "
+    "the call that waits now is not the one shown: another pause_id)",
     responses={
         202: {"model": Decision, "description": "Decided; after the last decision the run "
               "resumed as resumed_run_id"},
@@ -325,4 +326,6 @@ async def decide(
     call_id: Annotated[str, Path(min_length=1, max_length=200)],
     body: DecisionBody,
 ) -> dict[str, Any]:
-    return await _runs(request).decide(run_id, call_id, body.approve, body.reason)
+    return await _runs(request).decide(
+        run_id, call_id, body.approve, body.reason, body.pause_id
+    )

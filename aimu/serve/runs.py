@@ -30,6 +30,7 @@ __all__ = [
     "RunView",
     "Runs",
     "RunsBackend",
+    "Verdict",
     "check_grace",
     "no_cancel_error",
     "open_agent",
@@ -74,10 +75,21 @@ class RunView:
     events: int = 0
     messages_from: int = 0
     """How many messages the session held before this run added any."""
+    asks_as: str | None = None
+    """The run id its pauses are stored under when not its own (on Temporal: its
+    workflow's)."""
 
     @property
     def live(self) -> bool:
         return self.status in LIVE
+
+    def waits_on(self, pending: PendingApproval) -> bool:
+        """True if this run paused on ``pending``, or no run did (it was asked again, in
+        doubt, when its session was loaded); a call another run (or a run in another
+        process, with no id) paused on is not this run's to decide."""
+        if pending.run_id is None:
+            return pending.in_doubt
+        return pending.run_id == (self.asks_as or self.run_id)
 
     def public(self) -> dict[str, Any]:
         """The JSON body of ``GET /runs/{id}`` (``pending`` filled in by the service)."""
@@ -105,6 +117,16 @@ class Decided(NamedTuple):
 
     pending: list[dict[str, Any]]
     resumed_run_id: str | None
+
+
+class Verdict(NamedTuple):
+    """A person's decision on ``call_id``: ``approve`` or deny (``reason``), given for
+    the pause ``pause_id`` (None: the one the run paused on, whatever its id)."""
+
+    call_id: str
+    approve: bool
+    reason: str | None = None
+    pause_id: str | None = None
 
 
 class Request(NamedTuple):
@@ -154,12 +176,11 @@ class RunsBackend(Protocol):
         """Deliver ``request`` to the live run; ``Conflict`` if it ended or refused it."""
         ...
 
-    async def decide(
-        self, view: RunView, call_id: str, approve: bool, reason: str | None
-    ) -> Decided:
-        """Record a decision on a call the paused run ``view`` waits on; after the last,
-        resume its session as a new run. The backends that execute with the store's
-        sessions use :class:`~aimu.serve.backends.decisions.StoreDecisions`."""
+    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
+        """Record ``verdict`` on a call the paused run ``view`` waits on (``Conflict``,
+        nothing decided, if the pause it names or the run's own no longer waits); after
+        the last, resume its session as a new run. The backends that execute with the
+        store's sessions use :class:`~aimu.serve.backends.decisions.StoreDecisions`."""
         ...
 
     def begin_shutdown(self) -> None:
@@ -204,6 +225,7 @@ def pending_json(pending: PendingApproval) -> dict[str, Any]:
         "name": pending.tool,
         "arguments": pending.arguments,
         "in_doubt": pending.in_doubt,
+        "pause_id": pending.pause_id,
     }
 
 
@@ -271,7 +293,7 @@ class Runs:
             approvals = Approvals.from_state(state, view.session)
         except ValueError:
             return []
-        return [pending_json(p) for p in approvals.waiting()]
+        return [pending_json(p) for p in approvals.waiting() if view.waits_on(p)]
 
     async def _went_on(self, view: RunView) -> RunView | None:
         """The run the session went on with after ``view``, if any."""
@@ -310,9 +332,11 @@ class Runs:
     # -- decisions -------------------------------------------------------------------
 
     async def decide(
-        self, run_id: str, call_id: str, approve: bool, reason: str | None
+        self, run_id: str, call_id: str, approve: bool, reason: str | None,
+        pause_id: str | None = None,
     ) -> dict[str, Any]:
-        """Record a decision on a call the paused run waits on; after the last one the
+        """Record a decision on a call the paused run waits on, bound to the pause
+        ``pause_id`` when given (the one the person was shown); after the last one the
         session resumes, once, as a new run (``resumed_run_id``)."""
         self._check_open()
         view = await self.backend.view(check_run_id(run_id))
@@ -320,7 +344,7 @@ class Runs:
             raise Conflict(
                 f"run {run_id} is {view.status}, not paused: no tool call awaits a decision"
             )
-        decided = await self.backend.decide(view, call_id, approve, reason)
+        decided = await self.backend.decide(view, Verdict(call_id, approve, reason, pause_id))
         return {
             "run_id": run_id,
             "call_id": call_id,

@@ -39,6 +39,7 @@ from aimu.temporal._workflow import (
     CANCELLED,
     CONTROLS_QUERY,
     END_PAUSED,
+    STALE,
     TURN,
     Control,
     TurnOutcome,
@@ -181,10 +182,18 @@ class _Turn:
         ):
             run = agent.run(request.task)
         else:
-            waiting = {p.call_id for p in agent.pending_approvals}
+            waiting = {p.call_id: p for p in agent.pending_approvals}
             for decision in request.decisions:
-                if decision.call_id not in waiting:
+                pending = waiting.get(decision.call_id)
+                if pending is None:
                     continue  # decided by an earlier attempt of this turn
+                if decision.pause_id not in (None, pending.pause_id):
+                    raise ApplicationError(
+                        f"run {request.run_id}: session {request.session!r} no longer waits "
+                        f"on the tool call {decision.call_id[:64]!r} the run paused on (it "
+                        f"was replaced: {pending.tool} asked again since); the decision was "
+                        "not applied and nothing ran", type=STALE, non_retryable=True,
+                    )
                 if decision.approve:
                     agent.approve(decision.call_id)
                 else:
@@ -198,8 +207,8 @@ class _Turn:
                 ) from None
         name = f"run {request.run_id}"
         control = await self._control()
-        if control is None:
-            return RunHandle.start(run, name=name)
+        if control is None:  # its id still names the run its pauses belong to
+            return RunHandle.start(run, name=name, run_id=request.run_id)
         return RunHandle.start(run, name=name, run_id=request.run_id, control=control)
 
     async def _control(self) -> Any:

@@ -196,16 +196,22 @@ class RunsClient:
             )
         await self._update(run_id, "aimu.send", text, urls)
 
-    async def approve(self, run_id: str, call_id: str) -> list[dict[str, Any]] | None:
+    async def approve(
+        self, run_id: str, call_id: str, *, pause_id: str | None = None
+    ) -> list[dict[str, Any]] | None:
         """Let the waiting call run; after the last decision the run resumes on a worker.
-        The calls still waiting (None: no worker answered to say)."""
-        return await self._decide(run_id, Decision(call_id, True))
+        The calls still waiting (None: no worker answered to say). ``pause_id`` (from the
+        run's ``pending``): the pause the person was shown; ``RequestRefused`` if another
+        waits. Either way the worker runs the call only if the store's session still
+        waits on the pause the run recorded (else the run fails, and nothing runs)."""
+        return await self._decide(run_id, Decision(call_id, True, None, pause_id))
 
     async def deny(
-        self, run_id: str, call_id: str, reason: str | None = None
+        self, run_id: str, call_id: str, reason: str | None = None, *,
+        pause_id: str | None = None,
     ) -> list[dict[str, Any]] | None:
         """Refuse the waiting call (the model reads ``reason``); the calls still waiting."""
-        return await self._decide(run_id, Decision(call_id, False, reason))
+        return await self._decide(run_id, Decision(call_id, False, reason, pause_id))
 
     async def _decide(self, run_id: str, decision: Decision) -> list[dict[str, Any]] | None:
         """Check the decision against the run when a worker answers (RequestRefused if
@@ -227,11 +233,17 @@ class RunsClient:
                     f"run {run_id} is {state['status']}, not paused: no tool call awaits a "
                     "decision", url=self.address, kind="conflict",
                 )
-            pending = [p["call_id"] for p in state["pending"]]
+            pending = {p["call_id"]: p.get("pause_id") for p in state["pending"]}
             if decision.call_id not in pending:
                 raise RequestRefused(
                     f"run {run_id} waits on no tool call {decision.call_id[:64]!r}",
                     url=self.address, kind="not_found",
+                )
+            if decision.pause_id not in (None, pending[decision.call_id]):
+                raise RequestRefused(
+                    f"run {run_id}: tool call {decision.call_id[:64]!r} was asked again "
+                    "since the pause shown: nothing was decided", url=self.address,
+                    kind="conflict",
                 )
             waiting = [p for p in state["pending"] if p["call_id"] != decision.call_id]
         await self._rpc(run_id, self._handle(run_id).signal("aimu.decide", decision))

@@ -31,6 +31,7 @@ __all__ = [
     "END_PAUSED",
     "MAX_SENT_IMAGE_CHARS",
     "NOT_RETRIED",
+    "STALE",
     "STATE_QUERY",
     "TURN",
     "WORKFLOW",
@@ -51,8 +52,10 @@ STATE_QUERY: Final = "aimu.state"
 CONTROLS_QUERY: Final = "aimu.controls"
 #: The error type of a turn cancelled from outside Temporal (Redis): never retried.
 CANCELLED: Final = "AimuRunCancelled"
-#: Errors a retry cannot fix: bad input, the run cancelled.
-NOT_RETRIED: Final = ("AimuBadInput", CANCELLED)
+#: The error type of a turn given decisions for a pause that no longer waits in the store.
+STALE: Final = "AimuStaleDecision"
+#: Errors a retry cannot fix: bad input, the run cancelled, a stale decision.
+NOT_RETRIED: Final = ("AimuBadInput", CANCELLED, STALE)
 #: The ``data:`` URL characters the images sent to a run during one turn (from its start
 #: or a resume to its end or pause) may come to: sends not taken by a turn ride in the
 #: next turn's activity input, and Temporal refuses a payload over 2 MB.
@@ -81,6 +84,8 @@ class Decision:
     call_id: str
     approve: bool
     reason: str | None = None
+    pause_id: str | None = None
+    """The pause it was given for; the turn runs nothing if another pause waits."""
 
 
 @dataclass
@@ -186,7 +191,7 @@ class RunWorkflow:
                 except asyncio.CancelledError:
                     await self._end_paused(request)
                     raise
-                decisions = [self._decisions[p["call_id"]] for p in self._pending]
+                decisions = [_bound(self._decisions[p["call_id"]], p) for p in self._pending]
                 self._pending, self._decisions = [], {}
             else:
                 decisions = []
@@ -227,6 +232,8 @@ class RunWorkflow:
             return outcome
         except ActivityError as error:
             cause = error.cause
+            if isinstance(cause, ApplicationError) and cause.type == STALE:
+                self._error = cause.message  # said as it is, not as an activity's failure
             if isinstance(cause, ApplicationError) and cause.type == CANCELLED:
                 # Cancelled through Redis: the activity asked Temporal to cancel this
                 # workflow before it failed, so that request arrives (or has).
@@ -380,6 +387,17 @@ class RunWorkflow:
     def decide(self, decision: Decision) -> None:
         """Record a decision on a call the paused run waits on (a signal: it is recorded
         with no worker up; one on a call the run does not wait on changes nothing)."""
-        waiting = {p["call_id"] for p in self._pending}
-        if self._status == "paused" and decision.call_id in waiting:
+        waiting = {p["call_id"]: p.get("pause_id") for p in self._pending}
+        if self._status != "paused" or decision.call_id not in waiting:
+            return
+        if decision.pause_id is None or decision.pause_id == waiting[decision.call_id]:
             self._decisions.setdefault(decision.call_id, decision)
+
+
+def _bound(decision: Decision, pending: dict[str, Any]) -> Decision:
+    """``decision`` bound to the pause the run recorded for its call (an older aimu's
+    pending calls have no pause id: then to whichever waits)."""
+    pause_id = pending.get("pause_id")
+    if decision.pause_id is not None or not isinstance(pause_id, str):
+        return decision
+    return Decision(decision.call_id, decision.approve, decision.reason, pause_id)

@@ -11,10 +11,11 @@ import pytest
 
 from aimu import aio
 from aimu.aio.agent import INTERRUPTED
-from aimu.aio.approvals import PAUSED
+from aimu.aio.approvals import PAUSED, Approvals, Decision
+from aimu.aio.errors import StaleDecisionError
 from aimu.aio.events import TextChunk
 from aimu.aio.journal import IN_DOUBT_RESULT
-from aimu.aio.transcript import dangling_calls, validate
+from aimu.aio.transcript import ToolCall, dangling_calls, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 from aimu.testing.server import LoopbackServer
@@ -575,3 +576,76 @@ async def test_messages_and_pending_approvals_before_open_say_so(tmp_path: Path)
         await fresh.aclose()
     no_store = aio.Agent(ScriptedModel([Turn(text="hi")]))
     assert no_store.messages == [] and no_store.pending_approvals == []
+
+
+# -- a decision binds to the pause it was given for (issue 29 item 6) -------------------------
+
+
+def _mail_call(to: str) -> ToolCall:
+    return {"id": "c1", "type": "function",
+            "function": {"name": "send_email", "arguments": {"to": to}}}
+
+
+def test_a_decision_binds_to_the_pause_it_was_given_for() -> None:
+    approvals = Approvals()
+    approvals.ask(_mail_call("Alice"), run_id="r1")
+    (alice,) = approvals.waiting()
+    approvals.ask(_mail_call("Alice"), run_id="r1")  # the same call asked again: same pause
+    assert approvals.waiting() == [alice]
+    approvals.ask(_mail_call("Mallory"))  # replaced under the same call id: a new pause
+    (mallory,) = approvals.waiting()
+    assert mallory.pause_id != alice.pause_id
+    with pytest.raises(StaleDecisionError, match="which no longer waits") as raised:
+        approvals.decide("c1", Decision(True, pause_id=alice.pause_id), "session s")
+    assert raised.value.call_id == "c1" and approvals.decisions == {}
+    approvals.decide("c1", Decision(True), "session s")  # bound to the pause that waits
+    assert approvals.decisions["c1"].pause_id == mallory.pause_id
+    # A stored decision for a pause that no longer waits is dropped, never applied.
+    data = approvals.dump()
+    data["decisions"]["c1"]["pause_id"] = alice.pause_id
+    loaded = Approvals.load(data, "session s")
+    assert loaded.decisions == {} and loaded.waiting() == [mallory]
+    approvals.decisions["c1"] = Decision(True, None, alice.pause_id)
+    assert approvals.take("c1") is None
+
+
+def test_approvals_stored_before_pauses_had_ids_get_one_from_the_call() -> None:
+    old = {"pending": [{"call_id": "c1", "tool": "t", "arguments": {"a": 1}}],
+           "decisions": {"c1": {"approved": True, "reason": None}}}
+    first, again = Approvals.load(old, "s"), Approvals.load(old, "s")
+    assert first.pending["c1"].pause_id == again.pending["c1"].pause_id != ""
+    assert first.take("c1") == Decision(True)  # its decision still holds
+
+
+async def test_a_decision_on_a_replaced_session_runs_nothing(tmp_path: Path) -> None:
+    """An agent decides on the call it saw after another process replaced the session
+    (same call id, other arguments): resuming loads the stored pause, the decision is not
+    applied to it, and the run refuses to go on; nothing runs."""
+    mailed: list[str] = []
+
+    @aio.tool(approval=True)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        mailed.append(to)
+        return "sent"
+
+    def script(to: str) -> ScriptedModel:
+        return ScriptedModel([Turn(tool_calls=[ScriptedCall("send_email", {"to": to}, "c1")]),
+                              Turn(text="sent")])
+
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        first = aio.Agent(script("Alice"), tools=[send_email], store=store, session="s")
+        assert await first.run("mail") == PAUSED
+        await first.aclose()
+        assert await store.delete("s")
+        second = aio.Agent(script("Mallory"), tools=[send_email], store=store, session="s")
+        assert await second.run("mail") == PAUSED
+        await second.aclose()
+        first.approve("c1")  # it saw Alice
+        with pytest.raises(ValueError, match="calls wait for a decision"):
+            await first.resume()
+        assert mailed == []
+        assert [p.arguments for p in first.pending_approvals] == [{"to": "Mallory"}]
+        await first.aclose()
+        stored = Approvals.from_state(await store.load_state("s"), "s")
+        assert stored.decisions == {} and len(stored.waiting()) == 1

@@ -54,6 +54,7 @@ def script(request: Mapping[str, Any]) -> Turn:
     """``long ...``: a slow reply; ``tool ...``: a slow turn calling lookup, then an answer;
     ``mail ...``: a call of send_email (needs approval), then its result read back;
     ``mails ...``: two calls of send_email in one turn, then their results read back;
+    ``mailto NAME``: a call of send_email to NAME, always under the call id ``call-mailto``;
     ``short N``: N quick chunks; ``gate N W``: N rounds calling gated_lookup, then W words;
     ``wire W``: a call of gated_wire (needs approval), then W words; ``cut``: a reply the
     length limit cut off; anything else:
@@ -77,6 +78,8 @@ def script(request: Mapping[str, Any]) -> Turn:
             return Turn(text=f"mail results: {results}")
         return Turn(tool_calls=(ScriptedCall("send_email", {"to": f"{said} 1"}),
                                 ScriptedCall("send_email", {"to": f"{said} 2"})))
+    if said.startswith("mailto ") and not after_tool:
+        return Turn(tool_calls=(ScriptedCall("send_email", {"to": said[7:]}, "call-mailto"),))
     if said.startswith("mail"):
         if after_tool:
             return Turn(text=f"mail result: {messages[-1].get('content')}")

@@ -19,13 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
+from aimu import aio
 from aimu.aio import PostgresStore, SQLiteStore, Store
+from aimu.aio.approvals import PAUSED, Approvals
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import (
     MAILED,
     collect,
     make_app,
+    send_email,
     start,
     store_of,
     uvicorn_serving,
@@ -113,3 +116,75 @@ async def decide_both_while_locked(
         logger.removeHandler(waits)
         logger.setLevel(level)
     return list(await asyncio.gather(*sent))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "redis"])
+async def test_a_decision_never_runs_the_call_that_replaced_the_one_shown(
+    model_server: LoopbackServer, redis_url: str, tmp_path: Path, shared: bool
+) -> None:
+    """Issue 29 item 6: the server's run pauses on send_email to Alice; another process
+    on the same store deletes the session and runs again, pausing on send_email to
+    Mallory under the same call id. Approving the old run's call is refused (409), with
+    or without the pause id shown, and nothing runs; the session stays as that process
+    left it, its call undecided."""
+    MAILED.clear()
+    path = tmp_path / "sessions.db"
+    options = {"redis": redis_url, "redis_prefix": f"aimu-stale-{secrets.token_hex(4)}"}
+    with uvicorn_serving(make_app(model_server, path, **(options if shared else {}))) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            run_id = await start(http, "mail", "mailto Alice")
+            assert (await collect(http, run_id))[-1].data["status"] == "paused"
+            (shown,) = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            assert (shown["call_id"], shown["arguments"]) == ("call-mailto", {"to": "Alice"})
+
+            # Another process on the same store (its own store object and connection).
+            async with SQLiteStore(path) as other:
+                assert await other.delete("mail")
+                client = aio.client("openai:loop", base_url=model_server.openai_base_url,
+                                    api_key="sk-test")
+                async with aio.Agent(client, tools=[send_email], store=other,
+                                     session="mail") as agent:
+                    assert await agent.run("mailto Mallory") == PAUSED
+                    (replaced,) = agent.pending_approvals
+                assert (replaced.call_id, replaced.arguments) == ("call-mailto", {"to": "Mallory"})
+                assert replaced.pause_id != shown["pause_id"]
+
+            requests = len(model_server.requests)
+            url_of = f"/runs/{run_id}/approvals/call-mailto"
+            for body in ({"approve": True}, {"approve": True, "pause_id": shown["pause_id"]},
+                         {"approve": False}):
+                answer = await http.post(url_of, json=body)
+                assert answer.status_code == 409, answer.text
+                assert "no longer waits" in answer.json()["error"]
+            # The old run shows no call of the other process as its own.
+            assert (await http.get(f"/runs/{run_id}")).json()["pending"] == []
+            assert MAILED == [] and len(model_server.requests) == requests
+            async with SQLiteStore(path) as check:
+                state = await check.load_state("mail")
+                info = await check.info("mail")
+            approvals = Approvals.from_state(state, "mail")
+            assert [p.arguments for p in approvals.waiting()] == [{"to": "Mallory"}]
+            assert approvals.decisions == {}
+            assert info is not None and info.status == "paused"
+
+
+async def test_a_decision_names_the_pause_it_was_shown_for(
+    model_server: LoopbackServer, tmp_path: Path
+) -> None:
+    """The pending call's pause_id comes back with the decision; another one is refused
+    (409) and nothing runs, the right one decides."""
+    MAILED.clear()
+    with uvicorn_serving(make_app(model_server, tmp_path / "sessions.db")) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            run_id = await start(http, "pause", "mail Bob")
+            assert (await collect(http, run_id))[-1].data["status"] == "paused"
+            (shown,) = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            decide = f"/runs/{run_id}/approvals/{shown['call_id']}"
+            wrong = await http.post(decide, json={"approve": True, "pause_id": "other"})
+            assert wrong.status_code == 409 and "asked again" in wrong.json()["error"]
+            assert (await http.get(f"/runs/{run_id}")).json()["pending"] == [shown]
+            right = await http.post(decide, json={"approve": True, "pause_id": shown["pause_id"]})
+            assert right.status_code == 202, right.text
+            resumed = right.json()["resumed_run_id"]
+            assert (await collect(http, resumed))[-1].data["status"] == "completed"
+            assert MAILED == ["mail Bob"]

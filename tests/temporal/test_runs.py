@@ -356,3 +356,64 @@ async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
         assert messages[-1]["role"] == "assistant" and messages[-1].get("aimu_partial")
     finally:
         await control.aclose()
+
+
+async def test_a_decision_on_a_pause_the_store_no_longer_holds_runs_nothing(
+    temporal: str, queue: str, runs: RunsClient, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    """Issue 29 item 6 on Temporal: the run pauses on transfer to Alice; another process
+    replaces the session in the store, pausing on transfer to Mallory under the same call
+    id. serve refuses the decision (409); given to the workflow anyway, the worker finds
+    the pause gone and the run fails saying so: nothing runs, Mallory's call stays
+    undecided."""
+    from aimu.aio.approvals import PAUSED, Approvals
+    from aimu.serve.backends.temporal import TemporalBackend
+    from aimu.serve.errors import Conflict
+    from aimu.serve.runs import Verdict
+
+    done: list[str] = []
+
+    @aio.tool(approval=True)
+    def transfer(to: str) -> str:
+        """Move money."""
+        done.append(to)
+        return "moved"
+
+    model_server.script = [
+        Turn(tool_calls=[ScriptedCall("transfer", {"to": "Alice"}, "call-x")]),
+        Turn(tool_calls=[ScriptedCall("transfer", {"to": "Mallory"}, "call-x")]),
+    ]
+    await workers.start(tools=[transfer])
+    server = TemporalBackend(temporal, queue, store)
+    await server.connect()
+    try:
+        started = await server.start("s1", "pay Alice", None)
+        record = server.record(started.run_id)
+        async with asyncio.timeout(60):
+            while not record.ended:
+                await record.changed(5)
+        assert record.view.status == "paused"
+        [shown] = (await runs.status(started.run_id))["pending"]
+        assert shown["arguments"] == {"to": "Alice"} and shown["pause_id"]
+
+        assert await store.delete("s1")  # another process replaces the session
+        other = aio.Agent(aio.client("ollama:test", host=model_server.url), tools=[transfer],
+                          store=store, session="s1")
+        assert await other.run("pay Mallory") == PAUSED
+        await other.aclose()
+
+        with pytest.raises(Conflict, match="no longer waits"):
+            await server.decide(record.view, Verdict("call-x", True))
+        with pytest.raises(RequestRefused, match="asked again"):
+            await runs.approve(started.run_id, "call-x", pause_id="another")
+        assert await runs.approve(started.run_id, "call-x") == []  # the workflow's own pause
+        state = await runs.wait(started.run_id, timeout=60)
+        assert state["status"] == "failed"
+        assert "no longer waits" in state["error"] and "nothing ran" in state["error"]
+        assert done == []
+        approvals = Approvals.from_state(await store.load_state("s1"), "s1")
+        assert [p.arguments for p in approvals.waiting()] == [{"to": "Mallory"}]
+        assert approvals.decisions == {}
+    finally:
+        await server.aclose()

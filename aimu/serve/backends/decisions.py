@@ -5,8 +5,10 @@ open the store's sessions (:class:`~aimu.serve.backends.local.LocalBackend`,
 Each decision is recorded in the session's state under its write lock: of two processes
 given the last two decisions at once, one records its decision and releases the lock,
 the other then finds every call decided and resumes the run, once. A decision holds
-only for the run it was shown for: once the session went on, was deleted, or paused
-again in another run, it changes nothing and says which.
+only for the pause it was shown for, checked against the stored state under that lock:
+once the session went on, was deleted, or paused again in another run (here or in any
+process sharing the store, even on a call of the same id), it changes nothing and says
+which.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from aimu.aio.approvals import Approvals
 from aimu.aio.errors import SessionLockedError
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict, NotFound
-from aimu.serve.runs import AgentFactory, Decided, RunView, open_agent, pending_json
+from aimu.serve.runs import AgentFactory, Decided, RunView, Verdict, open_agent, pending_json
 
 __all__ = ["DECISION_WAIT_SECONDS", "StoreDecisions"]
 
@@ -46,12 +48,10 @@ class StoreDecisions:
         self._agents = agents
         self._backend = backend
 
-    async def decide(
-        self, view: RunView, call_id: str, approve: bool, reason: str | None
-    ) -> Decided:
-        agent = await self._open(view, call_id)
+    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
+        agent = await self._open(view, verdict.call_id)
         try:
-            await self._apply(agent, view, call_id, approve, reason)
+            await self._apply(agent, view, verdict)
             waiting = agent.pending_approvals
         except BaseException:
             await agent.aclose()
@@ -102,10 +102,11 @@ class StoreDecisions:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
 
-    async def _apply(
-        self, agent: Agent, view: RunView, call_id: str, approve: bool, reason: str | None
-    ) -> None:
-        """Decide ``call_id`` on the open ``agent``; NotFound / Conflict change nothing."""
+    async def _apply(self, agent: Agent, view: RunView, verdict: Verdict) -> None:
+        """Decide on the open ``agent`` (its state just loaded, its lock held): the call
+        must wait for this run, as the pause ``verdict`` names if it names one;
+        NotFound / Conflict change nothing."""
+        call_id = verdict.call_id
         shown = {p.call_id: p for p in agent.pending_approvals}
         pending = shown.get(call_id)
         if pending is None:
@@ -116,12 +117,20 @@ class StoreDecisions:
                     f"(if the session did not go on: POST /sessions/{view.session}/resume)"
                 )
             raise NotFound(f"run {view.run_id} waits on no tool call {call_id[:64]!r}")
-        if pending.run_id is not None and pending.run_id != view.run_id:
+        if not view.waits_on(pending):
+            where = "in another process" if pending.run_id is None else pending.run_id
             raise Conflict(
-                f"tool call {call_id[:64]!r} waits for run {pending.run_id}, not run "
-                f"{view.run_id}: the session paused again since; decide it there"
+                f"tool call {call_id[:64]!r} of run {view.run_id} no longer waits: the "
+                f"session paused again since ({where}, on {pending.tool}); nothing was "
+                "decided, look at the session again"
             )
-        if approve:
+        if verdict.pause_id is not None and verdict.pause_id != pending.pause_id:
+            raise Conflict(
+                f"tool call {call_id[:64]!r} of run {view.run_id} was asked again since "
+                f"the pause shown ({verdict.pause_id[:64]!r}); nothing was decided, look "
+                "at the waiting calls again"
+            )
+        if verdict.approve:
             agent.approve(call_id)
         else:
-            agent.deny(call_id, reason)
+            agent.deny(call_id, verdict.reason)

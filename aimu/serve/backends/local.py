@@ -19,7 +19,14 @@ from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
 from aimu.serve.backends.run_log import RunLog, RunRecord
 from aimu.serve.errors import Conflict
-from aimu.serve.runs import AgentFactory, Decided, Request, RunView, no_cancel_error
+from aimu.serve.runs import (
+    AgentFactory,
+    Decided,
+    Request,
+    RunView,
+    Verdict,
+    no_cancel_error,
+)
 
 __all__ = ["LocalBackend"]
 
@@ -93,10 +100,8 @@ class LocalBackend(RunLog):
                 "start a new run with it"
             )
 
-    async def decide(
-        self, view: RunView, call_id: str, approve: bool, reason: str | None
-    ) -> Decided:
-        return await self._decisions.decide(view, call_id, approve, reason)
+    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
+        return await self._decisions.decide(view, verdict)
 
     async def aclose(self) -> None:
         self.begin_shutdown()

@@ -33,6 +33,7 @@ from aimu.serve.runs import (
     JSONEvent,
     Request,
     RunView,
+    Verdict,
     no_cancel_error,
 )
 
@@ -187,10 +188,8 @@ class RedisBackend:
             view = await self.view(run_id)
             raise Conflict(f"run {run_id} already ended ({view.status}): nothing to {what}")
 
-    async def decide(
-        self, view: RunView, call_id: str, approve: bool, reason: str | None
-    ) -> Decided:
-        return await self._decisions.decide(view, call_id, approve, reason)
+    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
+        return await self._decisions.decide(view, verdict)
 
     async def _stop(self, run_id: str, grace: float) -> None:
         with contextlib.suppress(ControlError, TimeoutError):  # the run's end reports itself

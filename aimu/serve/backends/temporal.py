@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from aimu.aio.agent import Agent
+from aimu.aio.approvals import Approvals
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.serve.backends.run_log import RunLog, RunRecord
 from aimu.serve.errors import (
@@ -28,7 +29,7 @@ from aimu.serve.errors import (
     ServiceUnavailable,
     unavailable,
 )
-from aimu.serve.runs import Decided, Request, RunView, no_cancel_error
+from aimu.serve.runs import Decided, Request, RunView, Verdict, no_cancel_error
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
@@ -97,6 +98,7 @@ class TemporalBackend(RunLog):
 
     def _follow(self, view: RunView, workflow: str, offset: int, before: int) -> RunView:
         view.messages_from = before
+        view.asks_as = workflow  # the turns pause under the workflow's id
         self._workflow[view.run_id] = (workflow, offset)
         record = self.add(view)
         pump = asyncio.get_running_loop().create_task(self._pump(record, workflow, offset))
@@ -216,17 +218,20 @@ class TemporalBackend(RunLog):
         if not live:  # ended in Temporal before this server's record heard of it
             raise Conflict(f"run {run_id} already ended: nothing to {what}")
 
-    async def decide(
-        self, view: RunView, call_id: str, approve: bool, reason: str | None
-    ) -> Decided:
-        """Record the decision in the run's workflow; after the last one the workflow
-        resumes the run on a worker, reported as a new run following it."""
+    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
+        """Record the decision in the run's workflow, bound to the pause the workflow
+        recorded (the worker checks it against the store before anything runs); after the
+        last one the workflow resumes the run on a worker, reported as a new run."""
         workflow, _ = self._workflow[view.run_id]
+        call_id, pause_id = verdict.call_id, verdict.pause_id
+        await self._check_stored(view, call_id, pause_id)
         with self._errors("record the decision"):
-            if approve:
-                waiting = await self.client.approve(workflow, call_id)
+            if verdict.approve:
+                waiting = await self.client.approve(workflow, call_id, pause_id=pause_id)
             else:
-                waiting = await self.client.deny(workflow, call_id, reason)
+                waiting = await self.client.deny(
+                    workflow, call_id, verdict.reason, pause_id=pause_id
+                )
         if waiting is None:  # no worker answered: the workflow has the decision anyway
             waiting = []
         if waiting:
@@ -237,6 +242,24 @@ class TemporalBackend(RunLog):
         stored = await self._store.load(view.session)
         self._follow(later, workflow, count, len(stored))
         return Decided([], later.run_id)
+
+    async def _check_stored(self, view: RunView, call_id: str, pause_id: str | None) -> None:
+        """``Conflict`` if the store's session no longer waits on ``call_id`` for this run
+        (replaced meanwhile): said at once, rather than by the run failing on a worker."""
+        state = await self._store.load_state(view.session)
+        try:
+            pending = Approvals.from_state(state, view.session).pending.get(call_id)
+        except ValueError:
+            return  # unreadable: the worker's turn says so
+        if pending is None:
+            return  # not waiting (decided, or no such call): the workflow answers that
+        if view.waits_on(pending) and pause_id in (None, pending.pause_id):
+            return
+        raise Conflict(
+            f"tool call {call_id[:64]!r} of run {view.run_id} no longer waits: session "
+            f"{view.session!r} paused again since on a call of the same id; nothing was "
+            "decided, look at the session again"
+        )
 
     # -- shutting down -------------------------------------------------------------------
 
