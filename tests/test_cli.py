@@ -583,6 +583,11 @@ def test_python_dash_m_aimu_chat_exits_0_at_eof(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:] == ["You said: hi there"]
     assert (tmp_path / "sessions.db").exists()
+    # A newcomer's first chat is on the embedded model: the banner says what it does.
+    assert done.stdout.startswith(
+        "aimu chat: model test (embedded and offline: a stand-in for a real model, it calls "
+        "each tool it is offered once, then quotes what they returned), session 'default'"
+    )
 
 
 def test_the_example_assistant_runs_with_its_own_tool(tmp_path: Path) -> None:

@@ -56,7 +56,16 @@ from aimu.assistant.screen import (
 from aimu.assistant.stdin import StdinReader
 from aimu.assistant.tools import DEMO_TOOLS
 
-__all__ = ["Assistant", "as_message"]
+__all__ = ["TEST_MODEL_DOES", "Assistant", "as_message"]
+
+#: Where the embedded ``test`` model runs (its client's ``host``).
+TEST_HOST = "embedded"
+#: The embedded model in one sentence, in the banner: its first answer (a call to every
+#: tool, then their results quoted) puzzles whoever expects a language model.
+TEST_MODEL_DOES = (
+    "a stand-in for a real model, it calls each tool it is offered once, then quotes "
+    "what they returned"
+)
 
 
 def as_message(text: str) -> str | None:
@@ -454,10 +463,13 @@ class Assistant:
         plural = "" if count == 1 else "s"
         known = f"{count} message{plural}; /history shows them" if count else "new"
         spec = f"{client.provider}:{client.model}"
+        where = client.host
         if client.model == client.provider:  # the embedded "test", not "test:test"
             spec = client.model
+        if client.host == TEST_HOST:  # what a newcomer's first answer will look like
+            where = f"{TEST_HOST} and offline: {TEST_MODEL_DOES}"
         self._line(
-            f"aimu chat: model {spec} ({client.host}), "
+            f"aimu chat: model {spec} ({where}), "
             f"session {self.session!r} ({known}). /help lists the commands."
         )
 
