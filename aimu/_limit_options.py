@@ -35,7 +35,8 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-tokens", type=_count, metavar="N",
                        help="input and output tokens a run may use")
     group.add_argument("--max-seconds", type=_seconds, metavar="S",
-                       help="seconds a run may take (checked between steps)")
+                       help="seconds a run may take: reached mid-reply or mid-tool-call, "
+                       "it stops the run at once (the partial reply kept)")
 
 
 def limits_from(options: argparse.Namespace) -> UsageLimits | None:

@@ -19,7 +19,7 @@ from aimu.aio.tools import Toolset
 if TYPE_CHECKING:
     from aimu.aio.mcp import MCPServer
 
-__all__ = ["add_mcp_options", "mcp_servers", "open_all"]
+__all__ = ["add_mcp_options", "loaded", "mcp_servers", "open_all"]
 
 
 def add_mcp_options(parser: argparse.ArgumentParser) -> None:
@@ -87,3 +87,15 @@ async def open_all(servers: Sequence[Toolset]) -> None:
         for server in opened:
             await server.aclose()
         raise
+
+
+async def loaded(servers: Sequence[MCPServer]) -> list[str]:
+    """A line for each (opened) server: its name and the tools it offers, those that ask
+    a person first marked, for a program to say what ``--mcp`` brought."""
+    lines = []
+    for server in servers:
+        tools = await server.list_tools()
+        names = [f"{t.name} (asks first)" if t.approval else t.name for t in tools]
+        count = f"{len(tools)} tool{'' if len(tools) == 1 else 's'}"
+        lines.append(f"MCP server {server.name!r}: {count}: {', '.join(names) or 'none'}")
+    return lines

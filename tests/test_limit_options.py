@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aimu import aio, cli
-from aimu._limit_options import limits_from
+from aimu._limit_options import add_limit_options, limits_from
 from aimu.serve.agents import agent_factory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,15 @@ def test_the_options_give_limits_and_none_without_them() -> None:
     assert limits_from(options) == aio.UsageLimits(requests=3, total_tokens=900,
                                                    tool_calls=0, wall=1.5)
     assert limits_from(parser.parse_args(["serve"])) is None
+
+
+def test_max_seconds_help_says_it_cuts_at_once() -> None:
+    """The wall limit cuts a streaming reply or a running tool call: not "between steps"."""
+    parser = argparse.ArgumentParser()
+    add_limit_options(parser)
+    shown = " ".join(parser.format_help().split())
+    assert "between steps" not in shown
+    assert "reached mid-reply or mid-tool" in shown and "it stops the run at once" in shown
 
 
 @pytest.mark.parametrize("bad", [["--max-requests", "-1"], ["--max-seconds", "nan"],

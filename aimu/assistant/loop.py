@@ -35,6 +35,7 @@ from aimu.aio.events import (
     ToolResult,
 )
 from aimu.aio.limits import UsageLimits
+from aimu.aio.providers.test import EMBEDDED, WHAT_IT_DOES
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.tools import Tool, Toolset
@@ -56,16 +57,7 @@ from aimu.assistant.screen import (
 from aimu.assistant.stdin import StdinReader
 from aimu.assistant.tools import DEMO_TOOLS
 
-__all__ = ["TEST_MODEL_DOES", "Assistant", "as_message"]
-
-#: Where the embedded ``test`` model runs (its client's ``host``).
-TEST_HOST = "embedded"
-#: The embedded model in one sentence, in the banner: its first answer (a call to every
-#: tool, then their results quoted) puzzles whoever expects a language model.
-TEST_MODEL_DOES = (
-    "a stand-in for a real model, it calls each tool it is offered once, then quotes "
-    "what they returned"
-)
+__all__ = ["Assistant", "as_message"]
 
 
 def as_message(text: str) -> str | None:
@@ -466,8 +458,8 @@ class Assistant:
         where = client.host
         if client.model == client.provider:  # the embedded "test", not "test:test"
             spec = client.model
-        if client.host == TEST_HOST:  # what a newcomer's first answer will look like
-            where = f"{TEST_HOST} and offline: {TEST_MODEL_DOES}"
+        if client.host == EMBEDDED:  # what a newcomer's first answer will look like
+            where = f"{EMBEDDED} and offline: {WHAT_IT_DOES}"
         self._line(
             f"aimu chat: model {spec} ({where}), "
             f"session {self.session!r} ({known}). /help lists the commands."

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
-from aimu._mcp_options import mcp_servers, open_all
+from aimu._mcp_options import loaded, mcp_servers, open_all
 from aimu.aio.errors import AimuError
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.store import SQLiteStore, validate_session_name
@@ -100,6 +100,8 @@ async def _run_chat(
                 return status
         try:
             await open_all(servers)  # one clear error now for a server that cannot start
+            for line in await loaded(servers):
+                out.write(f"({line})\n")
             settings.home.mkdir(parents=True, exist_ok=True)
             store = SQLiteStore(settings.store_path)
         except (AimuError, OSError) as error:

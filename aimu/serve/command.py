@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import importlib
 import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -23,6 +24,7 @@ from aimu._limit_options import add_limit_options, limits_from
 from aimu._logs import add_log_level_option, logging_to
 from aimu._mcp_options import add_mcp_options, mcp_servers, open_all
 from aimu.aio.errors import AimuError
+from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.aio.tools import Toolset, as_tool
 from aimu.assistant import default_home
 
@@ -306,14 +308,31 @@ async def _run(
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(_not_a_start_line)  # after Config, which sets up its logging
     try:
         await server.serve(sockets=[sock])
     except SystemExit as exit_:  # uvicorn's way to say the lifespan failed to start
         await application.aclose()
         raise _Refused("the application failed to start; see the log above") from exit_
     finally:
+        uvicorn_log.removeFilter(_not_a_start_line)
         sock.close()
     return 0
+
+
+#: Uvicorn's own start-up lines, which came before the banner and say less (one names
+#: an address it does not listen on: the socket is ours): the banner replaces them.
+_START_LINES: Final = (
+    "Started server process",
+    "Waiting for application startup",
+    "Application startup complete",
+    "Uvicorn running on",
+)
+
+
+def _not_a_start_line(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(_START_LINES))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -373,8 +392,11 @@ def _serving(
         f"{tool.name} (MCP server)" if isinstance(tool, Toolset) else as_tool(tool).name
         for tool in tools
     ]
+    model = options.model
+    if model in ("test", "test:test"):
+        model = f"test (embedded and offline: {WHAT_IT_DOES})"
     rows = [
-        ("model", options.model),
+        ("model", model),
         ("store", _shown_store(store)),
         ("redis", control.url if control is not None else "none"),
         ("tools", ", ".join(names) if names else "none"),

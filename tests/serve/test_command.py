@@ -20,6 +20,7 @@ import pytest
 
 from aimu._logs import LOG_LEVELS
 from aimu.aio.control.keys import redact
+from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.assistant import DEMO_TOOLS
 from aimu.cli import build_parser
 from tests.serve.harness import ROOT, clean_env, collect, postgres_database, start
@@ -197,7 +198,7 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
         names = ", ".join(tool.__name__ for tool in DEMO_TOOLS)
         assert block[-1] == f"aimu serve: serving {server.url}/ (the web chat; Ctrl+C stops)"
         assert block[:-1] == [
-            "  model  test",
+            f"  model  test (embedded and offline: {WHAT_IT_DOES})",
             f"  store  {store}",
             "  redis  none",
             "  runs   in this process",
@@ -213,6 +214,20 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
         assert events[-1].data["status"] == "completed"
     # A graceful shutdown on SIGTERM; Uvicorn then re-raises the signal, as servers do.
     assert server.process.returncode == -signal.SIGTERM
+
+
+async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(
+    tmp_path: Path,
+) -> None:
+    """Uvicorn's own start-up lines ("Started server process", "Uvicorn running on" an
+    address it does not listen on) no longer come first: the banner says it all."""
+    async with aimu_serve(tmp_path) as server:
+        assert server.said[0].startswith("  model  test (embedded and offline: ")
+        assert server.said[6].startswith("aimu serve: serving http://127.0.0.1:")
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            await collect(http, await start(http, "s", "hi"))
+    assert not [line for line in server.said if "Uvicorn running" in line or
+                "Started server process" in line or "startup" in line], server.said
 
 
 async def test_aimu_warnings_reach_the_server_log(tmp_path: Path) -> None:

@@ -520,12 +520,21 @@ def policies(annotations: types.ToolAnnotations | None) -> tuple[bool, bool]:
 
 
 def _outcome(result: types.CallToolResult) -> ToolOutcome:
-    """A tool result as the text the model reads: text blocks as they are, other blocks
-    (images, resources) and structured content as JSON."""
+    """A tool result as the text the model reads: text blocks as they are; an image, a
+    sound or a binary resource as a line naming it and its size (its base64 is no text
+    for a model or a person to read); other blocks and structured content as JSON."""
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
             parts.append(block.text)
+        elif isinstance(block, types.ImageContent | types.AudioContent):
+            parts.append(f"[{block.type}: {block.mime_type}, {_decoded_size(block.data)}]")
+        elif isinstance(block, types.EmbeddedResource) and isinstance(
+            block.resource, types.BlobResourceContents
+        ):
+            kind = block.resource.mime_type or "binary"
+            size = _decoded_size(block.resource.blob)
+            parts.append(f"[resource {block.resource.uri}: {kind}, {size}]")
         else:
             parts.append(json.dumps(block.model_dump(mode="json", exclude_none=True)))
     if not parts and result.structured_content is not None:
@@ -548,6 +557,12 @@ def _unreadable(error: BaseException) -> str | None:
             )
         return f"it is not valid JSON ({said})"
     return None
+
+
+def _decoded_size(data: str) -> str:
+    """The size of base64 ``data`` once decoded, for a person ("1,234 bytes")."""
+    size = len(data.rstrip("=")) * 3 // 4
+    return f"{size:,} byte{'' if size == 1 else 's'}"
 
 
 def _default_name(command: str, args: Sequence[str]) -> str:

@@ -26,7 +26,25 @@ from aimu.aio.providers.base import (
 )
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, is_correction
 
-__all__ = ["TestModelClient", "arguments_for", "offered", "respond", "split_text", "value_for"]
+__all__ = [
+    "EMBEDDED",
+    "WHAT_IT_DOES",
+    "TestModelClient",
+    "arguments_for",
+    "offered",
+    "respond",
+    "split_text",
+    "value_for",
+]
+
+#: The test model's ``host``: it runs in this process.
+EMBEDDED = "embedded"
+#: The test model in one sentence, for the programs' banners: its first answer (a call
+#: to every tool, then their results quoted) puzzles whoever expects a language model.
+WHAT_IT_DOES = (
+    "a stand-in for a real model, it calls each tool it is offered once, then quotes "
+    "what they returned"
+)
 
 _RESULT_LIMIT = 200
 _ECHO_WORDS = 24
@@ -329,7 +347,7 @@ class TestModelClient(ModelClient):
 
     @property
     def host(self) -> str:
-        return "embedded"
+        return EMBEDDED
 
     def fork(self) -> Self:
         return type(self)(self.model, delay=self.delay, chunks=self.chunks)

@@ -44,6 +44,7 @@ def answer(request: dict[str, object]) -> dict[str, object] | str | None:
             "destructive_idempotent": {"destructiveHint": True, "idempotentHint": True},
             "idempotent": {"idempotentHint": True},
             "big": {"readOnlyHint": True},
+            "picture": {"readOnlyHint": True},
         }
         tools = []
         for name, annotations in hints.items():
@@ -52,6 +53,18 @@ def answer(request: dict[str, object]) -> dict[str, object] | str | None:
                 listed["annotations"] = annotations
             tools.append(listed)
         reply["result"] = {"tools": tools}
+    elif method == "tools/call" and MODE == "annotations" and (
+        request["params"]["name"] == "picture"  # type: ignore[index]
+    ):
+        png = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmM"
+               "IQAAAABJRU5ErkJggg==")  # a 1x1 PNG, 70 bytes
+        blob = {"uri": "file:///tmp/a.bin", "mimeType": "application/zip", "blob": "AAEC"}
+        reply["result"] = {"content": [
+            {"type": "text", "text": "a red dot:"},
+            {"type": "image", "data": png, "mimeType": "image/png"},
+            {"type": "audio", "data": "UklGRg==", "mimeType": "audio/wav"},
+            {"type": "resource", "resource": blob},
+        ]}
     elif method == "tools/call" and MODE == "annotations":
         text = "é" + "x" * 1_499_998  # 1.5 MB of UTF-8, starting with a 2-byte character
         reply["result"] = {"content": [{"type": "text", "text": text}]}

@@ -259,10 +259,22 @@ async def test_annotations_follow_the_mcp_specifications_defaults() -> None:
         "destructive_idempotent": (True, True),
         "idempotent": (True, True),
         "big": (False, True),
+        "picture": (False, True),
     }
     for approval in (False, True):  # the server's own setting decides for all its tools
         async with raw_annotated(approval=approval) as server:
             assert {t.approval for t in await server.list_tools()} == {approval}
+
+
+async def test_an_image_result_is_named_not_given_as_base64() -> None:
+    async with raw_annotated() as server:
+        agent = aio.Agent(ScriptedModel([tool_turn(("picture", {})), Turn("done")]),
+                          tools=[server])
+        assert await agent.run("draw") == "done"
+    assert tool_results(agent) == [
+        "a red dot:\n[image: image/png, 70 bytes]\n[audio: audio/wav, 4 bytes]\n"
+        "[resource file:///tmp/a.bin: application/zip, 3 bytes]"
+    ]
 
 
 async def test_a_tool_with_no_annotations_pauses_the_run_for_approval() -> None:

@@ -34,8 +34,12 @@ def server_command(*only: str) -> str:
 
 
 def test_chat_offers_an_mcp_servers_tools(tmp_path: Path) -> None:
-    done = chat(tmp_path, "--mcp", server_command("add"), stdin="add some numbers\n")
+    done = chat(tmp_path, "--mcp", server_command("add", "remove"), stdin="add some numbers\n")
     assert done.returncode == 0, done.stderr
+    # It says what it loaded, before the banner; the tools that ask first are marked.
+    assert done.stdout.startswith(
+        "(MCP server 'mcp_server': 2 tools: add, remove (asks first))\naimu chat: model test"
+    )
     # The test model calls each offered tool once: here only the server's add.
     assert "add(" in done.stdout and "error" not in done.stderr
     assert "--no-tools" not in done.stdout
