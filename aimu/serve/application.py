@@ -34,7 +34,7 @@ from aimu.aio.errors import AimuError
 from aimu.aio.limits import UsageLimits
 from aimu.aio.store import Store
 from aimu.aio.tools import Tool, Toolset
-from aimu.serve import ag_ui, ai_sdk
+from aimu.serve import a2a, ag_ui, ai_sdk
 from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.backends.local import LocalBackend
 from aimu.serve.docs import add_docs
@@ -67,6 +67,8 @@ class ServeApp(FastAPI):
     """The FastAPI application :func:`app` returns; ``runs`` executes the runs."""
 
     runs: Runs
+    #: Requests need ``Authorization: Bearer <token>`` (the A2A card says so).
+    needs_token: bool = False
     _closers: list[Callable[[], Awaitable[None]]]
 
     async def aclose(self) -> None:
@@ -200,6 +202,7 @@ def app(
     )
     _add_routes(application)
     application.runs = runs
+    application.needs_token = bool(token)
     application._closers = closers
     return application
 
@@ -219,6 +222,7 @@ def _add_routes(application: FastAPI) -> None:
     application.include_router(router)
     application.include_router(ag_ui.router)
     application.include_router(ai_sdk.router)
+    application.include_router(a2a.router)
     application.add_api_route("/", _page, methods=["GET"], include_in_schema=False)
     application.add_api_route(
         "/health", _health, methods=["GET"], summary="Health check (no token needed)",

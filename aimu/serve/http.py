@@ -24,8 +24,11 @@ _log = logging.getLogger("aimu.serve")
 
 #: Paths answered without the token: the health check, and the chat page's static shell
 #: (a browser cannot attach a bearer header to a page load; the page holds no data and
-#: asks for the token, which it then sends on every API call).
-PUBLIC_PATHS: Final = frozenset({"/health", "/", "/docs", "/openapi.json"})
+#: asks for the token, which it then sends on every API call), and the A2A agent card
+#: (how to reach the agent and that it needs the token; no data).
+PUBLIC_PATHS: Final = frozenset(
+    {"/health", "/", "/docs", "/openapi.json", "/.well-known/agent-card.json"}
+)
 PUBLIC_PREFIX: Final = ("/static/", "/docs/")  # the pages' files: no data in them
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ class RunFollower:
         self.owned = owned
         self.end: RunEnd | None = None
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events up to (not including) its terminal one, which sets :attr:`end`."""
         reply: str | None = None
         usage: Usage | None = None
