@@ -18,7 +18,7 @@ import pytest
 
 from aimu.testing.server import LoopbackServer
 from tests import services
-from tests.docs.runner import blocks
+from tests.docs.runner import blocks, fenced
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
@@ -42,6 +42,28 @@ def test_the_index_links_every_page_once() -> None:
     linked = [(index.parent / target).resolve() for target in targets]
     assert sorted(set(linked)) == [p for p in PAGES if p != index]
     assert len(linked) == len(set(linked)), "a page is listed twice"
+
+
+def test_each_how_to_says_at_the_top_how_to_run_it_offline() -> None:
+    for page in sorted((ROOT / "docs" / "how-to").glob("*.md")):
+        text = page.read_text()
+        first_code = text.find("```") if "```" in text else len(text)
+        assert 0 <= text.find("**Offline:**") < first_code, f"{page.name} does not say it"
+
+
+def test_research_py_fails_with_the_error_without_a_model_server(tmp_path: Path) -> None:
+    """interrupt-a-run's research.py hung without Ollama: the run task died with
+    ModelConnectionError and the example waited for its tool forever."""
+    page = ROOT / "docs" / "how-to" / "interrupt-a-run.md"
+    (code,) = [code for _, code, _, name in fenced(page) if name == "research.py"]
+    (tmp_path / "research.py").write_text(code)
+    done = subprocess.run(
+        [sys.executable, "research.py"], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "OLLAMA_HOST": f"http://127.0.0.1:{services.free_port()}"},
+        timeout=120,  # a safety net: it used to hang here
+    )
+    assert done.returncode == 1
+    assert "ModelConnectionError" in done.stderr, done.stderr
 
 
 def test_only_benchmark_commands_are_left_out() -> None:
