@@ -67,7 +67,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import signal
 import threading
 import time
 import types
@@ -83,6 +82,7 @@ from collections.abc import (
 )
 from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
+from aimu.aio._signals import SignalHandlers
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope, sent_message
@@ -896,17 +896,13 @@ def on_sigint(handle: RunHandle[Any]) -> Callable[[], None]:
     if handle.done:
         return _noop
     loop = handle._loop
-    previous = signal.getsignal(signal.SIGINT)
     presses = 0
 
     def on_signal(signum: int, frame: types.FrameType | None) -> None:
         nonlocal presses
         presses += 1
         if presses > 2:
-            if callable(previous):
-                previous(signum, frame)
-            elif previous != signal.SIG_IGN:
-                signal.default_int_handler(signum, frame)
+            installed.pass_on(signum, frame)
             return
         try:  # runs between two bytecodes of the main thread: queue the work, touch nothing
             if presses == 1:
@@ -917,10 +913,8 @@ def on_sigint(handle: RunHandle[Any]) -> Callable[[], None]:
             pass
 
     def restore(_: object = None) -> None:
-        if signal.getsignal(signal.SIGINT) is on_signal:
-            # A handler installed outside Python reads as None: the default is the best match.
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        installed.restore()
 
-    signal.signal(signal.SIGINT, on_signal)
+    installed = SignalHandlers(on_signal)
     handle.add_done_callback(restore)
     return restore

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 import traceback
 import types
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from aimu.aio._signals import SignalHandlers
 from aimu.aio.agent import Agent
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
@@ -410,28 +410,17 @@ class Assistant:
         return stop_stdin
 
     def _wire_sigint(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
-        """Send Ctrl+C to :meth:`_on_sigint`; return what puts the previous handler back.
-
-        ``signal.signal``, not ``loop.add_signal_handler``: removing a loop handler
-        would drop one the loop had before, and Ctrl+C would then do nothing.
-        """
+        """Send Ctrl+C to :meth:`press_ctrl_c`; return what puts the previous handler
+        back (see :mod:`aimu.aio._signals`)."""
 
         def on_signal(signum: int, frame: types.FrameType | None) -> None:
-            # Runs between two bytecodes of the main thread: queue the work, touch nothing.
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self.press_ctrl_c)
 
         try:
-            previous = signal.signal(signal.SIGINT, on_signal)
+            return SignalHandlers(on_signal).restore
         except ValueError:  # not the main thread: Ctrl+C stays with whoever has it
             return None
-
-        def restore() -> None:
-            if signal.getsignal(signal.SIGINT) is on_signal:
-                # A handler installed outside Python reads as None: the default is closest.
-                signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
-
-        return restore
 
     async def _abandon_turn(self) -> None:
         """Cancel a turn still running when serving ends, and wait for it to settle."""

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 from urllib.parse import urlsplit
@@ -23,6 +26,7 @@ from aimu._extras import MissingExtra, needs_extra
 from aimu._limit_options import add_limit_options, limits_from
 from aimu._logs import add_log_level_option, logging_to
 from aimu._mcp_options import add_mcp_options, mcp_servers, open_all
+from aimu.aio._signals import SignalHandlers
 from aimu.aio.errors import AimuError
 from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.aio.tools import Toolset, as_tool
@@ -307,6 +311,16 @@ async def _run(
             application.runs.begin_shutdown()
             super().handle_exit(sig, frame)
 
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # Uvicorn raises the signal again once it has shut down (exit -15 on SIGTERM):
+            # here a stop asked for and carried out is a clean exit (see _run's return).
+            if threading.current_thread() is not threading.main_thread():
+                yield  # signals reach the main thread only: its owner handles them
+                return
+            with SignalHandlers(self.handle_exit, (signal.SIGINT, signal.SIGTERM)):
+                yield
+
     server = Server(config)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(_not_a_start_line)  # after Config, which sets up its logging
@@ -318,7 +332,11 @@ async def _run(
     finally:
         uvicorn_log.removeFilter(_not_a_start_line)
         sock.close()
-    return 0
+    # A second Ctrl+C skips the lifespan's shutdown: the runs are stopped here then.
+    await application.aclose()
+    # SIGTERM or Ctrl+C: the runs were stopped and their transcripts kept, so the server
+    # did what it was asked: 0 (a second Ctrl+C, which cut the wait for clients short: 130).
+    return 130 if server.force_exit else 0
 
 
 #: Uvicorn's own start-up lines, which came before the banner and say less (one names

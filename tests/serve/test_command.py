@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import socket
 import subprocess
 import sys
@@ -212,8 +211,8 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
         called = [e.data["name"] for e in events if e.type == "tool_call"]
         assert sorted(called) == sorted(tool.__name__ for tool in DEMO_TOOLS)
         assert events[-1].data["status"] == "completed"
-    # A graceful shutdown on SIGTERM; Uvicorn then re-raises the signal, as servers do.
-    assert server.process.returncode == -signal.SIGTERM
+    # SIGTERM: the runs stopped, a clean exit (issue 29 item 20; Uvicorn alone gives -15).
+    assert server.process.returncode == 0
 
 
 async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(
