@@ -1,5 +1,5 @@
 """The Gemini protocol of the loopback server: ``/v1beta/models/{model}:generateContent``
-and ``:streamGenerateContent?alt=sse``.
+and ``:streamGenerateContent?alt=sse`` (under ``/v1/models/`` too).
 
 A scripted turn goes out as ``GenerateContentResponse`` objects: thought parts
 (``thought: true``), text parts, one ``functionCall`` part per call, then a last one with
@@ -37,6 +37,7 @@ from aimu.testing.server.wire import Protocol, Wire, json_bytes, output_tokens
 __all__ = ["GEMINI", "PLACEHOLDER_SIGNATURES", "GeminiWire", "is_gemini_path"]
 
 PREFIX = "/v1beta/models/"
+_V1 = "/v1/models/"
 _STREAM = ":streamGenerateContent"
 _WHOLE = ":generateContent"
 #: Signatures Gemini accepts for function calls it did not write (its docs name them).
@@ -59,7 +60,9 @@ _DATA_FIELDS = frozenset({
 
 
 def is_gemini_path(path: str) -> bool:
-    return path.startswith(PREFIX)
+    """``/v1beta/...``, or a model's method under ``/v1/models/`` (OpenAI's paths there
+    have no colon)."""
+    return path.startswith(PREFIX) or (path.startswith(_V1) and ":" in path)
 
 
 def _signature(response_id: str) -> str:
@@ -335,9 +338,10 @@ class GeminiProtocol(Protocol):
 
     def make_wire(self, target: str, body: Mapping[str, Any], call_ids: Iterator[int]) -> Wire:
         path, _, query = target.partition("?")
-        name = unquote(path.removeprefix(PREFIX).rpartition(":")[0]) or "test"
+        name = unquote(path.removeprefix(PREFIX).removeprefix(_V1).rpartition(":")[0])
         return GeminiWire(
-            name, body, call_ids, stream=path.endswith(_STREAM), sse_asked="alt=sse" in query
+            name or "test", body, call_ids, stream=path.endswith(_STREAM),
+            sse_asked="alt=sse" in query,
         )
 
 

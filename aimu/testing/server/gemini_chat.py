@@ -94,7 +94,10 @@ def chat_view(body: Mapping[str, Any]) -> dict[str, Any]:
             view["tool_choice"] = _TOOL_MODES[calling["mode"]]
     config = body.get("generationConfig")
     if isinstance(config, Mapping):
-        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        schema = (
+            config.get("responseJsonSchema") or config.get("response_json_schema")
+            or config.get("responseSchema")
+        )
         if isinstance(schema, Mapping):
             view["response_format"] = {
                 "type": "json_schema", "json_schema": {"schema": dict(schema)}
@@ -111,7 +114,12 @@ def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         for declaration in declarations or ():
             if not isinstance(declaration, Mapping):
                 continue
-            schema = declaration.get("parametersJsonSchema") or declaration.get("parameters")
+            # Google's JSON takes a field's proto name too (the SDK sends this one so).
+            schema = (
+                declaration.get("parametersJsonSchema")
+                or declaration.get("parameters_json_schema")
+                or declaration.get("parameters")
+            )
             specs.append({
                 "type": "function",
                 "function": {
