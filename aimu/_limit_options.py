@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import argparse
 
+from aimu.aio._numbers import MAX_COUNT
 from aimu.aio.limits import UsageLimits
 
 __all__ = ["add_limit_options", "limits_from"]
 
 
+def _shown(text: str) -> str:
+    """``text`` as an error line shows it: a long one cut short."""
+    return text if len(text) <= 30 else f"{text[:20]}... ({len(text)} characters)"
+
+
 def _count(text: str) -> int:
     value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63-1, got {_shown(text)}")
     return value
 
 
 def _seconds(text: str) -> float:
     value = float(text)
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds, 0 or more, got {_shown(text)}"
+        )
     return value
 
 

@@ -36,9 +36,16 @@ def test_max_seconds_help_says_it_cuts_at_once() -> None:
 
 
 @pytest.mark.parametrize("bad", [["--max-requests", "-1"], ["--max-seconds", "nan"],
-                                 ["--max-tokens", "many"]])
-def test_bad_limits_are_usage_errors(bad: list[str]) -> None:
-    assert cli.main(["chat", *bad]) == 2
+                                 ["--max-tokens", "many"], ["--max-requests", "1" + "0" * 400],
+                                 ["--max-tool-calls", str(2**63)],
+                                 ["--max-seconds", "1" + "0" * 400]])
+def test_bad_limits_are_usage_errors(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("chat", "serve"):
+        assert cli.main([command, *bad]) == 2
+        errors = capsys.readouterr().err
+        assert "Traceback" not in errors
+        (line,) = [line for line in errors.splitlines() if "error:" in line]
+        assert bad[0] in line and len(line) < 200
 
 
 async def test_serve_builds_its_agents_with_the_limits(tmp_path: Path) -> None:

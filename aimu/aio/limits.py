@@ -11,12 +11,13 @@ spend is kept in its store, so no process can spend past a session budget.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal, TypeAlias
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import MAX_COUNT, finite
 from aimu.aio.transcript import Message, Usage
 
 __all__ = [
@@ -40,6 +41,9 @@ LimitName: TypeAlias = Literal[
 ]
 
 _COUNTS = ("requests", "tool_calls", "input_tokens", "output_tokens", "total_tokens")
+#: The most a price per million tokens may be: with counts up to MAX_COUNT, a cost stays
+#: a finite float (a store refuses an infinite one).
+MAX_PRICE: Final = 1e15
 
 
 def estimate_tokens(chars: int) -> int:
@@ -60,26 +64,40 @@ def transcript_chars(messages: Sequence[Message], start: int) -> int:
     return chars
 
 
-def _check_amount(owner: str, name: str, value: object, *, whole: bool) -> None:
-    if value is None:
+def _check_amount(
+    owner: str, name: str, value: object, *, whole: bool, most: float | None = None,
+    optional: bool = True,
+) -> None:
+    """``value`` is a non-negative int (``whole``; at most MAX_COUNT) or finite number (at
+    most ``most``), or None if ``optional``; else TypeError (not a number) or ValueError."""
+    if value is None and optional:
         return
     kind = "int" if whole else "number"
+    none = " or None" if optional else ""
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-        raise TypeError(f"{owner}: {name} must be a non-negative {kind} or None, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{owner}: {name} must be a non-negative {kind} or None, got {value!r}")
+        raise TypeError(f"{owner}: {name} must be a non-negative {kind}{none}, got {value!r}")
+    most = MAX_COUNT if whole else most
+    if finite(value) and value >= 0 and (most is None or value <= most):
+        return
+    wanted = (
+        "int of at most 2**63-1" if whole
+        else "finite number" + (f" of at most {most:g}" if most is not None else "")
+    )
+    raise ValueError(f"{owner}: {name} must be a non-negative {wanted}{none}, got {echo(value)}")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelPrice:
-    """What a model costs, per million input and output tokens (in your currency)."""
+    """What a model costs, per million input and output tokens (in your currency; at most
+    ``1e15`` each, so that no cost overflows)."""
 
     input: float
     output: float
 
     def __post_init__(self) -> None:
-        _check_amount("ModelPrice", "input", self.input, whole=False)
-        _check_amount("ModelPrice", "output", self.output, whole=False)
+        for name in ("input", "output"):
+            _check_amount("ModelPrice", name, getattr(self, name), whole=False, most=MAX_PRICE,
+                          optional=False)
 
     def of(self, input_tokens: int, output_tokens: int) -> float:
         """The cost of that many tokens."""
@@ -95,7 +113,8 @@ class UsageLimits:
     ships with aimu). ``wall`` is seconds: reached mid-reply or mid-tool-call, it cuts the
     reply (kept, marked partial) or the calls (answered "cancelled") at once and the run
     ends ``limited``, resumable; ``RunHandle.start(..., timeout=)`` is the deadline that
-    ends a run ``timed_out`` instead. Negative or NaN values raise at once.
+    ends a run ``timed_out`` instead. Negative, NaN or infinite values, and counts past
+    ``2**63-1``, raise ``ValueError`` at once.
     """
 
     requests: int | None = None

@@ -82,6 +82,8 @@ from collections.abc import (
 )
 from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio._signals import SignalHandlers
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
@@ -271,13 +273,21 @@ class RunHandle(RunScope, Generic[T]):
         another handle's run the new one belongs to it (see the module docstring) unless
         ``detached=True``. Needs a running event loop; a non-awaitable raises ``TypeError``.
         ``control`` (such as ``aio.RedisControl``) registers the run under ``run_id``
-        (made when None).
+        (made when None). A ``timeout`` or ``deadline`` that is not a finite number raises
+        ``ValueError`` (and ``coro`` is closed, not run).
         """
         run: Coroutine[Any, Any, T]
         if isinstance(coro, types.CoroutineType):
             run, name = coro, name or coro.__qualname__
         else:
             run, name = _as_coroutine(coro, name)
+        for what, seconds in (("timeout", timeout), ("deadline", deadline)):
+            if seconds is not None and not finite(seconds):
+                run.close()
+                raise ValueError(
+                    f"RunHandle.start({what}={echo(seconds)}): give a finite number of "
+                    "seconds, or None"
+                )
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -625,8 +635,13 @@ class RunHandle(RunScope, Generic[T]):
 
         Safe from another thread's event loop (it runs on the handle's loop). Stopping a
         finished handle returns its status at once; cancelling ``stop()`` itself only
-        stops the waiting.
+        stops the waiting. A ``grace`` that is not a finite number, 0 or more, raises
+        ``ValueError`` and stops nothing.
         """
+        if not finite(grace) or grace < 0:
+            raise ValueError(
+                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
+            )
         loop = self._loop
         if not _on_loop(loop):
             future = asyncio.run_coroutine_threadsafe(self._stop(grace), loop)

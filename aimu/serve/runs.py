@@ -11,10 +11,11 @@ through :mod:`aimu.aio.approvals`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Final, Literal, NamedTuple, Protocol, TypeAlias
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.store import Store, validate_session_name
@@ -193,8 +194,10 @@ class RunsBackend(Protocol):
 
 
 def check_grace(grace: float) -> float:
-    if not math.isfinite(grace) or not 0 <= grace <= MAX_GRACE_SECONDS:
-        raise BadRequest(f"grace must be seconds from 0 to {MAX_GRACE_SECONDS:g}, got {grace!r}")
+    if not finite(grace) or not 0 <= grace <= MAX_GRACE_SECONDS:
+        raise BadRequest(
+            f"grace must be seconds from 0 to {MAX_GRACE_SECONDS:g}, got {echo(grace)}"
+        )
     return grace
 
 

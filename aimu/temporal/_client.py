@@ -27,6 +27,8 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.scope import sent_message
 from aimu.temporal._connect import connect
@@ -173,8 +175,10 @@ class RunsClient:
 
     async def request_stop(self, run_id: str, grace: float = 5.0) -> bool:
         """Ask for :meth:`stop` without waiting for the run's end; False if it had ended."""
-        if not 0 <= grace < float("inf"):
-            raise ValueError(f"stop(grace={grace!r}): give seconds, 0 or more")
+        if not finite(grace) or grace < 0:
+            raise ValueError(
+                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
+            )
         if not await self._open(run_id):
             return False
         return await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))

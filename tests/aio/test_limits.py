@@ -54,6 +54,10 @@ def assert_valid(agent: aio.Agent) -> None:
         ({"cost": math.nan}, ValueError),
         ({"wall": math.inf}, ValueError),
         ({"wall": -0.5}, ValueError),
+        ({"wall": 10**400}, ValueError),  # no float holds it: not an OverflowError
+        ({"cost": 10**400}, ValueError),
+        ({"requests": 10**400}, ValueError),
+        ({"total_tokens": 2**63}, ValueError),  # more than a store's integer holds
         ({"requests": 1.5}, TypeError),
         ({"tool_calls": True}, TypeError),
         ({"prices": {"m": (1, 2)}}, TypeError),
@@ -67,6 +71,18 @@ def test_bad_limits_are_refused_naming_the_field(options: dict[str, Any], error:
 def test_bad_prices_are_refused() -> None:
     with pytest.raises(ValueError, match="input"):
         aio.ModelPrice(input=-1.0, output=1.0)
+    with pytest.raises(ValueError, match="input must be a non-negative finite number"):
+        aio.ModelPrice(input=10**400, output=1.0)
+    with pytest.raises(ValueError, match=r"output .* at most 1e"):
+        aio.ModelPrice(input=1.0, output=1e308)  # a cost of inf, which no store takes
+    with pytest.raises(TypeError, match="input"):
+        aio.ModelPrice(input=None, output=1.0)  # type: ignore[arg-type]
+
+
+def test_a_huge_limit_is_refused_in_a_short_message() -> None:
+    with pytest.raises(ValueError, match="wall") as refused:
+        aio.UsageLimits(wall=10**400)
+    assert "401 characters" in str(refused.value) and len(str(refused.value)) < 200
 
 
 async def test_a_cost_limit_without_a_price_for_the_model_is_refused_and_nothing_changes() -> None:

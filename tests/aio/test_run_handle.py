@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import os
 import random
 import signal
@@ -192,6 +193,29 @@ def test_start_needs_a_running_loop_and_leaves_no_unawaited_coroutine() -> None:
     with pytest.raises(RuntimeError, match="needs a running event loop"):
         RunHandle.start(coroutine)
     assert coroutine.cr_frame is None  # closed: no "never awaited" warning
+
+
+@pytest.mark.parametrize("seconds", [10**400, math.nan, math.inf, -math.inf],
+                         ids=["10**400", "nan", "inf", "-inf"])
+async def test_a_timeout_or_grace_that_is_not_a_finite_number_is_refused(
+    seconds: float,
+) -> None:
+    """Issue 29 item 5: ``10**400`` has no float (it raised OverflowError), NaN and inf
+    no meaning; each is a ValueError, and the run is neither started nor stopped."""
+    for given in ({"timeout": seconds}, {"deadline": seconds}):
+        coroutine = value()
+        with pytest.raises(ValueError, match=next(iter(given))):
+            RunHandle.start(coroutine, **given)
+        assert coroutine.cr_frame is None  # closed, not run: no "never awaited" warning
+    release = asyncio.Event()
+    handle = RunHandle.start(release.wait())
+    for grace in (seconds, -1.0):
+        with pytest.raises(ValueError, match="grace"):
+            await handle.stop(grace)
+    assert not handle.done and not handle.interrupt_requested
+    release.set()
+    assert await handle is True
+    assert await RunHandle.start(value("far"), timeout=1e308) == "far"  # finite: fine
 
 
 async def test_starting_one_coroutine_twice_fails_the_second_handle_only() -> None:

@@ -527,6 +527,8 @@ def test_definition_errors_name_tool_and_parameter() -> None:
 
     with pytest.raises(ToolDefinitionError, match=r"timeout must be a positive number"):
         tool(lambda_free, timeout=0)
+    with pytest.raises(ToolDefinitionError, match=r"timeout must be a positive number"):
+        tool(lambda_free, timeout=10**400)
 
     def gen(x: int) -> Any:
         yield x

@@ -417,3 +417,12 @@ async def test_a_decision_on_a_pause_the_store_no_longer_holds_runs_nothing(
         assert approvals.decisions == {}
     finally:
         await server.aclose()
+
+
+@pytest.mark.parametrize("grace", [10**400, float("nan"), float("inf"), -1.0],
+                         ids=["10**400", "nan", "inf", "-1"])
+async def test_stop_with_a_grace_that_is_not_finite_seconds_asks_nothing(grace: float) -> None:
+    """Issue 29 item 5: refused before Temporal is asked (no client is needed for that)."""
+    runs = RunsClient(None, "agents")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="grace"):
+        await runs.request_stop("run-1", grace)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
 
 from aimu._extras import missing_extra
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import (
     Keys,
@@ -143,8 +145,8 @@ class RedisControl:
             )
         self.prefix = check_prefix(prefix)
         for name, value in (("lease", lease), ("retention", retention), ("timeout", timeout)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"RedisControl({name}={value!r}): give a positive number")
+            if not finite(value) or value <= 0:
+                raise ValueError(f"RedisControl({name}={echo(value)}): give a positive number")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"RedisControl(max_events={max_events!r}): give a positive int")
         self.lease = float(lease)
@@ -419,15 +421,11 @@ class RedisControl:
         Waits up to ``timeout`` (default: ``grace`` plus ``lease``) for the run to end,
         then raises TimeoutError; a run whose worker died comes back ``lost``.
         """
-        if (
-            isinstance(grace, bool)
-            or not isinstance(grace, int | float)
-            or not math.isfinite(grace)
-            or grace < 0
-        ):
-            raise ValueError(f"stop(grace={grace!r}): give a finite number of seconds, 0 or more")
-        if timeout is not None and (not math.isfinite(timeout) or timeout < 0):
-            raise ValueError(f"stop(timeout={timeout!r}): give a finite number of seconds")
+        if not finite(grace) or grace < 0:
+            raise ValueError(
+                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
+            )
+        _check_timeout("stop", timeout)
         await self._request(run_id, "stop", {"grace": grace})
         return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
 
@@ -585,6 +583,7 @@ class RedisControl:
     ) -> RunInfo:
         """Wait until the run is finished or lost; TimeoutError after ``timeout`` s."""
         check_run_id(run_id, self.prefix)
+        _check_timeout("wait", timeout)
         key = self._keys.events(run_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -609,7 +608,7 @@ class RedisControl:
                         f"run {run_id!r} is still {info.status} after {timeout:g} s "
                         f"(worker {info.worker})"
                     )
-                block = max(1, min(block, int(left * 1000)))
+                block = max(1, int(min(block, left * 1000)))  # no int of a huge float
             with self._errors("wait", run_id):
                 reply: Any = await self._client.xread(
                     {key: cursor}, count=_FOLLOW_COUNT, block=block
@@ -748,6 +747,12 @@ def _json(text: str | None, kind: type[Any], default: Any) -> Any:
     except ValueError:
         return default
     return value if isinstance(value, kind) else default
+
+
+def _check_timeout(method: str, timeout: object) -> None:
+    """A ``timeout=`` is None or a finite number of seconds, 0 or more; else ValueError."""
+    if timeout is not None and (not finite(timeout) or timeout < 0):
+        raise ValueError(f"{method}(timeout={echo(timeout)}): give a finite number of seconds")
 
 
 def _float(text: str | None) -> float | None:

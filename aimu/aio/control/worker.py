@@ -27,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from aimu.aio._numbers import finite
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import check_run_id
 from aimu.aio.event_json import encode_event, event_data
@@ -66,8 +67,8 @@ def _interrupt(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> 
 
 
 def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
-    grace = data.get("grace")
-    worker.spawn(handle.stop(float(grace) if isinstance(grace, int | float) else 5.0))
+    grace = data.get("grace")  # checked by the sender; another writer's is taken with care
+    worker.spawn(handle.stop(float(grace) if finite(grace) and grace >= 0 else 5.0))
     return True
 
 

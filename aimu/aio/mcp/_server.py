@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import fnmatch
 import json
-import math
 import os
 import re
 import shutil
@@ -40,6 +39,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio.errors import MCPServerError, ToolDefinitionError
 from aimu.aio.mcp._connection import Connection, describe, first_error
 from aimu.aio.tools import DEFAULT_MAX_RESULT, Tool, ToolContext, ToolOutcome
@@ -600,14 +601,10 @@ def _check_filters(server: str, tools: Sequence[str] | str | None) -> tuple[str,
 def _check_seconds(server: str, what: str, value: object, default: float | None) -> float:
     if value is None and default is not None:
         return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not finite(value) or value <= 0:
         raise ValueError(
-            f"MCP server {server!r}: {what} must be a positive number of seconds, got {value!r}"
+            f"MCP server {server!r}: {what} must be a positive number of seconds, "
+            f"got {echo(value)}"
         )
     return float(value)
 

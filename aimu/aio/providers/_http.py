@@ -24,6 +24,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
 from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
@@ -291,6 +293,11 @@ class HTTPModelClient(ModelClient):
         concurrency: int,
         to_wire: Any,
     ) -> None:
+        for what, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if not finite(seconds) or seconds <= 0:
+                raise ValueError(
+                    f"{what} must be a positive number of seconds, got {echo(seconds)}"
+                )
         super().__init__(model)
         bare, auth, url_secrets = split_credentials(url.strip().rstrip("/"))
         self.url = bare

@@ -16,6 +16,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, overload
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import MAX_COUNT, is_count
 from aimu.aio.transcript import (
     AssistantMessage,
     Message,
@@ -41,10 +43,16 @@ __all__ = [
 
 
 def check_context_window(value: object) -> int | None:
-    """``value`` if it is a positive int or None (``context_window=``); else ValueError."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+    """``value`` if it is a positive int (at most 2**63-1) or None (``context_window=``);
+    else ValueError."""
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_COUNT
+    ):
         return value
-    raise ValueError(f"context_window must be a positive number of tokens or None, got {value!r}")
+    raise ValueError(
+        f"context_window must be a positive number of tokens (at most 2**63-1) or None, "
+        f"got {echo(value)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +160,10 @@ class TurnAssembler:
         elif isinstance(chunk, NativeData):
             self.native = chunk.data
         else:
-            self.usage = chunk.usage
-            self.usage_reported = chunk.usage_reported
+            usage = chunk.usage
+            # A count no store can hold (a server's 10**400) is no count: not taken.
+            if is_count(usage["input_tokens"]) and is_count(usage["output_tokens"]):
+                self.usage, self.usage_reported = usage, chunk.usage_reported
             self.stop_reason = chunk.stop_reason
             self.done = True
 

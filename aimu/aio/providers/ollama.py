@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from aimu.aio._numbers import is_count
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
@@ -259,7 +260,7 @@ class _OllamaTurn(TurnDecoder):
                 "output_tokens": _count(part.get("eval_count")),
             }
             reason = part.get("done_reason")
-            reported = "prompt_eval_count" in part and "eval_count" in part
+            reported = is_count(part.get("prompt_eval_count")) and is_count(part.get("eval_count"))
             chunks.append(
                 TurnDone(usage, reason if isinstance(reason, str) and reason else None, reported)
             )
@@ -296,4 +297,5 @@ def _arguments(raw: object, name: str) -> tuple[dict[str, Any], str | None]:
 
 
 def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count the server sent; 0 for anything but an int from 0 to 2**63-1."""
+    return value if is_count(value) else 0

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aimu.aio._numbers import is_count
 from aimu.aio._sse import SSEParser
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
@@ -375,9 +376,7 @@ def _first_choice(reply: Mapping[str, Any]) -> dict[str, Any] | None:
 def _reported(value: object) -> bool:
     """True when ``value`` is a usage object with both token counts."""
     usage = _dict(value)
-    return isinstance(usage.get("prompt_tokens"), int) and isinstance(
-        usage.get("completion_tokens"), int
-    )
+    return is_count(usage.get("prompt_tokens")) and is_count(usage.get("completion_tokens"))
 
 
 def _usage(value: object) -> Usage:
@@ -385,6 +384,6 @@ def _usage(value: object) -> Usage:
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
     return {
-        "input_tokens": prompt if isinstance(prompt, int) else 0,
-        "output_tokens": completion if isinstance(completion, int) else 0,
+        "input_tokens": prompt if is_count(prompt) else 0,  # a huge or negative one: none
+        "output_tokens": completion if is_count(completion) else 0,
     }

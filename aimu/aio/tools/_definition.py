@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 import re
 from collections.abc import Awaitable, Callable
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, overload
 
+from aimu.aio._echo import echo
+from aimu.aio._numbers import finite
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools._docstring import parse_docstring
 from aimu.aio.tools._parameters import Parameters
@@ -192,15 +193,10 @@ def _check_definition(name: str, target: Callable[..., Any], timeout: object) ->
             f"tool name {name!r} is not allowed: use 1-64 letters, digits, '_' or '-' "
             "(pass name=... to tool())"
         )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
+    if timeout is not None and (not finite(timeout) or timeout <= 0):
         raise ToolDefinitionError(
             f"tool {name!r}: timeout must be a positive number of "
-            f"seconds or None, got {timeout!r}"
+            f"seconds or None, got {echo(timeout)}"
         )
     if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
         raise ToolDefinitionError(

@@ -302,7 +302,8 @@ async def test_a_worker_that_exits_without_closing_publishes_the_end_and_warns(
 # -- item 18: stop() validates before it sends ---------------------------------------------
 
 
-@pytest.mark.parametrize("grace", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize("grace", [float("nan"), float("inf"), -1.0, 10**400],
+                         ids=["nan", "inf", "-1", "10**400"])
 async def test_stop_with_a_bad_grace_sends_nothing(control: aio.RedisControl, grace: float) -> None:
     run_id = await control.reserve()
     with pytest.raises(ValueError, match="grace"):
@@ -348,6 +349,40 @@ async def test_wait_sees_an_end_that_lands_as_it_starts(
         info = await control.wait(run_id)
     await ender
     assert info.status == "completed"
+
+
+async def waiting_in_xread(control: aio.RedisControl) -> None:
+    """Return once ``control``'s connection blocks reading a run's events (a provable
+    point, read off Redis's client list)."""
+    mine = f"aimu-{control.worker_id}"
+    while True:
+        clients = await control._client.client_list()
+        if any(c["name"] == mine and c["cmd"] == "xread" and "b" in c["flags"] for c in clients):
+            return
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("seconds", [1e308, 10**300], ids=["1e308", "10**300"])
+async def test_wait_and_stop_take_a_huge_finite_timeout(
+    worker: aio.RedisControl, control: aio.RedisControl, seconds: float
+) -> None:
+    """Issue 29 item 5: a timeout or grace of 1e308 s waited in blocks of at most a few
+    seconds (it raised OverflowError turning it into milliseconds)."""
+    release = asyncio.Event()
+    handle = aio.RunHandle.start(release.wait(), control=worker)
+    run_id = await worker.registered(handle)
+    waiter = asyncio.ensure_future(control.wait(run_id, timeout=seconds))
+    blocked = asyncio.ensure_future(waiting_in_xread(control))
+    async with asyncio.timeout(30):
+        await asyncio.wait([waiter, blocked], return_when=asyncio.FIRST_COMPLETED)
+        blocked.cancel()
+        assert not waiter.done(), waiter.result()
+        release.set()
+        assert (await waiter).status == "completed"
+        with pytest.raises(ValueError, match="timeout"):
+            await control.wait(run_id, timeout=10**400)
+        with pytest.raises(ValueError, match="timeout"):
+            await control.stop(run_id, 1.0, timeout=float("nan"))
 
 
 # -- item 2: a send near the run's end is taken, or refused, never both, never neither ---

@@ -487,6 +487,8 @@ def test_bad_arguments_are_refused_at_once() -> None:
         aio.MCPServer.stdio("x", tools=[])
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         aio.MCPServer.stdio("x", timeout=0)
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        aio.MCPServer.stdio("x", timeout=10**400)
     with pytest.raises(ValueError, match="name must be 1-40 letters"):
         aio.MCPServer.stdio("x", name="has space")
     server = aio.MCPServer.stdio("x", name="same")

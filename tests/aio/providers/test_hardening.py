@@ -372,3 +372,33 @@ def test_forks_starting_together_in_a_new_loop_share_one_pool(provider: str) -> 
         assert asyncio.run(together()) == ["a"] * 4
         assert all(f._pool.http is model._pool.http for f in forks)  # type: ignore[attr-defined]
         asyncio.run(model.aclose())
+
+
+# -- issue 29 item 5: numbers too large for a float ----------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["timeout", "connect_timeout"])
+@pytest.mark.parametrize("seconds", [10**400, float("nan"), 0], ids=["10**400", "nan", "0"])
+def test_a_client_timeout_that_is_not_a_positive_finite_number_is_refused(
+    provider: str, option: str, seconds: float
+) -> None:
+    with pytest.raises(ValueError, match=f"{option} must be a positive number of seconds"):
+        aio.client(f"{provider}:m", **{option: seconds})
+    with pytest.raises(ValueError, match="context_window"):
+        aio.client(f"{provider}:m", context_window=10**400)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_token_count_too_large_for_a_store_is_not_taken(
+    provider: str, stream: bool
+) -> None:
+    """A server that reports 10**400 tokens: the count is not taken (and so not priced
+    into an OverflowError); the reply itself is."""
+    async with LoopbackServer([Turn(text="hi", input_tokens=10**400)]) as server:
+        model = make(provider, server)
+        assembler = TurnAssembler()
+        async for chunk in model.stream_turn([{"role": "user", "content": "x"}], stream=stream):
+            assembler.add(chunk)
+        await model.aclose()
+    assert assembler.text == "hi" and assembler.done
+    assert assembler.usage["input_tokens"] == 0 and not assembler.usage_reported
