@@ -82,20 +82,23 @@ _ON_TTY = (
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 )
 
-# `aimu chat` whose research tool waits until the file $AIMU_TEST_GATE exists, so a
-# Ctrl+C provably lands while the tool runs (the demo tool would finish on its own).
+# `aimu chat` whose research tool says how far it is, then waits until the file
+# $AIMU_TEST_GATE exists, so a Ctrl+C provably lands while the tool runs (the demo tool
+# would finish on its own).
+# A tool from a schema, as an MCP server's are: its progress is streamed as it runs.
 _GATED_CHAT = """
-import os, sys
-from aimu.aio.tools import ToolContext
+import asyncio, os, sys
+from aimu.aio.tools import Tool, ToolContext
 from aimu.cli import main
 
-def research(topic: str, ctx: ToolContext) -> str:
-    \"\"\"Look into a topic.\"\"\"
+async def look(arguments: dict, ctx: ToolContext) -> str:
+    ctx.report_progress(1, 3, "reading sources")
     while not os.path.exists(os.environ["AIMU_TEST_GATE"]):
-        if ctx.wait_cancelled(0.01) or ctx.cancelled:
-            return f"research on {topic!r} was cancelled"
-    return f"notes on {topic!r}"
+        await asyncio.sleep(0.01)
+    return f"notes on {arguments['topic']!r}"
 
+schema = {"type": "object", "properties": {"topic": {"type": "string"}}, "required": ["topic"]}
+research = Tool.from_schema("research", "Look into a topic.", schema, look)
 sys.exit(main(sys.argv[1:], tools=[research]))
 """
 
@@ -693,7 +696,8 @@ def test_on_a_terminal_ctrl_c_is_a_key_with_the_same_meaning(
     chat = start_on_terminal(chats, env=env, gated=True)
     chat.press("look into Paris\r")
     chat.expect("[calling research(topic=\"Paris\")]")
-    chat.expect("running research…")  # the spinner in the bottom bar, drawn by the editor
+    # The spinner in the bottom bar, drawn by the editor, with how far the tool said it is.
+    chat.expect("running research (1/3 reading sources)…")
     chat.press("\x03")
     chat.expect("press Ctrl+C again to stop now)")
     gate.touch()
@@ -702,10 +706,10 @@ def test_on_a_terminal_ctrl_c_is_a_key_with_the_same_meaning(
     gate.unlink()  # closed again: the next research waits
     chat.press("look into Rome\r")
     chat.expect("[calling research(topic=\"Rome\")]")
-    chat.expect("running research…")
+    chat.expect("running research (1/3 reading sources)…")
     chat.press("\x03")
     chat.expect("press Ctrl+C again to stop now)")
-    chat.expect("running research…")
+    chat.expect("running research (1/3 reading sources)…")
     chat.press("\x03")
     chat.expect("(stopped)")
     chat.expect(" Enter sends")

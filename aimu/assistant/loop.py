@@ -32,6 +32,7 @@ from aimu.aio.events import (
     TextChunk,
     ThinkingChunk,
     ToolCallStarted,
+    ToolProgress,
     ToolResult,
 )
 from aimu.aio.limits import UsageLimits
@@ -53,6 +54,7 @@ from aimu.assistant.screen import (
     Screen,
     arguments_text,
     one_line,
+    progress_text,
 )
 from aimu.assistant.stdin import StdinReader
 from aimu.assistant.tools import DEMO_TOOLS
@@ -214,6 +216,8 @@ class Assistant:
             self._waiting = None
         elif isinstance(event, ToolCallStarted):
             self._waiting = f"running {one_line(event.name)}"
+        elif isinstance(event, ToolProgress):  # the status line says how far it is
+            self._waiting = f"running {one_line(event.name)} ({progress_text(event)})"
         elif isinstance(event, ToolResult):
             self._waiting = "waiting for the model"
         self._screen.show(event)

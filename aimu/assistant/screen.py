@@ -16,7 +16,14 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from aimu.aio.events import Event, TextChunk, ThinkingChunk, ToolCallStarted, ToolResult
+from aimu.aio.events import (
+    Event,
+    TextChunk,
+    ThinkingChunk,
+    ToolCallStarted,
+    ToolProgress,
+    ToolResult,
+)
 from aimu.aio.transcript import Message
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "is_tty",
     "one_line",
     "printable",
+    "progress_text",
 ]
 
 STOPPED = "(stopped)"
@@ -57,6 +65,12 @@ def one_line(text: str, limit: int = _CLIP) -> str:
     """``text`` on one line, escaped, clipped to ``limit`` characters."""
     text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def progress_text(event: ToolProgress) -> str:
+    """How far a tool said it is: ``1/3 reading sources``, or ``12`` with no total."""
+    amount = f"{event.progress:g}/{event.total:g}" if event.total else f"{event.progress:g}"
+    return f"{amount} {one_line(event.message, 60)}" if event.message else amount
 
 
 def arguments_text(arguments: Mapping[str, Any]) -> str:
