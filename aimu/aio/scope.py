@@ -202,12 +202,16 @@ class RunScope:
 
         ``close``: this scope's run is ending, so a later ``send()`` answers False.
         """
+        if not close:
+            scope: RunScope | None = self
+            while scope is not None and not scope._inbox:
+                scope = scope.parent
+            if scope is None:
+                # Nothing sent (every boundary of most runs): no lock. A send() racing this
+                # read lands in an inbox and is taken at the next boundary, as it would be
+                # had it come just after the lock was released.
+                return []
         chain = self._chain()
-        if not close and not any(scope._inbox for scope in chain):
-            # Nothing sent (every boundary of most runs): no lock. A send() racing this
-            # read lands in an inbox and is taken at the next boundary, as it would be
-            # had it come just after the lock was released.
-            return []
         taken: list[UserMessage] = []
         with _inbox_lock:
             for scope in reversed(chain):  # the outer scope's texts came first

@@ -38,7 +38,7 @@ from aimu.aio.transcript import Message, Usage, zero_usage
 
 from .config import AgentOptions, Config, make_config
 from .loop import run_events
-from .session import Session
+from .session import MemorySession, Session
 from .state import FINAL_TURN_PROMPT, INTERRUPTED, Ended, NeedsTools, Next
 
 if TYPE_CHECKING:
@@ -149,7 +149,8 @@ class Agent(Runnable[OutputT]):
         self._owns_client = owns_client
         self._store = store
         #: The session: transcript, store record, approvals (see session.py).
-        self._session = Session(config, client, store, session)
+        kind = Session if store is not None else MemorySession
+        self._session = kind(config, client, store, session)
         self._scope: RunScope | None = None
         self.last_status: RunStatus | None = None
         self.last_run: RunResult[OutputT] | None = None

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from aimu.aio.events import RunStatus
     from aimu.aio.store import SessionWriter, Store, ToolStart
 
-__all__ = ["Session", "joined", "tool_message"]
+__all__ = ["MemorySession", "Session", "joined", "tool_message"]
 
 
 class Session:
@@ -239,14 +239,11 @@ class Session:
     async def record(self, message: Message) -> None:
         await self.durable.record(self.client.messages, message)
 
-    async def keep(
-        self, prefix: AssistantMessage | None, message: AssistantMessage
+    async def keep_continued(
+        self, prefix: AssistantMessage, message: AssistantMessage
     ) -> AssistantMessage:
-        """Record a turn's message; a continuation (of ``prefix``) replaces the answer it
-        continued, joined to it (one assistant message). Returns the message as recorded."""
-        if prefix is None:
-            await self.record(message)
-            return message
+        """Record a continuation of ``prefix``: it replaces the answer it continued,
+        joined to it (one assistant message). Returns the message as recorded."""
         whole = joined(prefix, message)
         messages = self.client.messages
         messages[-1] = whole
@@ -372,3 +369,25 @@ def tool_message(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
         "tool_call_id": call["id"],
         "name": call["function"]["name"],
     }
+
+
+class MemorySession(Session):
+    """A session without a store: memory is all there is, so recording is appending and
+    nothing is journalled, saved, opened or closed."""
+
+    __slots__ = ()
+
+    async def record(self, message: Message) -> None:
+        self.client.messages.append(message)
+
+    async def journal_start(self, call: ToolCall) -> None:
+        return None
+
+    async def save_state(self) -> None:
+        return None
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

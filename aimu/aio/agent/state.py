@@ -68,12 +68,15 @@ Next = NeedsTools | Ended | None
 @dataclass(slots=True)
 class TurnInFlight:
     """The model turn in flight: what has streamed, where its request's messages end (to
-    estimate a cut turn's usage), the cut answer it continues (sent as the assistant's
-    prefix), and the argument errors of its calls by id."""
+    estimate a cut turn's usage), whether it is the last turn ``max_rounds`` allows, the
+    cut answer it continues (sent as the assistant's prefix), whether its request asked
+    for the output schema, and the argument errors of its calls by id."""
 
     assembler: TurnAssembler
     request_end: int
+    final_turn: bool = False
     prefix: AssistantMessage | None = None
+    schema_asked: bool = False
     argument_errors: dict[str, str] = field(default_factory=dict)
 
 

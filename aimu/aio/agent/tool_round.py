@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TypedDict
 
 from aimu.aio.approvals import PAUSED, Decision, denied_result
 from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, ToolResult
@@ -19,6 +18,9 @@ from .state import NeedsTools, RunState
 from .wall import WallReached
 
 __all__ = ["tool_round"]
+
+_APPROVED = Decision(True)
+_REFUSED = Decision(False, "refused by the policy")
 
 
 async def tool_round(
@@ -33,7 +35,7 @@ async def tool_round(
         run.budget.count_tools(len(calls))
     for call, refusal in refused:
         yield _call_started(name, call)
-        yield await _call_tool(session, call, run, refusal=refusal)
+        yield await _call_tool(session, call, run, refusal, False)
     try:
         if config.concurrent_tools and len(calls) > 1:
             for call in calls:
@@ -47,7 +49,7 @@ async def tool_round(
                 yield _call_started(name, call)
                 tool = by_name.get(call["function"]["name"])
                 if tool is None or not tool.from_schema_given:
-                    called = _call_tool(session, call, run, **_as_in(step, call))
+                    called = _call_tool(session, call, run, *_as_in(step, call))
                     yield await (called if run.wall is None else run.wall.guard(called))
                     continue
                 # A server's tool may report progress while it runs: its events come
@@ -99,9 +101,9 @@ def _policy(session: Session, call: ToolCall) -> Decision | None:
         verdict = policy(function["name"], function["arguments"])
         if verdict == "ask":
             return None
-        return Decision(True) if verdict else Decision(False, "refused by the policy")
+        return _APPROVED if verdict else _REFUSED
     tool = session.config.table.by_name.get(function["name"])
-    return None if tool is not None and tool.approval else Decision(True)
+    return None if tool is not None and tool.approval else _APPROVED
 
 
 async def _calls_as_tasks(
@@ -112,7 +114,7 @@ async def _calls_as_tasks(
     queue: asyncio.Queue[ToolProgress | asyncio.Task[ToolResult]] = asyncio.Queue()
     tasks = [
         asyncio.ensure_future(
-            _call_tool(session, call, run, queue.put_nowait, **_as_in(step, call))
+            _call_tool(session, call, run, *_as_in(step, call), queue.put_nowait)
         )
         for call in calls
     ]
@@ -139,10 +141,9 @@ async def _call_tool(
     session: Session,
     call: ToolCall,
     run: RunState,
+    refusal: str | None,
+    rerun: bool,
     progress: Callable[[ToolProgress], None] | None = None,
-    refusal: str | None = None,
-    *,
-    rerun: bool = False,
 ) -> ToolResult:
     """Run one call (its start journaled first, with a store) and record its result
     the moment it exists; a refused call gets ``refusal`` as its result."""
@@ -171,15 +172,11 @@ async def _call_tool(
     return ToolResult(config.name, call["id"], result["name"], result["content"], outcome.is_error)
 
 
-class _CallOptions(TypedDict):
-    refusal: str | None
-    rerun: bool
-
-
-def _as_in(step: NeedsTools, call: ToolCall) -> _CallOptions:
-    """How ``step`` runs ``call``: answered with its argument error, if its arguments did
-    not parse; run again with a note, if a crash left it in doubt."""
-    return {"refusal": step.argument_errors.get(call["id"]), "rerun": call["id"] in step.reruns}
+def _as_in(step: NeedsTools, call: ToolCall) -> tuple[str | None, bool]:
+    """How ``step`` runs ``call`` (``refusal``, ``rerun``): answered with its argument
+    error, if its arguments did not parse; run again with a note, if a crash left it in
+    doubt."""
+    return step.argument_errors.get(call["id"]), call["id"] in step.reruns
 
 
 def _progress_sink(

@@ -4,6 +4,7 @@ what comes next (``run.next``); a due summary first, a cut answer continued."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
+from typing import cast
 
 from aimu.aio.client import (
     Chunk,
@@ -34,25 +35,89 @@ _ASK_WINDOW_FROM = 1024
 
 _NO_ROUNDS_LEFT = "[not run: no tool rounds were left]"
 
+#: What ``anext()`` gives once the stream has ended (no StopAsyncIteration to catch).
+_END: Chunk = cast(Chunk, object())
+
 
 async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, None]:
-    """One model turn, streamed; it ends recorded, with ``run.next`` set."""
-    config = session.config
-    final_turn = run.rounds >= config.max_rounds
+    """One model turn, streamed; it ends recorded, with ``run.next`` set.
+
+    The provider's stream is stepped here, not through a wrapper (a generator frame per
+    chunk): its first step, which opens the request and waits out its retries, with the
+    run's scope current; each step cut by the ``wall`` limit when one is set."""
+    final_turn = run.rounds >= session.config.max_rounds
+    if (final_turn or session.config.context is not None) and not await _before_request(
+        session, run, final_turn
+    ):
+        return
+    inflight, stream = _request(session, run, final_turn)
+    budget, wall, name = run.budget, run.wall, session.config.name
+    assert budget is not None
+    watch, streamed, hit = budget.watch, 0, None
+    try:
+        token = current_scope.set(run.scope)
+        try:
+            step = anext(stream, _END)
+            chunk = await (step if wall is None else wall.guard(step))
+        finally:
+            current_scope.reset(token)
+        while chunk is not _END:
+            inflight.assembler.add(chunk)
+            event = _chunk_event(chunk, run, inflight, name)
+            if event is not None:
+                yield event
+                if watch:  # a token or cost limit: crossed by this reply yet?
+                    streamed += len(event.text)  # type: ignore[union-attr]
+                    hit = budget.streamed(
+                        {"input_tokens": 0, "output_tokens": estimate_tokens(streamed)}
+                    )
+                    if hit is not None:
+                        break
+            step = anext(stream, _END)
+            chunk = await (step if wall is None else wall.guard(step))
+    except WallReached:
+        hit = budget.wall_hit()
+    except ModelError as error:
+        if inflight.assembler.started or not run.interrupt_asked():
+            raise
+        # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
+        # this turn exists, so the interrupt is honoured as at a step boundary.
+        run.error = describe(error)
+        run.interrupted()
+        return
+    finally:
+        await stream.aclose()
+    if hit is not None:
+        await _cut_by_limit(session, run, inflight, hit)
+    else:
+        await _record_turn(session, run, inflight)
+
+
+async def _before_request(session: Session, run: RunState, final_turn: bool) -> bool:
+    """What comes before the turn's request: the final-turn prompt once ``max_rounds``
+    turns were made, and a summary if one is due (a request of its own). False when a
+    wall limit cut the summary (the run ends limited)."""
     if final_turn and not run.final_prompted:
         await session.record({"role": "user", "content": FINAL_TURN_PROMPT})
         run.final_prompted = True
-    client = session.client
-    budget = run.budget
-    assert budget is not None
-    if isinstance(config.context, SummarizeOlderTurns):
-        try:  # first, if one is due: a request of its own, before this turn's
-            await _summarize(session, run, config.context)
+    context = session.config.context
+    if isinstance(context, SummarizeOlderTurns):
+        try:
+            await _summarize(session, run, context)
         except WallReached:
-            run.limited(budget.wall_hit())
-            return
-    assembler = TurnAssembler()
-    inflight = run.turn = TurnInFlight(assembler, len(client.messages))
+            assert run.budget is not None
+            run.limited(run.budget.wall_hit())
+            return False
+    return True
+
+
+def _request(
+    session: Session, run: RunState, final_turn: bool
+) -> tuple[TurnInFlight, AsyncGenerator[Chunk, None]]:
+    """Plan the turn's request (counted as one) and open its stream (not started)."""
+    config, client, budget = session.config, session.client, run.budget
+    assert budget is not None
+    inflight = run.turn = TurnInFlight(TurnAssembler(), len(client.messages), final_turn)
     run.requests += 1
     budget.count_request()
     run.spans.turn_started()
@@ -67,42 +132,15 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     request = turn_request(
         config.output, config.tool_choice, config.parallel_tool_calls, specs, sent
     )
-    turn = in_scope(
-        client.stream_turn(sent, specs)
-        if request is None  # a client of our own without request= keeps working
-        else client.stream_turn(sent, specs, request=request),
-        run.scope,
-        run.wall,
-    )
-    watch, streamed, hit = budget.watch, 0, None
-    try:
-        async for chunk in turn:
-            assembler.add(chunk)
-            event = _chunk_event(chunk, run, inflight, config.name)
-            if event is not None:
-                yield event
-                if watch:  # a token or cost limit: crossed by this reply yet?
-                    streamed += len(event.text)  # type: ignore[union-attr]
-                    hit = budget.streamed(
-                        {"input_tokens": 0, "output_tokens": estimate_tokens(streamed)}
-                    )
-                    if hit is not None:
-                        break
-    except WallReached:
-        hit = budget.wall_hit()
-    except ModelError as error:
-        if assembler.started or not run.interrupt_asked():
-            raise
-        # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
-        # this turn exists, so the interrupt is honoured as at a step boundary.
-        run.error = describe(error)
-        run.interrupted()
-        return
-    finally:
-        await turn.aclose()
-    if hit is not None:
-        await _cut_by_limit(session, run, inflight, hit)
-        return
+    inflight.schema_asked = request is not None and request.output_schema is not None
+    if request is None:  # a client of our own without request= keeps working
+        return inflight, client.stream_turn(sent, specs)
+    return inflight, client.stream_turn(sent, specs, request=request)
+
+
+async def _record_turn(session: Session, run: RunState, inflight: TurnInFlight) -> None:
+    """The stream ended: record the whole reply and decide what comes next."""
+    client, assembler = session.client, inflight.assembler
     if not assembler.done:
         raise ModelProtocolError(
             f"the model at {client.host} ended its turn without finishing it",
@@ -110,14 +148,16 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
         )
     run.turn = None
     run.spans.turn_ended(assembler.usage, assembler.stop_reason)
-    schema_asked = request is not None and request.output_schema is not None
     message = assembler.message()
     if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
         # Kept with the answer: a resumed run must not take it as complete.
         message["aimu_stop_reason"] = run.stop_reason
-    message = await session.keep(inflight.prefix, message)
-    await _end_turn(session, run, message, inflight, final_turn, schema_asked)
-    if not assembler.usage_reported and budget.watch:
+    if inflight.prefix is None:
+        await session.record(message)
+    else:
+        message = await session.keep_continued(inflight.prefix, message)
+    await _end_turn(session, run, message, inflight)
+    if not assembler.usage_reported and run.budget is not None and run.budget.watch:
         raise ModelProtocolError(
             f"the model at {client.host} reported no token usage, so the token or cost "
             "limit cannot be checked (aimu does not guess); remove that limit, or use a "
@@ -215,7 +255,11 @@ async def _cut_by_limit(
     """A streamed reply crossed a token, cost or wall limit: keep what came (marked partial,
     its usage estimated, any complete tool call answered as not run) and end limited."""
     run.turn = None
-    message = await session.keep(inflight.prefix, inflight.assembler.message())
+    message = inflight.assembler.message()
+    if inflight.prefix is None:
+        await session.record(message)
+    else:
+        message = await session.keep_continued(inflight.prefix, message)
     await session.answer_cut_calls()
     run.count_estimated(session.client.messages, inflight)
     run.reply = message["content"]
@@ -240,12 +284,7 @@ def _chunk_event(
 
 
 async def _end_turn(
-    session: Session,
-    run: RunState,
-    message: AssistantMessage,
-    inflight: TurnInFlight,
-    final_turn: bool,
-    schema_asked: bool = True,
+    session: Session, run: RunState, message: AssistantMessage, inflight: TurnInFlight
 ) -> None:
     """Decide the outcome of a finished turn (recorded): answered, tools, or out of
     rounds."""
@@ -261,7 +300,11 @@ async def _end_turn(
         )
     run.rounds += 1
     calls = message.get("tool_calls")
-    if not calls and not await output_checked(session, run, message["content"], schema_asked):
+    final_turn = inflight.final_turn
+    typed = session.config.output is not None
+    if not calls and typed and not await output_checked(
+        session, run, message["content"], inflight.schema_asked
+    ):
         run.next = None  # a correction was sent: the model answers again
     elif not calls:
         run.end("max_rounds" if final_turn else "completed", message["content"])
