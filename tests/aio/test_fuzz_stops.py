@@ -35,7 +35,7 @@ FINAL = "all done here"
 FOLLOW_UP = "follow-up done"
 INNER_BREAK = "the consumer stopped reading"
 
-PROVIDERS = ("openai", "ollama", "scripted", "openai-responses")
+PROVIDERS = ("openai", "ollama", "scripted", "openai-responses", "gemini")
 TOOL_KINDS = (
     "sync_fast", "sync_slow", "sync_ctx", "sync_check",
     "async_fast", "async_slow", "async_ctx", "async_cleanup", "boom",
@@ -295,6 +295,8 @@ def make_client(sc: Scenario, server: LoopbackServer) -> aio.ModelClient:
         return openai_client(server)
     if sc.provider == "ollama":
         return aio.client("ollama:m", host=server.url)
+    if sc.provider == "gemini":
+        return aio.client("gemini:m", base_url=server.gemini_base_url, api_key="AIza-test")
     if sc.provider == "openai-responses":
         return aio.client(
             "openai-responses:m", base_url=server.openai_base_url, api_key="sk-test"
