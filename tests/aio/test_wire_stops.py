@@ -111,7 +111,7 @@ async def test_a_stop_at_every_event_leaves_a_transcript_the_wire_accepts(
         # Every reply the server began ended: finished, or seen abandoned (stream closed).
         await server.wait_until(
             lambda b=before: all(s.completed or s.abandoned for s in server.streams[b:]),
-            what=lambda: f"a reply of stop {k} was left open",
+            what=lambda k=k: f"a reply of stop {k} was left open",
         )
         assert await agent.run("continue") == "ok", k  # the wire takes the transcript
         await agent.aclose()
