@@ -19,6 +19,7 @@ from aimu.aio.tools import Tool
 from aimu.assistant import ChatSettings, add_chat_options, run_chat
 from aimu.models import add_models_options, add_pull_options, run_models, run_pull
 from aimu.serve.command import add_serve_options, run_serve
+from aimu.serve.mcp_command import add_mcp_command_options, run_mcp
 
 __all__ = ["build_parser", "main"]
 
@@ -48,6 +49,13 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         description="Serve the runs API and the web chat at http://HOST:PORT/.",
     )
     add_serve_options(serve)
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve the agent as an MCP server on stdin/stdout (needs the mcp extra)",
+        description="Serve the agent as an MCP server over stdio: one tool, run_agent (a "
+        "task in, the agent's answer out); cancelling the call stops the run.",
+    )
+    add_mcp_command_options(mcp)
     worker = commands.add_parser(
         "worker",
         help="execute the runs of a Temporal task queue (needs the temporal extra)",
@@ -94,6 +102,8 @@ def main(
         return 0
     if options.command == "serve":
         return run_serve(options)
+    if options.command == "mcp":
+        return run_mcp(options)
     if options.command == "models":
         return run_models(options)
     if options.command == "pull":

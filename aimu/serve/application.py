@@ -46,6 +46,8 @@ from aimu.serve.routes import router
 from aimu.serve.runs import AgentFactory, Runs, RunsBackend
 
 if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
     from aimu.aio.control import RedisControl
 
 __all__ = ["DEFAULT_MAX_BODY", "ServeApp", "app", "openapi_document"]
@@ -178,8 +180,11 @@ def app(
             await connect()  # Temporal: the same
         for toolset in toolsets:
             await toolset.open()  # an MCP server that cannot start: an error naming it
-        yield
-        await application.aclose()
+        async with contextlib.AsyncExitStack() as mcp_running:
+            if mcp_endpoint is not None:
+                await mcp_running.enter_async_context(mcp_endpoint.session_manager.run())
+            yield
+            await application.aclose()
 
     application = ServeApp(
         title=_TITLE,
@@ -201,10 +206,28 @@ def app(
         lifespan=lifespan,
     )
     _add_routes(application)
+    mcp_endpoint = _add_mcp(application, runs)
     application.runs = runs
     application.needs_token = bool(token)
     application._closers = closers
     return application
+
+
+def _add_mcp(application: FastAPI, runs: Runs) -> MCPServer | None:
+    """``/mcp``: the agent as an MCP server over Streamable HTTP (aimu.serve.mcp_agent),
+    when the ``mcp`` extra is installed; the server to run while the app does."""
+    try:
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from aimu.serve.mcp_agent import agent_server
+    except ImportError:
+        return None
+    server = agent_server(runs)
+    # RequestGuard checks Host and Origin for every route, this one included.
+    checks = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    endpoint = server.streamable_http_app(streamable_http_path="/mcp", transport_security=checks)
+    application.router.routes.extend(endpoint.routes)
+    return server
 
 
 def openapi_document() -> dict[str, Any]:

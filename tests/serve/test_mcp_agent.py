@@ -1,0 +1,148 @@
+"""An aimu agent as an MCP server, driven by the official ``mcp`` client: ``aimu mcp`` over
+stdio and ``aimu serve``'s ``/mcp`` over Streamable HTTP.
+
+Stops land at provable points: the model server recorded the run's request, or its
+stream's first chunk was sent; the client's cancel is its own (the SDK sends MCP's cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from aimu.aio.transcript import validate
+from tests.serve.harness import MAILED, ROOT, Served
+
+mcp = pytest.importorskip("mcp")
+from mcp import Client, StdioServerParameters, types  # noqa: E402
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+async def load_session(path: Path, session: str) -> list[dict[str, Any]]:
+    from aimu.aio.store import SQLiteStore
+
+    store = SQLiteStore(path)
+    try:
+        return [dict(m) for m in await store.load(session)]
+    finally:
+        await store.aclose()
+
+
+async def settled_messages(http: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
+    """The session's transcript once its run has ended (its event stream says when)."""
+    state = (await http.get(f"/sessions/{session}")).json()
+    if state["run_id"] is not None:
+        async with http.stream("GET", f"/runs/{state['run_id']}/events") as response:
+            async for _ in response.aiter_lines():
+                pass
+        state = (await http.get(f"/sessions/{session}")).json()
+    messages: list[dict[str, Any]] = state["messages"]
+    return messages
+
+
+def stdio_server(served: Served, store: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "aimu", "mcp", "--model", "openai:loop", "--store", str(store),
+              "--tool", "tests.serve.harness:lookup", "--tool", "tests.serve.harness:send_email",
+              "--log-level", "warning"],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_BASE_URL":
+             served.model.openai_base_url, "OPENAI_API_KEY": "sk-test"},
+        cwd=str(ROOT),
+    )
+
+
+async def call_and_cancel(client: Client, served: Served, arguments: dict[str, Any]) -> None:
+    """Call the tool, and cancel the call once the model's reply has begun streaming."""
+    requests = len(served.model.requests)
+    call = asyncio.create_task(client.call_tool("run_agent", arguments))
+    await served.model.wait_until(
+        lambda: any(s.chunks_sent for s in served.model.streams[-1:])
+        and len(served.model.requests) > requests, timeout=30,
+        what=lambda: "the run's reply did not start streaming",
+    )
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+@pytest.mark.slow
+async def test_aimu_mcp_over_stdio(served: Served, tmp_path: Path) -> None:
+    store = tmp_path / "mcp.db"
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async with Client(stdio_server(served, store)) as client:
+        (tool,) = (await client.list_tools()).tools
+        assert tool.name == "run_agent" and tool.annotations is not None
+        result = await client.call_tool("run_agent", {"task": "tool please", "session": "io"},
+                                        progress_callback=on_progress)
+        assert not result.is_error and text_of(result) == "answer to tool please"
+        assert "calling lookup" in progress and "lookup answered" in progress
+
+        abandoned = len([s for s in served.model.streams if s.abandoned])
+        await call_and_cancel(client, served, {"task": "long tale", "session": "io-stop"})
+        await served.model.wait_abandoned(abandoned + 1, timeout=30)
+        # The server is still there for the next call.
+        again = await client.call_tool("run_agent", {"task": "hi", "session": "io-2"})
+        assert text_of(again) == "answer to hi"
+    messages = await load_session(store, "io-stop")
+    validate(messages)
+    assert messages[-1]["role"] == "assistant" and messages[-1]["aimu_partial"] is True
+
+
+async def test_serve_mcp_answers_and_a_cancel_stops_the_run(served: Served) -> None:
+    async with Client(f"{served.url}/mcp") as client:
+        result = await client.call_tool("run_agent", {"task": "hello", "session": "mh"})
+        assert text_of(result) == "answer to hello"
+        abandoned = len([s for s in served.model.streams if s.abandoned])
+        await call_and_cancel(client, served, {"task": "long one", "session": "mh-stop"})
+        await served.model.wait_abandoned(abandoned + 1, timeout=30)
+        bad = await client.call_tool("run_agent", {"task": "hi", "session": "../x"})
+        assert bad.is_error
+        empty = await client.call_tool("run_agent", {"task": "  ", "session": "mh-empty"})
+        assert empty.is_error and "empty" in text_of(empty)
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
+        messages = await settled_messages(http, "mh-stop")
+    validate(messages)
+    assert messages[-1]["aimu_partial"] is True
+
+
+async def test_an_approval_is_an_elicitation(served: Served) -> None:
+    MAILED.clear()
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"approve": True, "reason": ""})
+
+    async with Client(f"{served.url}/mcp", elicitation_callback=elicit) as client:
+        result = await client.call_tool("run_agent", {"task": "mail ann", "session": "me"})
+    assert not result.is_error, text_of(result)
+    assert text_of(result) == "mail result: sent to mail ann"
+    assert len(asked) == 1 and "send_email" in asked[0]
+    assert MAILED == ["mail ann"]
+
+
+async def test_without_elicitation_the_call_says_how_to_decide(served: Served) -> None:
+    MAILED.clear()
+    async with Client(f"{served.url}/mcp") as client:
+        paused = await client.call_tool("run_agent", {"task": "mail bo", "session": "mn"})
+        assert "[paused]" in text_of(paused) and "send_email" in text_of(paused)
+        assert MAILED == []
+        vague = await client.call_tool("run_agent", {"task": "hmm", "session": "mn"})
+        assert vague.is_error and "approve" in text_of(vague)
+        done = await client.call_tool("run_agent", {"task": "approve", "session": "mn"})
+    assert text_of(done) == "mail result: sent to mail bo"
+    assert MAILED == ["mail bo"]
