@@ -48,6 +48,10 @@ ROUTES = {
     ("/runs/{run_id}/events", "GET"), ("/runs/{run_id}/cancel", "POST"),
     ("/runs/{run_id}/interrupt", "POST"), ("/runs/{run_id}/stop", "POST"),
     ("/runs/{run_id}/send", "POST"), ("/runs/{run_id}/approvals/{call_id}", "POST"),
+    # The protocols frontends speak (A2A and MCP have documents of their own: the agent
+    # card, the MCP handshake).
+    ("/ag-ui", "POST"), ("/api/chat", "POST"), ("/api/chat/{id}/stream", "GET"),
+    ("/api/chat/{id}/stop", "POST"),
 }
 
 
