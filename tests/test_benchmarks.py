@@ -30,6 +30,7 @@ SMOKE = {
     "bench_continue.py": ["--repeats", "1", "--words", "10", "--delay", "0"],
     "bench_temporal.py": ["--quick"],
     "bench_mcp.py": ["--quick"],
+    "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
 }
 
 

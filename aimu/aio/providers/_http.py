@@ -12,6 +12,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import base64
+import collections
+import contextlib
 import copy
 import functools
 import json
@@ -48,11 +50,18 @@ __all__ = [
 _DRAIN_LIMIT = 1.0
 _TEXT_LIMIT = 500
 _REDACTED = "***"
-#: Requests in flight per client at most (and connections kept); more wait their turn
-#: in front of the pool. httpcore scans its whole queue and every connection (a poll
-#: syscall each) on every request start and finish: measured on loopback, 1,000 runs
-#: cost 2.9 ms CPU per request through 16 connections and 5.0 ms through 64.
-DEFAULT_CONCURRENCY = 16
+#: Requests in flight per model client at most, unless ``concurrency=`` says otherwise
+#: (None: no limit). More wait for a slot, for at most the read timeout, and a warning
+#: says they wait. See docs/scaling.md.
+DEFAULT_CONCURRENCY = 1024
+#: Connections per httpx client of a pool. httpcore's pool scans every connection it
+#: holds, and for each queued request every connection again (a poll syscall for each
+#: idle one), on every request start and finish: with 1,000 connections in one client
+#: that is O(N) work per request and O(N^2) a round (bench_scale: 1,000 runs spent
+#: most of their CPU there, the loop stalled for seconds). A pool spreads its requests
+#: over clients of this many connections, never more requests in flight than that on
+#: one client, so each scan stays this small whatever N is.
+SHARD_SIZE = 16
 
 
 @functools.cache
@@ -208,60 +217,179 @@ class TurnDecoder(abc.ABC):
         """The chunks of a reply that was asked for in one piece."""
 
 
+class _Shard:
+    """One httpx client of a pool and how many requests it carries now."""
+
+    __slots__ = ("busy", "http", "spare")
+
+    def __init__(self, http: httpx.AsyncClient, spare: list[_Shard]) -> None:
+        self.http = http
+        self.busy = 0
+        self.spare = spare  # its pool's shards with room, while that pool is bound
+
+
 class Pool:
-    """The httpx client that a model client and its forks share, one per event loop.
+    """The httpx clients that a model client and its forks share, per event loop.
+
+    Requests take a slot (:meth:`acquire`, given back with :meth:`release`): a client
+    with fewer than :data:`SHARD_SIZE` requests in flight, made when none has room, so
+    httpcore's per-request scans stay small at any number of runs. ``concurrency``
+    bounds the requests in flight (None: no bound); past it a request waits for a slot,
+    a warning says so, and after the read timeout it fails (ModelConnectionError): a
+    run starts or fails, it never waits forever.
 
     Bound to the loop that first uses it and rebound when another loop does (an agent
     used from two successive ``asyncio.run`` calls). While bound, a suspended async
-    generator registered with the loop closes the httpx client when the loop shuts its
+    generator registered with the loop closes the httpx clients when the loop shuts its
     generators down, so no connection outlives its loop.
     """
 
-    __slots__ = ("_closer", "concurrency", "headers", "http", "loop", "slots", "timeout")
+    __slots__ = (
+        "_closer", "_queue", "_shards", "_spare", "_warned", "busy", "concurrency",
+        "headers", "loop", "timeout",
+    )
 
-    def __init__(self, headers: dict[str, str], timeout: httpx.Timeout, concurrency: int) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    def __init__(
+        self, headers: dict[str, str], timeout: httpx.Timeout, concurrency: int | None
+    ) -> None:
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ValueError(f"concurrency must be >= 1 or None, got {concurrency!r}")
         self.headers = headers
         self.timeout = timeout
         self.concurrency = concurrency
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.http: httpx.AsyncClient | None = None
-        self.slots = asyncio.Semaphore(concurrency)
+        #: Requests in flight now (holding a slot).
+        self.busy = 0
+        self._shards: list[_Shard] = []
+        self._spare: list[_Shard] = []  # the shards with room, the last one used first
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._warned = False
         self._closer: AsyncGenerator[None, None] | None = None
         ssl_context()  # now, outside any event loop, and once per process
 
-    async def bind(self) -> httpx.AsyncClient:
-        """The httpx client for the running loop, made for it if need be."""
-        loop = asyncio.get_running_loop()
-        if self.loop is loop and self.http is not None:
-            return self.http
-        limits = httpx.Limits(
-            max_connections=self.concurrency, max_keepalive_connections=self.concurrency
-        )
-        http = httpx.AsyncClient(
+    @property
+    def http(self) -> httpx.AsyncClient | None:
+        """The first httpx client, None before the pool is bound to a loop."""
+        return self._shards[0].http if self._shards and self.loop is not None else None
+
+    def _client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=SHARD_SIZE, max_keepalive_connections=SHARD_SIZE)
+        return httpx.AsyncClient(
             headers=self.headers, timeout=self.timeout, verify=ssl_context(), limits=limits
         )
-        closer = _close_at_shutdown(http)
-        # Bound before the await, so forks binding at once in a new loop share one client.
-        self.loop, self.http, self._closer = loop, http, closer
-        self.slots = asyncio.Semaphore(self.concurrency)
+
+    async def bind(self) -> httpx.AsyncClient:
+        """The first httpx client for the running loop, made for it if need be."""
+        loop = asyncio.get_running_loop()
+        if self.loop is loop and self._shards:
+            return self._shards[0].http
+        spare: list[_Shard] = []
+        shard = _Shard(self._client(), spare)
+        spare.append(shard)
+        shards = [shard]
+        closer = _close_at_shutdown(shards)
+        # Bound before the await, so forks binding at once in a new loop share one pool.
+        self.loop, self._shards, self._spare, self._closer = loop, shards, spare, closer
+        self.busy, self._queue, self._warned = 0, collections.deque(), False
         await anext(closer)  # first iterated here: the loop now tracks it
-        return http
+        return shard.http
+
+    async def acquire(self, reporter: Reporter) -> _Shard:
+        """A slot: the shard to send one request through; give it back with release().
+
+        Waits while ``concurrency`` requests are in flight, for at most the pool
+        timeout, then raises ModelConnectionError saying so.
+        """
+        if self.loop is not asyncio.get_running_loop() or not self._shards:
+            await self.bind()
+        limit = self.concurrency
+        if limit is not None and (self.busy >= limit or self._queue):
+            await self._wait(limit, reporter)
+        else:
+            self.busy += 1
+        spare = self._spare
+        if spare:
+            shard = spare[-1]
+        else:
+            shard = _Shard(self._client(), spare)
+            self._shards.append(shard)
+            spare.append(shard)
+        shard.busy += 1
+        if shard.busy >= SHARD_SIZE:
+            spare.pop()
+        return shard
+
+    async def _wait(self, limit: int, reporter: Reporter) -> None:
+        """Wait for a slot; release() hands it over with the count already taken."""
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "model %r at %s: %d requests are in flight, the client's concurrency=%d; "
+                "more wait for a slot (raise concurrency=, or None for no limit: see "
+                "docs/scaling.md)", reporter.model, reporter.host, self.busy, limit,
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        self._queue.append(waiter)
+        seconds = self.timeout.pool
+        try:
+            async with asyncio.timeout(seconds):
+                await waiter
+        except BaseException as error:
+            handed = waiter.done() and not waiter.cancelled()
+            if handed and isinstance(error, TimeoutError):
+                return  # the slot came as the time ran out: take it
+            if handed:
+                self._hand_over()  # handed a slot just as we were cancelled: pass it on
+                raise
+            if isinstance(error, TimeoutError):
+                raise ModelConnectionError(
+                    f"the request to {reporter.service} at {reporter.host} waited "
+                    f"{seconds:g}s for a slot: concurrency={limit} requests were in flight "
+                    "all along (raise concurrency=, or None for no limit)",
+                    host=reporter.host,
+                ) from None
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._queue.remove(waiter)
+
+    def release(self, shard: _Shard) -> None:
+        """Give back the slot of acquire()."""
+        shard.busy -= 1
+        if shard.spare is not self._spare:
+            return  # a slot of a pool since closed or rebound to another loop
+        if shard.busy == SHARD_SIZE - 1:
+            self._spare.append(shard)
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The slot just freed to the first live waiter, else back to the count."""
+        queue = self._queue
+        while queue:
+            waiter = queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # its busy count stays taken
+                return
+        self.busy -= 1
+        self._warned = False
 
     async def aclose(self) -> None:
-        closer, self._closer, self.http = self._closer, None, None
+        closer, self._closer = self._closer, None
         loop, self.loop = self.loop, None
+        self._shards, self._spare, self._queue = [], [], collections.deque()
         if closer is not None and loop is asyncio.get_running_loop():
             await closer.aclose()
         # A pool bound to another loop is closed by that loop's shutdown.
 
 
-async def _close_at_shutdown(http: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+async def _close_at_shutdown(shards: list[_Shard]) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
-        await http.aclose()
+        for shard in shards:
+            await shard.http.aclose()
 
 
 class HTTPModelClient(ModelClient):
@@ -290,7 +418,7 @@ class HTTPModelClient(ModelClient):
         retries: int,
         retry_delay: float,
         merge_roles: bool,
-        concurrency: int,
+        concurrency: int | None,
         to_wire: Any,
     ) -> None:
         for what, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
@@ -386,9 +514,9 @@ class HTTPModelClient(ModelClient):
         prefix = prefill(messages, self._wire.merge_roles)
         echo = PrefillEcho(prefix) if prefix else None
         pool = self._pool
-        http = await pool.bind()
-        async with pool.slots:
-            response = await self._open(http, body, stream, reporter)
+        shard = await pool.acquire(reporter)
+        try:
+            response = await self._open(shard.http, body, stream, reporter)
             # httpx's body iterator is an async generator: closed below, not left to the GC.
             pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
             try:
@@ -426,6 +554,8 @@ class HTTPModelClient(ModelClient):
                 # cancelled; the server sees the connection go.
                 await pieces.aclose()
                 await response.aclose()
+        finally:
+            pool.release(shard)
 
     async def _open(
         self, http: httpx.AsyncClient, body: bytes, stream: bool, reporter: Reporter

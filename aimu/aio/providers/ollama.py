@@ -105,7 +105,8 @@ class OllamaClient(HTTPModelClient):
     connection, so an unreachable server fails fast instead of hanging. ``retries``
     (0 disables) and ``retry_delay`` govern retrying a request that failed before its
     reply began; ``merge_roles`` sends adjacent same-role messages as one;
-    ``concurrency`` bounds the requests in flight. ``context_window`` (tokens) is the
+    ``concurrency`` bounds the requests in flight (None: no bound; past it a request
+    waits for a slot, at most ``timeout``). ``context_window`` (tokens) is the
     model's context size: an agent stops ``limited`` before a request that would not fit.
     Ollama continues a trailing assistant message, so ``resume(continue_partial=True)``
     continues a cut answer (``continues_partial=False`` for a server that cannot).
@@ -130,7 +131,7 @@ class OllamaClient(HTTPModelClient):
         retries: int = DEFAULT_RETRIES,
         retry_delay: float = DEFAULT_DELAY,
         merge_roles: bool = True,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        concurrency: int | None = DEFAULT_CONCURRENCY,
         context_window: int | None = None,
         continues_partial: bool = True,
     ) -> None:

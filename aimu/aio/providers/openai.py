@@ -99,7 +99,8 @@ class OpenAIClient(HTTPModelClient):
     unreachable server fails fast instead of hanging. ``retries`` (0 disables) and
     ``retry_delay`` govern retrying a request that failed before its reply began;
     ``merge_roles`` sends adjacent same-role messages as one; ``concurrency`` bounds
-    the requests in flight. ``context_window`` (tokens) is the
+    the requests in flight (None: no bound; past it a request waits for a slot, at most
+    ``timeout``). ``context_window`` (tokens) is the
     model's context size: an agent stops ``limited`` before a request that would not fit.
     ``continues_partial=True`` says the server continues a trailing assistant message
     (llama.cpp's server does; OpenAI's answers anew), so ``resume(continue_partial=True)``
@@ -123,7 +124,7 @@ class OpenAIClient(HTTPModelClient):
         retries: int = DEFAULT_RETRIES,
         retry_delay: float = DEFAULT_DELAY,
         merge_roles: bool = True,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        concurrency: int | None = DEFAULT_CONCURRENCY,
         context_window: int | None = None,
         continues_partial: bool = False,
     ) -> None:

@@ -102,9 +102,13 @@ async def assert_only_current_task() -> None:
 
 
 def open_connections(model: ModelClient) -> int:
-    """Connections the client's httpx pool holds open right now (idle or in use)."""
-    pool: Any = model._pool.http  # type: ignore[attr-defined]
-    if pool is None:
+    """Connections the client's httpx pool holds open right now (idle or in use), summed
+    over the pool's httpx clients."""
+    pool: Any = model._pool  # type: ignore[attr-defined]
+    if pool.http is None:
         return 0
-    http = pool
-    return sum(not connection.is_closed() for connection in http._transport._pool.connections)
+    return sum(
+        not connection.is_closed()
+        for shard in pool._shards
+        for connection in shard.http._transport._pool.connections
+    )

@@ -1,0 +1,148 @@
+"""Many runs through one model client (issue 35): every run starts or fails, never waits
+forever; by default all of them are in flight at once, spread over small httpx pools;
+past an explicit ``concurrency=`` a request waits for a slot, a warning says so, and it
+fails clearly when none comes; a cancel of all of them closes every stream and keeps each
+partial reply. Stops land at provable points (the server holds every stream mid-reply)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from provider_support import assert_only_current_task, open_connections
+
+from aimu import aio
+from aimu.aio.client import ModelClient, TextDelta
+from aimu.aio.errors import ModelConnectionError
+from aimu.aio.providers._http import SHARD_SIZE
+from aimu.aio.providers.ollama import OllamaClient
+from aimu.aio.providers.openai import OpenAIClient
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+
+#: More runs than two httpx pools hold, more than the old default of 16 slots.
+RUNS = 2 * SHARD_SIZE + 8
+ANSWER = " ".join(f"word{n}" for n in range(10))
+HELD = Turn(text=ANSWER, chunks=10, fault="hang", fault_after=1)  # one chunk, then held
+
+
+def lookup(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def tool_then_held_answer(body: Mapping[str, Any]) -> Turn:
+    if any(message.get("role") == "tool" for message in body["messages"]):
+        return HELD
+    return Turn(tool_calls=[ScriptedCall("lookup", {"city": "Paris"})])
+
+
+def held_count(server: LoopbackServer) -> int:
+    return sum(record.fault == "hang" and record.chunks_sent >= 1 for record in server.streams)
+
+
+def make_for(provider: str, server: LoopbackServer, **options: Any) -> ModelClient:
+    if provider == "ollama":
+        return OllamaClient("llama-test", host=server.url, **options)
+    return OpenAIClient("gpt-test", base_url=server.openai_base_url, **options)
+
+
+async def test_every_run_is_in_flight_at_once_and_a_cancel_of_all_closes_every_stream() -> None:
+    async with LoopbackServer(tool_then_held_answer) as server:
+        model = aio.client("openai:test", base_url=server.openai_base_url)
+        agent = aio.Agent(model, tools=[lookup])
+        sessions = [agent.start() for _ in range(RUNS)]
+        streamed = [0] * RUNS
+        seen = asyncio.Event()
+
+        async def run(index: int) -> None:
+            async for event in sessions[index].run("weather?", stream=True):
+                if isinstance(event, aio.TextChunk):
+                    streamed[index] += 1
+                    if all(streamed):
+                        seen.set()
+
+        tasks = [asyncio.create_task(run(index)) for index in range(RUNS)]
+        # Every run holds its answer's stream open at once: none queues behind another
+        # (the old default of 16 slots left the rest waiting until this timed out).
+        await server.wait_until(lambda: held_count(server) == RUNS, timeout=30,
+                                what=lambda: f"{held_count(server)} of {RUNS} streams held")
+        await asyncio.wait_for(seen.wait(), timeout=30)
+        pool: Any = model._pool  # type: ignore[attr-defined]
+        assert pool.busy == RUNS
+        assert len(pool._shards) >= RUNS // SHARD_SIZE
+        for shard in pool._shards:  # no httpx pool grows past its small size
+            assert len(shard.http._transport._pool.connections) <= SHARD_SIZE
+        for task in tasks:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+        abandoned = await server.wait_abandoned(RUNS, timeout=30)
+        assert {record.fault for record in abandoned} == {"hang"}
+        assert pool.busy == 0 and not pool._queue  # every slot given back
+        assert all(shard.busy == 0 for shard in pool._shards)
+        for session in sessions:  # each kept its partial reply, marked partial
+            last = session.messages[-1]
+            assert last["role"] == "assistant" and last.get("aimu_partial") is True
+            assert last["content"] == "word0 "
+        await model.aclose()
+    await assert_only_current_task()
+
+
+async def test_past_concurrency_a_request_waits_says_so_and_fails_clearly(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with LoopbackServer([HELD, Turn(text="late"), Turn(text="again")]) as server:
+        model = make_for(provider, server, concurrency=1, timeout=0.2)
+        first = model.stream_turn([{"role": "user", "content": "one"}])
+        assert isinstance(await anext(first), TextDelta)  # holds the only slot
+        with caplog.at_level(logging.WARNING, logger="aimu"):
+            second = model.stream_turn([{"role": "user", "content": "two"}])
+            with pytest.raises(ModelConnectionError, match=r"waited 0.2s for a slot: "
+                               r"concurrency=1 requests were in flight"):
+                async with asyncio.timeout(10):  # the old semaphore waited for ever
+                    await anext(second)
+        assert "concurrency=1" in caplog.text and "wait for a slot" in caplog.text
+        assert len(server.requests) == 1  # the second never went out
+        await first.aclose()  # the slot comes back: the next request goes
+        chunks = [c async for c in model.stream_turn([{"role": "user", "content": "3"}])]
+        assert "late" in "".join(c.text for c in chunks if isinstance(c, TextDelta))
+        assert open_connections(model) == 1
+        await model.aclose()
+    await assert_only_current_task()
+
+
+async def test_a_slot_handed_to_a_request_cancelled_meanwhile_passes_on(provider: str) -> None:
+    async with LoopbackServer([HELD, Turn(text="third")]) as server:
+        model = make_for(provider, server, concurrency=1)
+        pool: Any = model._pool  # type: ignore[attr-defined]
+        first = model.stream_turn([{"role": "user", "content": "one"}])
+        await anext(first)
+
+        async def take(name: str) -> str:
+            chunks = model.stream_turn([{"role": "user", "content": name}])
+            return "".join([c.text async for c in chunks if isinstance(c, TextDelta)])
+
+        second = asyncio.create_task(take("two"))
+        third = asyncio.create_task(take("three"))
+        while len(pool._queue) < 2:  # noqa: ASYNC110 - both wait for the slot: provable
+            await asyncio.sleep(0)
+        await first.aclose()  # hands the slot to the second's waiter...
+        second.cancel()  # ...which is cancelled before it runs: the third must get it
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert await asyncio.wait_for(third, timeout=10) == "third"
+        assert pool.busy == 0 and not pool._queue
+        await model.aclose()
+    await assert_only_current_task()
+
+
+def test_concurrency_is_checked() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="concurrency must be >= 1 or None"):
+            OpenAIClient("m", base_url="http://127.0.0.1:9/v1", concurrency=bad)  # type: ignore[arg-type]
+    unbounded = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", concurrency=None)
+    assert unbounded._pool.concurrency is None  # type: ignore[attr-defined]
