@@ -234,20 +234,23 @@ class OpenAIResponsesClient(HTTPModelClient):
         try:
             while True:
                 try:
-                    async with self._pool.slots:
+                    shard = await self._pool.acquire(reporter)
+                    try:
                         if attach is not None:
                             decoder.response_id = attach.response_id
                             decoder.sequence = attach.sequence_number
-                            response = await self._open_get(http, attach, reporter)
+                            response = await self._open_get(shard.http, attach, reporter)
                         else:
                             body = self.body(messages, tools, True, request)
-                            response = await self._open(http, body, True, reporter)
+                            response = await self._open(shard.http, body, True, reporter)
                         async for chunk in self._read(response, decoder, reporter):
                             if decoder.response_id is not None:
                                 self.in_flight = BackgroundResponse(
                                     decoder.response_id, decoder.sequence
                                 )
                             yield chunk
+                    finally:
+                        self._pool.release(shard)
                     return
                 except ModelConnectionError as error:
                     # The stream broke, not the response: the server is still making it.
