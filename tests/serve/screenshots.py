@@ -1,7 +1,9 @@
 """Refresh the web chat's screenshots in docs/images: ``python -m tests.serve.screenshots``.
 
-The page in Debian's Chromium on the loopback model (see harness.py): a tool round, a
-reply stopped midway, then a reply streaming; on a desktop window and on a phone.
+What a newcomer sees after ``aimu serve`` with no options, in Debian's Chromium: the
+embedded ``test`` model with the three demo tools, one question answered (a tool round,
+then the results quoted), one stopped while its slow ``research`` call ran; on a
+desktop window and on a phone.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aimu.testing.server import LoopbackServer
-from tests.serve.harness import ROOT, make_app, script, uvicorn_serving
+from aimu import aio
+from aimu.assistant import DEMO_TOOLS
+from aimu.serve import app
+from tests.serve.harness import ROOT, uvicorn_serving
 from tests.services import chromium_path
 
 IMAGES = ROOT / "docs" / "images"
@@ -30,22 +34,16 @@ async def shoot(browser: Any, url: str, session: str, options: dict[str, Any], o
     page = await context.new_page()
     try:
         await page.goto(f"{url}/?session={session}")
-        for task, stop_at in (("tool: look up the next high tide", None),
-                              ("long: and the moon?", "w15 "), ("long: and the sun?", "w12 ")):
-            replies = await page.locator(".msg.assistant").count()
-            await page.locator("#input").fill(task)
-            await page.locator("#send").click()
-            if stop_at is None:
-                await expect(page.locator("#status")).to_have_text("completed")
-                continue
-            await expect(page.locator(".msg.assistant").nth(replies)).to_contain_text(stop_at)
-            if task.endswith("moon?"):
-                await page.locator("#stop").click()
-                await expect(page.locator("#status")).to_have_text("stopped")
+        await page.locator("#input").fill("What time is it in Lisbon?")
+        await page.locator("#send").click()
+        await expect(page.locator("#status")).to_have_text("completed")
+        await page.locator("#input").fill("When is the next high tide?")
+        await page.locator("#send").click()
+        await expect(page.locator(".msg.tool").last).to_contain_text("→ research(")
+        await page.locator("#stop").click()  # during research, which takes 1.5 s
+        await expect(page.locator("#status")).to_have_text("stopped")
         await page.locator("#input").focus()
         await page.screenshot(path=str(out))
-        await page.locator("#stop").click()
-        await expect(page.locator("#status")).to_have_text("stopped")
     finally:
         await context.close()
 
@@ -54,8 +52,8 @@ async def main() -> None:
     from playwright.async_api import async_playwright, expect
 
     expect.set_options(timeout=20_000)
-    with tempfile.TemporaryDirectory() as tmp, LoopbackServer.in_thread(script) as model:
-        application = make_app(model, Path(tmp) / "sessions.db")
+    with tempfile.TemporaryDirectory() as tmp:
+        application = app(aio.client("test"), store=Path(tmp) / "sessions.db", tools=DEMO_TOOLS)
         with uvicorn_serving(application) as url:
             async with async_playwright() as playwright:
                 browser = await playwright.chromium.launch(

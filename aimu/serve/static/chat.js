@@ -69,6 +69,8 @@ function plural(count, word) { return `${count} ${word}${count === 1 ? "" : "s"}
 
 async function loadSessions() {
   const { sessions } = await api("GET", "/sessions");
+  // The one just used first: a list by name would push it below the fold.
+  sessions.sort((a, b) => b.updated - a.updated || a.name.localeCompare(b.name));
   const list = $("session-list");
   list.replaceChildren();
   for (const info of sessions) {
@@ -183,19 +185,33 @@ function renderSession(session) {
   setStatus(session.paused_run_id ? "paused" : statusWord(session.status));
 }
 
+// The transcript keeps a turn's calls together, then their results; the page shows each
+// call followed by its result, as they came live (so a run's end reorders nothing).
 function renderTranscript(messages) {
-  for (const message of messages) {
-    if (message.role === "system") continue;
-    if (message.role === "tool") { bubble("tool", describeResult(message.name, message.content)); continue; }
+  const shown = new Set();
+  messages.forEach((message, index) => {
+    if (message.role === "system" || shown.has(message)) return;
+    if (message.role === "tool") { bubble("tool", describeResult(message.name, message.content)); return; }
     if (message.role === "assistant") {
       if (message.content || message.aimu_partial) {
         bubble("assistant", message.content, message.aimu_partial ? "(stopped)" : null);
       }
-      for (const call of message.tool_calls || []) bubble("tool", describeCall(call));
-      continue;
+      const results = [];
+      for (let next = index + 1; next < messages.length && messages[next].role === "tool"; next++) {
+        results.push(messages[next]);
+      }
+      for (const call of message.tool_calls || []) {
+        bubble("tool", describeCall(call));
+        const result = results.find((r) => r.tool_call_id === call.id && !shown.has(r));
+        if (result) {
+          shown.add(result);
+          bubble("tool", describeResult(result.name, result.content));
+        }
+      }
+      return;
     }
     bubble(message.role, message.content);
-  }
+  });
 }
 
 // -- runs -----------------------------------------------------------------------------
@@ -246,7 +262,7 @@ async function submit(text) {
 
 function follow(runId, after, replaying) {
   const controller = new AbortController();
-  const run = { id: runId, lastEventId: after, bubble: null, controller, ended: false };
+  const run = { id: runId, lastEventId: after, bubble: null, controller, ended: false, calls: new Map() };
   state.run = run;
   setStatus("running");
   updateControls();
@@ -319,9 +335,13 @@ function onEvent(run, event, replaying) {
     }
     case "tool_call":
       endBubble(run);
-      bubble("tool", describeCall({ name: event.name, arguments: event.arguments }));
+      run.calls.set(event.call_id, bubble("tool", describeCall({ name: event.name, arguments: event.arguments })));
+      break;
+    case "tool_progress":
+      showProgress(run.calls.get(event.call_id), event);
       break;
     case "tool_result":
+      showProgress(run.calls.get(event.call_id), null);  // done: how far it was is moot
       bubble("tool", describeResult(event.name, event.content));
       break;
     case "run_finished":
@@ -340,6 +360,21 @@ function onEvent(run, event, replaying) {
     default:
       break;
   }
+}
+
+// How far a running call said it is, beside the call ("1/3 page 1 of 3"); null clears it.
+function showProgress(call, event) {
+  if (!call) return;
+  let note = call.querySelector(".progress");
+  if (!event) { if (note) note.remove(); return; }
+  if (!note) {
+    note = document.createElement("span");
+    note.className = "progress";
+    call.append(note);
+  }
+  const amount = event.total ? `${event.progress}/${event.total}` : `${event.progress}`;
+  note.textContent = event.message ? `${amount} ${event.message}` : amount;
+  scrollDown();
 }
 
 function endBubble(run) {
