@@ -27,6 +27,7 @@ from aimu.assistant import (
     DEMO_TOOLS,
     Assistant,
     ChatSettings,
+    Mode,
     current_time,
     research,
     run_chat,
@@ -730,6 +731,32 @@ async def test_a_paused_turn_shows_the_call_and_y_approves_it(store: SQLiteStore
     assert files.deleted == ["/tmp/a"]
     validate(screen.assistant.agent.model_client.messages)
     assert await screen.finish() == 0
+
+
+async def test_the_mode_says_what_a_line_typed_now_does(store: SQLiteStore) -> None:
+    """One mode at a time, for each state of the loop: idle, a turn running, a call
+    waiting for "approve?" (a command meanwhile leaves it asking), and closed again."""
+    files = Files()
+    screen = approving_screen(store, files, "/tmp/a", "/tmp/b")
+    assistant = screen.assistant
+    await screen.expect("/help lists the commands.\n")
+    assert assistant.mode is Mode.IDLE
+    screen.send("clean up")
+    assert assistant.mode is Mode.RUNNING  # at once: a /stop now finds the turn
+    await screen.expect("approve? [y/N]\n")
+    assert assistant.mode is Mode.ASKING and assistant.turn is None
+    screen.send("/history")  # a command while asking: queued, handled, asking again
+    await screen.expect("user: clean up")
+    await screen.until(lambda: assistant.mode is Mode.ASKING)
+    screen.send("y")  # the answer: asked about the next call
+    await screen.expect("approve? [y/N]\n")
+    assert assistant.mode is Mode.ASKING
+    screen.send("y")  # the last answer: the turn resumes
+    assert assistant.mode is Mode.RUNNING
+    await screen.expect("done: deleted /tmp/a; deleted /tmp/b\n")
+    await screen.until(lambda: assistant.mode is Mode.IDLE)
+    assert await screen.finish() == 0
+    assert assistant.mode is Mode.CLOSED
 
 
 async def test_anything_but_yes_denies_and_the_model_reads_why(store: SQLiteStore) -> None:

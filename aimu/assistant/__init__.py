@@ -21,7 +21,7 @@ thread), :mod:`.commands` (the session commands), :mod:`.loop` (the chat loop),
 """
 
 from aimu.assistant.client import TEST_MODEL_DELAY, make_client
-from aimu.assistant.loop import Assistant
+from aimu.assistant.loop import Assistant, Mode
 from aimu.assistant.run import run_chat
 from aimu.assistant.settings import ChatSettings, add_chat_options, default_home
 from aimu.assistant.tools import (
@@ -38,6 +38,7 @@ __all__ = [
     "TEST_MODEL_DELAY",
     "Assistant",
     "ChatSettings",
+    "Mode",
     "add_chat_options",
     "current_time",
     "default_home",

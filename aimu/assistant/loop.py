@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import sys
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ from aimu.assistant.screen import (
 from aimu.assistant.stdin import StdinReader
 from aimu.assistant.tools import DEMO_TOOLS
 
-__all__ = ["Assistant", "as_message"]
+__all__ = ["Assistant", "Leaving", "Mode", "as_message"]
 
 
 def as_message(text: str) -> str | None:
@@ -67,6 +68,31 @@ def as_message(text: str) -> str | None:
     if not text.startswith("/"):
         return text
     return text[1:] if text.startswith("//") else None
+
+
+class Mode(enum.Enum):
+    """What the assistant is doing: it decides what a line typed now does."""
+
+    CLOSED = "closed"
+    """Not serving: lines are queued for when it serves."""
+    IDLE = "idle"
+    """Serving, nothing under way: a message starts a turn at once."""
+    ASKING = "asking"
+    """Idle, and a paused turn's call waits: the next message answers "approve? [y/N]"."""
+    COMMAND = "command"
+    """A queued line is being handled (``/sessions`` reads the store): lines queue after it."""
+    RUNNING = "running"
+    """A turn runs, or ended and is not reported yet: ``/stop`` and Ctrl+C act on it."""
+
+
+class Leaving(enum.Enum):
+    """Whether serving should end, and when."""
+
+    NO = "no"
+    WHEN_DONE = "when done"
+    """The input ended (or ``/quit``): once the queued lines and the turn are done."""
+    NOW = "now"
+    """Ctrl+C asked to exit: once the turn has settled, whatever is queued."""
 
 
 @dataclass(eq=False, slots=True)
@@ -122,22 +148,21 @@ class Assistant:
             colour=not plain,
         )
         self._join = join
-        # The tool call whose "approve? [y/N]" the next plain line answers.
+        self._mode = Mode.CLOSED
+        self._leaving = Leaving.NO
+        # What the modes act on: the turn of RUNNING; the tool call whose "approve?
+        # [y/N]" the next message answers (ASKING, and while a queued line is handled).
+        self._current: _Turn | None = None
         self._asking: str | None = None
-        self._waiting: str | None = None
+        self._waiting: str | None = None  # what the running turn waits for, for a spinner
         self._agent = self._open(session)
         self._backlog: deque[str] = deque()
-        self._current: _Turn | None = None
         # The finished turn that the last Ctrl+C was meant for, until new input comes:
         # a press that was meant for a turn that ended meanwhile must not exit the chat.
         self._pressed: _Turn | None = None
         self._last_turn_failed = False
         self._turns = 0
         self._wake = asyncio.Event()
-        self._input_ended = False
-        self._exit_requested = False
-        self._serving = False
-        self._busy = False
 
     def _open(self, session: str) -> Agent:
         validate_session_name(session)
@@ -168,6 +193,15 @@ class Assistant:
         return session
 
     @property
+    def mode(self) -> Mode:
+        """What the assistant is doing now (what a line typed now does)."""
+        return self._mode
+
+    def _at_rest(self) -> Mode:
+        """The mode with nothing under way: asking, when a call waits for an answer."""
+        return Mode.ASKING if self._asking is not None else Mode.IDLE
+
+    @property
     def running(self) -> bool:
         """True while a turn is running."""
         return self._running() is not None
@@ -175,7 +209,7 @@ class Assistant:
     @property
     def waiting(self) -> str | None:
         """What the running turn waits for ("the model", a tool), for a spinner; else None."""
-        return self._waiting if self._current is not None else None
+        return self._waiting if self._mode is Mode.RUNNING else None
 
     @property
     def turn(self) -> RunHandle[RunFinished] | None:
@@ -208,7 +242,7 @@ class Assistant:
             self._screen.to_err(text, "note")
 
     def _show_prompt(self) -> None:
-        if self._prompt and self._current is None and not self._backlog:
+        if self._prompt and self._mode is not Mode.RUNNING and not self._backlog:
             self._screen.prompt()
 
     def _show(self, event: Event) -> None:
@@ -234,11 +268,9 @@ class Assistant:
         if not text:
             return
         self._pressed = None  # new input: an idle Ctrl+C exits again
-        word = text.split(maxsplit=1)[0].lower()
-        if word == "/stop":
-            self._stop()
-        elif word == "/interrupt":
-            self._interrupt()
+        at_once = _AT_ONCE.get(text.split(maxsplit=1)[0].lower())
+        if at_once is not None:
+            at_once(self)
         elif self._idle() and (message := as_message(text)) is not None:
             self._take(message)  # at once, so that a /stop right after it finds it
         elif self._join and self._joins(text):
@@ -265,11 +297,12 @@ class Assistant:
     def end_input(self) -> None:
         """No more input (EOF): :meth:`serve` returns once the queued input is done."""
         self._screen.input_ended()
-        self._input_ended = True
+        if self._leaving is Leaving.NO:
+            self._leaving = Leaving.WHEN_DONE
         self._wake.set()
 
     def _idle(self) -> bool:
-        return self._serving and not self._busy and self._current is None and not self._backlog
+        return self._mode in (Mode.IDLE, Mode.ASKING) and not self._backlog
 
     def _running(self) -> _Turn | None:
         turn = self._current
@@ -305,7 +338,7 @@ class Assistant:
         turn = self._current if self._current is not None else self._pressed
         if turn is None:
             self._line("(bye)")
-            self._exit_requested = True
+            self._leaving = Leaving.NOW
             self._wake.set()
             return
         self._pressed = turn
@@ -324,7 +357,7 @@ class Assistant:
                 self._line("(the turn has already ended; press Ctrl+C again to exit)")
         else:
             self._line("(bye)" if not running else "(exiting once this turn has stopped)")
-            self._exit_requested = True
+            self._leaving = Leaving.NOW
             self._wake.set()
 
     # -- serving -------------------------------------------------------------------
@@ -339,10 +372,10 @@ class Assistant:
         ``sigint=True`` wires Ctrl+C (main thread only). Returns the exit status: 1 if
         the last turn failed, else 0.
         """
-        if self._serving:
+        if self._mode is not Mode.CLOSED:
             raise RuntimeError("this Assistant is already serving")
         await self.open()
-        self._serving = True
+        self._mode = Mode.IDLE
         loop = asyncio.get_running_loop()
         stop_reading = self._read_input(stdin, terminal)
         restore_sigint = self._wire_sigint(loop) if sigint else None
@@ -360,7 +393,7 @@ class Assistant:
             try:
                 await self._abandon_turn()
             finally:
-                self._serving = False
+                self._mode = Mode.CLOSED
         return 1 if self._last_turn_failed else 0
 
     async def _loop(self) -> None:
@@ -371,23 +404,28 @@ class Assistant:
             turn = self._current
             if turn is not None and turn.handle.done:
                 self._current = None
+                self._mode = self._at_rest()
                 await self._report(turn)
                 self._show_prompt()
                 continue
             if turn is None:
-                if self._exit_requested:
+                if self._leaving is Leaving.NOW:
                     return
                 if self._backlog:
-                    self._busy = True
-                    try:
-                        await self._handle(self._backlog.popleft())
-                    finally:
-                        self._busy = False
+                    await self._handle_queued(self._backlog.popleft())
                     self._show_prompt()
                     continue
-                if self._input_ended:
+                if self._leaving is Leaving.WHEN_DONE:
                     return
             await self._wake.wait()
+
+    async def _handle_queued(self, text: str) -> None:
+        self._mode = Mode.COMMAND
+        try:
+            await self._handle(text)
+        finally:
+            if self._mode is Mode.COMMAND:  # not a turn it started
+                self._mode = self._at_rest()
 
     def _read_input(
         self, stdin: bool, terminal: Path | None
@@ -430,6 +468,8 @@ class Assistant:
         """Cancel a turn still running when serving ends, and wait for it to settle."""
         turn = self._current
         self._current = None
+        if self._mode is Mode.RUNNING:
+            self._mode = self._at_rest()
         if turn is None or turn.handle.done:
             return
         turn.handle.cancel("the assistant is closing")
@@ -471,31 +511,47 @@ class Assistant:
 
     async def _command(self, text: str) -> None:
         word, _, rest = text.partition(" ")
-        command = word.lower()
-        if command == "/resume":
-            self._resume()
-        elif command in ("/approve", "/deny"):
-            self._approve_or_deny(command == "/approve", rest.strip())
-        elif command == "/join":
-            self._join = not self._join
-            mode = "join the running turn" if self._join else "queue after it"
-            self._line(f"(lines typed during a turn now {mode})")
-        elif command == "/history":
-            show_history(self._screen, self.session, self._agent.model_client.messages)
-        elif command == "/sessions":
-            await show_sessions(self._screen, self._store, self.session)
-        elif command == "/new":
-            await self._new(rest.strip() or None)
-        elif command == "/help":
-            show_help(self._screen)
-        elif command in ("/quit", "/exit"):
-            self._backlog.clear()
-            self._input_ended = True
-        else:
+        command = _COMMANDS.get(word.lower())
+        if command is None:
             self._line(
                 f"unknown command {word}: /help lists the commands "
                 "(start a message with // to send it as text)"
             )
+            return
+        await command(self, rest.strip())
+
+    # -- the queued commands (see _COMMANDS), each given the rest of its line ----------
+
+    async def _resume_command(self, rest: str) -> None:
+        self._resume()
+
+    async def _approve_command(self, rest: str) -> None:
+        self._approve_or_deny(True, rest)
+
+    async def _deny_command(self, rest: str) -> None:
+        self._approve_or_deny(False, rest)
+
+    async def _join_command(self, rest: str) -> None:
+        self._join = not self._join
+        mode = "join the running turn" if self._join else "queue after it"
+        self._line(f"(lines typed during a turn now {mode})")
+
+    async def _history_command(self, rest: str) -> None:
+        show_history(self._screen, self.session, self._agent.model_client.messages)
+
+    async def _sessions_command(self, rest: str) -> None:
+        await show_sessions(self._screen, self._store, self.session)
+
+    async def _new_command(self, rest: str) -> None:
+        await self._new(rest or None)
+
+    async def _help_command(self, rest: str) -> None:
+        show_help(self._screen)
+
+    async def _quit_command(self, rest: str) -> None:
+        self._backlog.clear()
+        if self._leaving is Leaving.NO:
+            self._leaving = Leaving.WHEN_DONE
 
     def _start(self, task: str | None) -> None:
         self._pressed = None
@@ -506,6 +562,7 @@ class Assistant:
         # A retry is told to the run's scope (the handle), not in the agent's events.
         handle.add_listener(lambda event: self._retrying(event))
         self._current = _Turn(handle)
+        self._mode = Mode.RUNNING
 
     async def _turn(self, agent: Agent, task: str | None) -> RunFinished:
         """One turn: stream the run's events to the output; return its final event."""
@@ -577,6 +634,8 @@ class Assistant:
             return
         call = waiting[0]
         self._asking = call.call_id
+        if self._mode is Mode.IDLE:
+            self._mode = Mode.ASKING
         arguments = arguments_text(call.arguments)
         doubt = " (it was running when the chat stopped: approving runs it again)"
         self._line(
@@ -634,3 +693,24 @@ class Assistant:
             self._line(f"(switched to session {name!r}: {count} messages)")
         else:
             self._line(f"(new session {name!r})")
+
+
+#: The commands a line runs at once, even while a turn runs.
+_AT_ONCE: Mapping[str, Callable[[Assistant], None]] = {
+    "/stop": Assistant._stop,
+    "/interrupt": Assistant._interrupt,
+}
+
+#: The commands a line runs in its turn, after the turns and lines before it.
+_COMMANDS: Mapping[str, Callable[[Assistant, str], Awaitable[None]]] = {
+    "/resume": Assistant._resume_command,
+    "/approve": Assistant._approve_command,
+    "/deny": Assistant._deny_command,
+    "/join": Assistant._join_command,
+    "/history": Assistant._history_command,
+    "/sessions": Assistant._sessions_command,
+    "/new": Assistant._new_command,
+    "/help": Assistant._help_command,
+    "/quit": Assistant._quit_command,
+    "/exit": Assistant._quit_command,
+}
