@@ -65,6 +65,12 @@ def _openai_responses(model: str, **options: Any) -> ModelClient:
     return OpenAIResponsesClient(model, **options)
 
 
+def _anthropic(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.anthropic import AnthropicClient
+
+    return AnthropicClient(model, **options)
+
+
 def _test(model: str, **options: Any) -> ModelClient:
     from aimu.aio.providers.test import TestModelClient
 
@@ -77,10 +83,11 @@ _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
     "openai": (_openai, True),
     "gemini": (_gemini, True),
     "openai-responses": (_openai_responses, True),
+    "anthropic": (_anthropic, True),
     "test": (_test, False),
 }
 
-PROVIDERS = ("ollama:", "openai:", "openai-responses:", "gemini:", "test")
+PROVIDERS = ("ollama:", "openai:", "openai-responses:", "gemini:", "anthropic:", "test")
 
 
 def register_provider(name: str, factory: ProviderFactory, *, needs_model: bool = True) -> None:

@@ -54,7 +54,10 @@ SAFETY_STOP_REASONS = frozenset({
     "prompt_image_safety", "prompt_model_armor", "prompt_jailbreak",
 })
 #: The stop reasons (as servers say them) of a reply that was cut off, not finished.
-CUT_OFF_REASONS = frozenset({"length", "max_tokens", "content_filter"}) | SAFETY_STOP_REASONS
+#: An answer the model refused to give (Anthropic's ``refusal``) is cut off too.
+CUT_OFF_REASONS = (
+    frozenset({"length", "max_tokens", "content_filter", "refusal"}) | SAFETY_STOP_REASONS
+)
 
 _Output = TypeVar("_Output", covariant=True)
 

@@ -22,11 +22,13 @@ Fault: TypeAlias = Literal[
     "http_503",  # answer 503 (unavailable), with Retry-After if Turn.retry_after is set
     "http_503_loading",  # answer 503 "Loading model", as llama.cpp's server does meanwhile
     "http_504",  # answer 504 (gateway timeout)
+    "http_529",  # answer 529 (Anthropic's "overloaded")
     "reset",  # read the request, then close the connection without a byte of reply
     "bad_json",  # after `fault_after` chunks, send a line that is not JSON
     "drop",  # after `fault_after` chunks, close the connection mid-stream
     "hang",  # after `fault_after` chunks, never send anything again
     "error_event",  # after `fault_after` chunks, send the protocol's error event and end
+    "overloaded_event",  # the same, the error saying the server is overloaded (a 529's)
     "no_done",  # send every chunk, then end the stream without the final marker
 ]
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from aimu.aio.client import ModelClient
+from aimu.aio.providers.anthropic import AnthropicClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
@@ -22,7 +23,7 @@ async def server() -> AsyncIterator[LoopbackServer]:
         yield loopback
 
 
-@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses"])
+@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses", "anthropic"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -39,6 +40,10 @@ async def make_client(
         made_client: ModelClient
         if provider == "ollama":
             made_client = OllamaClient("llama-test", host=server.url, **options)
+        elif provider == "anthropic":
+            made_client = AnthropicClient(
+                "claude-test", base_url=server.url, api_key="sk-ant-test", **options
+            )
         elif provider == "openai-responses":
             made_client = OpenAIResponsesClient(
                 "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options

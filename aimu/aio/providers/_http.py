@@ -31,7 +31,7 @@ from aimu.aio._numbers import finite
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
 from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
-from aimu.aio.providers._wire import PrefillEcho, WireEncoder, dumps, prefill
+from aimu.aio.providers._wire import PrefillEcho, WireEncoder, prefill, request_body
 from aimu.aio.providers.base import Chunk, ModelClient, TurnRequest
 from aimu.aio.transcript import Message, ToolSpec
 
@@ -163,13 +163,15 @@ class Reporter:
             )
         return value
 
-    def server_error(self, detail: object) -> ModelHTTPError:
-        """An error object the server sent inside a 200 reply."""
+    def server_error(self, detail: object, status: int = 200) -> ModelHTTPError:
+        """An error object the server sent inside a 200 reply; ``status`` is the HTTP
+        status its kind stands for (Anthropic's ``overloaded_error``: 529), so an error
+        that arrives before any byte of the turn is retried as that status would be."""
         text = self.redact(error_text(detail))
         return ModelHTTPError(
             f"{self.service} at {self.host} reported an error mid-reply for model "
             f"{self.model!r}: {text[:_TEXT_LIMIT]}",
-            host=self.host, status_code=200, body=text,
+            host=self.host, status_code=status, body=text,
         )
 
     def http_error(self, response: httpx.Response, raw: bytes, hint: str) -> ModelHTTPError:
@@ -491,9 +493,8 @@ class HTTPModelClient(ModelClient):
         tools: Sequence[ToolSpec] | None,
     ) -> bytes:
         """The body: ``settings`` with the transcript's cached wire form and the tools."""
-        head = dumps(settings)[:-1]  # the object left open for the transcript
-        tail = b',"tools":' + self._wire.tools(tools) + b"}" if tools else b"}"
-        return head + b',"messages":' + self._wire.messages(messages) + tail
+        encoded = self._wire.messages(messages)
+        return request_body(settings, encoded, self._wire.tools(tools) if tools else None)
 
     def status_hint(self, status: int) -> str:
         """What to check after an HTTP error status (``"; ..."``), or ``""``."""
@@ -509,62 +510,83 @@ class HTTPModelClient(ModelClient):
     ) -> AsyncGenerator[Chunk, None]:
         body = self.body(messages, tools, stream, request)
         reporter = self.reporter()
-        decoder = self.decoder(reporter)
         # A continued answer: a server may send the prefix back first (llama.cpp does).
         prefix = prefill(messages, self._wire.merge_roles)
-        echo = PrefillEcho(prefix) if prefix else None
         pool = self._pool
         shard = await pool.acquire(reporter)
+        attempt = 0
         try:
-            response = await self._open(shard.http, body, stream, reporter)
-            # httpx's body iterator is an async generator: closed below, not left to the GC.
-            pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
-            try:
-                with reporter:
-                    if not stream:
-                        chunks = decoder.whole(await response.aread())
+            while True:
+                decoder = self.decoder(reporter)
+                echo = PrefillEcho(prefix) if prefix else None
+                response, attempt = await self._open(shard.http, body, stream, reporter, attempt)
+                began = False  # a chunk of the turn went out: no retry from here on
+                # httpx's body iterator is an async generator: closed below, not left to
+                # the GC.
+                pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+                try:
+                    with reporter:
+                        if not stream:
+                            chunks = decoder.whole(await response.aread())
+                            for chunk in echo.chunks(chunks) if echo is not None else chunks:
+                                yield chunk
+                            return
+                        rest = b""
+                        async for piece in pieces:
+                            lines = (rest + piece).split(b"\n")
+                            rest = lines.pop()
+                            for line in lines:
+                                chunks = decoder.line(line)
+                                if decoder.finished:
+                                    await _drain(pieces)  # the connection goes back to the pool
+                                if echo is not None:
+                                    chunks = echo.chunks(chunks)
+                                    echo = None if echo.settled else echo
+                                for chunk in chunks:
+                                    began = True
+                                    yield chunk
+                                if decoder.finished:
+                                    return
+                        chunks = decoder.line(rest) if rest else []
+                        if not decoder.finished:
+                            chunks += decoder.end()
                         for chunk in echo.chunks(chunks) if echo is not None else chunks:
                             yield chunk
                         return
-                    rest = b""
-                    async for piece in pieces:
-                        lines = (rest + piece).split(b"\n")
-                        rest = lines.pop()
-                        for line in lines:
-                            chunks = decoder.line(line)
-                            if decoder.finished:
-                                await _drain(pieces)  # so the connection goes back to the pool
-                            if echo is not None:
-                                chunks = echo.chunks(chunks)
-                                echo = None if echo.settled else echo
-                            for chunk in chunks:
-                                yield chunk
-                            if decoder.finished:
-                                return
-                    chunks = decoder.line(rest) if rest else []
-                    if not decoder.finished:
-                        chunks += decoder.end()
-                    for chunk in echo.chunks(chunks) if echo is not None else chunks:
-                        yield chunk
-            except (ModelConnectionError, ModelProtocolError) as error:
-                _note_dropped(reporter, error)
-                raise
-            finally:
-                # Closes the HTTP response now, whether we finished, failed, were closed or
-                # cancelled; the server sees the connection go.
-                await pieces.aclose()
-                await response.aclose()
+                except ModelHTTPError as error:
+                    # An error event before any byte of the turn (Anthropic's
+                    # overloaded_error) is retried like the status it stands for.
+                    if began or not Retry.retry_status(error.status_code):
+                        raise
+                    failure: ModelHTTPError = error
+                except (ModelConnectionError, ModelProtocolError) as error:
+                    _note_dropped(reporter, error)
+                    raise
+                finally:
+                    # Closes the HTTP response now, whether we finished, failed, were
+                    # closed or cancelled; the server sees the connection go.
+                    await pieces.aclose()
+                    await response.aclose()
+                attempt += 1
+                if not await self.retry.wait(attempt, None, failure, reporter):
+                    raise failure
+                self.retry_count += 1
         finally:
             pool.release(shard)
 
     async def _open(
-        self, http: httpx.AsyncClient, body: bytes, stream: bool, reporter: Reporter
-    ) -> httpx.Response:
-        """The response to the request, its head read; retried while no byte came back."""
+        self,
+        http: httpx.AsyncClient,
+        body: bytes,
+        stream: bool,
+        reporter: Reporter,
+        attempt: int = 0,
+    ) -> tuple[httpx.Response, int]:
+        """The response to the request, its head read, and the retries made so far
+        (``attempt`` before); retried while no byte came back."""
         headers = {"Content-Type": "application/json"}
         if stream:
             headers["Accept"] = "text/event-stream, application/x-ndjson"
-        attempt = 0
         loading_since: float | None = None  # when the server first said it was loading
         while True:
             request = http.build_request(
@@ -579,7 +601,7 @@ class HTTPModelClient(ModelClient):
                 retryable = Retry.before_reply(error.__cause__)
             else:
                 if response.status_code < 400:
-                    return response
+                    return response, attempt
                 failure = await self._http_error(response, reporter)
                 retryable = Retry.retry_status(response.status_code)
                 wait = retry_after(response.headers.get("retry-after"))

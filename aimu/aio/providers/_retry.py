@@ -1,15 +1,16 @@
 """Retrying a model request that failed before any byte of its reply arrived.
 
-A 429 (its ``Retry-After`` honoured), a 502/503/504, or a connection refused or reset
-before the response head is retried with exponential backoff and jitter, at most
-``retries`` times, never past the run's deadline. A ``503 Loading model`` (a server still
-loading the model's weights, as llama.cpp's says) is retried beyond that, every second
-or so, for up to :data:`LOADING_WAIT` seconds from the first, still never past the
-deadline. A cancel ends the wait at once; an
-interrupt of the run ends it too, and the last failure is raised (an agent then ends the
-run interrupted: no byte of the turn exists). Each retry is a
-:class:`~aimu.aio.events.ModelRetry` event in the current run scope and a log record
-on ``aimu.aio.providers`` (host without credentials, redacted error, no header).
+A 429 (its ``Retry-After`` honoured), a 502/503/504/529 (Anthropic's overloaded), or a
+connection refused or reset before the response head (or an error event standing for one
+of those statuses before any byte of the turn) is retried with exponential backoff and
+jitter, at most ``retries`` times, never past the run's deadline. A ``503 Loading
+model`` (a server still loading the model's weights, as llama.cpp's says) is retried
+beyond that, every second or so, for up to :data:`LOADING_WAIT` seconds from the first,
+still never past the deadline. A cancel ends the wait at once; an interrupt of the run
+ends it too, and the last failure is raised (an agent then ends the run interrupted: no
+byte of the turn exists). Each retry is a :class:`~aimu.aio.events.ModelRetry` event in
+the current run scope and a log record on ``aimu.aio.providers`` (host without
+credentials, redacted error, no header).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _MAX_RETRY_AFTER = 60.0
 #: Seconds a server that answers ``503 Loading model`` is waited for (from its first).
 LOADING_WAIT = 120.0
 _LOADING_POLL = 1.0  # the longest wait between two tries of a loading server
-_STATUSES = frozenset({429, 502, 503, 504})
+_STATUSES = frozenset({429, 502, 503, 504, 529})  # 529: Anthropic overloaded
 # Raised by send() before the response head: nothing of a reply has arrived.
 _BEFORE_REPLY = (
     httpx.ConnectError,

@@ -24,7 +24,7 @@ from aimu.aio.transcript import AssistantMessage, Message, ToolCall, ToolSpec
 
 __all__ = [
     "PrefillEcho", "WireEncoder", "decode_arguments", "dumps", "dumps_text", "merge_messages",
-    "prefill",
+    "prefill", "request_body", "unchanged",
 ]
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -46,6 +46,25 @@ def dumps(value: object) -> bytes:
         return text.encode()
     except UnicodeEncodeError:
         return clean(text).encode()
+
+
+def request_body(settings: dict[str, Any], messages: bytes, tools: bytes | None) -> bytes:
+    """A request body: ``settings`` with the encoded ``messages`` array and ``tools``."""
+    head = dumps(settings)[:-1]  # the object left open for the transcript
+    tail = b',"tools":' + tools + b"}" if tools is not None else b"}"
+    return head + b',"messages":' + messages + tail
+
+
+def unchanged(objects: list[Message], contents: list[str], messages: Sequence[Message]) -> int:
+    """How many leading ``messages`` are the ``objects`` encoded last time, with the same
+    ``contents`` (0: start afresh). Two passes at C speed."""
+    known = len(objects)
+    if not known or len(messages) < known:
+        return 0
+    sent = messages[:known]
+    if all(map(is_, objects, sent)) and all(map(is_, contents, map(_CONTENT, sent))):
+        return known
+    return 0
 
 
 def merge_messages(group: Sequence[Message]) -> Message:
@@ -147,21 +166,9 @@ class WireEncoder:
         self._group: list[Message] = []  # the last run of same-role messages (merged)
         self._tools: tuple[object, bytes] = (None, b"[]")
 
-    def _cached(self, messages: Sequence[Message]) -> int:
-        """How many leading messages are as they were last time (0: start afresh)."""
-        known = len(self._objects)
-        if not known or len(messages) < known:
-            return 0
-        sent = messages[:known]
-        if all(map(is_, self._objects, sent)) and all(
-            map(is_, self._contents, map(_CONTENT, sent))
-        ):
-            return known
-        return 0
-
     def messages(self, messages: Sequence[Message]) -> bytes:
         """The JSON array of ``messages`` in wire form."""
-        start = self._cached(messages)
+        start = unchanged(self._objects, self._contents, messages)
         if not start:
             self._objects, self._contents, self._parts, self._group = [], [], [], []
         parts = self._parts

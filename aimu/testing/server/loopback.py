@@ -24,6 +24,7 @@ import h11
 
 from aimu.testing.script import Script, Turn
 from aimu.testing.server._connection import BadRequest, Connection, Request
+from aimu.testing.server.anthropic import ANTHROPIC
 from aimu.testing.server.gemini import GEMINI, is_gemini_path
 from aimu.testing.server.model import default_script
 from aimu.testing.server.ollama import OLLAMA
@@ -55,6 +56,8 @@ def _protocol(path: str) -> Protocol:
         return GEMINI
     if path == PREFIX or path.startswith(PREFIX + "/"):
         return RESPONSES
+    if path == ANTHROPIC.chat_path:
+        return ANTHROPIC
     return OPENAI if path == "/v1" or path.startswith("/v1/") else OLLAMA
 
 

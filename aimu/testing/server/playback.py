@@ -21,10 +21,15 @@ from aimu.testing.server.wire import JSON, Wire
 
 __all__ = ["HTTP_FAULTS", "play"]
 
-_MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang", "error_event"})
+_MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang", "error_event", "overloaded_event"})
 HTTP_FAULTS = {
     "http_500": 500, "http_429": 429, "http_502": 502, "http_503": 503, "http_504": 504,
-    "http_503_loading": 503,
+    "http_503_loading": 503, "http_529": 529,
+}
+#: The error event faults: the status whose error each event carries, and its words.
+_EVENT_FAULTS = {
+    "error_event": (500, "internal error (scripted error_event fault)"),
+    "overloaded_event": (529, "Overloaded (scripted overloaded_event fault)"),
 }
 _FAULT_WORDS = {
     429: "rate limited",
@@ -32,6 +37,7 @@ _FAULT_WORDS = {
     502: "bad gateway",
     503: "service unavailable",
     504: "gateway timeout",
+    529: "overloaded",
 }
 
 
@@ -111,8 +117,8 @@ class _Player:
             return self._gone()
         if turn.fault == "bad_json":
             body = self.wire.bad_line().strip()
-        elif turn.fault == "error_event":
-            body = self.wire.error_body(500, "internal error (scripted error_event fault)")
+        elif turn.fault in _EVENT_FAULTS:
+            body = self.wire.error_body(*_EVENT_FAULTS[turn.fault])
         else:
             echoed = replace(turn, text=self.echo + turn.text) if self.echo else turn
             body = self.wire.whole(echoed, finished=turn.fault != "no_done")
@@ -160,8 +166,9 @@ class _Player:
         if self.turn.fault == "hang":
             await self.connection.wait(None)
             return self._gone()
-        if self.turn.fault == "error_event":
-            line = self.wire.error_event("internal error (scripted error_event fault)")
+        if self.turn.fault in _EVENT_FAULTS:
+            status, words = _EVENT_FAULTS[self.turn.fault]
+            line = self.wire.error_event(words, status)
         else:
             line = self.wire.bad_line()
         if not await self.connection.send_chunks([line], end=True):

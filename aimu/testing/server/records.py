@@ -9,7 +9,7 @@ from aimu.testing.server.gemini_chat import chat_view
 
 __all__ = ["Headers", "RecordedRequest", "StreamRecord", "WireProtocol"]
 
-WireProtocol: TypeAlias = Literal["ollama", "openai", "gemini", "openai-responses"]
+WireProtocol: TypeAlias = Literal["ollama", "openai", "gemini", "openai-responses", "anthropic"]
 
 _T = TypeVar("_T")
 

@@ -94,8 +94,9 @@ class Wire(abc.ABC):
     def bad_line(self) -> bytes:
         """A framed line/event whose JSON is broken (the ``bad_json`` fault)."""
 
-    def error_event(self, message: str) -> bytes:
-        """A framed error the server sends mid-stream (the ``error_event`` fault)."""
+    def error_event(self, message: str, status: int = 500) -> bytes:
+        """A framed error the server sends mid-stream (the ``error_event`` fault; with
+        ``overloaded_event``, the error of a 529)."""
         return json_bytes({"error": message}) + b"\n"
 
     @abc.abstractmethod

@@ -1,0 +1,606 @@
+"""``anthropic:<model>``: Anthropic's Messages API (``POST /v1/messages``), over httpx.
+
+The transcript is translated to Anthropic's shape here and nowhere else: the system
+prompt goes as the top-level ``system``; an assistant turn is content blocks (``text``,
+``tool_use``, and the signed ``thinking`` blocks it had, sent back unchanged from its
+``aimu_native`` data); tool results become ``tool_result`` blocks at the head of the
+next user turn, consecutive results (and a user message after them) merged into one
+turn, so every ``tool_use`` is answered where the API looks for it. Thinking from
+another wire, or from a turn cut short, is never sent: the API takes only signed
+thinking, and a cut block has no signature.
+
+Replies stream as SSE with every event type of the published format. An
+``overloaded_error`` event before any byte of the turn is retried like a 529. The API
+key goes in the ``x-api-key`` header and appears in no repr, log or error message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
+
+from aimu.aio._sse import SSEParser
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import (
+    DEFAULT_CONCURRENCY,
+    HTTPModelClient,
+    Reporter,
+    TurnDecoder,
+    call_id,
+    display_url,
+)
+from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unchanged
+from aimu.aio.providers.base import (
+    Chunk,
+    NativeData,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+    check_context_window,
+)
+from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_MAX_TOKENS",
+    "STOP_REASONS",
+    "WIRE",
+    "AnthropicClient",
+    "message_blocks",
+]
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+#: ``max_tokens`` when ``options`` set none (the API requires one on every request).
+DEFAULT_MAX_TOKENS = 4096
+#: The name of this wire in ``aimu_native`` data.
+WIRE = "anthropic"
+#: Anthropic's ``stop_reason`` in aimu's words (others are kept as they are).
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "refusal",
+}
+#: The HTTP status an error event's type stands for (so it is retried like that status).
+_ERROR_STATUS = {
+    "overloaded_error": 529,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+}
+_CACHE = {"type": "ephemeral"}
+_THINKING = frozenset({"thinking", "redacted_thinking"})
+
+
+# -- the transcript in Anthropic's shape --------------------------------------------------
+
+
+def _image(url: str) -> dict[str, Any]:
+    head, _, data = url.partition(";base64,")
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": head.removeprefix("data:"), "data": data},
+    }
+
+
+def message_blocks(message: Message) -> list[dict[str, Any]]:
+    """The content blocks of one transcript message (system messages have none here).
+
+    An assistant reply written on this wire is sent as its ``aimu_native`` blocks
+    (signed thinking included) when they still match its tool calls; any other reply
+    as its text and ``tool_use`` blocks.
+    """
+    if message["role"] == "tool":
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message["tool_call_id"]}
+        if message["content"]:
+            result["content"] = message["content"]
+        return [result]
+    if message["role"] == "user":
+        blocks = [_image(url) for url in message.get("images", [])]
+        if message["content"]:
+            blocks.append({"type": "text", "text": message["content"]})
+        return blocks
+    if message["role"] != "assistant":
+        return []
+    calls = message.get("tool_calls", [])
+    native = native_data(message, WIRE)
+    if native is not None and isinstance(native.get("content"), list):
+        sent = [block for block in native["content"] if isinstance(block, dict)]
+        ids = [block.get("id") for block in sent if block.get("type") == "tool_use"]
+        if ids == [call["id"] for call in calls]:
+            return [b for b in sent if b.get("type") != "text" or b.get("text")]
+    blocks = [{"type": "text", "text": message["content"]}] if message["content"] else []
+    blocks += [
+        {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": call["function"]["name"],
+            "input": call["function"]["arguments"],
+        }
+        for call in calls
+    ]
+    return blocks
+
+
+class _Encoder:
+    """The transcript as Anthropic turns, each message's blocks encoded once.
+
+    A transcript usually grows at its end: the messages encoded last time are checked to
+    be the same objects with the same content, and only new ones are encoded. Tool
+    results and user messages that follow each other form one user turn (results
+    first); consecutive assistant messages one assistant turn; a message without blocks
+    (an empty reply) is left out.
+    """
+
+    __slots__ = ("_contents", "_encoded", "_objects", "_tools")
+
+    def __init__(self) -> None:
+        self._objects: list[Message] = []
+        self._contents: list[str] = []
+        # per message: its turn's role ("" for none) and its blocks, results apart
+        self._encoded: list[tuple[str, bytes, bytes]] = []
+        self._tools: tuple[object, bool, bytes] = (None, False, b"[]")
+
+    def messages(self, messages: Sequence[Message]) -> bytes:
+        """The ``messages`` array (the system prompt is not in it)."""
+        start = unchanged(self._objects, self._contents, messages)
+        if not start:
+            self._objects, self._contents, self._encoded = [], [], []
+        for message in messages[start:]:
+            self._objects.append(message)
+            self._contents.append(message["content"])
+            kind: str = message["role"]
+            blocks = [dumps(block) for block in message_blocks(message)]
+            if kind == "tool":
+                self._encoded.append(("user", b",".join(blocks), b""))
+            elif kind in ("user", "assistant") and blocks:
+                self._encoded.append((kind, b"", b",".join(blocks)))
+            else:
+                self._encoded.append(("", b"", b""))
+        turns: list[bytes] = []
+        role = ""
+        results: list[bytes] = []
+        rest: list[bytes] = []
+        for kind, result, other in self._encoded:
+            if not kind:
+                continue
+            if kind != role:
+                if role:
+                    turns.append(_turn(role, results, rest))
+                role, results, rest = kind, [], []
+            if result:
+                results.append(result)
+            if other:
+                rest.append(other)
+        if role:
+            turns.append(_turn(role, results, rest))
+        return b"[" + b",".join(turns) + b"]"
+
+    def tools(self, tools: Sequence[ToolSpec], cache: bool) -> bytes:
+        cached, cached_flag, encoded = self._tools
+        if cached is not tools or cached_flag != cache:
+            wire = [
+                {
+                    "name": tool["function"]["name"],
+                    "description": tool["function"].get("description", ""),
+                    "input_schema": tool["function"].get("parameters")
+                    or {"type": "object", "properties": {}},
+                }
+                for tool in tools
+            ]
+            if cache and wire:
+                wire[-1]["cache_control"] = _CACHE
+            encoded = dumps(wire)
+            self._tools = (tools, cache, encoded)
+        return encoded
+
+
+def _turn(role: str, results: list[bytes], rest: list[bytes]) -> bytes:
+    content = b",".join(results + rest)
+    return b'{"role":"' + role.encode() + b'","content":[' + content + b"]}"
+
+
+# -- the client ---------------------------------------------------------------------------
+
+
+class AnthropicClient(HTTPModelClient):
+    """A Claude model over Anthropic's Messages API (``client("anthropic:claude-...")``).
+
+    ``api_key`` defaults to ``ANTHROPIC_API_KEY``, ``base_url`` to ``ANTHROPIC_BASE_URL``
+    or the public API. ``options`` are merged into every request body (``max_tokens``,
+    default :data:`DEFAULT_MAX_TOKENS`; ``temperature``; ``thinking``, e.g.
+    ``{"type": "enabled", "budget_tokens": 2048}``). ``cache=True`` marks the system
+    prompt and the tools for prompt caching (``cache_control``); the cached tokens count
+    in the usage's input tokens. ``timeout``, ``connect_timeout``, ``retries``,
+    ``retry_delay``, ``concurrency`` and ``context_window`` are as for every HTTP client.
+    ``continues_partial=True`` sends a cut answer as a prefill for the model to continue
+    (the API continues a trailing assistant message, but not with thinking on).
+    ``merge_roles`` is taken for uniformity with the other clients: adjacent messages of
+    one side always go as one turn here, as the API wants.
+    """
+
+    provider = "anthropic"
+    service = "the Anthropic API"
+    hint = "check base_url= / ANTHROPIC_BASE_URL"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        cache: bool = False,
+        timeout: float = 300.0,
+        connect_timeout: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+        retries: int = DEFAULT_RETRIES,
+        retry_delay: float = DEFAULT_DELAY,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        context_window: int | None = None,
+        continues_partial: bool = False,
+        merge_roles: bool = True,
+    ) -> None:
+        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).strip()
+        if "://" not in url:
+            raise ValueError(
+                f"base_url {display_url(url)!r} needs a scheme, e.g. http://127.0.0.1:8080"
+            )
+        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        sent = {"Accept": "application/json", "anthropic-version": API_VERSION, **(headers or {})}
+        if key:
+            sent["x-api-key"] = key
+        super().__init__(
+            model,
+            url,
+            headers=sent,
+            secrets=[key] if key else [],
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            retries=retries,
+            retry_delay=retry_delay,
+            merge_roles=False,
+            concurrency=concurrency,
+            to_wire=message_blocks,
+        )
+        del merge_roles  # always merged (see above)
+        self.options: dict[str, Any] = dict(options or {})
+        self.cache = bool(cache)
+        self.context_window = check_context_window(context_window)
+        self.continues_partial = bool(continues_partial)
+        self._turns = _Encoder()
+
+    @property
+    def base_url(self) -> str:
+        """The API's base URL (without credentials)."""
+        return self.url
+
+    @property
+    def has_api_key(self) -> bool:
+        return "x-api-key" in self._pool.headers
+
+    def fork(self) -> Self:
+        twin = super().fork()
+        twin._turns = _Encoder()
+        return twin
+
+    def endpoint(self) -> str:
+        return self.url + "/v1/messages"
+
+    def body(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None,
+        stream: bool,
+        request: TurnRequest | None = None,
+    ) -> bytes:
+        settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **self.options}
+        settings["model"] = self.model
+        settings["stream"] = stream
+        if messages and messages[0]["role"] == "system" and messages[0]["content"]:
+            system = messages[0]["content"]
+            settings["system"] = (
+                [{"type": "text", "text": system, "cache_control": _CACHE}] if self.cache
+                else system
+            )
+        if request is not None:
+            settings.update(_request_fields(request, bool(tools)))
+        encoded = self._turns.messages(messages)
+        return request_body(
+            settings, encoded, self._turns.tools(tools, self.cache) if tools else None
+        )
+
+    def status_hint(self, status: int) -> str:
+        if status in (401, 403):
+            return "; check api_key= / ANTHROPIC_API_KEY"
+        if status == 404:
+            return f"; check the model name and that {self.host} serves /v1/messages"
+        if status == 529:
+            return "; the API is overloaded, try again later"
+        return ""
+
+    def decoder(self, reporter: Reporter) -> TurnDecoder:
+        return _AnthropicTurn(reporter)
+
+
+def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:
+    """``output_config.format`` for an output schema (structured outputs); the tool
+    options only with tools."""
+    fields: dict[str, Any] = {}
+    if request.output_schema is not None:
+        schema = dict(request.output_schema)
+        fields["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+    if with_tools:
+        choice: dict[str, Any] | None = None
+        if request.tool_choice in ("auto", "none"):
+            choice = {"type": request.tool_choice}
+        elif request.tool_choice == "required":
+            choice = {"type": "any"}
+        elif request.tool_choice is not None:
+            choice = {"type": "tool", "name": request.tool_choice}
+        if request.parallel_tool_calls is False:
+            choice = choice or {"type": "auto"}
+            if choice["type"] != "none":
+                choice["disable_parallel_tool_use"] = True
+        if choice is not None:
+            fields["tool_choice"] = choice
+    return fields
+
+
+# -- reading a reply ----------------------------------------------------------------------
+
+
+class _Block:
+    """A content block being streamed."""
+
+    __slots__ = ("data", "json")
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.json: list[str] = []
+
+
+class _AnthropicTurn(TurnDecoder):
+    """One reply: the SSE events of a streamed message, or one message body."""
+
+    __slots__ = (
+        "blocks", "done_blocks", "open", "parser", "reporter", "seen", "stop", "text", "usage",
+        "usage_reported",
+    )
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.parser = SSEParser()
+        self.blocks: dict[int, _Block] = {}
+        self.done_blocks: list[dict[str, Any]] = []
+        self.open: set[int] = set()
+        self.stop: str | None = None
+        self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage_reported = False
+        self.seen: set[str] = set()
+        self.text = TurnText()
+
+    # -- streamed -------------------------------------------------------------------
+
+    def line(self, line: bytes) -> list[Chunk]:
+        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
+        return [] if event is None else self.event(event.data)
+
+    def end(self) -> list[Chunk]:
+        last = self.parser.flush()
+        chunks = self.event(last.data) if last is not None else []
+        if self.finished:
+            return chunks
+        raise self.reporter.protocol(
+            "ended the stream before message_stop (the reply did not finish); "
+            "the server may have stopped mid-reply"
+        )
+
+    def event(self, data: str) -> list[Chunk]:
+        event = self.reporter.json_object(data, "an event")
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            return self._delta(event)
+        if kind == "content_block_start":
+            return self._start(event)
+        if kind == "content_block_stop":
+            return self._stop(event)
+        if kind == "message_start":
+            self._count(_dict(_dict(event.get("message")).get("usage")))
+            return []
+        if kind == "message_delta":
+            reason = _dict(event.get("delta")).get("stop_reason")
+            if isinstance(reason, str):
+                self.stop = reason
+            self._count(_dict(event.get("usage")))
+            return []
+        if kind == "message_stop":
+            return self._done()
+        if kind == "error":
+            raise self._error(event.get("error"))
+        return []  # ping, and event types added later, are skipped as the API asks
+
+    def _error(self, detail: object) -> Exception:
+        kind = _dict(detail).get("type")
+        return self.reporter.server_error(detail, _ERROR_STATUS.get(str(kind), 200))
+
+    def _index(self, event: Mapping[str, Any]) -> int:
+        index = event.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise self.reporter.protocol(f"sent a content block event with index {clip(index, 40)}")
+        return index
+
+    def _start(self, event: Mapping[str, Any]) -> list[Chunk]:
+        index = self._index(event)
+        block = event.get("content_block")
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise self.reporter.protocol(f"sent content block {index} without a type")
+        if index in self.blocks:
+            raise self.reporter.protocol(f"started content block {index} twice")
+        data = dict(block)
+        self.blocks[index] = _Block(data)
+        self.open.add(index)
+        if data["type"] == "text":
+            return self.text.chunks(None, data.get("text"))
+        if data["type"] == "thinking":
+            return self.text.chunks(data.get("thinking"), None)
+        return []
+
+    def _block(self, event: Mapping[str, Any]) -> _Block:
+        index = self._index(event)
+        block = self.blocks.get(index)
+        if block is None:
+            raise self.reporter.protocol(f"sent a delta for content block {index} before its start")
+        return block
+
+    def _delta(self, event: Mapping[str, Any]) -> list[Chunk]:
+        block = self._block(event)
+        delta = _dict(event.get("delta"))
+        kind = delta.get("type")
+        data = block.data
+        if kind == "text_delta":
+            piece = delta.get("text")
+            if isinstance(piece, str):
+                data["text"] = data.get("text", "") + piece
+                return self.text.chunks(None, piece)
+        elif kind == "input_json_delta":
+            piece = delta.get("partial_json")
+            if isinstance(piece, str):
+                block.json.append(piece)
+        elif kind == "thinking_delta":
+            piece = delta.get("thinking")
+            if isinstance(piece, str):
+                data["thinking"] = data.get("thinking", "") + piece
+                return self.text.chunks(piece, None)
+        elif kind == "signature_delta":
+            piece = delta.get("signature")
+            if isinstance(piece, str):
+                data["signature"] = data.get("signature", "") + piece
+        return []  # citations and later delta types carry nothing the transcript keeps
+
+    def _stop(self, event: Mapping[str, Any]) -> list[Chunk]:
+        block = self._block(event)
+        self.open.discard(self._index(event))
+        data = block.data
+        if data["type"] != "tool_use":
+            self.done_blocks.append(data)
+            return []
+        raw = "".join(block.json)
+        if not raw and isinstance(data.get("input"), dict) and data["input"]:
+            raw = json.dumps(data["input"])
+        return [self._call(data, raw)]
+
+    def _call(self, data: dict[str, Any], raw: str) -> ToolCallDelta:
+        name = data.get("name")
+        if not isinstance(name, str) or not name:
+            raise self.reporter.protocol("sent a tool_use block without a name")
+        name = clean(name)
+        identifier = data.get("id")
+        if not isinstance(identifier, str) or not identifier or identifier in self.seen:
+            identifier = call_id()
+        identifier = clean(identifier)
+        self.seen.add(identifier)
+        arguments, error = decode_arguments(raw, name)
+        self.done_blocks.append(
+            {"type": "tool_use", "id": identifier, "name": name, "input": arguments}
+        )
+        call: ToolCall = {
+            "id": identifier,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        return ToolCallDelta(call, error)
+
+    def _count(self, usage: Mapping[str, Any]) -> None:
+        """Usage from message_start, then message_delta's cumulative counts; the input
+        tokens include those written to and read from the prompt cache."""
+        inputs = [usage.get(key) for key in
+                  ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+        if any(isinstance(value, int) for value in inputs):
+            self.usage["input_tokens"] = sum(v for v in inputs if isinstance(v, int))
+        output = usage.get("output_tokens")
+        if isinstance(output, int):
+            self.usage["output_tokens"] = output
+            self.usage_reported = isinstance(inputs[0], int) or self.usage_reported
+
+    def _done(self) -> list[Chunk]:
+        if self.open:
+            raise self.reporter.protocol("ended the message with a content block still open")
+        chunks = self.text.flush()
+        blocks = self.done_blocks
+        if any(block["type"] in _THINKING for block in blocks):
+            chunks.append(NativeData({"wire": WIRE, "content": _native(blocks)}))
+        reason = STOP_REASONS.get(self.stop, self.stop) if self.stop is not None else None
+        usage: Usage = {
+            "input_tokens": self.usage["input_tokens"],
+            "output_tokens": self.usage["output_tokens"],
+        }
+        chunks.append(TurnDone(usage, reason, self.usage_reported))
+        self.finished = True
+        return chunks
+
+    # -- whole ------------------------------------------------------------------------
+
+    def whole(self, body: bytes) -> list[Chunk]:
+        reply = self.reporter.json_object(body, "a reply")
+        if reply.get("type") == "error":
+            raise self._error(reply.get("error"))
+        content = reply.get("content")
+        if not isinstance(content, list):
+            raise self.reporter.protocol(f"sent a reply without content: {clip(body)}")
+        chunks: list[Chunk] = []
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "tool_use":
+                raw = json.dumps(block.get("input") if isinstance(block.get("input"), dict) else {})
+                chunks.append(self._call(block, raw))
+                continue
+            if kind == "text":
+                chunks += self.text.chunks(None, block.get("text"))
+            elif kind == "thinking":
+                chunks += self.text.chunks(block.get("thinking"), None)
+            self.done_blocks.append(dict(block))
+        stop = reply.get("stop_reason")
+        if not isinstance(stop, str):
+            raise self.reporter.protocol("sent a reply that did not finish (no stop_reason)")
+        self.stop = stop
+        self._count(_dict(reply.get("usage")))
+        return chunks + self._done()
+
+
+def _native(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reply's blocks as the API takes them back: thinking exactly as it came."""
+    kept: list[dict[str, Any]] = []
+    for block in blocks:
+        kind = block["type"]
+        if kind == "thinking":
+            kept.append(
+                {"type": "thinking", "thinking": block.get("thinking", ""),
+                 "signature": block.get("signature", "")}
+            )
+        elif kind == "redacted_thinking":
+            kept.append({"type": "redacted_thinking", "data": block.get("data", "")})
+        elif kind == "text":
+            kept.append({"type": "text", "text": clean(str(block.get("text", "")))})
+        elif kind == "tool_use":
+            kept.append(block)
+    return kept
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
