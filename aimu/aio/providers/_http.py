@@ -519,7 +519,7 @@ class HTTPModelClient(ModelClient):
             while True:
                 decoder = self.decoder(reporter)
                 echo = PrefillEcho(prefix) if prefix else None
-                response, attempt = await self._open(shard.http, body, stream, reporter, attempt)
+                response, attempt = await self._send(shard.http, body, stream, reporter, attempt)
                 began = False  # a chunk of the turn went out: no retry from here on
                 # httpx's body iterator is an async generator: closed below, not left to
                 # the GC.
@@ -575,12 +575,18 @@ class HTTPModelClient(ModelClient):
             pool.release(shard)
 
     async def _open(
+        self, http: httpx.AsyncClient, body: bytes, stream: bool, reporter: Reporter
+    ) -> httpx.Response:
+        """The response to the request, its head read; retried while no byte came back."""
+        return (await self._send(http, body, stream, reporter, 0))[0]
+
+    async def _send(
         self,
         http: httpx.AsyncClient,
         body: bytes,
         stream: bool,
         reporter: Reporter,
-        attempt: int = 0,
+        attempt: int,
     ) -> tuple[httpx.Response, int]:
         """The response to the request, its head read, and the retries made so far
         (``attempt`` before); retried while no byte came back."""

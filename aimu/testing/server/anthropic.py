@@ -82,9 +82,11 @@ class AnthropicWire(Wire):
         kind = _ERROR_TYPES.get(status, "api_error")
         return json_bytes({"type": "error", "error": {"type": kind, "message": message}})
 
-    def error_event(self, message: str, status: int = 500) -> bytes:
-        kind = _ERROR_TYPES.get(status, "api_error")
-        return _event("error", {"error": {"type": kind, "message": message}})
+    def error_event(self, message: str) -> bytes:
+        return _event("error", {"error": {"type": "api_error", "message": message}})
+
+    def overloaded_event(self, message: str) -> bytes:
+        return _event("error", {"error": {"type": "overloaded_error", "message": message}})
 
     def _call_ids(self, calls: Sequence[ScriptedCall]) -> list[str]:
         if self._ids is None:

@@ -187,8 +187,8 @@ class GeminiWire(Wire):
     def bad_line(self) -> bytes:
         return sse.frame(b'{"candidates": this is not JSON')
 
-    def error_event(self, message: str, status: int = 500) -> bytes:
-        return sse.frame(self.error_body(status, message))
+    def error_event(self, message: str) -> bytes:
+        return sse.frame(self.error_body(500, message))
 
     def whole(self, turn: Turn, *, finished: bool = True) -> bytes:
         parts: list[dict[str, Any]] = []

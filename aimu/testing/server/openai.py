@@ -111,7 +111,7 @@ class OpenAIWire(Wire):
     def bad_line(self) -> bytes:
         return sse.frame(b'{"choices": this is not JSON')
 
-    def error_event(self, message: str, status: int = 500) -> bytes:
+    def error_event(self, message: str) -> bytes:
         return sse.frame(json_bytes({"error": {"message": message, "type": "server_error"}}))
 
     def whole(self, turn: Turn, *, finished: bool = True) -> bytes:

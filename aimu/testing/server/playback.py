@@ -168,7 +168,8 @@ class _Player:
             return self._gone()
         if self.turn.fault in _EVENT_FAULTS:
             status, words = _EVENT_FAULTS[self.turn.fault]
-            line = self.wire.error_event(words, status)
+            event = self.wire.overloaded_event if status == 529 else self.wire.error_event
+            line = event(words)
         else:
             line = self.wire.bad_line()
         if not await self.connection.send_chunks([line], end=True):

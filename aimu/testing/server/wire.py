@@ -94,10 +94,15 @@ class Wire(abc.ABC):
     def bad_line(self) -> bytes:
         """A framed line/event whose JSON is broken (the ``bad_json`` fault)."""
 
-    def error_event(self, message: str, status: int = 500) -> bytes:
-        """A framed error the server sends mid-stream (the ``error_event`` fault; with
-        ``overloaded_event``, the error of a 529)."""
+    def error_event(self, message: str) -> bytes:
+        """A framed error the server sends mid-stream (the ``error_event`` fault)."""
         return json_bytes({"error": message}) + b"\n"
+
+    def overloaded_event(self, message: str) -> bytes:
+        """A framed error saying the server is overloaded, sent mid-stream (the
+        ``overloaded_event`` fault; Anthropic's ``overloaded_error``); else as
+        :meth:`error_event`."""
+        return self.error_event(message)
 
     @abc.abstractmethod
     def whole(self, turn: Turn, *, finished: bool = True) -> bytes:

@@ -14,8 +14,8 @@ import logging
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from provider_support import RawServer, http_response
+from pydantic import BaseModel
 
 from aimu import aio
 from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, TurnRequest
@@ -133,11 +133,13 @@ async def test_tools_tool_choice_caching_and_structured_output(server: LoopbackS
                                    parallel_tool_calls=False))
     body = server.requests[-1].body
     assert body["max_tokens"] == 99 and body["temperature"] == 0
-    assert body["system"] == [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]
+    cached = {"type": "ephemeral"}
+    assert body["system"] == [{"type": "text", "text": "sys", "cache_control": cached}]
     assert body["tools"][0]["name"] == "lookup" and "input_schema" in body["tools"][0]
     assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
     assert body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
-    assert body["output_config"] == {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+    schema = {"type": "json_schema", "schema": {"type": "object"}}
+    assert body["output_config"] == {"format": schema}
     await turn(model, USER, tools=tools, request=TurnRequest(tool_choice="lookup"))
     assert server.requests[-1].body["tool_choice"] == {"type": "tool", "name": "lookup"}
     await turn(model, USER, request=TurnRequest(tool_choice="none"))
