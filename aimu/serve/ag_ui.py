@@ -8,7 +8,7 @@ conversation: of the client's ``messages`` only the new user message at the end 
 - ``resume`` entries: the decisions on the approvals the thread's paused run waits on
   (its ``interrupt`` outcome named them); the last decision resumes the run;
 - neither (a page that came back): a ``MESSAGES_SNAPSHOT`` of the session, then the run in
-  progress from its start, if there is one.
+  progress from its start, if there is one (a run that died with its server is resumed).
 
 The response is a Server-Sent Events stream of AG-UI events. Leaving it is a stop: a
 client that aborts (closes the stream) cancels the run it was following, and the run ends
@@ -40,6 +40,7 @@ from aimu.serve.stream_runs import (
     RunEnd,
     RunFollower,
     decide_all,
+    live_or_revived,
     sse_data,
 )
 
@@ -145,7 +146,7 @@ async def _begin(
     task = _new_user_text(body.messages)
     if task is not None:
         return RunFollower(runs, await runs.start(session, task), owned=True), False
-    active = await runs.session_run(session)
+    active = await live_or_revived(runs, session)
     return (None if active is None else RunFollower(runs, active, owned=True)), True
 
 

@@ -9,7 +9,8 @@
   ``tool-input-available``, ``tool-output-available``, ``tool-approval-request``,
   ``finish-step``, then ``finish``, ``abort`` or ``error``, and ``[DONE]``.
 - ``GET /api/chat/{id}/stream`` (the resumable-stream convention): the chat's run in
-  progress from its start (204 when none), for a page that was refreshed.
+  progress from its start (204 when none), for a page that was refreshed; a run that
+  died with its server is resumed.
 - ``POST /api/chat/{id}/stop``: cancels the chat's run in progress, server-side.
 
 Leaving the POST stream (the client's ``stop()`` aborts its fetch) cancels the run, as the
@@ -39,6 +40,7 @@ from aimu.serve.stream_runs import (
     RunEnd,
     RunFollower,
     decide_all,
+    live_or_revived,
     sse_data,
 )
 
@@ -124,7 +126,7 @@ async def chat(request: Request, body: ChatRequest) -> Response:
 )
 async def reconnect(request: Request, id: ChatId) -> Response:
     runs: Runs = request.app.runs
-    active = await runs.session_run(validate_name(id))
+    active = await live_or_revived(runs, validate_name(id))
     if active is None:
         return Response(status_code=204)
     return _response(runs, RunFollower(runs, active, owned=False))

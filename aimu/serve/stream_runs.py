@@ -23,7 +23,14 @@ from aimu.aio.transcript import Usage
 from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.runs import Runs, RunView
 
-__all__ = ["ClosingStreamingResponse", "RunEnd", "RunFollower", "decide_all", "sse_data"]
+__all__ = [
+    "ClosingStreamingResponse",
+    "RunEnd",
+    "RunFollower",
+    "decide_all",
+    "live_or_revived",
+    "sse_data",
+]
 
 #: Why a run is cancelled when the client that owned its stream left.
 LEFT = "the client closed the stream"
@@ -121,3 +128,20 @@ async def decide_all(
     if resumed is None:
         return None
     return RunFollower(runs, await runs.backend.view(resumed), owned=True)
+
+
+async def live_or_revived(runs: Runs, session: str) -> RunView | None:
+    """The session's run in progress; else, if its last run died with its process (the
+    store still says ``in_progress`` and no server runs it), that run resumed: a page
+    that comes back after a crash or a deploy finds its run going on, nobody has to press
+    resume. None when nothing runs or is left to resume."""
+    active = await runs.session_run(session)
+    if active is not None:
+        return active
+    info = await runs.store.info(session)
+    if info is None or info.status != "in_progress":
+        return None
+    try:
+        return await runs.start(session, None)
+    except Conflict:  # another page revived it first
+        return await runs.session_run(session)

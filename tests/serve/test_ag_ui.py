@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.harness import GATE, MAILED, Served, aimu_serve
 from tests.services import npm_clients
 
 ag_ui_core = pytest.importorskip("ag_ui.core")
@@ -363,3 +364,33 @@ async def test_the_ag_ui_client_answers_an_interrupt(served: Served) -> None:
     assert end["error"] is None and end["pending"] == []
     assert end["result"] == "mail result: sent to mail ann"
     assert MAILED == ["mail ann"]
+
+
+@pytest.mark.slow
+async def test_a_page_coming_back_after_a_killed_server_finds_its_run_going_on(
+    served: Served, tmp_path: Path
+) -> None:
+    store = tmp_path / "agui.db"
+    async with (
+        aimu_serve(served.model, tmp_path, "--store", str(store), name="one") as one,
+        httpx.AsyncClient(base_url=one.url, timeout=30) as http,
+    ):
+        seen = _stream(http, run_input("agui-kill", "r1", user("short 300")))
+        async with contextlib.aclosing(seen):
+            async for event in seen:
+                if event["type"] == "TEXT_MESSAGE_CONTENT":
+                    one.process.send_signal(signal.SIGKILL)
+                    break
+        await one.process.wait()
+    async with (
+        aimu_serve(served.model, tmp_path, "--store", str(store), name="two") as two,
+        httpx.AsyncClient(base_url=two.url, timeout=30) as http,
+    ):
+        back = await ag_ui_events(http, run_input("agui-kill", "r2"))
+        assert shape(back)[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
+        assert [m["role"] for m in back[1]["messages"]] == ["user"]
+        assert back[-1]["outcome"] == {"type": "success"}
+        assert back[-1]["result"].endswith("c299")
+        stored = (await session(http, "agui-kill"))["messages"]
+    validate(stored)
+    assert [m["role"] for m in stored] == ["user", "assistant"]

@@ -12,14 +12,16 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.harness import GATE, MAILED, Served, aimu_serve
 from tests.services import npm_clients
 
 
@@ -272,3 +274,34 @@ async def test_the_ai_sdk_reconnects_to_a_resumable_run(
     end = lines[-1]["end"]
     assert end["error"] is None
     assert [p["text"] for p in end["message"]["parts"] if p["type"] == "text"][-1] == "w0 w1 w2"
+
+
+@pytest.mark.slow
+async def test_a_reconnect_after_a_killed_server_finds_the_run_going_on(
+    served: Served, tmp_path: Path
+) -> None:
+    store = tmp_path / "sdk.db"
+    async with (
+        aimu_serve(served.model, tmp_path, "--store", str(store), name="one") as one,
+        httpx.AsyncClient(base_url=one.url, timeout=30) as http,
+    ):
+        body = chat_body("sdk-kill", user("short 300"), resumable=True)
+        stream = _stream(http, "POST", "/api/chat", body)
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                if chunk["type"] == "text-delta":
+                    one.process.send_signal(signal.SIGKILL)
+                    break
+        await one.process.wait()
+    async with (
+        aimu_serve(served.model, tmp_path, "--store", str(store), name="two") as two,
+        httpx.AsyncClient(base_url=two.url, timeout=30) as http,
+    ):
+        replay = await chunks(http, "GET", "/api/chat/sdk-kill/stream")
+        assert replay[-2]["type"] == "finish" and replay[-1] == DONE
+        text = "".join(c["delta"] for c in replay if c["type"] == "text-delta")
+        assert text.endswith("c299")
+        stored = (await session(http, "sdk-kill"))["messages"]
+        assert (await http.get("/api/chat/sdk-kill/stream")).status_code == 204
+    validate(stored)
+    assert [m["role"] for m in stored] == ["user", "assistant"]
