@@ -159,3 +159,45 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
         if module not in state:
             visit(module)
     assert cycles == [], "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def _string_sets(tree: ast.AST) -> Iterator[tuple[int, frozenset[str]]]:
+    """Each set, tuple or list literal of two or more strings in ``tree`` (not a
+    ``Literal[...]`` subscript's), with its line."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            skip.update(id(inner) for inner in ast.walk(node.slice))
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.Set | ast.Tuple | ast.List):
+            continue
+        values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        if len(values) == len(node.elts) >= 2 and all(isinstance(v, str) for v in values):
+            yield node.lineno, frozenset(values)
+
+
+def test_how_a_run_ends_is_spelled_once() -> None:
+    """The status sets and reply texts of aimu.aio.ends are defined there only: every
+    other module imports them (a copy drifts: two Temporal sets once lacked limited)."""
+    from aimu.aio import ends
+
+    sets = {
+        name: value for name, value in vars(ends).items()
+        if name.isupper() and isinstance(value, frozenset)
+    }
+    texts = {
+        name: value for name, value in vars(ends).items()
+        if name.isupper() and isinstance(value, str)
+    }
+    assert {"ANSWERED", "STOPPED", "FINAL"} <= set(sets) and "INTERRUPTED" in texts
+    copies = []
+    for module, path in MODULES.items():
+        if module == "aimu.aio.ends":
+            continue
+        tree = ast.parse(path.read_text())
+        for line, found in _string_sets(tree):
+            copies += [f"{module}:{line} spells {n}" for n, s in sets.items() if found == s]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in texts.values():
+                copies.append(f"{module}:{node.lineno} spells {node.value!r}")
+    assert copies == [], "\n".join(copies)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
+from aimu.aio.ends import PAUSED
 from aimu.aio.errors import StaleDecisionError
 from aimu.aio.transcript import ToolCall
 
@@ -35,9 +36,6 @@ _log = logging.getLogger("aimu.aio.approvals")
 
 #: The key of a session's state under which its approvals are stored.
 STATE_KEY: Final = "approvals"
-
-#: What a run returns when it paused for approvals.
-PAUSED = "Run paused: tool calls wait for approval."
 
 #: Decides one call from its tool name and arguments: run it, refuse it, or ask.
 ApprovalPolicy: TypeAlias = Callable[[str, dict[str, Any]], "bool | Literal['ask']"]

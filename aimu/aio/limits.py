@@ -21,7 +21,6 @@ from aimu.aio._numbers import MAX_COUNT, finite
 from aimu.aio.transcript import Message, Usage
 
 __all__ = [
-    "LIMITED",
     "LimitHit",
     "LimitName",
     "ModelPrice",
@@ -32,8 +31,6 @@ __all__ = [
     "transcript_chars",
 ]
 
-#: What ``run()`` returns when a limit stopped the run before any answer text.
-LIMITED: Final = "Run stopped by a usage limit."
 
 LimitName: TypeAlias = Literal[
     "requests", "tool_calls", "input_tokens", "output_tokens", "total_tokens", "cost", "wall",

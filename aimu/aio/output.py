@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import typing_extensions as te
 
+from aimu.aio.ends import ANSWERED
 from aimu.aio.errors import NoOutputError, OutputValidationError
 from aimu.aio.events import RunFinished
 from aimu.aio.providers.base import TurnRequest
@@ -107,7 +108,7 @@ class OutputSpec(Generic[T]):
 
     def result(self, final: RunFinished) -> T:
         """What ``run()`` returns for the run that ended in ``final``."""
-        if final.status not in ("completed", "incomplete", "max_rounds"):
+        if final.status not in ANSWERED:
             raise NoOutputError(
                 f"agent {final.source!r}: the run ended {final.status} before its answer; "
                 "resume() to get its output",

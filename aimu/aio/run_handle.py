@@ -25,9 +25,9 @@ that comes while PENDING is delivered at the task's first step, so it lands at t
 run's first ``await``: its opening lines (an agent recording the task) still run.
 ``interrupt()`` is a request, not a state: it sets the scope's ``interrupt_requested``
 while PENDING or RUNNING. A run that returns ends INTERRUPTED when a loop in its scope
-honoured an interrupt (``scope.interrupt_honoured``: agents and workflows record it, a
+honoured an interrupt (``scope.halt``: agents and workflows record it, a
 loop of your own calls ``scope.note_interrupted()``), PAUSED when one paused for
-approvals (``scope.pause_honoured``), INCOMPLETE when the agent or workflow run it ran
+approvals (``scope.halt`` too), INCOMPLETE when the agent or workflow run it ran
 answered with a reply cut off (by the model's length limit or a filter; see
 ``handle.last_run``), else COMPLETED, even if an interrupt was asked for. A typed agent
 run (``output_type=``) stopped that way has no value to return: it raises
@@ -85,6 +85,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
 from aimu.aio._signals import SignalHandlers
+from aimu.aio.ends import error_text
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
 from aimu.aio.scope import RunScope, current_scope, sent_message
@@ -368,9 +369,10 @@ class RunHandle(RunScope, Generic[T]):
             if late_cancel is not None:
                 raise self._cancelled(late_cancel)
         self._result = result
-        if self.pause_honoured:
+        halt = None if self.halt is None else self.halt.status
+        if halt == "paused":
             self._state, self._error = _State.PAUSED, None
-        elif self.interrupt_honoured:
+        elif halt == "interrupted":
             self._state, self._error = _State.INTERRUPTED, None
         else:
             last = self.last_run
@@ -395,9 +397,10 @@ class RunHandle(RunScope, Generic[T]):
         self._error = error
         self._state = _State.FAILED
         if isinstance(error, NoOutputError):  # a typed run that stopped before its answer
-            if self.pause_honoured:
+            halt = None if self.halt is None else self.halt.status
+            if halt == "paused":
                 self._state = _State.PAUSED
-            elif self.interrupt_honoured:
+            elif halt == "interrupted":
                 self._state = _State.INTERRUPTED
             elif error.status == "limited":
                 self._state = _State.LIMITED
@@ -490,7 +493,7 @@ class RunHandle(RunScope, Generic[T]):
                 self.status,
                 self._reason,
                 self._result if returned else None,
-                None if error is None else f"{type(error).__name__}: {error}",
+                None if error is None else error_text(error),
             )
         return observers.terminal
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from aimu.aio.ends import Halt
 from aimu.aio.events import Event, RunResult
 from aimu.aio.images import image_urls
 from aimu.aio.transcript import UserMessage, check_text
@@ -39,6 +40,8 @@ def _settle(waiter: asyncio.Future[bool], interrupted: bool) -> None:
         waiter.set_result(interrupted)
 
 
+_INTERRUPTED = Halt("interrupted")
+
 class RunScope:
     """Interrupt request, deadline and event fan-out shared by the loops of one run."""
 
@@ -48,13 +51,11 @@ class RunScope:
         "_interrupt_waiters",
         "_listeners",
         "deadline",
-        "interrupt_honoured",
+        "halt",
         "last_run",
-        "limit_honoured",
         "name",
         "options",
         "parent",
-        "pause_honoured",
     )
 
     def __init__(
@@ -69,13 +70,11 @@ class RunScope:
         self._interrupt_requested = False
         #: Tasks in :meth:`interrupted_within` here or in a scope inside (None: none yet).
         self._interrupt_waiters: list[_Waiter] | None = None
-        #: True once a loop in this scope stopped because of an interrupt (a run that
-        #: finished its answer despite one leaves it False).
-        self.interrupt_honoured = False
-        #: True once a loop in this scope paused for approvals (the run returned paused).
-        self.pause_honoured = False
-        #: The stop reason of a usage limit that stopped a loop in this scope, if one did.
-        self.limit_honoured: str | None = None
+        #: How a loop in this scope stopped at a step boundary, if one did: interrupted
+        #: (a run that finished its answer despite an interrupt leaves it None), paused
+        #: for approvals, or limited (with the limit's stop reason). Loops that halted
+        #: differently: the pause, else the limit (see :class:`~aimu.aio.ends.Halt`).
+        self.halt: Halt | None = None
         #: The result of the last agent or workflow run that ended directly in this scope.
         self.last_run: RunResult[Any] | None = None
         self._listeners: list[EventListener] | None = None
@@ -149,26 +148,18 @@ class RunScope:
             scope = scope.parent
         return chain
 
+    def note_halt(self, halt: Halt) -> None:
+        """Record that a loop in this scope stopped at a step boundary, here and in the
+        scopes around (each keeps the halt that outranks the others)."""
+        scope: RunScope | None = self
+        while scope is not None:
+            if halt.outranks(scope.halt):
+                scope.halt = halt
+            scope = scope.parent
+
     def note_interrupted(self) -> None:
         """Record that a loop stopped at a step boundary because of an interrupt."""
-        scope: RunScope | None = self
-        while scope is not None:
-            scope.interrupt_honoured = True
-            scope = scope.parent
-
-    def note_paused(self) -> None:
-        """Record that a loop in this scope paused for a person's decision."""
-        scope: RunScope | None = self
-        while scope is not None:
-            scope.pause_honoured = True
-            scope = scope.parent
-
-    def note_limited(self, stop_reason: str) -> None:
-        """Record that a usage limit stopped a loop in this scope (``limit:<name>``)."""
-        scope: RunScope | None = self
-        while scope is not None:
-            scope.limit_honoured = stop_reason
-            scope = scope.parent
+        self.note_halt(_INTERRUPTED)
 
     def note_ended(self, result: RunResult[Any]) -> None:
         """Record the result of a run that ended directly in this scope."""

@@ -29,6 +29,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
+from aimu.aio.ends import FINAL
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.scope import sent_message
 from aimu.temporal._connect import connect
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["RequestRefused", "RunsClient"]
 
 _RUN_ID_BYTES: Final = 18
-_ENDED: Final = frozenset({"completed", "interrupted", "cancelled", "failed", "timed_out",
-                           "max_rounds", "incomplete"})
 _CLOSED: Final = {
     WorkflowExecutionStatus.COMPLETED: "completed",
     WorkflowExecutionStatus.CANCELED: "cancelled",
@@ -349,7 +348,7 @@ class RunsClient:
                 yield seen, event
                 if event.get("type") == "handle_finished":
                     return
-            if state["status"] in _ENDED and state["event_count"] is None:
+            if state["status"] in FINAL and state["event_count"] is None:
                 return
             delay = POLL_SECONDS[0] if state["events"] else min(delay * 1.5, POLL_SECONDS[1])
             await asyncio.sleep(delay)

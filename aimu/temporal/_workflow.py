@@ -9,7 +9,9 @@ stop, send) are recorded here by signal or update and read by the activity; even
 come back from the activity by signal, so any client follows the run through queries.
 
 This module runs inside Temporal's workflow sandbox: it imports only the standard
-library and ``temporalio``, and does nothing that is not deterministic on replay.
+library, ``temporalio`` and how a run ends (``aimu.aio.ends``: constants and pure
+functions, passed through the sandbox as all of aimu is), and does nothing that is not
+deterministic on replay.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
+
+from aimu.aio.ends import FINAL, error_text
 
 __all__ = [
     "BEGIN",
@@ -62,7 +66,6 @@ NOT_RETRIED: Final = ("AimuBadInput", CANCELLED, STALE)
 MAX_SENT_IMAGE_CHARS: Final = 1_000_000
 #: Events one state query returns at most (a follower asks again for the rest).
 EVENTS_PER_QUERY: Final = 500
-_ENDED: Final = frozenset({"completed", "interrupted", "cancelled", "failed", "timed_out"})
 
 
 @dataclass
@@ -264,7 +267,7 @@ class RunWorkflow:
             self._usage[key] = self._usage.get(key, 0) + value
 
     def _ended_by(self, error: BaseException) -> None:
-        if self._status in _ENDED:
+        if self._status in FINAL:
             return
         if isinstance(error, asyncio.CancelledError) or is_cancelled_exception(error):
             self._reason = (
@@ -272,7 +275,7 @@ class RunWorkflow:
             )
             self._finish("cancelled")
         else:
-            self._error = self._error or f"{type(error).__name__}: {error}"
+            self._error = self._error or error_text(error)
             self._finish("failed")
 
     def _finish(self, status: str) -> None:

@@ -13,8 +13,9 @@ import pytest
 
 from aimu import aio
 from aimu.aio.client import ModelClient
+from aimu.aio.ends import LIMITED
 from aimu.aio.events import TextChunk
-from aimu.aio.limits import LIMITED, Budget, Spend
+from aimu.aio.limits import Budget, Spend
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.transcript import dangling_calls, validate

@@ -1072,7 +1072,7 @@ async def test_an_interrupt_while_the_agents_last_turn_finishes_completes() -> N
         if isinstance(event, TextChunk) and event.text == "b ":
             assert handle.interrupt() is True  # the answer is still streaming
     assert await handle == "a b c"  # no step boundary was left: the answer stands
-    assert handle.status == "completed" and not handle.scope.interrupt_honoured
+    assert handle.status == "completed" and handle.scope.halt is None
     assert await RunHandle.start(agent.run("once more")) == "again"  # nothing left set
 
 

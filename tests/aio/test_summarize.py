@@ -16,7 +16,7 @@ import pytest
 from aimu import aio
 from aimu.aio.client import ModelClient
 from aimu.aio.context import SUMMARY_INSTRUCTIONS, render
-from aimu.aio.limits import LIMITED
+from aimu.aio.ends import LIMITED
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel

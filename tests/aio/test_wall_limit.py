@@ -16,8 +16,8 @@ import pytest
 
 from aimu import aio
 from aimu.aio.client import ModelClient
+from aimu.aio.ends import LIMITED
 from aimu.aio.events import TextChunk, ToolCallStarted
-from aimu.aio.limits import LIMITED
 from aimu.aio.transcript import CANCELLED_RESULT, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel

@@ -27,6 +27,7 @@ from aimu.aio._session import Carried
 from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingApproval
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy
+from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
@@ -39,7 +40,7 @@ from aimu.aio.transcript import Message, Usage, zero_usage
 from .config import AgentOptions, Config, make_config
 from .loop import run_events
 from .session import MemorySession, Session
-from .state import FINAL_TURN_PROMPT, INTERRUPTED, Ended, NeedsTools, Next
+from .state import FINAL_TURN_PROMPT, Ended, NeedsTools, Next
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from aimu.aio._stops import Stop, stop_of
+from aimu.aio.ends import ANSWERED, STOPPED, error_text, run_finished
 from aimu.aio.errors import StoreError
 from aimu.aio.events import RunFinished, RunResult
 from aimu.aio.transcript import Message, add_usage
 
 from .session import Session, joined
-from .state import STOPPED, RunState, describe
+from .state import RunState
 
 __all__ = ["settle", "stop_of_run"]
 
@@ -65,15 +66,12 @@ async def settle(
         await session.store_settled(unstored, None if run.untouched else run.status)
     except StoreError as error:
         run.store_error = error
-        run.status, run.error = "failed", describe(error)
+        run.status, run.error = "failed", error_text(error)
     finally:
         add_usage(session.usage, run.usage)
         result = _result_of(session, run)
         close_scope(result)
-    final = RunFinished(
-        session.config.name, run.status, run.reply, run.usage, run.error, run.stop_reason,
-        result.requests, result.retries, result.duration,
-    )
+    final = run_finished(result)
     run.scope.emit(final)
     return final
 
@@ -120,5 +118,4 @@ def _output_of(session: Session, run: RunState) -> object:
         return None
     if session.config.output is None:
         return run.reply
-    answered = run.status in ("completed", "incomplete", "max_rounds")
-    return run.output if answered else None
+    return run.output if run.status in ANSWERED else None

@@ -13,9 +13,10 @@ from typing import Literal
 from aimu.aio._stops import past_deadline
 from aimu.aio._tracing import RunSpans
 from aimu.aio.client import ModelClient, TurnAssembler
+from aimu.aio.ends import INTERRUPTED, LIMITED, Halt, error_text, stopped_status
 from aimu.aio.errors import StoreError
 from aimu.aio.events import CUT_OFF_REASONS, Event, RunStatus
-from aimu.aio.limits import LIMITED, Budget, LimitHit, estimate_tokens, transcript_chars
+from aimu.aio.limits import Budget, LimitHit, estimate_tokens, transcript_chars
 from aimu.aio.runnable import NO_OPTIONS, RunClock, RunOptions, options_in
 from aimu.aio.scope import RunScope
 from aimu.aio.tools import ToolContext
@@ -24,21 +25,15 @@ from aimu.aio.transcript import AssistantMessage, Message, ToolCall, Usage, add_
 from .wall import WallTimer
 
 __all__ = [
-    "FINAL_TURN_PROMPT", "INTERRUPTED", "STOPPED", "Ended", "NeedsTools", "Next", "RunState",
-    "TurnInFlight", "describe",
+    "FINAL_TURN_PROMPT", "Ended", "NeedsTools", "Next", "RunState",
+    "TurnInFlight",
 ]
-
-#: What a run returns when ``interrupt()`` stopped it at a step boundary.
-INTERRUPTED = "Run interrupted."
 
 #: The user message that opens the last turn once ``max_rounds`` model turns were made.
 FINAL_TURN_PROMPT = (
     "You have used every tool round allowed for this task. Answer now with your best "
     "final answer, without calling any tool."
 )
-
-#: How a run ends when something stopped it mid-step (its open calls get results).
-STOPPED = frozenset({"cancelled", "timed_out", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +161,7 @@ class RunState:
         """A usage limit stops the run: it ends ``limited``, naming the limit."""
         self.end("limited", self.reply or LIMITED)
         self.limit, self.stop_reason = hit, hit.stop_reason
-        self.scope.note_limited(hit.stop_reason)
+        self.scope.note_halt(Halt("limited", hit.stop_reason))
 
     def interrupted(self) -> None:
         """The interrupt is honoured: the run returns INTERRUPTED."""
@@ -176,11 +171,11 @@ class RunState:
     def stopped_by(self, error: BaseException) -> None:
         """The run ends by ``error`` (GeneratorExit: the consumer closed the stream; a
         cancel by the deadline of a handle around: timed_out)."""
-        self.status = "failed" if isinstance(error, Exception) else "cancelled"
-        if self.status == "cancelled" and past_deadline(self.scope):
-            self.status = "timed_out"
+        self.status = stopped_status(
+            error, not isinstance(error, Exception) and past_deadline(self.scope)
+        )
         if not isinstance(error, GeneratorExit):
-            self.error = describe(error)
+            self.error = error_text(error)
 
     def count_estimated(self, messages: list[Message], inflight: TurnInFlight) -> None:
         """Count a cut turn's usage, which no server reports: its request's and its
@@ -193,7 +188,3 @@ class RunState:
         self.usage_estimated = True
         if self.budget is not None:
             self.budget.count_tokens(usage, estimated=True)
-
-
-def describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"

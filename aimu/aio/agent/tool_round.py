@@ -7,7 +7,8 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
-from aimu.aio.approvals import PAUSED, Decision, denied_result
+from aimu.aio.approvals import Decision, denied_result
+from aimu.aio.ends import PAUSED, Halt
 from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, ToolResult
 from aimu.aio.journal import RERUN_NOTE
 from aimu.aio.tools import ToolContext, ToolOutcome, invoke
@@ -19,6 +20,7 @@ from .wall import WallReached
 
 __all__ = ["tool_round"]
 
+_PAUSED = Halt("paused")
 _APPROVED = Decision(True)
 _REFUSED = Decision(False, "refused by the policy")
 
@@ -68,7 +70,7 @@ async def tool_round(
             session.approvals.ask(call, run_id=run.scope.run_id)
         await session.save_state()
         run.end("paused", PAUSED)
-        run.scope.note_paused()
+        run.scope.note_halt(_PAUSED)
         return
     yield StepFinished(name, run.rounds)
 

@@ -15,6 +15,7 @@ from aimu.aio.client import (
     TurnDone,
 )
 from aimu.aio.context import ContextPolicy, SummarizeOlderTurns, Summary
+from aimu.aio.ends import error_text
 from aimu.aio.errors import ModelError, ModelProtocolError
 from aimu.aio.events import CUT_OFF_REASONS, Event, TextChunk, ThinkingChunk
 from aimu.aio.limits import LimitHit, estimate_tokens, transcript_chars
@@ -24,7 +25,7 @@ from aimu.aio.tools import ToolOutcome
 from aimu.aio.transcript import AssistantMessage, Message, add_usage
 
 from .session import Session, tool_message
-from .state import FINAL_TURN_PROMPT, NeedsTools, RunState, TurnInFlight, describe
+from .state import FINAL_TURN_PROMPT, NeedsTools, RunState, TurnInFlight
 from .wall import WallReached, WallTimer
 
 __all__ = ["context_hit", "model_turn", "output_checked"]
@@ -82,7 +83,7 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
             raise
         # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
         # this turn exists, so the interrupt is honoured as at a step boundary.
-        run.error = describe(error)
+        run.error = error_text(error)
         run.interrupted()
         return
     finally:

@@ -21,10 +21,17 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
 from aimu.aio._stops import past_deadline
-from aimu.aio.agent import INTERRUPTED
-from aimu.aio.approvals import PAUSED, PendingApproval
+from aimu.aio.approvals import PendingApproval
+from aimu.aio.ends import (
+    ANSWERED,
+    INTERRUPTED,
+    STOPPED,
+    error_text,
+    run_finished,
+    stopped_status,
+)
 from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus, StepFinished
-from aimu.aio.limits import LIMITED, SharedBudget
+from aimu.aio.limits import SharedBudget
 from aimu.aio.runnable import NO_OPTIONS, RunClock, Runnable, RunOptions
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, Usage, add_usage, check_text, zero_usage
@@ -38,7 +45,6 @@ STATE_VERSION = 1
 SlotStatus: TypeAlias = Literal["pending", "in_flight", "finished"]
 _SLOT_STATUSES = get_args(SlotStatus)
 _RUN_STATUSES = get_args(RunStatus)
-_FINISHED: tuple[RunStatus, ...] = ("completed", "incomplete", "max_rounds")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: A step of a workflow: an agent, or another workflow (nesting).
@@ -231,9 +237,9 @@ class _Slot:
         try:
             final = await session.finish(None if resume else task)
         except Exception as error:
-            self.error = f"{type(error).__name__}: {error}"
+            self.error = error_text(error)
             raise
-        if final.status in _FINISHED:
+        if final.status in ANSWERED:
             self.finished, self.answer = True, final.reply
             self.stop_reason, self.cut_off = final.stop_reason, final.status == "incomplete"
             return final.reply
@@ -518,12 +524,9 @@ class Workflow(Runnable):
             return None
         result = self._result_of(scope, status, reply, error)
         self._close_scope(result)
-        if status in _FINISHED:
+        if status in ANSWERED:
             self._answer = reply
-        final = RunFinished(
-            self._name, status, reply, self.usage, error, result.stop_reason,
-            result.requests, result.retries, result.duration,
-        )
+        final = run_finished(result, self.usage)
         scope.emit(final)
         return final
 
@@ -548,11 +551,11 @@ class Workflow(Runnable):
         return RunResult(
             source=self._name,
             status=status,
-            output=None if status in ("failed", "cancelled", "timed_out") else reply,
+            output=None if status in STOPPED else reply,
             reply=reply,
             stop_reason=(
-                scope.limit_honoured if status == "limited"
-                else cut[0].stop_reason if cut and status in _FINISHED else None
+                scope.halt.stop_reason if status == "limited" and scope.halt is not None
+                else cut[0].stop_reason if cut and status in ANSWERED else None
             ),
             usage=usage,
             requests=sum(step.requests for step in ended),
@@ -595,10 +598,8 @@ class Workflow(Runnable):
         try:
             status, reply = await self._execute(self._task, scope)
         except BaseException as exc:
-            status = "failed" if isinstance(exc, Exception) else "cancelled"
-            if status == "cancelled" and past_deadline(scope):
-                status = "timed_out"
-            error = f"{type(exc).__name__}: {exc}"
+            status = stopped_status(exc, past_deadline(scope))
+            error = error_text(exc)
             raise
         finally:
             # Closed from another context (a task destroyed unfinished): nothing to reset.
@@ -694,9 +695,8 @@ def _drain_queue(queue: asyncio.Queue[Event | _End]) -> list[Event | _End]:
 def interrupted(scope: RunScope) -> tuple[RunStatus, str]:
     """How a run stopped at a step boundary ends: paused when an agent inside paused for
     approvals, else interrupted (the scope records which)."""
-    if scope.pause_honoured:
-        return "paused", PAUSED
-    if scope.limit_honoured is not None:
-        return "limited", LIMITED
+    halt = scope.halt
+    if halt is not None and halt.status != "interrupted":
+        return halt.status, halt.reply
     scope.note_interrupted()
     return "interrupted", INTERRUPTED

@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 from aimu.aio.agent import Agent
+from aimu.aio.ends import error_text
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
@@ -75,7 +76,7 @@ class LocalBackend(RunLog):
         error = None
         if record.view.error is None and handle.status == "failed":
             failure = handle.exception()
-            error = None if failure is None else f"{type(failure).__name__}: {failure}"
+            error = None if failure is None else error_text(failure)
         record.end(handle.status, handle.reason, error)
 
     async def request(self, run_id: str, request: Request) -> None:

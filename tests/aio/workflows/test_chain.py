@@ -139,11 +139,11 @@ async def test_an_interrupt_during_an_answer_stops_at_the_next_boundary(stop_at:
     reply = await running
     if stop_at == "s3":  # no boundary is left to stop at: the chain completes
         assert reply == "s3<s2<s1<go>>>" and chain.last_status == "completed"
-        assert not outer.interrupt_honoured
+        assert outer.halt is None
     else:  # s2 answers; the chain stops before s3, and tells the scope it did
         assert reply == INTERRUPTED and chain.last_status == "interrupted"
         assert [s["status"] for s in chain.state["steps"]] == ["finished", "finished", "pending"]
-        assert outer.interrupt_honoured
+        assert outer.halt is not None and outer.halt.status == "interrupted"
 
 
 async def test_handle_cancel_keeps_the_partial_transcript_and_resumes() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aimu import aio
-from aimu.aio.limits import LIMITED
+from aimu.aio.ends import LIMITED
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
