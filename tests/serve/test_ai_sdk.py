@@ -151,6 +151,24 @@ async def test_stop_route_stops_server_side_and_a_resumable_stream_only_detaches
     assert (await http.get("/api/chat/sdk-stop/stream")).status_code == 204
 
 
+async def test_a_second_message_while_the_chat_runs_is_refused(http: httpx.AsyncClient) -> None:
+    GATE.reset()
+    body = chat_body("sdk-busy", user("gate 1 2"))
+    stream = _stream(http, "POST", "/api/chat", body)
+    async with contextlib.aclosing(stream):
+        async for chunk in stream:
+            if chunk["type"] == "tool-input-available":
+                break
+        await GATE.entered(1)
+        busy = await http.post("/api/chat", json=chat_body("sdk-busy", user("meanwhile")))
+        assert busy.status_code == 409, busy.text
+        GATE.open()
+        rest = [chunk async for chunk in stream]
+    assert rest[-2]["type"] == "finish"
+    users = [m for m in (await session(http, "sdk-busy"))["messages"] if m["role"] == "user"]
+    assert [m["content"] for m in users] == ["gate 1 2"]
+
+
 async def test_an_approval_round_trip(http: httpx.AsyncClient) -> None:
     MAILED.clear()
     asked = await chunks(http, "POST", "/api/chat", chat_body("sdk-mail", user("mail kim")))

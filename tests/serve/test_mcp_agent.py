@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import MAILED, ROOT, Served
+from tests.serve.harness import GATE, MAILED, ROOT, Served
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters, types  # noqa: E402
@@ -117,6 +117,18 @@ async def test_serve_mcp_answers_and_a_cancel_stops_the_run(served: Served) -> N
         messages = await settled_messages(http, "mh-stop")
     validate(messages)
     assert messages[-1]["aimu_partial"] is True
+
+
+async def test_a_call_on_a_busy_session_is_refused(served: Served) -> None:
+    GATE.reset()
+    async with Client(f"{served.url}/mcp") as client:
+        first = asyncio.create_task(
+            client.call_tool("run_agent", {"task": "gate 1 2", "session": "mb"}))
+        await GATE.entered(1)
+        busy = await client.call_tool("run_agent", {"task": "meanwhile", "session": "mb"})
+        assert busy.is_error and "in progress" in text_of(busy)
+        GATE.open()
+        assert text_of(await first) == "w0 w1"
 
 
 async def test_an_approval_is_an_elicitation(served: Served) -> None:
