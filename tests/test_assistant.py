@@ -474,7 +474,7 @@ async def test_stop_landing_at_every_await_leaves_a_valid_session_that_keeps_ser
         validate(transcript)
         assert transcript[-2:] == [
             {"role": "user", "content": "after"},
-            {"role": "assistant", "content": "after answered"},
+            {"role": "assistant", "content": "after answered", "aimu_model": "scripted:scripted"},
         ]
         # A stop that lands even before the run's first step still keeps the task.
         assert [m["content"] for m in transcript if m["role"] == "user"].count("go") == 1

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from aimu.aio.instructions import RunContext
     from aimu.aio.limits import ModelPrice, Spend, UsageLimits
     from aimu.aio.mcp import MCPServer
+    from aimu.aio.providers.fallback import FallbackModel
     from aimu.aio.run_handle import RunHandle, on_sigint
     from aimu.aio.runnable import Runnable
     from aimu.aio.scope import RunScope, current_scope
@@ -78,6 +79,7 @@ __all__ = [
     "ControlError",
     "EvaluatorOptimizer",
     "Event",
+    "FallbackModel",
     "HandleFinished",
     "JSONLStore",
     "KeepLastTurns",
@@ -145,6 +147,7 @@ _WHERE = {
     "Agent": "agent",
     "ModelClient": "client",
     "client": "client",
+    "FallbackModel": "providers.fallback",
     "RedisControl": "control",
     "RunEvent": "control",
     "RunInfo": "control",

@@ -392,7 +392,8 @@ async def test_model_failure_mid_stream_keeps_the_partial_turn() -> None:
     assert final.error is not None and "dropped" in final.error
     assert final.reply == "one two "
     last = agent.model_client.messages[-1]
-    assert last == {"role": "assistant", "content": "one two ", "aimu_partial": True}
+    assert last == {"role": "assistant", "content": "one two ", "aimu_partial": True,
+                    "aimu_model": "scripted:scripted"}
     validate(agent.model_client.messages)
     assert not agent.running
 

@@ -75,8 +75,8 @@ async def test_a_model_that_cannot_continue_is_re_asked_and_the_result_says_so()
     assert agent.last_run is not None and agent.last_run.continuation == "re-asked"
     assert model.requests[-1]["messages"][-1]["role"] == "user"  # the cut answer left out
     kept = assistants(agent)
-    assert kept[0].get("aimu_partial") is True and kept[-1] == {"role": "assistant",
-                                                                "content": WORDS}
+    assert kept[0].get("aimu_partial") is True and kept[-1] == {
+        "role": "assistant", "content": WORDS, "aimu_model": "scripted:scripted"}
 
 
 async def test_by_default_a_resume_re_asks() -> None:

@@ -118,7 +118,7 @@ def _request(
     """Plan the turn's request (counted as one) and open its stream (not started)."""
     config, client, budget = session.config, session.client, run.budget
     assert budget is not None
-    inflight = run.turn = TurnInFlight(TurnAssembler(), len(client.messages), final_turn)
+    inflight = run.turn = TurnInFlight(TurnAssembler(client), len(client.messages), final_turn)
     run.requests += 1
     budget.count_request()
     run.spans.turn_started()

@@ -132,14 +132,20 @@ class TurnRequest:
 
 
 class TurnAssembler:
-    """Builds the assistant message of one turn from its chunks, complete or cut short."""
+    """Builds the assistant message of one turn from its chunks, complete or cut short.
+
+    Given the ``client`` the turn streams from, the message records the model that wrote
+    it (``aimu_model``, from :attr:`ModelClient.answered_by`: a fallback names the model
+    that answered).
+    """
 
     __slots__ = (
-        "done", "native", "stop_reason", "text_parts", "thinking_parts", "tool_calls",
+        "client", "done", "native", "stop_reason", "text_parts", "thinking_parts", "tool_calls",
         "usage", "usage_reported",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, client: ModelClient | None = None) -> None:
+        self.client = client
         self.text_parts: list[str] = []
         self.thinking_parts: list[str] = []
         self.tool_calls: list[ToolCall] = []
@@ -186,6 +192,8 @@ class TurnAssembler:
             message["aimu_partial"] = True
         elif self.native is not None:
             message["aimu_native"] = self.native
+        if self.client is not None:
+            message["aimu_model"] = self.client.answered_by
         return message
 
 
@@ -253,6 +261,12 @@ class ModelClient(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.provider}:{self.model} at {self.host}>"
+
+    @property
+    def answered_by(self) -> str:
+        """The ``"provider:model"`` that wrote this client's latest turn (what an
+        assistant message records as ``aimu_model``)."""
+        return f"{self.provider}:{self.model}"
 
     @overload
     async def chat(

@@ -1,0 +1,161 @@
+"""FallbackModel over the loopback server: the turn goes to the next model on a refused
+connection, a 5xx or a 429 that outlasted the retries, and never on a 4xx, a cancel, an
+interrupt or a reply already begun; the transcript crosses wires and each assistant
+message names the model that wrote it; usage is counted per model."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from provider_support import assert_only_current_task, closed_port
+
+from aimu import aio
+from aimu.aio.errors import ModelConnectionError, ModelHTTPError
+from aimu.aio.transcript import validate
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+
+
+def chat(server: LoopbackServer, **options: Any) -> aio.ModelClient:
+    options.setdefault("retries", 0)
+    return aio.client("openai:gpt-a", base_url=server.openai_base_url, api_key="sk-a",
+                      **options)
+
+
+def responses(server: LoopbackServer, **options: Any) -> aio.ModelClient:
+    return aio.client("openai-responses:gpt-b", base_url=server.openai_base_url,
+                      api_key="sk-b", **options)
+
+
+def lookup(city: str) -> str:
+    """Weather for a city."""
+    return f"snow in {city}"
+
+
+@pytest.mark.parametrize("fault", ["http_503", "http_500", "http_429", "refused"])
+async def test_a_failing_primary_hands_the_turn_to_the_next_model(fault: str) -> None:
+    script = [Turn(text="from b", input_tokens=3, output_tokens=2)]
+    if fault != "refused":  # a 429 twice: the primary retries once on its own first
+        failing = Turn(fault=fault, retry_after="0")  # type: ignore[arg-type]
+        script[:0] = [failing] * (2 if fault == "http_429" else 1)
+    async with LoopbackServer(script) as server:
+        primary = (
+            aio.client("openai:gpt-a", base_url=f"http://127.0.0.1:{closed_port()}/v1",
+                       api_key="k", retries=0)
+            if fault == "refused"
+            else chat(server, retries=1 if fault == "http_429" else 0, retry_delay=0)
+        )
+        model = aio.FallbackModel(primary, responses(server))
+        agent = aio.Agent(model)
+        assert await agent.run("hi") == "from b"
+        reply = model.messages[-1]
+        assert reply["aimu_model"] == "openai-responses:gpt-b"  # type: ignore[typeddict-item]
+        assert model.usage_by_model == {
+            "openai-responses:gpt-b": {"input_tokens": 3, "output_tokens": 2}
+        }
+        assert server.requests[-1].path == "/v1/responses"
+        if fault == "http_429":  # the primary's own retry came first
+            assert [r.path for r in server.requests] == ["/v1/chat/completions"] * 2 + [
+                "/v1/responses"]
+        await model.aclose()
+
+
+async def test_a_bad_request_is_not_handed_on() -> None:
+    async with LoopbackServer([Turn(text="never")]) as server:
+        primary = chat(server)
+        model = aio.FallbackModel(primary, responses(server))
+        model.messages = [{"role": "assistant", "content": "",
+                           "tool_calls": [{"id": "c1", "type": "function",
+                                           "function": {"name": "f", "arguments": {}}}]}]
+        with pytest.raises(ModelHTTPError) as caught:
+            async for _ in model.stream_turn(model.messages):
+                pass
+        assert caught.value.status_code == 400
+        assert [r.path for r in server.requests] == ["/v1/chat/completions"]
+        await model.aclose()
+
+
+async def test_a_reply_already_begun_is_not_asked_again() -> None:
+    async with LoopbackServer([Turn(text="a b c d", fault="drop", fault_after=2)]) as server:
+        model = aio.FallbackModel(chat(server), responses(server))
+        agent = aio.Agent(model)
+        with pytest.raises(ModelConnectionError):
+            await agent.run("go")
+        assert len(server.requests) == 1
+        partial = model.messages[-1]
+        assert partial["aimu_partial"] is True  # type: ignore[typeddict-item]
+        assert partial["aimu_model"] == "openai:gpt-a"  # type: ignore[typeddict-item]
+        await model.aclose()
+
+
+async def test_a_cancel_during_the_primary_request_never_reaches_the_next_model() -> None:
+    async with LoopbackServer([Turn(text="late", first_byte_delay=30)]) as server:
+        model = aio.FallbackModel(chat(server), responses(server))
+        handle = aio.RunHandle.start(aio.Agent(model).run("go"))
+        await server.wait_requests(1)
+        handle.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handle
+        (record,) = await server.wait_abandoned(1)
+        assert record.path == "/v1/chat/completions"
+        assert len(server.requests) == 1
+        await model.aclose()
+    await assert_only_current_task()
+
+
+async def test_an_interrupt_during_a_retry_wait_is_not_handed_on() -> None:
+    async with LoopbackServer([Turn(fault="http_503", retry_after="30")]) as server:
+        model = aio.FallbackModel(chat(server, retries=1), responses(server))
+        agent = aio.Agent(model)
+        handle = aio.RunHandle.start(agent.run("go"))
+        async for event in handle.events():
+            if isinstance(event, aio.ModelRetry):
+                handle.interrupt()  # lands in the primary's backoff
+                break
+        assert await handle == "Run interrupted."
+        assert len(server.requests) == 1  # the next model was never asked
+        await model.aclose()
+
+
+async def test_a_session_crosses_wires_and_each_reply_names_its_model() -> None:
+    """Turn 1 on the chat wire calls a tool; turn 2 fails there and goes to the Responses
+    wire with the call and its result translated; each reply records its model."""
+    script = [
+        Turn(tool_calls=[ScriptedCall("lookup", {"city": "Oslo"}, id="call_x")],
+             input_tokens=5, output_tokens=1),
+        Turn(fault="http_502"),
+        Turn(text="Snow in Oslo.", input_tokens=9, output_tokens=3),
+    ]
+    async with LoopbackServer(script) as server:
+        model = aio.FallbackModel(chat(server), responses(server))
+        agent = aio.Agent(model, tools=[lookup])
+        assert await agent.run("weather?") == "Snow in Oslo."
+        messages = model.messages
+        validate(messages)
+        writers = [m.get("aimu_model") for m in messages if m["role"] == "assistant"]
+        assert writers == ["openai:gpt-a", "openai-responses:gpt-b"]
+        items = server.requests[-1].body["input"]
+        assert {"type": "function_call", "call_id": "call_x", "name": "lookup",
+                "arguments": '{"city":"Oslo"}'} in items
+        assert {"type": "function_call_output", "call_id": "call_x",
+                "output": "snow in Oslo"} in items
+        assert all("aimu_" not in str(item) for item in items)
+        assert model.usage_by_model == {
+            "openai:gpt-a": {"input_tokens": 5, "output_tokens": 1},
+            "openai-responses:gpt-b": {"input_tokens": 9, "output_tokens": 3},
+        }
+        assert agent.last_run is not None
+        assert agent.last_run.usage == {"input_tokens": 14, "output_tokens": 4}
+        twin = model.fork()
+        assert twin.messages == [] and twin.models[1].host == model.models[1].host
+        await model.aclose()
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(TypeError, match="argument 1"):
+        aio.FallbackModel(aio.client("test"), "openai:gpt")  # type: ignore[arg-type]
+    only = aio.client("test")
+    with pytest.raises(ValueError, match="same client twice"):
+        aio.FallbackModel(only, only)
