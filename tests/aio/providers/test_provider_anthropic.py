@@ -317,6 +317,7 @@ async def test_an_overloaded_error_before_the_turn_is_retried_and_after_it_is_no
     assert caught.value.status_code == 529
     assert agent.model_client.messages[-1] == {
         "role": "assistant", "content": "one ", "aimu_partial": True,
+        "aimu_model": "anthropic:claude-test",
     }
     assert len(server.requests) == 5  # the cut reply was not asked again
     await model.aclose()
