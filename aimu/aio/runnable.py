@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
+import warnings
 from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -107,8 +108,25 @@ class Runnable(abc.ABC, Generic[OutputT]):
 
     @property
     @abc.abstractmethod
+    def local_usage(self) -> Usage:
+        """Tokens used by the runs of this object, resumes included: what it counted
+        itself, so a new object on a stored session starts at zero (a workflow restored
+        from its ``state`` gets its steps' counts back). The session's totals, as its
+        store keeps them across processes, are an agent's :attr:`~aimu.aio.Agent.spend`."""
+
+    @property
     def usage(self) -> Usage:
-        """Tokens used by this session's runs so far, resumes included."""
+        """Deprecated: it read as "this session's" but counts only this object's runs (0
+        in a new process). Read :attr:`local_usage` for that, or an agent's ``spend`` for
+        the session's totals."""
+        warnings.warn(
+            f"{type(self).__name__}.usage counts only this object's runs (0 in a new "
+            "process), not the session's: read .local_usage for that, or an agent's "
+            ".spend for the session's totals",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.local_usage
 
     @property
     @abc.abstractmethod

@@ -125,6 +125,34 @@ async def test_a_resumed_run_reports_only_what_the_resume_added(serve: Serve) ->
     assert charged == [5]
 
 
+async def test_the_sessions_totals_are_spend_and_this_objects_are_local_usage(
+    tmp_path: Any,
+) -> None:
+    """``agent.usage`` said "this session's runs" but read 0 in a new process while
+    ``agent.spend`` held the stored totals: ``spend`` is the session's totals,
+    ``local_usage`` this object's, and ``usage`` still works, with a warning."""
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    first = aio.Agent(aio.client("test"), store=store, session="s")
+    await first.run("hello there")
+    await first.run("and again")
+    used = first.local_usage
+    assert used["output_tokens"] > 0
+    assert (first.spend.input_tokens, first.spend.output_tokens) == (
+        used["input_tokens"], used["output_tokens"]
+    )
+    await first.aclose()
+
+    later = aio.Agent(aio.client("test"), store=store, session="s")  # as a new process would
+    await later.open()
+    assert later.local_usage == {"input_tokens": 0, "output_tokens": 0}
+    assert later.spend.output_tokens == used["output_tokens"]  # the session's, as stored
+    assert later.spend.requests == 2
+    with pytest.warns(DeprecationWarning, match=r"Agent.usage counts only this object's runs"):
+        assert later.usage == later.local_usage
+    await later.aclose()
+    await store.aclose()
+
+
 async def test_an_answer_cut_off_by_the_length_limit_is_incomplete(serve: Serve) -> None:
     client = await serve([Turn(text="the beginning of a long", stop_reason="length")])
     agent = aio.Agent(client)

@@ -183,8 +183,9 @@ class Agent(Runnable[OutputT]):
 
     @property
     def spend(self) -> Spend:
-        """What this session spent in all (requests, tool calls, tokens, cost, seconds),
-        as its store keeps it across processes. A copy."""
+        """The session's totals: what it spent in all its runs (requests, tool calls,
+        tokens, cost, seconds), in this process and, with a store, every earlier one, as
+        the store keeps it. A copy. (:attr:`local_usage` counts this object's runs.)"""
         copy = Spend()
         copy.add(self._session.durable.spend)
         return copy
@@ -204,8 +205,9 @@ class Agent(Runnable[OutputT]):
         return self._session.name
 
     @property
-    def usage(self) -> Usage:
-        """Tokens used by this session's runs so far, resumes included."""
+    def local_usage(self) -> Usage:
+        """Tokens used by this object's runs, resumes included; 0 for a new object on a
+        stored session (see :attr:`spend` for the session's totals)."""
         usage = self._session.usage
         return {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]}
 

@@ -172,7 +172,7 @@ class _Slot:
         return self.session is not None and self.session.resumable
 
     def usage(self) -> Usage:
-        return zero_usage() if self.session is None else self.session.usage
+        return zero_usage() if self.session is None else self.session.local_usage
 
     def record(self) -> dict[str, Any]:
         """This slot as plain JSON data (nothing shared with the live session)."""
@@ -410,8 +410,9 @@ class Workflow(Runnable):
         )
 
     @property
-    def usage(self) -> Usage:
-        """Tokens used by every agent of this run so far, resumes included."""
+    def local_usage(self) -> Usage:
+        """Tokens used by every agent of this workflow's runs, resumes included (as this
+        object counted them, or its restored ``state`` says)."""
         total = zero_usage()
         for slot in self._slots():
             add_usage(total, slot.usage())
@@ -436,7 +437,7 @@ class Workflow(Runnable):
             "task": self._task,
             "status": status,
             "answer": self._answer,
-            "usage": self.usage,
+            "usage": self.local_usage,
             **self._progress(),
         }
 
@@ -526,7 +527,7 @@ class Workflow(Runnable):
         self._close_scope(result)
         if status in ANSWERED:
             self._answer = reply
-        final = run_finished(result, self.usage)
+        final = run_finished(result, self.local_usage)
         scope.emit(final)
         return final
 

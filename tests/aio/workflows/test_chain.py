@@ -61,7 +61,7 @@ async def test_stream_has_the_agents_events_and_one_terminal_event_last() -> Non
     assert steps == [1, 2, 3]
     assert sum(isinstance(e, ToolResult) for e in events) == 3
     assert any(isinstance(e, TextChunk) for e in events)
-    assert final.usage == chain.usage
+    assert final.usage == chain.local_usage
 
 
 async def test_one_agent_in_every_step_gets_a_session_per_step() -> None:

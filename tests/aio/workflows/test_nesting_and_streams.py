@@ -41,7 +41,7 @@ async def test_a_chain_with_a_parallel_step() -> None:
     assert inner["kind"] == "parallel" and inner["status"] == "finished"
     assert [b["answer"] for b in inner["state"]["branches"]] == ["left<plan<go>>",
                                                                 "right<plan<go>>"]
-    assert chain.usage["output_tokens"] > 0
+    assert chain.local_usage["output_tokens"] > 0
     assert len(protocol_holders(agent(model, "x"), chain)) == 2
 
 
