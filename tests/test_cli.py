@@ -284,12 +284,14 @@ def roles_and_contents(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- piped stdin
 
 
+@pytest.mark.parametrize("model", ["ollama:test", "anthropic:claude-test"])
 def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_partial(
-    server: LoopbackServer, tmp_path: Path, chats: list[Chat]
+    server: LoopbackServer, tmp_path: Path, chats: list[Chat], model: str
 ) -> None:
     env = environment(tmp_path, server.url)
+    env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-ant-cli-secret")
     streams_before = len(server.streams)
-    chat = start(chats, "--model", "ollama:test", env=env)
+    chat = start(chats, "--model", model, env=env)
     chat.send("long story")
     shown = chat.expect("w5 ")
     chat.send("/stop")
@@ -301,7 +303,7 @@ def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_pa
     assert not stream.completed
     chat.send("next")
     chat.expect("answer to next\n")
-    sent = server.requests[-1].body["messages"]
+    sent = server.requests[-1].messages  # in the chat shape, whatever the wire
     assert roles_and_contents(sent) == [
         ("user", "long story"),
         ("assistant", partial),  # exactly what the user saw
@@ -310,6 +312,7 @@ def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_pa
     chat.close_input()
     assert chat.wait() == 0
     assert "Traceback" not in chat.errors
+    assert "sk-ant-cli-secret" not in chat.errors + shown  # the key is never shown
 
 
 def test_input_typed_during_a_turn_is_queued_and_answered_in_order(

@@ -465,14 +465,15 @@ async def _sweep(mode: str, concurrent: bool, streamed: bool) -> int:
     """Stop the run after 1, 2, ... loop yields until it completes on its own.
 
     After each stop the transcript goes, restored into a fresh agent, to the loopback
-    server's OpenAI chat, Responses or Gemini endpoint in turn, which reject dangling
-    tool calls (and Gemini unsigned ones) as the real servers do.
+    server's OpenAI chat, Responses, Gemini or Anthropic endpoint in turn, which reject
+    dangling tool calls (and Gemini unsigned ones) as the real servers do.
     """
     async with LoopbackServer(lambda request: Turn(text="ok")) as server:
         follow_models = [
             aio.client("openai:m", base_url=server.openai_base_url, api_key="x"),
             aio.client("openai-responses:m", base_url=server.openai_base_url, api_key="x"),
             aio.client("gemini:m", base_url=server.gemini_base_url, api_key="x"),
+            aio.client("anthropic:m", base_url=server.url, api_key="x"),
         ]
         try:
             return await _sweep_against(mode, concurrent, streamed, follow_models)

@@ -35,7 +35,7 @@ FINAL = "all done here"
 FOLLOW_UP = "follow-up done"
 INNER_BREAK = "the consumer stopped reading"
 
-PROVIDERS = ("openai", "ollama", "scripted", "openai-responses", "gemini")
+PROVIDERS = ("openai", "ollama", "scripted", "openai-responses", "gemini", "anthropic")
 TOOL_KINDS = (
     "sync_fast", "sync_slow", "sync_ctx", "sync_check",
     "async_fast", "async_slow", "async_ctx", "async_cleanup", "boom",
@@ -297,6 +297,8 @@ def make_client(sc: Scenario, server: LoopbackServer) -> aio.ModelClient:
         return aio.client("ollama:m", host=server.url)
     if sc.provider == "gemini":
         return aio.client("gemini:m", base_url=server.gemini_base_url, api_key="AIza-test")
+    if sc.provider == "anthropic":
+        return aio.client("anthropic:m", base_url=server.url, api_key="sk-ant-test")
     if sc.provider == "openai-responses":
         return aio.client(
             "openai-responses:m", base_url=server.openai_base_url, api_key="sk-test"

@@ -22,6 +22,7 @@ from aimu.aio.control.keys import redact
 from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.assistant import DEMO_TOOLS
 from aimu.cli import build_parser
+from aimu.testing.server import LoopbackServer
 from tests.serve.harness import ROOT, clean_env, collect, postgres_database, start
 from tests.services import redis_url
 
@@ -154,11 +155,12 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def aimu_serve(home: Path, *args: str) -> AsyncIterator[Running]:
-    """``aimu serve --port 0 ARGS`` in a child process; its URL read from what it prints."""
+async def aimu_serve(home: Path, *args: str, **env: str) -> AsyncIterator[Running]:
+    """``aimu serve --port 0 ARGS`` in a child process (``env`` added to its
+    environment); its URL read from what it prints."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aimu", "serve", "--port", "0", *args,
-        cwd=ROOT, env=serve_env(home), stdin=subprocess.DEVNULL,
+        cwd=ROOT, env=serve_env(home, **env), stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     assert process.stderr is not None
@@ -213,6 +215,23 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
         assert events[-1].data["status"] == "completed"
     # SIGTERM: the runs stopped, a clean exit (issue 29 item 20; Uvicorn alone gives -15).
     assert server.process.returncode == 0
+
+
+async def test_serve_runs_on_anthropic_and_never_shows_the_key(tmp_path: Path) -> None:
+    key = "sk-ant-serve-secret-42"
+    async with (
+        LoopbackServer() as model,
+        aimu_serve(tmp_path, "--model", "anthropic:claude-test", "--log-level", "debug",
+                   ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY=key) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+    ):
+        events = await collect(http, await start(http, "claude", "What time is it?"))
+        assert events[-1].data["status"] == "completed"
+        assert [e.data["name"] for e in events if e.type == "tool_call"]  # tools, answered
+        assert model.requests and {r.path for r in model.requests} == {"/v1/messages"}
+        assert model.requests[0].headers["x-api-key"] == "***"
+    assert "  model  anthropic:claude-test" in "\n".join(server.said)
+    assert key not in "\n".join(server.said)
 
 
 async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aimu.aio.client import ModelClient
+from aimu.aio.providers.anthropic import AnthropicClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
@@ -23,6 +24,8 @@ def client_at(provider: str, url: str, key: str = "sk-test", **options: Any) -> 
         return OllamaClient("llama-test", host=url, **options)
     if provider == "gemini":
         return GeminiClient("gemini-test", base_url=url + "/v1beta", api_key=key, **options)
+    if provider == "anthropic":
+        return AnthropicClient("claude-test", base_url=url, api_key=key, **options)
     return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
 
 
