@@ -47,6 +47,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 CHUNKS = 20
 HELD_CHUNKS = 2  # cancel-all: the server sends this many text chunks, then holds the stream
 TASK = "What is the weather in Paris?"
+HELD_TASK = "Hold on: what is the weather in Paris?"  # the server holds its answer mid-way
 ANSWER = " ".join(f"word{i}" for i in range(CHUNKS))
 CONTENDERS = ("floor", "aimu", "pydantic-ai", "openai-agents")
 
@@ -72,13 +73,10 @@ def serve(delay: float) -> None:
     call = Turn(tool_calls=[ScriptedCall("lookup", {"city": "Paris"})])
     answer = Turn(text=ANSWER, chunks=CHUNKS, delay=delay)
     held = Turn(text=ANSWER, chunks=CHUNKS, fault="hang", fault_after=HELD_CHUNKS)
-    hold = False
-
     def script(body: Mapping[str, Any]) -> Turn:
         if not any(m.get("role") == "tool" for m in body.get("messages", ())):
             return call
-        held_here = hold and body["messages"][0].get("content") == TASK  # not a warm-up
-        return held if held_here else answer
+        return held if body["messages"][0].get("content") == HELD_TASK else answer
 
     server = LoopbackServer(script)
 
@@ -87,7 +85,6 @@ def serve(delay: float) -> None:
         return done >= count if count else done
 
     async def main() -> None:
-        nonlocal hold
         await server.start()
         print(json.dumps({"url": server.openai_base_url}), flush=True)
         loop = asyncio.get_running_loop()
@@ -96,10 +93,9 @@ def serve(delay: float) -> None:
         while line := await reader.readline():
             command, *args = line.decode().split()
             answer: dict[str, Any] = {}
-            if command == "reset":  # forget the last round; hold streams mid-way or not
+            if command == "reset":  # forget the last round
                 server.requests.clear()
                 server.streams.clear()
-                hold = args[0] == "hold"
             elif command == "stats":
                 answer = {"requests": len(server.requests), "streams": len(server.streams),
                           "held": sum(s.chunks_sent >= HELD_CHUNKS for s in server.streams
@@ -379,62 +375,74 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def measure(name: str, url: str, n: int, mode: str, rounds: int) -> dict[str, Any]:
-    run, kept, cleanup = await FACTORIES[name](url, n)
-    await run(lambda: None, "warm up")  # warm up: lazy imports, the pool's first connection
-    gc.collect()
+async def throughput(run: Run, n: int, rounds: int) -> dict[str, Any]:
+    """N runs at once to their answers, ``rounds`` times; the first round's figures and
+    the RSS after each round (gc'd)."""
     out: dict[str, Any] = {}
-    if mode == "throughput":
-        after: list[int] = []
-        for round_ in range(rounds):
-            gc.collect()
-            base, cpu0 = rss(), cpu()
-            with Ticker() as ticker:
-                start = time.perf_counter()
-                replies = await asyncio.gather(*(run(lambda: None) for _ in range(n)))
-                wall = time.perf_counter() - start
-            used = cpu() - cpu0
-            assert all(r == ANSWER.replace(" ", "") or r.split() == ANSWER.split()
-                       or r == ANSWER for r in replies), replies[:1]
-            del replies
-            gc.collect()
-            after.append(rss())
-            if round_ == 0:
-                out = {"runs_s": n / wall, "cpu_ms": used / n * 1000,
-                       "peak_kb": (ticker.peak - base) / n / 1024,
-                       "after_kb": (rss() - base) / n / 1024, "lag_ms": ticker.p99_ms(),
-                       "base_rss": base}
-        out["rss_rounds"] = after
-    else:  # cancel-all: every run held mid-stream by the server, then all cancelled at once
-        started = asyncio.Event()
-        count = 0
-
-        def seen() -> None:
-            nonlocal count
-            count += 1
-            if count == n:
-                started.set()
-
-        tasks = [asyncio.ensure_future(run(seen)) for _ in range(n)]
+    after: list[int] = []
+    for round_ in range(rounds):
+        gc.collect()
+        base, cpu0 = rss(), cpu()
         with Ticker() as ticker:
-            try:
-                async with asyncio.timeout(120):
-                    await started.wait()
-            except TimeoutError:
-                out["never_streamed"] = n - count
-            begin = time.monotonic()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            returned = time.monotonic() - begin
-        out.update({"cancel_at": begin, "cancels_ms": returned * 1000, "kept": kept(),
-                    "lag_ms": ticker.p99_ms()})
+            start = time.perf_counter()
+            replies = await asyncio.gather(*(run(lambda: None) for _ in range(n)))
+            wall = time.perf_counter() - start
+        used = cpu() - cpu0
+        assert all(r.split() == ANSWER.split() for r in replies), replies[:1]
+        del replies
+        gc.collect()
+        after.append(rss())
+        if round_ == 0:
+            out = {"runs_s": n / wall, "cpu_ms": used / n * 1000,
+                   "peak_kb": (ticker.peak - base) / n / 1024,
+                   "after_kb": (rss() - base) / n / 1024, "lag_ms": ticker.p99_ms()}
+    out["rss_rounds"] = after
+    return out
+
+
+async def cancel_all(run: Run, kept: Kept, n: int) -> dict[str, Any]:
+    """N runs, each held mid-stream by the server after its first text, cancelled at once."""
+    out: dict[str, Any] = {}
+    started = asyncio.Event()
+    count = 0
+
+    def seen() -> None:
+        nonlocal count
+        count += 1
+        if count == n:
+            started.set()
+
+    tasks = [asyncio.ensure_future(run(seen, HELD_TASK)) for _ in range(n)]
+    with Ticker() as ticker:
+        try:
+            async with asyncio.timeout(120):
+                await started.wait()
+        except TimeoutError:
+            out["never_streamed"] = n - count
+        begin = time.monotonic()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        returned = time.monotonic() - begin
+    out.update({"cancel_at": begin, "cancels_ms": returned * 1000, "kept": kept(),
+                "lag_ms": ticker.p99_ms()})
+    return out
+
+
+async def measure(name: str, url: str, n: int, phases: str, rounds: int) -> dict[str, Any]:
+    run, kept, cleanup = await FACTORIES[name](url, n)
+    await run(lambda: None, "warm up")  # lazy imports, the pool's first connection
+    out: dict[str, Any] = {}
+    if "throughput" in phases:
+        out.update(await throughput(run, n, rounds))
+    if "cancel" in phases:
+        out.update({f"c_{k}": v for k, v in (await cancel_all(run, kept, n)).items()})
     await cleanup()
     return out
 
 
 def client_main(options: argparse.Namespace) -> None:
-    out = asyncio.run(measure(options.client, options.url, options.n, options.mode,
+    out = asyncio.run(measure(options.client, options.url, options.n, options.phases,
                               options.rounds))
     print(json.dumps(out), flush=True)
 
@@ -442,18 +450,19 @@ def client_main(options: argparse.Namespace) -> None:
 # -- the orchestrator ---------------------------------------------------------------------------
 
 
-def one(server: Server, name: str, n: int, mode: str, rounds: int = 1) -> dict[str, Any]:
-    server.ask("reset " + ("hold" if mode == "cancel" else "answer"))
+def one(server: Server, name: str, n: int, phases: str, rounds: int) -> dict[str, Any]:
+    """One client process: its figures, with the server's view of the cancel-all."""
+    server.ask("reset")
     command = [sys.executable, __file__, "--client", name, "--url", server.url, "--n", str(n),
-               "--mode", mode, "--rounds", str(rounds)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+               "--phases", phases, "--rounds", str(rounds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode:
-        raise RuntimeError(f"{name} N={n} {mode} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{name} N={n} failed:\n{done.stderr[-3000:]}")
     out = dict(json.loads(done.stdout.strip().splitlines()[-1]))
-    if mode == "cancel":
+    if "c_cancel_at" in out:
         closed = server.ask(f"closed {n} 60")
-        out["closed_ms"] = (closed["last"] - out["cancel_at"]) * 1000
-        out["open_after"] = n - closed["ended"]
+        out["c_closed_ms"] = (closed["last"] - out["c_cancel_at"]) * 1000
+        out["c_open_after"] = n - closed["ended"]
     out["load"] = os.getloadavg()[0]
     return out
 
@@ -480,7 +489,6 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", default="throughput", help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=1, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.serve:
@@ -509,12 +517,7 @@ def main() -> None:
             for repeat in range(options.repeats):
                 order = names[repeat % len(names):] + names[:repeat % len(names)]
                 for name in order:
-                    row: dict[str, Any] = {}
-                    if "throughput" in options.phases:
-                        row = one(server, name, n, "throughput", max(1, options.leak))
-                    if "cancel" in options.phases:
-                        row.update({f"c_{k}": v for k, v in
-                                    one(server, name, n, "cancel").items()})
+                    row = one(server, name, n, options.phases, max(1, options.leak))
                     row["repeat"] = repeat
                     rows.setdefault((n, name), []).append(row)
                     print(f"  N={n} {name} repeat {repeat + 1}: {json.dumps(row)}",

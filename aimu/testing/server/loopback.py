@@ -46,6 +46,7 @@ from aimu.testing.server.wire import (
 __all__ = ["LoopbackServer"]
 
 _REDACTED = "***"
+_BACKLOG = 4096
 _SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
 )
@@ -187,7 +188,12 @@ class LoopbackServer:
         """Listen on ``host:port`` (port 0: a free one, then set in ``port``)."""
         if self._state != "created":
             raise RuntimeError(f"loopback server is {self._state}; a server starts only once")
-        self._server = await asyncio.start_server(self._on_connection, self.host, self.port)
+        # asyncio's default backlog of 100 drops connections when a thousand clients
+        # connect at once: their connects time out, or (the handshake done, the accept
+        # queue full) their request waits unanswered. The kernel caps it at somaxconn.
+        self._server = await asyncio.start_server(
+            self._on_connection, self.host, self.port, backlog=_BACKLOG
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._state = "running"
 
