@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from aimu._mcp_options import mcp_servers
-from tests.aio.mcp.helpers import SERVER
+from tests.aio.mcp.helpers import RAW_SERVER, SERVER
 from tests.serve.harness import aimu_serve, collect, model_server, start  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -53,6 +53,11 @@ def test_chat_with_a_server_that_cannot_start_is_one_error_line(tmp_path: Path) 
     assert "MCP server 'no-such-mcp-command'" in lines[0] and "not found" in lines[0]
     done = chat(tmp_path, "--mcp", "'unclosed")
     assert done.returncode == 2 and "--mcp" in done.stderr
+    # A tool list nested too deeply to read: one line saying so, no SDK traceback.
+    done = chat(tmp_path, "--mcp", shlex.join([sys.executable, RAW_SERVER, "deep-schema"]))
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert "nests deeper than a JSON parser allows" in line
 
 
 def test_option_parsing() -> None:
