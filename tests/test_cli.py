@@ -956,3 +956,18 @@ def test_on_a_terminal_a_pull_declined_or_failed_exits_1_with_one_line(
     chat.expect(said)
     assert chat.wait() == 1
     assert model in server.not_pulled and not chat_requests_for(server, model)
+
+
+def test_a_piped_chat_on_the_responses_wire(server: LoopbackServer, tmp_path: Path) -> None:
+    """``--model openai-responses:NAME`` speaks the Responses API, the key kept secret."""
+    env = environment(tmp_path, "127.0.0.1:9")
+    env.update(OPENAI_BASE_URL=server.openai_base_url, OPENAI_API_KEY="sk-cli-secret-1234")
+    done = subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--model", "openai-responses:gpt-test"],
+        input="hello\n", capture_output=True, text=True, timeout=WAIT, env=env, cwd=ROOT,
+    )
+    assert done.returncode == 0, done
+    assert "answer to hello" in done.stdout
+    assert "sk-cli-secret-1234" not in done.stdout + done.stderr
+    assert any(r.path == "/v1/responses" and r.body["model"] == "gpt-test"
+               for r in server.requests)
