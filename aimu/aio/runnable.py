@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeAlias, cast, overload
 
 from typing_extensions import TypeVar
 
+from aimu.aio._run_stream import RunStream
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.images import image_urls
@@ -382,8 +383,8 @@ class Runnable(abc.ABC, Generic[OutputT]):
     def _begin(
         self, task: str | None, reset: bool, stream: bool, options: RunOptions = NO_OPTIONS
     ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
-        if stream:
-            return self._events(task, reset, options)
+        if stream:  # leaving its async-for loop stops the run (see RunStream)
+            return RunStream(self._events(task, reset, options))
         coroutine = cast("CoroutineType[Any, Any, OutputT]", self._reply(task, reset, options))
         # A RunHandle names itself after its coroutine: make that this runnable's name.
         coroutine.__qualname__ = coroutine.__name__ = self.name

@@ -51,15 +51,21 @@ async def run_events(
     try:
         await _open(session, run, task, reset)
         run.opened = True
-        yield run.publish(RunStarted(name, task))
+        try:
+            yield run.publish(RunStarted(name, task))
+        except BaseException:
+            run.closing = True  # thrown in at a yield: the consumer is done reading
+            raise
         await _pick_up(session, run, task)
         while (step := await _next_step(session, run)) is not None:
             try:
                 async for event in step:
                     try:
                         yield run.publish(event)
-                    except GeneratorExit:
-                        run.closing = True  # closing the step awaits: a cancel may come
+                    except BaseException:
+                        # Thrown in at a yield (aclose, athrow): the consumer is done
+                        # reading. Closing the step awaits: a cancel may come.
+                        run.closing = True
                         raise
             except BaseException:
                 # Left at a yield (the consumer closed or threw): the step is closed here,
