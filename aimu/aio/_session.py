@@ -28,8 +28,8 @@ class SessionRecord:
     """The store session of one agent session, and the state kept beside it."""
 
     __slots__ = (
-        "carried", "name", "spend", "state_stale", "store", "summary", "transcript_stale",
-        "writer",
+        "carried", "name", "remote", "spend", "state_stale", "store", "summary",
+        "transcript_stale", "writer",
     )
 
     def __init__(self, store: Store | None, name: str | None) -> None:
@@ -48,12 +48,17 @@ class SessionRecord:
         self.summary: Summary | None = None
         #: What this session spent in all, its runs in every process.
         self.spend = Spend()
+        #: A turn the model's server goes on making without us (a background response):
+        #: its handle and ``at``, the transcript's length when it started. Loaded, it is
+        #: picked up again if the transcript has nothing after it (the run died in it).
+        self.remote: dict[str, Any] | None = None
 
     def forget(self) -> None:
         """The transcript was replaced (reset, restore): what the state said of it goes,
         and the store is rewritten from memory at the next write."""
         self.carried = Carried()
         self.summary = None
+        self.remote = None
         self.transcript_stale = self.state_stale = True
 
     def load_state(self, state: Mapping[str, Any], messages: Sequence[Message]) -> None:
@@ -63,6 +68,9 @@ class SessionRecord:
         self.spend = Spend.load(state.get("spend"), where)
         self.carried = Carried.load(state.get("sent"), messages, where)
         self.summary = Summary.load(state.get("summary"), len(messages), where)
+        remote = state.get("remote_turn")
+        fresh = isinstance(remote, dict) and remote.get("at") == len(messages)
+        self.remote = remote if fresh else None
 
     async def record(self, messages: list[Message], message: Message) -> None:
         """Append ``message`` to ``messages`` (memory), then to the store."""
@@ -110,6 +118,8 @@ class SessionRecord:
                 state["sent"] = self.carried.dump()
             if self.summary is not None:
                 state["summary"] = self.summary.dump()
+            if self.remote is not None:
+                state["remote_turn"] = self.remote
             await self.writer.save_state(state)
             self.state_stale = False
 

@@ -62,6 +62,8 @@ class Session:
         self.name = name
         #: The store session and the state kept beside the transcript (see _session.py).
         self.durable = SessionRecord(store, name)
+        if store is not None:  # a background response's handle is kept in the state
+            client.on_remote_turn = self.remote_turn
         #: Ids of the in-doubt calls of idempotent tools found on load: resume() runs
         #: them again (their results start with RERUN_NOTE).
         self.reruns: set[str] = set()
@@ -107,6 +109,14 @@ class Session:
 
     async def save_state(self) -> None:
         await self.durable.save_state(self.approvals)
+
+    async def remote_turn(self, handle: dict[str, Any]) -> None:
+        """Keep the handle of a turn the server makes on its own (a background response),
+        durably, so a run that dies in it re-attaches instead of asking again."""
+        if self.durable.writer is None:
+            return
+        self.durable.remote = {**handle, "at": len(self.client.messages)}
+        await self.save_state()
 
     # -- opening, loading, restoring ---------------------------------------------------
 
@@ -158,6 +168,8 @@ class Session:
             self.approvals = approvals
             self.durable.load_state(state, settled)
             messages[:] = settled
+            if self.durable.remote is not None:  # the run died while the server made a turn
+                self.client.reattach_turn(self.durable.remote)
         elif messages:
             validate(messages)
             self.durable.transcript_stale = True

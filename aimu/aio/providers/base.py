@@ -11,7 +11,7 @@ nothing above it: providers import it, ``aimu.aio.client`` picks a provider.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, overload
@@ -212,6 +212,15 @@ class ModelClient(abc.ABC):
     context_window: int | None = None
     #: The server can say the model's context window (:meth:`discover_context_window`).
     discovers_context_window: bool = False
+    #: Awaited with a turn's handle (JSON data) when the server will go on making that
+    #: turn without us (a background response): what a session stores so that, after a
+    #: crash, :meth:`reattach_turn` picks the turn up instead of asking again.
+    on_remote_turn: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+
+    def reattach_turn(self, handle: Mapping[str, Any]) -> bool:
+        """Make the next turn re-attach to the remote turn ``handle`` names (one given to
+        :attr:`on_remote_turn`); False when this client cannot."""
+        return False
 
     async def discover_context_window(self) -> int | None:
         """The model's context window as its server reports it (asked once), or None when

@@ -206,6 +206,15 @@ class OpenAIResponsesClient(HTTPModelClient):
             raise ValueError("reattach() needs a client made with background=True")
         self._attach = response
 
+    def reattach_turn(self, handle: Mapping[str, Any]) -> bool:
+        response_id, after = handle.get("response_id"), handle.get("after")
+        if handle.get("wire") != WIRE or not self.background:
+            return False
+        if not isinstance(response_id, str) or not isinstance(after, int):
+            return False
+        self._attach = BackgroundResponse(response_id, after)
+        return True
+
     def stream_turn(
         self,
         messages: Sequence[Message],
@@ -244,10 +253,11 @@ class OpenAIResponsesClient(HTTPModelClient):
                             body = self.body(messages, tools, True, request)
                             response = await self._open(shard.http, body, True, reporter)
                         async for chunk in self._read(response, decoder, reporter):
-                            if decoder.response_id is not None:
-                                self.in_flight = BackgroundResponse(
-                                    decoder.response_id, decoder.sequence
-                                )
+                            if self.in_flight is None and decoder.response_id is not None:
+                                await self._started(decoder)
+                            self.in_flight = BackgroundResponse(
+                                decoder.response_id or "", decoder.sequence
+                            )
                             yield chunk
                     finally:
                         self._pool.release(shard)
@@ -264,6 +274,13 @@ class OpenAIResponsesClient(HTTPModelClient):
             if not decoder.finished and decoder.response_id is not None:
                 await self._cancel_remote(http, decoder.response_id, reporter)
             self.in_flight = None
+
+    async def _started(self, decoder: _ResponsesTurn) -> None:
+        """The response exists on the server: hand its handle to whoever keeps it."""
+        self.in_flight = BackgroundResponse(decoder.response_id or "", decoder.sequence)
+        if self.on_remote_turn is not None:  # from before any content: none is durable yet
+            await self.on_remote_turn({"wire": WIRE, "response_id": self.in_flight.response_id,
+                                       "after": decoder.started_at})
 
     async def _open_get(
         self, http: httpx.AsyncClient, attach: BackgroundResponse, reporter: Reporter
@@ -349,7 +366,7 @@ class _ResponsesTurn(TurnDecoder):
     """
 
     __slots__ = ("calls", "parser", "reasoning", "reporter", "response_id", "seen", "sequence",
-                 "text")
+                 "started_at", "text")
 
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
@@ -358,6 +375,8 @@ class _ResponsesTurn(TurnDecoder):
         self.response_id: str | None = None
         #: The ``sequence_number`` of the last event read (-1: none yet).
         self.sequence = -1
+        #: The number of the last event before any content (the response's creation).
+        self.started_at = -1
         self.calls = 0
         self.seen: set[str] = set()
         self.reasoning: list[dict[str, Any]] = []
@@ -394,6 +413,7 @@ class _ResponsesTurn(TurnDecoder):
             identifier = _dict(event.get("response")).get("id")
             if isinstance(identifier, str) and identifier:
                 self.response_id = identifier
+            self.started_at = self.sequence
             return []
         if kind in ("response.completed", "response.incomplete"):
             return self._finish(_dict(event.get("response")))

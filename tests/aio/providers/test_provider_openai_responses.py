@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +30,7 @@ from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 
 KEY = "sk-responses-secret-0123456789"
+ROOT = Path(__file__).resolve().parents[3]
 LONG = " ".join(f"w{n}" for n in range(60))
 
 
@@ -305,3 +309,47 @@ async def test_a_session_moves_from_ollama_to_responses_and_back() -> None:
         validate(back.messages)
         for client in (ollama, responses, back):
             await client.aclose()
+
+
+CRASHING_RUN = """
+import asyncio, sys
+from aimu import aio
+
+async def main():
+    model = aio.client("openai-responses:gpt-test", base_url=sys.argv[1], api_key="k",
+                       background=True)
+    agent = aio.Agent(model, store=aio.SQLiteStore(sys.argv[2]), session="s")
+    await agent.run("tell me")
+
+asyncio.run(main())
+"""
+
+
+async def test_after_a_kill_9_resume_re_attaches_to_the_background_response(
+    tmp_path: Path,
+) -> None:
+    """A run killed mid-response kept the response's handle in its session's state; a
+    new process's resume() streams the rest of that same response: no second request."""
+    words = " ".join(f"w{n}" for n in range(40))
+    async with LoopbackServer([Turn(text=words, delay=0.02, input_tokens=5)]) as server:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CRASHING_RUN, server.openai_base_url, str(tmp_path / "s.db"),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            await server.wait_until(
+                lambda: bool(server.streams) and server.streams[0].chunks_sent >= 10, 30
+            )
+        finally:
+            child.kill()  # kill -9: no finally of the run's runs, nothing cancelled
+            await child.wait()
+        (response_id,) = server.background.stored
+        assert server.background.cancelled == []
+        async with make(server, background=True) as model:
+            agent = aio.Agent(model, store=aio.SQLiteStore(tmp_path / "s.db"), session="s")
+            assert await agent.resume() == words
+            posts = [r for r in server.requests if r.method == "POST"]
+            assert len(posts) == 1  # the model was not asked again
+            assert server.requests[-1].path == f"/v1/responses/{response_id}"
+            assert model.messages[-1]["content"] == words
+            await agent.aclose()
