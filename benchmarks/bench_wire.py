@@ -1,4 +1,5 @@
-"""Whole tool rounds over the wire: ``ollama:`` and ``openai:`` against bare httpx.
+"""Whole tool rounds over the wire: ``ollama:``, ``openai:`` and ``anthropic:`` against
+bare httpx; and how soon the server sees a cancelled stream closed.
 
     python benchmarks/bench_wire.py                    # wall time, growth, concurrency
     python benchmarks/bench_wire.py --callgrind        # + instructions (valgrind)
@@ -20,7 +21,10 @@ Prints, with medians of interleaved repeats:
 - with ``--callgrind``: instructions per round at 50 rounds (runs of 1 and 2, the
   difference, so start-up, imports and the first run's one-time costs cancel);
 - 1,000 and 10,000 concurrent single-turn runs: client CPU per request, and memory per
-  run in flight.
+  run in flight;
+- cancel to closed: a streamed turn cancelled after its first chunk, ms until the
+  loopback server (in a thread of this process, one clock) sees the connection go:
+  median and 90th percentile per client (goal: median < 2 ms).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from aimu import aio
 from aimu.aio.providers._http import DEFAULT_CONCURRENCY, ssl_context
 
 Run = Callable[[], Awaitable[None]]
-PROVIDERS = ("ollama", "openai")
+PROVIDERS = ("ollama", "openai", "anthropic")
 
 
 async def noop(n: int) -> str:
@@ -59,6 +63,17 @@ TOOLS = [{"type": "function", "function": {
     "name": "noop", "description": "Does nothing; returns its argument.",
     "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
                    "required": ["n"]}}}]
+ANTHROPIC_TOOLS = [{"name": "noop", "description": "Does nothing; returns its argument.",
+                    "input_schema": TOOLS[0]["function"]["parameters"]}]
+
+
+def client(provider: str, url: str) -> aio.ModelClient:
+    """Our client of ``provider`` for the loopback server at ``url``."""
+    if provider == "ollama":
+        return aio.client("ollama:bench", host=url)
+    if provider == "anthropic":
+        return aio.client("anthropic:bench", base_url=url, api_key="sk-ant-bench")
+    return aio.client("openai:bench", base_url=url + "/v1", api_key="sk-bench")
 
 
 # -- the server process --------------------------------------------------------------
@@ -105,10 +120,7 @@ def server_process() -> Iterator[str]:
 
 def ours(provider: str, url: str, rounds: int) -> Run:
     async def run() -> None:
-        if provider == "ollama":
-            model = aio.client("ollama:bench", host=url)
-        else:
-            model = aio.client("openai:bench", base_url=url + "/v1", api_key="sk-bench")
+        model = client(provider, url)
         agent = aio.Agent(model, tools=[noop], max_rounds=rounds + 1)
         await agent.run(f"rounds={rounds}")
         await model.aclose()
@@ -116,9 +128,59 @@ def ours(provider: str, url: str, rounds: int) -> Run:
     return run
 
 
+async def _bare_anthropic_turn(
+    http: httpx.AsyncClient, url: str, messages: list[dict[str, Any]]
+) -> tuple[str, list[dict[str, Any]]]:
+    """Messages API SSE: text deltas, tool_use blocks with their input's JSON fragments."""
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    body = {"model": "bench", "max_tokens": 4096, "messages": messages,
+            "tools": ANTHROPIC_TOOLS, "stream": True}
+    headers = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01"}
+    async with http.stream("POST", url + "/v1/messages", json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            kind = event["type"]
+            if kind == "content_block_delta":
+                delta = event["delta"]
+                if delta["type"] == "text_delta":
+                    text.append(delta["text"])
+                elif delta["type"] == "input_json_delta":
+                    calls[event["index"]]["input"] += delta["partial_json"]
+            elif kind == "content_block_start" and event["content_block"]["type"] == "tool_use":
+                block = event["content_block"]
+                calls[event["index"]] = {"id": block["id"], "name": block["name"], "input": ""}
+            elif kind == "message_stop":
+                break
+    return "".join(text), list(calls.values())
+
+
+def _bare_anthropic(url: str, rounds: int) -> Run:
+    async def run() -> None:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"rounds={rounds}"}]
+            while True:
+                text, calls = await _bare_anthropic_turn(http, url, messages)
+                blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+                uses = [{"type": "tool_use", "id": c["id"], "name": c["name"],
+                         "input": json.loads(c["input"] or "{}")} for c in calls]
+                messages.append({"role": "assistant", "content": blocks + uses})
+                if not calls:
+                    return
+                results = [{"type": "tool_result", "tool_use_id": use["id"],
+                            "content": await noop(**use["input"])} for use in uses]
+                messages.append({"role": "user", "content": results})
+
+    return run
+
+
 async def _bare_turn(
     http: httpx.AsyncClient, provider: str, url: str, messages: list[dict[str, Any]]
 ) -> tuple[str, list[dict[str, Any]]]:
+    if provider == "anthropic":
+        return await _bare_anthropic_turn(http, url, messages)
     text: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     if provider == "ollama":
@@ -151,6 +213,9 @@ async def _bare_turn(
 
 
 def bare(provider: str, url: str, rounds: int) -> Run:
+    if provider == "anthropic":
+        return _bare_anthropic(url, rounds)
+
     async def run() -> None:
         async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
             messages: list[dict[str, Any]] = [{"role": "user", "content": f"rounds={rounds}"}]
@@ -213,11 +278,11 @@ async def rounds_table(url: str, repeats: int, rounds: int = 50) -> None:
     figures = await per_round(url, rounds, repeats)
     print(f"\nWhole tool rounds, {rounds} rounds, median of {repeats} interleaved runs, "
           "µs/round")
-    print(f"{'client':<9} {'wall ours':>10} {'bare':>8} {'ratio':>6}   "
+    print(f"{'client':<11} {'wall ours':>10} {'bare':>8} {'ratio':>6}   "
           f"{'client CPU ours':>15} {'bare':>8} {'ratio':>6}")
     for provider in PROVIDERS:
         (wall, cpu), (bare_wall, bare_cpu) = figures[f"{provider}:"], figures[f"bare {provider}"]
-        print(f"{provider + ':':<9} {wall:>10.0f} {bare_wall:>8.0f} {wall / bare_wall:>5.2f}x   "
+        print(f"{provider + ':':<11} {wall:>10.0f} {bare_wall:>8.0f} {wall / bare_wall:>5.2f}x   "
               f"{cpu:>15.0f} {bare_cpu:>8.0f} {cpu / bare_cpu:>5.2f}x")
 
 
@@ -231,13 +296,13 @@ async def growth(url: str, repeats: int, sizes: tuple[int, ...]) -> None:
         cells = "  ".join(
             f"{size}: {table[size][mine][1]:.0f} vs {table[size][base][1]:.0f}" for size in sizes
         )
-        print(f"{provider + ':':<9} {cells}")
+        print(f"{provider + ':':<11} {cells}")
         low, high = sizes[-2], sizes[-1]
         slopes = [
             (table[high][name][1] - table[low][name][1]) / (high - low)
             for name in (f"{provider}:", f"bare {provider}")
         ]
-        print(f"{'':<9} per-message slope ({low}->{high}): ours {slopes[0] * 1000:.0f} ns, "
+        print(f"{'':<11} per-message slope ({low}->{high}): ours {slopes[0] * 1000:.0f} ns, "
               f"bare {slopes[1] * 1000:.0f} ns, ratio {slopes[0] / slopes[1]:.2f}x")
 
 
@@ -268,10 +333,10 @@ def instructions(url: str, rounds: int) -> None:
         for name in (f"bare {provider}", f"{provider}:"):
             one, two = count(url, name, 1, rounds), count(url, name, 2, rounds)
             per[name] = (two - one) / rounds
-    print(f"{'client':<9} {'ours':>12} {'bare httpx':>12} {'ratio':>7}")
+    print(f"{'client':<11} {'ours':>12} {'bare httpx':>12} {'ratio':>7}")
     for provider in PROVIDERS:
         mine, base = per[f"{provider}:"], per[f"bare {provider}"]
-        print(f"{provider + ':':<9} {mine:>12,.0f} {base:>12,.0f} {mine / base:>6.2f}x")
+        print(f"{provider + ':':<11} {mine:>12,.0f} {base:>12,.0f} {mine / base:>6.2f}x")
 
 
 def play(name: str, url: str, runs: int, rounds: int) -> None:
@@ -296,8 +361,7 @@ async def concurrent(url: str, provider: str, count_: int, mine: bool) -> tuple[
     async def go(slow: bool) -> None:
         task = "rounds=0 slow" if slow else "rounds=0"
         if mine:
-            model = (aio.client("ollama:bench", host=url) if provider == "ollama" else
-                     aio.client("openai:bench", base_url=url + "/v1", api_key="k"))
+            model = client(provider, url)
             agent = aio.Agent(model, tools=[noop])
             sessions = [agent.start() for _ in range(count_)]
             await asyncio.gather(*(s.run(task) for s in sessions))
@@ -337,7 +401,7 @@ async def concurrency(url: str, sizes: tuple[int, ...]) -> None:
     for provider in PROVIDERS:
         for size in sizes:
             mine = await concurrent(url, provider, size, True)
-            line = f"{provider + ':':<9} {size:>6} runs: ours {mine[0]:>6.0f} µs "
+            line = f"{provider + ':':<11} {size:>6} runs: ours {mine[0]:>6.0f} µs "
             line += f"{mine[1]:>5.1f} KiB"
             if size == sizes[0]:
                 base = await concurrent(url, provider, size, False)
@@ -346,18 +410,50 @@ async def concurrency(url: str, sizes: tuple[int, ...]) -> None:
             print(line, flush=True)
 
 
+# -- cancel to closed --------------------------------------------------------------------
+
+
+async def cancel_to_closed(repeats: int) -> None:
+    """A streamed turn cancelled after its first chunk: ms until the server sees it go."""
+    from aimu.testing.script import Turn
+    from aimu.testing.server import LoopbackServer
+
+    words = " ".join(f"w{i}" for i in range(200))
+    print(f"\nCancel to closed: a streamed turn closed after its first chunk, ms until the "
+          f"server sees the connection go, {repeats} tries")
+    with LoopbackServer.in_thread(lambda request: Turn(text=words, delay=0.005)) as server:
+        for provider in PROVIDERS:
+            model = client(provider, server.url)
+            times: list[float] = []
+            for _ in range(repeats + 1):
+                before = len([s for s in server.streams if s.abandoned])
+                turn = model.stream_turn([{"role": "user", "content": "go"}])
+                await anext(turn)
+                closing = time.monotonic()
+                await turn.aclose()
+                records = await server.wait_abandoned(before + 1)
+                times.append((max(r.abandoned_at or 0.0 for r in records) - closing) * 1000)
+            await model.aclose()
+            times = sorted(times[1:])  # the first opened the connection pool: left out
+            p90 = times[min(len(times) - 1, int(len(times) * 0.9))]
+            print(f"{provider + ':':<11} median {statistics.median(times):.2f} ms, "
+                  f"p90 {p90:.2f} ms")
+
+
 async def main(options: argparse.Namespace) -> None:
     with server_process() as url:
         if options.quick:
             await rounds_table(url, 1, 5)
             await growth(url, 1, (2, 4))
             await concurrency(url, (10,))
+            await cancel_to_closed(3)
             return
         await rounds_table(url, options.repeats)
         await growth(url, options.repeats, (10, 100, 500))
         if options.callgrind:
             instructions(url, 50)
         await concurrency(url, (1000, 10000))
+        await cancel_to_closed(options.repeats * 7)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class AnthropicWire(Wire):
         self.message_id = f"msg_loopback_{next(call_ids)}"
         self._ids: list[str] | None = None
         self._shaped: dict[str, Any] | None = None
+        self._caches: bool | None = None  # the request asks for prompt caching
 
     def streamed(self) -> bool:
         return self.body.get("stream") is True
@@ -96,7 +97,9 @@ class AnthropicWire(Wire):
     def _usage(self, turn: Turn, output: int) -> dict[str, int]:
         """The usage the server reports; with ``cache_control`` in the request, half of
         the input counts as read from the cache (the client adds them up again)."""
-        cached = turn.input_tokens // 2 if b"cache_control" in json_bytes(self.body) else 0
+        if self._caches is None:
+            self._caches = b"cache_control" in json_bytes(self.body)
+        cached = turn.input_tokens // 2 if self._caches else 0
         return {
             "input_tokens": turn.input_tokens - cached,
             "cache_creation_input_tokens": 0,
