@@ -1,5 +1,6 @@
-"""Whole tool rounds over the wire: ``ollama:``, ``openai:`` and ``anthropic:`` against
-bare httpx; and how soon the server sees a cancelled stream closed.
+"""Whole tool rounds over the wire: ``ollama:``, ``openai:``, ``anthropic:`` and
+``openai-responses:`` against bare httpx; and how soon the server sees a cancelled stream
+closed.
 
     python benchmarks/bench_wire.py                    # wall time, growth, concurrency
     python benchmarks/bench_wire.py --callgrind        # + instructions (valgrind)
@@ -24,7 +25,9 @@ Prints, with medians of interleaved repeats:
   run in flight;
 - cancel to closed: a streamed turn cancelled after its first chunk, ms until the
   loopback server (in a thread of this process, one clock) sees the connection go:
-  median and 90th percentile per client (goal: median < 2 ms).
+  median and 90th percentile per client (goal: median < 2 ms);
+- a background response (``openai-responses:``, ``background=True``) stopped: ms until
+  the server sees the stream closed and has taken the cancel.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from aimu import aio
 from aimu.aio.providers._http import DEFAULT_CONCURRENCY, ssl_context
 
 Run = Callable[[], Awaitable[None]]
-PROVIDERS = ("ollama", "openai", "anthropic")
+PROVIDERS = ("ollama", "openai", "anthropic", "openai-responses")
 
 
 async def noop(n: int) -> str:
@@ -63,6 +66,9 @@ TOOLS = [{"type": "function", "function": {
     "name": "noop", "description": "Does nothing; returns its argument.",
     "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
                    "required": ["n"]}}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "noop", "strict": False,
+                    "description": TOOLS[0]["function"]["description"],
+                    "parameters": TOOLS[0]["function"]["parameters"]}]
 ANTHROPIC_TOOLS = [{"name": "noop", "description": "Does nothing; returns its argument.",
                     "input_schema": TOOLS[0]["function"]["parameters"]}]
 
@@ -73,7 +79,7 @@ def client(provider: str, url: str) -> aio.ModelClient:
         return aio.client("ollama:bench", host=url)
     if provider == "anthropic":
         return aio.client("anthropic:bench", base_url=url, api_key="sk-ant-bench")
-    return aio.client("openai:bench", base_url=url + "/v1", api_key="sk-bench")
+    return aio.client(f"{provider}:bench", base_url=url + "/v1", api_key="sk-bench")
 
 
 # -- the server process --------------------------------------------------------------
@@ -176,9 +182,52 @@ def _bare_anthropic(url: str, rounds: int) -> Run:
     return run
 
 
+async def _bare_responses_turn(
+    http: httpx.AsyncClient, url: str, items: list[dict[str, Any]]
+) -> tuple[str, list[dict[str, Any]]]:
+    """Responses SSE: text deltas, each function call whole at its output_item.done."""
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    body = {"model": "bench", "input": items, "tools": RESPONSES_TOOLS, "stream": True,
+            "store": False}
+    async with http.stream("POST", url + "/v1/responses", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            kind = event["type"]
+            if kind == "response.output_text.delta":
+                text.append(event["delta"])
+            elif kind == "response.output_item.done" and event["item"]["type"] == "function_call":
+                calls.append(event["item"])
+    return "".join(text), calls
+
+
+def _bare_responses(url: str, rounds: int) -> Run:
+    async def run() -> None:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+            items: list[dict[str, Any]] = [{"role": "user", "content": f"rounds={rounds}"}]
+            while True:
+                text, calls = await _bare_responses_turn(http, url, items)
+                if text:
+                    items.append({"role": "assistant", "content": text})
+                if not calls:
+                    return
+                for call in calls:
+                    items.append({"type": "function_call", "call_id": call["call_id"],
+                                  "name": call["name"], "arguments": call["arguments"]})
+                    result = await noop(**json.loads(call["arguments"]))
+                    items.append({"type": "function_call_output", "call_id": call["call_id"],
+                                  "output": result})
+
+    return run
+
+
 async def _bare_turn(
     http: httpx.AsyncClient, provider: str, url: str, messages: list[dict[str, Any]]
 ) -> tuple[str, list[dict[str, Any]]]:
+    if provider == "openai-responses":
+        return await _bare_responses_turn(http, url, messages)
     if provider == "anthropic":
         return await _bare_anthropic_turn(http, url, messages)
     text: list[str] = []
@@ -213,6 +262,8 @@ async def _bare_turn(
 
 
 def bare(provider: str, url: str, rounds: int) -> Run:
+    if provider == "openai-responses":
+        return _bare_responses(url, rounds)
     if provider == "anthropic":
         return _bare_anthropic(url, rounds)
 
@@ -440,6 +491,42 @@ async def cancel_to_closed(repeats: int) -> None:
                   f"p90 {p90:.2f} ms")
 
 
+# -- a background response stopped ---------------------------------------------------------
+
+
+async def background_stop(repeats: int) -> None:
+    """``openai-responses:`` with ``background=True``, a streamed turn closed after its first
+    chunk: ms until the server sees the stream closed, and until it has taken the
+    ``POST /v1/responses/{id}/cancel`` (its work stopped). The server runs in a thread of
+    this process (one clock), so the two share the GIL."""
+    from aimu.testing.script import Turn
+    from aimu.testing.server import LoopbackServer
+
+    words = " ".join(f"w{i}" for i in range(200))
+    closed: list[float] = []
+    cancelled: list[float] = []
+    with LoopbackServer.in_thread(lambda request: Turn(text=words, delay=0.005)) as server:
+        model = aio.client("openai-responses:bench", base_url=server.url + "/v1",
+                           api_key="k", background=True)
+        for _ in range(repeats + 1):
+            before = len([s for s in server.streams if s.abandoned])
+            seen = len(server.background.cancelled)
+            turn = model.stream_turn([{"role": "user", "content": "go"}])
+            await anext(turn)
+            closing = time.monotonic()
+            await turn.aclose()
+            records = await server.wait_abandoned(before + 1)
+            closed.append((max(r.abandoned_at or 0.0 for r in records) - closing) * 1000)
+            await server.wait_until(lambda seen=seen: len(server.background.cancelled) > seen)
+            cancelled.append((time.monotonic() - closing) * 1000)
+        await model.aclose()
+    print(f"\nA background response stopped after its first chunk, {repeats} tries, ms:")
+    for name, times in (("stream closed", closed[1:]), ("cancel taken", cancelled[1:])):
+        times.sort()
+        p90 = times[min(len(times) - 1, int(len(times) * 0.9))]
+        print(f"{name:<14} median {statistics.median(times):.2f}, p90 {p90:.2f}")
+
+
 async def main(options: argparse.Namespace) -> None:
     with server_process() as url:
         if options.quick:
@@ -447,6 +534,7 @@ async def main(options: argparse.Namespace) -> None:
             await growth(url, 1, (2, 4))
             await concurrency(url, (10,))
             await cancel_to_closed(3)
+            await background_stop(3)
             return
         await rounds_table(url, options.repeats)
         await growth(url, options.repeats, (10, 100, 500))
@@ -454,6 +542,7 @@ async def main(options: argparse.Namespace) -> None:
             instructions(url, 50)
         await concurrency(url, (1000, 10000))
         await cancel_to_closed(options.repeats * 7)
+        await background_stop(options.repeats * 7)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -252,13 +253,15 @@ class OpenAIResponsesClient(HTTPModelClient):
                         else:
                             body = self.body(messages, tools, True, request)
                             response = await self._open(shard.http, body, True, reporter)
-                        async for chunk in self._read(response, decoder, reporter):
-                            if self.in_flight is None and decoder.response_id is not None:
-                                await self._started(decoder)
-                            self.in_flight = BackgroundResponse(
-                                decoder.response_id or "", decoder.sequence
-                            )
-                            yield chunk
+                        # Closed before the cancel below is sent: the stream goes first.
+                        async with aclosing(self._read(response, decoder, reporter)) as chunks:
+                            async for chunk in chunks:
+                                if self.in_flight is None and decoder.response_id is not None:
+                                    await self._started(decoder)
+                                self.in_flight = BackgroundResponse(
+                                    decoder.response_id or "", decoder.sequence
+                                )
+                                yield chunk
                     finally:
                         self._pool.release(shard)
                     return
