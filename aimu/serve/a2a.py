@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -41,12 +41,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from aimu import __version__
-from aimu.aio import _sse as sse
 from aimu.aio.transcript import Message
 from aimu.serve.errors import ServeError
 from aimu.serve.http import JSON
 from aimu.serve.runs import Runs, RunView, validate_name
-from aimu.serve.stream_runs import ClosingStreamingResponse, RunFollower, decide_all, sse_data
+from aimu.serve.stream_runs import RunFollower, decide_all, sse_response
 
 __all__ = ["AGENT_CARD_PATH", "router"]
 
@@ -131,18 +130,14 @@ async def rpc(request: Request) -> Response:
         if not isinstance(method, str) or not isinstance(params, dict):
             raise RPCError(INVALID_REQUEST, "'method' must be a string, 'params' an object")
         if method == "SendStreamingMessage":
-            events = _streamed(runs, call_id, *await _send(runs, params))
-            return ClosingStreamingResponse(_encoded(events), media_type=sse.CONTENT_TYPE,
-                                            headers={"Cache-Control": "no-cache"})
+            return sse_response(_streamed(runs, call_id, *await _send(runs, params)))
         if method == "SubscribeToTask":
             task = await _task(runs, _task_id(params))
             follower = await _live_follower(runs, task)
             if follower is None:
                 raise RPCError(UNSUPPORTED, f"task {task.id!r} is {task.state}: nothing to "
                                "follow (GetTask answers for it)")
-            events = _streamed(runs, call_id, task.id, follower)
-            return ClosingStreamingResponse(_encoded(events), media_type=sse.CONTENT_TYPE,
-                                            headers={"Cache-Control": "no-cache"})
+            return sse_response(_streamed(runs, call_id, task.id, follower))
         result = await _call(runs, method, params)
         return JSON({"jsonrpc": "2.0", "id": call_id, "result": result})
     except RPCError as error:
@@ -407,12 +402,6 @@ async def _cancel(runs: Runs, task_id: str) -> dict[str, Any]:
 
 
 # -- streaming ------------------------------------------------------------------------------
-
-
-async def _encoded(events: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
-    async with contextlib.aclosing(events):
-        async for event in events:
-            yield sse_data(event)
 
 
 async def _streamed(

@@ -18,10 +18,9 @@ does. A run stopped by that route ends the stream with the ``cancelled`` outcome
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Annotated, Any, Final, Literal
 
 import anyio
@@ -41,7 +40,7 @@ from aimu.serve.stream_runs import (
     RunFollower,
     decide_all,
     live_or_revived,
-    sse_data,
+    sse_response,
 )
 
 __all__ = ["RunAgentInput", "router", "to_ag_ui_messages"]
@@ -128,11 +127,7 @@ async def ag_ui(request: Request, body: RunAgentInput) -> Response:
         )
     follower, came_back = await _begin(runs, session, body)
     events = _events(runs, session, body, follower, came_back)
-    return ClosingStreamingResponse(
-        _encoded(events),
-        media_type=sse.CONTENT_TYPE,
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return sse_response(events)
 
 
 async def _begin(
@@ -198,12 +193,6 @@ def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
         f"interrupt {entry.interrupt_id!r}: the payload must be true, false or "
         '{"approved": true|false, "reason": "..."}'
     )
-
-
-async def _encoded(events: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
-    async with contextlib.aclosing(events):
-        async for event in events:
-            yield sse_data(event)
 
 
 async def _events(

@@ -21,8 +21,7 @@ reconnected stream only detaches.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Path, Request
@@ -41,14 +40,13 @@ from aimu.serve.stream_runs import (
     RunFollower,
     decide_all,
     live_or_revived,
-    sse_data,
+    sse_response,
 )
 
 __all__ = ["ChatRequest", "router"]
 
 #: The header that says which UI message stream protocol a response speaks.
 STREAM_HEADER: Final = {"x-vercel-ai-ui-message-stream": "v1"}
-_HEADERS: Final = {**STREAM_HEADER, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE: Final = b"data: [DONE]\n\n"
 #: aimu's stop reasons as the AI SDK's finish reasons.
 _FINISH: Final = {"stop": "stop", "length": "length", "tool_calls": "tool-calls"}
@@ -149,9 +147,7 @@ async def stop(request: Request, id: ChatId) -> Response:
 
 
 def _response(runs: Runs, follower: RunFollower) -> Response:
-    return ClosingStreamingResponse(
-        _encoded(_chunks(runs, follower)), media_type=sse.CONTENT_TYPE, headers=_HEADERS
-    )
+    return sse_response(_chunks(runs, follower), headers=STREAM_HEADER, last=_DONE)
 
 
 def _user_text(message: UIMessage) -> str:
@@ -177,13 +173,6 @@ def _approval_responses(message: UIMessage) -> list[tuple[str, bool, str | None]
                              "boolean 'approved' and an optional string 'reason'")
         decisions.append((str(approval.get("id") or part.get("toolCallId")), approved, reason))
     return decisions
-
-
-async def _encoded(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
-    async with contextlib.aclosing(chunks):
-        async for chunk in chunks:
-            yield sse_data(chunk)
-    yield _DONE
 
 
 async def _chunks(runs: Runs, follower: RunFollower) -> AsyncGenerator[dict[str, Any], None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import anyio
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from aimu.aio._sse import CONTENT_TYPE
 from aimu.aio.transcript import Usage
 from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.runs import Runs, RunView
@@ -30,6 +31,7 @@ __all__ = [
     "decide_all",
     "live_or_revived",
     "sse_data",
+    "sse_response",
 ]
 
 #: Why a run is cancelled when the client that owned its stream left.
@@ -104,6 +106,26 @@ class ClosingStreamingResponse(StreamingResponse):
 def sse_data(event: object) -> bytes:
     """One Server-Sent Event carrying ``event`` as compact JSON (no id, no event name)."""
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def sse_response(
+    events: AsyncGenerator[Any, None], *, headers: Mapping[str, str] | None = None,
+    last: bytes = b"",
+) -> ClosingStreamingResponse:
+    """A protocol's events as Server-Sent Events (``last`` after them when they end), the
+    events' generator closed as soon as the client goes."""
+
+    async def encoded() -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield sse_data(event)
+        if last:
+            yield last
+
+    return ClosingStreamingResponse(
+        encoded(), media_type=CONTENT_TYPE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+    )
 
 
 async def decide_all(

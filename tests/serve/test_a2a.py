@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served, aimu_serve
+from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.protocols import restarted_after_a_kill
 
 a2a_pb2 = pytest.importorskip("a2a.types.a2a_pb2")
 json_format = pytest.importorskip("google.protobuf.json_format")
@@ -262,32 +262,21 @@ async def test_bad_input_is_answered_per_protocol_and_changes_nothing(
 @pytest.mark.slow
 async def test_a_task_outlives_a_killed_server_and_resumes(served: Served,
                                                           tmp_path: Path) -> None:
-    store = tmp_path / "a2a.db"
-    async with (
-        aimu_serve(served.model, tmp_path, "--store", str(store), name="one") as one,
-        httpx.AsyncClient(base_url=one.url, timeout=30) as http,
-    ):
-        stream = rpc_stream(http, "SendStreamingMessage",
-                            message_params("short 300", contextId="a2a-kill"))
-        async with contextlib.aclosing(stream):
-            async for result in stream:
-                if "artifactUpdate" in result:
-                    one.process.send_signal(signal.SIGKILL)
-                    break
-        await one.process.wait()
-    async with (
-        aimu_serve(served.model, tmp_path, "--store", str(store), name="two") as two,
-        httpx.AsyncClient(base_url=two.url, timeout=30) as http,
-    ):
+    def stream(http: httpx.AsyncClient) -> AsyncIterator[dict[str, Any]]:
+        return rpc_stream(http, "SendStreamingMessage",
+                          message_params("short 300", contextId="a2a-kill"))
+
+    async with restarted_after_a_kill(
+        served, tmp_path, stream, lambda result: "artifactUpdate" in result
+    ) as http:
         got = await rpc(http, "GetTask", {"id": "a2a-kill:0"})
         assert got["result"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
-        resumed = await rpc(http, "SendMessage",
-                            message_params("go on", taskId="a2a-kill:0"))
+        resumed = await rpc(http, "SendMessage", message_params("go on", taskId="a2a-kill:0"))
         assert "result" in resumed, resumed
         task = resumed["result"]["task"]
         assert task["id"] == "a2a-kill:0"
         assert task["status"]["state"] == "TASK_STATE_COMPLETED"
         assert task["artifacts"][0]["parts"][0]["text"].endswith("c299")
         stored = (await http.get("/sessions/a2a-kill")).json()["messages"]
-        validate(stored)
-        assert [m["role"] for m in stored].count("user") == 1
+    validate(stored)
+    assert [m["role"] for m in stored].count("user") == 1

@@ -6,11 +6,8 @@ the model server's record of an abandoned stream.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +17,8 @@ import pytest
 from pydantic import TypeAdapter
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served, aimu_serve
-from tests.services import npm_clients
+from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.protocols import node_client, restarted_after_a_kill, session, settled
 
 ag_ui_core = pytest.importorskip("ag_ui.core")
 EVENT: TypeAdapter[Any] = TypeAdapter(ag_ui_core.Event)
@@ -70,13 +67,6 @@ def shape(events: list[dict[str, Any]]) -> list[str]:
     return [kind for i, kind in enumerate(kinds) if i == 0 or kinds[i - 1] != kind]
 
 
-async def session(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
-    response = await http.get(f"/sessions/{name}")
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
 async def test_a_run_streams_text_and_finishes_with_its_answer(http: httpx.AsyncClient) -> None:
     events = await ag_ui_events(http, run_input("agui-hello", "r1", user("hello")))
     assert shape(events) == [
@@ -115,7 +105,7 @@ async def test_leaving_the_stream_mid_text_cancels_the_run_and_keeps_the_partial
                               until="TEXT_MESSAGE_CONTENT")
     assert seen[-1]["delta"]
     await served.model.wait_abandoned(abandoned + 1)  # the model's stream was closed
-    state = await _settled(http, "agui-abort")
+    state = await settled(http, "agui-abort")
     assert state["status"] == "cancelled"
     messages = state["messages"]
     validate(messages)
@@ -133,7 +123,7 @@ async def test_leaving_the_stream_mid_tool_settles_the_call(
             if event["type"] == "TOOL_CALL_END":
                 await GATE.entered(1)  # the tool is running: leave now
                 break
-    state = await _settled(http, "agui-midtool")
+    state = await settled(http, "agui-midtool")
     GATE.open()
     assert state["status"] == "cancelled"
     validate(state["messages"])
@@ -210,7 +200,7 @@ async def test_coming_back_gets_a_snapshot_with_the_partial_reply(
 ) -> None:
     await ag_ui_events(http, run_input("agui-back", "r1", user("long way")),
                        until="TEXT_MESSAGE_CONTENT")
-    await _settled(http, "agui-back")
+    await settled(http, "agui-back")
     back = await ag_ui_events(http, run_input("agui-back", "r2"))
     assert types(back) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
     snapshot = back[1]["messages"]
@@ -288,16 +278,6 @@ async def test_a_foreign_origin_is_refused(http: httpx.AsyncClient) -> None:
     assert (await http.get("/sessions/agui-x")).status_code == 404
 
 
-async def _settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
-    """The session once its run has ended (the run's own event stream says when)."""
-    state = await session(http, name)
-    run_id = state["run_id"]
-    if run_id is not None:
-        async with http.stream("GET", f"/runs/{run_id}/events") as response:
-            async for _ in response.aiter_lines():
-                pass
-        state = await session(http, name)
-    return state
 
 
 # -- the AG-UI project's own client (@ag-ui/client from npm, in Node) ----------------------
@@ -305,17 +285,6 @@ async def _settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
 CLIENT = Path(__file__).with_name("ag_ui_client.mjs")
 
 
-async def node_client(served: Served, mode: str, thread: str, text: str = "") -> list[Any]:
-    """``ag_ui_client.mjs MODE``: the lines it printed (events, then its end)."""
-    prefix = npm_clients()
-    process = await asyncio.create_subprocess_exec(
-        "node", str(CLIENT), mode, served.url, thread, text,
-        env={**os.environ, "AIMU_NPM_CLIENTS": str(prefix)},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 120)
-    assert process.returncode == 0, err.decode()
-    return [json.loads(line) for line in out.decode().splitlines()]
 
 
 def client_events(lines: list[Any]) -> list[dict[str, Any]]:
@@ -323,7 +292,7 @@ def client_events(lines: list[Any]) -> list[dict[str, Any]]:
 
 
 async def test_the_ag_ui_client_runs_and_keeps_the_answer(served: Served) -> None:
-    lines = await node_client(served, "run", "agui-js", "tool please")
+    lines = await node_client(CLIENT, served, "run", "agui-js", "tool please")
     events = client_events(lines)
     assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
     end = lines[-1]["end"]
@@ -337,19 +306,19 @@ async def test_the_ag_ui_clients_abort_stops_the_run_server_side(
     served: Served, http: httpx.AsyncClient
 ) -> None:
     abandoned = len([s for s in served.model.streams if s.abandoned])
-    lines = await node_client(served, "abort", "agui-js-abort", "long saga")
+    lines = await node_client(CLIENT, served, "abort", "agui-js-abort", "long saga")
     events = client_events(lines)
     # The client ends its side itself (RUN_ERROR "abort"); the server sent no end of its own.
     assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "abort"
     assert "RUN_FINISHED" not in types(events)
     await served.model.wait_abandoned(abandoned + 1)
-    state = await _settled(http, "agui-js-abort")
+    state = await settled(http, "agui-js-abort")
     assert state["status"] == "cancelled"
     validate(state["messages"])
     assert state["messages"][-1]["aimu_partial"] is True
 
     # The page comes back: the client gets the session, the partial reply in it.
-    back = await node_client(served, "back", "agui-js-abort")
+    back = await node_client(CLIENT, served, "back", "agui-js-abort")
     messages = back[-1]["end"]["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
     assert messages[1]["content"] == state["messages"][-1]["content"]
@@ -357,7 +326,7 @@ async def test_the_ag_ui_clients_abort_stops_the_run_server_side(
 
 async def test_the_ag_ui_client_answers_an_interrupt(served: Served) -> None:
     MAILED.clear()
-    lines = await node_client(served, "approve", "agui-js-mail", "mail ann")
+    lines = await node_client(CLIENT, served, "approve", "agui-js-mail", "mail ann")
     (interrupts,) = [line["interrupts"] for line in lines if "interrupts" in line]
     assert [i["reason"] for i in interrupts] == ["tool_approval"]
     end = lines[-1]["end"]
@@ -370,22 +339,12 @@ async def test_the_ag_ui_client_answers_an_interrupt(served: Served) -> None:
 async def test_a_page_coming_back_after_a_killed_server_finds_its_run_going_on(
     served: Served, tmp_path: Path
 ) -> None:
-    store = tmp_path / "agui.db"
-    async with (
-        aimu_serve(served.model, tmp_path, "--store", str(store), name="one") as one,
-        httpx.AsyncClient(base_url=one.url, timeout=30) as http,
-    ):
-        seen = _stream(http, run_input("agui-kill", "r1", user("short 300")))
-        async with contextlib.aclosing(seen):
-            async for event in seen:
-                if event["type"] == "TEXT_MESSAGE_CONTENT":
-                    one.process.send_signal(signal.SIGKILL)
-                    break
-        await one.process.wait()
-    async with (
-        aimu_serve(served.model, tmp_path, "--store", str(store), name="two") as two,
-        httpx.AsyncClient(base_url=two.url, timeout=30) as http,
-    ):
+    def stream(http: httpx.AsyncClient) -> AsyncIterator[dict[str, Any]]:
+        return _stream(http, run_input("agui-kill", "r1", user("short 300")))
+
+    async with restarted_after_a_kill(
+        served, tmp_path, stream, lambda event: event["type"] == "TEXT_MESSAGE_CONTENT"
+    ) as http:
         back = await ag_ui_events(http, run_input("agui-kill", "r2"))
         assert shape(back)[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
         assert [m["role"] for m in back[1]["messages"]] == ["user"]

@@ -8,12 +8,9 @@ record of an abandoned stream.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
-import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +18,8 @@ import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served, aimu_serve
-from tests.services import npm_clients
+from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.protocols import node_client, restarted_after_a_kill, session, settled
 
 
 def chat_body(chat: str, *messages: dict[str, Any], **more: Any) -> dict[str, Any]:
@@ -66,24 +63,6 @@ DONE = {"type": "[DONE]"}
 def types(seen: list[Any]) -> list[str]:
     kinds = [c["type"] for c in seen]
     return [kind for i, kind in enumerate(kinds) if i == 0 or kinds[i - 1] != kind]
-
-
-async def session(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
-    response = await http.get(f"/sessions/{name}")
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-async def settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
-    """The session once its run has ended (the run's own event stream says when)."""
-    state = await session(http, name)
-    if state["run_id"] is not None:
-        async with http.stream("GET", f"/runs/{state['run_id']}/events") as response:
-            async for _ in response.aiter_lines():
-                pass
-        state = await session(http, name)
-    return state
 
 
 async def test_a_chat_streams_its_answer(http: httpx.AsyncClient) -> None:
@@ -221,33 +200,10 @@ async def test_bad_input_is_refused_and_changes_nothing(http: httpx.AsyncClient)
 CLIENT = Path(__file__).with_name("ai_sdk_client.mjs")
 
 
-async def node_client(
-    served: Served, mode: str, chat: str, text: str = "",
-    on_first_chunk: Callable[[], None] | None = None,
-) -> list[Any]:
-    """``ai_sdk_client.mjs MODE``: the lines it printed; ``on_first_chunk`` is called when
-    the first chunk reached it (a provable point: the client is connected)."""
-    prefix = npm_clients()
-    process = await asyncio.create_subprocess_exec(
-        "node", str(CLIENT), mode, served.url, chat, text,
-        env={**os.environ, "AIMU_NPM_CLIENTS": str(prefix)},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    lines: list[Any] = []
-    async with asyncio.timeout(120):
-        async for raw in process.stdout:
-            lines.append(json.loads(raw))
-            if on_first_chunk is not None and "chunk" in lines[-1]:
-                on_first_chunk()
-                on_first_chunk = None
-        err = await process.stderr.read()
-        assert await process.wait() == 0, err.decode()
-    return lines
 
 
 async def test_the_ai_sdk_builds_the_message(served: Served) -> None:
-    lines = await node_client(served, "run", "sdk-js", "tool please")
+    lines = await node_client(CLIENT, served, "run", "sdk-js", "tool please")
     end = lines[-1]["end"]
     assert end["error"] is None
     parts = end["message"]["parts"]
@@ -260,7 +216,7 @@ async def test_the_ai_sdk_builds_the_message(served: Served) -> None:
 
 async def test_the_ai_sdk_abort_stops_the_run(served: Served, http: httpx.AsyncClient) -> None:
     abandoned = len([s for s in served.model.streams if s.abandoned])
-    lines = await node_client(served, "abort", "sdk-js-abort", "long yarn")
+    lines = await node_client(CLIENT, served, "abort", "sdk-js-abort", "long yarn")
     assert lines[-1]["end"]["error"] == "AbortError"
     await served.model.wait_abandoned(abandoned + 1)
     state = await settled(http, "sdk-js-abort")
@@ -269,7 +225,7 @@ async def test_the_ai_sdk_abort_stops_the_run(served: Served, http: httpx.AsyncC
 
 async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
     MAILED.clear()
-    lines = await node_client(served, "approve", "sdk-js-mail", "mail lee")
+    lines = await node_client(CLIENT, served, "approve", "sdk-js-mail", "mail lee")
     (asked,) = [line["asked"] for line in lines if "asked" in line]
     assert [p["state"] for p in asked["parts"] if p["type"] == "dynamic-tool"] == [
         "approval-requested"]
@@ -282,13 +238,13 @@ async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
 async def test_the_ai_sdk_reconnects_to_a_resumable_run(
     served: Served, http: httpx.AsyncClient
 ) -> None:
-    assert (await node_client(served, "reconnect", "sdk-js-none"))[-1] == {"end": None}
+    assert (await node_client(CLIENT, served, "reconnect", "sdk-js-none"))[-1] == {"end": None}
     GATE.reset()
     body = chat_body("sdk-js-back", user("gate 1 3"), resumable=True)
     await chunks(http, "POST", "/api/chat", body, until="tool-input-available")
     await GATE.entered(1)
     # The refreshed page reconnects while the run is held in its tool, which then goes on.
-    lines = await node_client(served, "reconnect", "sdk-js-back", on_first_chunk=GATE.open)
+    lines = await node_client(CLIENT, served, "reconnect", "sdk-js-back", on_first_chunk=GATE.open)
     end = lines[-1]["end"]
     assert end["error"] is None
     assert [p["text"] for p in end["message"]["parts"] if p["type"] == "text"][-1] == "w0 w1 w2"
@@ -298,23 +254,13 @@ async def test_the_ai_sdk_reconnects_to_a_resumable_run(
 async def test_a_reconnect_after_a_killed_server_finds_the_run_going_on(
     served: Served, tmp_path: Path
 ) -> None:
-    store = tmp_path / "sdk.db"
-    async with (
-        aimu_serve(served.model, tmp_path, "--store", str(store), name="one") as one,
-        httpx.AsyncClient(base_url=one.url, timeout=30) as http,
-    ):
+    def stream(http: httpx.AsyncClient) -> AsyncIterator[dict[str, Any]]:
         body = chat_body("sdk-kill", user("short 300"), resumable=True)
-        stream = _stream(http, "POST", "/api/chat", body)
-        async with contextlib.aclosing(stream):
-            async for chunk in stream:
-                if chunk["type"] == "text-delta":
-                    one.process.send_signal(signal.SIGKILL)
-                    break
-        await one.process.wait()
-    async with (
-        aimu_serve(served.model, tmp_path, "--store", str(store), name="two") as two,
-        httpx.AsyncClient(base_url=two.url, timeout=30) as http,
-    ):
+        return _stream(http, "POST", "/api/chat", body)
+
+    async with restarted_after_a_kill(
+        served, tmp_path, stream, lambda chunk: chunk["type"] == "text-delta"
+    ) as http:
         replay = await chunks(http, "GET", "/api/chat/sdk-kill/stream")
         assert replay[-2]["type"] == "finish" and replay[-1] == DONE
         text = "".join(c["delta"] for c in replay if c["type"] == "text-delta")

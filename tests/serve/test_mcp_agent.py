@@ -18,6 +18,7 @@ import pytest
 
 from aimu.aio.transcript import validate
 from tests.serve.harness import GATE, MAILED, ROOT, Served
+from tests.serve.protocols import settled
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters, types  # noqa: E402
@@ -35,18 +36,6 @@ async def load_session(path: Path, session: str) -> list[dict[str, Any]]:
         return [dict(m) for m in await store.load(session)]
     finally:
         await store.aclose()
-
-
-async def settled_messages(http: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
-    """The session's transcript once its run has ended (its event stream says when)."""
-    state = (await http.get(f"/sessions/{session}")).json()
-    if state["run_id"] is not None:
-        async with http.stream("GET", f"/runs/{state['run_id']}/events") as response:
-            async for _ in response.aiter_lines():
-                pass
-        state = (await http.get(f"/sessions/{session}")).json()
-    messages: list[dict[str, Any]] = state["messages"]
-    return messages
 
 
 def stdio_server(served: Served, store: Path) -> StdioServerParameters:
@@ -114,7 +103,7 @@ async def test_serve_mcp_answers_and_a_cancel_stops_the_run(served: Served) -> N
         empty = await client.call_tool("run_agent", {"task": "  ", "session": "mh-empty"})
         assert empty.is_error and "empty" in text_of(empty)
     async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
-        messages = await settled_messages(http, "mh-stop")
+        messages = (await settled(http, "mh-stop"))["messages"]
     validate(messages)
     assert messages[-1]["aimu_partial"] is True
 
