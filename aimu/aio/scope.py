@@ -249,7 +249,7 @@ def sent_message(text: object, images: Sequence[object] = ()) -> UserMessage:
     check_text(text, "the text sent")
     if isinstance(images, str | bytes) or not isinstance(images, Sequence):
         raise TypeError("images must be a list of images (bytes or paths)")
-    message: UserMessage = {"role": "user", "content": text}
+    message: UserMessage = {"role": "user", "content": text, "aimu_sent": True}
     if images:
         message["images"] = image_urls(images)
     return message

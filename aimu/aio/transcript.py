@@ -3,10 +3,11 @@
 The shape is the Ollama/OpenAI chat shape. Assistant tool calls carry a stable ``id``
 and their arguments as a dict; tool results carry the call's id and the tool name.
 Keys starting with ``aimu_`` are ours (``aimu_partial`` marks a turn cut short by a
-stop, ``aimu_stop_reason`` an answer the model's server cut off, e.g. ``"length"``,
-``aimu_model`` the model that wrote a reply, ``aimu_native`` what one wire needs back
-unchanged) and are never sent to a provider as they are: see :func:`wire_view` and
-:func:`native_data`.
+stop, ``aimu_sent`` a user message sent into a running run (``send()``: it joins the
+task, it does not start one), ``aimu_stop_reason`` an answer the model's server cut
+off, e.g. ``"length"``, ``aimu_model`` the model that wrote a reply, ``aimu_native``
+what one wire needs back unchanged) and are never sent to a provider as they are: see
+:func:`wire_view` and :func:`native_data`.
 
 ``validate`` checks a whole transcript, ``settle`` answers every dangling tool call
 with a deterministic "cancelled" result (idempotently), ``copy_messages`` copies so
@@ -83,6 +84,8 @@ class UserMessage(TypedDict):
     content: str
     images: NotRequired[list[str]]
     """Images beside the text, as ``data:image/...;base64,...`` URLs."""
+    aimu_sent: NotRequired[bool]
+    """Sent into a running run (``send()``): it joins that task; kept, never sent."""
 
 
 class AssistantMessage(TypedDict):
@@ -141,7 +144,7 @@ def add_usage(total: Usage, more: Usage) -> None:
 _ROLES = ("system", "user", "assistant", "tool")
 _KEYS: dict[str, frozenset[str]] = {
     "system": frozenset({"role", "content"}),
-    "user": frozenset({"role", "content", "images"}),
+    "user": frozenset({"role", "content", "images", "aimu_sent"}),
     "assistant": frozenset(
         {
             "role", "content", "tool_calls", "thinking",
@@ -306,6 +309,8 @@ def _check_shape(message: object, index: int) -> str:
     _check_string(message, "content", index, role)
     if role == "user" and "images" in message:
         _check_images(message["images"], index)
+    if role == "user" and not isinstance(message.get("aimu_sent", False), bool):
+        raise _fail(index, "'aimu_sent' must be a bool")
     if role == "system" and index != 0:
         raise _fail(index, "a system message may only be the first message")
     return str(role)

@@ -649,3 +649,42 @@ async def test_a_decision_on_a_replaced_session_runs_nothing(tmp_path: Path) -> 
         await first.aclose()
         stored = Approvals.from_state(await store.load_state("s"), "s")
         assert stored.decisions == {} and len(stored.waiting()) == 1
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["memory", "sqlite"])
+async def test_a_resume_counts_the_rounds_from_the_task_not_from_a_sent_text(
+    stored: bool, tmp_path: Path
+) -> None:
+    """Issue 29 item 19: max_rounds=2, a tool every turn; a send() and an interrupt() at
+    the first StepFinished; resume() makes 3 model turns in all (2 rounds and the last
+    without tools), not 4: the sent text is marked ``aimu_sent`` (kept by the store,
+    never sent), so the rounds are counted from the task."""
+
+    def script(request: dict[str, Any]) -> Turn:
+        if request["tools"]:
+            return Turn(tool_calls=[ScriptedCall("lookup", {"city": "x"})])
+        return Turn(text="final")
+
+    model = ScriptedModel(script)
+    store = aio.SQLiteStore(tmp_path / "s.db") if stored else None
+    agent = aio.Agent(model, tools=[lookup], max_rounds=2, store=store,
+                      session="s" if stored else None)
+    async for event in agent.run("go", stream=True):
+        if isinstance(event, aio.StepFinished):
+            agent.send("also check y")
+            agent.interrupt()
+    assert agent.last_status == "interrupted" and len(model.requests) == 1
+    sent = [m for m in agent.messages if m.get("aimu_sent")]
+    assert sent == [{"role": "user", "content": "also check y", "aimu_sent": True}]
+    if store is not None:
+        await agent.aclose()
+        assert (await store.load("s"))[-1] == sent[0]  # kept through the store
+        agent = aio.Agent(model, tools=[lookup], max_rounds=2, store=store, session="s")
+    assert await agent.resume() == "final"
+    assert len(model.requests) == 3
+    last = model.requests[-1]["messages"]
+    assert {"role": "user", "content": "also check y"} in last  # sent without the mark
+    assert not any("aimu_sent" in m for m in last)
+    await agent.aclose()
+    if store is not None:
+        await store.aclose()

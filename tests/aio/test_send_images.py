@@ -61,7 +61,7 @@ async def test_an_image_sent_during_a_tool_call_goes_as_each_wire_takes_it(
     assert await handle == "I see both"
     sent = users(agent.model_client.messages)[-1]
     assert sent == {"role": "user", "content": "and this photo?",
-                    "images": [PNG_URL, JPEG_URL]}
+                    "images": [PNG_URL, JPEG_URL], "aimu_sent": True}
     if provider == "openai-responses":
         wire = server.requests[-1].body["input"][-1]
         assert wire["content"][0] == {"type": "input_text", "text": "and this photo?"}
@@ -158,7 +158,8 @@ async def test_images_sent_to_a_run_that_pauses_join_the_resumed_run_once(
         again.approve(again.pending_approvals[0].call_id)
         assert await again.resume() == "paid, and I see the pixel"
         sent = [m for m in users(again.model_client.messages) if m.get("images")]
-        assert sent == [{"role": "user", "content": "this one too", "images": [PNG_URL]}]
+        assert sent == [{"role": "user", "content": "this one too", "images": [PNG_URL],
+                         "aimu_sent": True}]
         assert await store.load("s") == again.model_client.messages
         validate(again.model_client.messages)
     await store.aclose()
@@ -207,7 +208,7 @@ async def test_a_send_with_images_at_each_await_point_joins_once(
     messages = agent.model_client.messages
     validate(messages)
     assert [m for m in messages if m.get("images")] == [
-        {"role": "user", "content": "and this?", "images": [PNG_URL]}
+        {"role": "user", "content": "and this?", "images": [PNG_URL], "aimu_sent": True}
     ]
     # The last request carried the image exactly once, as the wire takes it.
     sent = PNG_URL if provider in ("openai", "openai-responses") else PNG_URL.partition(",")[2]

@@ -339,8 +339,8 @@ class Session:
             if role == "user":
                 if message["content"] == FINAL_TURN_PROMPT:
                     return self.config.max_rounds, True
-                if is_correction(message):
-                    continue  # the same task: the model was asked to fix its answer
+                if is_correction(message) or message.get("aimu_sent"):
+                    continue  # the same task: a correction, or text sent into its run
                 break
             if role == "assistant" and not message.get("aimu_partial"):
                 rounds += 1

@@ -89,7 +89,7 @@ async def test_images_sent_through_redis_join_the_run_with_their_text(
         assert await handle == "got and this"
         sent = agent.model_client.messages
         assert [m for m in sent if m["role"] == "user"][-1] == {
-            "role": "user", "content": "and this",
+            "role": "user", "content": "and this", "aimu_sent": True,
             "images": ["data:image/png;base64," + base64.b64encode(png()).decode()],
         }
         assert server.requests[-1].body["messages"][-1]["images"] == [
@@ -118,7 +118,9 @@ async def test_a_worker_takes_images_only_as_data_urls(tmp_path: Path) -> None:
         assert handle.take_sent() == []  # dropped: nothing joins the run
         good = {"content": "look", "images": [url]}
         assert control_worker._send(None, handle, good)  # type: ignore[arg-type]
-        assert handle.take_sent() == [{"role": "user", "content": "look", "images": [url]}]
+        assert handle.take_sent() == [
+            {"role": "user", "content": "look", "images": [url], "aimu_sent": True}
+        ]
     finally:
         waiting.set()
         await handle
