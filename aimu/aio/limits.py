@@ -308,8 +308,8 @@ class Budget:
     """
 
     __slots__ = (
-        "_checks", "_scopes", "_started", "_wall", "limited", "price", "run", "session",
-        "session_limits_set", "shared", "wall_at", "watch",
+        "_checks", "_priced", "_scopes", "_started", "_wall", "limited", "model", "price",
+        "run", "session", "session_limits_set", "shared", "wall_at", "watch",
     )
 
     def __init__(
@@ -325,11 +325,13 @@ class Budget:
         #: What the agent runs of the workflow run around this one spend together.
         self.shared = None if shared is None else shared.spend
         workflow_limits = None if shared is None else shared.limits
-        price = None
-        for each in (limits, session_limits, workflow_limits):
-            if each is not None:
-                price = each.price_of(model) or price
-        self.price = price
+        self._priced = tuple(
+            each for each in (limits, session_limits, workflow_limits) if each is not None
+        )
+        #: The model whose price counts the tokens (:meth:`reprice` moves it).
+        self.model = ""
+        self.price: ModelPrice | None = None
+        self.reprice(model)
         started = time.monotonic()
         # (whose, limits, spend, when its clock started); a workflow's clock is its own,
         # and what ran before this run is in the run's and the session's spend.wall.
@@ -418,6 +420,16 @@ class Budget:
         self.session.tool_calls += calls
         if self.shared is not None:
             self.shared.tool_calls += calls
+
+    def reprice(self, model: str) -> None:
+        """Count the next tokens at ``model``'s price (a fallback answered with another
+        model than the one the run began with)."""
+        if model == self.model:
+            return
+        price = None
+        for each in self._priced:
+            price = each.price_of(model) or price
+        self.model, self.price = model, price
 
     def count_tokens(self, usage: Usage, *, estimated: bool) -> None:
         self.run.add_tokens(usage, self.price, estimated=estimated)

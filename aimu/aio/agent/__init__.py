@@ -366,7 +366,8 @@ class Agent(Runnable[OutputT]):
         return cast(OutputT, final.reply if output is None else output.result(final))
 
     def _check_limits(self, limits: UsageLimits) -> None:
-        limits.price_of(self.model_client.model)  # a cost limit needs this model's price
+        for model in self.model_client.priced_models:
+            limits.price_of(model)  # a cost limit needs the price of each model
 
     def _events(
         self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS

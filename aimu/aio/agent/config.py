@@ -105,7 +105,8 @@ def make_config(
                 f"{label} must be aio.UsageLimits or None, got {type(given).__name__}"
             )
         if given is not None:
-            given.price_of(client.model)  # a cost limit needs this model's price
+            for model in client.priced_models:
+                given.price_of(model)  # a cost limit needs the price of each model
     if context is not None and not isinstance(context, ContextPolicy):
         raise TypeError(
             "context must be a context policy (aio.KeepLastTurns(n), or an object with "

@@ -292,6 +292,8 @@ async def _end_turn(
     usage = inflight.assembler.usage
     add_usage(run.usage, usage)
     if run.budget is not None:
+        # Priced as the model that answered (a FallbackModel may have handed the turn on).
+        run.budget.reprice(session.client.answered_model)
         run.budget.count_tokens(usage, estimated=False)
         if run.budget.session_limits_set and session.durable.writer is not None:
             await session.save_state()  # the session's spend, durable turn by turn

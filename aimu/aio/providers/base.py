@@ -277,6 +277,16 @@ class ModelClient(abc.ABC):
         assistant message records as ``aimu_model``)."""
         return f"{self.provider}:{self.model}"
 
+    @property
+    def answered_model(self) -> str:
+        """The model name that wrote the latest turn: whose price counts its tokens."""
+        return self.model
+
+    @property
+    def priced_models(self) -> tuple[str, ...]:
+        """The model names a turn may be written by: a cost limit needs a price for each."""
+        return (self.model,)
+
     @overload
     async def chat(
         self,

@@ -66,6 +66,14 @@ class FallbackModel(ModelClient):
         return self._answered.answered_by
 
     @property
+    def answered_model(self) -> str:
+        return self._answered.answered_model
+
+    @property
+    def priced_models(self) -> tuple[str, ...]:
+        return tuple(name for model in self.models for name in model.priced_models)
+
+    @property
     def retry_count(self) -> int:
         """The retries of every model (each retries on its own before a fallback)."""
         return sum(model.retry_count for model in self.models)

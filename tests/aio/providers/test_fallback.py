@@ -159,3 +159,26 @@ def test_bad_arguments_are_refused() -> None:
     only = aio.client("test")
     with pytest.raises(ValueError, match="same client twice"):
         aio.FallbackModel(only, only)
+
+
+async def test_cost_is_priced_by_the_model_that_answered() -> None:
+    """Turn 1 answered by the primary, turn 2 handed to the fallback: each priced as its
+    own model; a cost limit needs a price for every model of the fallback."""
+    script = [
+        Turn(tool_calls=[ScriptedCall("lookup", {"city": "Oslo"})],
+             input_tokens=1_000_000, output_tokens=0),
+        Turn(fault="http_503"),
+        Turn(text="done", input_tokens=1_000_000, output_tokens=0),
+    ]
+    prices = {"gpt-a": aio.ModelPrice(input=1.0, output=1.0),
+              "gpt-b": aio.ModelPrice(input=10.0, output=10.0)}
+    async with LoopbackServer(script) as server:
+        model = aio.FallbackModel(chat(server), responses(server))
+        with pytest.raises(ValueError, match="gpt-b"):
+            aio.Agent(model, limits=aio.UsageLimits(cost=100.0, prices={"gpt-a": prices["gpt-a"]}))
+        agent = aio.Agent(model, tools=[lookup],
+                          limits=aio.UsageLimits(cost=100.0, prices=prices))
+        assert await agent.run("go") == "done"
+        assert agent.last_run is not None and agent.last_run.spend is not None
+        assert agent.last_run.spend.cost == pytest.approx(11.0)  # 1 at gpt-a, 10 at gpt-b
+        await model.aclose()
