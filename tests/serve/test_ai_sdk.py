@@ -96,6 +96,21 @@ async def test_leaving_the_stream_stops_the_run(http: httpx.AsyncClient, served:
     assert state["messages"][-1]["content"].startswith(seen[-1]["delta"])
 
 
+async def test_leaving_mid_tool_stops_the_run_and_settles_the_call(
+    http: httpx.AsyncClient,
+) -> None:
+    GATE.reset()
+    await chunks(http, "POST", "/api/chat", chat_body("sdk-midtool", user("gate 1 3")),
+                 until="tool-input-available")
+    await GATE.entered(1)  # the tool runs; the client has left
+    state = await settled(http, "sdk-midtool")
+    GATE.open()
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+    assert state["messages"][-1]["role"] == "tool"
+    assert "cancelled" in state["messages"][-1]["content"]
+
+
 async def test_stop_route_stops_server_side_and_a_resumable_stream_only_detaches(
     http: httpx.AsyncClient, served: Served
 ) -> None:

@@ -108,6 +108,24 @@ async def test_serve_mcp_answers_and_a_cancel_stops_the_run(served: Served) -> N
     assert messages[-1]["aimu_partial"] is True
 
 
+async def test_a_cancel_mid_tool_settles_the_call(served: Served) -> None:
+    GATE.reset()
+    async with Client(f"{served.url}/mcp") as client:
+        call = asyncio.create_task(
+            client.call_tool("run_agent", {"task": "gate 1 3", "session": "mt"}))
+        await GATE.entered(1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
+        state = await settled(http, "mt")
+    GATE.open()
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+    assert state["messages"][-1]["role"] == "tool"
+    assert "cancelled" in state["messages"][-1]["content"]
+
+
 async def test_a_call_on_a_busy_session_is_refused(served: Served) -> None:
     GATE.reset()
     async with Client(f"{served.url}/mcp") as client:
