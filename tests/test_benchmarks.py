@@ -29,6 +29,7 @@ SMOKE = {
     "bench_limits.py": ["--repeats", "1", "--count", "100", "--runs", "2"],
     "bench_continue.py": ["--repeats", "1", "--words", "10", "--delay", "0"],
     "bench_temporal.py": ["--quick"],
+    "bench_temporal_stream.py": ["--quick"],
     "bench_mcp.py": ["--quick"],
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
 }
@@ -42,9 +43,9 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs(script: str) -> None:
     options = SMOKE[script]
-    if script in ("bench_control.py", "bench_temporal.py"):  # found (or skipped) as in tests
-        options = [*options, "--redis", services.redis_url()]
-    if script == "bench_temporal.py":
+    if script in ("bench_control.py", "bench_temporal.py", "bench_temporal_stream.py"):
+        options = [*options, "--redis", services.redis_url()]  # found (or skipped) as in tests
+    if script in ("bench_temporal.py", "bench_temporal_stream.py"):
         options = [*options, "--temporal", services.temporal_address()]
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *options],

@@ -49,8 +49,9 @@ from aimu.temporal._workflow import (
 __all__ = ["Activities"]
 
 _log = logging.getLogger("aimu.temporal")
-#: Events wait at most this long to be signalled to the workflow (one signal per batch).
-_EVENT_BATCH_SECONDS: Final = 0.2
+#: Events wait at most this long to be signalled to the workflow (one signal per batch);
+#: the first after a quiet while goes at once, so a reply starts streaming without it.
+_EVENT_BATCH_SECONDS: Final = 0.1
 #: Tries to signal a batch of events before it is given up (Temporal briefly away).
 _SIGNAL_ATTEMPTS: Final = 3
 
@@ -138,6 +139,7 @@ class _Turn:
         )
         self.batch: list[dict[str, Any]] = []
         self.batch_ready = asyncio.Event()
+        self.closing = asyncio.Event()
         self.final: RunFinished | None = None
         self.applied = request.controls_after
         self.handle: RunHandle[Any] | None = None
@@ -169,10 +171,9 @@ class _Turn:
             for task in (ticker, *self.background):
                 task.cancel()
             await asyncio.gather(ticker, *self.background, return_exceptions=True)
+            self.closing.set()
             self.batch_ready.set()
-            flusher.cancel()
-            await asyncio.gather(flusher, return_exceptions=True)
-            await _uncancellable(self._send_batch())
+            await _uncancellable(flusher)  # it sends what is left, then ends
         return await self._outcome(handle)
 
     async def _start(self) -> RunHandle[Any]:
@@ -242,11 +243,17 @@ class _Turn:
             activity.heartbeat(self.applied)
 
     async def _flush_batches(self) -> None:
-        while True:
+        """Signal the events to the workflow: the first after a quiet while at once, those
+        after it gathered for at most _EVENT_BATCH_SECONDS, the rest when the turn ends.
+        Never cancelled (a batch taken and half-signalled would be lost): ``closing`` ends
+        it."""
+        while not self.closing.is_set():
             await self.batch_ready.wait()
-            await asyncio.sleep(_EVENT_BATCH_SECONDS)
             self.batch_ready.clear()
             await self._send_batch()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), _EVENT_BATCH_SECONDS)
+        await self._send_batch()
 
     async def _send_batch(self) -> None:
         batch, self.batch = self.batch, []

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -56,9 +56,11 @@ _CLOSED: Final = {
 }
 #: How long a query waits for a worker to answer before the client goes without.
 QUERY_SECONDS: Final = 3.0
-#: How often :meth:`RunsClient.events` asks for new events: at first, and at most (a run
-#: that stays quiet is asked less and less often, down to the second figure).
-POLL_SECONDS: Final = (0.25, 1.0)
+#: How often :meth:`RunsClient.events` asks for new events: while the run is starting or
+#: its events came in the last ``POLL_QUIET_SECONDS``, then at most (a run that stays
+#: quiet, or paused, is asked less and less often, down to the second figure).
+POLL_SECONDS: Final = (0.1, 1.0)
+POLL_QUIET_SECONDS: Final = 3.0
 
 
 class RequestRefused(ControlError):
@@ -336,11 +338,16 @@ class RunsClient:
         return state  # the workflow returns its final state: no query needed
 
     async def events(
-        self, run_id: str, after: int = 0
+        self, run_id: str, after: int = 0, *, watched: Callable[[], bool] | None = None
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """The run's events numbered from 1, after ``after``, to its ``handle_finished``."""
+        """The run's events numbered from 1, after ``after``, to its ``handle_finished``.
+        Asked for every ``POLL_SECONDS[0]`` while the run starts or streams; given
+        ``watched``, only while it says someone waits for them (each ask is a query a
+        worker answers), else less and less often."""
         seen = after
         delay = POLL_SECONDS[0]
+        loop = asyncio.get_running_loop()
+        lively = loop.time()  # the last time events came (or the start): ask often after it
         while True:
             state = await self.status(run_id, after=seen)
             for event in state["events"]:
@@ -350,5 +357,11 @@ class RunsClient:
                     return
             if state["status"] in FINAL and state["event_count"] is None:
                 return
-            delay = POLL_SECONDS[0] if state["events"] else min(delay * 1.5, POLL_SECONDS[1])
+            if state["events"]:
+                lively = loop.time()
+            if (state["status"] != "paused" and loop.time() - lively < POLL_QUIET_SECONDS
+                    and (watched is None or watched())):
+                delay = POLL_SECONDS[0]
+            else:
+                delay = min(delay * 1.5, POLL_SECONDS[1])
             await asyncio.sleep(delay)

@@ -232,8 +232,11 @@ async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_gr
     how: str, runs: RunsClient, workers: Workers, model_server: LoopbackServer,
     store: SQLiteStore,
 ) -> None:
-    def lookup(query: str) -> str:
-        """Look it up."""
+    async def lookup(ctx: aio.ToolContext, query: str) -> str:
+        """Look it up; with an interrupt to land, only once the turn has it (the step it
+        ends is provably this one, however late the control arrives)."""
+        while how == "interrupt" and not ctx.interrupt_requested:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         return "found"
 
     model_server.script = [

@@ -30,6 +30,8 @@ class RunRecord:
     """Its handle, when it executes in this process."""
     events: list[JSONEvent] = dataclasses.field(default_factory=list)
     ended: bool = False
+    followers: int = 0
+    """How many follow it now."""
     _waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list)
 
     def add(self, event: JSONEvent) -> None:
@@ -59,6 +61,10 @@ class RunRecord:
                 "error": view.error,
             })
         )
+
+    def watched(self) -> bool:
+        """True while somebody follows this run."""
+        return self.followers > 0
 
     def wake(self) -> None:
         """Wake every follower waiting in :meth:`changed`."""
@@ -138,17 +144,21 @@ class RunLog:
     async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
         record = self.record(run_id)
         seen = self._seen(run_id, after)
-        while True:
-            events = record.events
-            if seen < len(events):
-                end = len(events)
-                yield [(str(i), events[i - 1]) for i in range(seen + 1, end + 1)]
-                seen = end
-                continue
-            if record.ended or self._closing.is_set():
-                return
-            if not await record.changed(KEEPALIVE_SECONDS):
-                yield []
+        record.followers += 1
+        try:
+            while True:
+                events = record.events
+                if seen < len(events):
+                    end = len(events)
+                    yield [(str(i), events[i - 1]) for i in range(seen + 1, end + 1)]
+                    seen = end
+                    continue
+                if record.ended or self._closing.is_set():
+                    return
+                if not await record.changed(KEEPALIVE_SECONDS):
+                    yield []
+        finally:
+            record.followers -= 1
 
     def begin_shutdown(self) -> None:
         self._closing.set()

@@ -111,7 +111,8 @@ class TemporalBackend(RunLog):
         seen = offset
         while not record.ended:
             try:
-                async for number, event in self.client.events(workflow, seen):
+                events = self.client.events(workflow, seen, watched=record.watched)
+                async for number, event in events:
                     seen = number
                     self._take(record, event)
                     if record.ended:
