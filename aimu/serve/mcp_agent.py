@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final
@@ -50,11 +51,20 @@ class Approval(BaseModel):
 
 def agent_server(runs: Runs, *, name: str = "aimu", tool: str = TOOL_NAME) -> MCPServer:
     """An MCP server whose one tool, ``tool``, runs the agent of ``runs`` on a task."""
-    server = MCPServer(
-        name=name,
-        instructions=f"Call {tool} with a task; the agent answers it, calling its own tools. "
-        "Give the same session to continue a conversation.",
-    )
+    # The SDK's MCPServer sets up the process's root logger (logging.basicConfig with
+    # its own handler, at INFO): every library's INFO records would then reach stderr
+    # (and come before aimu serve's banner). Logging is the application's: put it back.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        server = MCPServer(
+            name=name,
+            instructions=f"Call {tool} with a task; the agent answers it, calling its own "
+            "tools. Give the same session to continue a conversation.",
+        )
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
     @server.tool(
         name=tool,

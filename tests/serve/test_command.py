@@ -248,6 +248,22 @@ async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(
                 "Started server process" in line or "startup" in line], server.said
 
 
+def test_building_the_app_leaves_the_root_logger_alone(tmp_path: Path) -> None:
+    """The mcp SDK's server (mounted at /mcp) set up the root logger itself (basicConfig,
+    INFO): every library's INFO record then reached stderr, before the banner too."""
+    code = (  # a fresh process: pytest's own handlers on the root would hide it
+        "import asyncio, logging, sys\n"
+        "from aimu.serve import app\n"
+        "application = app('test', store=sys.argv[1])\n"
+        "root = logging.getLogger()\n"
+        "print(len(root.handlers), logging.getLevelName(root.level))\n"
+        "asyncio.run(application.aclose())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.db")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["0", "WARNING"], done.stdout
+
+
 async def test_aimu_warnings_reach_the_server_log(tmp_path: Path) -> None:
     """Issue 21 item 19: the tool's failure is a WARNING on aimu.aio.tools, on stderr."""
     tool = "tests.serve.test_command:broken"
