@@ -188,20 +188,26 @@ class RunScope:
             inbox.append(message)
         return True
 
+    def has_sent(self) -> bool:
+        """True when text sent to this scope or one around it waits to be taken.
+
+        Read without the lock (every boundary of most runs finds nothing): a send()
+        racing this read lands in an inbox and is taken at the next boundary, as it
+        would be had it come just after."""
+        scope: RunScope | None = self
+        while scope is not None:
+            if scope._inbox:
+                return True
+            scope = scope.parent
+        return False
+
     def take_sent(self, *, close: bool = False) -> list[UserMessage]:
         """The user messages sent to this scope and those around it, oldest first, taken.
 
         ``close``: this scope's run is ending, so a later ``send()`` answers False.
         """
-        if not close:
-            scope: RunScope | None = self
-            while scope is not None and not scope._inbox:
-                scope = scope.parent
-            if scope is None:
-                # Nothing sent (every boundary of most runs): no lock. A send() racing this
-                # read lands in an inbox and is taken at the next boundary, as it would be
-                # had it come just after the lock was released.
-                return []
+        if not close and not self.has_sent():
+            return []
         chain = self._chain()
         taken: list[UserMessage] = []
         with _inbox_lock:

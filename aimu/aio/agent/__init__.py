@@ -39,13 +39,15 @@ from aimu.aio.transcript import Message, Usage, zero_usage
 
 from .config import AgentOptions, Config, make_config
 from .loop import run_events
-from .session import MemorySession, Session
-from .state import FINAL_TURN_PROMPT, Ended, NeedsTools, Next
+from .session import Session, StoredSession
+from .state import FINAL_TURN_PROMPT, Ended, NeedsModel, NeedsTools, Next
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store
 
-__all__ = ["FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Ended", "NeedsTools", "Next"]
+__all__ = [
+    "FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Ended", "NeedsModel", "NeedsTools", "Next",
+]
 
 _T = TypeVar("_T")
 
@@ -150,7 +152,7 @@ class Agent(Runnable[OutputT]):
         self._owns_client = owns_client
         self._store = store
         #: The session: transcript, store record, approvals (see session.py).
-        kind = Session if store is not None else MemorySession
+        kind = Session if store is None else StoredSession
         self._session = kind(config, client, store, session)
         self._scope: RunScope | None = None
         self.last_status: RunStatus | None = None
@@ -327,10 +329,11 @@ class Agent(Runnable[OutputT]):
         """
         if self.running:
             raise RuntimeError("cannot restore() while a run is in progress on this session")
-        self._session.restore(messages, Approvals())
-        if self._store is None:
+        session = self._session
+        session.restore(messages, Approvals())
+        if not isinstance(session, StoredSession):
             return _DONE
-        return self._session.store_restored()
+        return session.store_restored()
 
     # -- progress, for workflows ---------------------------------------------------
 

@@ -23,7 +23,7 @@ from aimu.aio.transcript import UserMessage, dangling_calls
 
 from .session import Session
 from .settle import settle, stop_of_run
-from .state import Ended, NeedsTools, RunState
+from .state import NEEDS_MODEL, Ended, NeedsModel, NeedsTools, Phase, RunState
 from .tool_round import tool_round
 from .turn import context_hit, model_turn, output_checked
 from .wall import WallTimer
@@ -50,11 +50,11 @@ async def run_events(
     stopped_by: BaseException | None = None
     try:
         await _open(session, run, task, reset)
-        run.opened = True
+        run.phase = Phase.RUNNING
         try:
             yield run.publish(RunStarted(name, task))
         except BaseException:
-            run.closing = True  # thrown in at a yield: the consumer is done reading
+            run.phase = Phase.CLOSING  # thrown in at a yield: the consumer is done reading
             raise
         await _pick_up(session, run, task)
         while (step := await _next_step(session, run)) is not None:
@@ -65,7 +65,7 @@ async def run_events(
                     except BaseException:
                         # Thrown in at a yield (aclose, athrow): the consumer is done
                         # reading. Closing the step awaits: a cancel may come.
-                        run.closing = True
+                        run.phase = Phase.CLOSING
                         raise
             except BaseException:
                 # Left at a yield (the consumer closed or threw): the step is closed here,
@@ -76,7 +76,7 @@ async def run_events(
     except BaseException as error:
         run.stopped_by(error)
         stopped_by = error
-        if isinstance(error, GeneratorExit) or run.closing:
+        if isinstance(error, GeneratorExit) or run.phase is Phase.CLOSING:
             raise  # the consumer stopped iterating: settle below, never yield again
         failure = error
     finally:
@@ -107,9 +107,9 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     await session.open()
     if config.system is not None and not isinstance(config.system, str):
         context = RunContext(config.name, session.name, task, run.deps)
-        run.untouched = True
+        run.phase = Phase.INSTRUCTING
         session.system_text = await instructions_text(config.system, context, config.name)
-        run.untouched = False
+        run.phase = Phase.OPENING
     # A workflow's limits bound all its agent runs together (shared), not each one.
     shared = options_in(run.scope.parent).shared
     own = options.limits if options.shared is None else None
@@ -127,10 +127,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
         session.approvals.clear()
         session.durable.forget()
     session.place_system()
-    if session.durable.writer is not None:
-        await session.durable.sync(messages)
-        if session.durable.state_stale:
-            await session.save_state()
+    await session.before_run()
     run.first = len(messages)
     if task is None:
         session.require_task()
@@ -140,8 +137,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
         if run.options.images:
             message["images"] = list(run.options.images)
         await session.record(message)
-    if session.durable.writer is not None:
-        await session.durable.writer.set_status("in_progress")
+    await session.set_status("in_progress")
 
 
 async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
@@ -182,10 +178,13 @@ async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, N
                 return None
             return tool_round(session, run, tools)
         case Ended("completed" | "incomplete") if await session.join_sent(run.scope):
-            run.next = None  # text sent as the answer came: the run goes on with it
+            run.next = NEEDS_MODEL  # text sent as the answer came: the run goes on with it
         case Ended():
             return None
-    await session.join_sent(run.scope)
+        case NeedsModel():
+            pass  # a model turn, below: sent text joins first, a limit may stop it
+    if session.durable.carried.messages or run.scope.has_sent():
+        await session.join_sent(run.scope)
     if run.interrupt_asked():  # the step boundary
         run.interrupted()
         return None

@@ -38,14 +38,16 @@ from .state import FINAL_TURN_PROMPT
 
 if TYPE_CHECKING:
     from aimu.aio.events import RunStatus
-    from aimu.aio.store import SessionWriter, Store, ToolStart
+    from aimu.aio.store import SessionStatus, SessionWriter, Store, ToolStart
 
-__all__ = ["MemorySession", "Session", "joined", "tool_message"]
+__all__ = ["Session", "StoredSession", "joined", "tool_message"]
 
 
 class Session:
-    """One session of an agent: its transcript (``client.messages``), the store session
-    it writes (``durable``) and the state kept beside it, and its approvals."""
+    """One session of an agent without a store: its transcript (``client.messages``), the
+    state kept beside it (``durable``: what a pause carries, the summary, the spend),
+    and its approvals. Memory is all there is: recording is appending, and nothing is
+    journalled, saved, opened or closed. :class:`StoredSession` adds the store."""
 
     __slots__ = (
         "approvals", "client", "config", "durable", "known", "loaded", "name", "reruns",
@@ -62,8 +64,6 @@ class Session:
         self.name = name
         #: The store session and the state kept beside the transcript (see _session.py).
         self.durable = SessionRecord(store, name)
-        if store is not None:  # a background response's handle is kept in the state
-            client.on_remote_turn = self.remote_turn
         #: Ids of the in-doubt calls of idempotent tools found on load: resume() runs
         #: them again (their results start with RERUN_NOTE).
         self.reruns: set[str] = set()
@@ -86,8 +86,6 @@ class Session:
         return any(m["role"] == "user" for m in self.client.messages)
 
     def check_resumable(self) -> None:
-        if self.store is not None and self.durable.writer is None:
-            return  # checked once the run has loaded the stored session
         self.require_task()
 
     def require_task(self) -> None:
@@ -107,86 +105,45 @@ class Session:
         self.approvals.decide(call_id, decision, f"agent {self.config.name!r}")
         self.durable.state_stale = True
 
-    async def save_state(self) -> None:
-        await self.durable.save_state(self.approvals)
-
-    async def remote_turn(self, handle: dict[str, Any]) -> None:
-        """Keep the handle of a turn the server makes on its own (a background response),
-        durably, so a run that dies in it re-attaches instead of asking again."""
-        if self.durable.writer is None:
-            return
-        self.durable.remote = {**handle, "at": len(self.client.messages)}
-        await self.save_state()
-
-    # -- opening, loading, restoring ---------------------------------------------------
+    # -- what a store keeps (here: nothing) ----------------------------------------------
 
     async def open(self) -> None:
         """Open the store session: take its write lock and load its transcript."""
-        if self.store is None or self.name is None or self.durable.writer is not None:
-            return
-        await self.config.table.ready()  # a loaded call in doubt needs its tool's flags
-        writer = self.durable.writer = await self.store.open_session(self.name)
-        try:
-            await self.load_stored(writer)
-        except BaseException:
-            self.durable.writer = None
-            await writer.aclose()
-            raise
 
     async def close(self) -> None:
         """Store what restore() and decisions changed since the last run; release the
         store session."""
-        await self.durable.close(self.client.messages, self.approvals)
 
-    def place_system(self) -> None:
-        """Keep the system prompt present exactly once, first."""
+    async def save_state(self) -> None:
+        """Store the state kept beside the transcript."""
+
+    async def store_added(self, added: Sequence[Message]) -> None:
+        """Store ``added``, already last in the transcript."""
+
+    async def before_run(self) -> None:
+        """Store what memory changed since the store last saw it, before a run starts."""
+
+    async def set_status(self, status: SessionStatus) -> None:
+        """Store how the session's last run stands (``in_progress`` while it runs)."""
+
+    async def journal_start(self, call: ToolCall) -> None:
+        """Durably note that ``call`` starts (see :mod:`aimu.aio.journal`)."""
+
+    # -- the transcript ----------------------------------------------------------------
+
+    def place_system(self) -> bool:
+        """Keep the system prompt present exactly once, first; True if it changed."""
         system = self.system_text
         messages = self.client.messages
         if system is None:
-            return
+            return False
         if messages and messages[0]["role"] == "system":
             if messages[0]["content"] == system:
-                return
+                return False
             messages[0] = {"role": "system", "content": system}
         else:
             messages.insert(0, {"role": "system", "content": system})
-        if self.durable.writer is not None:
-            self.durable.transcript_stale = True
-
-    async def load_stored(self, writer: SessionWriter) -> None:
-        """Take the stored transcript into memory (a restore() before this one wins)."""
-        messages = self.client.messages
-        stored = [] if self.durable.transcript_stale else await writer.load()
-        if stored:
-            validate(stored)
-            settled = copy_messages(stored)
-            assert self.store is not None and self.name is not None
-            state = await self.store.load_state(self.name)
-            approvals = Approvals.from_state(state, f"session {self.name!r}")
-            starts = await self.store.tool_starts(self.name)
-            self.durable.transcript_stale = self.settle_loaded(settled, approvals, starts)
-            self.approvals = approvals
-            self.durable.load_state(state, settled)
-            messages[:] = settled
-            if self.durable.remote is not None:  # the run died while the server made a turn
-                self.client.reattach_turn(self.durable.remote)
-        elif messages:
-            validate(messages)
-            self.durable.transcript_stale = True
-        self.place_system()
-        await self.durable.sync(messages)
-        if self.durable.state_stale:
-            await self.save_state()
-        self.loaded = True
-
-    async def store_restored(self) -> None:
-        """Write what restore() put in memory to the store (the session opened first)."""
-        if self.durable.writer is None:
-            await self.open()  # memory is stale, so opening writes it instead of loading
-        if self.durable.writer is not None:
-            await self.durable.sync(self.client.messages)
-            if self.durable.state_stale:
-                await self.save_state()
+        return True
 
     def restore(self, messages: Sequence[Message], approvals: Approvals) -> None:
         """Hold ``messages`` (validated, copied, dangling calls answered) and
@@ -246,10 +203,9 @@ class Session:
             snapshot["sent"] = self.durable.carried.dump()
         return snapshot
 
-    # -- the transcript ----------------------------------------------------------------
-
     async def record(self, message: Message) -> None:
-        await self.durable.record(self.client.messages, message)
+        """Add ``message`` to the transcript (and the store) the moment it exists."""
+        self.client.messages.append(message)
 
     async def keep_continued(
         self, prefix: AssistantMessage, message: AssistantMessage
@@ -257,11 +213,7 @@ class Session:
         """Record a continuation of ``prefix``: it replaces the answer it continued,
         joined to it (one assistant message). Returns the message as recorded."""
         whole = joined(prefix, message)
-        messages = self.client.messages
-        messages[-1] = whole
-        if self.durable.writer is not None:
-            self.durable.transcript_stale = True  # the stored answer replaced: rewrite it
-            await self.durable.sync(messages)
+        self.client.messages[-1] = whole
         return whole
 
     async def join_sent(self, scope: RunScope) -> bool:
@@ -276,22 +228,11 @@ class Session:
             await self.save_state()  # in the transcript now: no longer in the state
         return bool(sent)
 
-    async def journal_start(self, call: ToolCall) -> None:
-        """With a store, durably note that ``call`` starts: if the process dies before
-        its result is recorded, the next load knows the call is in doubt."""
-        function = call["function"]
-        if self.durable.writer is not None and function["name"] in self.config.table.by_name:
-            await self.durable.writer.record_tool_start(
-                call["id"], function["name"], function["arguments"]
-            )
-
     async def drop_undone_calls(self) -> None:
         """A new task instead of resume(): calls still open are not run; they get
         "cancelled" results (or, in doubt after a crash, IN_DOUBT_RESULT)."""
         self.approvals.check_decided(f"agent {self.config.name!r}")
-        for result in self.close_open_calls():
-            if self.durable.writer is not None:
-                await self.durable.writer.append(result)
+        await self.store_added(self.close_open_calls())
         if self.approvals.pending:
             self.approvals.clear()
             await self.save_state()
@@ -299,7 +240,7 @@ class Session:
     async def answer_cut_calls(self) -> None:
         """A limit cut the last turn short: its calls still open are answered "cancelled"
         (they come last in the transcript: in memory, then in the store)."""
-        await self.durable.store_added(self.client.messages, self.cancel_last_calls())
+        await self.store_added(self.cancel_last_calls())
 
     def cancel_last_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in
@@ -323,10 +264,6 @@ class Session:
     async def store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
         """Store what the settling added, the session's spend and ``status`` (None: the
         run changed nothing, so the session's status stays as it was)."""
-        await self.durable.store_added(self.client.messages, unstored)
-        if self.durable.writer is not None and status is not None:
-            await self.save_state()
-            await self.durable.writer.set_status(status)
 
     # -- reading the transcript --------------------------------------------------------
 
@@ -357,6 +294,132 @@ class Session:
         return last
 
 
+class StoredSession(Session):
+    """A session kept in a store: every message is written as it is recorded, each tool
+    call's start journalled, the state saved beside the transcript. Until it is opened
+    (by :meth:`open`, or a run) its writer is None and memory does not hold it yet."""
+
+    __slots__ = ()
+
+    def __init__(
+        self, config: Config, client: ModelClient, store: Store | None, name: str | None
+    ) -> None:
+        super().__init__(config, client, store, name)
+        client.on_remote_turn = self.remote_turn  # a background response's handle is kept
+
+    async def remote_turn(self, handle: dict[str, Any]) -> None:
+        """Keep the handle of a turn the server makes on its own (a background response),
+        durably, so a run that dies in it re-attaches instead of asking again."""
+        if self.durable.writer is None:
+            return
+        self.durable.remote = {**handle, "at": len(self.client.messages)}
+        await self.save_state()
+
+    def check_resumable(self) -> None:
+        if self.durable.writer is None:
+            return  # checked once the run has loaded the stored session
+        self.require_task()
+
+    async def open(self) -> None:
+        if self.store is None or self.name is None or self.durable.writer is not None:
+            return
+        await self.config.table.ready()  # a loaded call in doubt needs its tool's flags
+        writer = self.durable.writer = await self.store.open_session(self.name)
+        try:
+            await self.load_stored(writer)
+        except BaseException:
+            self.durable.writer = None
+            await writer.aclose()
+            raise
+
+    async def close(self) -> None:
+        await self.durable.close(self.client.messages, self.approvals)
+
+    async def save_state(self) -> None:
+        await self.durable.save_state(self.approvals)
+
+    async def store_added(self, added: Sequence[Message]) -> None:
+        await self.durable.store_added(self.client.messages, added)
+
+    async def before_run(self) -> None:
+        if self.durable.writer is not None:
+            await self.durable.sync(self.client.messages)
+            if self.durable.state_stale:
+                await self.save_state()
+
+    async def set_status(self, status: SessionStatus) -> None:
+        if self.durable.writer is not None:
+            await self.durable.writer.set_status(status)
+
+    async def journal_start(self, call: ToolCall) -> None:
+        """With the store open, durably note that ``call`` starts: if the process dies
+        before its result is recorded, the next load knows the call is in doubt."""
+        function = call["function"]
+        if self.durable.writer is not None and function["name"] in self.config.table.by_name:
+            await self.durable.writer.record_tool_start(
+                call["id"], function["name"], function["arguments"]
+            )
+
+    def place_system(self) -> bool:
+        changed = super().place_system()
+        if changed and self.durable.writer is not None:
+            self.durable.transcript_stale = True
+        return changed
+
+    async def load_stored(self, writer: SessionWriter) -> None:
+        """Take the stored transcript into memory (a restore() before this one wins)."""
+        messages = self.client.messages
+        stored = [] if self.durable.transcript_stale else await writer.load()
+        if stored:
+            validate(stored)
+            settled = copy_messages(stored)
+            assert self.store is not None and self.name is not None
+            state = await self.store.load_state(self.name)
+            approvals = Approvals.from_state(state, f"session {self.name!r}")
+            starts = await self.store.tool_starts(self.name)
+            self.durable.transcript_stale = self.settle_loaded(settled, approvals, starts)
+            self.approvals = approvals
+            self.durable.load_state(state, settled)
+            messages[:] = settled
+            if self.durable.remote is not None:  # the run died while the server made a turn
+                self.client.reattach_turn(self.durable.remote)
+        elif messages:
+            validate(messages)
+            self.durable.transcript_stale = True
+        self.place_system()
+        await self.durable.sync(messages)
+        if self.durable.state_stale:
+            await self.save_state()
+        self.loaded = True
+
+    async def store_restored(self) -> None:
+        """Write what restore() put in memory to the store (the session opened first)."""
+        if self.durable.writer is None:
+            await self.open()  # memory is stale, so opening writes it instead of loading
+        if self.durable.writer is not None:
+            await self.durable.sync(self.client.messages)
+            if self.durable.state_stale:
+                await self.save_state()
+
+    async def record(self, message: Message) -> None:
+        await self.durable.record(self.client.messages, message)
+
+    async def keep_continued(
+        self, prefix: AssistantMessage, message: AssistantMessage
+    ) -> AssistantMessage:
+        whole = await super().keep_continued(prefix, message)
+        if self.durable.writer is not None:
+            self.durable.transcript_stale = True  # the stored answer replaced: rewrite it
+            await self.durable.sync(self.client.messages)
+        return whole
+
+    async def store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
+        await self.durable.store_added(self.client.messages, unstored)
+        if self.durable.writer is not None and status is not None:
+            await self.save_state()
+            await self.durable.writer.set_status(status)
+
+
 def joined(prefix: AssistantMessage, more: AssistantMessage) -> AssistantMessage:
     """The answer ``prefix`` continued by ``more``: one message (partial while ``more`` is)."""
     whole: AssistantMessage = {"role": "assistant", "content": prefix["content"] + more["content"]}
@@ -381,25 +444,3 @@ def tool_message(call: ToolCall, outcome: ToolOutcome) -> ToolMessage:
         "tool_call_id": call["id"],
         "name": call["function"]["name"],
     }
-
-
-class MemorySession(Session):
-    """A session without a store: memory is all there is, so recording is appending and
-    nothing is journalled, saved, opened or closed."""
-
-    __slots__ = ()
-
-    async def record(self, message: Message) -> None:
-        self.client.messages.append(message)
-
-    async def journal_start(self, call: ToolCall) -> None:
-        return None
-
-    async def save_state(self) -> None:
-        return None
-
-    async def open(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None

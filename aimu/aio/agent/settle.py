@@ -17,7 +17,7 @@ from aimu.aio.events import RunFinished, RunResult
 from aimu.aio.transcript import Message, add_usage
 
 from .session import Session, joined
-from .state import RunState
+from .state import Phase, RunState
 
 __all__ = ["settle", "stop_of_run"]
 
@@ -31,7 +31,7 @@ async def settle(
     Memory is settled first; a store that fails now is kept in ``run.store_error``
     (the run ends ``failed``, its transcript in memory and restorable).
     """
-    run.settled = True
+    phase, run.phase = run.phase, Phase.SETTLED
     if run.wall is not None:
         run.wall.close()
     for context in run.contexts:
@@ -50,7 +50,7 @@ async def settle(
             messages.append(partial)
         run.reply = run.reply or partial["content"]
         run.count_estimated(messages, inflight)
-    if run.status in STOPPED and run.opened:
+    if run.status in STOPPED and (phase is Phase.RUNNING or phase is Phase.CLOSING):
         unstored.extend(session.cancel_last_calls())
         session.approvals.clear()
     sent = run.scope.take_sent(close=True)
@@ -63,7 +63,8 @@ async def settle(
     if run.budget is not None:
         run.budget.finish()
     try:
-        await session.store_settled(unstored, None if run.untouched else run.status)
+        untouched = phase is Phase.INSTRUCTING  # its instructions raised: nothing changed
+        await session.store_settled(unstored, None if untouched else run.status)
     except StoreError as error:
         run.store_error = error
         run.status, run.error = "failed", error_text(error)

@@ -1,13 +1,15 @@
 """A run's state: what the loop, its steps and the settling share while it is in flight.
 
-Each step leaves its outcome in ``run.next`` (:data:`Next`): :class:`NeedsTools` (a tool
-round comes next), :class:`Ended` (the run has its outcome), or None (a model turn).
+Each step leaves its outcome in ``run.next`` (:data:`Next`): :class:`NeedsModel` (a model
+turn comes next), :class:`NeedsTools` (a tool round), or :class:`Ended` (the run has its
+outcome). Where the run is in its life is its :class:`Phase`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Literal
 
 from aimu.aio._stops import past_deadline
@@ -25,7 +27,8 @@ from aimu.aio.transcript import AssistantMessage, Message, ToolCall, Usage, add_
 from .wall import WallTimer
 
 __all__ = [
-    "FINAL_TURN_PROMPT", "Ended", "NeedsTools", "Next", "RunState",
+    "FINAL_TURN_PROMPT", "NEEDS_MODEL", "Ended", "NeedsModel", "NeedsTools", "Next", "Phase",
+    "RunState",
     "TurnInFlight",
 ]
 
@@ -34,6 +37,33 @@ FINAL_TURN_PROMPT = (
     "You have used every tool round allowed for this task. Answer now with your best "
     "final answer, without calling any tool."
 )
+
+
+class Phase(Enum):
+    """Where a run is in its life. The settling reads it: an ``OPENING`` run has nothing
+    of its own to settle; an ``INSTRUCTING`` one failed in its ``system=`` function
+    before it changed anything (the session's stored status stays as it was)."""
+
+    #: The session being put in order for the run (store opened, task recorded).
+    OPENING = "opening"
+    #: The agent's ``system=`` function is being evaluated for the run.
+    INSTRUCTING = "instructing"
+    #: The run is taking steps.
+    RUNNING = "running"
+    #: The consumer closed the event stream; the step in flight is being closed.
+    CLOSING = "closing"
+    #: The run's record and result are made: nothing more is recorded.
+    SETTLED = "settled"
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsModel:
+    """A step's outcome: a model turn comes next (the run's first, or after a tool
+    round, a correction, or text sent to the run)."""
+
+
+#: The one NeedsModel (it holds nothing).
+NEEDS_MODEL = NeedsModel()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +86,8 @@ class Ended:
     reply: str
 
 
-#: What a step decided comes next: a tool round, the end, or (None) a model turn.
-Next = NeedsTools | Ended | None
+#: What a step decided comes next: a model turn, a tool round, or the end.
+Next = NeedsModel | NeedsTools | Ended
 
 
 @dataclass(slots=True)
@@ -79,11 +109,10 @@ class RunState:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "budget", "clock", "closing", "contexts", "continuation", "cut_answer", "deps",
-        "error", "final_prompted", "first", "limit", "next", "opened", "options", "output",
-        "output_failures", "reply", "requests", "retries_from", "rounds", "scope", "settled",
-        "spans", "status", "stop_reason", "store_error", "turn", "untouched", "usage",
-        "usage_estimated", "wall",
+        "budget", "clock", "contexts", "continuation", "cut_answer", "deps", "error",
+        "final_prompted", "first", "limit", "next", "options", "output", "output_failures",
+        "phase", "reply", "requests", "retries_from", "rounds", "scope", "spans", "status",
+        "stop_reason", "store_error", "turn", "usage", "usage_estimated", "wall",
     )
 
     def __init__(
@@ -106,9 +135,8 @@ class RunState:
         self.continuation: Literal["continued", "re-asked"] | None = None
         #: Some of ``usage`` was estimated from streamed text (a cut stream reports none).
         self.usage_estimated = False
-        #: The run failed before it changed anything (its instructions raised): the
-        #: session's stored status stays as it was.
-        self.untouched = False
+        #: Where the run is in its life.
+        self.phase = Phase.OPENING
         #: The run's OpenTelemetry spans (no-ops unless a tracer provider is set).
         self.spans = spans
         self.clock = RunClock()
@@ -118,7 +146,7 @@ class RunState:
         self.retries_from = client.retry_count
         self.requests = 0
         #: What the last step decided comes next (see Next).
-        self.next: Next = None
+        self.next: Next = NEEDS_MODEL
         self.status: RunStatus = "failed"
         self.reply = ""
         self.error: str | None = None
@@ -134,11 +162,6 @@ class RunState:
         self.turn: TurnInFlight | None = None
         self.contexts: list[ToolContext] = []
         self.usage: Usage = zero_usage()
-        #: The consumer closed the stream (GeneratorExit came in at a yield).
-        self.closing = False
-        self.settled = False
-        #: The session was put in order for this run (until then nothing is its to settle).
-        self.opened = False
         #: A store write that failed while the run settled; the run then ends ``failed``.
         self.store_error: StoreError | None = None
 

@@ -15,7 +15,7 @@ from aimu.aio.tools import ToolContext, ToolOutcome, invoke
 from aimu.aio.transcript import ToolCall
 
 from .session import Session, tool_message
-from .state import NeedsTools, RunState
+from .state import NEEDS_MODEL, NeedsTools, Phase, RunState
 from .wall import WallReached
 
 __all__ = ["tool_round"]
@@ -64,7 +64,7 @@ async def tool_round(
         await session.answer_cut_calls()
         run.limited(run.budget.wall_hit())
         return
-    run.next = None
+    run.next = NEEDS_MODEL
     if asked:
         for call in asked:
             session.approvals.ask(call, run_id=run.scope.run_id)
@@ -169,7 +169,7 @@ async def _call_tool(
         if rerun:  # a call a crash left in doubt, run again
             outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
     result = tool_message(call, outcome)
-    if not run.settled:
+    if run.phase is not Phase.SETTLED:
         await session.record(result)
     return ToolResult(config.name, call["id"], result["name"], result["content"], outcome.is_error)
 

@@ -4,7 +4,7 @@ what comes next (``run.next``); a due summary first, a cut answer continued."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from typing import cast
+from contextvars import Token
 
 from aimu.aio.client import (
     Chunk,
@@ -25,8 +25,8 @@ from aimu.aio.tools import ToolOutcome
 from aimu.aio.transcript import AssistantMessage, Message, add_usage
 
 from .session import Session, tool_message
-from .state import FINAL_TURN_PROMPT, NeedsTools, RunState, TurnInFlight
-from .wall import WallReached, WallTimer
+from .state import FINAL_TURN_PROMPT, NEEDS_MODEL, NeedsTools, RunState, TurnInFlight
+from .wall import WallReached, walled
 
 __all__ = ["context_hit", "model_turn", "output_checked"]
 
@@ -36,16 +36,15 @@ _ASK_WINDOW_FROM = 1024
 
 _NO_ROUNDS_LEFT = "[not run: no tool rounds were left]"
 
-#: What ``anext()`` gives once the stream has ended (no StopAsyncIteration to catch).
-_END: Chunk = cast(Chunk, object())
-
 
 async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, None]:
     """One model turn, streamed; it ends recorded, with ``run.next`` set.
 
     The provider's stream is stepped here, not through a wrapper (a generator frame per
-    chunk): its first step, which opens the request and waits out its retries, with the
-    run's scope current; each step cut by the ``wall`` limit when one is set."""
+    chunk) unless a ``wall`` limit cuts each step. Its first step opens the request and
+    waits out its retries: the run's scope is current until the first chunk comes (so
+    the retry wait sees the run's interrupt and deadline even outside any handle), and
+    never while an event is with the consumer."""
     final_turn = run.rounds >= session.config.max_rounds
     if (final_turn or session.config.context is not None) and not await _before_request(
         session, run, final_turn
@@ -54,15 +53,14 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     inflight, stream = _request(session, run, final_turn)
     budget, wall, name = run.budget, run.wall, session.config.name
     assert budget is not None
+    chunks = stream if wall is None else walled(stream, wall)
     watch, streamed, hit = budget.watch, 0, None
+    token: Token[RunScope | None] | None = current_scope.set(run.scope)
     try:
-        token = current_scope.set(run.scope)
-        try:
-            step = anext(stream, _END)
-            chunk = await (step if wall is None else wall.guard(step))
-        finally:
-            current_scope.reset(token)
-        while chunk is not _END:
+        async for chunk in chunks:
+            if token is not None:  # the first chunk: the request is open, retries over
+                current_scope.reset(token)
+                token = None
             inflight.assembler.add(chunk)
             event = _chunk_event(chunk, run, inflight, name)
             if event is not None:
@@ -74,8 +72,6 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
                     )
                     if hit is not None:
                         break
-            step = anext(stream, _END)
-            chunk = await (step if wall is None else wall.guard(step))
     except WallReached:
         hit = budget.wall_hit()
     except ModelError as error:
@@ -87,7 +83,9 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
         run.interrupted()
         return
     finally:
-        await stream.aclose()
+        if token is not None:
+            current_scope.reset(token)
+        await chunks.aclose()
     if hit is not None:
         await _cut_by_limit(session, run, inflight, hit)
     else:
@@ -235,15 +233,15 @@ async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurn
     run.requests += 1
     budget.count_request()
     assembler = TurnAssembler()
-    stream = in_scope(
-        session.client.stream_turn(policy.request(durable.summary, older), None),
-        run.scope, run.wall,
-    )
+    stream = session.client.stream_turn(policy.request(durable.summary, older), None)
+    chunks = stream if run.wall is None else walled(stream, run.wall)
+    token = current_scope.set(run.scope)  # no event goes out: current throughout
     try:
-        async for chunk in stream:
+        async for chunk in chunks:
             assembler.add(chunk)
     finally:
-        await stream.aclose()
+        current_scope.reset(token)
+        await chunks.aclose()
     add_usage(run.usage, assembler.usage)
     budget.count_tokens(assembler.usage, estimated=False)
     durable.summary = Summary(cut, assembler.text.strip())
@@ -295,7 +293,7 @@ async def _end_turn(
         # Priced as the model that answered (a FallbackModel may have handed the turn on).
         run.budget.reprice(session.client.answered_model)
         run.budget.count_tokens(usage, estimated=False)
-        if run.budget.session_limits_set and session.durable.writer is not None:
+        if run.budget.session_limits_set:
             await session.save_state()  # the session's spend, durable turn by turn
     if usage["input_tokens"]:  # the server counted: later estimates start from here
         session.known = (
@@ -308,7 +306,7 @@ async def _end_turn(
     if not calls and typed and not await output_checked(
         session, run, message["content"], inflight.schema_asked
     ):
-        run.next = None  # a correction was sent: the model answers again
+        run.next = NEEDS_MODEL  # a correction was sent: the model answers again
     elif not calls:
         run.end("max_rounds" if final_turn else "completed", message["content"])
     elif final_turn:
@@ -346,37 +344,3 @@ def _after_correction(session: Session) -> bool:
     """True when the transcript ends with a correction of an invalid typed answer."""
     messages = session.client.messages
     return bool(messages) and is_correction(messages[-1])
-
-
-async def in_scope(
-    chunks: AsyncGenerator[Chunk, None], scope: RunScope, wall: WallTimer | None = None
-) -> AsyncGenerator[Chunk, None]:
-    """``chunks`` with the run's ``scope`` as ``current_scope`` for the first step, so the
-    provider's retry wait sees the run's interrupt and deadline even outside any handle;
-    with a ``wall`` timer, each step is cut (WallReached) when the wall limit comes.
-
-    A provider opens its request, and retries it, in the first step only (no retry once a
-    byte of the reply came), so later steps need not set the scope. Without a wall limit
-    they are a plain ``async for``: stepping each with ``anext()`` and catching the
-    StopAsyncIteration that ends the turn in Python cost ~3 % of a scripted round."""
-    try:
-        token = current_scope.set(scope)
-        try:
-            first = await (anext(chunks) if wall is None else wall.guard(anext(chunks)))
-        except StopAsyncIteration:
-            return
-        finally:
-            current_scope.reset(token)
-        yield first
-        if wall is None:  # no wall limit: the common case
-            async for chunk in chunks:
-                yield chunk
-            return
-        while True:
-            try:
-                chunk = await wall.guard(anext(chunks))
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        await chunks.aclose()

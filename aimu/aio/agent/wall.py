@@ -7,10 +7,10 @@ is cancelled and ``guard`` raises :class:`WallReached` in its place.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["WallReached", "WallTimer"]
+__all__ = ["WallReached", "WallTimer", "walled"]
 
 _T = TypeVar("_T")
 
@@ -66,3 +66,17 @@ class WallTimer:
     def close(self) -> None:
         """The run has ended: the timer goes."""
         self._handle.cancel()
+
+
+async def walled(chunks: AsyncGenerator[_T, None], wall: WallTimer) -> AsyncGenerator[_T, None]:
+    """``chunks``, each step cut (WallReached, ``chunks`` closed) when the wall limit
+    comes. Only runs with a ``wall`` limit pay for this frame."""
+    try:
+        while True:
+            try:
+                chunk = await wall.guard(anext(chunks))
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        await chunks.aclose()
