@@ -160,6 +160,7 @@ async def test_a_cancel_mid_stream_closes_it_and_keeps_the_text_so_far(
     assert record.chunks_sent == pieces + (1 if round_ == 0 else 0)
     messages = agent.model_client.messages
     validate(messages)
-    assert messages[-1] == {"role": "assistant", "content": "".join(shown), "aimu_partial": True}
+    assert messages[-1] == {"role": "assistant", "content": "".join(shown), "aimu_partial": True,
+                            "aimu_model": agent.model_client.answered_by}
     assert await agent.run("continue") == "ok"
     await agent.aclose()
