@@ -10,7 +10,10 @@ figure is the time from the stop to the model server recording the stream abando
 - aimu: ``POST /runs/{id}/cancel`` (the baseline);
 - AG-UI: the client leaves ``POST /ag-ui``'s stream (what ``abortRun()`` does);
 - AI SDK: the client leaves ``POST /api/chat``'s stream (what ``stop()`` does);
-- AI SDK stop route: a resumable run, left, then ``POST /api/chat/{id}/stop``.
+- AI SDK stop route: a resumable run, left, then ``POST /api/chat/{id}/stop``;
+- A2A: ``CancelTask`` once ``SendStreamingMessage`` streamed its first text;
+- MCP: the ``mcp`` client cancels its ``run_agent`` call (``/mcp``) once the model's reply
+  has begun (the model server's record: MCP shows no text until the answer).
 
 The contenders take turns within each repeat; medians, p90 and the ratio to the baseline.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -42,13 +46,14 @@ async def _abandoned(model: LoopbackServer, before: int, since: float) -> float:
 
 
 async def _leave_at_text(
-    http: httpx.AsyncClient, path: str, body: dict[str, Any], text_type: str
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], marker: str
 ) -> float:
-    """Read the stream until its first text event, then leave; when it left."""
+    """Read the stream until its first text event (a line holding ``marker``), then
+    leave; when it left."""
     async with http.stream("POST", path, json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if f'"type":"{text_type}"' in line:
+            if marker in line:
                 break
         left = time.monotonic()
     return left
@@ -66,24 +71,56 @@ async def aimu_cancel(http: httpx.AsyncClient, model: LoopbackServer, session: s
 async def ag_ui_abort(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
     before = len([s for s in model.streams if s.abandoned])
     body = {"threadId": session, "runId": "r1", "messages": [USER_AG_UI]}
-    left = await _leave_at_text(http, "/ag-ui", body, "TEXT_MESSAGE_CONTENT")
+    left = await _leave_at_text(http, "/ag-ui", body, '"type":"TEXT_MESSAGE_CONTENT"')
     return await _abandoned(model, before, left)
 
 
 async def ai_sdk_abort(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
     before = len([s for s in model.streams if s.abandoned])
     body = {"id": session, "messages": [USER_AI_SDK]}
-    left = await _leave_at_text(http, "/api/chat", body, "text-delta")
+    left = await _leave_at_text(http, "/api/chat", body, '"type":"text-delta"')
     return await _abandoned(model, before, left)
 
 
 async def ai_sdk_stop(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
     before = len([s for s in model.streams if s.abandoned])
     body = {"id": session, "messages": [USER_AI_SDK], "resumable": True}
-    await _leave_at_text(http, "/api/chat", body, "text-delta")
+    await _leave_at_text(http, "/api/chat", body, '"type":"text-delta"')
     sent = time.monotonic()
     (await http.post(f"/api/chat/{session}/stop", json={})).raise_for_status()
     return await _abandoned(model, before, sent)
+
+
+async def a2a_cancel(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
+    before = len([s for s in model.streams if s.abandoned])
+    message = {"messageId": session, "role": "ROLE_USER", "contextId": session,
+               "parts": [{"text": "long"}]}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+            "params": {"message": message}}
+    await _leave_at_text(http, "/a2a", body, '"artifactUpdate"')  # leaving only detaches
+    sent = time.monotonic()
+    cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": f"{session}:0"}}
+    cancelled = asyncio.create_task(http.post("/a2a", json=cancel))
+    result = await _abandoned(model, before, sent)
+    (await cancelled).raise_for_status()
+    return result
+
+
+async def mcp_cancel(http: httpx.AsyncClient, model: LoopbackServer, session: str) -> float:
+    from mcp import Client
+
+    before = len([s for s in model.streams if s.abandoned])
+    streams = len(model.streams)
+    async with Client(str(http.base_url.join("/mcp"))) as client:
+        call = asyncio.create_task(
+            client.call_tool("run_agent", {"task": "long", "session": session}))
+        await model.wait_until(
+            lambda: len(model.streams) > streams and model.streams[-1].chunks_sent > 0, 30)
+        sent = time.monotonic()
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        return await _abandoned(model, before, sent)
 
 
 Contender = Callable[[httpx.AsyncClient, LoopbackServer, str], Awaitable[float]]
@@ -92,6 +129,8 @@ CONTENDERS: dict[str, Contender] = {
     "AG-UI: the client leaves POST /ag-ui": ag_ui_abort,
     "AI SDK: the client leaves POST /api/chat": ai_sdk_abort,
     "AI SDK: POST /api/chat/{id}/stop": ai_sdk_stop,
+    "A2A: CancelTask": a2a_cancel,
+    "MCP: the client cancels its call": mcp_cancel,
 }
 
 
