@@ -971,3 +971,18 @@ def test_a_piped_chat_on_the_responses_wire(server: LoopbackServer, tmp_path: Pa
     assert "sk-cli-secret-1234" not in done.stdout + done.stderr
     assert any(r.path == "/v1/responses" and r.body["model"] == "gpt-test"
                for r in server.requests)
+
+
+async def test_an_unreachable_responses_server_gets_the_chats_hint() -> None:
+    from aimu import aio
+    from aimu.assistant.client import error_line
+
+    model = aio.client("openai-responses:m", base_url="http://127.0.0.1:9/v1", retries=0)
+    try:
+        with pytest.raises(aio.ModelConnectionError) as caught:
+            await model.chat("hi")
+    finally:
+        await model.aclose()
+    line = error_line(caught.value, model)
+    assert "set OPENAI_BASE_URL, or chat offline with --model test" in line
+    assert "base_url=" not in line

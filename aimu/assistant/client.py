@@ -22,6 +22,9 @@ TEST_MODEL_DELAY = 0.03
 _CLI_HINTS = {
     "ollama": "is Ollama running there? set OLLAMA_HOST, or chat offline with --model test",
     "openai": "is the server running? set OPENAI_BASE_URL, or chat offline with --model test",
+    "openai-responses": (
+        "is the server running? set OPENAI_BASE_URL, or chat offline with --model test"
+    ),
 }
 
 

@@ -78,8 +78,8 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
         "--model",
         metavar="SPEC",
         default=None,
-        help="the model: test (embedded, offline), ollama:NAME or openai:NAME "
-        "(default: $AIMU_MODEL, else test)",
+        help="the model: test (embedded, offline), ollama:NAME, openai:NAME or "
+        "openai-responses:NAME (default: $AIMU_MODEL, else test)",
     )
     parser.add_argument(
         "--session",

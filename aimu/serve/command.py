@@ -52,7 +52,8 @@ environment variables:
   AIMU_API_TOKEN   the bearer token every API call must carry (none: loopback only)
   AIMU_MODEL       the model when --model is not given
   AIMU_HOME        the directory of the default store (default ~/.aimu)
-  OPENAI_BASE_URL  the server of openai: models, and OPENAI_API_KEY its key
+  OPENAI_BASE_URL  the server of openai: and openai-responses: models, and
+                   OPENAI_API_KEY its key
   OLLAMA_HOST      the server of ollama: models (default http://127.0.0.1:11434)
 """
 
