@@ -17,6 +17,7 @@ left. The API key is sent as a Bearer header and appears in no repr, log or erro
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -51,15 +52,21 @@ from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
 __all__ = ["WIRE", "BackgroundResponse", "OpenAIResponsesClient", "input_items"]
 
 WIRE = "openai-responses"
+#: Models that reason (their reasoning items come back): OpenAI's o-series and gpt-5.
+_REASONING = re.compile(r"(o\d|gpt-5|codex)", re.IGNORECASE)
 #: Seconds a stop waits for the server to take a background response's cancel.
 _CANCEL_WAIT = 2.0
 
 
-def input_items(messages: Sequence[Message]) -> tuple[str | None, list[dict[str, Any]]]:
+def input_items(
+    messages: Sequence[Message], *, stored: bool = False
+) -> tuple[str | None, list[dict[str, Any]]]:
     """The transcript as the Responses API takes it: ``instructions`` and ``input``.
 
     A reply written on this wire gives back its reasoning items unchanged (from
-    ``aimu_native``); thinking from another wire cannot cross and is left out.
+    ``aimu_native``): with their encrypted content, or by id when the server ``stored``
+    them (an unstored item without it cannot be found, so it stays home). Thinking from
+    another wire cannot cross and is left out.
     """
     instructions: str | None = None
     items: list[dict[str, Any]] = []
@@ -73,7 +80,10 @@ def input_items(messages: Sequence[Message]) -> tuple[str | None, list[dict[str,
             native = native_data(message, WIRE)
             reasoning = native.get("reasoning") if native is not None else None
             if isinstance(reasoning, list):
-                items.extend(item for item in reasoning if isinstance(item, dict))
+                items.extend(
+                    item for item in reasoning
+                    if isinstance(item, dict) and (stored or item.get("encrypted_content"))
+                )
             if message["content"]:
                 items.append({"role": "assistant", "content": message["content"]})
             for call in message.get("tool_calls", ()):
@@ -105,10 +115,12 @@ class OpenAIResponsesClient(HTTPModelClient):
 
     ``options`` (``temperature``, ``max_output_tokens``, ``reasoning``...) are merged into
     every request body. ``store`` (default False: the whole transcript goes each turn)
-    says whether the server keeps responses; reasoning items then come back with their
-    ``encrypted_content`` to be sent again. ``background=True`` makes each streamed turn
-    a background response (stored), cancelled on the server when the run stops. The
-    other settings are the ``openai:`` provider's.
+    says whether the server keeps responses. Unstored, a reasoning model's items are
+    asked with their ``encrypted_content`` (``encrypted_reasoning``; default: for o-series
+    and gpt-5 models, or when ``options`` has ``reasoning``) so they can be sent again.
+    ``background=True`` makes each streamed turn a background response (stored),
+    cancelled on the server when the run stops. The other settings are the ``openai:``
+    provider's.
     """
 
     provider = "openai-responses"
@@ -131,6 +143,7 @@ class OpenAIResponsesClient(HTTPModelClient):
         context_window: int | None = None,
         background: bool = False,
         store: bool | None = None,
+        encrypted_reasoning: bool | None = None,
     ) -> None:
         url, sent, secrets = openai_endpoint(base_url, api_key, headers)
         super().__init__(
@@ -144,6 +157,11 @@ class OpenAIResponsesClient(HTTPModelClient):
         if background and store is False:
             raise ValueError("background=True needs store=True: the server keeps the response")
         self.store = bool(background) if store is None else bool(store)
+        if encrypted_reasoning is None:  # a reasoning model, or reasoning asked for
+            encrypted_reasoning = "reasoning" in self.options or bool(_REASONING.match(model))
+        #: Ask for reasoning items' encrypted content (``include``): what an unstored
+        #: reasoning item needs to be sent back. Models without reasoning refuse it.
+        self.encrypted_reasoning = bool(encrypted_reasoning) and not self.store
         #: The background response of the turn in flight (None between turns).
         self.in_flight: BackgroundResponse | None = None
         self._attach: BackgroundResponse | None = None
@@ -177,11 +195,11 @@ class OpenAIResponsesClient(HTTPModelClient):
         stream: bool,
         request: TurnRequest | None = None,
     ) -> bytes:
-        instructions, items = input_items(messages)
+        instructions, items = input_items(messages, stored=self.store)
         body: dict[str, Any] = {"model": self.model, "stream": stream, "store": self.store}
         if self.background and stream:
             body["background"] = True
-        if not self.store:
+        if self.encrypted_reasoning:
             body["include"] = ["reasoning.encrypted_content"]
         if instructions is not None:
             body["instructions"] = instructions

@@ -156,10 +156,11 @@ def _refusal(body: Mapping[str, Any]) -> str | None:
         for key in ("name", "schema"):
             if key not in wanted:
                 return f"Missing required parameter: 'text.format.{key}'."
-    return _item_refusal(items) if isinstance(items, list) else None
+    stored = body.get("store", True) is not False
+    return _item_refusal(items, stored) if isinstance(items, list) else None
 
 
-def _item_refusal(items: list[Any]) -> str | None:
+def _item_refusal(items: list[Any], stored: bool) -> str | None:
     calls: list[str] = []
     answered: set[str] = set()
     for index, item in enumerate(items):
@@ -182,7 +183,8 @@ def _item_refusal(items: list[Any]) -> str | None:
                 return f"No tool call found for function call output with call_id {call_id}."
             answered.add(str(call_id))
         elif kind == "reasoning":
-            if not _unseal(item.get("encrypted_content")):
+            # An unstored item is known only by its encrypted content, unchanged.
+            if not stored and not _unseal(item.get("encrypted_content")):
                 return (
                     f"Item with id '{item.get('id')}' not found. Items are not persisted when "
                     "`store` is set to false; send reasoning items with their "

@@ -58,7 +58,7 @@ async def test_reasoning_items_go_back_unchanged_and_a_cut_turn_keeps_none(
              tool_calls=[ScriptedCall("lookup", {"city": "Oslo"})]),
         Turn(text="Snow.", input_tokens=30, output_tokens=2),
     ]
-    async with make(server) as model:
+    async with OpenAIResponsesClient("gpt-5-mini", base_url=server.openai_base_url) as model:
         agent = aio.Agent(model, tools=[lookup], system="Be brief.")
         assert await agent.run("weather?") == "Snow."
         first = model.messages[2]
@@ -76,6 +76,11 @@ async def test_reasoning_items_go_back_unchanged_and_a_cut_turn_keeps_none(
         assert sent["input"][1] == item  # exactly as it came
         assert agent.last_run is not None
         assert agent.last_run.usage["output_tokens"] == 2
+    # A model that does not reason is not asked for encrypted reasoning (it would refuse).
+    async with make(server) as plain:
+        server.script = [Turn(text="hi")]
+        await plain.chat("x")
+        assert "include" not in server.requests[-1].body
 
 
 async def test_usage_incomplete_and_failed_responses(server: LoopbackServer) -> None:
