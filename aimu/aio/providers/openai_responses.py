@@ -424,8 +424,8 @@ class _ResponsesTurn(TurnDecoder):
                 return []  # already read (a re-attached stream repeats nothing new)
             self.sequence = number
         kind = event.get("type")
-        if kind == "response.output_text.delta":
-            return self.text.chunks(None, event.get("delta"))
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
+            return self.text.chunks(None, event.get("delta"))  # a refusal is the answer
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             return self.text.chunks(event.get("delta"), None)
         if kind == "response.output_item.done":
@@ -504,7 +504,8 @@ class _ResponsesTurn(TurnDecoder):
             if kind == "message":
                 for part in item.get("content") or ():
                     part = _dict(part)
-                    text = part.get("text") if part.get("type") == "output_text" else None
+                    kind = part.get("type")
+                    text = part.get("text" if kind == "output_text" else "refusal")
                     chunks += self.text.chunks(None, text)
             elif kind == "reasoning":
                 for part in item.get("summary") or ():

@@ -358,3 +358,31 @@ async def test_after_a_kill_9_resume_re_attaches_to_the_background_response(
             assert server.requests[-1].path == f"/v1/responses/{response_id}"
             assert model.messages[-1]["content"] == words
             await agent.aclose()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_refusal_is_the_answer(stream: bool) -> None:
+    done = {"id": "resp_1", "status": "completed", "output": [
+        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+         "content": [{"type": "refusal", "refusal": "I can't help with that."}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 6}}
+    if stream:
+        events = [
+            {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1"}},
+            {"type": "response.refusal.delta", "sequence_number": 1, "item_id": "msg_1",
+             "output_index": 0, "content_index": 0, "delta": "I can't help with that."},
+            {"type": "response.completed", "sequence_number": 2, "response": done},
+        ]
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        response = http_response(body, content_type="text/event-stream")
+    else:
+        response = http_response(json.dumps(done).encode(), content_type="application/json")
+    async with RawServer(response) as raw, OpenAIResponsesClient(
+        "m", base_url=raw.url + "/v1", api_key="k"
+    ) as model:
+        if stream:
+            chunks = [chunk async for chunk in await model.chat("x", stream=True)]
+            assert chunks[-1].usage == {"input_tokens": 3, "output_tokens": 6}  # type: ignore[union-attr]
+        else:
+            await model.chat("x")
+        assert model.messages[-1]["content"] == "I can't help with that."
