@@ -973,16 +973,22 @@ def test_a_piped_chat_on_the_responses_wire(server: LoopbackServer, tmp_path: Pa
                for r in server.requests)
 
 
-async def test_an_unreachable_responses_server_gets_the_chats_hint() -> None:
+@pytest.mark.parametrize(
+    ("spec", "variable"),
+    [("openai-responses:m", "OPENAI_BASE_URL"), ("anthropic:m", "ANTHROPIC_BASE_URL")],
+)
+async def test_an_unreachable_responses_server_gets_the_chats_hint(
+    spec: str, variable: str
+) -> None:
     from aimu import aio
     from aimu.assistant.client import error_line
 
-    model = aio.client("openai-responses:m", base_url="http://127.0.0.1:9/v1", retries=0)
+    model = aio.client(spec, base_url="http://127.0.0.1:9/v1", retries=0)
     try:
         with pytest.raises(aio.ModelConnectionError) as caught:
             await model.chat("hi")
     finally:
         await model.aclose()
     line = error_line(caught.value, model)
-    assert "set OPENAI_BASE_URL, or chat offline with --model test" in line
+    assert f"set {variable}, or chat offline with --model test" in line
     assert "base_url=" not in line

@@ -25,6 +25,9 @@ _CLI_HINTS = {
     "openai-responses": (
         "is the server running? set OPENAI_BASE_URL, or chat offline with --model test"
     ),
+    "anthropic": (
+        "is the server running? set ANTHROPIC_BASE_URL, or chat offline with --model test"
+    ),
 }
 
 

@@ -55,6 +55,7 @@ environment variables:
   OPENAI_BASE_URL  the server of openai: and openai-responses: models, and
                    OPENAI_API_KEY its key
   OLLAMA_HOST      the server of ollama: models (default http://127.0.0.1:11434)
+  ANTHROPIC_BASE_URL  the server of anthropic: models, and ANTHROPIC_API_KEY its key
 """
 
 

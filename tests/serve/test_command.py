@@ -142,7 +142,7 @@ def test_help_names_the_environment_and_the_log_levels_agree_with_chat(
         parser.parse_args(["serve", "--help"])
     shown = capsys.readouterr().out
     for variable in ("AIMU_API_TOKEN", "AIMU_MODEL", "AIMU_HOME", "OPENAI_BASE_URL",
-                     "OPENAI_API_KEY", "OLLAMA_HOST"):
+                     "OPENAI_API_KEY", "OLLAMA_HOST", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"):
         assert variable in shown
 
 
