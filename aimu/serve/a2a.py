@@ -247,8 +247,8 @@ def _history_length(params: Mapping[str, Any]) -> int | None:
     return length
 
 
-async def _task(runs: Runs, task_id: str) -> Task:
-    """The task ``SESSION:INDEX`` as the store and the runs show it now."""
+def _place(task_id: str) -> tuple[str, int]:
+    """``SESSION:INDEX``'s session and index; TASK_NOT_FOUND for anything else."""
     session, _, place = task_id.rpartition(":")
     if not place.isdigit() or not session:
         raise RPCError(TASK_NOT_FOUND, f"no task {task_id!r}")
@@ -256,7 +256,12 @@ async def _task(runs: Runs, task_id: str) -> Task:
         validate_name(session)
     except ServeError:
         raise RPCError(TASK_NOT_FOUND, f"no task {task_id!r}") from None
-    index = int(place)
+    return session, int(place)
+
+
+async def _task(runs: Runs, task_id: str) -> Task:
+    """The task ``SESSION:INDEX`` as the store and the runs show it now."""
+    session, index = _place(task_id)
     transcript = await runs.store.load(session)
     if index >= len(transcript) or transcript[index]["role"] != "user":
         raise RPCError(TASK_NOT_FOUND, f"no task {task_id!r}")
@@ -389,12 +394,16 @@ def _decisions(
 
 
 async def _cancel(runs: Runs, task_id: str) -> dict[str, Any]:
-    task = await _task(runs, task_id)
-    if task.live is None:
+    session, index = _place(task_id)
+    live = await runs.session_run(session)
+    if live is None or live.messages_from != index:  # not the run that began the task
+        live = (await _task(runs, task_id)).live  # read the store: whose run is it?
+    if live is None:
+        task = await _task(runs, task_id)
         raise RPCError(TASK_NOT_CANCELABLE,
                        f"task {task.id!r} is {task.state}: no run of it is in progress")
-    follower = RunFollower(runs, task.live, owned=False)
-    await runs.cancel(task.live.run_id, "cancelled over A2A (CancelTask)")
+    follower = RunFollower(runs, live, owned=False)
+    await runs.cancel(live.run_id, "cancelled over A2A (CancelTask)")
     async with contextlib.aclosing(follower.events()) as events:
         async for _ in events:
             pass  # until the run has ended and its record is stored
