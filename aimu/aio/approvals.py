@@ -29,6 +29,7 @@ __all__ = [
     "Approvals",
     "Decision",
     "PendingApproval",
+    "bound",
     "denied_result",
 ]
 
@@ -67,6 +68,16 @@ class Decision:
     reason: str | None = None
     pause_id: str | None = None
     """The pause it was given for (None: whichever waits when it is recorded)."""
+
+
+def bound(
+    call: str | PendingApproval, approved: bool, reason: str | None = None
+) -> tuple[str, Decision]:
+    """The call id and the decision on ``call`` (its id: whichever pause waits when the
+    decision is recorded; a PendingApproval: the pause it shows)."""
+    if isinstance(call, PendingApproval):
+        return call.call_id, Decision(approved, reason, call.pause_id)
+    return call, Decision(approved, reason)
 
 
 def new_pause_id() -> str:
@@ -150,6 +161,21 @@ class Approvals:
         if decision is not None and pending is not None and not _binds(decision, pending):
             return None
         return decision
+
+    def adopt(self, given: Approvals, session: str) -> StaleDecisionError | None:
+        """Take the decisions of ``given`` (memory, decided while the session was not
+        open) that hold for the pauses waiting here (just loaded); the error for the
+        first one whose pause no longer waits (it is dropped), or None."""
+        stale = None
+        for call_id, decision in given.decisions.items():
+            pending = self.pending.get(call_id)
+            if pending is None or call_id in self.decisions:
+                continue  # answered, or decided, since: nothing waits for it
+            if _binds(decision, pending):
+                self.decisions[call_id] = decision
+            elif stale is None:
+                stale = stale_decision(session, call_id, decision.pause_id or "", pending)
+        return stale
 
     def check_decided(self, session: str) -> None:
         waiting = self.waiting()

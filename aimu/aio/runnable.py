@@ -144,11 +144,13 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """The tool calls a paused run waits on, for ``approve()`` / ``deny()``."""
 
     @abc.abstractmethod
-    def approve(self, call_id: str) -> None:
-        """Let the waiting call run when the run resumes; ValueError if none waits."""
+    def approve(self, call: str | PendingApproval) -> None:
+        """Let the waiting call (its id, or the PendingApproval shown: then that pause
+        only) run when the run resumes; ValueError if none waits, StaleDecisionError if
+        the pause shown no longer does."""
 
     @abc.abstractmethod
-    def deny(self, call_id: str, reason: str | None = None) -> None:
+    def deny(self, call: str | PendingApproval, reason: str | None = None) -> None:
         """Refuse the waiting call: on resume the model reads that it was denied."""
 
     @abc.abstractmethod

@@ -620,7 +620,8 @@ def test_approvals_stored_before_pauses_had_ids_get_one_from_the_call() -> None:
 async def test_a_decision_on_a_replaced_session_runs_nothing(tmp_path: Path) -> None:
     """An agent decides on the call it saw after another process replaced the session
     (same call id, other arguments): resuming loads the stored pause, the decision is not
-    applied to it, and the run refuses to go on; nothing runs."""
+    applied to it (StaleDecisionError naming what waits now), and nothing runs; a decision
+    given while closed for the pause that still waits holds across the reopening."""
     mailed: list[str] = []
 
     @aio.tool(approval=True)
@@ -641,14 +642,22 @@ async def test_a_decision_on_a_replaced_session_runs_nothing(tmp_path: Path) -> 
         second = aio.Agent(script("Mallory"), tools=[send_email], store=store, session="s")
         assert await second.run("mail") == PAUSED
         await second.aclose()
+        (shown,) = first.pending_approvals
         first.approve("c1")  # it saw Alice
-        with pytest.raises(ValueError, match="calls wait for a decision"):
+        with pytest.raises(StaleDecisionError, match="Mallory") as raised:
             await first.resume()
-        assert mailed == []
+        assert raised.value.call_id == "c1" and mailed == []
         assert [p.arguments for p in first.pending_approvals] == [{"to": "Mallory"}]
-        await first.aclose()
+        with pytest.raises(StaleDecisionError, match="no longer waits"):
+            first.approve(shown)  # the PendingApproval of Alice's pause
         stored = Approvals.from_state(await store.load_state("s"), "s")
         assert stored.decisions == {} and len(stored.waiting()) == 1
+        # Decided while closed, for the pause that waits: it holds once the session opens.
+        first.deny(first.pending_approvals[0], "not Mallory")
+        assert await first.resume() == "sent"
+        assert mailed == []
+        assert first.model_client.messages[-2]["content"] == "[denied: not Mallory]"
+        await first.aclose()
 
 
 @pytest.mark.parametrize("stored", [False, True], ids=["memory", "sqlite"])

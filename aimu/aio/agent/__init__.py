@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 from typing_extensions import Unpack
 
 from aimu.aio._session import Carried
-from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingApproval
+from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingApproval, bound
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy
 from aimu.aio.ends import INTERRUPTED
@@ -244,14 +244,15 @@ class Agent(Runnable[OutputT]):
         if self._session.loaded:
             super()._check_new_task()
 
-    def approve(self, call_id: str) -> None:
-        """Let the waiting call ``call_id`` run when the run resumes."""
-        self._decide(call_id, Decision(True))
+    def approve(self, call: str | PendingApproval) -> None:
+        """Let the waiting call run when the run resumes: ``call`` is its id, or the
+        :class:`PendingApproval` shown (then the decision holds for that pause only)."""
+        self._decide(*bound(call, True))
 
-    def deny(self, call_id: str, reason: str | None = None) -> None:
-        """Refuse the waiting call ``call_id``: on resume the model reads that it was
-        denied, and ``reason``."""
-        self._decide(call_id, Decision(False, reason))
+    def deny(self, call: str | PendingApproval, reason: str | None = None) -> None:
+        """Refuse the waiting call (its id, or the PendingApproval shown): on resume the
+        model reads that it was denied, and ``reason``."""
+        self._decide(*bound(call, False, reason))
 
     def _decide(self, call_id: str, decision: Decision) -> None:
         self._session.check_loaded("pending approvals")

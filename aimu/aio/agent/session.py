@@ -367,8 +367,11 @@ class StoredSession(Session):
         return changed
 
     async def load_stored(self, writer: SessionWriter) -> None:
-        """Take the stored transcript into memory (a restore() before this one wins)."""
+        """Take the stored transcript into memory (a restore() before this one wins).
+        StaleDecisionError, once loaded, if a decision given while the session was not
+        open was for a pause that no longer waits (it is dropped: decide again)."""
         messages = self.client.messages
+        stale = None
         stored = [] if self.durable.transcript_stale else await writer.load()
         if stored:
             validate(stored)
@@ -376,6 +379,8 @@ class StoredSession(Session):
             assert self.store is not None and self.name is not None
             state = await self.store.load_state(self.name)
             approvals = Approvals.from_state(state, f"session {self.name!r}")
+            # Decisions given since the session was last open hold only for their pauses.
+            stale = approvals.adopt(self.approvals, f"agent {self.config.name!r}")
             starts = await self.store.tool_starts(self.name)
             self.durable.transcript_stale = self.settle_loaded(settled, approvals, starts)
             self.approvals = approvals
@@ -391,6 +396,8 @@ class StoredSession(Session):
         if self.durable.state_stale:
             await self.save_state()
         self.loaded = True
+        if stale is not None:
+            raise stale
 
     async def store_restored(self) -> None:
         """Write what restore() put in memory to the store (the session opened first)."""

@@ -391,13 +391,14 @@ class Workflow(Runnable):
             for pending in slot.session.pending_approvals
         ]
 
-    def approve(self, call_id: str) -> None:
-        self._session_waiting_on(call_id).approve(call_id)
+    def approve(self, call: str | PendingApproval) -> None:
+        self._session_waiting_on(call).approve(call)
 
-    def deny(self, call_id: str, reason: str | None = None) -> None:
-        self._session_waiting_on(call_id).deny(call_id, reason)
+    def deny(self, call: str | PendingApproval, reason: str | None = None) -> None:
+        self._session_waiting_on(call).deny(call, reason)
 
-    def _session_waiting_on(self, call_id: str) -> Step:
+    def _session_waiting_on(self, call: str | PendingApproval) -> Step:
+        call_id = call.call_id if isinstance(call, PendingApproval) else call
         if self.running:
             raise RuntimeError(f"{self._where()}: cannot decide while a run is in progress")
         for slot in self._slots():
