@@ -101,6 +101,9 @@ async def test_a_tool_use_without_its_result_is_refused_as_the_api_does(
         {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]
     with pytest.raises(anthropic.BadRequestError, match="unexpected `tool_use_id`"):
         await sdk.messages.create(model=MODEL, max_tokens=64, messages=stray)
+    prefill: Any = [*ask("count"), {"role": "assistant", "content": "one two "}]
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        await sdk.messages.create(model=MODEL, max_tokens=64, messages=prefill)
     with pytest.raises(anthropic.BadRequestError, match="top-level `system`"):
         await sdk.messages.create(
             model=MODEL, max_tokens=64,

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any, Self
 
 from aimu.aio._sse import SSEParser
@@ -37,6 +38,7 @@ from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unch
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
+    TextDelta,
     ToolCallDelta,
     TurnDone,
     TurnRequest,
@@ -185,7 +187,10 @@ class _Encoder:
                 results.append(result)
             if other:
                 rest.append(other)
-        if role:
+        if role == "assistant" and messages[-1]["role"] == "assistant":
+            # A prefill to continue: the API refuses one ending in whitespace.
+            rest = [dumps(block) for block in _prefill(messages)]
+        if role and rest + results:
             turns.append(_turn(role, results, rest))
         return b"[" + b",".join(turns) + b"]"
 
@@ -206,6 +211,31 @@ class _Encoder:
             encoded = dumps(wire)
             self._tools = (tools, cache, encoded)
         return encoded
+
+
+def _trailing(messages: Sequence[Message]) -> list[Message]:
+    """The assistant messages at the end of ``messages`` (the prefill to continue)."""
+    start = len(messages)
+    while start and messages[start - 1]["role"] == "assistant":
+        start -= 1
+    return list(messages[start:])
+
+
+def _prefill(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The blocks of the trailing assistant turn, its last text without trailing
+    whitespace (an all-blank last text block left out)."""
+    blocks = [block for message in _trailing(messages) for block in message_blocks(message)]
+    if blocks and blocks[-1].get("type") == "text":
+        text = str(blocks[-1]["text"]).rstrip()
+        blocks[-1:] = [{"type": "text", "text": text}] if text else []
+    return blocks
+
+
+def prefill_space(messages: Sequence[Message]) -> str:
+    """The whitespace a trailing assistant turn's text ends with (left out when sent)."""
+    trailing = _trailing(messages)
+    text = trailing[-1]["content"] if trailing and not trailing[-1].get("tool_calls") else ""
+    return text[len(text.rstrip()):]
 
 
 def _turn(role: str, results: list[bytes], rest: list[bytes]) -> bytes:
@@ -334,6 +364,36 @@ class AnthropicClient(HTTPModelClient):
 
     def decoder(self, reporter: Reporter) -> TurnDecoder:
         return _AnthropicTurn(reporter)
+
+    def stream_turn(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        stream: bool = True,
+        request: TurnRequest | None = None,
+    ) -> AsyncGenerator[Chunk, None]:
+        turn = super().stream_turn(messages, tools, stream=stream, request=request)
+        space = prefill_space(messages) if messages[-1:] and self.continues_partial else ""
+        return _after_prefill(turn, space) if space else turn
+
+
+async def _after_prefill(turn: AsyncGenerator[Chunk, None], space: str) -> AsyncGenerator[
+    Chunk, None
+]:
+    """``turn`` continuing a prefill sent without its trailing ``space``: the
+    continuation's text loses that space once, if it starts with it (the transcript
+    keeps the prefill with it)."""
+    async with aclosing(turn):
+        async for chunk in turn:
+            if space and isinstance(chunk, TextDelta):
+                text = chunk.text.removeprefix(space) if chunk.text.startswith(space) else None
+                space = ""
+                if text is not None:
+                    if text:
+                        yield TextDelta(text)
+                    continue
+            yield chunk
 
 
 def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:

@@ -8,7 +8,8 @@ A streamed turn goes out as the published event types: ``message_start``, ``ping
 signed, and a thinking block sent back with a signature that does not match its text is
 refused, as are the requests the API refuses: a ``tool_use`` without its
 ``tool_result`` in the next user turn, a ``tool_result`` answering nothing, a
-``system`` role in ``messages``, empty content, no ``max_tokens``.
+``system`` role in ``messages``, empty content, no ``max_tokens``, a final assistant
+message (a prefill) ending in whitespace.
 
 Scripts see the request in the chat shape (system prompt first, tool results as
 ``tool`` messages, tools as function specs), so the same script or test model answers
@@ -264,6 +265,10 @@ def request_error(body: Mapping[str, Any]) -> str | None:
         if problem is not None:
             return problem
         pending = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
+        if last and role == "assistant" and blocks and blocks[-1].get("type") == "text":
+            text = str(blocks[-1].get("text"))
+            if text != text.rstrip():
+                return "final assistant content cannot end with trailing whitespace"
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import aclosing
 from typing import Any
 
 import pytest
@@ -266,6 +267,32 @@ async def test_a_session_from_another_wire_goes_on_on_anthropic(server: Loopback
     validate(moved.model_client.messages)
     await first.aclose()
     await moved.aclose()
+
+
+async def test_a_cut_answer_is_continued_as_a_prefill_without_its_trailing_space(
+    server: LoopbackServer,
+) -> None:
+    """The API refuses a prefill that ends in whitespace (so does the loopback server):
+    the cut "one two three " goes as "one two three", and the continuation's leading
+    space (the model writes it) is taken out once, so the answer is whole."""
+    words = "one two three four five"
+    server.script = [Turn(text=words), Turn(text=" four five", chunks=2)]
+    agent = aio.Agent(claude(server, continues_partial=True))
+    seen: list[str] = []
+    async with aclosing(agent.run("count", stream=True)) as events:
+        async for event in events:
+            if isinstance(event, TextChunk):
+                seen.append(event.text)
+                if len(seen) == 3:
+                    break
+    assert "".join(seen) == "one two three "
+    assert await agent.resume(continue_partial=True) == words
+    assert server.requests[-1].body["messages"][-1] == {
+        "role": "assistant", "content": [{"type": "text", "text": "one two three"}],
+    }
+    assert agent.last_run is not None and agent.last_run.continuation == "continued"
+    assert agent.model_client.messages[-1]["content"] == words  # one answer, no double space
+    await agent.aclose()
 
 
 # -- stop reasons, usage, errors ------------------------------------------------------------
