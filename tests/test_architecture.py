@@ -201,3 +201,46 @@ def test_how_a_run_ends_is_spelled_once() -> None:
             if isinstance(node, ast.Constant) and node.value in texts.values():
                 copies.append(f"{module}:{node.lineno} spells {node.value!r}")
     assert copies == [], "\n".join(copies)
+
+
+#: The agent's rooms (aimu/aio/agent/) that never import each other, nor the package
+#: (the Agent class): each is a function of the session and the run's state.
+_STEPS = ("turn", "tool_round", "settle")
+_ROOMS = ("config", "state", "session", "turn", "tool_round", "settle", "loop", "wall")
+
+
+def test_the_agents_rooms_import_in_one_direction() -> None:
+    """wall <- state <- session <- turn, tool_round, settle <- loop <- the Agent class:
+    a step never reaches another step, the driver, or the Agent."""
+    package = "aimu.aio.agent"
+    rooms = {f"{package}.{name}" for name in _ROOMS}
+    assert rooms <= set(MODULES), sorted(rooms - set(MODULES))
+    below = {
+        "wall": set(), "config": set(), "state": {"wall"}, "session": {"config", "state"},
+        "turn": {"session", "state", "wall"}, "tool_round": {"session", "state", "wall"},
+        "settle": {"session", "state"}, "loop": {*_ROOMS} - {"loop"},
+    }
+    wrong = []
+    for name, allowed in below.items():
+        module = f"{package}.{name}"
+        found = {t.rpartition(".")[2] for t in TYPING_GRAPH[module] if t.startswith(package)}
+        found.discard("agent")  # the package itself, as aimu.aio.agent
+        if any(t == package for t in TYPING_GRAPH[module]):
+            wrong.append(f"{module} imports the package (the Agent class)")
+        wrong += [f"{module} imports {package}.{t}" for t in sorted(found - allowed)]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_no_function_in_aimu_aio_is_over_60_lines() -> None:
+    """A function longer than a screen does more than one job: split it."""
+    long = []
+    for module, path in MODULES.items():
+        if not module.startswith("aimu.aio"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{module}.{node.name} (line {node.lineno}): {lines} lines")
+    assert long == [], "\n".join(long)

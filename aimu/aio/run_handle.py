@@ -122,6 +122,33 @@ _RETURNED = frozenset(
 _DROPPABLE = (TextChunk, ThinkingChunk)
 
 
+def _startable(
+    coro: Awaitable[T], name: str | None, timeout: float | None, deadline: float | None
+) -> tuple[Coroutine[Any, Any, T], str, asyncio.AbstractEventLoop]:
+    """What :meth:`RunHandle.start` runs (``coro`` as a coroutine), its name and the
+    running loop; ``coro`` closed, not run, when an argument is refused."""
+    run: Coroutine[Any, Any, T]
+    if isinstance(coro, types.CoroutineType):
+        run, name = coro, name or coro.__qualname__
+    else:
+        run, name = _as_coroutine(coro, name)
+    for what, seconds in (("timeout", timeout), ("deadline", deadline)):
+        if seconds is not None and not finite(seconds):
+            run.close()
+            raise ValueError(
+                f"RunHandle.start({what}={echo(seconds)}): give a finite number of "
+                "seconds, or None"
+            )
+    try:
+        return run, name, asyncio.get_running_loop()
+    except RuntimeError:
+        run.close()  # no "coroutine was never awaited" warning
+        raise RuntimeError(
+            "RunHandle.start() needs a running event loop: call it from async code "
+            "(for example inside asyncio.run())"
+        ) from None
+
+
 def _owner_of(scope: RunScope | None) -> RunHandle[Any] | None:
     """The live handle nearest around ``scope`` (itself included): the run it belongs to."""
     while scope is not None:
@@ -277,26 +304,7 @@ class RunHandle(RunScope, Generic[T]):
         (made when None). A ``timeout`` or ``deadline`` that is not a finite number raises
         ``ValueError`` (and ``coro`` is closed, not run).
         """
-        run: Coroutine[Any, Any, T]
-        if isinstance(coro, types.CoroutineType):
-            run, name = coro, name or coro.__qualname__
-        else:
-            run, name = _as_coroutine(coro, name)
-        for what, seconds in (("timeout", timeout), ("deadline", deadline)):
-            if seconds is not None and not finite(seconds):
-                run.close()
-                raise ValueError(
-                    f"RunHandle.start({what}={echo(seconds)}): give a finite number of "
-                    "seconds, or None"
-                )
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            run.close()  # no "coroutine was never awaited" warning
-            raise RuntimeError(
-                "RunHandle.start() needs a running event loop: call it from async code "
-                "(for example inside asyncio.run())"
-            ) from None
+        run, name, loop = _startable(coro, name, timeout, deadline)
         if control is not None:
             try:
                 run_id = control.run_id(run_id)

@@ -91,6 +91,38 @@ def make_config(
 ) -> Config:
     """The agent's configuration, its arguments checked (TypeError / ValueError saying
     which is wrong)."""
+    _check_arguments(client, max_rounds, system, limits, session_limits, context)
+    if (store is None) != (session is None):
+        raise ValueError("store and session go together: give both, or neither")
+    table = ToolTable(tools)
+    if not table.toolsets:  # a toolset's names are known once it is open
+        check_tool_choice(tool_choice, list(table.by_name))
+    return Config(
+        name=name or "agent",
+        system=system,
+        max_rounds=max_rounds,
+        concurrent_tools=concurrent_tools,
+        table=table,
+        approve=approve,
+        output=None if output_type is None else OutputSpec(output_type, output_retries),
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+        limits=limits,
+        session_limits=session_limits,
+        deps=deps,
+        context=context,
+    )
+
+
+def _check_arguments(
+    client: ModelClient,
+    max_rounds: int,
+    system: Instructions | None,
+    limits: UsageLimits | None,
+    session_limits: UsageLimits | None,
+    context: ContextPolicy | None,
+) -> None:
+    """TypeError / ValueError saying which of these arguments of Agent() is wrong."""
     if not isinstance(client, ModelClient):
         raise TypeError(
             "Agent needs a model client such as aio.client('test'), "
@@ -112,23 +144,3 @@ def make_config(
             "context must be a context policy (aio.KeepLastTurns(n), or an object with "
             f"view(messages)), got {type(context).__name__}"
         )
-    if (store is None) != (session is None):
-        raise ValueError("store and session go together: give both, or neither")
-    table = ToolTable(tools)
-    if not table.toolsets:  # a toolset's names are known once it is open
-        check_tool_choice(tool_choice, list(table.by_name))
-    return Config(
-        name=name or "agent",
-        system=system,
-        max_rounds=max_rounds,
-        concurrent_tools=concurrent_tools,
-        table=table,
-        approve=approve,
-        output=None if output_type is None else OutputSpec(output_type, output_retries),
-        tool_choice=tool_choice,
-        parallel_tool_calls=parallel_tool_calls,
-        limits=limits,
-        session_limits=session_limits,
-        deps=deps,
-        context=context,
-    )

@@ -22,7 +22,7 @@ from aimu.aio.scope import RunScope
 from aimu.aio.transcript import UserMessage, dangling_calls
 
 from .session import Session
-from .settle import settle, stop_of_run
+from .settle import settle
 from .state import NEEDS_MODEL, Ended, NeedsModel, NeedsTools, Phase, RunState
 from .tool_round import tool_round
 from .turn import context_hit, model_turn, output_checked
@@ -68,9 +68,8 @@ async def run_events(
                         run.phase = Phase.CLOSING
                         raise
             except BaseException:
-                # Left at a yield (the consumer closed or threw): the step is closed here,
-                # its own cleanup run; a step that raised has ended already. (aclosing()
-                # would do the same and also close a step that ended: ~4k a round.)
+                # Left at a yield (the consumer closed or threw): the step is closed here
+                # (a step that raised has ended; aclosing() would close it too: ~4k a round).
                 await step.aclose()
                 raise
     except BaseException as error:
@@ -80,12 +79,8 @@ async def run_events(
             raise  # the consumer stopped iterating: settle below, never yield again
         failure = error
     finally:
-        final = await settle(session, run, close_scope)
-        stop = stop_of_run(session, run, final, stopped_by or run.store_error)
-        run.spans.finished(final, stop.status, stop.reason)
-        stop.log(name)
-    if failure is None:
-        failure = run.store_error
+        final = await settle(session, run, close_scope, stopped_by)
+    failure = failure or run.store_error
     if failure is None:
         yield final
         return

@@ -19,14 +19,18 @@ from aimu.aio.transcript import Message, add_usage
 from .session import Session, joined
 from .state import Phase, RunState
 
-__all__ = ["settle", "stop_of_run"]
+__all__ = ["settle"]
 
 
 async def settle(
-    session: Session, run: RunState, close_scope: Callable[[RunResult[Any]], None]
+    session: Session,
+    run: RunState,
+    close_scope: Callable[[RunResult[Any]], None],
+    stopped_by: BaseException | None,
 ) -> RunFinished:
-    """Leave a valid transcript however the run ended, release the session
-    (``close_scope``), and publish the run's RunFinished (returned for the consumer).
+    """Leave a valid transcript however the run ended (``stopped_by`` the error that
+    ended it, if one did), release the session (``close_scope``), publish the run's
+    RunFinished (returned for the consumer), end its span and log how it stopped.
 
     Memory is settled first; a store that fails now is kept in ``run.store_error``
     (the run ends ``failed``, its transcript in memory and restorable).
@@ -37,19 +41,7 @@ async def settle(
     for context in run.contexts:
         context.mark_cancelled()
     messages = session.client.messages
-    unstored: list[Message] = []
-    inflight = run.turn
-    if inflight is not None and inflight.assembler.started:
-        partial = inflight.assembler.message()
-        if inflight.prefix is not None:  # a continuation cut short: one answer, partial
-            partial = joined(inflight.prefix, partial)
-            messages[-1] = partial
-            session.durable.transcript_stale = True
-        else:
-            unstored.append(partial)
-            messages.append(partial)
-        run.reply = run.reply or partial["content"]
-        run.count_estimated(messages, inflight)
+    unstored = _kept_partial(session, run)
     if run.status in STOPPED and (phase is Phase.RUNNING or phase is Phase.CLOSING):
         unstored.extend(session.cancel_last_calls())
         session.approvals.clear()
@@ -74,10 +66,35 @@ async def settle(
         close_scope(result)
     final = run_finished(result)
     run.scope.emit(final)
+    stop = _stop_of(session, run, final, stopped_by or run.store_error)
+    run.spans.finished(final, stop.status, stop.reason)
+    stop.log(session.config.name)
     return final
 
 
-def stop_of_run(
+def _kept_partial(session: Session, run: RunState) -> list[Message]:
+    """Keep what a turn cut short streamed (marked partial, its usage estimated): in
+    memory, and returned to be stored (nothing: none streamed, or it replaced the answer
+    it continued, so the stored transcript is rewritten)."""
+    messages = session.client.messages
+    inflight = run.turn
+    if inflight is None or not inflight.assembler.started:
+        return []
+    unstored: list[Message] = []
+    partial = inflight.assembler.message()
+    if inflight.prefix is not None:  # a continuation cut short: one answer, partial
+        partial = joined(inflight.prefix, partial)
+        messages[-1] = partial
+        session.durable.transcript_stale = True
+    else:
+        unstored.append(partial)
+        messages.append(partial)
+    run.reply = run.reply or partial["content"]
+    run.count_estimated(messages, inflight)
+    return unstored
+
+
+def _stop_of(
     session: Session, run: RunState, final: RunFinished, error: BaseException | None
 ) -> Stop:
     """How the run ended, for its span and the log (a deadline's cancel: timed_out)."""

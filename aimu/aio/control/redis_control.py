@@ -170,15 +170,8 @@ class RedisControl:
         self._keys = Keys(self.prefix)
         self._scripts = Scripts(self._client)
         self._link = Link(
-            self._client,
-            self._keys,
-            self._scripts,
-            self.worker_id,
-            self.url,
-            self.lease,
-            self.retention,
-            self.max_events,
-            self.timeout,
+            self._client, self._keys, self._scripts, self.worker_id, self.url, self.lease,
+            self.retention, self.max_events, self.timeout,
         )
         self._worker: Worker | None = None
         self._closed = False

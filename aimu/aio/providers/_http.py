@@ -510,10 +510,8 @@ class HTTPModelClient(ModelClient):
     ) -> AsyncGenerator[Chunk, None]:
         body = self.body(messages, tools, stream, request)
         reporter = self.reporter()
-        # A continued answer: a server may send the prefix back first (llama.cpp does).
-        prefix = prefill(messages, self._wire.merge_roles)
-        pool = self._pool
-        shard = await pool.acquire(reporter)
+        prefix = prefill(messages, self._wire.merge_roles)  # sent back first by llama.cpp
+        shard = await self._pool.acquire(reporter)
         attempt = 0
         try:
             while True:
@@ -521,14 +519,12 @@ class HTTPModelClient(ModelClient):
                 echo = PrefillEcho(prefix) if prefix else None
                 response, attempt = await self._send(shard.http, body, stream, reporter, attempt)
                 began = False  # a chunk of the turn went out: no retry from here on
-                # httpx's body iterator is an async generator: closed below, not left to
-                # the GC.
+                # An async generator (httpx's body iterator): closed below, not by the GC.
                 pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
                 try:
                     with reporter:
                         if not stream:
-                            chunks = decoder.whole(await response.aread())
-                            for chunk in echo.chunks(chunks) if echo is not None else chunks:
+                            for chunk in _echoed(echo, decoder.whole(await response.aread())):
                                 yield chunk
                             return
                         rest = b""
@@ -536,21 +532,15 @@ class HTTPModelClient(ModelClient):
                             lines = (rest + piece).split(b"\n")
                             rest = lines.pop()
                             for line in lines:
-                                chunks = decoder.line(line)
+                                chunks, echo = _line_chunks(decoder, echo, line)
                                 if decoder.finished:
                                     await _drain(pieces)  # the connection goes back to the pool
-                                if echo is not None:
-                                    chunks = echo.chunks(chunks)
-                                    echo = None if echo.settled else echo
                                 for chunk in chunks:
                                     began = True
                                     yield chunk
                                 if decoder.finished:
                                     return
-                        chunks = decoder.line(rest) if rest else []
-                        if not decoder.finished:
-                            chunks += decoder.end()
-                        for chunk in echo.chunks(chunks) if echo is not None else chunks:
+                        for chunk in _echoed(echo, _tail(decoder, rest)):
                             yield chunk
                         return
                 except ModelHTTPError as error:
@@ -567,12 +557,18 @@ class HTTPModelClient(ModelClient):
                     # closed or cancelled; the server sees the connection go.
                     await pieces.aclose()
                     await response.aclose()
-                attempt += 1
-                if not await self.retry.wait(attempt, None, failure, reporter):
-                    raise failure
-                self.retry_count += 1
+                attempt = await self._next_attempt(attempt, failure, reporter)
         finally:
-            pool.release(shard)
+            self._pool.release(shard)
+
+    async def _next_attempt(self, attempt: int, failure: ModelError, reporter: Reporter) -> int:
+        """The number of the next attempt, once the retry wait is over; ``failure``
+        raised when no retry is left (or an interrupt cut the wait)."""
+        attempt += 1
+        if not await self.retry.wait(attempt, None, failure, reporter):
+            raise failure
+        self.retry_count += 1
+        return attempt
 
     async def _open(
         self, http: httpx.AsyncClient, body: bytes, stream: bool, reporter: Reporter
@@ -647,6 +643,31 @@ def _note_dropped(reporter: Reporter, error: ModelError) -> None:
         "may have arrived", reporter.model, reporter.host, type(error).__name__,
     )
     log.debug("model %r at %s: %s", reporter.model, reporter.host, error)
+
+
+def _echoed(echo: PrefillEcho | None, chunks: list[Chunk]) -> list[Chunk]:
+    """``chunks`` with the prefix a server sent back taken out (see PrefillEcho)."""
+    return chunks if echo is None else echo.chunks(chunks)
+
+
+def _line_chunks(
+    decoder: TurnDecoder, echo: PrefillEcho | None, line: bytes
+) -> tuple[list[Chunk], PrefillEcho | None]:
+    """The chunks of one line of the stream, and the echo check still to make (None
+    once the echoed prefix, if any, is past)."""
+    chunks = decoder.line(line)
+    if echo is None:
+        return chunks, None
+    chunks = echo.chunks(chunks)
+    return chunks, None if echo.settled else echo
+
+
+def _tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
+    """The chunks of what the stream left after its last newline, and its end's."""
+    chunks = decoder.line(rest) if rest else []
+    if not decoder.finished:
+        chunks += decoder.end()
+    return chunks
 
 
 async def _drain(rest: AsyncGenerator[bytes, None]) -> None:
