@@ -1,6 +1,6 @@
 """Store overhead: the agent loop with each store against no store, loads, and HTTP rounds.
 
-    python benchmarks/bench_store.py [--rounds 200] [--repeats 7] [--postgres DSN]
+    python benchmarks/bench_store.py [--rounds 200] [--repeats 7] [--postgres DSN] [--only-budget]
 
 Every figure is printed next to its baseline from the same run (medians of interleaved
 repeats, so a noisy neighbour hurts every variant alike):
@@ -14,6 +14,9 @@ repeats, so a noisy neighbour hurts every variant alike):
 - loading a 10,000-message session (target under 150 ms for PostgreSQL).
 - what a store adds to a real HTTP tool round: the same loop against the loopback
   server (``openai:`` over httpx), the figure a user feels.
+- what keeping the session's spend before each model request costs (an agent with
+  ``session_limits``, a budget never reached, against the same store without): the
+  write that makes a kill -9 loop unable to escape a session budget.
 
 PostgreSQL runs when ``--postgres`` (or ``AIMU_BENCH_POSTGRES_DSN``, else the local
 ``postgresql://postgres@127.0.0.1:5432/test``) answers; it works in a schema of its own,
@@ -38,6 +41,7 @@ from typing import Any
 
 from aimu.aio.agent import Agent
 from aimu.aio.client import client
+from aimu.aio.limits import UsageLimits
 from aimu.aio.store import JSONLStore, SQLiteStore, Store
 from aimu.aio.transcript import Message, dumps, validate
 from aimu.testing.script import ScriptedCall, Turn
@@ -106,7 +110,8 @@ def _makers(directory: Path, dsn: str | None, schema: str) -> dict[str, Maker]:
 
 
 async def _timed_run(
-    model: Any, rounds: int, store: Store | None, session: str
+    model: Any, rounds: int, store: Store | None, session: str,
+    session_limits: UsageLimits | None = None,
 ) -> float:
     """One run of ``rounds`` tool rounds; the session is opened before the clock starts."""
     agent = Agent(
@@ -115,6 +120,7 @@ async def _timed_run(
         max_rounds=rounds + 1,
         store=store,
         session=session if store is not None else None,
+        session_limits=session_limits,
     )
     try:
         await agent.open()
@@ -161,6 +167,37 @@ async def _compare(
             ratio = statistics.median(times[label]) / rounds / base
             verdict = "met" if ratio <= target else "MISSED"
             print(f"  target {label} <= {target:.2f}x no store: {verdict} ({ratio:.2f}x)")
+
+
+async def bench_budget(makers: dict[str, Maker], rounds: int, repeats: int) -> None:
+    """Each store with and without ``session_limits`` (never reached), interleaved: the
+    cost of keeping the session's spend before each model request."""
+    limits = UsageLimits(requests=10**9)
+    labels = [label for label in makers if label != "no store"]
+    print(f"\nthe session's spend kept before each request (session_limits), {rounds} tool "
+          f"rounds, median of {repeats}")
+    stores = {label: makers[label]() for label in labels}
+    times: dict[tuple[str, bool], list[float]] = {
+        (label, kept): [] for label in labels for kept in (False, True)
+    }
+    try:
+        for repeat in range(repeats):
+            for label, store in stores.items():
+                for kept in (False, True):
+                    session = f"budget-{uuid.uuid4().hex[:8]}-{repeat}"
+                    model = ScriptedModel(_script(rounds), record=False)
+                    times[(label, kept)].append(await _timed_run(
+                        model, rounds, store, session, limits if kept else None
+                    ))
+    finally:
+        for store in stores.values():
+            if store is not None:
+                await store.aclose()
+    for label in labels:
+        plain = statistics.median(times[(label, False)]) / rounds
+        kept_ = statistics.median(times[(label, True)]) / rounds
+        print(f"  {label:<42} {plain * 1e6:8.1f} -> {kept_ * 1e6:8.1f} us/round   "
+              f"(+{(kept_ - plain) * 1e6:.1f} us a request, {kept_ / plain:.2f}x)")
 
 
 def _messages(count: int) -> list[Message]:
@@ -296,12 +333,16 @@ async def run(args: argparse.Namespace, directory: Path) -> None:
                "PostgresStore (synchronous_commit on)": 3.0}
     try:
         rounds = args.rounds
+        if args.only_budget:
+            await bench_budget(makers, rounds, args.repeats)
+            return
         await _compare(
             f"agent loop, scripted model, {rounds} tool rounds (2 messages each), "
             f"median of {args.repeats}",
             makers, rounds, args.repeats, lambda: ScriptedModel(_script(rounds), record=False),
             targets,
         )
+        await bench_budget(makers, rounds, args.repeats)
         await bench_append(makers, directory, dsn, schema, args.appends)
         await bench_load(makers, args.repeats, args.load)
         http_rounds = min(rounds, 50)
@@ -325,6 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--appends", type=int, default=1000, help="appends timed per store")
     parser.add_argument("--load", type=int, default=10_000, help="messages in the loaded session")
     parser.add_argument("--postgres", default=None, help="a PostgreSQL DSN to measure")
+    parser.add_argument("--only-budget", action="store_true",
+                        help="only the cost of keeping the spend before each request")
     args = parser.parse_args(argv)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus")
     with tempfile.TemporaryDirectory(prefix="aimu-bench-store-") as name:

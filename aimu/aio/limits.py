@@ -431,7 +431,14 @@ class Budget:
             price = each.price_of(model) or price
         self.model, self.price = model, price
 
-    def count_tokens(self, usage: Usage, *, estimated: bool) -> None:
+    def count_tokens(
+        self, usage: Usage, *, estimated: bool, less: Usage | None = None
+    ) -> None:
+        """Count ``usage``; ``less``: what was counted for it up front (an estimate made
+        before the request was sent), taken back now that the usage is known."""
+        if less is not None:
+            usage = {"input_tokens": usage["input_tokens"] - less["input_tokens"],
+                     "output_tokens": usage["output_tokens"] - less["output_tokens"]}
         self.run.add_tokens(usage, self.price, estimated=estimated)
         self.session.add_tokens(usage, self.price, estimated=estimated)
         if self.shared is not None:

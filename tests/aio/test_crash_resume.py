@@ -136,10 +136,13 @@ def model_turn(request: Mapping[str, Any]) -> Turn:
 class Child:
     """A child run whose acknowledgement lines are read without ever blocking for long."""
 
-    def __init__(self, where: Backend, scratch: Path, protocol: str, url: str) -> None:
+    def __init__(
+        self, where: Backend, scratch: Path, protocol: str, url: str,
+        program: str = CHILD, args: tuple[str, ...] = (str(TASKS), str(ROUNDS)),
+    ) -> None:
         self._stderr = (scratch / "child-stderr.txt").open("w+b")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", CHILD, where.spec, protocol, url, str(TASKS), str(ROUNDS)],
+            [sys.executable, "-c", program, where.spec, protocol, url, *args],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             cwd=ROOT,
@@ -396,3 +399,89 @@ def test_restore_is_durable_when_it_returns_a_kill_9_then_loses_nothing(
         assert json.loads(line or "null") == ["restored"], stderr.read().decode()[-3000:]
     transcript, _, _ = _load(where)
     assert transcript == conversation(2)
+
+
+BUDGET_CHILD = """
+import asyncio, json, sys
+from aimu import aio
+from aimu.aio.events import RunFinished, TextChunk
+
+SPEC, PROTOCOL, URL, LIMIT, MOST = sys.argv[1:6]
+
+
+def ack(*fields):
+    print(json.dumps(fields), flush=True)
+
+
+async def main():
+    store = eval(SPEC, {"aio": aio})
+    model = aio.client("openai:budget", base_url=URL, api_key="unused")
+    limits = aio.UsageLimits(**{LIMIT: int(MOST)})
+    try:
+        async with aio.Agent(model, store=store, session="budget", session_limits=limits) as agent:
+            async for event in agent.run("tell me a story", stream=True):
+                if isinstance(event, TextChunk):
+                    ack("text")
+                elif isinstance(event, RunFinished):
+                    ack("finished", event.status, event.stop_reason)
+    finally:
+        await store.aclose()
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "limit", "most"),
+    [("sqlite", "requests", 3), ("jsonl", "requests", 3), ("postgres", "requests", 3),
+     ("sqlite", "total_tokens", 40)],
+    indirect=["kind"],
+)
+def test_a_kill_9_loop_cannot_escape_a_session_budget(
+    kind: str, limit: str, most: int, where: Backend, tmp_path: Path
+) -> None:
+    """Issue 29 item 3 (issue 34 item 2): with ``session_limits`` and a store, kill -9 the
+    process while a reply streams, again and again: the spend is stored before each
+    request is sent (its tokens estimated), so the kills end once the budget is spent
+    and the next run is refused; before, each run counted nothing and all seven ran."""
+    streams = Turn(text="once upon a time", fault="hang", fault_after=1)  # then silence
+    with LoopbackServer.in_thread(lambda request: streams) as server:
+        kills = 0
+        outcomes: list[list[Any]] = []
+        for _ in range(7):
+            child = Child(where, tmp_path, "openai", server.openai_base_url,
+                          BUDGET_CHILD, (limit, str(most)))
+            try:
+                child.wait_for_lines(1)  # a reply streams, or the run was refused
+                if child.lines[0] == ["text"]:
+                    child.kill()
+                    kills += 1
+                    continue
+                child.finish()
+                assert child.process.returncode == 0, child.stderr[-3000:]
+                outcomes.append(child.lines[0])
+            finally:
+                if child.process.poll() is None:
+                    child.process.kill()
+                    child.finish()
+        chats = [r for r in server.requests if r.path.endswith("/chat/completions")]
+
+    assert outcomes and all(o == ["finished", "limited", f"limit:{limit}"] for o in outcomes)
+    assert kills == len(chats) < 7
+    if limit == "requests":
+        assert kills == most  # the fourth run and every later one: refused before sending
+
+    async def stored_spend() -> dict[str, Any]:
+        store = where.make()
+        try:
+            return dict((await store.load_state("budget"))["spend"])
+        finally:
+            await store.aclose()
+
+    spend = asyncio.run(stored_spend())
+    assert spend["requests"] == kills
+    assert spend["input_tokens"] > 0  # estimated before each request was sent
+    if limit == "total_tokens":
+        assert spend["input_tokens"] + spend["output_tokens"] >= most

@@ -192,3 +192,72 @@ async def test_the_summary_goes_over_the_wire(
     assert bodies[2]["messages"][0]["content"] == (
         "Summary of the earlier conversation:\nSUMMARY 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("unusable", "said"),
+    [(Turn(text=""), "nothing"), (Turn(text="  \n "), "only whitespace"),
+     (Turn(tool_calls=[ScriptedCall("lookup", {"city": "Oslo"})]), "only a tool call")],
+    ids=["empty", "whitespace", "tool call"],
+)
+async def test_an_unusable_summary_fails_the_run_and_keeps_the_older_turns(
+    unusable: Turn, said: str, tmp_path: Path
+) -> None:
+    """Issue 29 item 4: a summary of "", whitespace or only a tool call was kept, and the
+    older turns vanished from every later request. Now the run ends failed naming the
+    policy, nothing is summarised (stored or not), and a resume asks again."""
+    script = Script()
+    answers: list[Turn] = [unusable]
+
+    def model_turn(request: dict[str, Any]) -> Turn:
+        if is_summary(request) and answers:
+            return answers.pop()
+        return script(request)
+
+    model = ScriptedModel(model_turn)
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        agent = aio.Agent(model, tools=[lookup], store=store, session="s",
+                          context=aio.SummarizeOlderTurns(keep=1))
+        assert await agent.run("t1") == "answer to t1"
+        with pytest.raises(aio.ModelError, match=rf"SummarizeOlderTurns\(keep=1\).*{said}"):
+            await agent.run("t2")
+        assert agent.last_status == "failed" and agent.last_run is not None
+        assert agent.last_run.error is not None and "older turns stay" in agent.last_run.error
+        assert len(chat_requests(model)) == 1  # the turn was not asked without its past
+        assert "summary" not in await store.load_state("s")
+        validate(agent.messages)
+        assert await agent.resume() == "answer to t2"  # asked again, and this one is good
+        assert script.summaries == 1
+        sent = chat_requests(model)[-1]["messages"]
+        assert "SUMMARY 1" in sent[0]["content"] and sent[-1]["content"] == "t2"
+        await agent.aclose()
+
+
+async def test_a_workflow_snapshot_carries_the_summary_so_a_restored_one_does_not_ask() -> None:
+    """Issue 29 item 4: a step's summary is in the workflow's state; a workflow restored
+    from it resumes without asking for that summary again."""
+    script = Script()
+    model = ScriptedModel(script)
+
+    def chain() -> aio.Chain:
+        return aio.Chain([aio.Agent(model, tools=[lookup],
+                                    context=aio.SummarizeOlderTurns(keep=1))])
+
+    first = chain()
+    calls = 0
+    async for event in first.run("tool t1", stream=True):
+        if isinstance(event, aio.ToolCallStarted):
+            calls += 1
+            if calls == 1:
+                first.send("tool t2")  # a second turn: the first becomes old
+            else:
+                first.interrupt()  # after the summary was made for it
+    assert first.last_status == "interrupted" and script.summaries == 1
+    state = first.state
+    assert state["steps"][0]["summary"]["text"] == "SUMMARY 1"
+    again = chain()
+    again.restore(state)
+    assert await again.resume() == "answer to tool t2"
+    assert script.summaries == 1  # not asked again
+    sent = chat_requests(model)[-1]["messages"]
+    assert "SUMMARY 1" in sent[0]["content"]

@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 from aimu.aio._session import Carried
 from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingApproval, bound
 from aimu.aio.client import ModelClient
-from aimu.aio.context import ContextPolicy
+from aimu.aio.context import ContextPolicy, Summary
 from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.instructions import Instructions
@@ -355,6 +355,9 @@ class Agent(Runnable[OutputT]):
         session = fresh._session
         session.restore(cast(list[Message], messages), approvals)
         session.durable.carried = Carried.load(snapshot.get("sent"), messages, "the snapshot")
+        session.durable.summary = Summary.load(
+            snapshot.get("summary"), len(messages), "the snapshot"
+        )
         session.usage = load_usage(snapshot.get("usage"), "the snapshot")
         return fresh
 

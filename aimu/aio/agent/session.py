@@ -201,6 +201,8 @@ class Session:
         }
         if self.durable.carried.messages:  # text sent to a paused run: it joins the resumed one
             snapshot["sent"] = self.durable.carried.dump()
+        if self.durable.summary is not None:  # so a restored workflow does not ask again
+            snapshot["summary"] = self.durable.summary.dump()
         return snapshot
 
     async def record(self, message: Message) -> None:

@@ -79,6 +79,8 @@ def _kept_partial(session: Session, run: RunState) -> list[Message]:
     messages = session.client.messages
     inflight = run.turn
     if inflight is None or not inflight.assembler.started:
+        if inflight is not None:
+            run.count_unanswered(inflight)  # no byte answered: its estimate goes
         return []
     unstored: list[Message] = []
     partial = inflight.assembler.message()

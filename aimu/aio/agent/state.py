@@ -95,7 +95,9 @@ class TurnInFlight:
     """The model turn in flight: what has streamed, where its request's messages end (to
     estimate a cut turn's usage), whether it is the last turn ``max_rounds`` allows, the
     cut answer it continues (sent as the assistant's prefix), whether its request asked
-    for the output schema, and the argument errors of its calls by id."""
+    for the output schema, and the argument errors of its calls by id. ``counted``: the
+    tokens its request was counted for before it was sent (an estimate that the usage,
+    or a cut turn's estimate, replaces)."""
 
     assembler: TurnAssembler
     request_end: int
@@ -103,6 +105,7 @@ class TurnInFlight:
     prefix: AssistantMessage | None = None
     schema_asked: bool = False
     argument_errors: dict[str, str] = field(default_factory=dict)
+    counted: Usage | None = None
 
 
 class RunState:
@@ -210,4 +213,10 @@ class RunState:
         add_usage(self.usage, usage)
         self.usage_estimated = True
         if self.budget is not None:
-            self.budget.count_tokens(usage, estimated=True)
+            self.budget.count_tokens(usage, estimated=True, less=inflight.counted)
+
+    def count_unanswered(self, inflight: TurnInFlight) -> None:
+        """A request that no byte of a reply answered: its tokens counted up front are
+        taken back (the request itself stays counted)."""
+        if self.budget is not None and inflight.counted is not None:
+            self.budget.count_tokens(zero_usage(), estimated=False, less=inflight.counted)

@@ -22,7 +22,7 @@ from aimu.aio.limits import LimitHit, estimate_tokens, transcript_chars
 from aimu.aio.output import is_correction, turn_request
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.tools import ToolOutcome
-from aimu.aio.transcript import AssistantMessage, Message, add_usage
+from aimu.aio.transcript import AssistantMessage, Message, Usage, add_usage, zero_usage
 
 from .session import Session, tool_message
 from .state import FINAL_TURN_PROMPT, NEEDS_MODEL, NeedsTools, RunState, TurnInFlight
@@ -57,6 +57,7 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     watch, streamed, hit = budget.watch, 0, None
     token: Token[RunScope | None] | None = current_scope.set(run.scope)
     try:
+        await _counted_before_sending(session, run, inflight)
         async for chunk in chunks:
             if token is not None:  # the first chunk: the request is open, retries over
                 current_scope.reset(token)
@@ -80,6 +81,8 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
         # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
         # this turn exists, so the interrupt is honoured as at a step boundary.
         run.error = error_text(error)
+        run.count_unanswered(inflight)
+        run.turn = None
         run.interrupted()
         return
     finally:
@@ -108,6 +111,21 @@ async def _before_request(session: Session, run: RunState, final_turn: bool) -> 
             run.limited(run.budget.wall_hit())
             return False
     return True
+
+
+async def _counted_before_sending(
+    session: Session, run: RunState, inflight: TurnInFlight
+) -> None:
+    """Count the request's tokens up front (an estimate, replaced when the usage comes)
+    and, with a store and ``session_limits``, keep the session's spend before the request
+    is sent: a crash can lose the answer, never the count, so no kill loop escapes a
+    session budget. (Without session limits the spend is stored as the run settles.)"""
+    budget = run.budget
+    assert budget is not None
+    inflight.counted = {"input_tokens": _prompt_tokens(session), "output_tokens": 0}
+    budget.count_tokens(inflight.counted, estimated=False)
+    if budget.session_limits_set and session.durable.writer is not None:
+        await session.save_state()
 
 
 def _request(
@@ -232,8 +250,16 @@ async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurn
     assert budget is not None
     run.requests += 1
     budget.count_request()
+    request = policy.request(durable.summary, older)
+    # Counted (its tokens estimated) and kept before it is sent, as a turn's request;
+    # a summary cut short keeps the estimate.
+    counted: Usage = {"input_tokens": estimate_tokens(transcript_chars(request, 0)),
+                      "output_tokens": 0}
+    budget.count_tokens(counted, estimated=False)
+    if budget.session_limits_set and durable.writer is not None:
+        await session.save_state()
     assembler = TurnAssembler()
-    stream = session.client.stream_turn(policy.request(durable.summary, older), None)
+    stream = session.client.stream_turn(request, None)
     chunks = stream if run.wall is None else walled(stream, run.wall)
     token = current_scope.set(run.scope)  # no event goes out: current throughout
     try:
@@ -243,9 +269,30 @@ async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurn
         current_scope.reset(token)
         await chunks.aclose()
     add_usage(run.usage, assembler.usage)
-    budget.count_tokens(assembler.usage, estimated=False)
-    durable.summary = Summary(cut, assembler.text.strip())
+    budget.count_tokens(assembler.usage, estimated=False, less=counted)
+    text = assembler.text.strip()
+    if not text:  # kept, it would drop the older turns from every later request
+        raise _unusable_summary(session, policy, assembler)
+    durable.summary = Summary(cut, text)
     await session.save_state()
+
+
+def _unusable_summary(
+    session: Session, policy: SummarizeOlderTurns, assembler: TurnAssembler
+) -> ModelError:
+    """The run's error for a summary with no text: the older turns stay in view."""
+    host = session.client.host
+    said = (
+        "only a tool call" if assembler.tool_calls
+        else "only whitespace" if assembler.text else "nothing"
+    )
+    return ModelError(
+        f"SummarizeOlderTurns(keep={policy.keep}): the model at {host} answered the "
+        f"request to summarise the older turns with {said}, so nothing was summarised and "
+        "the older turns stay as they are (the run stops rather than drop them); resume "
+        "to ask for the summary again, or use another context policy",
+        host=host,
+    )
 
 
 async def _cut_by_limit(
@@ -290,11 +337,12 @@ async def _end_turn(
     usage = inflight.assembler.usage
     add_usage(run.usage, usage)
     if run.budget is not None:
-        # Priced as the model that answered (a FallbackModel may have handed the turn on).
+        # The estimate counted up front goes (at the price it was counted at); the usage
+        # comes in, priced as the model that answered (a FallbackModel may have handed
+        # the turn on).
+        run.budget.count_tokens(zero_usage(), estimated=False, less=inflight.counted)
         run.budget.reprice(session.client.answered_model)
         run.budget.count_tokens(usage, estimated=False)
-        if run.budget.session_limits_set:
-            await session.save_state()  # the session's spend, durable turn by turn
     if usage["input_tokens"]:  # the server counted: later estimates start from here
         session.known = (
             len(session.client.messages), usage["input_tokens"] + usage["output_tokens"]
