@@ -10,12 +10,18 @@ agent records through it; nothing here runs a model or a tool.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from aimu.aio.approvals import Approvals
 from aimu.aio.context import Summary
+from aimu.aio.errors import StoreError
 from aimu.aio.limits import Spend
+from aimu.aio.store._protocol import RunRecord
 from aimu.aio.transcript import Message, UserMessage, validate
 
 if TYPE_CHECKING:
@@ -23,12 +29,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Carried", "SessionRecord", "carried_message"]
 
+log = logging.getLogger("aimu.aio.agent")
+
 
 class SessionRecord:
     """The store session of one agent session, and the state kept beside it."""
 
     __slots__ = (
-        "carried", "name", "remote", "spend", "state_stale", "store", "summary",
+        "carried", "name", "remote", "run", "spend", "state_stale", "store", "summary",
         "transcript_stale", "writer",
     )
 
@@ -52,6 +60,8 @@ class SessionRecord:
         #: its handle and ``at``, the transcript's length when it started. Loaded, it is
         #: picked up again if the transcript has nothing after it (the run died in it).
         self.remote: dict[str, Any] | None = None
+        #: The record of the run going on now, as stored when it started (status running).
+        self.run: RunRecord | None = None
 
     def forget(self) -> None:
         """The transcript was replaced (reset, restore): what the state said of it goes,
@@ -108,6 +118,38 @@ class SessionRecord:
         finally:
             self.writer = None
             await writer.aclose()
+
+    async def start_run(self, agent: str) -> None:
+        """Store the record of a run starting now (status ``running``) before it does
+        anything: a process that dies in the run leaves it so."""
+        if self.writer is None or self.name is None:
+            return
+        record = RunRecord(
+            id=uuid.uuid4().hex, session=self.name, agent=agent, started=time.time(),
+            status="running",
+        )
+        await self.writer.record_run(record)
+        self.run = record
+
+    async def end_run(self, messages: Sequence[Message], first: int, **ended: Any) -> None:
+        """Store how the run started by :meth:`start_run` ended (``ended``: the
+        :class:`RunRecord` fields to set); the models are those that wrote
+        ``messages[first:]``. A store that fails now is logged: the record then says
+        ``running``, as if the process had died, and the transcript is stored already."""
+        record, self.run = self.run, None
+        if record is None or self.writer is None:
+            return
+        models: dict[str, None] = {}
+        for message in messages[first:]:
+            model = message.get("aimu_model") if message["role"] == "assistant" else None
+            if isinstance(model, str):
+                models[model] = None
+        record = dataclasses.replace(record, ended=time.time(), models=tuple(models), **ended)
+        try:
+            await self.writer.record_run(record)
+        except StoreError as error:
+            log.warning("session %r: cannot record how run %s ended: %s", self.name,
+                        record.id, error)
 
     async def save_state(self, approvals: Approvals) -> None:
         """Store the session's state: the approvals, the messages a pause carries, the

@@ -18,6 +18,7 @@ from aimu.aio.journal import IN_DOUBT_RESULT, settle_in_doubt
 from aimu.aio.output import is_correction
 from aimu.aio.providers._unicode import clean
 from aimu.aio.scope import RunScope
+from aimu.aio.store._protocol import check_run_status
 from aimu.aio.tools import ToolOutcome
 from aimu.aio.transcript import (
     CANCELLED_RESULT,
@@ -37,8 +38,11 @@ from .config import Config
 from .state import FINAL_TURN_PROMPT
 
 if TYPE_CHECKING:
+    from aimu.aio._stops import Stop
     from aimu.aio.events import RunStatus
     from aimu.aio.store import SessionStatus, SessionWriter, Store, ToolStart
+
+    from .state import RunState
 
 __all__ = ["Session", "StoredSession", "joined", "tool_message"]
 
@@ -128,6 +132,12 @@ class Session:
 
     async def journal_start(self, call: ToolCall) -> None:
         """Durably note that ``call`` starts (see :mod:`aimu.aio.journal`)."""
+
+    async def start_run(self) -> None:
+        """Store the record of the run starting now (status ``running``)."""
+
+    async def end_run(self, run: RunState, stop: Stop) -> None:
+        """Store how the run started by :meth:`start_run` ended (``stop``)."""
 
     # -- the transcript ----------------------------------------------------------------
 
@@ -352,6 +362,19 @@ class StoredSession(Session):
     async def set_status(self, status: SessionStatus) -> None:
         if self.durable.writer is not None:
             await self.durable.writer.set_status(status)
+
+    async def start_run(self) -> None:
+        await self.durable.start_run(self.config.name)
+
+    async def end_run(self, run: RunState, stop: Stop) -> None:
+        if self.durable.run is None:
+            return
+        await self.durable.end_run(
+            self.client.messages, run.first, status=check_run_status(stop.status),
+            reason=stop.reason, stop_reason=run.stop_reason, usage=dict(run.usage),
+            spend=None if run.budget is None else run.budget.run.dump(),
+            limit=None if run.limit is None else run.limit.message,
+        )
 
     async def journal_start(self, call: ToolCall) -> None:
         """With the store open, durably note that ``call`` starts: if the process dies

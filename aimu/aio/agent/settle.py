@@ -65,8 +65,9 @@ async def settle(
         result = _result_of(session, run)
         close_scope(result)
     final = run_finished(result)
-    run.scope.emit(final)
     stop = _stop_of(session, run, final, stopped_by or run.store_error)
+    await session.end_run(run, stop)  # the run's record, before anyone sees it end
+    run.scope.emit(final)
     run.spans.finished(final, stop.status, stop.reason)
     stop.log(session.config.name)
     return final

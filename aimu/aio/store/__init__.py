@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from aimu.aio.store._protocol import (
+    RunRecord,
     SessionInfo,
     SessionStatus,
     SessionWriter,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "JSONLStore",
     "PostgresStore",
+    "RunRecord",
     "SQLiteStore",
     "SessionInfo",
     "SessionStatus",

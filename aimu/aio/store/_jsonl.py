@@ -27,10 +27,15 @@ from aimu.aio.store._fsync import DataFile, FileSyncer
 from aimu.aio.store._lock import SessionLock
 from aimu.aio.store._protocol import (
     STATUSES,
+    RunRecord,
     SessionInfo,
     SessionStatus,
     ToolStart,
+    check_run_id,
+    check_run_of,
     check_status,
+    runs_page,
+    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
@@ -39,6 +44,10 @@ from aimu.aio.transcript import Message, validate
 __all__ = ["JSONLStore"]
 
 _META: Final = b'{"aimu_meta":'
+#: The runs of every session, beside the session files: one JSON line per write of a run
+#: record (the last line of an id is its record), and a line ``{"deleted": session}``
+#: when a session is deleted. Not a ``.jsonl`` name, so never taken for a session.
+RUNS_FILE: Final = "runs.ndjson"
 _JSONL_VERSION: Final = 1
 
 
@@ -240,6 +249,78 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
                 found.append(info)
         return found
 
+    def _write_run_line(self, line: bytes) -> None:
+        """Append one line to the runs file (one write: lines of several processes
+        never interleave); fsynced in the background like a session's lines."""
+        path = self.directory / RUNS_FILE
+        try:
+            fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+        except OSError as error:
+            raise StoreError(f"cannot open {path}: {error}") from error
+        file = DataFile(path, fd, dir_dirty=False)
+        try:
+            done = 0
+            while done < len(line):
+                done += os.write(fd, line[done:])
+        except OSError as error:
+            os.close(fd)
+            raise StoreError(f"cannot write to {path}: {error}") from error
+        file.written = 1
+        if self._syncer is None:
+            os.close(fd)
+            return
+        file.dir_dirty = True  # the file may be new
+        file.closing = True
+        self._syncer.request(file)  # fsynced, then closed, on the syncer's thread
+
+    def _run_records(self) -> dict[str, RunRecord]:
+        """Every run's last record, by id, in the order they were first written."""
+        path = self.directory / RUNS_FILE
+        data = self._read(path)
+        records: dict[str, RunRecord] = {}
+        if data is None:
+            return records
+        for number, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                if isinstance(item, dict) and isinstance(item.get("deleted"), str):
+                    deleted = item["deleted"]
+                    records = {k: r for k, r in records.items() if r.session != deleted}
+                    continue
+                if not isinstance(item, dict):
+                    raise ValueError("not a JSON object")
+                record = RunRecord.from_json(item)
+            except ValueError as error:  # a line a full disk or a crash cut: skipped
+                warn_torn(f"{path} line {number}", str(error))
+                continue
+            records[record.id] = record
+        return records
+
+    async def runs(
+        self,
+        session: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        before: str | None = None,
+    ) -> list[RunRecord]:
+        session, status, limit, before = runs_page(session, status, limit, before)
+        records = self._run_records()
+        found = sorted(records.values(), key=lambda r: (r.started, r.id), reverse=True)
+        if before is not None:
+            if before not in records:
+                raise unknown_run(before)
+            mark = (records[before].started, before)
+            found = [r for r in found if (r.started, r.id) < mark]
+        return [
+            r for r in found
+            if (session is None or r.session == session) and (status is None or r.status == status)
+        ][:limit]
+
+    async def run(self, run_id: str) -> RunRecord | None:
+        return self._run_records().get(check_run_id(run_id))
+
     async def open_session(self, session: str) -> _JSONLWriter:
         path = self._path(session)
         with self._mutex:
@@ -261,6 +342,8 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
                     return False
                 if self.fsync:
                     fsync_dir(self.directory)
+                if (self.directory / RUNS_FILE).exists():
+                    self._write_run_line(_ENCODE({"deleted": session}).encode() + b"\n")
                 return True
             finally:
                 lock.release(unlink=True)
@@ -399,6 +482,12 @@ class _JSONLWriter(WriterBase):
             self._check_open("save the state")
             self._write(self._data_file(), line)
             self._state = line
+
+    async def record_run(self, record: RunRecord) -> None:
+        line = _ENCODE(check_run_of(record, self.session).to_json()).encode() + b"\n"
+        with self._mutex:
+            self._check_open("record a run")
+            self._store._write_run_line(line)
 
     async def replace(self, messages: Sequence[Message]) -> None:
         with self._mutex:

@@ -30,11 +30,20 @@ from aimu.aio.errors import (
 )
 from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
 from aimu.aio.store._protocol import (
+    RUN_COLUMNS,
+    RunRecord,
     SessionInfo,
     SessionStatus,
     ToolStart,
+    check_run_id,
+    check_run_of,
     check_status,
+    run_record,
+    run_row,
+    runs_page,
+    runs_query,
     session_info,
+    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_locked, note_unfinished
@@ -47,7 +56,8 @@ except ImportError as missing:  # pragma: no cover - the extra is in the test in
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+# Version 2 added the runs table: an older schema gets it on first use (IF NOT EXISTS).
 _T = TypeVar("_T")
 
 # {s} is the quoted schema name. Bodies are kept as text (not jsonb): stored byte for
@@ -77,6 +87,25 @@ CREATE TABLE IF NOT EXISTS {s}.tool_starts (
     at double precision NOT NULL,
     PRIMARY KEY (session, call_id)
 );
+CREATE TABLE IF NOT EXISTS {s}.runs (
+    id text PRIMARY KEY,
+    session text NOT NULL,
+    agent text NOT NULL,
+    parent text,
+    started double precision NOT NULL,
+    ended double precision,
+    status text NOT NULL,
+    reason text,
+    stop_reason text,
+    usage text,
+    spend text,
+    run_limit text,
+    models text NOT NULL,
+    recover boolean NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_start ON {s}.runs (started, id);
+CREATE INDEX IF NOT EXISTS runs_by_session ON {s}.runs (session, started, id);
+CREATE INDEX IF NOT EXISTS runs_by_status ON {s}.runs (status, started, id);
 """
 
 #: Connection failures that mean the database went away (the writer is then dead).
@@ -391,6 +420,37 @@ class PostgresStore:
         )
         return [session_info(tuple(row)) for row in rows]
 
+    async def runs(
+        self,
+        session: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        before: str | None = None,
+    ) -> list[RunRecord]:
+        session, status, limit, before = runs_page(session, status, limit, before)
+        sql, parameters = runs_query(
+            f"{self._s}.runs", session, status, before, limit, lambda n: f"${n}"
+        )
+
+        async def read(conn: asyncpg.Connection) -> list[RunRecord]:
+            if before is not None and not await conn.fetchval(
+                f"SELECT EXISTS (SELECT 1 FROM {self._s}.runs WHERE id = $1)", before
+            ):
+                raise unknown_run(before)
+            return [run_record(tuple(row)) for row in await conn.fetch(sql, *parameters)]
+
+        return await self._read("read the runs", read)
+
+    async def run(self, run_id: str) -> RunRecord | None:
+        check_run_id(run_id)
+        rows = await self._read(
+            f"read run {run_id!r}",
+            lambda conn: conn.fetch(
+                f"SELECT {', '.join(RUN_COLUMNS)} FROM {self._s}.runs WHERE id = $1", run_id
+            ),
+        )
+        return run_record(tuple(rows[0])) if rows else None
+
     # -- writing -------------------------------------------------------------------
 
     async def open_session(self, session: str) -> _PostgresWriter:
@@ -464,7 +524,7 @@ class PostgresStore:
                         f"session {session!r} is open for writing (an advisory lock in "
                         f"{self._where}); close that writer before deleting it"
                     )
-                for table in ("messages", "tool_starts"):
+                for table in ("messages", "tool_starts", "runs"):
                     await conn.execute(
                         f"DELETE FROM {self._s}.{table} WHERE session = $1", session
                     )
@@ -658,6 +718,18 @@ class _PostgresWriter:
     async def save_state(self, state: Mapping[str, Any]) -> None:
         self._live("save the state")
         await self._set_field("state", encode_state(state, self.session), "save the state of")
+
+    async def record_run(self, record: RunRecord) -> None:
+        self._live("record a run")
+        row = run_row(check_run_of(record, self.session))
+        columns = ", ".join(RUN_COLUMNS)
+        marks = ", ".join(f"${n}" for n in range(1, len(RUN_COLUMNS) + 1))
+        updates = ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS[1:])
+        await self._statement(
+            f"INSERT INTO {self._s}.runs ({columns}) VALUES ({marks}) "
+            f"ON CONFLICT (id) DO UPDATE SET {updates}",
+            *row, what=f"record run {record.id!r} of",
+        )
 
     async def _set_field(self, column: str, value: str, what: str) -> None:
         """Set one column of the session's row (creating the row if needed)."""

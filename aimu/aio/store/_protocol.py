@@ -9,21 +9,33 @@ status, a tool journal (:class:`ToolStart`) and a JSON state object.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeAlias, cast, get_args, runtime_checkable
 
 from aimu.aio.transcript import Message
 
 __all__ = [
+    "RUN_STATUSES",
+    "RunRecord",
+    "RunRecordStatus",
     "SessionInfo",
     "SessionStatus",
     "SessionWriter",
     "Store",
     "ToolStart",
+    "check_run_id",
+    "check_run_of",
+    "check_run_status",
     "check_status",
+    "run_record",
+    "run_row",
+    "runs_page",
+    "runs_query",
     "session_info",
+    "unknown_run",
     "validate_session_name",
 ]
 
@@ -35,6 +47,14 @@ STATUSES: Final = frozenset(get_args(SessionStatus))
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
+RunRecordStatus: TypeAlias = Literal[
+    "running", "completed", "incomplete", "interrupted", "cancelled", "timed_out", "failed",
+    "max_rounds", "paused", "limited",
+]
+RUN_STATUSES: Final = frozenset(get_args(RunRecordStatus))
+#: The most runs one call of :meth:`Store.runs` returns.
+MAX_RUNS_PAGE: Final = 1000
+
 
 def validate_session_name(name: str) -> str:
     """Return ``name`` if it is a valid session name, else raise ``ValueError`` naming it.
@@ -42,24 +62,212 @@ def validate_session_name(name: str) -> str:
     Valid: 1-128 characters from ``[A-Za-z0-9._-]``, and not ``.`` or ``..``; so a name
     can never reach outside a store's directory.
     """
+    return _checked_name(name, "session name")
+
+
+def _checked_name(name: str, what: str) -> str:
     if not isinstance(name, str):
-        raise TypeError(f"a session name is a str, got {type(name).__name__}")
+        raise TypeError(f"a {what} is a str, got {type(name).__name__}")
     if _NAME.fullmatch(name) is None or name in (".", ".."):
         raise ValueError(
-            f"invalid session name {name!r:.150}: use 1-128 characters from A-Z a-z 0-9 . _ - "
+            f"invalid {what} {name!r:.150}: use 1-128 characters from A-Z a-z 0-9 . _ - "
             "(not '.' or '..')"
         )
     return name
 
 
+def _checked_status(status: str, known: frozenset[str], what: str) -> str:
+    if status not in known:
+        raise ValueError(
+            f"unknown {what} status {status!r:.100}; expected one of {', '.join(sorted(known))}"
+        )
+    return status
+
+
 def check_status(status: str) -> SessionStatus:
     """Return ``status`` if it is a :data:`SessionStatus`, else raise ``ValueError``."""
-    if status not in STATUSES:
+    return cast(SessionStatus, _checked_status(status, STATUSES, "session"))
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a valid run id (the session name rules), else raise
+    ``ValueError`` naming it."""
+    return _checked_name(run_id, "run id")
+
+
+def check_run_status(status: str) -> RunRecordStatus:
+    """Return ``status`` if it is a :data:`RunRecordStatus`, else raise ``ValueError``."""
+    return cast(RunRecordStatus, _checked_status(status, RUN_STATUSES, "run"))
+
+
+def runs_page(
+    session: str | None, status: str | None, limit: int, before: str | None
+) -> tuple[str | None, RunRecordStatus | None, int, str | None]:
+    """Check the arguments of :meth:`Store.runs` (``ValueError`` naming the bad one)."""
+    if session is not None:
+        validate_session_name(session)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RUNS_PAGE:
+        raise ValueError(f"limit must be an int from 1 to {MAX_RUNS_PAGE}, got {limit!r:.50}")
+    return (
+        session,
+        None if status is None else check_run_status(status),
+        limit,
+        None if before is None else check_run_id(before),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run of an agent on a session, as its store keeps it: written with status
+    ``running`` as the run starts and again as it ends, so a run whose record still says
+    ``running`` while no process runs it died with its process. Times are
+    ``time.time()`` seconds."""
+
+    id: str
+    session: str
+    agent: str
+    started: float
+    status: RunRecordStatus
+    parent: str | None = None
+    """The run this one runs inside (agent trees); None for a top-level run."""
+    ended: float | None = None
+    reason: str | None = None
+    """Why the run ended so (a cancel's reason, the error's type, the tools waiting)."""
+    stop_reason: str | None = None
+    """Why the model stopped its last turn, as its server said ("stop", "length"...)."""
+    usage: Mapping[str, int] | None = None
+    """Tokens the run used: ``input_tokens``, ``output_tokens``."""
+    spend: Mapping[str, Any] | None = None
+    """What the run spent (:meth:`aimu.aio.Spend.dump`)."""
+    limit: str | None = None
+    """The usage limit that ended a ``limited`` run, in words."""
+    models: tuple[str, ...] = ()
+    """The models that wrote the run's replies (``"provider:model"``), in order."""
+    recover: bool = False
+    """The run is to be resumed by a process that recovers runs (drain, crash)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object (the HTTP API's and the JSONL runs file's shape)."""
+        return {
+            "id": self.id, "session": self.session, "agent": self.agent,
+            "parent": self.parent, "started": self.started, "ended": self.ended,
+            "status": self.status, "reason": self.reason, "stop_reason": self.stop_reason,
+            "usage": None if self.usage is None else dict(self.usage),
+            "spend": None if self.spend is None else dict(self.spend),
+            "limit": self.limit, "models": list(self.models), "recover": self.recover,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
+        """The record of :meth:`to_json`; ``ValueError`` if it is not one."""
+        try:
+            record = cls(
+                id=check_run_id(data["id"]),
+                session=validate_session_name(data["session"]),
+                agent=str(data["agent"]),
+                started=float(data["started"]),
+                status=check_run_status(data["status"]),
+                parent=data.get("parent"),
+                ended=None if data.get("ended") is None else float(data["ended"]),
+                reason=data.get("reason"),
+                stop_reason=data.get("stop_reason"),
+                usage=data.get("usage"),
+                spend=data.get("spend"),
+                limit=data.get("limit"),
+                models=tuple(data.get("models") or ()),
+                recover=bool(data.get("recover", False)),
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"not a run record: {error!r}") from None
+        return record
+
+
+#: The columns of a run row in the SQL stores, in order (usage, spend and models as JSON).
+RUN_COLUMNS: Final = (
+    "id", "session", "agent", "parent", "started", "ended", "status", "reason",
+    "stop_reason", "usage", "spend", "run_limit", "models", "recover",
+)
+
+
+def runs_query(
+    table: str,
+    session: str | None,
+    status: str | None,
+    before: str | None,
+    limit: int,
+    mark: Callable[[int], str],
+) -> tuple[str, list[Any]]:
+    """The SQL (and its parameters) of :meth:`Store.runs` on ``table``; ``mark(n)`` is
+    the driver's placeholder for the n-th parameter (from 1)."""
+    where: list[str] = []
+    parameters: list[Any] = []
+
+    def add(clause: str, *values: Any) -> None:
+        marks = [mark(len(parameters) + i + 1) for i in range(len(values))]
+        where.append(clause.format(*marks))
+        parameters.extend(values)
+
+    if session is not None:
+        add("session = {}", session)
+    if status is not None:
+        add("status = {}", status)
+    if before is not None:
+        add(f"(started, id) < (SELECT started, id FROM {table} WHERE id = {{}})", before)
+    sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM {table}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    parameters.append(limit)
+    sql += f" ORDER BY started DESC, id DESC LIMIT {mark(len(parameters))}"
+    return sql, parameters
+
+
+def check_run_of(record: RunRecord, session: str) -> RunRecord:
+    """``record`` if it is a valid run of ``session``, else ``ValueError`` (a writer
+    writes the runs of its own session only)."""
+    if not isinstance(record, RunRecord):
+        raise TypeError(f"a run record is a RunRecord, got {type(record).__name__}")
+    if record.session != session:
         raise ValueError(
-            f"unknown session status {status!r:.100}; expected one of "
-            f"{', '.join(sorted(STATUSES))}"
+            f"run {record.id!r} is of session {record.session!r}, not of {session!r}: "
+            "record it with that session's writer"
         )
-    return cast(SessionStatus, status)
+    check_run_id(record.id)
+    check_run_status(record.status)
+    return record
+
+
+def unknown_run(run_id: str) -> ValueError:
+    """The error of :meth:`Store.runs` for a ``before`` that names no run."""
+    return ValueError(f"unknown run id {run_id!r}: no run has it (before= takes a run's id)")
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def run_row(record: RunRecord) -> tuple[Any, ...]:
+    """``record`` as a row of :data:`RUN_COLUMNS`."""
+    return (
+        check_run_id(record.id), validate_session_name(record.session), record.agent,
+        record.parent, record.started, record.ended, check_run_status(record.status),
+        record.reason, record.stop_reason,
+        _json_text(None if record.usage is None else dict(record.usage)),
+        _json_text(None if record.spend is None else dict(record.spend)),
+        record.limit, json.dumps(list(record.models)), bool(record.recover),
+    )
+
+
+def run_record(row: Sequence[Any]) -> RunRecord:
+    """The :class:`RunRecord` of a row of :data:`RUN_COLUMNS`."""
+    (run_id, session, agent, parent, started, ended, status, reason, stop_reason, usage,
+     spend, limit, models, recover) = row
+    return RunRecord(
+        id=run_id, session=session, agent=agent, started=started, status=status,
+        parent=parent, ended=ended, reason=reason, stop_reason=stop_reason,
+        usage=None if usage is None else json.loads(usage),
+        spend=None if spend is None else json.loads(spend),
+        limit=limit, models=tuple(json.loads(models or "[]")), recover=bool(recover),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +342,11 @@ class SessionWriter(Protocol):
         """Replace the session's state (a JSON object: pending approvals, decisions)."""
         ...
 
+    async def record_run(self, record: RunRecord) -> None:
+        """Write the record of a run of this session (a new one, or the same id again:
+        it replaces the earlier record, as the run ends)."""
+        ...
+
     async def aclose(self) -> None:
         """Release the write lock; idempotent."""
         ...
@@ -167,8 +380,25 @@ class Store(Protocol):
         """The session's metadata, or None if it was never written."""
         ...
 
+    async def runs(
+        self,
+        session: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        before: str | None = None,
+    ) -> list[RunRecord]:
+        """Run records, the latest started first, at most ``limit``: of one ``session``,
+        with one ``status``, started before the run ``before`` (the last id of the page
+        before). ``ValueError`` for a bad argument or an unknown ``before``."""
+        ...
+
+    async def run(self, run_id: str) -> RunRecord | None:
+        """The record of run ``run_id``, or None; ``ValueError`` for an invalid id."""
+        ...
+
     async def delete(self, session: str) -> bool:
-        """Remove the session; False if it did not exist; ``SessionLockedError`` if open."""
+        """Remove the session and its run records; False if it did not exist;
+        ``SessionLockedError`` if open."""
         ...
 
     async def aclose(self) -> None:

@@ -26,11 +26,20 @@ from aimu.aio.store._codec import (
 from aimu.aio.store._files import make_private_dirs, open_private
 from aimu.aio.store._lock import SessionLock
 from aimu.aio.store._protocol import (
+    RUN_COLUMNS,
+    RunRecord,
     SessionInfo,
     SessionStatus,
     ToolStart,
+    check_run_id,
+    check_run_of,
     check_status,
+    run_record,
+    run_row,
+    runs_page,
+    runs_query,
     session_info,
+    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
@@ -38,7 +47,8 @@ from aimu.aio.transcript import Message, validate
 
 __all__ = ["SQLiteStore"]
 
-_SCHEMA_VERSION: Final = 2
+_SCHEMA_VERSION: Final = 3
+# Version 3 added the runs table: an older file gets it on open (CREATE IF NOT EXISTS).
 # Message count and last-message time are derived from the messages table (seq runs
 # 0..n-1), so an append is one INSERT: one short autocommit transaction.
 _SCHEMA: Final = """
@@ -67,6 +77,25 @@ CREATE TABLE IF NOT EXISTS states (
     session TEXT PRIMARY KEY,
     body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    parent TEXT,
+    started REAL NOT NULL,
+    ended REAL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    stop_reason TEXT,
+    usage TEXT,
+    spend TEXT,
+    run_limit TEXT,
+    models TEXT NOT NULL,
+    recover INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_start ON runs (started, id);
+CREATE INDEX IF NOT EXISTS runs_by_session ON runs (session, started, id);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, started, id);
 """
 _LAST = "SELECT {} FROM messages WHERE session = {} ORDER BY seq DESC LIMIT 1"
 _INFO = (
@@ -82,6 +111,10 @@ _INSERT_START = (
     "INSERT INTO tool_starts (session, call_id, name, arguments, at) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (session, call_id) DO UPDATE SET name = excluded.name, "
     "arguments = excluded.arguments, at = excluded.at"
+)
+_SAVE_RUN = (
+    f"INSERT OR REPLACE INTO runs ({', '.join(RUN_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(RUN_COLUMNS))})"
 )
 _SAVE_STATE = (
     "INSERT INTO states (session, body) VALUES (?, ?) "
@@ -367,6 +400,30 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     async def sessions(self) -> list[SessionInfo]:
         return [session_info(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
 
+    async def runs(
+        self,
+        session: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        before: str | None = None,
+    ) -> list[RunRecord]:
+        session, status, limit, before = runs_page(session, status, limit, before)
+        with self._mutex:
+            if before is not None and not self._query(
+                "SELECT 1 FROM runs WHERE id = ?", (before,), "read the runs"
+            ):
+                raise unknown_run(before)
+            sql, parameters = runs_query("runs", session, status, before, limit, lambda _: "?")
+            return [run_record(row) for row in self._query(sql, parameters, "read the runs")]
+
+    async def run(self, run_id: str) -> RunRecord | None:
+        check_run_id(run_id)
+        rows = self._query(
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE id = ?", (run_id,),
+            f"read run {run_id!r}",
+        )
+        return run_record(rows[0]) if rows else None
+
     async def delete(self, session: str) -> bool:
         validate_session_name(session)
         with self._mutex:
@@ -375,7 +432,7 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             lock = SessionLock(self._lock_dir, session)
             try:
                 with self._transaction(f"delete session {session!r}") as conn:
-                    for table in ("messages", "tool_starts", "states"):
+                    for table in ("messages", "tool_starts", "states", "runs"):
                         conn.execute(f"DELETE FROM {table} WHERE session = ?", (session,))
                     existed = conn.execute(
                         "DELETE FROM sessions WHERE name = ?", (session,)
@@ -479,6 +536,11 @@ class _SQLiteWriter(WriterBase):
         self._check_open("save the state")
         text = encode_state(state, self.session)
         self._write(_SAVE_STATE, (self.session, text), "save the state of", time.time())
+
+    async def record_run(self, record: RunRecord) -> None:
+        self._check_open("record a run")
+        row = run_row(check_run_of(record, self.session))
+        self._write(_SAVE_RUN, row, f"record run {record.id!r} of", time.time())
 
     def release(self) -> None:
         with self._store._mutex:

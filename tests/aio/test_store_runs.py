@@ -1,0 +1,258 @@
+"""Runs as records in every store (SQLite, JSONL, PostgreSQL): written ``running`` as a
+run starts and again as it ends; a run killed mid-way stays ``running``; listed newest
+first, by session and status, a page at a time; old files and tables migrate."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from aimu import aio
+from aimu.aio.store import RunRecord, Store
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+from tests import services
+from tests.aio.store_backends import KINDS, Backend, backend, drop_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=KINDS)
+async def where(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    async with backend(str(request.param), tmp_path) as location:
+        yield location
+
+
+@pytest.fixture
+async def store(where: Backend) -> AsyncIterator[Store]:
+    made = where.make()
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+async def test_runs_recorded_as_they_start_and_end(store: Store) -> None:
+    """A completed run, a cancelled one (with its reason), runs of two sessions; read
+    back newest first, filtered, a page at a time; bad input refused, nothing changed."""
+    entered = asyncio.Event()
+
+    async def hang() -> str:
+        """Wait forever."""
+        entered.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    script = [
+        Turn(text="hello"),
+        Turn(tool_calls=(ScriptedCall("hang", {}, id="call_1"),)),
+    ]
+    agent = aio.Agent(ScriptedModel(script, model="m1"), tools=[hang], store=store,
+                      session="one", name="greeter")
+    async with agent:
+        assert await agent.run("hi") == "hello"
+        done = await store.runs()
+        assert [r.status for r in done] == ["completed"]
+        task = asyncio.ensure_future(agent.run("wait"))
+        await entered.wait()
+        running = await store.runs(status="running")
+        assert len(running) == 1 and running[0].ended is None  # stored as it started
+        task.cancel("stopped by the test")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    other = aio.Agent(ScriptedModel([Turn(text="bye")]), store=store, session="two")
+    async with other:
+        await other.run("go")
+
+    runs = await store.runs()
+    assert [(r.session, r.status) for r in runs] == [
+        ("two", "completed"), ("one", "cancelled"), ("one", "completed"),
+    ]
+    cancelled, first = runs[1], runs[2]
+    assert cancelled.reason == "stopped by the test" and cancelled.ended is not None
+    assert first.agent == "greeter" and first.parent is None and not first.recover
+    assert first.models == ("scripted:m1",) and first.stop_reason == "stop"
+    assert first.usage == {"input_tokens": 0, "output_tokens": 1}
+    assert first.spend is not None and first.spend["requests"] == 1
+    assert first.started <= first.ended  # type: ignore[operator]
+    assert await store.run(first.id) == first
+    assert await store.run("no-such-run") is None
+
+    assert [r.id for r in await store.runs(session="one")] == [cancelled.id, first.id]
+    assert await store.runs(status="cancelled") == [cancelled]
+    assert await store.runs(session="two", status="cancelled") == []
+    page = await store.runs(limit=2)
+    assert page == runs[:2]
+    assert await store.runs(limit=2, before=page[-1].id) == runs[2:]
+    assert await store.runs(session="one", before=cancelled.id) == [first]
+
+    for bad, message in [
+        ({"status": "done"}, "unknown run status 'done'"),
+        ({"before": "nope"}, "unknown run id 'nope'"),
+        ({"before": "../x"}, "invalid run id"),
+        ({"session": "a/b"}, "invalid session name"),
+        ({"limit": 0}, "limit must be an int from 1 to 1000"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            await store.runs(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid run id"):
+        await store.run("a/../b")
+    writer = await store.open_session("one")
+    try:
+        with pytest.raises(ValueError, match="not of 'one'"):
+            await writer.record_run(RunRecord("x", "two", "a", 1.0, "running"))
+        with pytest.raises(ValueError, match="unknown run status"):
+            await writer.record_run(RunRecord("x", "one", "a", 1.0, "bogus"))  # type: ignore[arg-type]
+    finally:
+        await writer.aclose()
+    assert await store.runs() == runs  # nothing changed
+
+    assert await store.delete("one")
+    assert [r.session for r in await store.runs()] == ["two"]
+
+
+KILLED_CHILD = """
+import asyncio, sys
+from aimu import aio
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+
+async def hang() -> str:
+    "Wait forever."
+    print("in the tool", flush=True)
+    await asyncio.Event().wait()
+    return "never"
+
+async def main():
+    store = eval(sys.argv[1], {"aio": aio})
+    model = ScriptedModel([Turn(tool_calls=(ScriptedCall("hang", {}, id="call_1"),))])
+    agent = aio.Agent(model, tools=[hang], store=store, session="killed")
+    await agent.run("go")
+
+asyncio.run(main())
+"""
+
+
+def _kill_in_tool(spec: str) -> None:
+    """Run the child until it is inside its tool (it said so), then kill -9 it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(KILLED_CHILD), spec],
+        stdout=subprocess.PIPE, cwd=ROOT,
+    )
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline() == b"in the tool\n"
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+async def test_killed_run_stays_running(where: Backend) -> None:
+    """kill -9 mid-run (inside a tool): the record still says ``running``, no end; that
+    is what recovery reads."""
+    await asyncio.to_thread(_kill_in_tool, where.spec)
+    store = where.make()
+    try:
+        (record,) = await store.runs()
+        assert record.status == "running" and record.ended is None
+        assert record.session == "killed" and record.agent == "agent"
+        assert await store.runs(status="running") == [record]
+    finally:
+        await store.aclose()
+
+
+# The SQLite schema version 2 (before runs), as aimu 56cbb0b wrote it.
+OLD_SQLITE = """
+CREATE TABLE sessions (name TEXT PRIMARY KEY, created REAL NOT NULL, updated REAL NOT NULL,
+    status TEXT);
+CREATE TABLE messages (session TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL,
+    body TEXT NOT NULL, PRIMARY KEY (session, seq)) WITHOUT ROWID;
+CREATE TABLE tool_starts (session TEXT NOT NULL, call_id TEXT NOT NULL, name TEXT NOT NULL,
+    arguments TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (session, call_id)) WITHOUT ROWID;
+CREATE TABLE states (session TEXT PRIMARY KEY, body TEXT NOT NULL);
+INSERT INTO sessions VALUES ('old', 1.0, 2.0, 'completed');
+INSERT INTO messages VALUES ('old', 0, 1.0, '{"role":"user","content":"hi"}');
+INSERT INTO messages VALUES ('old', 1, 2.0, '{"role":"assistant","content":"hello"}');
+PRAGMA user_version = 2;
+"""
+
+# The PostgreSQL schema version 1 (before runs).
+OLD_POSTGRES = """
+CREATE SCHEMA {s};
+CREATE TABLE {s}.aimu_schema (version integer NOT NULL);
+INSERT INTO {s}.aimu_schema VALUES (1);
+CREATE TABLE {s}.sessions (name text PRIMARY KEY, created double precision NOT NULL,
+    updated double precision NOT NULL, status text, state text);
+CREATE TABLE {s}.messages (session text NOT NULL, seq integer NOT NULL,
+    at double precision NOT NULL, body text NOT NULL, PRIMARY KEY (session, seq));
+CREATE TABLE {s}.tool_starts (session text NOT NULL, call_id text NOT NULL,
+    name text NOT NULL, arguments text NOT NULL, at double precision NOT NULL,
+    PRIMARY KEY (session, call_id));
+INSERT INTO {s}.sessions VALUES ('old', 1.0, 2.0, 'completed', NULL);
+INSERT INTO {s}.messages VALUES ('old', 0, 1.0, '{{"role":"user","content":"hi"}}');
+INSERT INTO {s}.messages VALUES ('old', 1, 2.0, '{{"role":"assistant","content":"hello"}}');
+"""
+
+
+async def _check_migrated(store: Store) -> None:
+    assert await store.load("old") == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+    ]
+    info = await store.info("old")
+    assert info is not None and info.status == "completed" and info.message_count == 2
+    assert await store.runs() == []
+    agent = aio.Agent(ScriptedModel([Turn(text="again")]), store=store, session="old")
+    async with agent:
+        await agent.run("more")
+    (record,) = await store.runs(session="old")
+    assert record.status == "completed"
+    assert len(await store.load("old")) == 4
+
+
+async def test_sqlite_file_of_schema_2_migrates(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(OLD_SQLITE)
+    conn.close()
+    store = aio.SQLiteStore(path)
+    try:
+        await _check_migrated(store)
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    conn.close()
+
+
+async def test_postgres_schema_1_migrates() -> None:
+    import asyncpg
+
+    dsn = services.postgres_dsn()
+    schema = f"aimu_test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(OLD_POSTGRES.format(s=f'"{schema}"'))
+    finally:
+        await conn.close()
+    try:
+        store = aio.PostgresStore(dsn, schema=schema)
+        try:
+            await _check_migrated(store)
+        finally:
+            await store.aclose()
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 2
+        finally:
+            await conn.close()
+    finally:
+        await drop_schema(dsn, schema)
