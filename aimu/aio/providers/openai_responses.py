@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import httpx
 
@@ -37,7 +37,7 @@ from aimu.aio.providers._http import (
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
 from aimu.aio.providers._unicode import TurnText, clean
-from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text
+from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
@@ -165,6 +165,7 @@ class OpenAIResponsesClient(HTTPModelClient):
         #: The background response of the turn in flight (None between turns).
         self.in_flight: BackgroundResponse | None = None
         self._attach: BackgroundResponse | None = None
+        self._inputs = _InputEncoder(self.store)
 
     @property
     def base_url(self) -> str:
@@ -195,26 +196,26 @@ class OpenAIResponsesClient(HTTPModelClient):
         stream: bool,
         request: TurnRequest | None = None,
     ) -> bytes:
-        instructions, items = input_items(messages, stored=self.store)
         body: dict[str, Any] = {"model": self.model, "stream": stream, "store": self.store}
         if self.background and stream:
             body["background"] = True
         if self.encrypted_reasoning:
             body["include"] = ["reasoning.encrypted_content"]
-        if instructions is not None:
-            body["instructions"] = instructions
-        if tools:
-            body["tools"] = [
-                {"type": "function", "name": spec["function"]["name"],
-                 "description": spec["function"].get("description", ""),
-                 "parameters": spec["function"]["parameters"], "strict": False}
-                for spec in tools
-            ]
+        if messages and messages[0]["role"] == "system":
+            body["instructions"] = messages[0]["content"]
         if request is not None:
             body.update(_request_fields(request, bool(tools)))
         body.update(self.options)
-        body["input"] = items
-        return dumps(body)
+        head = dumps(body)[:-1]  # the object left open for the tools and the input
+        if tools:
+            head += b',"tools":' + self._inputs.tools(tools)
+        return head + b',"input":' + self._inputs.items(messages) + b"}"
+
+    def fork(self) -> Self:
+        twin = super().fork()
+        twin._inputs = _InputEncoder(self.store)
+        twin.in_flight = twin._attach = None
+        return twin
 
     # -- background mode --------------------------------------------------------------
 
@@ -358,6 +359,46 @@ class OpenAIResponsesClient(HTTPModelClient):
         except (ModelError, TimeoutError) as error:
             log.warning("model %r at %s: could not cancel background response %s (%s)",
                         self.model, self.host, response_id, type(error).__name__)
+
+
+class _InputEncoder:
+    """The ``input`` items of a transcript, each message's encoded once: a transcript
+    usually grows at its end, so a request encodes only the messages added since the
+    last one (as :class:`~aimu.aio.providers._wire.WireEncoder` does for chat wires)."""
+
+    __slots__ = ("_contents", "_objects", "_parts", "_tools", "stored")
+
+    def __init__(self, stored: bool) -> None:
+        self.stored = stored
+        self._objects: list[Message] = []
+        self._contents: list[str] = []
+        self._parts: list[bytes] = []
+        self._tools: tuple[object, bytes] = (None, b"[]")
+
+    def items(self, messages: Sequence[Message]) -> bytes:
+        """The JSON array of ``messages``' input items."""
+        start = unchanged(self._objects, self._contents, messages)
+        if not start:
+            self._objects, self._contents, self._parts = [], [], []
+        for message in messages[start:] if start else messages:
+            self._objects.append(message)
+            self._contents.append(message["content"])
+            _, items = input_items((message,), stored=self.stored)
+            self._parts.append(b",".join(map(dumps, items)))
+        return b"[" + b",".join(filter(None, self._parts)) + b"]"
+
+    def tools(self, tools: Sequence[ToolSpec]) -> bytes:
+        """The function tools, encoded again only when another list is offered."""
+        cached, encoded = self._tools
+        if cached is not tools:
+            encoded = dumps([
+                {"type": "function", "name": spec["function"]["name"],
+                 "description": spec["function"].get("description", ""),
+                 "parameters": spec["function"]["parameters"], "strict": False}
+                for spec in tools
+            ])
+            self._tools = (tools, encoded)
+        return encoded
 
 
 def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:
