@@ -284,12 +284,13 @@ def roles_and_contents(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- piped stdin
 
 
-@pytest.mark.parametrize("model", ["ollama:test", "anthropic:claude-test"])
+@pytest.mark.parametrize("model", ["ollama:test", "anthropic:claude-test", "gemini:gemini-test"])
 def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_partial(
     server: LoopbackServer, tmp_path: Path, chats: list[Chat], model: str
 ) -> None:
     env = environment(tmp_path, server.url)
     env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-ant-cli-secret")
+    env.update(GEMINI_BASE_URL=server.url, GEMINI_API_KEY="AIza-cli-secret")
     streams_before = len(server.streams)
     chat = start(chats, "--model", model, env=env)
     chat.send("long story")
@@ -312,7 +313,8 @@ def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_pa
     chat.close_input()
     assert chat.wait() == 0
     assert "Traceback" not in chat.errors
-    assert "sk-ant-cli-secret" not in chat.errors + shown  # the key is never shown
+    for key in ("sk-ant-cli-secret", "AIza-cli-secret"):
+        assert key not in chat.errors + shown  # the key is never shown
 
 
 def test_input_typed_during_a_turn_is_queued_and_answered_in_order(
@@ -975,7 +977,8 @@ def test_a_piped_chat_on_the_responses_wire(server: LoopbackServer, tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("spec", "variable"),
-    [("openai-responses:m", "OPENAI_BASE_URL"), ("anthropic:m", "ANTHROPIC_BASE_URL")],
+    [("openai-responses:m", "OPENAI_BASE_URL"), ("anthropic:m", "ANTHROPIC_BASE_URL"),
+     ("gemini:m", "GEMINI_BASE_URL")],
 )
 async def test_an_unreachable_responses_server_gets_the_chats_hint(
     spec: str, variable: str

@@ -28,6 +28,9 @@ _CLI_HINTS = {
     "anthropic": (
         "is the server running? set ANTHROPIC_BASE_URL, or chat offline with --model test"
     ),
+    "gemini": (
+        "is the server reachable? set GEMINI_BASE_URL, or chat offline with --model test"
+    ),
 }
 
 

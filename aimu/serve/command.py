@@ -56,6 +56,8 @@ environment variables:
                    OPENAI_API_KEY its key
   OLLAMA_HOST      the server of ollama: models (default http://127.0.0.1:11434)
   ANTHROPIC_BASE_URL  the server of anthropic: models, and ANTHROPIC_API_KEY its key
+  GEMINI_BASE_URL  the server of gemini: models (default Google's), and GEMINI_API_KEY
+                   (or GOOGLE_API_KEY) its key
 """
 
 

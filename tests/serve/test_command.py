@@ -142,7 +142,8 @@ def test_help_names_the_environment_and_the_log_levels_agree_with_chat(
         parser.parse_args(["serve", "--help"])
     shown = capsys.readouterr().out
     for variable in ("AIMU_API_TOKEN", "AIMU_MODEL", "AIMU_HOME", "OPENAI_BASE_URL",
-                     "OPENAI_API_KEY", "OLLAMA_HOST", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"):
+                     "OPENAI_API_KEY", "OLLAMA_HOST", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
+                     "GEMINI_BASE_URL", "GEMINI_API_KEY"):
         assert variable in shown
 
 
@@ -217,20 +218,29 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
     assert server.process.returncode == 0
 
 
-async def test_serve_runs_on_anthropic_and_never_shows_the_key(tmp_path: Path) -> None:
-    key = "sk-ant-serve-secret-42"
-    async with (
-        LoopbackServer() as model,
-        aimu_serve(tmp_path, "--model", "anthropic:claude-test", "--log-level", "debug",
-                   ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY=key) as server,
-        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-    ):
-        events = await collect(http, await start(http, "claude", "What time is it?"))
-        assert events[-1].data["status"] == "completed"
-        assert [e.data["name"] for e in events if e.type == "tool_call"]  # tools, answered
-        assert model.requests and {r.path for r in model.requests} == {"/v1/messages"}
-        assert model.requests[0].headers["x-api-key"] == "***"
-    assert "  model  anthropic:claude-test" in "\n".join(server.said)
+@pytest.mark.parametrize(
+    ("spec", "variable", "path", "header"),
+    [("anthropic:claude-test", "ANTHROPIC", "/v1/messages", "x-api-key"),
+     ("gemini:gemini-test", "GEMINI", "/v1beta/models/gemini-test:streamGenerateContent",
+      "x-goog-api-key")],
+)
+async def test_serve_runs_on_a_vendor_wire_and_never_shows_the_key(
+    tmp_path: Path, spec: str, variable: str, path: str, header: str
+) -> None:
+    key = "sk-serve-secret-42"
+    env = {f"{variable}_BASE_URL": "", f"{variable}_API_KEY": key}
+    async with LoopbackServer() as model:
+        env[f"{variable}_BASE_URL"] = model.url
+        async with (
+            aimu_serve(tmp_path, "--model", spec, "--log-level", "debug", **env) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+        ):
+            events = await collect(http, await start(http, "vendor", "What time is it?"))
+            assert events[-1].data["status"] == "completed"
+            assert [e.data["name"] for e in events if e.type == "tool_call"]  # answered
+            assert model.requests and {r.path for r in model.requests} == {path}
+            assert model.requests[0].headers[header] == "***"
+    assert f"  model  {spec}" in "\n".join(server.said)
     assert key not in "\n".join(server.said)
 
 

@@ -75,6 +75,7 @@ _TOOL_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
 #: Gemini's finish reasons that are not a safety stop, as aimu's stop reasons.
 _FINISHED = {"STOP": "stop", "MAX_TOKENS": "length"}
 _MALFORMED = "MALFORMED_FUNCTION_CALL"
+_VERSION = re.compile(r"v\d+(?:alpha|beta)?\d*")
 _CALLED_NAME = re.compile(r"([A-Za-z_][\w.:-]*)\s*\(")
 
 
@@ -213,9 +214,10 @@ class GeminiClient(HTTPModelClient):
     """A Gemini model (``client("gemini:gemini-2.5-flash")``).
 
     The key is ``api_key=``, else ``GEMINI_API_KEY``, else ``GOOGLE_API_KEY``; the server
-    is ``base_url=`` (up to the API version, e.g. ``.../v1beta``), else ``GEMINI_BASE_URL``,
-    else Google's. ``options`` go into every request's ``generationConfig`` (Gemini's own
-    names: ``temperature``, ``maxOutputTokens``, ``thinkingConfig``...);
+    is ``base_url=`` (up to the API version, e.g. ``.../v1beta``; a URL without one gets
+    ``/v1beta``), else ``GEMINI_BASE_URL``, else Google's. ``options`` go into every
+    request's ``generationConfig`` (Gemini's own names: ``temperature``,
+    ``maxOutputTokens``, ``thinkingConfig``...);
     ``safety_settings`` is sent as ``safetySettings``. ``timeout``, ``connect_timeout``,
     ``retries``, ``retry_delay``, ``concurrency`` and ``context_window`` are as for
     :class:`~aimu.aio.providers.openai.OpenAIClient`.
@@ -253,6 +255,8 @@ class GeminiClient(HTTPModelClient):
         sent = {"Accept": "application/json", **(headers or {})}
         if key:
             sent["x-goog-api-key"] = key
+        if not _VERSION.fullmatch(url.rstrip("/").rpartition("/")[2]):
+            url = url.rstrip("/") + "/v1beta"  # a root URL, as Google's SDK takes it
         super().__init__(
             model.removeprefix("models/"),
             url,
