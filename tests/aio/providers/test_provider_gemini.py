@@ -75,6 +75,8 @@ def test_key_and_base_url_come_from_arguments_then_the_environment(
     )
     assert model.url_for(False).endswith("/models/gemini-2.5-flash:generateContent")
     assert KEY not in repr(model) and KEY not in model.url_for(True)
+    assert GeminiClient("m", base_url="http://h:1").host == "http://h:1/v1beta"
+    assert GeminiClient("m", base_url="http://h:1/v1alpha").host == "http://h:1/v1alpha"
     with pytest.raises(ValueError, match="needs a scheme"):
         GeminiClient("m", base_url="proxy:9")
     made = client("gemini:gemini-2.5-pro", api_key="k")
