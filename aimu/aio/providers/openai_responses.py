@@ -26,7 +26,7 @@ from typing import Any, Self, cast
 import httpx
 
 from aimu.aio._sse import SSEParser
-from aimu.aio.errors import ModelConnectionError, ModelError
+from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
@@ -284,6 +284,14 @@ class OpenAIResponsesClient(HTTPModelClient):
                     finally:
                         self._pool.release(shard)
                     return
+                except ModelHTTPError as error:
+                    if attach is None or error.status_code != 404:
+                        raise
+                    # The response is gone (expired, deleted): ask the model again.
+                    log.info("model %r at %s: background response %s is gone; asking again",
+                             self.model, self.host, attach.response_id)
+                    attach = None
+                    decoder = self.decoder(reporter)
                 except ModelConnectionError as error:
                     # The stream broke, not the response: the server is still making it.
                     if decoder.response_id is None or drops >= max(1, self.retry.retries):

@@ -210,6 +210,15 @@ async def test_a_crashed_runs_background_response_is_re_attached(
         assert model.messages[-1]["content"] == "alpha beta gamma delta"
     with pytest.raises(ValueError, match="background=True"):
         make(server).reattach(BackgroundResponse(response_id, 0))
+    # A response that is gone (expired, deleted): the model is asked again.
+    server.script = [Turn(text="asked again")]
+    async with make(server, background=True) as model:
+        model.reattach(BackgroundResponse("resp_gone", 3))
+        async for _ in await model.chat("go", stream=True):
+            pass
+        assert model.messages[-1]["content"] == "asked again"
+        assert [(r.method, r.path) for r in server.requests[-2:]] == [
+            ("GET", "/v1/responses/resp_gone"), ("POST", "/v1/responses")]
 
 
 # -- stops at every event, over the wire ------------------------------------------------------
