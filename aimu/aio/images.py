@@ -14,9 +14,9 @@ import binascii
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeGuard
 
-__all__ = ["MAX_IMAGE_BYTES", "image_urls", "sniff"]
+__all__ = ["MAX_IMAGE_BYTES", "image_urls", "is_data_url", "received_images", "sniff"]
 
 #: The largest image taken (the limit OpenAI's API and Ollama's server set for one image).
 MAX_IMAGE_BYTES: Final = 20 * 1024 * 1024
@@ -27,6 +27,20 @@ _MAGIC: Final = (
     (b"GIF87a", "image/gif"),
     (b"GIF89a", "image/gif"),
 )
+
+
+def is_data_url(image: object) -> TypeGuard[str]:
+    return isinstance(image, str) and image.startswith("data:")
+
+
+def received_images(images: Sequence[object]) -> list[str]:
+    """Images that came from a client or another process: each must be a ``data:`` URL
+    already, ValueError naming the first that is not (read as a path, it would be a file
+    of this host's); their content is checked where they join a message."""
+    for index, image in enumerate(images):
+        if not is_data_url(image):
+            raise ValueError(f"image {index}: send it as a data:image/...;base64,... URL")
+    return [image for image in images if is_data_url(image)]  # each one, checked above
 
 
 def sniff(data: bytes) -> str | None:
@@ -44,7 +58,7 @@ def _read(image: object, index: int) -> tuple[bytes, str]:
     it in an error."""
     if isinstance(image, bytes | bytearray | memoryview):
         return bytes(image), f"image {index}"
-    if isinstance(image, str) and image.startswith("data:"):
+    if is_data_url(image):
         return _from_data_url(image, index), f"image {index} (a data: URL)"
     if isinstance(image, str | os.PathLike):
         path = Path(image)

@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from aimu.aio import _sse as sse
 from aimu.aio._ids import EVENT_NUMBER_PATTERN, RUN_ID_PATTERN, STREAM_ID_PATTERN
-from aimu.aio.images import image_urls
+from aimu.aio.images import image_urls, received_images
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.http import JSON
 from aimu.serve.ids import check_run_id
@@ -300,11 +300,8 @@ async def send(request: Request, run_id: RunIdParam, body: SendBody) -> dict[str
 def _images(images: list[str]) -> tuple[str, ...]:
     """The images of a send, checked as ``run(images=)`` checks them; only ``data:`` URLs,
     so a client cannot have the server read one of its files."""
-    for index, image in enumerate(images):
-        if not image.startswith("data:"):
-            raise BadRequest(f"image {index}: send it as a data:image/...;base64,... URL")
     try:
-        return tuple(image_urls(images))
+        return tuple(image_urls(received_images(images)))
     except ValueError as error:
         raise BadRequest(str(error)) from None
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any, Final, Literal, NamedTuple, Protocol, TypeAlias
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals, PendingApproval
+from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage
 from aimu.serve.errors import BadRequest, Conflict
@@ -27,7 +28,6 @@ __all__ = [
     "AgentFactory",
     "Batch",
     "Decided",
-    "Request",
     "RunView",
     "Runs",
     "RunsBackend",
@@ -130,16 +130,6 @@ class Verdict(NamedTuple):
     pause_id: str | None = None
 
 
-class Request(NamedTuple):
-    """What a client asks of a live run: ``cancel`` (``value``: the reason), ``interrupt``,
-    ``stop`` (``value``: the grace in seconds) or ``send`` (``value``: the text,
-    ``images``: its images as ``data:`` URLs)."""
-
-    kind: Literal["cancel", "interrupt", "stop", "send"]
-    value: str | float | None = None
-    images: tuple[str, ...] = ()
-
-
 class RunsBackend(Protocol):
     """Where runs execute and how any of them is found, followed and stopped.
 
@@ -173,7 +163,7 @@ class RunsBackend(Protocol):
         an empty batch after a quiet while; ends early when the server shuts down."""
         ...
 
-    async def request(self, run_id: str, request: Request) -> None:
+    async def request(self, run_id: str, request: Steer) -> None:
         """Deliver ``request`` to the live run; ``Conflict`` if it ended or refused it."""
         ...
 
@@ -311,26 +301,26 @@ class Runs:
 
     # -- control ---------------------------------------------------------------------
 
-    async def _request(self, run_id: str, request: Request) -> dict[str, Any]:
+    async def _request(self, run_id: str, request: Steer) -> dict[str, Any]:
         await self.backend.request(check_run_id(run_id), request)
         return await self.public(run_id)
 
     async def cancel(self, run_id: str, reason: str | None) -> dict[str, Any]:
-        return await self._request(run_id, Request("cancel", reason or "cancelled over HTTP"))
+        return await self._request(run_id, Steer("cancel", reason=reason or "cancelled over HTTP"))
 
     async def interrupt(self, run_id: str) -> dict[str, Any]:
-        return await self._request(run_id, Request("interrupt"))
+        return await self._request(run_id, Steer("interrupt"))
 
     async def stop(self, run_id: str, grace: float) -> dict[str, Any]:
         """Interrupt now and cancel after ``grace`` seconds, in the background."""
-        return await self._request(run_id, Request("stop", check_grace(grace)))
+        return await self._request(run_id, Steer("stop", grace=check_grace(grace)))
 
     async def send(
         self, run_id: str, text: str, images: tuple[str, ...] = ()
     ) -> dict[str, Any]:
         """Give ``text`` (and ``images``, checked ``data:`` URLs) to the run: they join as
         a user message at its next step boundary."""
-        return await self._request(run_id, Request("send", text, images))
+        return await self._request(run_id, Steer("send", text=text, images=images))
 
     # -- decisions -------------------------------------------------------------------
 

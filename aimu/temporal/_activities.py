@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, Final
 
 from temporalio import activity
@@ -30,6 +30,7 @@ from aimu.aio.errors import ControlError, SessionLockedError, UnknownRunError
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
 from aimu.serve.backends.launcher import ended
@@ -149,7 +150,7 @@ class _Turn:
         handle = self.handle = await self._start()
         handle.scope.add_listener(self._on_event)
         for sent in self.request.sends:
-            _send(handle, sent.text or "", sent.images)
+            _send(handle, sent.text or "", sent.images, self._spawn)
         flusher = asyncio.create_task(self._flush_batches())
         ticker = asyncio.create_task(self._tick())
         try:
@@ -292,16 +293,19 @@ class _Turn:
     def _obey(self, handle: RunHandle[Any], control: Control) -> bool:
         """Apply ``control`` to the run; False for text the ending run did not take."""
         if control.kind == "interrupt":
-            handle.interrupt()
+            steer(handle, Steer("interrupt"), self._spawn)
         elif control.kind == "stop":
-            task = asyncio.create_task(handle.stop(control.grace or 0.0))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            steer(handle, Steer("stop", grace=control.grace or 0.0), self._spawn)
         elif (control.kind == "send" and control.text is not None
-              and not _send(handle, control.text, control.images)):
+              and not _send(handle, control.text, control.images, self._spawn)):
             _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
             return False
         return True
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def _outcome(self, handle: RunHandle[Any]) -> TurnOutcome:
         final = self.final
@@ -352,15 +356,12 @@ async def _uncancellable(work: Any) -> None:
 
 
 
-def _send(handle: RunHandle[Any], text: str, images: list[str]) -> bool:
+def _send(handle: RunHandle[Any], text: str, images: list[str], spawn: Spawn) -> bool:
     """Give a recorded send to the run; one that does not check out (the workflow takes
     only data: URLs, but its history may come from an older aimu) is logged and dropped,
     never read as a path on this worker's disk, never a failed activity."""
-    if not all(url.startswith("data:") for url in images):
-        _log.warning("a send with images that are not data: URLs was dropped")
-        return True
     try:
-        return handle.send(text, images=images)
+        return steer(handle, Steer("send", text=text, images=tuple(images)), spawn)
     except (TypeError, ValueError) as error:
         _log.warning("a send that does not check out was dropped: %s", error)
         return True

@@ -32,6 +32,7 @@ from aimu.aio._numbers import finite
 from aimu.aio.ends import FINAL
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.scope import sent_message
+from aimu.aio.steering import Steer
 from aimu.temporal._connect import connect
 from aimu.temporal._workflow import (
     MAX_SENT_IMAGE_CHARS,
@@ -200,6 +201,19 @@ class RunsClient:
                 "turn (they travel in Temporal's payloads): send smaller images"
             )
         await self._update(run_id, "aimu.send", text, urls)
+
+    async def request(self, run_id: str, request: Steer) -> bool:
+        """Deliver ``request`` (see :mod:`aimu.aio.steering`) to the run; False if it had
+        ended. A stop is asked for and not waited for; a send the run refuses raises
+        ``RequestRefused`` (ValueError for images past what Temporal carries)."""
+        if request.kind == "cancel":
+            return await self.cancel(run_id, request.reason)
+        if request.kind == "interrupt":
+            return await self.interrupt(run_id)
+        if request.kind == "stop":
+            return await self.request_stop(run_id, request.grace)
+        await self.send(run_id, request.text, images=request.images)
+        return True
 
     async def approve(
         self, run_id: str, call_id: str, *, pause_id: str | None = None

@@ -196,9 +196,9 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
     temporal: str, queue: str, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer,
 ) -> None:
+    from aimu.aio.steering import Steer
     from aimu.serve.backends.temporal import TemporalBackend
     from aimu.serve.errors import Conflict, NotFound
-    from aimu.serve.runs import Request
 
     model_server.script = [SLOW]
     await workers.start()
@@ -210,7 +210,7 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
         await model_server.wait_requests(1, timeout=60)  # streaming on the worker
         view = await second.view(started.run_id)
         assert (view.session, view.task) == ("s1", "talk")
-        await second.request(started.run_id, Request("cancel", "from the other server"))
+        await second.request(started.run_id, Steer("cancel", reason="from the other server"))
         record = first.record(started.run_id)
         async with asyncio.timeout(60):
             while not record.ended:
@@ -219,7 +219,7 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
         assert record.view.reason == "from the other server"
         await model_server.wait_abandoned(1, timeout=30)
         with pytest.raises(Conflict, match="already ended"):
-            await second.request(started.run_id, Request("cancel", None))
+            await second.request(started.run_id, Steer("cancel"))
         with pytest.raises(NotFound):
             await second.view("no-such-run")
     finally:

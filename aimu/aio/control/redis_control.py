@@ -39,6 +39,7 @@ from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, 
 from aimu.aio.event_json import decode_event
 from aimu.aio.events import Event, HandleStatus
 from aimu.aio.scope import sent_message
+from aimu.aio.steering import Steer
 
 try:
     import redis.asyncio as redis
@@ -421,6 +422,19 @@ class RedisControl:
         _check_timeout("stop", timeout)
         await self._request(run_id, "stop", {"grace": grace})
         return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
+
+    async def request(self, run_id: str, request: Steer) -> bool:
+        """Deliver ``request`` (see :mod:`aimu.aio.steering`) to the run wherever it runs;
+        False if it had finished. A stop is recorded and not waited for here."""
+        if request.kind == "cancel":
+            return await self.cancel(run_id, request.reason)
+        if request.kind == "interrupt":
+            return await self.interrupt(run_id)
+        if request.kind == "send":
+            return await self.send(run_id, request.text, images=request.images)
+        if not finite(request.grace) or request.grace < 0:
+            raise ValueError(f"stop(grace={echo(request.grace)}): give seconds, 0 or more")
+        return await self._request(run_id, "stop", {"grace": request.grace})
 
     async def _request(self, run_id: str, kind: str, data: dict[str, Any]) -> bool:
         check_run_id(run_id, self.prefix)

@@ -20,7 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from redis.backoff import EqualJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -32,6 +32,7 @@ from aimu.aio.control import scripts
 from aimu.aio.control.keys import check_run_id
 from aimu.aio.event_json import encode_event, event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished, TextChunk, ThinkingChunk
+from aimu.aio.steering import Steer, steer
 
 if TYPE_CHECKING:
     from aimu.aio.control.link import Link
@@ -55,47 +56,31 @@ def stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _cancel(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
-    reason = data.get("reason")
-    handle.cancel(reason if isinstance(reason, str) else None)
-    return True
+def _steer(kind: str, data: dict[str, Any]) -> Steer | None:
+    """The request a control message of ``kind`` carries; None: not one this aimu can
+    read (a kind from a newer aimu is None too). Its values were checked by the sender;
+    another writer's are taken with care."""
+    if kind == "cancel":
+        reason = data.get("reason")
+        return Steer("cancel", reason=reason if isinstance(reason, str) else None)
+    if kind == "interrupt":
+        return Steer("interrupt")
+    if kind == "stop":
+        grace = data.get("grace")
+        return Steer("stop", grace=float(grace) if finite(grace) and grace >= 0 else 5.0)
+    if kind == "send":
+        # "text" from an aimu before images could be sent; "content" (a user message) since.
+        text, images = data.get("content", data.get("text")), data.get("images", [])
+        if isinstance(text, str) and isinstance(images, list):
+            return Steer("send", text=text, images=tuple(images))
+    return None
 
 
-def _interrupt(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
-    handle.interrupt()
-    return True
-
-
-def _stop(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
-    grace = data.get("grace")  # checked by the sender; another writer's is taken with care
-    worker.spawn(handle.stop(float(grace) if finite(grace) and grace >= 0 else 5.0))
-    return True
-
-
-def _send(worker: Worker, handle: RunHandle[Any], data: dict[str, Any]) -> bool:
-    # "text" from an aimu before images could be sent; "content" (a user message) since.
-    text, images = data.get("content", data.get("text")), data.get("images", [])
-    if not isinstance(text, str) or not isinstance(images, list) or not all(
-        isinstance(image, str) and image.startswith("data:") for image in images
-    ):  # a sender's images are data: URLs: a path would read this worker's files
-        return True  # not a send this aimu can read: dropped, as applied
-    try:
-        return handle.send(text, images=images)
-    except (TypeError, ValueError):
-        return True  # checked by the sender; unreadable here: dropped, as applied
-
-
-#: What a request of each kind does to the run; False: the run could not take it (it is
-#: ending), so it is not marked applied. A kind this table lacks (sent by a newer aimu)
-#: is logged and skipped. Each request is applied once (the run's cursor skips what it
-#: saw), so a send joins the run exactly once. Approvals are not here: a paused run has
-#: ended, and a decision goes to its session through the store.
-REQUESTS: dict[str, Callable[[Worker, RunHandle[Any], dict[str, Any]], bool]] = {
-    "cancel": _cancel,
-    "interrupt": _interrupt,
-    "stop": _stop,
-    "send": _send,
-}
+#: The kinds of request a run takes from Redis (:mod:`aimu.aio.steering` applies them).
+#: Each is applied once (the run's cursor skips what it saw), so a send joins the run
+#: exactly once. Approvals are not here: a paused run has ended, and a decision goes to
+#: its session through the store.
+REQUESTS: Final = frozenset({"cancel", "interrupt", "stop", "send"})
 
 
 class _State(enum.Enum):
@@ -280,15 +265,21 @@ class Worker:
         """Apply one request; False if the run cannot take it any more."""
         if run.over or run.handle.done:
             return False
-        action = REQUESTS.get(kind)
-        if action is None:
+        if kind not in REQUESTS:
             logger.warning("run %s: skipped a %r request this aimu does not know", run.run_id, kind)
             return True
         try:
             data = json.loads(text)
         except ValueError:
             data = {}
-        return action(self, run.handle, data if isinstance(data, dict) else {})
+        request = _steer(kind, data if isinstance(data, dict) else {})
+        if request is None:
+            return True  # not a request this aimu can read: dropped, as applied
+        try:
+            # Only text the ending run did not take stays unapplied (its sender is told).
+            return steer(run.handle, request, self.spawn) or request.kind != "send"
+        except (TypeError, ValueError):  # a send that does not check out: dropped, as applied
+            return True
 
     def _reject(self, run: _Run, why: str, *, down: bool = False) -> None:
         """The run is not this worker's in Redis (or Redis is away and the run required

@@ -15,6 +15,7 @@ from aimu.aio.ends import error_text
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, RunFinished
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.steering import LocalRuns, Steer, Steering
 from aimu.aio.store import Store
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
@@ -23,7 +24,6 @@ from aimu.serve.errors import Conflict
 from aimu.serve.runs import (
     AgentFactory,
     Decided,
-    Request,
     RunView,
     Verdict,
     no_cancel_error,
@@ -40,6 +40,8 @@ class LocalBackend(RunLog):
     def __init__(self, agents: AgentFactory, store: Store, *, keep_finished: int = 1000) -> None:
         super().__init__(keep_finished=keep_finished)
         self._launcher = Launcher(agents)
+        self._runs_here = LocalRuns(self._launcher.spawn)
+        self._steering: Steering = self._runs_here
         self._decisions = StoreDecisions(store, agents, self)
 
     async def start(self, session: str, task: str | None, agent: Agent | None) -> RunView:
@@ -58,6 +60,7 @@ class LocalBackend(RunLog):
         handle = await self._launcher.launch(session, task, agent, start)
         record = self.add(view)
         record.handle = handle
+        self._runs_here.add(handle)
         view.status = handle.status
         handle.scope.add_listener(lambda event: self._on_event(record, event))
         handle.add_done_callback(lambda done: self._finished(record, done))
@@ -79,23 +82,18 @@ class LocalBackend(RunLog):
             error = None if failure is None else error_text(failure)
         record.end(handle.status, handle.reason, error)
 
-    async def request(self, run_id: str, request: Request) -> None:
+    async def request(self, run_id: str, request: Steer) -> None:
         record = self.record(run_id)
-        kind, handle = request.kind, record.handle
+        kind = request.kind
         what = "send to" if kind == "send" else kind
-        if record.ended or handle is None:
+        if record.ended or record.handle is None:
             raise Conflict(
                 f"run {run_id} already ended ({record.view.status}): nothing to {what}"
             )
-        if kind == "cancel":
-            handle.cancel(request.value if isinstance(request.value, str) else None)
-        elif kind == "interrupt":
-            if not handle.interrupt():
-                raise Conflict(f"run {run_id} is being cancelled already: nothing to interrupt")
-        elif kind == "stop":
-            grace = request.value if isinstance(request.value, float | int) else 5.0
-            self._launcher.spawn(handle.stop(float(grace)))
-        elif not handle.send(str(request.value), images=request.images):
+        taken = await self._steering.request(run_id, request)
+        if not taken and kind == "interrupt":
+            raise Conflict(f"run {run_id} is being cancelled already: nothing to interrupt")
+        if not taken and kind == "send":
             raise Conflict(
                 f"run {run_id} is ending (being cancelled): the text was not sent; "
                 "start a new run with it"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.steering import Steer, Steering
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
@@ -31,7 +32,6 @@ from aimu.serve.runs import (
     Batch,
     Decided,
     JSONEvent,
-    Request,
     RunView,
     Verdict,
     no_cancel_error,
@@ -168,32 +168,17 @@ class RedisBackend:
 
     # -- control ---------------------------------------------------------------------
 
-    async def request(self, run_id: str, request: Request) -> None:
-        control, kind, value = self.control, request.kind, request.value
-        what = "send to" if kind == "send" else kind
+    async def request(self, run_id: str, request: Steer) -> None:
+        what = "send to" if request.kind == "send" else request.kind
         with self._errors(what, run_id):
-            if kind == "cancel":
-                accepted = await control.cancel(run_id, value if isinstance(value, str) else None)
-            elif kind == "interrupt":
-                accepted = await control.interrupt(run_id)
-            elif kind == "send":
-                accepted = await control.send(run_id, str(value), images=request.images)
-            else:
-                info = await control.status(run_id)
-                accepted = info.status in ("pending", "running")
-                if accepted:
-                    grace = float(value) if isinstance(value, float | int) else 5.0
-                    self._launcher.spawn(self._stop(run_id, grace))
+            steering: Steering = self.control
+            accepted = await steering.request(run_id, request)
         if not accepted:
             view = await self.view(run_id)
             raise Conflict(f"run {run_id} already ended ({view.status}): nothing to {what}")
 
     async def decide(self, view: RunView, verdict: Verdict) -> Decided:
         return await self._decisions.decide(view, verdict)
-
-    async def _stop(self, run_id: str, grace: float) -> None:
-        with contextlib.suppress(ControlError, TimeoutError):  # the run's end reports itself
-            await self.control.stop(run_id, grace)
 
     # -- shutting down ---------------------------------------------------------------
 

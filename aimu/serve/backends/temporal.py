@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import ControlError, UnknownRunError
+from aimu.aio.steering import Steer, Steering
 from aimu.serve.backends.run_log import RunLog, RunRecord
 from aimu.serve.errors import (
     BadRequest,
@@ -29,7 +30,7 @@ from aimu.serve.errors import (
     ServiceUnavailable,
     unavailable,
 )
-from aimu.serve.runs import Decided, Request, RunView, Verdict, no_cancel_error
+from aimu.serve.runs import Decided, RunView, Verdict, no_cancel_error
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
@@ -195,27 +196,19 @@ class TemporalBackend(RunLog):
         except ControlError as error:
             raise unavailable(what, error) from None
 
-    async def request(self, run_id: str, request: Request) -> None:
+    async def request(self, run_id: str, request: Steer) -> None:
         await self._adopt(run_id)
         record = self.record(run_id)
-        kind, value = request.kind, request.value
-        what = "send to" if kind == "send" else kind
+        what = "send to" if request.kind == "send" else request.kind
         if record.ended:
             raise Conflict(f"run {run_id} already ended ({record.view.status}): nothing to {what}")
         workflow = self._workflow[run_id][0]
         with self._errors(f"{what} the run"):
-            if kind == "cancel":
-                live = await self.client.cancel(workflow, str(value or "cancelled over HTTP"))
-            elif kind == "interrupt":
-                live = await self.client.interrupt(workflow)
-            elif kind == "stop":
-                live = await self.client.request_stop(workflow, float(value or 0.0))
-            else:
-                try:
-                    await self.client.send(workflow, str(value), images=request.images)
-                except ValueError as error:  # images past what Temporal's payloads carry
-                    raise BadRequest(str(error)) from None
-                live = True
+            try:
+                steering: Steering = self.client
+                live = await steering.request(workflow, request)
+            except ValueError as error:  # images past what Temporal's payloads carry
+                raise BadRequest(str(error)) from None
         if not live:  # ended in Temporal before this server's record heard of it
             raise Conflict(f"run {run_id} already ended: nothing to {what}")
 

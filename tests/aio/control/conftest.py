@@ -12,6 +12,7 @@ import pytest
 
 from aimu import aio
 from aimu.aio.control import worker as control_worker
+from aimu.aio.steering import Steer
 from tests.aio.control.helpers import LEASE, DurableRedis
 
 
@@ -51,12 +52,13 @@ def durable_redis() -> Iterator[DurableRedis]:
 def send_arrived(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     """Set each time a worker has applied a send: the provable point after one."""
     arrived = asyncio.Event()
-    original = control_worker.REQUESTS["send"]
+    original = control_worker.steer
 
-    def observed(*args: Any) -> bool:
-        taken = original(*args)
-        arrived.set()
+    def observed(handle: Any, request: Steer, spawn: Any) -> bool:
+        taken = original(handle, request, spawn)
+        if request.kind == "send":
+            arrived.set()
         return taken
 
-    monkeypatch.setitem(control_worker.REQUESTS, "send", observed)
+    monkeypatch.setattr(control_worker, "steer", observed)
     return arrived
