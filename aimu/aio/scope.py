@@ -56,6 +56,7 @@ class RunScope:
         "name",
         "options",
         "parent",
+        "retries",
     )
 
     def __init__(
@@ -75,6 +76,9 @@ class RunScope:
         #: for approvals, or limited (with the limit's stop reason). Loops that halted
         #: differently: the pause, else the limit (see :class:`~aimu.aio.ends.Halt`).
         self.halt: Halt | None = None
+        #: Model requests retried while this scope was current (a run's own retries: a
+        #: provider counts each retry it makes, after its wait, on the scope it runs in).
+        self.retries = 0
         #: The result of the last agent or workflow run that ended directly in this scope.
         self.last_run: RunResult[Any] | None = None
         self._listeners: list[EventListener] | None = None

@@ -232,12 +232,14 @@ class Agent(Runnable[OutputT]):
 
     @property
     def messages(self) -> list[Message]:
-        """This session's transcript (``model_client.messages``, the same list).
+        """This session's transcript: the session owns it (``model_client.messages`` is
+        the same list, a read view kept for compatibility: change it through
+        :meth:`restore`).
 
         With a store, ``RuntimeError`` until the session is opened: an unopened session
         is not empty, its transcript is not loaded yet."""
         self._session.check_loaded("messages")
-        return self.model_client.messages
+        return self._session.messages
 
     def _check_new_task(self) -> None:
         # Before the session is loaded its approvals are unknown: opening it checks them.
@@ -286,7 +288,7 @@ class Agent(Runnable[OutputT]):
     def __repr__(self) -> str:
         state = "running" if self.running else "idle"
         return (
-            f"<Agent {self.name!r} {state} messages={len(self.model_client.messages)} "
+            f"<Agent {self.name!r} {state} messages={len(self._session.messages)} "
             f"tools={[t.name for t in self.tools]}>"
         )
 

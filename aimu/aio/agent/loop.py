@@ -45,7 +45,7 @@ async def run_events(
     name = session.config.name
     scope = open_scope(options)
     spans = RunSpans(name, client.model, client.provider)
-    run = RunState(scope, spans, client, options)
+    run = RunState(scope, spans, session.messages, options)
     failure: BaseException | None = None
     stopped_by: BaseException | None = None
     try:
@@ -115,7 +115,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     if budget.wall_at is not None:  # one timer for the run, armed now
         loop = asyncio.get_running_loop()
         run.wall = WallTimer(loop.time() + budget.wall_at - time.monotonic())
-    messages = session.client.messages
+    messages = session.messages
     if reset:
         messages.clear()
         session.reruns = set()
@@ -142,7 +142,7 @@ async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
     corrected first if it is not a valid typed answer."""
     run.rounds, run.final_prompted = session.rounds_used()
     if task is None:
-        messages = session.client.messages
+        messages = session.messages
         open_calls = [call for _, call in dangling_calls(messages)]
         if open_calls:
             run.next = NeedsTools(open_calls, frozenset(session.reruns))

@@ -1,7 +1,7 @@
 """An agent session: its transcript, its stored record, its approvals; the only writer.
 
 :class:`Session` holds what one session of an agent keeps between runs (the transcript
-in ``client.messages``, the store session and the state beside it, the calls waiting
+in :attr:`Session.messages`, the store session and the state beside it, the calls waiting
 for a person) and is the one place that changes them: loading and restoring, recording
 each message the moment it exists, answering open calls.
 """
@@ -48,21 +48,27 @@ __all__ = ["Session", "StoredSession", "joined", "tool_message"]
 
 
 class Session:
-    """One session of an agent without a store: its transcript (``client.messages``), the
+    """One session of an agent without a store: its transcript (:attr:`messages`), the
     state kept beside it (``durable``: what a pause carries, the summary, the spend),
     and its approvals. Memory is all there is: recording is appending, and nothing is
     journalled, saved, opened or closed. :class:`StoredSession` adds the store."""
 
     __slots__ = (
-        "approvals", "client", "config", "durable", "known", "loaded", "name", "reruns",
-        "store", "system_text", "usage",
+        "approvals", "client", "config", "durable", "known", "loaded", "messages", "name",
+        "reruns", "store", "system_text", "usage",
     )
 
     def __init__(
         self, config: Config, client: ModelClient, store: Store | None, name: str | None
     ) -> None:
         self.config = config
+        #: The model client: what the session's turns are asked of (it holds no state
+        #: of the session's; any number of sessions may share one).
         self.client = client
+        #: The transcript: this session owns it. The client's ``messages`` is the same
+        #: list (a read view, for compatibility: a client given to an agent hands over
+        #: the conversation it had), never written by the client during a run.
+        self.messages: list[Message] = client.messages
         self.store = store
         #: The store session's name (None without a store).
         self.name = name
@@ -87,7 +93,7 @@ class Session:
 
     @property
     def resumable(self) -> bool:
-        return any(m["role"] == "user" for m in self.client.messages)
+        return any(m["role"] == "user" for m in self.messages)
 
     def check_resumable(self) -> None:
         self.require_task()
@@ -144,7 +150,7 @@ class Session:
     def place_system(self) -> bool:
         """Keep the system prompt present exactly once, first; True if it changed."""
         system = self.system_text
-        messages = self.client.messages
+        messages = self.messages
         if system is None:
             return False
         if messages and messages[0]["role"] == "system":
@@ -168,7 +174,7 @@ class Session:
             restored[0] = {"role": "system", "content": system}
         elif system is not None:
             restored.insert(0, {"role": "system", "content": system})
-        self.client.messages[:] = restored
+        self.messages[:] = restored
         self.durable.forget()  # what the state said of the transcript replaced goes
         self.loaded = True
 
@@ -204,7 +210,7 @@ class Session:
     def snapshot(self) -> dict[str, Any]:
         """The transcript and token usage as plain JSON data (copies)."""
         snapshot = {
-            "messages": copy_messages(self.client.messages),
+            "messages": copy_messages(self.messages),
             "usage": {"input_tokens": self.usage["input_tokens"],
                       "output_tokens": self.usage["output_tokens"]},
             **self.approvals.state(),
@@ -217,7 +223,7 @@ class Session:
 
     async def record(self, message: Message) -> None:
         """Add ``message`` to the transcript (and the store) the moment it exists."""
-        self.client.messages.append(message)
+        self.messages.append(message)
 
     async def keep_continued(
         self, prefix: AssistantMessage, message: AssistantMessage
@@ -225,7 +231,7 @@ class Session:
         """Record a continuation of ``prefix``: it replaces the answer it continued,
         joined to it (one assistant message). Returns the message as recorded."""
         whole = joined(prefix, message)
-        self.client.messages[-1] = whole
+        self.messages[-1] = whole
         return whole
 
     async def join_sent(self, scope: RunScope) -> bool:
@@ -257,7 +263,7 @@ class Session:
     def cancel_last_calls(self) -> list[ToolMessage]:
         """Give each dangling call of the last assistant turn a "cancelled" result (in
         memory); return those results."""
-        messages = self.client.messages
+        messages = self.messages
         last_assistant = len(messages) - 1
         while last_assistant > 0 and messages[last_assistant]["role"] == "tool":
             last_assistant -= 1
@@ -268,7 +274,7 @@ class Session:
         a crash left in doubt that is now not run again; return the results."""
         reruns, self.reruns = self.reruns, set()
         return settle(
-            self.client.messages,
+            self.messages,
             lambda _index, call: IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT,
             start=start,
         )
@@ -283,7 +289,7 @@ class Session:
         """Model turns made for the current task (from the transcript), and whether its
         final-turn prompt was given already."""
         rounds = 0
-        for message in reversed(self.client.messages):
+        for message in reversed(self.messages):
             role = message["role"]
             if role == "user":
                 if message["content"] == FINAL_TURN_PROMPT:
@@ -297,7 +303,7 @@ class Session:
 
     def finished_answer(self) -> AssistantMessage | None:
         """The transcript's last message if it is a whole answer (no tool call)."""
-        messages = self.client.messages
+        messages = self.messages
         last = messages[-1] if messages else None
         if last is None or last["role"] != "assistant":
             return None
@@ -324,7 +330,7 @@ class StoredSession(Session):
         durably, so a run that dies in it re-attaches instead of asking again."""
         if self.durable.writer is None:
             return
-        self.durable.remote = {**handle, "at": len(self.client.messages)}
+        self.durable.remote = {**handle, "at": len(self.messages)}
         await self.save_state()
 
     def check_resumable(self) -> None:
@@ -345,17 +351,17 @@ class StoredSession(Session):
             raise
 
     async def close(self) -> None:
-        await self.durable.close(self.client.messages, self.approvals)
+        await self.durable.close(self.messages, self.approvals)
 
     async def save_state(self) -> None:
         await self.durable.save_state(self.approvals)
 
     async def store_added(self, added: Sequence[Message]) -> None:
-        await self.durable.store_added(self.client.messages, added)
+        await self.durable.store_added(self.messages, added)
 
     async def before_run(self) -> None:
         if self.durable.writer is not None:
-            await self.durable.sync(self.client.messages)
+            await self.durable.sync(self.messages)
             if self.durable.state_stale:
                 await self.save_state()
 
@@ -395,7 +401,7 @@ class StoredSession(Session):
         """Take the stored transcript into memory (a restore() before this one wins).
         StaleDecisionError, once loaded, if a decision given while the session was not
         open was for a pause that no longer waits (it is dropped: decide again)."""
-        messages = self.client.messages
+        messages = self.messages
         stale = None
         stored = [] if self.durable.transcript_stale else await writer.load()
         if stored:
@@ -429,12 +435,12 @@ class StoredSession(Session):
         if self.durable.writer is None:
             await self.open()  # memory is stale, so opening writes it instead of loading
         if self.durable.writer is not None:
-            await self.durable.sync(self.client.messages)
+            await self.durable.sync(self.messages)
             if self.durable.state_stale:
                 await self.save_state()
 
     async def record(self, message: Message) -> None:
-        await self.durable.record(self.client.messages, message)
+        await self.durable.record(self.messages, message)
 
     async def keep_continued(
         self, prefix: AssistantMessage, message: AssistantMessage
@@ -442,11 +448,11 @@ class StoredSession(Session):
         whole = await super().keep_continued(prefix, message)
         if self.durable.writer is not None:
             self.durable.transcript_stale = True  # the stored answer replaced: rewrite it
-            await self.durable.sync(self.client.messages)
+            await self.durable.sync(self.messages)
         return whole
 
     async def store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
-        await self.durable.store_added(self.client.messages, unstored)
+        await self.durable.store_added(self.messages, unstored)
         if self.durable.writer is not None and status is not None:
             await self.save_state()
             await self.durable.writer.set_status(status)

@@ -40,7 +40,7 @@ async def settle(
         run.wall.close()
     for context in run.contexts:
         context.mark_cancelled()
-    messages = session.client.messages
+    messages = session.messages
     unstored = _kept_partial(session, run)
     if run.status in STOPPED and (phase is Phase.RUNNING or phase is Phase.CLOSING):
         unstored.extend(session.cancel_last_calls())
@@ -77,7 +77,7 @@ def _kept_partial(session: Session, run: RunState) -> list[Message]:
     """Keep what a turn cut short streamed (marked partial, its usage estimated): in
     memory, and returned to be stored (nothing: none streamed, or it replaced the answer
     it continued, so the stored transcript is rewritten)."""
-    messages = session.client.messages
+    messages = session.messages
     inflight = run.turn
     if inflight is None or not inflight.assembler.started:
         if inflight is not None:
@@ -108,7 +108,6 @@ def _stop_of(
 
 def _result_of(session: Session, run: RunState) -> RunResult[Any]:
     """The run's result, once settled: what it returned and added, and its numbers."""
-    client = session.client
     duration, started_at, ended_at = run.clock.span()
     return RunResult(
         source=session.config.name,
@@ -118,11 +117,11 @@ def _result_of(session: Session, run: RunState) -> RunResult[Any]:
         stop_reason=run.stop_reason,
         usage=run.usage,
         requests=run.requests,
-        retries=client.retry_count - run.retries_from,
+        retries=run.scope.retries,
         duration=duration,
         started_at=started_at,
         ended_at=ended_at,
-        messages=client.messages[run.first:],  # no copy: ~6 us a message, per run
+        messages=session.messages[run.first:],  # no copy: ~6 us a message, per run
         error=run.error,
         run_id=run.scope.run_id,
         spend=None if run.budget is None else run.budget.run,

@@ -14,7 +14,7 @@ from typing import Literal
 
 from aimu.aio._stops import past_deadline
 from aimu.aio._tracing import RunSpans
-from aimu.aio.client import ModelClient, TurnAssembler
+from aimu.aio.client import TurnAssembler
 from aimu.aio.ends import INTERRUPTED, LIMITED, Halt, error_text, stopped_status
 from aimu.aio.errors import StoreError
 from aimu.aio.events import CUT_OFF_REASONS, Event, RunStatus
@@ -114,12 +114,16 @@ class RunState:
     __slots__ = (
         "budget", "clock", "contexts", "continuation", "cut_answer", "deps", "error",
         "final_prompted", "first", "limit", "next", "options", "output", "output_failures",
-        "phase", "reply", "requests", "retries_from", "rounds", "scope", "spans", "status",
+        "phase", "reply", "requests", "rounds", "scope", "spans", "status",
         "stop_reason", "store_error", "turn", "usage", "usage_estimated", "wall",
     )
 
     def __init__(
-        self, scope: RunScope, spans: RunSpans, client: ModelClient, options: RunOptions
+        self,
+        scope: RunScope,
+        spans: RunSpans,
+        messages: list[Message],
+        options: RunOptions,
     ) -> None:
         self.scope = scope
         #: The call's options, or those of a workflow run around it.
@@ -143,10 +147,9 @@ class RunState:
         #: The run's OpenTelemetry spans (no-ops unless a tracer provider is set).
         self.spans = spans
         self.clock = RunClock()
-        #: Where this run's messages start in the transcript, and the client's retries
-        #: before it: the run's result reports what came after.
-        self.first = len(client.messages)
-        self.retries_from = client.retry_count
+        #: Where this run's messages start in the transcript: the run's result reports
+        #: what came after.
+        self.first = len(messages)
         self.requests = 0
         #: What the last step decided comes next (see Next).
         self.next: Next = NEEDS_MODEL

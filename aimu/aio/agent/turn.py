@@ -134,7 +134,7 @@ def _request(
     """Plan the turn's request (counted as one) and open its stream (not started)."""
     config, client, budget = session.config, session.client, run.budget
     assert budget is not None
-    inflight = run.turn = TurnInFlight(TurnAssembler(client), len(client.messages), final_turn)
+    inflight = run.turn = TurnInFlight(TurnAssembler(client), len(session.messages), final_turn)
     run.requests += 1
     budget.count_request()
     run.spans.turn_started()
@@ -188,7 +188,7 @@ def _taken_up(session: Session, run: RunState, inflight: TurnInFlight) -> list[M
     of them (``resume(continue_partial=True)`` on a server that continues a trailing
     assistant message: the model goes on from the cut) or all but that answer (the
     model answers anew). Sets the turn's prefix and ``run.continuation``."""
-    messages = session.client.messages
+    messages = session.messages
     cut, run.cut_answer = run.cut_answer, None
     if cut is None or not messages or messages[-1] is not cut:
         return messages
@@ -218,7 +218,7 @@ async def context_hit(session: Session) -> LimitHit | None:
 
 def _policy_view(session: Session, policy: ContextPolicy) -> Sequence[Message]:
     """What the context policy will send next (a summary due counted as the old one)."""
-    messages = session.client.messages
+    messages = session.messages
     if not isinstance(policy, SummarizeOlderTurns):
         return policy.view(messages)
     summary, due = session.durable.summary, policy.due(messages, session.durable.summary)
@@ -230,7 +230,7 @@ def _policy_view(session: Session, policy: ContextPolicy) -> Sequence[Message]:
 def _prompt_tokens(session: Session) -> int:
     """The next request's size in tokens: what the server counted for the last turn,
     and an estimate of what was added since."""
-    messages = session.client.messages
+    messages = session.messages
     count, tokens = session.known
     if count > len(messages):
         count, tokens = 0, 0
@@ -242,7 +242,7 @@ async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurn
     due; a request of the run's (counted in its usage and limits), stored in the
     session's state. A stop cuts it like any model turn: nothing is kept of it."""
     durable = session.durable
-    due = policy.due(session.client.messages, durable.summary)
+    due = policy.due(session.messages, durable.summary)
     if due is None:
         return
     cut, older = due
@@ -307,7 +307,7 @@ async def _cut_by_limit(
     else:
         message = await session.keep_continued(inflight.prefix, message)
     await session.answer_cut_calls()
-    run.count_estimated(session.client.messages, inflight)
+    run.count_estimated(session.messages, inflight)
     run.reply = message["content"]
     run.limited(hit)
     run.spans.turn_ended(run.usage, hit.stop_reason)
@@ -345,7 +345,7 @@ async def _end_turn(
         run.budget.count_tokens(usage, estimated=False)
     if usage["input_tokens"]:  # the server counted: later estimates start from here
         session.known = (
-            len(session.client.messages), usage["input_tokens"] + usage["output_tokens"]
+            len(session.messages), usage["input_tokens"] + usage["output_tokens"]
         )
     run.rounds += 1
     calls = message.get("tool_calls")
@@ -390,5 +390,5 @@ async def output_checked(
 
 def _after_correction(session: Session) -> bool:
     """True when the transcript ends with a correction of an invalid typed answer."""
-    messages = session.client.messages
+    messages = session.messages
     return bool(messages) and is_correction(messages[-1])

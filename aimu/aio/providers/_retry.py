@@ -157,4 +157,7 @@ class Retry:
         if scope is None:
             await asyncio.sleep(delay)
             return True
-        return not await scope.interrupted_within(delay)  # an interrupt ends it at once
+        if await scope.interrupted_within(delay):  # an interrupt ends it at once
+            return False
+        scope.retries += 1  # counted where the request is made, for the run making it
+        return True

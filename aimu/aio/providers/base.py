@@ -198,11 +198,17 @@ class TurnAssembler:
 
 
 class ModelClient(abc.ABC):
-    """An async model client holding one conversation in :attr:`messages`."""
+    """An async model client: :meth:`stream_turn` asks the model for one turn.
+
+    :meth:`chat` keeps a conversation of its own in :attr:`messages`. Given to an agent,
+    the client hands that list over: the agent's session owns it from then on, and
+    ``client.messages`` is a read view of the session's transcript (change it through
+    the agent: ``restore()``, runs). The client holds no other state of a run."""
 
     #: The prefix of ``client()`` specs for this provider.
     provider: str = ""
-    #: Requests this client retried so far (a run counts its own by the difference).
+    #: Requests this client retried so far, in all (kept for compatibility: a run counts
+    #: its own per request, on its scope: ``RunResult.retries``).
     retry_count: int = 0
     #: The server continues a trailing assistant message (a prefix) instead of starting
     #: a new reply: what ``resume(continue_partial=True)`` needs.
