@@ -23,6 +23,8 @@ __all__ = [
     "Error",
     "Health",
     "Run",
+    "RunRecord",
+    "RunRecordList",
     "SendBody",
     "Session",
     "SessionInfo",
@@ -151,6 +153,33 @@ class SessionInfo(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionInfo]
+
+
+class RunRecord(BaseModel):
+    """A run as its store keeps it (``aimu.aio.store.RunRecord``): ``running`` from its
+    start until it ends; a run whose process died stays ``running``."""
+
+    id: str
+    session: str
+    agent: str
+    parent: str | None
+    started: float
+    ended: float | None
+    status: str
+    reason: str | None
+    stop_reason: str | None
+    usage: dict[str, int] | None
+    spend: dict[str, Any] | None
+    limit: str | None
+    models: list[str]
+    recover: bool
+
+
+class RunRecordList(BaseModel):
+    runs: list[RunRecord]
+    next_before: str | None = Field(
+        description="Pass as before= for the next page; null on the last page"
+    )
 
 
 class Session(BaseModel):

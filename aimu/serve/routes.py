@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from aimu.aio import _sse as sse
 from aimu.aio._ids import EVENT_NUMBER_PATTERN, RUN_ID_PATTERN, STREAM_ID_PATTERN
 from aimu.aio.images import image_urls, received_images
+from aimu.aio.store._protocol import MAX_RUNS_PAGE
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.http import JSON
 from aimu.serve.ids import check_run_id
@@ -29,6 +30,7 @@ from aimu.serve.models import (
     EmptyBody,
     Error,
     Run,
+    RunRecordList,
     SendBody,
     Session,
     SessionList,
@@ -61,11 +63,12 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Error, "description": _WHY[status]} for status in statuses}
 
 
+_NAME: Final = "^[A-Za-z0-9._-]{1,128}$"
 SessionName = Annotated[
     str,
     Path(
         description="1-128 of A-Z a-z 0-9 . _ -, not . or ..",
-        json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,128}$"},
+        json_schema_extra={"pattern": _NAME},
     ),
 ]
 RunIdParam = Annotated[str, Path(json_schema_extra={"pattern": RUN_ID_PATTERN})]
@@ -186,6 +189,30 @@ async def resume(
 
 
 # -- runs -----------------------------------------------------------------------------------
+
+
+@router.get(
+    "/runs", response_model=RunRecordList,
+    summary="The stored run records, the latest started first, a page at a time",
+    description="Filter by session and status (running, completed, cancelled, ...); pass "
+    "next_before as before= for the next page. A run whose server died stays running.",
+    responses=errors(400, 401, 422, 503),
+)
+async def run_records(
+    request: Request,
+    session: Annotated[str | None, Query(json_schema_extra={"pattern": _NAME})] = None,
+    status: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE)] = 100,
+    before: Annotated[str | None, Query(description="A run record's id")] = None,
+) -> dict[str, Any]:
+    try:
+        found = await _runs(request).store.runs(session, status, limit, before)
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
+    return {
+        "runs": [record.to_json() for record in found],
+        "next_before": found[-1].id if len(found) == limit else None,
+    }
 
 
 @router.get(

@@ -44,7 +44,7 @@ async def test_health_needs_nothing(http: httpx.AsyncClient) -> None:
 ROUTES = {
     ("/health", "GET"), ("/sessions", "GET"), ("/sessions/{session}", "GET"),
     ("/sessions/{session}", "DELETE"), ("/sessions/{session}/runs", "POST"),
-    ("/sessions/{session}/resume", "POST"), ("/runs/{run_id}", "GET"),
+    ("/sessions/{session}/resume", "POST"), ("/runs", "GET"), ("/runs/{run_id}", "GET"),
     ("/runs/{run_id}/events", "GET"), ("/runs/{run_id}/cancel", "POST"),
     ("/runs/{run_id}/interrupt", "POST"), ("/runs/{run_id}/stop", "POST"),
     ("/runs/{run_id}/send", "POST"), ("/runs/{run_id}/approvals/{call_id}", "POST"),
@@ -135,6 +135,37 @@ async def test_a_tool_round_streams_its_events(http: httpx.AsyncClient) -> None:
 
 
 # -- stopping ------------------------------------------------------------------------------
+
+
+async def test_the_stored_run_records_listed(http: httpx.AsyncClient) -> None:
+    """GET /runs: the store's run records, newest first, filtered, a page at a time; bad
+    filters answered 400 (422 for a limit out of range) in the one error shape."""
+    for task in ("one", "two"):
+        assert (await finished(http, await start(http, "listed", task)))["status"] == "completed"
+    response = await http.get("/runs", params={"session": "listed"})
+    assert response.status_code == 200
+    body = response.json()
+    runs = body["runs"]
+    assert [r["status"] for r in runs] == ["completed", "completed"]
+    assert runs[0]["started"] >= runs[1]["started"] and body["next_before"] is None
+    assert runs[0]["session"] == "listed" and runs[0]["ended"] >= runs[0]["started"]
+    assert runs[0]["usage"]["output_tokens"] > 0 and runs[0]["models"]
+    page = (await http.get("/runs", params={"session": "listed", "limit": 1})).json()
+    assert page["runs"] == runs[:1] and page["next_before"] == runs[0]["id"]
+    rest = await http.get(
+        "/runs", params={"session": "listed", "limit": 1, "before": page["next_before"]}
+    )
+    assert rest.json()["runs"] == runs[1:]
+    assert (await http.get("/runs", params={"status": "cancelled", "session": "listed"})).json()[
+        "runs"] == []
+    for params, status, says in [
+        ({"status": "done"}, 400, "unknown run status 'done'"),
+        ({"before": "nope"}, 400, "unknown run id 'nope'"),
+        ({"session": "a b"}, 400, "invalid session name"),
+        ({"limit": 0}, 400, "limit"),
+    ]:
+        bad = await http.get("/runs", params=params)
+        assert bad.status_code == status and says in bad.json()["error"], bad.json()
 
 
 async def test_cancel_keeps_the_partial_reply_and_frees_the_session(
