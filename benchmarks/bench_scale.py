@@ -44,10 +44,12 @@ from functools import partial
 from typing import Any
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNKS = 20
 HELD_CHUNKS = 2  # cancel-all: the server sends this many text chunks, then holds the stream
 TASK = "What is the weather in Paris?"
 HELD_TASK = "Hold on: what is the weather in Paris?"  # the server holds its answer mid-way
+SERVED = "Served #"  # --app: a task of this prefix is answered at once, and held mid-way
 ANSWER = " ".join(f"word{i}" for i in range(CHUNKS))
 CONTENDERS = ("floor", "aimu", "pydantic-ai", "openai-agents")
 
@@ -73,12 +75,22 @@ def serve(delay: float) -> None:
     call = Turn(tool_calls=[ScriptedCall("lookup", {"city": "Paris"})])
     answer = Turn(text=ANSWER, chunks=CHUNKS, delay=delay)
     held = Turn(text=ANSWER, chunks=CHUNKS, fault="hang", fault_after=HELD_CHUNKS)
+    tags: dict[int, str] = {}  # a served run's stream (its index) -> its task
+
     def script(body: Mapping[str, Any]) -> Turn:
+        task = str(body["messages"][-1].get("content"))
+        if task.startswith(SERVED):  # through aimu serve: no tool, held at once
+            tags[len(server.streams)] = task
+            return held
         if not any(m.get("role") == "tool" for m in body.get("messages", ())):
             return call
         return held if body["messages"][0].get("content") == HELD_TASK else answer
 
     server = LoopbackServer(script)
+
+    def held_count(count: int = 0) -> int | bool:  # streams held mid-way: how many, >= count
+        done = sum(s.chunks_sent >= HELD_CHUNKS for s in server.streams if s.fault)
+        return done >= count if count else done
 
     def ended(count: int = 0) -> int | bool:  # the held streams ended: how many, or >= count
         done = sum(s.abandoned or s.completed for s in server.streams if s.fault)
@@ -96,6 +108,16 @@ def serve(delay: float) -> None:
             if command == "reset":  # forget the last round
                 server.requests.clear()
                 server.streams.clear()
+                tags.clear()
+            elif command == "held":  # wait until N streams are held mid-way
+                with contextlib.suppress(TimeoutError):
+                    await server.wait_until(partial(held_count, int(args[0])), float(args[1]))
+                answer = {"held": held_count()}
+            elif command == "tags":  # wait until N held streams ended; when each did
+                with contextlib.suppress(TimeoutError):
+                    await server.wait_until(partial(ended, int(args[0])), float(args[1]))
+                answer = {tags[i]: s.abandoned_at for i, s in enumerate(server.streams)
+                          if i in tags and s.abandoned_at}
             elif command == "stats":
                 answer = {"requests": len(server.requests), "streams": len(server.streams),
                           "held": sum(s.chunks_sent >= HELD_CHUNKS for s in server.streams
@@ -467,6 +489,121 @@ def one(server: Server, name: str, n: int, phases: str, rounds: int) -> dict[str
     return out
 
 
+# -- aimu serve: N runs over HTTP, N SSE followers, N cancels -------------------------------
+
+APP = """
+import os, uvicorn
+from aimu import aio, serve
+model = aio.client("openai:test", base_url=os.environ["BENCH_MODEL_URL"])
+app = serve.app(model, store=os.environ["BENCH_STORE"], token=None,
+                redis=os.environ.get("BENCH_REDIS") or None)
+uvicorn.run(app, host="127.0.0.1", port=int(os.environ["BENCH_PORT"]), log_level="warning",
+            backlog=4096)
+"""
+
+
+def vm_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+async def app_scale(server: Server, n: int, redis: str | None, store: str) -> dict[str, Any]:
+    """N runs started over HTTP on one ``aimu serve`` process, each followed over SSE and
+    held mid-stream by the model server, then all cancelled over HTTP at once."""
+    import socket
+
+    import httpx
+
+    server.ask("reset")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": ROOT, "BENCH_MODEL_URL": server.url,
+           "BENCH_STORE": store, "BENCH_PORT": str(port), "BENCH_REDIS": redis or ""}
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", APP, env=env,
+                                                 stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    # Clients of 32 connections each: one httpx pool of 2N would cost this side O(N) a request.
+    clients = [httpx.AsyncClient(base_url=url, timeout=300,
+                                 limits=httpx.Limits(max_connections=32))
+               for _ in range(2 * n // 32 + 1)]
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.TransportError):
+                if (await clients[0].get("/health")).status_code == 200:
+                    break
+            await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError("aimu serve did not start")
+        idle = vm_rss(child.pid)
+        texts = 0
+        all_text = asyncio.Event()
+
+        async def start(i: int) -> str:
+            response = await clients[i % len(clients)].post(
+                f"/sessions/scale-{i}/runs", json={"task": f"{SERVED}{i}"})
+            response.raise_for_status()
+            return str(response.json()["run_id"])
+
+        async def follow(i: int, run_id: str) -> None:
+            nonlocal texts
+            seen = False
+            http = clients[(n + i) % len(clients)]
+            async with http.stream("GET", f"/runs/{run_id}/events") as response:
+                async for line in response.aiter_lines():
+                    if line == "event: text" and not seen:
+                        seen = True
+                        texts += 1
+                        if texts == n:
+                            all_text.set()
+                    if line == "event: handle_finished":
+                        return
+
+        began = time.perf_counter()
+        run_ids = await asyncio.gather(*(start(i) for i in range(n)))
+        followers = [asyncio.ensure_future(follow(i, r)) for i, r in enumerate(run_ids)]
+        async with asyncio.timeout(300):
+            await all_text.wait()
+        started_s = time.perf_counter() - began
+        held = server.ask(f"held {n} 60")["held"]
+        in_flight = vm_rss(child.pid)
+        sent: dict[str, float] = {}
+
+        async def cancel(i: int, run_id: str) -> None:
+            sent[f"{SERVED}{i}"] = time.monotonic()
+            response = await clients[i % len(clients)].post(f"/runs/{run_id}/cancel")
+            response.raise_for_status()
+
+        begin = time.monotonic()
+        await asyncio.gather(*(cancel(i, r) for i, r in enumerate(run_ids)))
+        cancels = time.monotonic() - begin
+        closed = server.ask(f"tags {n} 120")
+        async with asyncio.timeout(300):
+            await asyncio.gather(*followers)
+        latencies = [(closed[tag] - at) * 1000 for tag, at in sent.items() if tag in closed]
+        return {
+            "n": n, "backend": "redis" if redis else "local", "start_s": started_s,
+            "held": held, "closed": len(latencies),
+            "cancel_p50_ms": percentile(latencies, 0.5) if latencies else float("nan"),
+            "cancel_p99_ms": percentile(latencies, 0.99) if latencies else float("nan"),
+            "cancels_ms": cancels * 1000, "rss_per_run_kb": (in_flight - idle) / n / 1024,
+            "load": os.getloadavg()[0],
+        }
+    finally:
+        for http in clients:
+            await http.aclose()
+        child.terminate()
+        await child.wait()
+
+
 def spread(values: list[float]) -> str:
     median = statistics.median(values)
     if len(values) < 2:
@@ -486,6 +623,11 @@ def main() -> None:
                         help="throughput (all runs to their answer), cancel (cancel-all)")
     parser.add_argument("--leak", type=int, default=0, metavar="ROUNDS",
                         help="also run ROUNDS rounds of N in one process; RSS growth")
+    parser.add_argument("--app", type=int, default=0, metavar="N",
+                        help="instead: N runs over HTTP on one aimu serve process, followed "
+                             "over SSE and cancelled over HTTP (local backend, and Redis too "
+                             "with --redis)")
+    parser.add_argument("--redis", help="with --app: also with this Redis (redis://...)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -497,6 +639,9 @@ def main() -> None:
     if options.client:
         options.n = int(options.n)
         client_main(options)
+        return
+    if options.app:
+        app_main(options)
         return
     sizes = [int(x) for x in options.n.split(",")]
     names = [c for c in options.contenders.split(",") if c]
@@ -525,6 +670,33 @@ def main() -> None:
     finally:
         server.close()
     report(rows, sizes, names, options)
+
+
+def app_main(options: argparse.Namespace) -> None:
+    import tempfile
+
+    server = Server(options.delay)
+    rows = []
+    try:
+        for _ in range(options.repeats):
+            for redis in [None, options.redis] if options.redis else [None]:
+                with tempfile.TemporaryDirectory() as home:
+                    row = asyncio.run(app_scale(server, options.app, redis,
+                                                os.path.join(home, "sessions.db")))
+                print(f"  {json.dumps(row)}", file=sys.stderr, flush=True)
+                rows.append(row)
+    finally:
+        server.close()
+    print(f"\naimu serve, {options.app:,} runs over HTTP, each followed over SSE, held "
+          "mid-stream, then all cancelled over HTTP at once")
+    head = ("backend", "all streaming s", "cancel → stream closed p50 ms", "p99 ms",
+            "all cancels answered ms", "server RSS KB/run", "load")
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
+    for row in rows:
+        print(f"| {row['backend']} | {row['start_s']:.1f} | {row['cancel_p50_ms']:.0f} | "
+              f"{row['cancel_p99_ms']:.0f} | {row['cancels_ms']:.0f} | "
+              f"{row['rss_per_run_kb']:.1f} | {row['load']:.1f} |")
 
 
 def report(rows: dict[tuple[int, str], list[dict[str, Any]]], sizes: list[int],

@@ -521,6 +521,7 @@ class HTTPModelClient(ModelClient):
                 began = False  # a chunk of the turn went out: no retry from here on
                 # An async generator (httpx's body iterator): closed below, not by the GC.
                 pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+                closed = False
                 try:
                     with reporter:
                         if not stream:
@@ -533,8 +534,9 @@ class HTTPModelClient(ModelClient):
                             rest = lines.pop()
                             for line in lines:
                                 chunks, echo = _line_chunks(decoder, echo, line)
-                                if decoder.finished:
-                                    await _drain(pieces)  # the connection goes back to the pool
+                                if decoder.finished:  # the connection goes back to the pool
+                                    closed = True
+                                    await _closed(pieces, response, drain=True)
                                 for chunk in chunks:
                                     began = True
                                     yield chunk
@@ -555,8 +557,8 @@ class HTTPModelClient(ModelClient):
                 finally:
                     # Closes the HTTP response now, whether we finished, failed, were
                     # closed or cancelled; the server sees the connection go.
-                    await pieces.aclose()
-                    await response.aclose()
+                    if not closed:
+                        await _closed(pieces, response, drain=False)
                 attempt = await self._next_attempt(attempt, failure, reporter)
         finally:
             self._pool.release(shard)
@@ -670,15 +672,62 @@ def _tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
     return chunks
 
 
+async def _closed(
+    pieces: AsyncGenerator[bytes, None], response: httpx.Response, *, drain: bool
+) -> None:
+    """Close a reply (what is left of it read first when ``drain``) in a task of its own.
+
+    httpx marks a response closed before httpcore gives its connection back, so a cancel
+    landing inside that close (a Stop, a cancel of every run, a timeout) left the
+    connection taken for good: its pool never served another request through it (a run
+    waiting for it never started) and the socket stayed open until the process exited.
+    Shielded, the close always completes; the cancel still reaches the caller.
+    """
+    closing = asyncio.ensure_future(_close(pieces, response, drain))
+    try:
+        await asyncio.shield(closing)
+    except BaseException:
+        closing.add_done_callback(_retrieve)
+        raise
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failure closing a reply we stopped reading is not news
+
+
+async def _close(
+    pieces: AsyncGenerator[bytes, None], response: httpx.Response, drain: bool
+) -> None:
+    try:
+        if drain:
+            await _drain(pieces)
+    finally:
+        try:
+            await pieces.aclose()
+        finally:
+            await response.aclose()
+
+
 async def _drain(rest: AsyncGenerator[bytes, None]) -> None:
     """Read what is left of a finished reply, so its connection can serve the next request.
 
     After the final marker only the end of the body should remain; a server that sends
-    more, or fails, or dawdles beyond a second just costs us that connection.
+    more, or fails, or dawdles beyond a second just costs us that connection. The read
+    runs in a task of its own, cancelled when the second is up: a timeout around httpx
+    could land as httpx closes the body it has just read to its end (see _closed).
     """
+    reading = asyncio.ensure_future(_read_all(rest))
     try:
-        async with asyncio.timeout(_DRAIN_LIMIT):
-            async for _ in rest:
-                pass
-    except (httpx.HTTPError, TimeoutError):
-        pass  # the reply is complete: a failure now is the server's. A cancel propagates.
+        await asyncio.wait((reading,), timeout=_DRAIN_LIMIT)
+    finally:
+        if not reading.done():
+            reading.cancel()
+            await asyncio.wait((reading,))
+    if not reading.cancelled():
+        reading.exception()  # the reply is complete: a failure now is the server's
+
+
+async def _read_all(rest: AsyncGenerator[bytes, None]) -> None:
+    async for _ in rest:
+        pass

@@ -12,13 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from provider_support import assert_only_current_task, open_connections
+from provider_support import MakeClient, assert_only_current_task, open_connections
 
 from aimu import aio
-from aimu.aio.client import ModelClient, TextDelta
+from aimu.aio.client import TextDelta
 from aimu.aio.errors import ModelConnectionError
 from aimu.aio.providers._http import SHARD_SIZE
-from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
@@ -42,12 +41,6 @@ def tool_then_held_answer(body: Mapping[str, Any]) -> Turn:
 
 def held_count(server: LoopbackServer) -> int:
     return sum(record.fault == "hang" and record.chunks_sent >= 1 for record in server.streams)
-
-
-def make_for(provider: str, server: LoopbackServer, **options: Any) -> ModelClient:
-    if provider == "ollama":
-        return OllamaClient("llama-test", host=server.url, **options)
-    return OpenAIClient("gpt-test", base_url=server.openai_base_url, **options)
 
 
 async def test_every_run_is_in_flight_at_once_and_a_cancel_of_all_closes_every_stream() -> None:
@@ -93,50 +86,52 @@ async def test_every_run_is_in_flight_at_once_and_a_cancel_of_all_closes_every_s
 
 
 async def test_past_concurrency_a_request_waits_says_so_and_fails_clearly(
-    provider: str, caplog: pytest.LogCaptureFixture
+    server: LoopbackServer, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with LoopbackServer([HELD, Turn(text="late"), Turn(text="again")]) as server:
-        model = make_for(provider, server, concurrency=1, timeout=0.2)
-        first = model.stream_turn([{"role": "user", "content": "one"}])
-        assert isinstance(await anext(first), TextDelta)  # holds the only slot
-        with caplog.at_level(logging.WARNING, logger="aimu"):
-            second = model.stream_turn([{"role": "user", "content": "two"}])
-            with pytest.raises(ModelConnectionError, match=r"waited 0.2s for a slot: "
-                               r"concurrency=1 requests were in flight"):
-                async with asyncio.timeout(10):  # the old semaphore waited for ever
-                    await anext(second)
-        assert "concurrency=1" in caplog.text and "wait for a slot" in caplog.text
-        assert len(server.requests) == 1  # the second never went out
-        await first.aclose()  # the slot comes back: the next request goes
-        chunks = [c async for c in model.stream_turn([{"role": "user", "content": "3"}])]
-        assert "late" in "".join(c.text for c in chunks if isinstance(c, TextDelta))
-        assert open_connections(model) == 1
-        await model.aclose()
+    server.script = [HELD, Turn(text="late"), Turn(text="again")]
+    model = make_client(concurrency=1, timeout=0.2)
+    first = model.stream_turn([{"role": "user", "content": "one"}])
+    assert isinstance(await anext(first), TextDelta)  # holds the only slot
+    with caplog.at_level(logging.WARNING, logger="aimu"):
+        second = model.stream_turn([{"role": "user", "content": "two"}])
+        with pytest.raises(ModelConnectionError, match=r"waited 0.2s for a slot: "
+                           r"concurrency=1 requests were in flight"):
+            async with asyncio.timeout(10):  # the old semaphore waited for ever
+                await anext(second)
+    assert "concurrency=1" in caplog.text and "wait for a slot" in caplog.text
+    assert len(server.requests) == 1  # the second never went out
+    await first.aclose()  # the slot comes back: the next request goes
+    chunks = [c async for c in model.stream_turn([{"role": "user", "content": "3"}])]
+    assert "late" in "".join(c.text for c in chunks if isinstance(c, TextDelta))
+    assert open_connections(model) == 1
+    await model.aclose()
     await assert_only_current_task()
 
 
-async def test_a_slot_handed_to_a_request_cancelled_meanwhile_passes_on(provider: str) -> None:
-    async with LoopbackServer([HELD, Turn(text="third")]) as server:
-        model = make_for(provider, server, concurrency=1)
-        pool: Any = model._pool  # type: ignore[attr-defined]
-        first = model.stream_turn([{"role": "user", "content": "one"}])
-        await anext(first)
+async def test_a_slot_handed_to_a_request_cancelled_meanwhile_passes_on(
+    server: LoopbackServer, make_client: MakeClient
+) -> None:
+    server.script = [HELD, Turn(text="third")]
+    model = make_client(concurrency=1)
+    pool: Any = model._pool  # type: ignore[attr-defined]
+    first = model.stream_turn([{"role": "user", "content": "one"}])
+    await anext(first)
 
-        async def take(name: str) -> str:
-            chunks = model.stream_turn([{"role": "user", "content": name}])
-            return "".join([c.text async for c in chunks if isinstance(c, TextDelta)])
+    async def take(name: str) -> str:
+        chunks = model.stream_turn([{"role": "user", "content": name}])
+        return "".join([c.text async for c in chunks if isinstance(c, TextDelta)])
 
-        second = asyncio.create_task(take("two"))
-        third = asyncio.create_task(take("three"))
-        while len(pool._queue) < 2:  # noqa: ASYNC110 - both wait for the slot: provable
-            await asyncio.sleep(0)
-        await first.aclose()  # hands the slot to the second's waiter...
-        second.cancel()  # ...which is cancelled before it runs: the third must get it
-        with pytest.raises(asyncio.CancelledError):
-            await second
-        assert await asyncio.wait_for(third, timeout=10) == "third"
-        assert pool.busy == 0 and not pool._queue
-        await model.aclose()
+    second = asyncio.create_task(take("two"))
+    third = asyncio.create_task(take("three"))
+    while len(pool._queue) < 2:  # noqa: ASYNC110 - both wait for the slot: provable
+        await asyncio.sleep(0)
+    await first.aclose()  # hands the slot to the second's waiter...
+    second.cancel()  # ...which is cancelled before it runs: the third must get it
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert await asyncio.wait_for(third, timeout=10) == "third"
+    assert pool.busy == 0 and not pool._queue
+    await model.aclose()
     await assert_only_current_task()
 
 
@@ -146,3 +141,47 @@ def test_concurrency_is_checked() -> None:
             OpenAIClient("m", base_url="http://127.0.0.1:9/v1", concurrency=bad)  # type: ignore[arg-type]
     unbounded = OpenAIClient("m", base_url="http://127.0.0.1:9/v1", concurrency=None)
     assert unbounded._pool.concurrency is None  # type: ignore[attr-defined]
+
+
+async def test_a_cancel_landing_as_httpx_gives_the_connection_back_leaves_none_taken(
+    server: LoopbackServer, make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # httpx marks a reply closed before httpcore gives its connection back: a cancel
+    # landing in between (here at a provable point: httpcore's release, held open) used
+    # to leave the connection taken for good, its socket open until the process ended.
+    import httpcore._async.http11 as http11
+
+    entered, release = asyncio.Event(), asyncio.Event()
+    give_back = http11.AsyncHTTP11Connection._response_closed
+
+    async def held_give_back(self: http11.AsyncHTTP11Connection) -> None:
+        entered.set()
+        await release.wait()
+        await give_back(self)
+
+    monkeypatch.setattr(http11.AsyncHTTP11Connection, "_response_closed", held_give_back)
+    server.script = [Turn(text="a b"), Turn(text="c d")]
+    model = make_client(concurrency=1)
+    pool: Any = model._pool  # type: ignore[attr-defined]
+
+    async def read() -> list[str]:
+        chunks = model.stream_turn([{"role": "user", "content": "one"}])
+        return [c.text async for c in chunks if isinstance(c, TextDelta)]
+
+    reading = asyncio.create_task(read())
+    await entered.wait()  # the reply was read to its end; httpcore is giving it back
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading  # the cancel still reaches the run
+    release.set()
+    httpcore_pool = pool._shards[0].http._transport._pool
+    async with asyncio.timeout(10):  # the old code never gave it back
+        while httpcore_pool._requests:  # noqa: ASYNC110 - the close ends in its task
+            await asyncio.sleep(0)
+    assert pool.busy == 0
+    assert open_connections(model) == 1  # kept alive, idle, for the next request
+    chunks = [c async for c in model.stream_turn([{"role": "user", "content": "2"}])]
+    assert "c d" in "".join(c.text for c in chunks if isinstance(c, TextDelta))
+    assert open_connections(model) == 1  # the same connection served it
+    await model.aclose()
+    await assert_only_current_task()
