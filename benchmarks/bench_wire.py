@@ -1,5 +1,5 @@
-"""Whole tool rounds over the wire: ``ollama:``, ``openai:``, ``anthropic:`` and
-``openai-responses:`` against bare httpx; and how soon the server sees a cancelled stream
+"""Whole tool rounds over the wire: ``ollama:``, ``openai:``, ``anthropic:``,
+``openai-responses:`` and ``gemini:`` against bare httpx; and how soon the server sees a cancelled stream
 closed.
 
     python benchmarks/bench_wire.py                    # wall time, growth, concurrency
@@ -54,7 +54,7 @@ from aimu import aio
 from aimu.aio.providers._http import DEFAULT_CONCURRENCY, ssl_context
 
 Run = Callable[[], Awaitable[None]]
-PROVIDERS = ("ollama", "openai", "anthropic", "openai-responses")
+PROVIDERS = ("ollama", "openai", "anthropic", "openai-responses", "gemini")
 
 
 async def noop(n: int) -> str:
@@ -69,6 +69,9 @@ TOOLS = [{"type": "function", "function": {
 RESPONSES_TOOLS = [{"type": "function", "name": "noop", "strict": False,
                     "description": TOOLS[0]["function"]["description"],
                     "parameters": TOOLS[0]["function"]["parameters"]}]
+GEMINI_TOOLS = [{"functionDeclarations": [{
+    "name": "noop", "description": "Does nothing; returns its argument.",
+    "parametersJsonSchema": TOOLS[0]["function"]["parameters"]}]}]
 ANTHROPIC_TOOLS = [{"name": "noop", "description": "Does nothing; returns its argument.",
                     "input_schema": TOOLS[0]["function"]["parameters"]}]
 
@@ -79,6 +82,8 @@ def client(provider: str, url: str) -> aio.ModelClient:
         return aio.client("ollama:bench", host=url)
     if provider == "anthropic":
         return aio.client("anthropic:bench", base_url=url, api_key="sk-ant-bench")
+    if provider == "gemini":
+        return aio.client("gemini:bench", base_url=url, api_key="AIza-bench")
     return aio.client(f"{provider}:bench", base_url=url + "/v1", api_key="sk-bench")
 
 
@@ -223,6 +228,42 @@ def _bare_responses(url: str, rounds: int) -> Run:
     return run
 
 
+async def _bare_gemini_turn(
+    http: httpx.AsyncClient, url: str, contents: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """streamGenerateContent SSE: the reply's parts as they came (signatures included)."""
+    parts: list[dict[str, Any]] = []
+    body = {"contents": contents, "tools": GEMINI_TOOLS}
+    endpoint = url + "/v1beta/models/bench:streamGenerateContent?alt=sse"
+    headers = {"x-goog-api-key": "AIza-bench"}
+    async with http.stream("POST", endpoint, json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            for candidate in json.loads(line[6:]).get("candidates") or ():
+                parts += (candidate.get("content") or {}).get("parts") or ()
+    return parts
+
+
+def _bare_gemini(url: str, rounds: int) -> Run:
+    async def run() -> None:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+            contents: list[dict[str, Any]] = [
+                {"role": "user", "parts": [{"text": f"rounds={rounds}"}]}]
+            while True:
+                parts = await _bare_gemini_turn(http, url, contents)
+                contents.append({"role": "model", "parts": parts})
+                calls = [p["functionCall"] for p in parts if "functionCall" in p]
+                if not calls:
+                    return
+                contents.append({"role": "user", "parts": [
+                    {"functionResponse": {"name": c["name"],
+                                          "response": {"output": await noop(**c["args"])}}}
+                    for c in calls]})
+
+    return run
+
+
 async def _bare_turn(
     http: httpx.AsyncClient, provider: str, url: str, messages: list[dict[str, Any]]
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -230,6 +271,11 @@ async def _bare_turn(
         return await _bare_responses_turn(http, url, messages)
     if provider == "anthropic":
         return await _bare_anthropic_turn(http, url, messages)
+    if provider == "gemini":
+        contents = [{"role": "user", "parts": [{"text": m["content"]}]} for m in messages]
+        parts = await _bare_gemini_turn(http, url, contents)
+        text_parts = "".join(p.get("text", "") for p in parts)
+        return text_parts, [p["functionCall"] for p in parts if "functionCall" in p]
     text: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     if provider == "ollama":
@@ -266,6 +312,8 @@ def bare(provider: str, url: str, rounds: int) -> Run:
         return _bare_responses(url, rounds)
     if provider == "anthropic":
         return _bare_anthropic(url, rounds)
+    if provider == "gemini":
+        return _bare_gemini(url, rounds)
 
     async def run() -> None:
         async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:

@@ -99,6 +99,8 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         "OPENAI_API_KEY": "sk-docs-test",
         "ANTHROPIC_BASE_URL": server.url,
         "ANTHROPIC_API_KEY": "sk-ant-docs-test",
+        "GEMINI_BASE_URL": server.url,
+        "GEMINI_API_KEY": "AIza-docs-test",
         "AIMU_HOME": str(tmp_path / "aimu-home"),
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

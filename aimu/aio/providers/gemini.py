@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from operator import is_, itemgetter
+from typing import Any, Self, cast
 from urllib.parse import quote
 
 from aimu.aio._sse import SSEParser
@@ -75,6 +76,7 @@ _TOOL_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
 #: Gemini's finish reasons that are not a safety stop, as aimu's stop reasons.
 _FINISHED = {"STOP": "stop", "MAX_TOKENS": "length"}
 _MALFORMED = "MALFORMED_FUNCTION_CALL"
+_CONTENT = itemgetter("content")
 _VERSION = re.compile(r"v\d+(?:alpha|beta)?\d*")
 _CALLED_NAME = re.compile(r"([A-Za-z_][\w.:-]*)\s*\(")
 
@@ -150,28 +152,42 @@ def to_request(messages: Sequence[Message]) -> tuple[dict[str, Any] | None, list
     message after them; a cut reply and its continuation); partial replies with nothing
     in them are left out.
     """
+    system, contents, _ = _contents(messages)
+    return system, contents
+
+
+def _contents(
+    messages: Sequence[Message], offset: int = 0
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[int]]:
+    """:func:`to_request`, and for each content the index (plus ``offset``) of the
+    message it starts with."""
     system: dict[str, Any] | None = None
     contents: list[dict[str, Any]] = []
+    starts: list[int] = []
     calls: Sequence[ToolCall] = ()
     native: Mapping[str, Any] = {}
     results: list[ToolMessage] = []
+    first_result = 0
 
-    def add(role: str, parts: list[dict[str, Any]]) -> None:
+    def add(role: str, parts: list[dict[str, Any]], index: int) -> None:
         if not parts:
             return
         if contents and contents[-1]["role"] == role:
             contents[-1]["parts"].extend(parts)
         else:
             contents.append({"role": role, "parts": parts})
+            starts.append(index + offset)
 
     def flush_results() -> None:
         if results:
-            add("user", _response_parts(results, calls, native))
+            add("user", _response_parts(results, calls, native), first_result)
             results.clear()
 
-    for message in messages:
+    for index, message in enumerate(messages):
         role = message["role"]
         if role == "tool":
+            if not results:
+                first_result = index
             results.append(cast(ToolMessage, message))
             continue
         flush_results()
@@ -179,14 +195,60 @@ def to_request(messages: Sequence[Message]) -> tuple[dict[str, Any] | None, list
             if message["content"]:
                 system = {"parts": [{"text": message["content"]}]}
         elif role == "user":
-            add("user", _user_parts(cast(UserMessage, message)))
+            add("user", _user_parts(cast(UserMessage, message)), index)
         else:
             assistant = cast(AssistantMessage, message)
             calls = assistant.get("tool_calls", ())
             native = native_data(message, WIRE) or {}
-            add("model", _model_parts(assistant))
+            add("model", _model_parts(assistant), index)
     flush_results()
-    return system, contents
+    return system, contents, starts
+
+
+class _ContentsCache:
+    """The encoded contents of the transcript sent last time, so a request re-encodes
+    only from the last model content on when the transcript grew at its end (messages
+    are treated as immutable once sent, as :class:`~aimu.aio.providers._wire.WireEncoder`
+    does)."""
+
+    __slots__ = ("encoded", "objects", "starts", "system", "texts")
+
+    def __init__(self) -> None:
+        self.objects: list[Message] = []
+        self.texts: list[str] = []
+        self.encoded: list[bytes] = []
+        self.starts: list[int] = []
+        self.system: dict[str, Any] | None = None
+
+    def _restart(self, messages: Sequence[Message]) -> int:
+        """The content to encode again from (0: all), for ``messages``."""
+        known = len(self.objects)
+        if not known or len(messages) < known:
+            return 0
+        sent = messages[:known]
+        if not (all(map(is_, self.objects, sent)) and all(
+            map(is_, self.texts, map(_CONTENT, sent))
+        )):
+            return 0
+        for position in range(len(self.starts) - 1, 0, -1):
+            if messages[self.starts[position]]["role"] == "assistant":
+                return position
+        return 0
+
+    def encode(self, messages: Sequence[Message]) -> tuple[dict[str, Any] | None, bytes]:
+        """The ``systemInstruction`` and the JSON array of ``contents``."""
+        position = self._restart(messages)
+        if position:
+            first = self.starts[position]
+            _, contents, starts = _contents(messages[first:], first)
+            self.encoded[position:] = [dumps(content) for content in contents]
+            self.starts[position:] = starts
+        else:
+            self.system, contents, self.starts = _contents(messages)
+            self.encoded = [dumps(content) for content in contents]
+        self.objects = list(messages)
+        self.texts = [message["content"] for message in messages]
+        return self.system, b"[" + b",".join(self.encoded) + b"]"
 
 
 def _declaration(tool: ToolSpec) -> dict[str, Any]:
@@ -274,6 +336,7 @@ class GeminiClient(HTTPModelClient):
         self.safety_settings = [dict(setting) for setting in safety_settings or ()]
         self.context_window = check_context_window(context_window)
         self._path = f"{self.url}/models/{quote(self.model, safe='-._~')}"
+        self._contents = _ContentsCache()
 
     @property
     def base_url(self) -> str:
@@ -297,8 +360,8 @@ class GeminiClient(HTTPModelClient):
         stream: bool,
         request: TurnRequest | None = None,
     ) -> bytes:
-        system, contents = to_request(messages)
-        body: dict[str, Any] = {"contents": contents}
+        system, contents = self._contents.encode(messages)
+        body: dict[str, Any] = {}
         if system is not None:
             body["systemInstruction"] = system
         if tools:
@@ -314,7 +377,13 @@ class GeminiClient(HTTPModelClient):
             body["generationConfig"] = generation
         if self.safety_settings:
             body["safetySettings"] = self.safety_settings
-        return dumps(body)
+        head = b'{"contents":' + contents
+        return head + (b"," + dumps(body)[1:] if body else b"}")
+
+    def fork(self) -> Self:
+        twin = super().fork()
+        twin._contents = _ContentsCache()
+        return twin
 
     def status_hint(self, status: int) -> str:
         if status in (400, 401, 403):

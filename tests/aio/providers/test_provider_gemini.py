@@ -322,3 +322,29 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
     assert "API key not valid: ***" in str(errors[0])
     assert "GEMINI_API_KEY" in str(errors[0])
     assert KEY not in caplog.text
+
+
+def test_a_growing_transcript_encodes_as_a_fresh_one() -> None:
+    """The encoded contents are reused as the transcript grows; what goes out is what a
+    fresh client sends, merges across the boundary (results, then a user message) and a
+    replaced message included."""
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+    grown: list[Message] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "cut", "aimu_partial": True},
+        {"role": "assistant", "content": "on", "tool_calls": [call]},  # type: ignore[list-item]
+        {"role": "tool", "content": "1", "tool_call_id": "a", "name": "f"},
+        {"role": "user", "content": "and"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "more"},
+    ]
+    model = GeminiClient("m", base_url="http://h/v1beta")
+    for end in range(1, len(grown) + 1):
+        fresh = GeminiClient("m", base_url="http://h/v1beta")
+        assert model.body(grown[:end], None, True) == fresh.body(grown[:end], None, True), end
+    replaced = [*grown[:-1], {"role": "user", "content": "other"}]
+    fresh = GeminiClient("m", base_url="http://h/v1beta")
+    assert model.body(replaced, None, True) == fresh.body(replaced, None, True)
+    assert json.loads(model.body(replaced, None, True))["contents"][-1] == {
+        "role": "user", "parts": [{"text": "other"}]}
