@@ -1,6 +1,6 @@
 """Whole tool rounds over the wire: ``ollama:``, ``openai:``, ``anthropic:``,
-``openai-responses:`` and ``gemini:`` against bare httpx; and how soon the server sees a cancelled stream
-closed.
+``openai-responses:`` and ``gemini:`` against bare httpx; and how soon the server sees a
+cancelled stream closed.
 
     python benchmarks/bench_wire.py                    # wall time, growth, concurrency
     python benchmarks/bench_wire.py --callgrind        # + instructions (valgrind)
