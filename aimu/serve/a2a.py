@@ -425,31 +425,34 @@ async def _streamed(
     yield answer({"task": {**first.json(), "status": {"state": WORKING}}})
     context = first.session
     reply, sent = 0, 0  # the reply artifact of this turn, and the chunks sent of it
-    async for event in follower.events():
-        kind = event.get("type")
-        if kind == "text" and event["text"]:
-            sent += 1
-            yield answer({"artifactUpdate": {
-                "taskId": task_id, "contextId": context,
-                "artifact": {"artifactId": f"reply-{reply}", "name": "reply",
-                             "parts": [{"text": event["text"]}]},
-                "append": sent > 1, "lastChunk": False,
-            }})
-        elif kind in ("tool_call", "tool_result", "step_finished"):
-            if sent:
-                reply, sent = reply + 1, 0
-            if kind == "step_finished":
-                continue
-            key = "toolCall" if kind == "tool_call" else "toolResult"
-            data = {k: event[k] for k in ("call_id", "name", "arguments", "content")
-                    if k in event}
-            yield answer({"statusUpdate": {
-                "taskId": task_id, "contextId": context, "status": {
-                    "state": WORKING,
-                    "message": {"messageId": f"{task_id}:{kind}:{event['call_id']}",
-                                "contextId": context, "taskId": task_id,
-                                "role": "ROLE_AGENT", "parts": [{"data": {key: data}}]},
-                }}})
+    try:
+        async for event in follower.events():
+            kind = event.get("type")
+            if kind == "text" and event["text"]:
+                sent += 1
+                yield answer({"artifactUpdate": {
+                    "taskId": task_id, "contextId": context,
+                    "artifact": {"artifactId": f"reply-{reply}", "name": "reply",
+                                 "parts": [{"text": event["text"]}]},
+                    "append": sent > 1, "lastChunk": False,
+                }})
+            elif kind in ("tool_call", "tool_result", "step_finished"):
+                if sent:
+                    reply, sent = reply + 1, 0
+                if kind == "step_finished":
+                    continue
+                key = "toolCall" if kind == "tool_call" else "toolResult"
+                data = {k: event[k] for k in ("call_id", "name", "arguments", "content")
+                        if k in event}
+                yield answer({"statusUpdate": {
+                    "taskId": task_id, "contextId": context, "status": {
+                        "state": WORKING,
+                        "message": {"messageId": f"{task_id}:{kind}:{event['call_id']}",
+                                    "contextId": context, "taskId": task_id,
+                                    "role": "ROLE_AGENT", "parts": [{"data": {key: data}}]},
+                    }}})
+    finally:
+        await follower.aclose()
     last = await _task(runs, task_id)
     yield answer({"statusUpdate": {"taskId": task_id, "contextId": context,
                                    "status": last.json()["status"]}})

@@ -1,10 +1,12 @@
-"""Following one run for a protocol's stream (AG-UI, the AI SDK's UI message stream).
+"""Following one run for a protocol (AG-UI, the AI SDK's UI message stream, A2A, MCP).
 
-A protocol stream that started a run owns it: :class:`RunFollower` yields the run's
-events (as JSON, from its start) until its terminal event and keeps how it ended
-(:class:`RunEnd`); closing the follower before that end cancels the run, since a client
-that leaves such a stream asked for a stop. :class:`ClosingStreamingResponse` makes sure
-the stream's generator is closed when the client goes, at once, not when it is collected.
+:class:`RunFollower` yields a run's events (as JSON, from its start) until its terminal
+event and keeps how it ended (:class:`RunEnd`). A follower may own its run (AG-UI, a
+non-resumable AI SDK stream, an MCP call): closing it before that end cancels the run,
+since a client that leaves such a stream asked for a stop. :func:`sse_response` and
+:class:`ClosingStreamingResponse` make sure a stream's generator is closed when the
+client goes, at once, not when it is collected; :func:`decide_all` and
+:func:`live_or_revived` are the decisions and the reattach every protocol shares.
 """
 
 from __future__ import annotations
@@ -58,9 +60,15 @@ class RunFollower:
         self.view = view
         self.owned = owned
         self.end: RunEnd | None = None
+        self._events: AsyncGenerator[dict[str, Any], None] | None = None
 
-    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
-        """The run's events up to (not including) its terminal one, which sets :attr:`end`."""
+    def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        """The run's events up to (not including) its terminal one, which sets :attr:`end`;
+        :meth:`aclose` closes them."""
+        self._events = self._follow()
+        return self._events
+
+    async def _follow(self) -> AsyncGenerator[dict[str, Any], None]:
         reply: str | None = None
         usage: Usage | None = None
         follow = self.runs.follow(self.view.run_id, None)
@@ -80,13 +88,16 @@ class RunFollower:
                     yield event
 
     async def aclose(self) -> None:
-        """Cancel the run if this follower owns it and it has not ended (shielded: this
-        runs while the stream is being torn down)."""
-        if self.end is not None or not self.owned:
-            return
-        # ServeError: it ended meanwhile, or the control is gone: nothing to stop.
-        with anyio.CancelScope(shield=True), contextlib.suppress(ServeError):
-            await self.runs.cancel(self.view.run_id, LEFT)
+        """Stop following; cancel the run if this follower owns it and it has not ended
+        (shielded: this runs while the stream is being torn down)."""
+        with anyio.CancelScope(shield=True):
+            if self._events is not None:
+                await self._events.aclose()
+            if self.end is not None or not self.owned:
+                return
+            # ServeError: it ended meanwhile, or the control is gone: nothing to stop.
+            with contextlib.suppress(ServeError):
+                await self.runs.cancel(self.view.run_id, LEFT)
 
 
 class ClosingStreamingResponse(StreamingResponse):
