@@ -18,6 +18,7 @@ from aimu import __version__
 from aimu.aio.tools import Tool
 from aimu.assistant import ChatSettings, add_chat_options, run_chat
 from aimu.models import add_models_options, add_pull_options, run_models, run_pull
+from aimu.runs_command import add_runs_options, run_runs
 from aimu.serve.command import add_serve_options, run_serve
 from aimu.serve.mcp_command import add_mcp_command_options, run_mcp
 
@@ -74,6 +75,12 @@ def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
         description="Pull MODEL onto the Ollama server; Ctrl+C stops (a later pull resumes).",
     )
     add_pull_options(pulling)
+    runs = commands.add_parser(
+        "runs",
+        help="the run records of a store: list them, show one",
+        description="The runs a store recorded (aimu chat's, aimu serve's, any agent's).",
+    )
+    add_runs_options(runs)
     return parser
 
 
@@ -108,6 +115,8 @@ def main(
         return run_models(options)
     if options.command == "pull":
         return run_pull(options)
+    if options.command == "runs":
+        return run_runs(options)
     if options.command == "worker":
         from aimu.temporal._command import run_worker
 

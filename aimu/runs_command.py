@@ -1,0 +1,125 @@
+"""``aimu runs list|show``: the run records of a store, from a terminal.
+
+The store is a SQLite file, a JSONL directory (``jsonl:DIR``, or a directory that
+exists) or a ``postgresql://`` URL; by default the store of ``aimu chat`` and ``aimu
+serve`` (``$AIMU_HOME/sessions.db``). Reading only: nothing is created or changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import IO
+
+from aimu.aio.errors import StoreError
+from aimu.aio.store import RunRecord, Store
+
+__all__ = ["add_runs_options", "run_runs"]
+
+
+def add_runs_options(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="runs_action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "list", help="the runs, the latest started first",
+        description="List the store's runs, the latest started first. A run whose process "
+        "died stays 'running'.",
+    )
+    _add_store(listing)
+    listing.add_argument("--session", help="only this session's runs")
+    listing.add_argument("--status", help="only runs with this status (running, completed, ...)")
+    listing.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    listing.add_argument("--before", metavar="RUN_ID", help="the runs started before this one")
+    listing.add_argument("--json", action="store_true", help="print JSON, as GET /runs does")
+    show = actions.add_parser("show", help="one run's record as JSON")
+    _add_store(show)
+    show.add_argument("run_id", help="the run's id (from aimu runs list)")
+
+
+def _add_store(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        help="a SQLite file, jsonl:DIR or a postgresql:// URL (default: sessions.db in "
+        "$AIMU_HOME, else in ~/.aimu)",
+    )
+
+
+def run_runs(options: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """``aimu runs ...``: 0 when done; 1 with one line for a store that fails or a run
+    that is not there; 2 for bad input (an unknown status, a bad run id)."""
+    out = out or sys.stdout
+    try:
+        return asyncio.run(_run(options, out))
+    except ValueError as error:
+        print(f"aimu runs: {error}", file=sys.stderr)
+        return 2
+    except StoreError as error:
+        print(f"aimu runs: {error}", file=sys.stderr)
+        return 1
+
+
+def open_existing(spec: str | None) -> Store:
+    """The store ``spec`` names, which must exist (``ValueError`` if it does not)."""
+    if spec is not None and spec.startswith(("postgres://", "postgresql://")):
+        from aimu.aio.store import PostgresStore
+
+        return PostgresStore(spec)
+    if spec is None:
+        from aimu.assistant import default_home
+
+        path = default_home() / "sessions.db"
+    else:
+        path = Path(spec.removeprefix("jsonl:"))
+    if not path.exists():
+        raise ValueError(f"no store at {path}")
+    if (spec is not None and spec.startswith("jsonl:")) or path.is_dir():
+        from aimu.aio.store import JSONLStore
+
+        return JSONLStore(path)
+    from aimu.aio.store import SQLiteStore
+
+    return SQLiteStore(path)
+
+
+async def _run(options: argparse.Namespace, out: IO[str]) -> int:
+    store = open_existing(options.store)
+    try:
+        if options.runs_action == "show":
+            record = await store.run(options.run_id)
+            if record is None:
+                print(f"aimu runs: no run {options.run_id!r} in the store", file=sys.stderr)
+                return 1
+            print(json.dumps(record.to_json(), indent=2), file=out)
+            return 0
+        found = await store.runs(options.session, options.status, options.limit, options.before)
+    finally:
+        await store.aclose()
+    if options.json:
+        next_before = found[-1].id if len(found) == options.limit else None
+        page = {"runs": [r.to_json() for r in found], "next_before": next_before}
+        print(json.dumps(page), file=out)
+    elif not found:
+        print("no runs", file=out)
+    else:
+        _table(found, out)
+    return 0
+
+
+def _table(found: list[RunRecord], out: IO[str]) -> None:
+    rows = [
+        (r.id, r.session, r.status, _time(r.started),
+         "" if r.ended is None else f"{r.ended - r.started:.1f}s", r.reason or "")
+        for r in found
+    ]
+    heads = ("ID", "SESSION", "STATUS", "STARTED", "TOOK", "REASON")
+    widths = [max(len(row[i]) for row in (heads, *rows)) for i in range(len(heads) - 1)]
+    for row in (heads, *rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip(), file=out)
+
+
+def _time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds).astimezone().strftime("%Y-%m-%d %H:%M:%S")
