@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Coroutine
 from types import AsyncGeneratorType, TracebackType
-from typing import Any, Final, cast, overload
+from typing import Any, Final, Protocol, cast, overload
 
 from aimu.aio.events import Event
 
@@ -25,17 +25,25 @@ __all__ = ["RunStream"]
 _CLOSING: Final[set[asyncio.Task[None]]] = set()
 
 
+class Leaver(Protocol):
+    """What runs the stream (an agent, a workflow): told of a closing still going on, so
+    its next run waits for it instead of finding the session busy."""
+
+    _leaving: asyncio.Task[None] | None
+
+
 class RunStream(AsyncGenerator[Event, None]):
     """The events of one run. ``async for event in stream`` reads them; leaving the loop
     stops the run there (it settles ``cancelled`` before the next line runs, its
     transcript valid and stored). ``async with stream:`` (or ``contextlib.aclosing``)
     closes it on exit, waiting for the settling to be written."""
 
-    __slots__ = ("_closing", "_events")
+    __slots__ = ("_closing", "_events", "_owner")
 
-    def __init__(self, events: AsyncGenerator[Event, None]) -> None:
+    def __init__(self, events: AsyncGenerator[Event, None], owner: Leaver | None = None) -> None:
         self._events = cast("AsyncGeneratorType[Event, None]", events)
         self._closing: asyncio.Task[None] | None = None
+        self._owner = owner
 
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return _Loop(self)
@@ -99,6 +107,8 @@ class RunStream(AsyncGenerator[Event, None]):
             return  # no loop here: the loop's own shutdown closes it
         task = loop.create_task(_closed(events))
         self._closing = task
+        if self._owner is not None:
+            self._owner._leaving = task
         _CLOSING.add(task)
         task.add_done_callback(_CLOSING.discard)
 

@@ -13,7 +13,7 @@ import abc
 import asyncio
 import time
 import warnings
-from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import CoroutineType
@@ -95,6 +95,9 @@ class Runnable(abc.ABC, Generic[OutputT]):
     _scope_type: ClassVar[type[RunScope]] = RunScope
 
     _scope: RunScope | None
+    #: The closing of a run whose stream's consumer left the loop (see RunStream): a run
+    #: asked for while it still settles waits for it, instead of finding the session busy.
+    _leaving: asyncio.Task[None] | None = None
     #: How the last run ended (None before the first).
     last_status: RunStatus | None
     #: What the last run did: status, stop reason, usage, duration, messages (None before
@@ -301,7 +304,11 @@ class Runnable(abc.ABC, Generic[OutputT]):
             raise TypeError(f"run() takes the task as a string, got {type(task).__name__}")
         check_text(task, f"the task given to {self.kind} {self.name!r}")
         if self._scope is not None:
-            raise RuntimeError(self._busy())
+            if not self._settling_left():
+                raise RuntimeError(self._busy())
+            return self._after_left(lambda: cast(Any, self.run)(
+                task, reset=reset, stream=stream, limits=limits, deps=deps, images=images
+            ), stream)
         options = self._options(limits, deps, images, False)
         self._check_new_task()
         return self._begin(task, reset, stream, options)
@@ -341,7 +348,11 @@ class Runnable(abc.ABC, Generic[OutputT]):
         continued from where it was cut, where the server can (see the agent).
         """
         if self._scope is not None:
-            raise RuntimeError(self._busy())
+            if not self._settling_left():
+                raise RuntimeError(self._busy())
+            return self._after_left(lambda: cast(Any, self.resume)(
+                stream=stream, limits=limits, deps=deps, continue_partial=continue_partial
+            ), stream)
         options = self._options(limits, deps, (), continue_partial)
         self._check_resumable()
         return self._begin(None, False, stream, options)
@@ -382,11 +393,40 @@ class Runnable(abc.ABC, Generic[OutputT]):
             "use `await ....run(task)` there"
         )
 
+    def _settling_left(self) -> bool:
+        """True while the run in progress is one whose stream's consumer left its loop."""
+        leaving = self._leaving
+        return leaving is not None and not leaving.done()
+
+    def _after_left(
+        self, start: Callable[[], Any], stream: bool
+    ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
+        """The run asked for while the last one, whose stream was left, still settles
+        (a loop turn): it starts once that is done, checked then as if asked then."""
+        leaving = self._leaving
+        assert leaving is not None
+        if stream:
+            async def events() -> AsyncGenerator[Event, None]:
+                await asyncio.wait((leaving,))
+                async with start() as started:
+                    async for event in started:
+                        yield event
+
+            return RunStream(events(), self)
+
+        async def reply() -> OutputT:
+            await asyncio.wait((leaving,))
+            return cast(OutputT, await start())
+
+        coroutine = cast("CoroutineType[Any, Any, OutputT]", reply())
+        coroutine.__qualname__ = coroutine.__name__ = self.name
+        return coroutine
+
     def _begin(
         self, task: str | None, reset: bool, stream: bool, options: RunOptions = NO_OPTIONS
     ) -> Coroutine[Any, Any, OutputT] | AsyncGenerator[Event, None]:
         if stream:  # leaving its async-for loop stops the run (see RunStream)
-            return RunStream(self._events(task, reset, options))
+            return RunStream(self._events(task, reset, options), self)
         coroutine = cast("CoroutineType[Any, Any, OutputT]", self._reply(task, reset, options))
         # A RunHandle names itself after its coroutine: make that this runnable's name.
         coroutine.__qualname__ = coroutine.__name__ = self.name

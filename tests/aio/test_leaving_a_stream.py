@@ -197,3 +197,26 @@ def test_nothing_is_printed_at_exit_when_a_held_stream_was_left() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "cancelled\n" and done.stderr == ""
+
+
+@pytest.mark.parametrize("then", ["run", "stream", "resume"])
+async def test_a_run_asked_for_right_after_leaving_waits_for_the_settling(then: str) -> None:
+    """The left run settles in a task (a loop turn later); a run asked for at once, in
+    the line after the loop, waits for it instead of finding the session busy."""
+    agent = aio.Agent(ScriptedModel(script()), tools=[add, wait_a_little])
+    async for event in agent.run("go", stream=True):
+        if isinstance(event, aio.ToolCallStarted):
+            break
+    if then == "run":
+        reply = await agent.run("go on")
+    elif then == "resume":
+        reply = await agent.resume()
+    else:
+        events = [e async for e in agent.run("go on", stream=True)]
+        assert isinstance(events[-1], RunFinished)
+        reply = events[-1].reply
+    assert reply == "all done now" and agent.last_status == "completed"
+    assert [m["content"] for m in agent.messages if m["role"] == "user"] == (
+        ["go"] if then == "resume" else ["go", "go on"]
+    )
+    validate(agent.messages)
