@@ -515,8 +515,7 @@ class HTTPModelClient(ModelClient):
         attempt = 0
         try:
             while True:
-                decoder = self.decoder(reporter)
-                echo = PrefillEcho(prefix) if prefix else None
+                decoder, echo = self.decoder(reporter), PrefillEcho(prefix) if prefix else None
                 response, attempt = await self._send(shard.http, body, stream, reporter, attempt)
                 began = False  # a chunk of the turn went out: no retry from here on
                 # An async generator (httpx's body iterator): closed below, not by the GC.
@@ -546,8 +545,7 @@ class HTTPModelClient(ModelClient):
                             yield chunk
                         return
                 except ModelHTTPError as error:
-                    # An error event before any byte of the turn (Anthropic's
-                    # overloaded_error) is retried like the status it stands for.
+                    # An error event before the turn began: retried as its status is.
                     if began or not Retry.retry_status(error.status_code):
                         raise
                     failure: ModelHTTPError = error
