@@ -25,6 +25,7 @@ from temporalio import activity
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, SessionLockedError, UnknownRunError
 from aimu.aio.event_json import event_data
@@ -33,7 +34,6 @@ from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
-from aimu.serve.backends.launcher import ended
 from aimu.serve.runs import AgentFactory, pending_json
 from aimu.temporal._workflow import (
     BEGIN,
@@ -144,7 +144,7 @@ class _Turn:
         self.final: RunFinished | None = None
         self.applied = request.controls_after
         self.handle: RunHandle[Any] | None = None
-        self.background: set[asyncio.Task[Any]] = set()
+        self.background = Background()
 
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
@@ -152,7 +152,7 @@ class _Turn:
         for sent in self.request.sends:
             _send(handle, sent.text or "", sent.images, self._spawn)
         flusher = asyncio.create_task(self._flush_batches())
-        ticker = asyncio.create_task(self._tick())
+        self.background.spawn(self._tick())
         try:
             await ended(handle)
         except asyncio.CancelledError:
@@ -168,10 +168,7 @@ class _Turn:
             await _uncancellable(ended(handle))
             raise
         finally:
-            ticker.cancel()
-            for task in (ticker, *self.background):
-                task.cancel()
-            await asyncio.gather(ticker, *self.background, return_exceptions=True)
+            await self.background.aclose()  # the ticker, and a stop's wait
             self.closing.set()
             self.batch_ready.set()
             await _uncancellable(flusher)  # it sends what is left, then ends
@@ -303,9 +300,7 @@ class _Turn:
         return True
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(work)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        self.background.spawn(work)
 
     async def _outcome(self, handle: RunHandle[Any]) -> TurnOutcome:
         final = self.final

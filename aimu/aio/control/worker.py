@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aimu.aio._numbers import finite
+from aimu.aio._tasks import Background, cancel_and_wait
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import check_run_id
 from aimu.aio.event_json import encode_event, event_data
@@ -172,7 +173,7 @@ class Worker:
         self._link = link
         self.runs: dict[str, _Run] = {}
         self._kick = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Background()
         self._flushed = asyncio.Event()
         self._stopping = False
         self._down_since: float | None = None
@@ -238,9 +239,7 @@ class Worker:
         return (run.why, run.down) if run.why else None
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
-        task = self._loop.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(work)
 
     # -- requests --------------------------------------------------------------------
 
@@ -652,28 +651,10 @@ class Worker:
         live = [r.run_id for r in self.runs.values() if not r.handle.done]
         if live:
             logger.warning("closing while runs %s go on: they will be reported lost", live)
-        await _cancel_all({*self._main, *self._tasks})
-
-
-async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait until they end, cancelling again any that go on.
-
-    redis-py's reads can take a cancel as a lost connection and wait again (a pub/sub
-    read after a Redis restart did): one cancel is not enough to be sure.
-    """
-    pending = {task for task in tasks if not task.done()}
-    for _ in range(_CANCEL_ROUNDS):
-        if not pending:
-            break
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=_CANCEL_WAIT)
-    if pending:
-        names = sorted(task.get_name() for task in pending)
-        logger.warning("closing: tasks %s did not end when cancelled", names)
-    for task in tasks - pending:
-        if not task.cancelled():
-            task.exception()  # retrieved: a task that failed is not reported again at exit
+        # redis-py's reads can take a cancel as a lost connection and wait again (a
+        # pub/sub read after a Redis restart did): one cancel is not enough to be sure.
+        await cancel_and_wait({*self._main, *self._tasks.tasks}, rounds=_CANCEL_ROUNDS,
+                              wait=_CANCEL_WAIT)
 
 
 async def _execute(pipe: Any) -> list[Any]:

@@ -10,12 +10,13 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.run_handle import RunHandle
 from aimu.serve.errors import Conflict
 from aimu.serve.runs import AgentFactory, open_agent
 
-__all__ = ["Launcher", "StartHandle", "ended"]
+__all__ = ["Launcher", "StartHandle"]
 
 #: Starts the run's coroutine under a handle, given how many messages the session held.
 StartHandle = Callable[[Coroutine[Any, Any, str], int], RunHandle[str]]
@@ -27,7 +28,7 @@ class Launcher:
     def __init__(self, agents: AgentFactory) -> None:
         self._agents = agents
         self._handles: set[RunHandle[str]] = set()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = Background()
         self._releasing: dict[RunHandle[str], asyncio.Task[Any]] = {}
 
     async def launch(
@@ -82,30 +83,12 @@ class Launcher:
             await release
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+        return self._background.spawn(work)
 
     async def aclose(self) -> None:
         """Cancel the runs in progress (their transcripts are kept) and wait for them."""
         handles = [h for h in self._handles if not h.done]
         for handle in handles:
             handle.cancel("the server is shutting down")
-        for task in list(self._background):
-            task.cancel()
-        pending: list[Any] = [*self._background, *(ended(h) for h in handles)]
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def ended(handle: RunHandle[Any]) -> None:
-    """Wait until ``handle`` ends, whatever ended it (its outcome is not ours to raise)."""
-    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def settle(_: object) -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    handle.add_done_callback(settle)
-    await ended
+        await self._background.aclose()
+        await asyncio.gather(*(ended(h) for h in handles))

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+from aimu.aio._tasks import Background
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import ControlError, UnknownRunError
@@ -65,7 +66,7 @@ class TemporalBackend(RunLog):
         self._client: RunsClient | None = None
         self._workflow: dict[str, tuple[str, int]] = {}
         """run id -> (its workflow, the workflow's events before this run's first)."""
-        self._pumps: set[asyncio.Task[None]] = set()
+        self._pumps = Background()
 
     async def connect(self) -> None:
         """Connect to Temporal; ``ControlConnectionError`` naming the address if it does
@@ -102,9 +103,7 @@ class TemporalBackend(RunLog):
         view.asks_as = workflow  # the turns pause under the workflow's id
         self._workflow[view.run_id] = (workflow, offset)
         record = self.add(view)
-        pump = asyncio.get_running_loop().create_task(self._pump(record, workflow, offset))
-        self._pumps.add(pump)
-        pump.add_done_callback(self._pumps.discard)
+        self._pumps.spawn(self._pump(record, workflow, offset))
         return view
 
     async def _pump(self, record: RunRecord, workflow: str, offset: int) -> None:
@@ -260,7 +259,4 @@ class TemporalBackend(RunLog):
     async def aclose(self) -> None:
         """Stop following; the runs go on in the workers."""
         self.begin_shutdown()
-        pumps = list(self._pumps)
-        for pump in pumps:
-            pump.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await self._pumps.aclose()

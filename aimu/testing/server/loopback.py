@@ -22,6 +22,7 @@ from typing import Any, Literal, Self
 
 import h11
 
+from aimu.aio._tasks import Background
 from aimu.testing.script import Script, Turn
 from aimu.testing.server._connection import BadRequest, Connection, Request
 from aimu.testing.server.anthropic import ANTHROPIC
@@ -121,7 +122,7 @@ class LoopbackServer:
         self.script = script
         self._state: Literal["created", "running", "stopped"] = "created"
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._models: dict[str, None] = {"test": None}
         #: Model names ``/api/pull`` and ``/api/show`` say do not exist.
@@ -205,11 +206,7 @@ class LoopbackServer:
         self._state = "stopped"
         self._server.close()
         await asyncio.sleep(0)  # connections accepted just now start, see "stopped", and close
-        while self._tasks:
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.aclose()
         await self._server.wait_closed()
 
     async def __aenter__(self) -> Self:
@@ -335,10 +332,7 @@ class LoopbackServer:
         return self._models
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(work)
 
     def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A task of our own (not the one start_server would make) so that stop() can

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from aimu.aio.control.worker import _cancel_all
+from aimu.aio._tasks import cancel_and_wait
 
 
 async def test_a_task_that_swallows_a_cancel_is_cancelled_again_until_it_ends() -> None:
@@ -27,7 +27,7 @@ async def test_a_task_that_swallows_a_cancel_is_cancelled_again_until_it_ends() 
     task = asyncio.create_task(stubborn())
     broken = asyncio.create_task(failing())
     await asyncio.sleep(0)
-    await _cancel_all({task, broken})
+    await cancel_and_wait({task, broken}, rounds=20, wait=1.0)
     assert swallowed.is_set()
     assert task.cancelled()
     assert isinstance(broken.exception(), ValueError)
@@ -36,8 +36,6 @@ async def test_a_task_that_swallows_a_cancel_is_cancelled_again_until_it_ends() 
 async def test_a_task_that_never_ends_is_named_in_a_warning(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("aimu.aio.control.worker._CANCEL_ROUNDS", 2)
-    monkeypatch.setattr("aimu.aio.control.worker._CANCEL_WAIT", 0.01)
     release = asyncio.Event()
 
     async def immortal() -> None:
@@ -49,8 +47,8 @@ async def test_a_task_that_never_ends_is_named_in_a_warning(
 
     task = asyncio.create_task(immortal(), name="immortal")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="aimu.control"):
-        await _cancel_all({task})
+    with caplog.at_level(logging.WARNING, logger="aimu"):
+        assert await cancel_and_wait({task}, rounds=2, wait=0.01) == {task}
     assert "immortal" in caplog.text and not task.done()
     release.set()
     await task
