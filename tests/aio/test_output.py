@@ -62,11 +62,19 @@ def ollama_client(server: LoopbackServer) -> aio.ModelClient:
     return aio.client("ollama:m", host=server.url)
 
 
-CLIENTS = {"openai": openai, "ollama": ollama_client}
+def gemini(server: LoopbackServer) -> aio.ModelClient:
+    return aio.client("gemini:m", base_url=server.gemini_base_url, api_key="AIza-test")
+
+
+CLIENTS = {"openai": openai, "ollama": ollama_client, "gemini": gemini}
 
 
 def schema_sent(body: dict[str, Any]) -> Any:
-    """The output schema a request carried, in either protocol's field."""
+    """The output schema a request carried, in its protocol's field."""
+    if "contents" in body:  # Gemini
+        config = body["generationConfig"]
+        assert config["responseMimeType"] == "application/json"
+        return config["responseJsonSchema"]
     if "format" in body:
         return body["format"]
     return body["response_format"]["json_schema"]["schema"]
@@ -162,7 +170,7 @@ async def test_an_agent_answers_a_typing_typeddict() -> None:
 # -- over the wire ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+@pytest.mark.parametrize("protocol", ["ollama", "openai", "gemini"])
 async def test_the_request_carries_the_schema(protocol: str) -> None:
     async with LoopbackServer() as server, CLIENTS[protocol](server) as model:
         agent = aio.Agent(model, output_type=Weather)
@@ -219,7 +227,7 @@ def test_the_loopback_server_reads_the_schema_of_either_protocol(
     assert requested_schema(body) == schema
 
 
-@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+@pytest.mark.parametrize("protocol", ["ollama", "openai", "gemini"])
 async def test_invalid_answers_are_corrected_a_bounded_number_of_times(protocol: str) -> None:
     script = [Turn(text="It is cold."), Turn(text='{"city": "Oslo"}'), Turn(text=GOOD)]
     async with LoopbackServer(script) as server, CLIENTS[protocol](server) as model:
@@ -234,7 +242,7 @@ async def test_invalid_answers_are_corrected_a_bounded_number_of_times(protocol:
         assert "Invalid JSON" in corrections[0]
         assert "temperature: Field required" in corrections[1]
         # Each correction went to the model, with the schema asked for again.
-        assert server.requests[2].body["messages"][-1]["content"] == corrections[1]
+        assert server.requests[2].messages[-1]["content"] == corrections[1]
         assert all(schema_sent(r.body) for r in server.requests)
 
 
@@ -269,10 +277,11 @@ async def test_corrections_used_up_raise_and_the_transcript_stays_resumable() ->
 
 
 def carries_schema(body: Mapping[str, Any]) -> bool:
-    return "format" in body or "response_format" in body
+    config = body.get("generationConfig") or {}
+    return "format" in body or "response_format" in body or "responseJsonSchema" in config
 
 
-@pytest.mark.parametrize("protocol", ["ollama", "openai"])
+@pytest.mark.parametrize("protocol", ["ollama", "openai", "gemini"])
 async def test_tools_and_output_on_the_wire(protocol: str) -> None:
     """Issue 21 item 20: a request with tools never carries the output schema (llama.cpp
     then builds only the answer's grammar and drops tool calls); the turn that must
@@ -294,7 +303,8 @@ async def test_tools_and_output_on_the_wire(protocol: str) -> None:
         prose, answer = (r.body for r in server.requests[2:])
         assert prose["tools"] and not carries_schema(prose)
         assert "tools" not in answer and schema_sent(answer) == TypeAdapter(Weather).json_schema()
-        assert answer["messages"][-1]["content"].startswith(CORRECTION_PREFIX)
+        last = server.requests[-1].messages[-1]  # in the chat shape, whatever the wire
+        assert last["content"].startswith(CORRECTION_PREFIX)
 
 
 async def test_the_last_turn_without_tools_still_answers_the_schema() -> None:
