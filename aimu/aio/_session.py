@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,6 +22,8 @@ from aimu.aio.approvals import Approvals
 from aimu.aio.context import Summary
 from aimu.aio.errors import StoreError
 from aimu.aio.limits import Spend
+from aimu.aio.run_handle import RunHandle
+from aimu.aio.scope import RunScope
 from aimu.aio.store._protocol import RunRecord
 from aimu.aio.transcript import Message, UserMessage, validate
 
@@ -119,13 +122,13 @@ class SessionRecord:
             self.writer = None
             await writer.aclose()
 
-    async def start_run(self, agent: str) -> None:
+    async def start_run(self, agent: str, scope: RunScope) -> None:
         """Store the record of a run starting now (status ``running``) before it does
         anything: a process that dies in the run leaves it so."""
         if self.writer is None or self.name is None:
             return
         record = RunRecord(
-            id=uuid.uuid4().hex, session=self.name, agent=agent, started=time.time(),
+            id=_record_id(scope), session=self.name, agent=agent, started=time.time(),
             status="running",
         )
         await self.writer.record_run(record)
@@ -164,6 +167,21 @@ class SessionRecord:
                 state["remote_turn"] = self.remote
             await self.writer.save_state(state)
             self.state_stale = False
+
+
+#: The handles whose run id names a run record already (a handle may run several).
+_NAMED: weakref.WeakSet[RunHandle[Any]] = weakref.WeakSet()
+
+
+def _record_id(scope: RunScope) -> str:
+    """The id of the record of the run of ``scope``: its handle's run id when the run is
+    the first this handle runs directly (so ``GET /runs/{id}`` and the record agree),
+    else a new one."""
+    handle = scope.parent
+    if isinstance(handle, RunHandle) and handle.run_id is not None and handle not in _NAMED:
+        _NAMED.add(handle)
+        return handle.run_id
+    return uuid.uuid4().hex
 
 
 class Carried:

@@ -256,3 +256,32 @@ async def test_postgres_schema_1_migrates() -> None:
             await conn.close()
     finally:
         await drop_schema(dsn, schema)
+
+
+async def test_a_handle_names_its_first_run_and_a_limit_is_recorded(store: Store) -> None:
+    """The record of a run started by a handle has the handle's run id (as GET /runs/{id}
+    does); a second run in the same handle gets an id of its own; a limited run names
+    its limit."""
+    step = Turn(tool_calls=(ScriptedCall("noop", {}),))
+
+    async def noop() -> str:
+        """Do nothing."""
+        return "done"
+
+    agent = aio.Agent(
+        ScriptedModel([Turn(text="a"), Turn(text="b"), step, Turn(text="never")]),
+        tools=[noop], store=store, session="h",
+    )
+
+    async def two_runs() -> None:
+        await agent.run("one")
+        await agent.run("two")
+
+    async with agent:
+        await aio.RunHandle.start(two_runs(), run_id="handle-1")
+        await agent.run("three", limits=aio.UsageLimits(requests=1))
+    limited, second, first = await store.runs(session="h")
+    assert first.id == "handle-1" and first.status == "completed"
+    assert second.id not in ("handle-1", first.id) and second.status == "completed"
+    assert limited.status == "limited" and limited.limit is not None
+    assert "requests limit of 1" in limited.limit and limited.ended is not None

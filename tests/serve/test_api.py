@@ -140,13 +140,16 @@ async def test_a_tool_round_streams_its_events(http: httpx.AsyncClient) -> None:
 async def test_the_stored_run_records_listed(http: httpx.AsyncClient) -> None:
     """GET /runs: the store's run records, newest first, filtered, a page at a time; bad
     filters answered 400 (422 for a limit out of range) in the one error shape."""
+    started = []
     for task in ("one", "two"):
-        assert (await finished(http, await start(http, "listed", task)))["status"] == "completed"
+        started.append(await start(http, "listed", task))
+        assert (await finished(http, started[-1]))["status"] == "completed"
     response = await http.get("/runs", params={"session": "listed"})
     assert response.status_code == 200
     body = response.json()
     runs = body["runs"]
     assert [r["status"] for r in runs] == ["completed", "completed"]
+    assert [r["id"] for r in runs] == started[::-1]  # the run ids GET /runs/{id} knows
     assert runs[0]["started"] >= runs[1]["started"] and body["next_before"] is None
     assert runs[0]["session"] == "listed" and runs[0]["ended"] >= runs[0]["started"]
     assert runs[0]["usage"]["output_tokens"] > 0 and runs[0]["models"]

@@ -133,7 +133,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
             message["images"] = list(run.options.images)
         await session.record(message)
     await session.set_status("in_progress")
-    await session.start_run()
+    await session.start_run(run)
 
 
 async def _pick_up(session: Session, run: RunState, task: str | None) -> None:

@@ -139,7 +139,7 @@ class Session:
     async def journal_start(self, call: ToolCall) -> None:
         """Durably note that ``call`` starts (see :mod:`aimu.aio.journal`)."""
 
-    async def start_run(self) -> None:
+    async def start_run(self, run: RunState) -> None:
         """Store the record of the run starting now (status ``running``)."""
 
     async def end_run(self, run: RunState, stop: Stop) -> None:
@@ -369,8 +369,8 @@ class StoredSession(Session):
         if self.durable.writer is not None:
             await self.durable.writer.set_status(status)
 
-    async def start_run(self) -> None:
-        await self.durable.start_run(self.config.name)
+    async def start_run(self, run: RunState) -> None:
+        await self.durable.start_run(self.config.name, run.scope)
 
     async def end_run(self, run: RunState, stop: Stop) -> None:
         if self.durable.run is None:
