@@ -17,7 +17,7 @@ from typing import Any
 from aimu import __version__
 from aimu.aio.tools import Tool
 from aimu.assistant import ChatSettings, add_chat_options, run_chat
-from aimu.models import add_models_options, add_pull_options, run_models, run_pull
+from aimu.ollama_models import add_models_options, add_pull_options, run_models, run_pull
 from aimu.runs_command import add_runs_options, run_runs
 from aimu.serve.command import add_serve_options, run_serve
 from aimu.serve.mcp_command import add_mcp_command_options, run_mcp

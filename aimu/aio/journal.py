@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from aimu.aio.store import ToolStart
 from aimu.aio.tools import Tool
-from aimu.aio.transcript import CANCELLED_RESULT, Message, ToolCall, settle
+from aimu.aio.transcript import CANCELLED_RESULT, Message, ToolCall, answer_open_calls
 
-__all__ = ["IN_DOUBT_RESULT", "RERUN_NOTE", "InDoubt", "settle_in_doubt"]
+__all__ = ["IN_DOUBT_RESULT", "RERUN_NOTE", "InDoubt", "resolve_in_doubt"]
 
 log = logging.getLogger("aimu.aio.journal")
 
@@ -66,7 +66,7 @@ def _names(calls: list[ToolCall]) -> str:
     return ", ".join(f"{call['function']['name']} ({call['id']})" for call in calls)
 
 
-def settle_in_doubt(
+def resolve_in_doubt(
     messages: list[Message],
     starts: Iterable[ToolStart],
     tools: Mapping[str, Tool],
@@ -105,5 +105,5 @@ def settle_in_doubt(
         found.unknown.append(call)
         return IN_DOUBT_RESULT
 
-    settle(messages, result)
+    answer_open_calls(messages, result)
     return found

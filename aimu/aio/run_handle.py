@@ -6,7 +6,7 @@
 when asked to (``interrupt()``) and emits its events there (``events()``). ``cancel()``
 is the hard stop; a deadline cancels on its own.
 
-The state machine (``_State``)::
+The state machine (``_HandleState``)::
 
     PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, INCOMPLETE,
        │                      │                          INTERRUPTED or PAUSED
@@ -96,7 +96,7 @@ T = TypeVar("T")
 DoneCallback = Callable[["RunHandle[Any]"], object]
 
 
-class _State:
+class _HandleState:
     """The states of the diagram above. Plain strings, not an ``enum.Enum``: loading an
     Enum member goes through its metaclass and costs four times a class attribute, and
     the hot path of every run loads several."""
@@ -115,10 +115,13 @@ class _State:
     FAILED: Final = "failed"
 
 
-_LIVE = frozenset({_State.PENDING, _State.RUNNING, _State.CANCELLING, _State.EXPIRING})
-_RETURNED = frozenset(
-    {_State.COMPLETED, _State.INCOMPLETE, _State.INTERRUPTED, _State.PAUSED, _State.LIMITED}
-)
+_LIVE = frozenset({
+    _HandleState.PENDING, _HandleState.RUNNING, _HandleState.CANCELLING, _HandleState.EXPIRING,
+})
+_RETURNED = frozenset({
+    _HandleState.COMPLETED, _HandleState.INCOMPLETE, _HandleState.INTERRUPTED,
+    _HandleState.PAUSED, _HandleState.LIMITED,
+})
 _DROPPABLE = (TextChunk, ThinkingChunk)
 
 
@@ -264,7 +267,7 @@ class RunHandle(RunScope, Generic[T]):
     _loop: asyncio.AbstractEventLoop
     _task: Task[T]
     _run_id: str | None
-    _state: str  # one of _State
+    _state: str  # one of _HandleState
     _started_at: float  # time.monotonic(), for the age in repr()
     _reason: str | None  # why it was cancelled ("deadline passed" for a timeout)
     _timer: asyncio.TimerHandle | None  # the deadline's
@@ -318,7 +321,7 @@ class RunHandle(RunScope, Generic[T]):
         RunScope.__init__(self, name, None if detached else current_scope.get(), deadline)
         self._run_id = run_id
         self._loop = loop
-        self._state = _State.PENDING
+        self._state = _HandleState.PENDING
         self._started_at = time.monotonic()
         self._reason = None
         self._timer = None
@@ -346,8 +349,8 @@ class RunHandle(RunScope, Generic[T]):
         try:
             await _first_step()
             current_scope.set(self)
-            if self._state is _State.PENDING:
-                self._state = _State.RUNNING
+            if self._state is _HandleState.PENDING:
+                self._state = _HandleState.RUNNING
             else:
                 self._deliver_early_stop()
             if self._admission is not None:
@@ -356,7 +359,7 @@ class RunHandle(RunScope, Generic[T]):
         except CancelledError as stop:
             _close_unstarted(run)
             # Past our deadline, the inner runs are past theirs (see _expire): they time out.
-            await self._join_children(cancel=self._state is not _State.EXPIRING)
+            await self._join_children(cancel=self._state is not _HandleState.EXPIRING)
             error = self._cancelled(stop)
             if error is stop:
                 raise
@@ -379,17 +382,17 @@ class RunHandle(RunScope, Generic[T]):
         self._result = result
         halt = None if self.halt is None else self.halt.status
         if halt == "paused":
-            self._state, self._error = _State.PAUSED, None
+            self._state, self._error = _HandleState.PAUSED, None
         elif halt == "interrupted":
-            self._state, self._error = _State.INTERRUPTED, None
+            self._state, self._error = _HandleState.INTERRUPTED, None
         else:
             last = self.last_run
             if last is not None and last.status == "incomplete":
-                self._state, self._error = _State.INCOMPLETE, None
+                self._state, self._error = _HandleState.INCOMPLETE, None
             elif last is not None and last.status == "limited":
-                self._state, self._error = _State.LIMITED, None
+                self._state, self._error = _HandleState.LIMITED, None
             else:
-                self._state = _State.COMPLETED
+                self._state = _HandleState.COMPLETED
         self._finish()
         return result
 
@@ -398,20 +401,20 @@ class RunHandle(RunScope, Generic[T]):
         lands at the run's first await (its opening lines still run)."""
         self._started = True
         self._deadline_cancels = self._task.cancelling()
-        self._task.cancel(self._reason if self._state is _State.CANCELLING else None)
+        self._task.cancel(self._reason if self._state is _HandleState.CANCELLING else None)
 
     def _failed(self, error: BaseException) -> None:
         self._check_live()
         self._error = error
-        self._state = _State.FAILED
+        self._state = _HandleState.FAILED
         if isinstance(error, NoOutputError):  # a typed run that stopped before its answer
             halt = None if self.halt is None else self.halt.status
             if halt == "paused":
-                self._state = _State.PAUSED
+                self._state = _HandleState.PAUSED
             elif halt == "interrupted":
-                self._state = _State.INTERRUPTED
+                self._state = _HandleState.INTERRUPTED
             elif error.status == "limited":
-                self._state = _State.LIMITED
+                self._state = _HandleState.LIMITED
         self._task.add_done_callback(_retrieve)
         self._finish()
 
@@ -419,15 +422,15 @@ class RunHandle(RunScope, Generic[T]):
         """End as cancelled, or timed out; return what the task raises (``stop``, or a
         TimeoutError when the deadline's cancel was the only one)."""
         state = self._check_live()
-        if state is _State.EXPIRING and self._task.uncancel() <= self._deadline_cancels:
-            self._state = _State.TIMED_OUT
+        if state is _HandleState.EXPIRING and self._task.uncancel() <= self._deadline_cancels:
+            self._state = _HandleState.TIMED_OUT
             self._reason = self._reason or "deadline passed"
             self._error = TimeoutError(f"run {self.name!r} passed its deadline")
             self._task.add_done_callback(_retrieve)
         else:
-            self._state = _State.CANCELLED
+            self._state = _HandleState.CANCELLED
             self._error = None
-            if state is not _State.CANCELLING and stop.args and isinstance(stop.args[0], str):
+            if state is not _HandleState.CANCELLING and stop.args and isinstance(stop.args[0], str):
                 self._reason = stop.args[0]  # a cancel from outside, with a message
         self._finish()
         return stop if self._error is None else self._error
@@ -435,7 +438,7 @@ class RunHandle(RunScope, Generic[T]):
     def _returned(self) -> bool:
         """The run returned a value (a typed run stopped without one has ``_error``)."""
         state = self._state
-        return state is _State.COMPLETED or (state in _RETURNED and self._error is None)
+        return state is _HandleState.COMPLETED or (state in _RETURNED and self._error is None)
 
     def _check_live(self) -> str:
         state = self._state
@@ -469,18 +472,18 @@ class RunHandle(RunScope, Generic[T]):
                     watcher.set_result(None)
             observers.watchers.clear()
             for waiter in observers.waiters:
-                self._settle(waiter)
+                self._resolve(waiter)
             observers.waiters.clear()
         if self._waiter is not None:
-            self._settle(self._waiter)
+            self._resolve(self._waiter)
 
-    def _settle(self, waiter: Future[T]) -> None:
+    def _resolve(self, waiter: Future[T]) -> None:
         """Give ``waiter`` the outcome of the finished run (unless its awaiter gave up)."""
         if waiter.done():
             return
         if self._returned():
             waiter.set_result(self._result)
-        elif self._state is _State.CANCELLED:
+        elif self._state is _HandleState.CANCELLED:
             waiter.cancel(self._reason)
         else:
             assert self._error is not None
@@ -507,10 +510,10 @@ class RunHandle(RunScope, Generic[T]):
 
     def _expire(self) -> None:
         state = self._state
-        if state is _State.PENDING or state is _State.RUNNING:
+        if state is _HandleState.PENDING or state is _HandleState.RUNNING:
             self._timer = None
-            self._state = _State.EXPIRING
-            if state is _State.RUNNING:
+            self._state = _HandleState.EXPIRING
+            if state is _HandleState.RUNNING:
                 self._started = True
                 self._deadline_cancels = self._task.cancelling()
                 self._task.cancel()
@@ -525,7 +528,7 @@ class RunHandle(RunScope, Generic[T]):
         if self._children is None:
             self._children = set()
         self._children.add(child)
-        if self._state is _State.CANCELLING:
+        if self._state is _HandleState.CANCELLING:
             child._cancel(self._reason)
 
     async def _join_children(self, *, cancel: bool) -> CancelledError | None:
@@ -565,15 +568,15 @@ class RunHandle(RunScope, Generic[T]):
 
     def _cancel(self, reason: str | None) -> bool:
         state = self._state
-        if state is _State.CANCELLING:
+        if state is _HandleState.CANCELLING:
             return True
         if state not in _LIVE:
             return False
         self._reason = reason
-        self._state = _State.CANCELLING
-        if state is _State.PENDING:
+        self._state = _HandleState.CANCELLING
+        if state is _HandleState.PENDING:
             self._started = False  # delivered at the task's first step
-        elif state is _State.RUNNING:
+        elif state is _HandleState.RUNNING:
             self._started = True
             self._task.cancel(reason)
         # EXPIRING: the deadline's cancel is on its way; this one only changes the verdict.
@@ -592,7 +595,7 @@ class RunHandle(RunScope, Generic[T]):
         it, and handles started inside before the call keep theirs. Call it on the
         loop's thread while the run is pending or running, else ``RuntimeError``.
         """
-        if self._state is not _State.PENDING and self._state is not _State.RUNNING:
+        if self._state is not _HandleState.PENDING and self._state is not _HandleState.RUNNING:
             raise RuntimeError(f"cannot reschedule run {self.name!r}: it is {self.status}")
         if self._timer is not None:
             self._timer.cancel()
@@ -621,13 +624,13 @@ class RunHandle(RunScope, Generic[T]):
         several sends keep their order."""
         message = sent_message(text, images)  # refused whatever the state: bad input
         state = self._state
-        if state is not _State.PENDING and state is not _State.RUNNING:
+        if state is not _HandleState.PENDING and state is not _HandleState.RUNNING:
             return False
         return self.post(message)
 
     def _interrupt(self) -> bool:
         state = self._state
-        if state is _State.PENDING or state is _State.RUNNING:
+        if state is _HandleState.PENDING or state is _HandleState.RUNNING:
             self.request_interrupt()
             return True
         return False
@@ -713,7 +716,7 @@ class RunHandle(RunScope, Generic[T]):
         # Our own future, settled when the run ends: cancelling the awaiter cancels only it.
         waiter: Future[T] = Future(loop=self._loop)
         if self._state not in _LIVE:
-            self._settle(waiter)
+            self._resolve(waiter)
         elif self._waiter is None:
             self._waiter = waiter
         else:
@@ -733,7 +736,7 @@ class RunHandle(RunScope, Generic[T]):
         state = self._state
         if state in _LIVE:
             raise asyncio.InvalidStateError(f"run {self.name!r} is still {self.status}")
-        if state is _State.CANCELLED:
+        if state is _HandleState.CANCELLED:
             raise CancelledError(self._reason)
         return None if self._returned() else self._error
 
@@ -763,7 +766,7 @@ class RunHandle(RunScope, Generic[T]):
     def expiring(self) -> bool:
         """True from the deadline's cancel until the run has settled, unless a cancel()
         came first or meanwhile: the run is ending ``timed_out``."""
-        return self._state is _State.EXPIRING
+        return self._state is _HandleState.EXPIRING
 
     @property
     def done(self) -> bool:
@@ -776,14 +779,14 @@ class RunHandle(RunScope, Generic[T]):
 
         A run stopped by its deadline is ``timed_out``, not cancelled.
         """
-        return self._state is _State.CANCELLED
+        return self._state is _HandleState.CANCELLED
 
     @property
     def status(self) -> HandleStatus:
         """pending, running, completed, incomplete, interrupted, paused, cancelled,
         timed_out or failed."""
         state = self._state
-        if state is _State.CANCELLING or state is _State.EXPIRING:
+        if state is _HandleState.CANCELLING or state is _HandleState.EXPIRING:
             return "running" if self._started else "pending"
         return cast(HandleStatus, state)  # the other states are named as the statuses
 

@@ -35,7 +35,7 @@ _waiters_lock = threading.Lock()
 _Waiter = tuple["asyncio.Future[bool]", asyncio.AbstractEventLoop]
 
 
-def _settle(waiter: asyncio.Future[bool], interrupted: bool) -> None:
+def _wake(waiter: asyncio.Future[bool], interrupted: bool) -> None:
     if not waiter.done():
         waiter.set_result(interrupted)
 
@@ -111,7 +111,7 @@ class RunScope:
             waiters = tuple(self._interrupt_waiters or ())
         for waiter, loop in waiters:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(_settle, waiter, True)
+                loop.call_soon_threadsafe(_wake, waiter, True)
 
     async def interrupted_within(self, seconds: float | None) -> bool:
         """Wait until an interrupt is requested of this scope or one around it, for at
@@ -130,7 +130,7 @@ class RunScope:
                 if scope._interrupt_waiters is None:
                     scope._interrupt_waiters = []
                 scope._interrupt_waiters.append(entry)
-        timer = None if seconds is None else loop.call_later(seconds, _settle, waiter, False)
+        timer = None if seconds is None else loop.call_later(seconds, _wake, waiter, False)
         try:
             if self.interrupt_requested:  # asked between the first look and registering
                 return True

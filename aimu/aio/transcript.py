@@ -9,7 +9,7 @@ off, e.g. ``"length"``, ``aimu_model`` the model that wrote a reply, ``aimu_nati
 what one wire needs back unchanged) and are never sent to a provider as they are: see
 :func:`wire_view` and :func:`native_data`.
 
-``validate`` checks a whole transcript, ``settle`` answers every dangling tool call
+``validate`` checks a whole transcript, ``answer_open_calls`` answers every dangling tool call
 with a deterministic "cancelled" result (idempotently), ``copy_messages`` copies so
 that no dict is ever shared with a caller.
 """
@@ -41,12 +41,12 @@ __all__ = [
     "Usage",
     "UserMessage",
     "add_usage",
+    "answer_open_calls",
     "check_text",
     "copy_messages",
     "dangling_calls",
     "is_correction",
     "native_data",
-    "settle",
     "validate",
     "wire_view",
     "zero_usage",
@@ -278,7 +278,7 @@ def validate(messages: object) -> None:
     only first; tool calls well formed, their arguments JSON data without cycles and at
     most :data:`MAX_DEPTH` deep, with unique ids within their turn; every tool result
     answers a call of the assistant turn before it, once. Bad values are echoed
-    bounded. Tool calls still unanswered are allowed: :func:`settle` answers them.
+    bounded. Tool calls still unanswered are allowed: :func:`answer_open_calls` answers them.
     """
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
         raise TranscriptError(f"a transcript is a list of messages, got {type(messages).__name__}")
@@ -405,7 +405,7 @@ def cancelled_result(call: ToolCall, content: str = CANCELLED_RESULT) -> ToolMes
     }
 
 
-def settle(
+def answer_open_calls(
     messages: list[Message],
     content: str | Callable[[int, ToolCall], str | None] = CANCELLED_RESULT,
     *,

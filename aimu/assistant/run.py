@@ -146,7 +146,7 @@ async def _run_chat(
 async def _offer_pull(client: OllamaClient, out: TextIO, err: TextIO) -> int | None:
     """When the Ollama server lacks the chat's model: on a terminal, offer to pull it
     (None once pulled: the chat goes on); else one line naming the command, and 1."""
-    from aimu.models import Lines, ModelsError, is_missing, pull  # the ollama package
+    from aimu.ollama_models import Lines, ModelsError, is_missing, pull  # the ollama package
 
     model, host = client.model, client.host
     if not await is_missing(model, client.url):

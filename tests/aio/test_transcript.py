@@ -10,9 +10,9 @@ import pytest
 from aimu.aio.errors import TranscriptError
 from aimu.aio.transcript import (
     CANCELLED_RESULT,
+    answer_open_calls,
     copy_messages,
     dangling_calls,
-    settle,
     validate,
     wire_view,
 )
@@ -33,7 +33,7 @@ def result(call_id: str) -> dict[str, Any]:
     return {"role": "tool", "content": "2", "tool_call_id": call_id, "name": "add"}
 
 
-def test_settle_answers_dangling_calls_in_place_and_is_idempotent() -> None:
+def test_answer_open_calls_answers_dangling_calls_in_place_and_is_idempotent() -> None:
     messages: list[Any] = [
         {"role": "user", "content": "go"},
         assistant_calling("a", "b"),
@@ -43,14 +43,14 @@ def test_settle_answers_dangling_calls_in_place_and_is_idempotent() -> None:
     ]
     validate(messages)
     assert [call["id"] for _, call in dangling_calls(messages)] == ["b", "c"]
-    added = settle(messages)
+    added = answer_open_calls(messages)
     assert [m["tool_call_id"] for m in added] == ["b", "c"]
     assert [m["role"] for m in messages] == [
         "user", "assistant", "tool", "tool", "user", "assistant", "tool",
     ]
     assert messages[3]["content"] == CANCELLED_RESULT
     validate(messages)
-    assert settle(messages) == []
+    assert answer_open_calls(messages) == []
     assert dangling_calls(messages) == []
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aimu.aio._session import SessionRecord
 from aimu.aio.approvals import Approvals, Decision
 from aimu.aio.client import ModelClient
-from aimu.aio.journal import IN_DOUBT_RESULT, settle_in_doubt
+from aimu.aio.journal import IN_DOUBT_RESULT, resolve_in_doubt
 from aimu.aio.output import is_correction
 from aimu.aio.providers._unicode import clean
 from aimu.aio.scope import RunScope
@@ -27,9 +27,9 @@ from aimu.aio.transcript import (
     ToolCall,
     ToolMessage,
     Usage,
+    answer_open_calls,
     copy_messages,
     dangling_calls,
-    settle,
     validate,
     zero_usage,
 )
@@ -166,7 +166,7 @@ class Session:
         ``approvals`` in memory; the system prompt kept."""
         validate(messages)
         restored = copy_messages(messages)
-        self.settle_loaded(restored, approvals, ())
+        self.answer_loaded_calls(restored, approvals, ())
         self.approvals = approvals
         self.known = (0, 0)
         system = self.system_text
@@ -178,7 +178,7 @@ class Session:
         self.durable.forget()  # what the state said of the transcript replaced goes
         self.loaded = True
 
-    def settle_loaded(
+    def answer_loaded_calls(
         self, messages: list[Message], approvals: Approvals, starts: Sequence[ToolStart]
     ) -> bool:
         """Answer the dangling calls of a loaded transcript, the tool journal ``starts``
@@ -195,7 +195,7 @@ class Session:
             if decision.approved and call_id in journaled
         }
         before = len(messages)
-        found = settle_in_doubt(
+        found = resolve_in_doubt(
             messages, starts, self.config.table.by_name, approvals.pending, approved
         )
         found.log(f"agent {self.config.name!r}, session {self.name!r}")
@@ -273,7 +273,7 @@ class Session:
         """Answer the open calls in memory: "cancelled", or IN_DOUBT_RESULT for a call
         a crash left in doubt that is now not run again; return the results."""
         reruns, self.reruns = self.reruns, set()
-        return settle(
+        return answer_open_calls(
             self.messages,
             lambda _index, call: IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT,
             start=start,
@@ -413,7 +413,7 @@ class StoredSession(Session):
             # Decisions given since the session was last open hold only for their pauses.
             stale = approvals.adopt(self.approvals, f"agent {self.config.name!r}")
             starts = await self.store.tool_starts(self.name)
-            self.durable.transcript_stale = self.settle_loaded(settled, approvals, starts)
+            self.durable.transcript_stale = self.answer_loaded_calls(settled, approvals, starts)
             self.approvals = approvals
             self.durable.load_state(state, settled)
             messages[:] = settled

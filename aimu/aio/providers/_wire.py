@@ -135,13 +135,13 @@ class PrefillEcho:
                     continue
                 if held.startswith(self.text):
                     held = held[len(self.text):]
-                self._settle(passed, held)
+                self._decided(passed, held)
             else:  # a call, native data or the end came first: no echo
-                self._settle(passed, self.held)
+                self._decided(passed, self.held)
                 passed.append(chunk)
         return passed
 
-    def _settle(self, passed: list[Chunk], text: str) -> None:
+    def _decided(self, passed: list[Chunk], text: str) -> None:
         self.text = self.held = ""
         if text:
             passed.append(TextDelta(text))

@@ -11,7 +11,7 @@ import pytest
 from aimu.aio.providers._wire import WireEncoder
 from aimu.aio.providers.ollama import to_wire as ollama_wire
 from aimu.aio.providers.openai import to_wire as openai_wire
-from aimu.aio.transcript import Message, settle
+from aimu.aio.transcript import Message, answer_open_calls
 
 WIRES = [ollama_wire, openai_wire]
 
@@ -48,7 +48,7 @@ def test_each_request_equals_a_fresh_encoding_as_the_transcript_changes(to_wire:
     check()
     messages.append(calling("c1"))
     check()
-    settle(messages)  # a result inserted: noticed
+    answer_open_calls(messages)  # a result inserted: noticed
     check()
     del messages[3:5]  # shorter than what was sent: noticed
     check()
