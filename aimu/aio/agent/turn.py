@@ -229,12 +229,17 @@ def _policy_view(session: Session, policy: ContextPolicy) -> Sequence[Message]:
 
 def _prompt_tokens(session: Session) -> int:
     """The next request's size in tokens: what the server counted for the last turn,
-    and an estimate of what was added since."""
+    and an estimate of what was added since. The estimate is kept as the new starting
+    point (until the server counts again), so each call reads only the messages added
+    since the last: with a server that reports no usage, every turn would otherwise
+    read the whole transcript (quadratic in a run's rounds)."""
     messages = session.messages
     count, tokens = session.known
     if count > len(messages):
         count, tokens = 0, 0
-    return tokens + estimate_tokens(transcript_chars(messages, count))
+    tokens += estimate_tokens(transcript_chars(messages, count))
+    session.known = (len(messages), tokens)
+    return tokens
 
 
 async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurns) -> None:
