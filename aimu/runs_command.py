@@ -1,8 +1,10 @@
-"""``aimu runs list|show``: the run records of a store, from a terminal.
+"""``aimu runs list|show|cancel``: the run records of a store, from a terminal.
 
 The store is a SQLite file, a JSONL directory (``jsonl:DIR``, or a directory that
 exists) or a ``postgresql://`` URL; by default the store of ``aimu chat`` and ``aimu
-serve`` (``$AIMU_HOME/sessions.db``). Reading only: nothing is created or changed.
+serve`` (``$AIMU_HOME/sessions.db``). ``list`` and ``show`` only read: nothing is created
+or changed. ``cancel`` reaches a live run through Redis (``--redis``, as ``aimu serve
+--redis`` and its workers share it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-from aimu.aio.errors import StoreError
+from aimu.aio.errors import ControlError, StoreError
 from aimu.aio.store import RunRecord, Store
 
 __all__ = ["add_runs_options", "run_runs"]
@@ -37,6 +39,17 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
     show = actions.add_parser("show", help="one run's record as JSON")
     _add_store(show)
     show.add_argument("run_id", help="the run's id (from aimu runs list)")
+    cancel = actions.add_parser(
+        "cancel", help="cancel a live run through Redis",
+        description="Cancel a run wherever it runs, through the Redis that aimu serve --redis "
+        "and its workers share. Exit 0 if it was cancelled, 1 if it had already ended.",
+    )
+    cancel.add_argument("run_id", help="the run's id")
+    cancel.add_argument("--redis", required=True, metavar="URL", help="redis://host:port/db")
+    cancel.add_argument(
+        "--redis-prefix", default="aimu", help="the key prefix in Redis (default aimu)"
+    )
+    cancel.add_argument("--reason", help="why, as the run's record and events will say")
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +69,7 @@ def run_runs(options: argparse.Namespace, out: IO[str] | None = None) -> int:
     except ValueError as error:
         print(f"aimu runs: {error}", file=sys.stderr)
         return 2
-    except StoreError as error:
+    except (StoreError, ControlError) as error:
         print(f"aimu runs: {error}", file=sys.stderr)
         return 1
 
@@ -84,7 +97,20 @@ def open_existing(spec: str | None) -> Store:
     return SQLiteStore(path)
 
 
+async def _cancel(options: argparse.Namespace, out: IO[str]) -> int:
+    from aimu.aio.control import RedisControl
+
+    async with RedisControl(options.redis, options.redis_prefix) as control:
+        if await control.cancel(options.run_id, options.reason):
+            print(f"run {options.run_id} cancelled", file=out)
+            return 0
+    print(f"aimu runs: run {options.run_id!r} had already ended", file=sys.stderr)
+    return 1
+
+
 async def _run(options: argparse.Namespace, out: IO[str]) -> int:
+    if options.runs_action == "cancel":
+        return await _cancel(options, out)
     store = open_existing(options.store)
     try:
         if options.runs_action == "show":

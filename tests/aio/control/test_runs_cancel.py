@@ -1,0 +1,50 @@
+"""``aimu runs cancel RUN_ID --redis URL``: a terminal cancels a live run through Redis,
+and the run's stored record says so, with the reason given."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from aimu import aio
+from aimu.cli import main
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
+
+
+async def test_a_terminal_cancels_a_live_run_through_redis(
+    redis_url: str, prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entered = asyncio.Event()
+
+    async def hang() -> str:
+        """Wait forever."""
+        entered.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    model = ScriptedModel([Turn(tool_calls=(ScriptedCall("hang", {}, id="c1"),))])
+    agent = aio.Agent(model, tools=[hang], store=store, session="s")
+    cancel = ["runs", "cancel", "--redis", redis_url, "--redis-prefix", prefix]
+    try:
+        async with aio.RedisControl(redis_url, prefix) as worker:
+            handle = aio.RunHandle.start(agent.run("go"), control=worker)
+            run_id = await worker.registered(handle)
+            await entered.wait()
+            assert await asyncio.to_thread(main, [*cancel, run_id, "--reason", "from a shell"]) == 0
+            assert capsys.readouterr().out == f"run {run_id} cancelled\n"
+            with pytest.raises(asyncio.CancelledError):
+                await handle
+            assert await asyncio.to_thread(main, [*cancel, run_id]) == 1
+            assert "had already ended" in capsys.readouterr().err
+            assert await asyncio.to_thread(main, [*cancel, "no-such-run"]) == 1
+            assert "no-such-run" in capsys.readouterr().err
+        record = await store.run(run_id)
+        assert record is not None
+        assert (record.status, record.reason) == ("cancelled", "from a shell")
+    finally:
+        await agent.aclose()
+        await store.aclose()
