@@ -36,7 +36,8 @@ TOOLS = [note, hold]
 
 class Answers:
     """By task: ``quick`` answers at once; ``tool...`` calls ``hold`` (which returns once
-    the run is interrupted), then streams endlessly; ``resume...`` calls ``note``, then
+    the run is interrupted), then streams endlessly (``tool then done``: answers ``done``
+    at once); ``resume...`` calls ``note``, then
     streams endlessly the first time and answers ``done`` the next (the resumed run);
     anything else streams endlessly."""
 
@@ -52,6 +53,8 @@ class Answers:
             if not messages or messages[-1]["role"] != "tool":
                 return HOLD_TURN if task.startswith("tool") else NOTE_TURN
             self.after_tool[task] += 1
+            if task.startswith("tool then done"):
+                return Turn(text="done")
             if task.startswith("resume") and self.after_tool[task] > 1:
                 return Turn(text="done")
         return ENDLESS

@@ -230,10 +230,11 @@ def hold() -> str:
 
 
 async def paused(
-    agent: aio.Agent, worker: aio.RedisControl, control: aio.RedisControl
+    agent: aio.Agent, worker: aio.RedisControl, control: aio.RedisControl,
+    task: str = "tool please",
 ) -> tuple[aio.RunHandle[str], str]:
     """Start a run that calls ``hold`` under ``worker``; once Redis says it paused."""
-    handle = aio.RunHandle.start(agent.run("tool please"), control=worker)
+    handle = aio.RunHandle.start(agent.run(task), control=worker)
     run_id = await worker.registered(handle)
     info = await control.wait(run_id, timeout=30)
     assert info.status == "paused" and info.done
@@ -253,7 +254,8 @@ async def test_a_paused_run_is_reopened_for_its_resumed_part_or_recorded_cancell
     server: LoopbackServer, worker: aio.RedisControl, control: aio.RedisControl
 ) -> None:
     async with aio.Agent(aio.client("ollama:m", host=server.url), [hold]) as agent:
-        _, run_id = await paused(agent, worker, control)
+        # Its resumed part answers at once (not a 20 s stream raced against the wait).
+        _, run_id = await paused(agent, worker, control, "tool then done")
         assert await control.reopen(run_id)
         assert (await control.status(run_id)).status == "pending"
         assert not await control.reopen(run_id), "only a paused run is reopened"
