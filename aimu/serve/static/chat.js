@@ -426,8 +426,8 @@ async function showApprovals(runId) {
     const deny = document.createElement("button");
     deny.type = "button";
     deny.textContent = "Deny";
-    approve.addEventListener("click", () => decide(runId, call.call_id, true, row));
-    deny.addEventListener("click", () => decide(runId, call.call_id, false, row));
+    approve.addEventListener("click", () => decide(runId, call, true, row));
+    deny.addEventListener("click", () => decide(runId, call, false, row));
     row.append(what, approve, deny);
     box.append(row);
   }
@@ -436,10 +436,12 @@ async function showApprovals(runId) {
   if (first) first.focus();
 }
 
-async function decide(runId, callId, approve, row) {
+async function decide(runId, call, approve, row) {
+  // The pause shown: if the session was replaced since, the server refuses (409).
   try {
-    const answer = await api("POST", `/runs/${runId}/approvals/${encodeURIComponent(callId)}`, {
-      approve, reason: approve ? null : "denied in the web chat",
+    const path = `/runs/${runId}/approvals/${encodeURIComponent(call.call_id)}`;
+    const answer = await api("POST", path, {
+      approve, reason: approve ? null : "denied in the web chat", pause_id: call.pause_id,
     });
     row.remove();
     $("approvals").hidden = !$("approvals").children.length;
