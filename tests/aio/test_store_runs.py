@@ -285,3 +285,38 @@ async def test_a_handle_names_its_first_run_and_a_limit_is_recorded(store: Store
     assert second.id not in ("handle-1", first.id) and second.status == "completed"
     assert limited.status == "limited" and limited.limit is not None
     assert "requests limit of 1" in limited.limit and limited.ended is not None
+
+
+async def test_interrupted_and_paused_runs_say_why(tmp_path: Path) -> None:
+    """A run interrupted at a step boundary and one paused for approval: each record ends
+    so, with its reason (the paused one names the call it waits on)."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow() -> str:
+        """Wait until released."""
+        entered.set()
+        await release.wait()
+        return "ok"
+
+    @aio.tool(approval=True)
+    async def pay(amount: int) -> str:
+        """Pay."""
+        return "paid"
+
+    script = [
+        Turn(tool_calls=(ScriptedCall("slow", {}, id="s1"),)),
+        Turn(tool_calls=(ScriptedCall("pay", {"amount": 3}, id="p1"),)),
+    ]
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        agent = aio.Agent(ScriptedModel(script), tools=[slow, pay], store=store, session="s")
+        async with agent:
+            task = asyncio.ensure_future(agent.run("work"))
+            await entered.wait()
+            agent.interrupt()  # lands at the boundary after the tool round
+            release.set()
+            await task
+            await agent.resume()
+        paused, interrupted = await store.runs()
+    assert interrupted.status == "interrupted" and "interrupt" in (interrupted.reason or "")
+    assert paused.status == "paused" and "pay (p1)" in (paused.reason or "")
