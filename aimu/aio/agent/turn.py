@@ -57,7 +57,9 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     watch, streamed, hit = budget.watch, 0, None
     token: Token[RunScope | None] | None = current_scope.set(run.scope)
     try:
-        await _counted_before_sending(session, run, inflight)
+        _count_before_sending(session, run, inflight)
+        if budget.session_limits_set:  # kept before the request is sent (see below)
+            await session.save_state()
         async for chunk in chunks:
             if token is not None:  # the first chunk: the request is open, retries over
                 current_scope.reset(token)
@@ -113,19 +115,16 @@ async def _before_request(session: Session, run: RunState, final_turn: bool) -> 
     return True
 
 
-async def _counted_before_sending(
-    session: Session, run: RunState, inflight: TurnInFlight
-) -> None:
-    """Count the request's tokens up front (an estimate, replaced when the usage comes)
-    and, with a store and ``session_limits``, keep the session's spend before the request
-    is sent: a crash can lose the answer, never the count, so no kill loop escapes a
-    session budget. (Without session limits the spend is stored as the run settles.)"""
+def _count_before_sending(session: Session, run: RunState, inflight: TurnInFlight) -> None:
+    """Count the request's tokens up front (an estimate, replaced when the usage comes).
+    With ``session_limits`` the caller then keeps the session's spend (a store's session
+    saves it; one without a store has nothing to save) before the request is sent: a
+    crash can lose the answer, never the count, so no kill loop escapes a session
+    budget. (Without session limits the spend is stored as the run settles.)"""
     budget = run.budget
     assert budget is not None
     inflight.counted = {"input_tokens": _prompt_tokens(session), "output_tokens": 0}
     budget.count_tokens(inflight.counted, estimated=False)
-    if budget.session_limits_set and session.durable.writer is not None:
-        await session.save_state()
 
 
 def _request(
