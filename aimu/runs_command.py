@@ -40,15 +40,22 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
     _add_store(show)
     show.add_argument("run_id", help="the run's id (from aimu runs list)")
     cancel = actions.add_parser(
-        "cancel", help="cancel a live run through Redis",
-        description="Cancel a run wherever it runs, through the Redis that aimu serve --redis "
-        "and its workers share. Exit 0 if it was cancelled, 1 if it had already ended.",
+        "cancel", help="cancel a live run through Redis or Temporal",
+        description="Cancel a run wherever it runs: through the Redis that aimu serve --redis "
+        "and its workers share, or the Temporal that runs it (aimu serve --temporal). Exit 0 "
+        "if it was cancelled, 1 if it had already ended or is unknown.",
     )
     cancel.add_argument("run_id", help="the run's id")
-    cancel.add_argument("--redis", required=True, metavar="URL", help="redis://host:port/db")
+    where = cancel.add_mutually_exclusive_group(required=True)
+    where.add_argument("--redis", metavar="URL", help="redis://host:port/db")
+    where.add_argument("--temporal", metavar="HOST:PORT", help="the Temporal frontend")
     cancel.add_argument(
         "--redis-prefix", default="aimu", help="the key prefix in Redis (default aimu)"
     )
+    cancel.add_argument(
+        "--task-queue", default="aimu", help="the runs' Temporal task queue (default aimu)"
+    )
+    cancel.add_argument("--namespace", default="default", help="the Temporal namespace")
     cancel.add_argument("--reason", help="why, as the run's record and events will say")
 
 
@@ -98,12 +105,21 @@ def open_existing(spec: str | None) -> Store:
 
 
 async def _cancel(options: argparse.Namespace, out: IO[str]) -> int:
-    from aimu.aio.control import RedisControl
+    if options.temporal is not None:
+        from aimu.temporal import RunsClient
 
-    async with RedisControl(options.redis, options.redis_prefix) as control:
-        if await control.cancel(options.run_id, options.reason):
-            print(f"run {options.run_id} cancelled", file=out)
-            return 0
+        client = await RunsClient.connect(
+            options.temporal, options.task_queue, namespace=options.namespace
+        )
+        cancelled = await client.cancel(options.run_id, options.reason)
+    else:
+        from aimu.aio.control import RedisControl
+
+        async with RedisControl(options.redis, options.redis_prefix) as control:
+            cancelled = await control.cancel(options.run_id, options.reason)
+    if cancelled:
+        print(f"run {options.run_id} cancelled", file=out)
+        return 0
     print(f"aimu runs: run {options.run_id!r} had already ended", file=sys.stderr)
     return 1
 

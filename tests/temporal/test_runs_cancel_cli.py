@@ -1,0 +1,42 @@
+"""``aimu runs cancel RUN_ID --temporal HOST:PORT``: a terminal cancels a run a Temporal
+worker runs, mid-stream; the run's stored record says cancelled, under the run id the
+client was given."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aimu.aio.store import SQLiteStore
+from aimu.cli import main
+from aimu.temporal import RunsClient
+from aimu.testing.script import Turn
+from aimu.testing.server import LoopbackServer
+from tests.temporal.conftest import Workers
+
+SLOW = Turn("one two three four five six seven eight nine ten " * 20, delay=0.05)
+
+
+async def test_a_terminal_cancels_a_temporal_run(
+    temporal: str, queue: str, runs: RunsClient, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer, capsys: pytest.CaptureFixture[str],
+) -> None:
+    model_server.script = [SLOW]
+    await workers.start()
+    run_id = await runs.start("s1", "talk")
+    async for _, event in runs.events(run_id):
+        if event["type"] == "text":
+            break  # provably mid-stream
+    cancel = ["runs", "cancel", "--temporal", temporal, "--task-queue", queue]
+    assert await asyncio.to_thread(main, [*cancel, run_id, "--reason", "from a shell"]) == 0
+    assert capsys.readouterr().out == f"run {run_id} cancelled\n"
+    state = await runs.wait(run_id, timeout=60)
+    assert (state["status"], state["reason"]) == ("cancelled", "from a shell")
+    assert await asyncio.to_thread(main, [*cancel, run_id]) == 1
+    assert "had already ended" in capsys.readouterr().err
+    (record,) = await store.runs(session="s1")
+    assert record.id == run_id and record.status == "cancelled"
+    # The activity's run is cancelled by Temporal, whose cancel carries no reason to it:
+    # the record says so (the workflow's state above has the client's reason).
+    assert record.reason == "cancelled through Temporal"
