@@ -14,6 +14,7 @@ from aimu.aio.providers.anthropic import AnthropicClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
+from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 
 MakeClient = Callable[..., ModelClient]
 
@@ -26,7 +27,11 @@ def client_at(provider: str, url: str, key: str = "sk-test", **options: Any) -> 
         return GeminiClient("gemini-test", base_url=url + "/v1beta", api_key=key, **options)
     if provider == "anthropic":
         return AnthropicClient("claude-test", base_url=url, api_key=key, **options)
-    return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
+    if provider == "openai-responses":
+        return OpenAIResponsesClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
+    if provider == "openai":
+        return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
+    raise ValueError(f"client_at: no client for provider {provider!r}")
 
 
 def closed_port() -> int:
