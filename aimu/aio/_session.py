@@ -154,6 +154,13 @@ class SessionRecord:
             log.warning("session %r: cannot record how run %s ended: %s", self.name,
                         record.id, error)
 
+    async def keep_run_spend(self, spend: Spend) -> None:
+        """Store what the run started by :meth:`start_run` has spent so far (its record
+        stays ``running``)."""
+        if self.run is not None and self.writer is not None:
+            self.run = dataclasses.replace(self.run, spend=spend.dump())
+            await self.writer.record_run(self.run)
+
     async def save_state(self, approvals: Approvals) -> None:
         """Store the session's state: the approvals, the messages a pause carries, the
         summary and what the session has spent."""

@@ -473,15 +473,21 @@ def test_a_kill_9_loop_cannot_escape_a_session_budget(
     if limit == "requests":
         assert kills == most  # the fourth run and every later one: refused before sending
 
-    async def stored_spend() -> dict[str, Any]:
+    async def stored() -> tuple[dict[str, Any], list[Any]]:
         store = where.make()
         try:
-            return dict((await store.load_state("budget"))["spend"])
+            state = await store.load_state("budget")
+            return dict(state["spend"]), await store.runs(session="budget")
         finally:
             await store.aclose()
 
-    spend = asyncio.run(stored_spend())
+    spend, runs = asyncio.run(stored())
     assert spend["requests"] == kills
+    # Each killed run's record holds its request, counted before it was sent; it says
+    # running (its process died), or limited when a token limit cut the reply first.
+    sent = [r for r in runs if r.spend is not None and r.spend["requests"] == 1]
+    assert len(sent) == kills, [(r.status, r.spend) for r in runs]
+    assert all(r.status in ("running", "limited") for r in sent)
     assert spend["input_tokens"] > 0  # estimated before each request was sent
     if limit == "total_tokens":
         assert spend["input_tokens"] + spend["output_tokens"] >= most

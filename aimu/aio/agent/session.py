@@ -15,6 +15,7 @@ from aimu.aio._session import SessionRecord
 from aimu.aio.approvals import Approvals, Decision
 from aimu.aio.client import ModelClient
 from aimu.aio.journal import IN_DOUBT_RESULT, resolve_in_doubt
+from aimu.aio.limits import Spend
 from aimu.aio.output import is_correction
 from aimu.aio.providers._unicode import clean
 from aimu.aio.scope import RunScope
@@ -126,6 +127,9 @@ class Session:
 
     async def save_state(self) -> None:
         """Store the state kept beside the transcript."""
+
+    async def keep_spend(self, run: Spend) -> None:
+        """Store what the session and the run (``run``) have spent, before a request."""
 
     async def store_added(self, added: Sequence[Message]) -> None:
         """Store ``added``, already last in the transcript."""
@@ -355,6 +359,11 @@ class StoredSession(Session):
 
     async def save_state(self) -> None:
         await self.durable.save_state(self.approvals)
+
+    async def keep_spend(self, run: Spend) -> None:
+        if self.durable.writer is not None:
+            await self.durable.save_state(self.approvals)
+            await self.durable.keep_run_spend(run)
 
     async def store_added(self, added: Sequence[Message]) -> None:
         await self.durable.store_added(self.messages, added)
