@@ -244,3 +244,16 @@ def test_no_function_in_aimu_aio_is_over_60_lines() -> None:
                 if lines > 60:
                     long.append(f"{module}.{node.name} (line {node.lineno}): {lines} lines")
     assert long == [], "\n".join(long)
+
+
+def test_only_the_session_knows_about_the_store_writer() -> None:
+    """The loop and its steps call the session; whether it has a store (and an open
+    writer) is the session's business (Session / StoredSession), never a branch here."""
+    package = ROOT / "aimu" / "aio" / "agent"
+    branching = [
+        f"{name}.py:{node.lineno}"
+        for name in ("loop", "turn", "tool_round", "settle", "state")
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "writer"
+    ]
+    assert branching == [], branching
