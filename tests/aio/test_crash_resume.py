@@ -435,8 +435,7 @@ asyncio.run(main())
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "limit", "most"),
-    [("sqlite", "requests", 3), ("jsonl", "requests", 3), ("postgres", "requests", 3),
-     ("sqlite", "total_tokens", 40)],
+    [("sqlite", "requests", 3), ("jsonl", "total_tokens", 40), ("postgres", "requests", 3)],
     indirect=["kind"],
 )
 def test_a_kill_9_loop_cannot_escape_a_session_budget(
@@ -462,13 +461,14 @@ def test_a_kill_9_loop_cannot_escape_a_session_budget(
                 child.finish()
                 assert child.process.returncode == 0, child.stderr[-3000:]
                 outcomes.append(child.lines[0])
+                break  # refused: so is every later run (the spend only grows)
             finally:
                 if child.process.poll() is None:
                     child.process.kill()
                     child.finish()
         chats = [r for r in server.requests if r.path.endswith("/chat/completions")]
 
-    assert outcomes and all(o == ["finished", "limited", f"limit:{limit}"] for o in outcomes)
+    assert outcomes == [["finished", "limited", f"limit:{limit}"]]
     assert kills == len(chats) < 7
     if limit == "requests":
         assert kills == most  # the fourth run and every later one: refused before sending
