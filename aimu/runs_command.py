@@ -1,10 +1,12 @@
-"""``aimu runs list|show|cancel``: the run records of a store, from a terminal.
+"""``aimu runs list|show|cancel|resume``: the run records of a store, from a terminal.
 
 The store is a SQLite file, a JSONL directory (``jsonl:DIR``, or a directory that
 exists) or a ``postgresql://`` URL; by default the store of ``aimu chat`` and ``aimu
 serve`` (``$AIMU_HOME/sessions.db``). ``list`` and ``show`` only read: nothing is created
-or changed. ``cancel`` reaches a live run through Redis (``--redis``, as ``aimu serve
---redis`` and its workers share it).
+or changed. ``cancel`` reaches a live run through Redis or Temporal (``--redis``,
+``--temporal``, as ``aimu serve`` and its workers share them); ``resume`` starts a run
+that resumes a run's session on Temporal's workers (with Redis alone no process here
+could run it: resume through ``aimu serve``, ``POST /sessions/{session}/resume``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from aimu.aio.errors import ControlError, StoreError
 from aimu.aio.store import RunRecord, Store
+
+if TYPE_CHECKING:
+    from aimu.temporal import RunsClient
 
 __all__ = ["add_runs_options", "run_runs"]
 
@@ -52,11 +57,25 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
     cancel.add_argument(
         "--redis-prefix", default="aimu", help="the key prefix in Redis (default aimu)"
     )
-    cancel.add_argument(
+    _add_temporal(cancel)
+    cancel.add_argument("--reason", help="why, as the run's record and events will say")
+    resume = actions.add_parser(
+        "resume", help="resume a run's session on Temporal's workers",
+        description="Start a run that resumes the session of RUN_ID where it stopped, on "
+        "the workers of a Temporal task queue (aimu serve --temporal, aimu worker); prints "
+        "the new run's id.",
+    )
+    resume.add_argument("run_id", help="the run whose session to resume")
+    resume.add_argument("--temporal", required=True, metavar="HOST:PORT",
+                        help="the Temporal frontend")
+    _add_temporal(resume)
+
+
+def _add_temporal(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--task-queue", default="aimu", help="the runs' Temporal task queue (default aimu)"
     )
-    cancel.add_argument("--namespace", default="default", help="the Temporal namespace")
-    cancel.add_argument("--reason", help="why, as the run's record and events will say")
+    parser.add_argument("--namespace", default="default", help="the Temporal namespace")
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
@@ -104,14 +123,23 @@ def open_existing(spec: str | None) -> Store:
     return SQLiteStore(path)
 
 
+async def _temporal(options: argparse.Namespace) -> RunsClient:
+    from aimu.temporal import RunsClient
+
+    return await RunsClient.connect(
+        options.temporal, options.task_queue, namespace=options.namespace
+    )
+
+
+async def _resume(options: argparse.Namespace, out: IO[str]) -> int:
+    client = await _temporal(options)
+    print(await client.resume(options.run_id), file=out)
+    return 0
+
+
 async def _cancel(options: argparse.Namespace, out: IO[str]) -> int:
     if options.temporal is not None:
-        from aimu.temporal import RunsClient
-
-        client = await RunsClient.connect(
-            options.temporal, options.task_queue, namespace=options.namespace
-        )
-        cancelled = await client.cancel(options.run_id, options.reason)
+        cancelled = await (await _temporal(options)).cancel(options.run_id, options.reason)
     else:
         from aimu.aio.control import RedisControl
 
@@ -127,6 +155,8 @@ async def _cancel(options: argparse.Namespace, out: IO[str]) -> int:
 async def _run(options: argparse.Namespace, out: IO[str]) -> int:
     if options.runs_action == "cancel":
         return await _cancel(options, out)
+    if options.runs_action == "resume":
+        return await _resume(options, out)
     store = open_existing(options.store)
     try:
         if options.runs_action == "show":

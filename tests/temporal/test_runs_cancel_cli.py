@@ -1,6 +1,6 @@
-"""``aimu runs cancel RUN_ID --temporal HOST:PORT``: a terminal cancels a run a Temporal
-worker runs, mid-stream; the run's stored record says cancelled, under the run id the
-client was given."""
+"""``aimu runs cancel|resume RUN_ID --temporal HOST:PORT``: a terminal cancels a run a
+Temporal worker runs, mid-stream (its stored record says cancelled, under the run id the
+client was given), then resumes its session as a new run, recorded beside it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ async def test_a_terminal_cancels_a_temporal_run(
     temporal: str, queue: str, runs: RunsClient, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    model_server.script = [SLOW]
+    model_server.script = [SLOW, Turn("resumed")]
     await workers.start()
     run_id = await runs.start("s1", "talk")
     async for _, event in runs.events(run_id):
@@ -40,3 +40,11 @@ async def test_a_terminal_cancels_a_temporal_run(
     # The activity's run is cancelled by Temporal, whose cancel carries no reason to it:
     # the record says so (the workflow's state above has the client's reason).
     assert record.reason == "cancelled through Temporal"
+
+    resume = ["runs", "resume", "--temporal", temporal, "--task-queue", queue, run_id]
+    assert await asyncio.to_thread(main, resume) == 0
+    resumed = capsys.readouterr().out.strip()
+    assert (await runs.wait(resumed, timeout=60))["status"] == "completed"
+    assert [(r.id, r.status) for r in await store.runs(session="s1")] == [
+        (resumed, "completed"), (run_id, "cancelled"),
+    ]
