@@ -4,7 +4,7 @@
 
 Per tool round of the scripted model and a no-op tool on each store, the agent as
 shipped (the call's start written durably before the tool runs: one more write beside
-the two messages) against the same agent with ``Agent._journal_start`` replaced by a
+the two messages) against the same agent with ``StoredSession.journal_start`` replaced by a
 no-op, the baseline (an ablation, for measuring only). Medians of interleaved repeats,
 the order alternating, so a noisy neighbour hurts both alike. PostgreSQL runs when
 ``--postgres`` (or ``AIMU_BENCH_POSTGRES_DSN``, else the local server) answers; it works
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aimu.aio.agent import Agent
+from aimu.aio.agent.session import StoredSession
 from aimu.aio.store import JSONLStore, PostgresStore, SQLiteStore, Store
 from aimu.aio.transcript import ToolCall
 from aimu.testing.script import Turn
@@ -38,7 +39,7 @@ async def noop() -> str:
     return "ok"
 
 
-async def _no_journal(self: Agent, call: ToolCall) -> None:
+async def _no_journal(self: StoredSession, call: ToolCall) -> None:
     return None
 
 
@@ -48,16 +49,16 @@ async def per_round(make: Callable[[], Store], rounds: int, journal: bool) -> fl
     script = [*(tool_turn(("noop", {})) for _ in range(rounds)), Turn(text="done")]
     agent = Agent(ScriptedModel(script, record=False), tools=[noop], store=store,
                   session=f"b{uuid.uuid4().hex[:8]}", max_rounds=rounds + 2)
-    shipped = Agent._journal_start
+    shipped = StoredSession.journal_start
     if not journal:
-        Agent._journal_start = _no_journal  # type: ignore[method-assign]
+        StoredSession.journal_start = _no_journal  # type: ignore[method-assign]
     try:
         start = time.perf_counter()
         async with agent:
             await agent.run("go")
         return (time.perf_counter() - start) / rounds
     finally:
-        Agent._journal_start = shipped  # type: ignore[method-assign]
+        StoredSession.journal_start = shipped  # type: ignore[method-assign]
         await store.aclose()
 
 
