@@ -9,8 +9,9 @@ stop, send) are recorded here by signal or update and read by the activity; even
 come back from the activity by signal, so any client follows the run through queries.
 
 This module runs inside Temporal's workflow sandbox: it imports only the standard
-library, ``temporalio`` and how a run ends (``aimu.aio.ends``: constants and pure
-functions, passed through the sandbox as all of aimu is), and does nothing that is not
+library, ``temporalio``, how a run ends (``aimu.aio.ends``) and the rule for received
+images (``aimu.aio.images``): constants and pure functions, passed through the sandbox
+as all of aimu is; it does nothing that is not
 deterministic on replay.
 """
 
@@ -27,6 +28,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 from temporalio.workflow import ActivityCancellationType
 
 from aimu.aio.ends import FINAL, error_text
+from aimu.aio.images import is_data_url
 
 __all__ = [
     "BEGIN",
@@ -368,7 +370,7 @@ class RunWorkflow:
                 "start a new run with it",
                 type="AimuBadInput",
             )
-        if not all(isinstance(url, str) and url.startswith("data:") for url in images or ()):
+        if not all(is_data_url(url) for url in images or ()):
             raise ApplicationError(  # a path would be read from a worker's disk
                 "a send's images must be data: URLs (RunsClient.send converts bytes and "
                 "paths)",
