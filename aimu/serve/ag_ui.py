@@ -40,6 +40,7 @@ from aimu.serve.stream_runs import (
     RunFollower,
     decide_all,
     live_or_revived,
+    shown_id,
     sse_response,
 )
 
@@ -271,7 +272,7 @@ async def _finished(
 def _interrupts(pending: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
-            "id": str(call["call_id"]),
+            "id": shown_id(call),
             "reason": APPROVAL_REASON,
             "message": f"Allow {call['name']}({json.dumps(call['arguments'])})?"
             + (" It was running when the server stopped: allowing runs it again."

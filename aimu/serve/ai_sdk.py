@@ -40,6 +40,7 @@ from aimu.serve.stream_runs import (
     RunFollower,
     decide_all,
     live_or_revived,
+    shown_id,
     sse_response,
 )
 
@@ -209,7 +210,7 @@ async def _ending(
             if call_id not in translator.calls:  # asked before it was announced
                 chunks += translator.feed({"type": "tool_call", "call_id": call_id,
                                            "name": call["name"], "arguments": call["arguments"]})
-            chunks.append({"type": "tool-approval-request", "approvalId": call_id,
+            chunks.append({"type": "tool-approval-request", "approvalId": shown_id(call),
                            "toolCallId": call_id})
         return [*chunks, *translator.close(),
                 {"type": "finish", "finishReason": "tool-calls", "messageMetadata": metadata}]

@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, validate_name
-from aimu.serve.stream_runs import RunFollower, decide_all
+from aimu.serve.stream_runs import RunFollower, decide_all, shown_id
 
 __all__ = ["TOOL_NAME", "agent_server"]
 
@@ -173,7 +173,7 @@ _SCHEMA: Final[dict[str, Any]] = {
 def _questions(pending: Sequence[Mapping[str, Any]]) -> dict[str, types.InputRequest]:
     """One elicitation per waiting call, keyed by the call's id."""
     return {
-        str(call["call_id"]): types.ElicitRequest(params=types.ElicitRequestFormParams(
+        shown_id(call): types.ElicitRequest(params=types.ElicitRequestFormParams(
             message=f"Allow {_calls([call])}?", requested_schema=_SCHEMA))
         for call in pending
     }
@@ -209,7 +209,7 @@ async def _elicit(
         asked = await ctx.elicit(f"Allow {_calls([call])}?", Approval)
         if asked.action != "accept":
             return None
-        decisions.append((str(call["call_id"]), asked.data.approve, asked.data.reason or None))
+        decisions.append((shown_id(call), asked.data.approve, asked.data.reason or None))
     resumed = await decide_all(runs, session, decisions)
     if resumed is not None:
         resumed.owned = True

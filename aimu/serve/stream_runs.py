@@ -32,6 +32,7 @@ __all__ = [
     "RunFollower",
     "decide_all",
     "live_or_revived",
+    "shown_id",
     "sse_data",
     "sse_response",
 ]
@@ -139,24 +140,39 @@ def sse_response(
     )
 
 
+def shown_id(call: Mapping[str, Any]) -> str:
+    """The id a protocol shows a waiting call by: ``CALL_ID@PAUSE_ID``, so that the
+    answer names the very pause the person saw (a call id alone may come back under a
+    later pause of a replaced session)."""
+    pause = call.get("pause_id")
+    return f"{call['call_id']}@{pause}" if pause else str(call["call_id"])
+
+
 async def decide_all(
     runs: Runs, session: str, decisions: Sequence[tuple[str, bool, str | None]]
 ) -> RunFollower | None:
-    """Apply ``(call_id, approve, reason)`` decisions to ``session``'s paused run, every one
+    """Apply ``(id, approve, reason)`` decisions to ``session``'s paused run, every one
     checked before any is applied; the run the session resumed as (owned by the caller),
-    or None while other calls still wait."""
+    or None while other calls still wait. An id is a call's :func:`shown_id` (bound to its
+    pause: ``Conflict`` if that pause no longer waits) or its bare call id."""
     paused, pending = await runs.paused_on(session)
     if paused is None or not pending:
         raise Conflict(f"session {session!r} has no paused run waiting on a decision")
-    waiting = {str(call["call_id"]) for call in pending}
-    unknown = [call_id for call_id, _, _ in decisions if call_id not in waiting]
-    if unknown:
-        raise BadRequest(f"no tool call {unknown[0]!r} waits for a decision on {session!r}")
-    if len({call_id for call_id, _, _ in decisions}) != len(decisions):
+    bound: list[tuple[str, str | None, bool, str | None]] = []
+    for given, approve, reason in decisions:
+        call_id, at, pause = given.rpartition("@") if "@" in given else (given, "", "")
+        waiting = [call for call in pending if str(call["call_id"]) == call_id]
+        if not waiting:
+            raise BadRequest(f"no tool call {given!r} waits for a decision on {session!r}")
+        if at and waiting[0].get("pause_id") != pause:
+            raise Conflict(f"tool call {call_id!r} was shown for a pause that no longer "
+                           "waits (the session went on or was replaced): nothing decided")
+        bound.append((call_id, pause or None, approve, reason))
+    if len({call_id for call_id, *_ in bound}) != len(bound):
         raise BadRequest("a tool call is decided twice")
     resumed: str | None = None
-    for call_id, approve, reason in decisions:
-        answer = await runs.decide(paused, call_id, approve, reason)
+    for call_id, pause_id, approve, reason in bound:
+        answer = await runs.decide(paused, call_id, approve, reason, pause_id)
         resumed = answer["resumed_run_id"] or resumed
     if resumed is None:
         return None

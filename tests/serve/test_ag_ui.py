@@ -158,7 +158,8 @@ async def test_an_approval_pause_is_an_interrupt_and_resume_entries_decide_it(
     assert outcome["type"] == "interrupt"
     (interrupt,) = outcome["interrupts"]
     assert interrupt["reason"] == "tool_approval" and "send_email" in interrupt["message"]
-    assert interrupt["toolCallId"] == interrupt["id"]
+    # The interrupt names the call and the very pause it was shown for.
+    assert interrupt["id"].startswith(interrupt["toolCallId"] + "@")
     assert MAILED == []
 
     # A bad answer changes nothing.
@@ -166,6 +167,9 @@ async def test_an_approval_pause_is_an_interrupt_and_resume_entries_decide_it(
         ([{"interruptId": "nope", "status": "resolved", "payload": True}], 400),
         ([{"interruptId": interrupt["id"], "status": "resolved", "payload": "yes"}], 400),
         ([{"interruptId": interrupt["id"], "status": "resolved", "payload": True}] * 2, 400),
+        # An answer for another pause of that call (the session went on meanwhile).
+        ([{"interruptId": interrupt["toolCallId"] + "@an-older-pause", "status": "resolved",
+           "payload": True}], 409),
     ):
         response = await http.post("/ag-ui", json=run_input("agui-mail", "r2", resume=resume))
         assert response.status_code == status, response.text
