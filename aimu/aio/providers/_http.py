@@ -670,62 +670,54 @@ def _tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
     return chunks
 
 
+#: Replies being closed (and drained) in tasks of their own: held here until done.
+_CLOSING: set[asyncio.Future[None]] = set()
+
+
 async def _closed(
     pieces: AsyncGenerator[bytes, None], response: httpx.Response, *, drain: bool
 ) -> None:
     """Close a reply (what is left of it read first when ``drain``) in a task of its own.
 
     httpx marks a response closed before httpcore gives its connection back, so a cancel
-    landing inside that close (a Stop, a cancel of every run, a timeout) left the
-    connection taken for good: its pool never served another request through it (a run
-    waiting for it never started) and the socket stayed open until the process exited.
-    Shielded, the close always completes; the cancel still reaches the caller.
+    landing inside that close (a Stop, a cancel of every run, a timeout around the
+    drain) left the connection taken for good: its pool never served another request
+    through it (a run waiting for it never started) and the socket stayed open until
+    the process exited. The close therefore runs in a task nothing cancels; the caller
+    waits for it (for a drain at most a second: the connection is back in the pool
+    before the next request), and a cancel of the caller still reaches it at once.
     """
     closing = asyncio.ensure_future(_close(pieces, response, drain))
-    try:
+    _CLOSING.add(closing)
+    closing.add_done_callback(_forget)
+    if closing.done():
+        return
+    if drain:  # a dawdling server keeps only the task waiting
+        await asyncio.wait((closing,), timeout=_DRAIN_LIMIT)
+    else:  # closed when this returns (a cancel of the caller returns at once)
         await asyncio.shield(closing)
-    except BaseException:
-        closing.add_done_callback(_retrieve)
-        raise
 
 
-def _retrieve(task: asyncio.Future[None]) -> None:
+def _forget(task: asyncio.Future[None]) -> None:
+    _CLOSING.discard(task)
     if not task.cancelled():
-        task.exception()  # a failure closing a reply we stopped reading is not news
+        task.exception()  # a failure closing a reply we are done with is not news
 
 
 async def _close(
     pieces: AsyncGenerator[bytes, None], response: httpx.Response, drain: bool
 ) -> None:
+    """Read what is left of a finished reply (``drain``), so its connection can serve the
+    next request, then close it. After the final marker only the end of the body should
+    remain; a server that sends more or dawdles keeps only this task waiting (each read
+    bounded by the client's timeout), and a failure now is the server's."""
     try:
         if drain:
-            await _drain(pieces)
+            with contextlib.suppress(httpx.HTTPError):
+                async for _ in pieces:
+                    pass
     finally:
         try:
             await pieces.aclose()
         finally:
             await response.aclose()
-
-
-async def _drain(rest: AsyncGenerator[bytes, None]) -> None:
-    """Read what is left of a finished reply, so its connection can serve the next request.
-
-    After the final marker only the end of the body should remain; a server that sends
-    more, or fails, or dawdles beyond a second just costs us that connection. The read
-    runs in a task of its own, cancelled when the second is up: a timeout around httpx
-    could land as httpx closes the body it has just read to its end (see _closed).
-    """
-    reading = asyncio.ensure_future(_read_all(rest))
-    try:
-        await asyncio.wait((reading,), timeout=_DRAIN_LIMIT)
-    finally:
-        if not reading.done():
-            reading.cancel()
-            await asyncio.wait((reading,))
-    if not reading.cancelled():
-        reading.exception()  # the reply is complete: a failure now is the server's
-
-
-async def _read_all(rest: AsyncGenerator[bytes, None]) -> None:
-    async for _ in rest:
-        pass
