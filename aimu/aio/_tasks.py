@@ -43,8 +43,10 @@ class Background:
     async def aclose(self, *, rounds: int = 1, wait: float | None = None) -> None:
         """Cancel the tasks still running and wait until they end (see
         :func:`cancel_and_wait`); tasks spawned meanwhile are cancelled too."""
-        while self.tasks:
-            await cancel_and_wait(set(self.tasks), rounds=rounds, wait=wait)
+        # A task that ended leaves the set only when its done-callback runs: the loop
+        # must not spin on those (it would never yield to let them run).
+        while live := {task for task in self.tasks if not task.done()}:
+            await cancel_and_wait(live, rounds=rounds, wait=wait)
             if wait is not None:
                 return
 
