@@ -226,7 +226,7 @@ async def aimu_runs(url: str, n: int) -> tuple[Run, Kept, Callable[[], Awaitable
 
     async def run(seen: Callable[[], None], task: str = TASK) -> str:
         session = agent.start()
-        if task == TASK:
+        if task == HELD_TASK:  # kept for the cancel-all check only
             sessions.append(session)
         parts: list[str] = []
         async for event in session.run(task, stream=True):
@@ -262,7 +262,7 @@ async def pydantic_ai_runs(url: str, n: int) -> tuple[Run, Kept, Callable[[], Aw
     async def run(seen: Callable[[], None], task: str = TASK) -> str:
         parts: list[str] = []
         async with agent.iter(task) as agent_run:
-            if task == TASK:
+            if task == HELD_TASK:  # kept for the cancel-all check only
                 runs.append(agent_run)
             async for node in agent_run:
                 if Agent.is_model_request_node(node):
@@ -311,7 +311,7 @@ async def openai_agents_runs(url: str, n: int) -> tuple[Run, Kept, Callable[[], 
     async def run(seen: Callable[[], None], task: str = TASK) -> str:
         parts: list[str] = []
         result = Runner.run_streamed(agent, task)
-        if task == TASK:
+        if task == HELD_TASK:  # kept for the cancel-all check only
             results.append(result)
         try:
             async for event in result.stream_events():
