@@ -177,6 +177,10 @@ class RunWorkflow:
                 ),
             )
             await self._turns(request, self._messages_from)
+        except GeneratorExit:
+            # The worker evicted this workflow from its cache (it is replayed elsewhere):
+            # nothing ended, and no workflow call may run outside its event loop now.
+            raise
         except BaseException as error:
             self._ended_by(error)
             raise
