@@ -83,10 +83,14 @@ async def test_aimu_mcp_over_stdio(served: Served, tmp_path: Path) -> None:
         abandoned = len([s for s in served.model.streams if s.abandoned])
         await call_and_cancel(client, served, {"task": "long tale", "session": "io-stop"})
         await served.model.wait_abandoned(abandoned + 1, timeout=30)
+        # The cancelled run's end is written as it settles, after the model's stream
+        # closed: read the store (while the server lives) until it holds the partial.
+        async with asyncio.timeout(30):
+            while (messages := await load_session(store, "io-stop"))[-1]["role"] == "user":  # noqa: ASYNC110 - another process writes it
+                await asyncio.sleep(0.05)
         # The server is still there for the next call.
         again = await client.call_tool("run_agent", {"task": "hi", "session": "io-2"})
         assert text_of(again) == "answer to hi"
-    messages = await load_session(store, "io-stop")
     validate(messages)
     assert messages[-1]["role"] == "assistant" and messages[-1]["aimu_partial"] is True
 
