@@ -454,6 +454,27 @@ async def test_requests_are_recorded_with_secrets_redacted() -> None:
     assert "sk-secret-key" not in repr(server.requests)
 
 
+async def test_a_server_that_keeps_no_records_serves_every_wire_and_holds_nothing() -> None:
+    """``keep_records=False`` (benchmarks, ``python -m aimu.testing.server``): the
+    replies are the same, and no request body stays alive to slow the server's GC."""
+    gemini = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
+    paths = [
+        ("/api/chat", body("ollama", stream=True)),
+        ("/v1/chat/completions", body("openai", stream=True)),
+        ("/v1/messages", {**body("openai", stream=True), "max_tokens": 10}),
+        ("/v1/responses", {"model": "m", "input": "hello", "stream": True}),
+        ("/v1beta/models/m:streamGenerateContent?alt=sse", gemini),
+    ]
+    async with LoopbackServer([Turn("a")] * 5, keep_records=False) as server:
+        async with httpx.AsyncClient() as http:
+            for path, payload in paths:
+                reply = await http.post(server.url + path, json=payload)
+                assert reply.status_code == 200 and b'"a"' in reply.content, path
+        assert server.connections_accepted == 1
+        assert server.requests == [] and server.streams == []
+    await no_other_tasks()
+
+
 async def test_keep_alive_serves_both_protocols_on_one_connection_and_one_script() -> None:
     async with serving([Turn("first"), Turn("second")]) as server, httpx.AsyncClient() as http:
         one = await http.post(chat_url(server, "ollama"), json=body("ollama", stream=True))

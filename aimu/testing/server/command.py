@@ -20,7 +20,9 @@ async def _serve(host: str, port: int, delay: float) -> None:
     for number in signals:
         loop.add_signal_handler(number, stop_requested.set)
     try:
-        async with LoopbackServer(default_script(delay), host=host, port=port) as server:
+        async with LoopbackServer(
+            default_script(delay), host=host, port=port, keep_records=False
+        ) as server:
             print(f"listening on {server.url}", flush=True)
             await stop_requested.wait()
     finally:

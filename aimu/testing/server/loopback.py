@@ -84,7 +84,8 @@ class _ScriptError(Exception):
 
 
 class LoopbackServer:
-    """An HTTP/1.1 server on asyncio streams speaking the Ollama and OpenAI chat protocols.
+    """An HTTP/1.1 server on asyncio streams speaking Ollama's, OpenAI's (chat completions
+    and Responses), Anthropic's and Gemini's chat protocols.
 
     ``script``: a list of :class:`Turn` served in order, one per chat request (both
     protocols share the position), or a function of the request body; None serves the
@@ -100,6 +101,7 @@ class LoopbackServer:
         strict_alternation: bool = False,
         continues_partial: bool = True,
         echoes_prefill: bool = False,
+        keep_records: bool = True,
     ) -> None:
         self.host = host
         self.port = port
@@ -114,6 +116,13 @@ class LoopbackServer:
         #: Refuse (400) a chat whose user and assistant turns do not alternate, as the
         #: chat templates of Mistral or Gemma on vLLM do.
         self.strict_alternation = strict_alternation
+        #: Keep every request and reply in :attr:`requests` and :attr:`streams` (what
+        #: tests assert on and the ``wait_*`` methods count). False for a server that
+        #: answers many runs and is asked nothing (a benchmark, ``python -m
+        #: aimu.testing.server``): kept, every request body stays alive, the heap grows
+        #: with each request, and Python's full collections (every ~1 s of a busy server)
+        #: grow with it, to pauses of 100-250 ms that land on whichever client is talking.
+        self.keep_records = keep_records
         self.requests: list[RecordedRequest] = []
         self.streams: list[StreamRecord] = []
         self.connections_accepted = 0
@@ -368,6 +377,9 @@ class LoopbackServer:
             await connection.close(abort=abort)
 
     def _record(self, connection: Connection, request: Request, body: dict[str, Any]) -> None:
+        if not self.keep_records:
+            self._notify()
+            return
         headers = Headers(
             (name, _REDACTED if name in _SECRET_HEADERS else value)
             for name, value in request.headers.items()
@@ -394,14 +406,15 @@ class LoopbackServer:
         protocol = _protocol(path)
         wire = protocol.make_wire(request.target, body, self._serial)
         model = wire.model
-        if wire.script_body() is not body:
+        if self.keep_records and wire.script_body() is not body:
             self.requests[-1].view = dict(wire.script_body())
 
         async def reply(status: int, payload: bytes, content_type: str = JSON) -> bool:
             return await connection.send_response(status, payload, content_type)
 
         if isinstance(wire, ResponsesWire) and path != protocol.chat_path:
-            return await self.background.serve(connection, request, wire, self.streams)
+            streams = self.streams if self.keep_records else []
+            return await self.background.serve(connection, request, wire, streams)
         method = protocol.method(path)
         if method is None:
             return await reply(404, wire.error_body(404, f"no such endpoint: {path}"))
@@ -433,7 +446,8 @@ class LoopbackServer:
         except _ScriptError as error:
             return await connection.send_response(500, wire.error_body(500, str(error)), JSON)
         record = StreamRecord(path, wire.protocol, wire.streamed(), time.monotonic(), turn.fault)
-        self.streams.append(record)
+        if self.keep_records:
+            self.streams.append(record)
         self._notify()
         if isinstance(wire, ResponsesWire) and wire.background():
             return await self.background.create(connection, wire, turn, record)
