@@ -60,6 +60,10 @@ class PendingApproval:
     """The registered run (``RunHandle.run_id``) that paused on it, if it had an id."""
     pause_id: str = ""
     """This pause of the call: a decision binds to it (see the module docstring)."""
+    path: tuple[str, ...] = ()
+    """Where it waits in an agent tree: the ids of the calls of agents called as tools
+    (``agent.as_tool()``) that lead from the agent asked down to the one that waits;
+    ``()`` for the agent's own call. Decide it at the top: the decision goes down."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ def _plain(value: object) -> object:
 def event_json(event: Event) -> str:
     """The event as compact JSON text, its ``type`` included."""
     data = {field.name: getattr(event, field.name) for field in dataclasses.fields(event)}
+    if not data.get("path", True):
+        del data["path"]  # a run's own event: as before agents called agents
     try:
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_plain)
     except (TypeError, ValueError):  # a cycle, or a value whose plain form is not plain
@@ -66,6 +68,8 @@ def decode_event(kind: str, text: str) -> Event:
     if not isinstance(data, dict):
         raise ValueError(f"a {kind!r} event's data is not a JSON object")
     data.pop("type", None)
+    if "path" in data:
+        data["path"] = tuple(data["path"])
     event: Event = cls(**data)
     return event
 

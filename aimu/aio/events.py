@@ -4,7 +4,10 @@ An agent run emits ``RunStarted``, then chunks, tool calls and results and a
 ``StepFinished`` per tool round, and exactly one ``RunFinished``, last, whatever
 ended the run. A :class:`~aimu.aio.RunHandle` adds its own terminal
 ``HandleFinished`` after everything the loops inside it emitted. Every run event's
-first field, ``source``, names the agent or workflow whose run emitted it.
+first field, ``source``, names the agent or workflow whose run emitted it; its ``path``
+names the agents it runs under when an agent called it as a tool (``agent.as_tool()``),
+outermost first: ``()`` for a run's own events, ``("planner",)`` for those of an agent
+the planner called, ``("planner", "researcher")`` one level further down.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class RunStarted:
     source: str
     task: str | None
     """The user message this run added, or None for a resume."""
+    path: tuple[str, ...] = ()
     type: Literal["run_started"] = field(default="run_started", init=False)
 
 
@@ -74,6 +78,7 @@ class RunStarted:
 class TextChunk:
     source: str
     text: str
+    path: tuple[str, ...] = ()
     type: Literal["text"] = field(default="text", init=False)
 
 
@@ -81,6 +86,7 @@ class TextChunk:
 class ThinkingChunk:
     source: str
     text: str
+    path: tuple[str, ...] = ()
     type: Literal["thinking"] = field(default="thinking", init=False)
 
 
@@ -90,6 +96,7 @@ class ToolCallStarted:
     call_id: str
     name: str
     arguments: dict[str, Any]
+    path: tuple[str, ...] = ()
     type: Literal["tool_call"] = field(default="tool_call", init=False)
 
 
@@ -104,6 +111,7 @@ class ToolProgress:
     progress: float
     total: float | None = None
     message: str | None = None
+    path: tuple[str, ...] = ()
     type: Literal["tool_progress"] = field(default="tool_progress", init=False)
 
 
@@ -114,6 +122,7 @@ class ToolResult:
     name: str
     content: str
     is_error: bool
+    path: tuple[str, ...] = ()
     type: Literal["tool_result"] = field(default="tool_result", init=False)
 
 
@@ -122,6 +131,7 @@ class StepFinished:
     source: str
     step: int
     """Model turns made so far in this conversation's current task."""
+    path: tuple[str, ...] = ()
     type: Literal["step_finished"] = field(default="step_finished", init=False)
 
 
@@ -144,6 +154,7 @@ class RunFinished:
     """Model requests retried after a failure before any byte of the reply."""
     duration: float = 0.0
     """Seconds the run took (monotonic clock)."""
+    path: tuple[str, ...] = ()
     type: Literal["run_finished"] = field(default="run_finished", init=False)
 
 

@@ -6,7 +6,8 @@ finishes. So a call of the stored transcript's last assistant turn that has a jo
 entry and no result was running when the process stopped: its side effect may or may
 not have happened. When the session is loaded again each such call follows its tool's
 policy: ``idempotent=True`` runs it again (its result then starts with
-:data:`RERUN_NOTE`), ``approval=True`` waits for a person's decision, any other tool is
+:data:`RERUN_NOTE`), ``approval=True`` waits for a person's decision, an agent called as a tool
+(``agent.as_tool()``) continues its own session where it stopped, any other tool is
 not run again and gets :data:`IN_DOUBT_RESULT`.
 A dangling call without a journal entry never started: it is settled "cancelled", as
 after any stop.
@@ -47,6 +48,7 @@ class InDoubt:
     rerun: list[ToolCall] = field(default_factory=list)
     asked: list[ToolCall] = field(default_factory=list)
     unknown: list[ToolCall] = field(default_factory=list)
+    resumed: list[ToolCall] = field(default_factory=list)
 
     def log(self, where: str) -> None:
         """One WARNING on ``aimu.aio.journal`` when a crash left calls in doubt at ``where``."""
@@ -54,6 +56,7 @@ class InDoubt:
             ("run again on resume", self.rerun),
             ("wait for a person", self.asked),
             ("answered outcome unknown", self.unknown),
+            ("continued inside the agent called on resume", self.resumed),
         ]
         said = [f"{what}: {_names(calls)}" for what, calls in groups if calls]
         if said:
@@ -96,6 +99,9 @@ def resolve_in_doubt(
         if index != last_turn or call["id"] not in journaled:
             return CANCELLED_RESULT
         tool = tools.get(call["function"]["name"])
+        if tool is not None and tool.resumes:
+            found.resumed.append(call)  # its agent's session knows where it stopped
+            return None
         if tool is not None and tool.idempotent:
             found.rerun.append(call)
             return None

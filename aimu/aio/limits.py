@@ -171,18 +171,34 @@ class UsageLimits:
         return f"UsageLimits({', '.join(shown)})"
 
 
-Per = Literal["run", "session", "workflow"]
-"""Whose limit: the run's, the session's, or the workflow run's the agent runs inside."""
+Per = Literal["run", "session", "workflow", "parent"]
+"""Whose limit: the run's, the session's, the workflow run's the agent runs inside, or
+that of the run of an agent that called it as a tool (``agent.as_tool()``)."""
 
 
 @dataclass(slots=True)
 class SharedBudget:
     """A workflow run's limits and what all the agent runs inside it spend together
-    (side by side or one after another): each agent run checks them as its own."""
+    (side by side or one after another): each agent run checks them as its own.
+
+    An agent called as a tool gets its caller's run limits and spend this way
+    (``per="parent"``): what it spends counts in its caller's run, and in every budget
+    the caller's run counts in (``outer``), so a budget holds across an agent tree."""
 
     limits: UsageLimits
     spend: Spend = field(default_factory=lambda: Spend())
     started: float = field(default_factory=time.monotonic)
+    per: Per = "workflow"
+    outer: SharedBudget | None = None
+
+    def chain(self) -> list[SharedBudget]:
+        """This budget and those around it, innermost first."""
+        chain: list[SharedBudget] = []
+        each: SharedBudget | None = self
+        while each is not None:
+            chain.append(each)
+            each = each.outer
+        return chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +314,9 @@ def _over(
     return None
 
 
+_NO_LIMITS = UsageLimits()
+
+
 class Budget:
     """The limits of one run and of its session, with what each has spent.
 
@@ -308,8 +327,8 @@ class Budget:
     """
 
     __slots__ = (
-        "_checks", "_priced", "_scopes", "_started", "_wall", "limited", "model", "price",
-        "run", "session", "session_limits_set", "shared", "wall_at", "watch",
+        "_checks", "_limits", "_outer", "_priced", "_scopes", "_started", "_wall", "limited",
+        "model", "price", "run", "session", "session_limits_set", "shared", "wall_at", "watch",
     )
 
     def __init__(
@@ -322,12 +341,13 @@ class Budget:
     ) -> None:
         self.run = Spend()
         self.session = session
-        #: What the agent runs of the workflow run around this one spend together.
-        self.shared = None if shared is None else shared.spend
-        workflow_limits = None if shared is None else shared.limits
-        self._priced = tuple(
-            each for each in (limits, session_limits, workflow_limits) if each is not None
-        )
+        self._limits, self._outer = limits, shared
+        shared_chain = [] if shared is None else shared.chain()
+        #: What the runs that share a budget with this one (a workflow run's agent runs,
+        #: an agent tree's) spend together: each is counted what this run spends.
+        self.shared = tuple(budget.spend for budget in shared_chain)
+        self._priced = tuple(each for each in (limits, session_limits) if each is not None)
+        self._priced += tuple(budget.limits for budget in shared_chain)
         #: The model whose price counts the tokens (:meth:`reprice` moves it).
         self.model = ""
         self.price: ModelPrice | None = None
@@ -340,8 +360,8 @@ class Budget:
             scopes.append(("run", limits, self.run, started))
         if session_limits is not None:
             scopes.append(("session", session_limits, session, started))
-        if shared is not None:
-            scopes.append(("workflow", shared.limits, shared.spend, shared.started))
+        for budget in shared_chain:
+            scopes.append((budget.per, budget.limits, budget.spend, budget.started))
         self._scopes = tuple((per, each, spent) for per, each, spent, _ in scopes)
         self._checks = tuple(
             (per, each.requests, each.input_tokens, each.output_tokens, each.total_tokens,
@@ -362,6 +382,13 @@ class Budget:
         #: True when a streamed reply must be watched as it comes (a token or cost limit).
         self.watch = any(each.counts_tokens for _, each, _ in self._scopes)
         self._started = started
+
+    def for_callee(self) -> SharedBudget:
+        """What an agent this run calls as a tool shares: this run's limits and spend
+        (it spends in this run), and the budgets this run spends in."""
+        return SharedBudget(
+            self._limits or _NO_LIMITS, self.run, self._started, "parent", self._outer
+        )
 
     def before_request(self) -> LimitHit | None:
         """The limit the next model request would cross (or one already reached).
@@ -412,14 +439,14 @@ class Budget:
     def count_request(self) -> None:
         self.run.requests += 1
         self.session.requests += 1
-        if self.shared is not None:
-            self.shared.requests += 1
+        for spend in self.shared:
+            spend.requests += 1
 
     def count_tools(self, calls: int) -> None:
         self.run.tool_calls += calls
         self.session.tool_calls += calls
-        if self.shared is not None:
-            self.shared.tool_calls += calls
+        for spend in self.shared:
+            spend.tool_calls += calls
 
     def reprice(self, model: str) -> None:
         """Count the next tokens at ``model``'s price (a fallback answered with another
@@ -441,8 +468,8 @@ class Budget:
                      "output_tokens": usage["output_tokens"] - less["output_tokens"]}
         self.run.add_tokens(usage, self.price, estimated=estimated)
         self.session.add_tokens(usage, self.price, estimated=estimated)
-        if self.shared is not None:
-            self.shared.add_tokens(usage, self.price, estimated=estimated)
+        for spend in self.shared:
+            spend.add_tokens(usage, self.price, estimated=estimated)
 
     def finish(self) -> Spend:
         """This run's spend, its wall time added (to the session's too)."""

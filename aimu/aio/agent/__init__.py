@@ -31,11 +31,20 @@ from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
-from aimu.aio.runnable import NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
+from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
 from aimu.aio.scope import RunScope
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, Toolset
 from aimu.aio.transcript import Message, Usage, zero_usage
+from aimu.aio.tree import (
+    DEFAULT_MAX_DEPTH,
+    AgentTool,
+    check_tree,
+    close_held,
+    held_pending,
+    open_held,
+    route_decision,
+)
 
 from .config import AgentOptions, Config, make_config
 from .loop import run_events
@@ -137,6 +146,8 @@ class Agent(Runnable[OutputT]):
             session_limits=session_limits, deps=deps, context=context,
         )
         self._setup(config, client, store, session, owns_client=True)
+        if any(isinstance(tool, AgentTool) for tool in config.table.local):
+            check_tree(self)
 
     def _setup(
         self,
@@ -219,6 +230,8 @@ class Agent(Runnable[OutputT]):
 
     def _check_resumable(self) -> None:
         self._session.check_resumable()
+        if self._session.held:
+            self._check_new_task()  # calls of agents it called wait for a decision
 
     # -- approvals -------------------------------------------------------------------
 
@@ -228,7 +241,10 @@ class Agent(Runnable[OutputT]):
 
         With a store, ``RuntimeError`` until the session is opened: they are not known."""
         self._session.check_loaded("pending_approvals")
-        return self._session.approvals.waiting()
+        waiting = self._session.approvals.waiting()
+        if self._session.held:  # and those of the agents it called, with their path
+            waiting.extend(held_pending(self._session))
+        return waiting
 
     @property
     def messages(self) -> list[Message]:
@@ -248,13 +264,37 @@ class Agent(Runnable[OutputT]):
 
     def approve(self, call: str | PendingApproval) -> None:
         """Let the waiting call run when the run resumes: ``call`` is its id, or the
-        :class:`PendingApproval` shown (then the decision holds for that pause only)."""
-        self._decide(*bound(call, True))
+        :class:`PendingApproval` shown (then the decision holds for that pause only).
+        A call an agent called as a tool waits on is decided here too: it goes down."""
+        if not self._decided_below(call, True, None):
+            self._decide(*bound(call, True))
 
     def deny(self, call: str | PendingApproval, reason: str | None = None) -> None:
         """Refuse the waiting call (its id, or the PendingApproval shown): on resume the
         model reads that it was denied, and ``reason``."""
-        self._decide(*bound(call, False, reason))
+        if not self._decided_below(call, False, reason):
+            self._decide(*bound(call, False, reason))
+
+    def _decided_below(
+        self, call: str | PendingApproval, approved: bool, reason: str | None
+    ) -> bool:
+        """True when ``call`` waits in an agent this one called (it is decided there)."""
+        if not self._session.held:
+            return False
+        if self.running:
+            raise RuntimeError(
+                f"agent {self.name!r}: cannot decide while a run is in progress; decide "
+                "once it has paused"
+            )
+        below = route_decision(self._session, call)
+        if below is None:
+            return False
+        agent, call = below
+        if approved:
+            agent.approve(call)
+        else:
+            agent.deny(call, reason)
+        return True
 
     def _decide(self, call_id: str, decision: Decision) -> None:
         self._session.check_loaded("pending approvals")
@@ -285,6 +325,29 @@ class Agent(Runnable[OutputT]):
         )
         return fresh
 
+    def as_tool(
+        self,
+        name: str | None = None,
+        description: str | None = None,
+        *,
+        deps: object = NO_DEPS,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+    ) -> Tool:
+        """This agent as a tool for another agent's ``tools=``: a task in, its answer out.
+
+        Each call runs this agent in a session of its own nested under the caller's (a
+        store's session beside the caller's, named from it and the call id), with the
+        caller's deps unless ``deps=`` is given. One stop, pause, budget and crash
+        covers the tree: see :mod:`aimu.aio.tree`. ``max_depth``: how many agents deep
+        a call of this tool may be (the top agent's calls are 1 deep)."""
+        return AgentTool.of(self, name, description, deps, max_depth)
+
+    def _nested_session(self, store: Store | None, session: str | None) -> Agent[OutputT]:
+        """A session of this agent for one call of it as a tool (see as_tool)."""
+        fresh: Agent[OutputT] = Agent.__new__(type(self))
+        fresh._setup(self._config, self.model_client.fork(), store, session, owns_client=False)
+        return fresh
+
     def __repr__(self) -> str:
         state = "running" if self.running else "idle"
         return (
@@ -299,6 +362,7 @@ class Agent(Runnable[OutputT]):
         itself; without a store this does nothing. Idempotent.
         """
         await self._session.open()
+        await open_held(self._session)  # agents it called that wait for a decision
 
     async def aclose(self) -> None:
         """Release the store session and, for the agent that was given it, the client.
@@ -307,6 +371,7 @@ class Agent(Runnable[OutputT]):
         approval decisions given since (so they survive a restart before ``resume()``).
         """
         try:
+            await close_held(self._session)
             await self._session.close()
         finally:
             if self._owns_client:

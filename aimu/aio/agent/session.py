@@ -55,8 +55,8 @@ class Session:
     journalled, saved, opened or closed. :class:`StoredSession` adds the store."""
 
     __slots__ = (
-        "approvals", "client", "config", "durable", "known", "loaded", "messages", "name",
-        "reruns", "store", "system_text", "usage",
+        "approvals", "client", "config", "durable", "held", "known", "loaded", "messages",
+        "name", "reruns", "store", "system_text", "usage",
     )
 
     def __init__(
@@ -79,6 +79,9 @@ class Session:
         #: them again (their results start with RERUN_NOTE).
         self.reruns: set[str] = set()
         self.approvals = Approvals()
+        #: The sessions of agents called as tools whose calls are held open (paused
+        #: inside), by call id: a resume continues them (see aimu.aio.tree).
+        self.held: dict[str, Any] = {}
         #: Memory holds the session: no store, or its session loaded (open()) or replaced
         #: (restore()). Until then the transcript and approvals are not known.
         self.loaded = store is None

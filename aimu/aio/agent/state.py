@@ -113,7 +113,7 @@ class RunState:
 
     __slots__ = (
         "budget", "clock", "contexts", "continuation", "cut_answer", "deps", "error",
-        "final_prompted", "first", "limit", "next", "options", "output", "output_failures",
+        "final_prompted", "first", "held", "limit", "next", "options", "output", "output_failures",
         "phase", "reply", "requests", "rounds", "scope", "spans", "status",
         "stop_reason", "store_error", "turn", "usage", "usage_estimated", "wall",
     )
@@ -167,6 +167,8 @@ class RunState:
         #: The model turn in flight (None between turns).
         self.turn: TurnInFlight | None = None
         self.contexts: list[ToolContext] = []
+        #: Calls of agents called as tools that paused: open until a resume runs them.
+        self.held: list[ToolCall] = []
         self.usage: Usage = zero_usage()
         #: A store write that failed while the run settled; the run then ends ``failed``.
         self.store_error: StoreError | None = None

@@ -13,6 +13,7 @@ from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, 
 from aimu.aio.journal import RERUN_NOTE
 from aimu.aio.tools import ToolContext, ToolOutcome, invoke
 from aimu.aio.transcript import ToolCall
+from aimu.aio.tree import Held
 
 from .session import Session, tool_message
 from .state import NEEDS_MODEL, NeedsTools, Phase, RunState
@@ -37,7 +38,8 @@ async def tool_round(
         run.budget.count_tools(len(calls))
     for call, refusal in refused:
         yield _call_started(name, call)
-        yield await _call_tool(session, call, run, refusal, False)
+        if (refused_result := await _call_tool(session, call, run, refusal, False)) is not None:
+            yield refused_result
     try:
         if config.concurrent_tools and len(calls) > 1:
             for call in calls:
@@ -52,7 +54,9 @@ async def tool_round(
                 tool = by_name.get(call["function"]["name"])
                 if tool is None or not tool.from_schema_given:
                     called = _call_tool(session, call, run, *_as_in(step, call))
-                    yield await (called if run.wall is None else run.wall.guard(called))
+                    result = await (called if run.wall is None else run.wall.guard(called))
+                    if result is not None:
+                        yield result
                     continue
                 # A server's tool may report progress while it runs: its events come
                 # first (a task runs the call; a wall limit cuts the wait for it).
@@ -65,7 +69,7 @@ async def tool_round(
         run.limited(run.budget.wall_hit())
         return
     run.next = NEEDS_MODEL
-    if asked:
+    if asked or run.held:  # calls wait for a person (here, or in an agent called)
         for call in asked:
             session.approvals.ask(call, run_id=run.scope.run_id)
         await session.save_state()
@@ -110,10 +114,11 @@ def _policy(session: Session, call: ToolCall) -> Decision | None:
 
 async def _calls_as_tasks(
     session: Session, calls: list[ToolCall], run: RunState, step: NeedsTools
-) -> AsyncGenerator[ToolResult | ToolProgress, None]:
-    """Run ``calls`` side by side; yield their progress and results as they come.
-    Leaving early (a cancel, a close) cancels the calls still running and waits."""
-    queue: asyncio.Queue[ToolProgress | asyncio.Task[ToolResult]] = asyncio.Queue()
+) -> AsyncGenerator[Event, None]:
+    """Run ``calls`` side by side; yield their progress and results (and the events of
+    the agents they run) as they come. Leaving early (a cancel, a close) cancels the
+    calls still running and waits."""
+    queue: asyncio.Queue[Event | asyncio.Task[ToolResult | None]] = asyncio.Queue()
     tasks = [
         asyncio.ensure_future(
             _call_tool(session, call, run, *_as_in(step, call), queue.put_nowait)
@@ -128,7 +133,9 @@ async def _calls_as_tasks(
             item = await (queue.get() if run.wall is None else run.wall.guard(queue.get()))
             if isinstance(item, asyncio.Task):
                 left -= 1
-                yield item.result()
+                result = item.result()
+                if result is not None:  # None: held open (see _call_tool)
+                    yield result
             else:
                 yield item
     finally:
@@ -145,10 +152,11 @@ async def _call_tool(
     run: RunState,
     refusal: str | None,
     rerun: bool,
-    progress: Callable[[ToolProgress], None] | None = None,
-) -> ToolResult:
+    progress: Callable[[Event], None] | None = None,
+) -> ToolResult | None:
     """Run one call (its start journaled first, with a store) and record its result
-    the moment it exists; a refused call gets ``refusal`` as its result."""
+    the moment it exists; a refused call gets ``refusal`` as its result. A call whose
+    agent paused (``agent.as_tool()``) is held open: None, and the run pauses."""
     config = session.config
     if refusal is not None:
         outcome = ToolOutcome(refusal, True)
@@ -161,11 +169,15 @@ async def _call_tool(
             interrupt_probe=run.interrupt_asked,
             deps=run.deps,
             progress=None if progress is None else _progress_sink(config.name, call, progress),
+            caller=(session, run, progress),
         )
         run.contexts.append(context)
         with run.spans.tool_calls():
             outcome = await invoke(config.table.by_name, call, context)
         context.mark_finished()
+        if isinstance(outcome, Held):
+            run.held.append(call)
+            return None
         if rerun:  # a call a crash left in doubt, run again
             outcome = ToolOutcome(f"{RERUN_NOTE}\n{outcome.content}", outcome.is_error)
     result = tool_message(call, outcome)

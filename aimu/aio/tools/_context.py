@@ -39,8 +39,8 @@ class ToolContext(Generic[DepsT]):
     """
 
     __slots__ = (
-        "_cancelled", "_event", "_interrupt_probe", "_progress", "agent", "call_id", "deps",
-        "tool_name",
+        "_cancelled", "_event", "_interrupt_probe", "_progress", "agent", "call_id", "caller",
+        "deps", "tool_name",
     )
 
     def __init__(
@@ -52,8 +52,12 @@ class ToolContext(Generic[DepsT]):
         interrupt_probe: Callable[[], bool] = _never,
         deps: DepsT = None,  # type: ignore[assignment]  # None: the run was given none
         progress: ProgressSink | None = None,
+        caller: object = None,
     ) -> None:
         self.deps: DepsT = deps
+        #: The run making the call, for a tool that runs an agent (``agent.as_tool()``):
+        #: what it needs of the caller's session and run (None outside an agent's run).
+        self.caller = caller
         self.agent = agent
         self.call_id = call_id
         self.tool_name = tool_name

@@ -13,7 +13,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
@@ -62,6 +62,10 @@ class Tool:
     Built once from the function's signature: ``parameters`` (a JSON schema object),
     ``spec`` (what a provider sends) and the compiled validator :func:`invoke` uses.
     """
+
+    #: A call a crash left in doubt continues where it stopped on resume (an agent
+    #: called as a tool: its own session knows), neither re-run nor answered unknown.
+    resumes: ClassVar[bool] = False
 
     __slots__ = (
         "__wrapped__",

@@ -1,0 +1,185 @@
+"""One stop for the whole tree: cancel, interrupt, stop(grace), a deadline and budgets
+reach every level, and each level's transcript stays valid and says what happened."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from aimu import aio
+from aimu.aio.agent import INTERRUPTED
+from aimu.aio.events import ToolResult
+from aimu.aio.store import Store
+from aimu.aio.transcript import CANCELLED_RESULT, Message
+from tests.aio.trees.tree_support import ANSWERS, Tree, check_valid, tool_results
+
+
+async def transcripts(store: Store) -> dict[str, list[Message]]:
+    """Every stored session's transcript, each checked valid; by level (root, mid, leaf)."""
+    found: dict[str, list[Message]] = {}
+    for info in await store.sessions():
+        messages = await store.load(info.name)
+        check_valid(messages)
+        found[("root", "mid", "leaf")[info.name.count("--")]] = messages
+    return found
+
+
+class Blocking:
+    """The leaf's tool: it waits until released (or cancelled)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = False
+
+    async def __call__(self) -> str:
+        self.started.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return "the page"
+
+
+@pytest.fixture
+async def blocking(tmp_path: Path) -> AsyncIterator[tuple[Tree, Blocking, Store]]:
+    """A stored tree whose leaf's tool blocks; closed at teardown."""
+    store = aio.SQLiteStore(tmp_path / "tree.db")
+    fetch = Blocking()
+    tree = Tree(given_fetch=aio.tool(fetch, name="fetch"), store=store, session="top")
+    try:
+        yield tree, fetch, store
+    finally:
+        await tree.root.aclose()
+        await store.aclose()
+
+
+def models_closed(tree: Tree) -> None:
+    for model in tree.models.values():
+        assert model.open_streams == 0  # type: ignore[attr-defined]
+
+
+async def test_a_cancel_reaches_the_grandchild_and_every_level_says_so(
+    blocking: tuple[Tree, Blocking, Store]
+) -> None:
+    tree, fetch, store = blocking
+    handle = aio.RunHandle.start(tree.root.run("go"))
+    await fetch.started.wait()
+    assert handle.cancel("stop all")
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert fetch.cancelled and handle.status == "cancelled"
+    levels = await transcripts(store)
+    assert tool_results(levels["leaf"]) == [CANCELLED_RESULT]
+    mid_result = tool_results(levels["mid"])
+    assert len(mid_result) == 1 and mid_result[0].startswith(
+        "[cancelled: agent 'leaf' was stopped; 1 tool call made; its last text: asking fetch"
+    )
+    root_result = tool_results(levels["root"])
+    assert len(root_result) == 1 and root_result[0].startswith(
+        "[cancelled: agent 'mid' was stopped; 1 tool call made; its last text: asking leaf"
+    )
+    assert tool_results(tree.root.messages) == root_result
+    statuses = {info.name.count("--"): info.status for info in await store.sessions()}
+    assert statuses == {0: "cancelled", 1: "cancelled", 2: "cancelled"}
+    models_closed(tree)
+    # The same session goes on: every level's transcript is one a model takes.
+    fetch.release.set()
+    assert await tree.root.run("again") == ANSWERS["root"]
+
+
+async def test_an_interrupt_stops_each_level_at_its_next_boundary(
+    blocking: tuple[Tree, Blocking, Store]
+) -> None:
+    tree, fetch, store = blocking
+    handle = aio.RunHandle.start(tree.root.run("go"))
+    await fetch.started.wait()
+    assert handle.interrupt()
+    fetch.release.set()  # the step in flight finishes, then each level stops
+    assert await handle == INTERRUPTED
+    assert handle.status == "interrupted" and not fetch.cancelled
+    levels = await transcripts(store)
+    assert tool_results(levels["leaf"]) == ["the page"]
+    assert tool_results(levels["mid"])[0].startswith(
+        "[interrupted: agent 'leaf' was interrupted before it finished; 1 tool call made"
+    )
+    assert tool_results(levels["root"])[0].startswith(
+        "[interrupted: agent 'mid' was interrupted before it finished;"
+    )
+    # Each level made the one request it had made before the interrupt.
+    for level in ("root", "mid", "leaf"):
+        assert len(tree.models[level].requests) == 1, level  # type: ignore[attr-defined]
+    models_closed(tree)
+
+
+async def test_stop_with_grace_then_cancels_and_a_deadline_times_out(
+    blocking: tuple[Tree, Blocking, Store]
+) -> None:
+    tree, fetch, store = blocking
+    handle = aio.RunHandle.start(tree.root.run("go"))
+    await fetch.started.wait()
+    assert await handle.stop(grace=0.01) == "cancelled"  # the leaf's tool never ends
+    assert fetch.cancelled
+    await transcripts(store)
+    fetch.started.clear()
+    fetch.cancelled = False
+    timed = aio.RunHandle.start(tree.root.run("again"), timeout=30)
+    await fetch.started.wait()
+    timed.reschedule(asyncio.get_running_loop().time())  # the deadline, now
+    with pytest.raises(TimeoutError):
+        await timed
+    assert timed.status == "timed_out" and fetch.cancelled
+    levels = await transcripts(store)
+    assert tool_results(levels["root"])[-1].startswith("[cancelled: agent 'mid'")
+    statuses = sorted(info.status or "" for info in await store.sessions())
+    assert statuses.count("timed_out") >= 2, statuses
+    models_closed(tree)
+
+
+async def test_a_childs_own_limit_ends_it_and_the_caller_reads_that() -> None:
+    tree = Tree()
+    limited_leaf = aio.Agent(
+        tree.models["leaf"], tree.leaf.tools, name="leaf", limits=aio.UsageLimits(requests=1)
+    )
+    mid = aio.Agent(tree.models["mid"], [limited_leaf.as_tool()], name="mid")
+    root = aio.Agent(tree.models["root"], [mid.as_tool()], name="root")
+    events = [e async for e in root.run("go", stream=True)]
+    assert root.last_status == "completed" and root.last_run is not None
+    assert root.last_run.reply == ANSWERS["root"]
+    [mid_saw] = [e for e in events if isinstance(e, ToolResult) and e.source == "mid"]
+    assert mid_saw.is_error and mid_saw.content.startswith(
+        "[limited: agent 'leaf' stopped at a limit (the run's requests limit of 1 would be "
+        "crossed (2)); 1 tool call made; its last text: asking fetch]"
+    )
+    assert tree.fetched == 1
+    assert tool_results(root.messages) == [ANSWERS["mid"]]
+
+
+async def test_a_budget_is_counted_across_the_tree(tmp_path: Path) -> None:
+    store = aio.SQLiteStore(tmp_path / "tree.db")
+    tree = Tree(store=store, session="top")
+    try:
+        handle = aio.RunHandle.start(
+            tree.root.run("go", limits=aio.UsageLimits(requests=3))
+        )
+        await handle
+        assert handle.status == "limited"
+        run = tree.root.last_run
+        assert run is not None and run.status == "limited"
+        assert run.spend is not None and run.spend.requests == 3  # root 1, mid 1, leaf 1
+        assert run.limit == "the run's requests limit of 3 would be crossed (4)"
+        levels = await transcripts(store)
+        assert tool_results(levels["mid"])[0].startswith(
+            "[limited: agent 'leaf' stopped at a limit (the parent's requests limit of 3 "
+            "would be crossed (4))"
+        )
+        assert tool_results(levels["root"])[0].startswith("[limited: agent 'mid' stopped")
+        for level in ("root", "mid", "leaf"):
+            assert len(tree.models[level].requests) == 1, level  # type: ignore[attr-defined]
+    finally:
+        await tree.root.aclose()
+        await store.aclose()
