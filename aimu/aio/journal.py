@@ -56,9 +56,11 @@ class InDoubt:
             ("run again on resume", self.rerun),
             ("wait for a person", self.asked),
             ("answered outcome unknown", self.unknown),
-            ("continued inside the agent called on resume", self.resumed),
         ]
         said = [f"{what}: {_names(calls)}" for what, calls in groups if calls]
+        if self.resumed:  # paused inside, or cut by a crash: its own session knows
+            log.info("%s: calls of agents called as tools are open, continued inside on "
+                     "resume: %s", where, _names(self.resumed))
         if said:
             log.warning(
                 "%s: tool calls were running when the process stopped; %s", where, "; ".join(said)

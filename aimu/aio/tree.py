@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from aimu.aio._stops import past_deadline
-from aimu.aio.approvals import PendingApproval
+from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.ends import ANSWERED
 from aimu.aio.events import Event, HandleFinished, ModelRetry, RunFinished
 from aimu.aio.runnable import NO_DEPS, RunOptions
@@ -315,8 +315,7 @@ def _last_task(messages: list[Message]) -> str | None:
 
 
 def _session_name(session: Session, call_id: str) -> str | None:
-    """The called agent's session in the caller's store (None without one): the
-    caller's session, the index of the turn that made the call, the call id."""
+    """The called agent's session in the caller's store (None without one)."""
     if session.store is None or session.name is None:
         return None
     messages = session.messages
@@ -326,11 +325,18 @@ def _session_name(session: Session, call_id: str) -> str | None:
              "tool_calls", ()))),
         len(messages),
     )
-    name = f"{session.name}--{turn}.{call_id}"
+    return nested_session_name(session.name, turn, call_id)
+
+
+def nested_session_name(caller: str, turn: int, call_id: str) -> str:
+    """The session of the agent called by ``call_id`` in the turn at index ``turn`` of
+    session ``caller``: ``caller--turn.call_id`` (hashed past 128 characters, or for a
+    call id a session name cannot hold)."""
+    name = f"{caller}--{turn}.{call_id}"
     if len(name) <= 128 and _SAFE.fullmatch(call_id):
         return name
-    digest = hashlib.sha256(f"{session.name}\0{turn}\0{call_id}".encode()).hexdigest()[:24]
-    return f"{session.name[:90]}--{turn}.{digest}"
+    digest = hashlib.sha256(f"{caller}\0{turn}\0{call_id}".encode()).hexdigest()[:24]
+    return f"{caller[:90]}--{turn}.{digest}"
 
 
 def _answer(child: Agent, final: RunFinished) -> str | ToolOutcome:
@@ -466,6 +472,20 @@ async def open_held(session: Session) -> None:
             session.held[call["id"]] = child
         else:
             await child.aclose()
+
+
+async def stored_pending(store: Store, session: str) -> list[PendingApproval]:
+    """The calls that agents called by ``session`` (their calls held open) wait on, read
+    from ``store`` without opening any session (what serve lists for a paused run)."""
+    found: list[PendingApproval] = []
+    for turn, call in dangling_calls(await store.load(session)):
+        name = nested_session_name(session, turn, call["id"])
+        if await store.info(name) is None:
+            continue
+        approvals = Approvals.from_state(await store.load_state(name), name)
+        below = [*approvals.waiting(), *await stored_pending(store, name)]
+        found.extend(replace(p, path=(call["id"], *p.path)) for p in below)
+    return found
 
 
 async def close_held(session: Session) -> None:

@@ -116,6 +116,11 @@ class Pending(BaseModel):
     arguments: dict[str, Any]
     in_doubt: bool
     pause_id: str = Field(description="This pause of the call; send it with the decision")
+    path: list[str] | None = Field(
+        None,
+        description="For a call an agent called as a tool waits on: the ids of the calls "
+        "that lead from the run's agent down to it (decide it here, by its call_id)",
+    )
 
 
 class Run(BaseModel):

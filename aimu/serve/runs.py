@@ -21,6 +21,7 @@ from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage
+from aimu.aio.tree import stored_pending
 from aimu.serve.errors import BadRequest, Conflict
 from aimu.serve.ids import check_run_id
 
@@ -212,14 +213,18 @@ async def open_agent(agents: AgentFactory, session: str) -> Agent:
 
 
 def pending_json(pending: PendingApproval) -> dict[str, Any]:
-    """A waiting tool call as JSON (``name`` is the tool's, as the page shows it)."""
-    return {
+    """A waiting tool call as JSON (``name`` is the tool's, as the page shows it; ``path``,
+    for a call an agent called as a tool waits on, the calls that lead down to it)."""
+    shown = {
         "call_id": pending.call_id,
         "name": pending.tool,
         "arguments": pending.arguments,
         "in_doubt": pending.in_doubt,
         "pause_id": pending.pause_id,
     }
+    if pending.path:
+        shown["path"] = list(pending.path)
+    return shown
 
 
 class Runs:
@@ -286,7 +291,8 @@ class Runs:
             approvals = Approvals.from_state(state, view.session)
         except ValueError:
             return []
-        return [pending_json(p) for p in approvals.waiting() if view.waits_on(p)]
+        waiting = [*approvals.waiting(), *await stored_pending(self.store, view.session)]
+        return [pending_json(p) for p in waiting if view.waits_on(p)]
 
     async def _went_on(self, view: RunView) -> RunView | None:
         """The run the session went on with after ``view``, if any."""

@@ -144,6 +144,10 @@ async def _calls_as_tasks(
             t.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        while not queue.empty():  # left early: what the calls told is still told
+            item = queue.get_nowait()
+            if not isinstance(item, asyncio.Task):
+                run.publish(item)
 
 
 async def _call_tool(

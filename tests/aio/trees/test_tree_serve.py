@@ -1,0 +1,94 @@
+"""A tree served by ``aimu serve``'s app: its SSE carries each level's events with their
+path, a cancel through the API stops every level, and a pause deep in the tree is
+listed on the run with its path, decided there, and resumed inside the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import httpx
+
+from aimu import aio
+from aimu.serve import app
+from aimu.testing.scripted import ScriptedModel
+from tests.aio.trees.tree_support import ANSWERS, TASKS, check_valid, level_script
+from tests.serve.harness import collect, start, uvicorn_serving
+
+ROOT_SCRIPT = level_script("mid", TASKS["mid"], ANSWERS["root"])
+
+
+def served_tree(tmp_path: Path, leaf_tool: aio.Tool) -> tuple[object, aio.Agent]:
+    leaf = aio.Agent(ScriptedModel(level_script(leaf_tool.name, "", ANSWERS["leaf"])),
+                     [leaf_tool], name="leaf")
+    mid = aio.Agent(ScriptedModel(level_script("leaf", TASKS["leaf"], ANSWERS["mid"])),
+                    [leaf.as_tool()], name="mid")
+    return app(ScriptedModel(ROOT_SCRIPT), store=tmp_path / "sessions.db",
+               tools=[mid.as_tool()], token=None), mid
+
+
+async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Path) -> None:
+    started = threading.Event()
+
+    async def fetch() -> str:
+        """Fetch the page (forever)."""
+        started.set()
+        await asyncio.sleep(60)
+        return "never"
+
+    application, _ = served_tree(tmp_path, aio.tool(fetch))
+    with uvicorn_serving(application) as url:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            run_id = await start(http, "s", "go")
+            await asyncio.to_thread(started.wait, 20)
+            assert (await http.post(f"/runs/{run_id}/cancel", json={})).status_code == 202
+            events = await collect(http, run_id)
+            assert events[-1].type == "handle_finished"
+            assert events[-1].data["status"] == "cancelled"
+            paths = {(e.data["source"], tuple(e.data.get("path", ()))) for e in events
+                     if e.type == "run_started"}
+            assert paths == {("agent", ()), ("mid", ("agent",)), ("leaf", ("agent", "mid"))}
+            finished = [e.data for e in events if e.type == "run_finished"]
+            assert [f["status"] for f in finished] == ["cancelled"] * 3
+            store = aio.SQLiteStore(tmp_path / "sessions.db")
+            try:
+                infos = await store.sessions()
+                assert sorted(i.status or "" for i in infos) == ["cancelled"] * 3
+                for info in infos:
+                    check_valid(await store.load(info.name))
+            finally:
+                await store.aclose()
+            top = (await http.get("/sessions/s")).json()["messages"]
+            assert top[-1]["content"].startswith("[cancelled: agent 'mid' was stopped")
+
+
+async def test_a_deep_pause_is_listed_decided_and_resumed_through_the_api(
+    tmp_path: Path,
+) -> None:
+    charged: list[str] = []
+
+    def charge() -> str:
+        """Charge the card."""
+        charged.append("once")
+        return "charged"
+
+    application, _ = served_tree(tmp_path, aio.tool(charge, approval=True))
+    with uvicorn_serving(application) as url:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            run_id = await start(http, "p", "go")
+            assert (await collect(http, run_id))[-1].data["status"] == "paused"
+            [pending] = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            assert pending["name"] == "charge" and len(pending["path"]) == 2
+            decided = await http.post(
+                f"/runs/{run_id}/approvals/{pending['call_id']}",
+                json={"approve": True, "pause_id": pending["pause_id"]},
+            )
+            assert decided.status_code in (200, 202), decided.text
+            resumed = decided.json()["resumed_run_id"]
+            events = await collect(http, resumed)
+            assert events[-1].data["status"] == "completed", [(e.type, e.data) for e in events]
+            assert charged == ["once"]
+            top = (await http.get("/sessions/p")).json()["messages"]
+            check_valid(top)
+            assert top[-1]["content"] == ANSWERS["root"]
