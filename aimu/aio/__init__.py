@@ -66,7 +66,7 @@ if TYPE_CHECKING:
         Store,
         ToolStart,
     )
-    from aimu.aio.tools import Tool, ToolContext, Toolset, tool
+    from aimu.aio.tools import Tool, ToolContext, Toolset, external_tool, tool
     from aimu.aio.transcript import Message, ToolCall
     from aimu.aio.workflows import Chain, EvaluatorOptimizer, Parallel, Router
 
@@ -139,6 +139,7 @@ __all__ = [
     "UsageLimits",
     "client",
     "current_scope",
+    "external_tool",
     "on_sigint",
     "tool",
 ]
@@ -167,6 +168,7 @@ _WHERE = {
     "Toolset": "tools",
     "MCPServer": "mcp",
     "tool": "tools",
+    "external_tool": "tools",
     "Message": "transcript",
     "ToolCall": "transcript",
     "Chain": "workflows",

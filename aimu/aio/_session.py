@@ -25,12 +25,17 @@ from aimu.aio.limits import Spend
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.scope import RunScope
 from aimu.aio.store._protocol import RunRecord
+from aimu.aio.tools import Tool
+from aimu.aio.tools._definition import external_tools
 from aimu.aio.transcript import Message, UserMessage, validate
 
 if TYPE_CHECKING:
     from aimu.aio.store import SessionWriter, Store
 
 __all__ = ["Carried", "SessionRecord", "carried_message"]
+
+#: The key of a session's state under which its external tools are kept.
+EXTERNAL = "external_tools"
 
 log = logging.getLogger("aimu.aio.agent")
 
@@ -39,8 +44,8 @@ class SessionRecord:
     """The store session of one agent session, and the state kept beside it."""
 
     __slots__ = (
-        "carried", "name", "remote", "run", "spend", "state_stale", "store", "summary",
-        "transcript_stale", "writer",
+        "carried", "external", "name", "remote", "run", "spend", "state_stale", "store",
+        "summary", "transcript_stale", "writer",
     )
 
     def __init__(self, store: Store | None, name: str | None) -> None:
@@ -65,6 +70,9 @@ class SessionRecord:
         self.remote: dict[str, Any] | None = None
         #: The record of the run going on now, as stored when it started (status running).
         self.run: RunRecord | None = None
+        #: The external tools this session offers besides its agent's (by name), kept in
+        #: its state so that every process opening it offers them (a frontend's tools).
+        self.external: dict[str, Tool] = {}
 
     def forget(self) -> None:
         """The transcript was replaced (reset, restore): what the state said of it goes,
@@ -84,6 +92,7 @@ class SessionRecord:
         remote = state.get("remote_turn")
         fresh = isinstance(remote, dict) and remote.get("at") == len(messages)
         self.remote = remote if fresh else None
+        self.external = {tool.name: tool for tool in external_tools(state.get(EXTERNAL), where)}
 
     async def record(self, messages: list[Message], message: Message) -> None:
         """Append ``message`` to ``messages`` (memory), then to the store."""
@@ -172,6 +181,11 @@ class SessionRecord:
                 state["summary"] = self.summary.dump()
             if self.remote is not None:
                 state["remote_turn"] = self.remote
+            if self.external:
+                state[EXTERNAL] = [
+                    {"name": t.name, "description": t.description, "parameters": t.parameters}
+                    for t in self.external.values()
+                ]
             await self.writer.save_state(state)
             self.state_stale = False
 

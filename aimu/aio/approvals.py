@@ -64,6 +64,9 @@ class PendingApproval:
     """Where it waits in an agent tree: the ids of the calls of agents called as tools
     (``agent.as_tool()``) that lead from the agent asked down to the one that waits;
     ``()`` for the agent's own call. Decide it at the top: the decision goes down."""
+    external: bool = False
+    """A call of an external tool (:func:`~aimu.aio.external_tool`): it waits for its
+    result (``answer()``), not for a yes or no."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,16 +75,19 @@ class Decision:
     reason: str | None = None
     pause_id: str | None = None
     """The pause it was given for (None: whichever waits when it is recorded)."""
+    result: str | None = None
+    """The result of an external tool's call, given from outside (``answer()``)."""
 
 
 def bound(
-    call: str | PendingApproval, approved: bool, reason: str | None = None
+    call: str | PendingApproval, approved: bool, reason: str | None = None,
+    result: str | None = None,
 ) -> tuple[str, Decision]:
     """The call id and the decision on ``call`` (its id: whichever pause waits when the
     decision is recorded; a PendingApproval: the pause it shows)."""
     if isinstance(call, PendingApproval):
-        return call.call_id, Decision(approved, reason, call.pause_id)
-    return call, Decision(approved, reason)
+        return call.call_id, Decision(approved, reason, call.pause_id, result)
+    return call, Decision(approved, reason, None, result)
 
 
 def new_pause_id() -> str:
@@ -126,18 +132,21 @@ class Approvals:
             if call_id not in self.decisions and (run_id is None or p.run_id in (None, run_id))
         ]
 
-    def ask(self, call: ToolCall, *, in_doubt: bool = False, run_id: str | None = None) -> None:
-        """Make ``call`` wait for a person, as a new pause (the same one if it waits so
-        already)."""
+    def ask(
+        self, call: ToolCall, *, in_doubt: bool = False, run_id: str | None = None,
+        external: bool = False,
+    ) -> None:
+        """Make ``call`` wait for a person (``external``: for its result), as a new pause
+        (the same one if it waits so already)."""
         function = call["function"]
         name, arguments = function["name"], function["arguments"]
         old = self.pending.get(call["id"])
-        same = old is not None and (old.tool, old.arguments, old.in_doubt, old.run_id) == (
-            name, arguments, in_doubt, run_id
-        )
+        same = old is not None and (
+            old.tool, old.arguments, old.in_doubt, old.run_id, old.external
+        ) == (name, arguments, in_doubt, run_id, external)
         self.pending[call["id"]] = PendingApproval(
             call["id"], name, arguments, in_doubt, run_id,
-            old.pause_id if same and old is not None else new_pause_id(),
+            old.pause_id if same and old is not None else new_pause_id(), external=external,
         )
 
     def decide(self, call_id: str, decision: Decision, session: str) -> None:
@@ -155,7 +164,10 @@ class Approvals:
             raise ValueError(
                 f"{session}: no call {call_id!r:.80} waits for approval (waiting: {waiting})"
             )
-        self.decisions[call_id] = Decision(decision.approved, decision.reason, pending.pause_id)
+        _check_kind(session, pending, decision)
+        self.decisions[call_id] = Decision(
+            decision.approved, decision.reason, pending.pause_id, decision.result
+        )
 
     def take(self, call_id: str) -> Decision | None:
         """The decision for ``call_id`` (None: none needed, or none for the pause that
@@ -204,11 +216,13 @@ class Approvals:
         return {
             "pending": [
                 {"call_id": p.call_id, "tool": p.tool, "arguments": p.arguments,
-                 "in_doubt": p.in_doubt, "run_id": p.run_id, "pause_id": p.pause_id}
+                 "in_doubt": p.in_doubt, "run_id": p.run_id, "pause_id": p.pause_id,
+                 **({"external": True} if p.external else {})}
                 for p in self.pending.values()
             ],
             "decisions": {
-                call_id: {"approved": d.approved, "reason": d.reason, "pause_id": d.pause_id}
+                call_id: {"approved": d.approved, "reason": d.reason, "pause_id": d.pause_id,
+                          **({"result": d.result} if d.result is not None else {})}
                 for call_id, d in self.decisions.items()
             },
         }
@@ -231,12 +245,16 @@ class Approvals:
                     call_id, tool, arguments, bool(item.get("in_doubt", False)),
                     None if run_id is None else str(run_id),
                     fingerprint(call_id, tool, arguments) if not pause_id else str(pause_id),
+                    external=bool(item.get("external", False)),
                 )
             for call_id, item in (data.get("decisions") or {}).items():
-                reason, pause_id = item.get("reason"), item.get("pause_id")
+                reason, pause_id, result = item.get("reason"), item.get("pause_id"), item.get(
+                    "result"
+                )
                 approvals.decisions[str(call_id)] = Decision(
                     bool(item["approved"]), None if reason is None else str(reason),
                     None if pause_id is None else str(pause_id),
+                    None if result is None else str(result),
                 )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{where}: unreadable approvals ({error!r:.100})") from error
@@ -256,6 +274,22 @@ class Approvals:
     def state(self) -> dict[str, Any]:
         """The session state that stores these approvals (for ``save_state``)."""
         return {STATE_KEY: self.dump()}
+
+
+def _check_kind(session: str, pending: PendingApproval, decision: Decision) -> None:
+    """ValueError if ``decision`` does not fit ``pending``: an external tool's call takes
+    a result or a denial, any other call an approval or a denial."""
+    if pending.external and decision.approved and decision.result is None:
+        raise ValueError(
+            f"{session}: call {pending.call_id!r:.80} is of the external tool "
+            f"{pending.tool!r}, which runs elsewhere: give its result with answer() (or "
+            "deny() it)"
+        )
+    if not pending.external and decision.result is not None:
+        raise ValueError(
+            f"{session}: call {pending.call_id!r:.80} ({pending.tool}) waits for approval, "
+            "not for a result: approve() or deny() it"
+        )
 
 
 def _binds(decision: Decision, pending: PendingApproval) -> bool:

@@ -30,8 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from aimu.aio import _sse as sse
+from aimu.aio.errors import ToolDefinitionError
+from aimu.aio.tools import Tool, external_tool
 from aimu.aio.transcript import Message
-from aimu.serve.errors import BadRequest
+from aimu.serve.errors import BadRequest, Conflict
 from aimu.serve.routes import WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
@@ -120,30 +122,85 @@ router = APIRouter()
 async def ag_ui(request: Request, body: RunAgentInput) -> Response:
     runs: Runs = request.app.runs
     session = validate_name(body.thread_id)
-    if body.tools:
-        names = ", ".join(repr(tool.name) for tool in body.tools)
-        raise BadRequest(
-            f"this server runs the agent's own tools; client-side tools ({names}) are not "
-            "supported: send no 'tools'"
-        )
-    follower, came_back = await _begin(runs, session, body)
-    events = _events(runs, session, body, follower, came_back)
+    tools = client_tools(body.tools or [])
+    follower, came_back, answered = await _begin(runs, session, body, tools)
+    events = _events(runs, session, body, follower, came_back, answered)
     return sse_response(events)
 
 
+def client_tools(declared: list[InputTool]) -> list[Tool]:
+    """The frontend's tools as external tools: the model may call them, and a call ends
+    the run for the page to answer (``BadRequest`` naming a tool that cannot be one)."""
+    tools: list[Tool] = []
+    for given in declared:
+        parameters = None if given.parameters in (None, {}) else given.parameters
+        if parameters is not None and not isinstance(parameters, dict):
+            raise BadRequest(f"tool {given.name!r:.80}: 'parameters' must be a JSON schema")
+        try:
+            tools.append(external_tool(given.name, given.description, parameters))
+        except ToolDefinitionError as error:
+            raise BadRequest(f"client-side tool: {error}") from None
+    if len({tool.name for tool in tools}) != len(tools):
+        raise BadRequest("two client-side tools share a name")
+    return tools
+
+
 async def _begin(
-    runs: Runs, session: str, body: RunAgentInput
-) -> tuple[RunFollower | None, bool]:
+    runs: Runs, session: str, body: RunAgentInput, tools: list[Tool]
+) -> tuple[RunFollower | None, bool, frozenset[str]]:
     """Start what ``body`` asks for on ``session`` before the stream starts, so that a bad
-    request is an HTTP error with nothing changed: the run to follow, if any, and whether
-    the client came back (it asked for nothing new)."""
-    if body.resume:
-        return await _decide(runs, session, body.resume), False
+    request is an HTTP error with nothing changed: the run to follow, if any, whether the
+    client came back (it asked for nothing new), and the ids of the client-side tool calls
+    whose results it brought (it has them: they are not streamed back to it)."""
+    results = await _client_results(runs, session, body.messages)
+    if body.resume or results:
+        follower = await _decide(runs, session, body.resume or [], results)
+        return follower, False, frozenset(results)
     task = _new_user_text(body.messages)
     if task is not None:
-        return RunFollower(runs, await runs.start(session, task), owned=True), False
+        view = await runs.start(session, task, tools)
+        return RunFollower(runs, view, owned=True), False, frozenset()
     active = await live_or_revived(runs, session)
-    return (None if active is None else RunFollower(runs, active, owned=True)), True
+    return (None if active is None else RunFollower(runs, active, owned=True)), True, frozenset()
+
+
+async def _client_results(
+    runs: Runs, session: str, messages: list[InputMessage]
+) -> dict[str, str]:
+    """The results of client-side tool calls the input ends with (its ``tool`` messages
+    after the last other one), by call id; each must answer a call the thread's paused run
+    waits on (``Conflict`` for one answered already, ``BadRequest`` for an unknown one)."""
+    trailing: list[InputMessage] = []
+    for message in reversed(messages):
+        if message.role != "tool":
+            break
+        trailing.insert(0, message)
+    if not trailing:
+        return {}
+    _, pending = await runs.paused_on(session)
+    waiting = {str(call["call_id"]) for call in pending if call.get("external")}
+    results: dict[str, str] = {}
+    for message in trailing:
+        call_id = message.tool_call_id
+        if not call_id:
+            raise BadRequest(f"tool message {message.id!r}: it names no toolCallId")
+        if call_id in results:
+            raise BadRequest(f"tool call {call_id!r:.80} is answered twice")
+        if call_id not in waiting:
+            raise await _not_waiting(runs, session, call_id)
+        results[call_id] = _text_of(message.content, message.id)
+    return results
+
+
+async def _not_waiting(runs: Runs, session: str, call_id: str) -> BadRequest | Conflict:
+    """The error for a result of ``call_id``, which the thread does not wait on: it was
+    answered already (a duplicate, or a stale page), or no such call waits."""
+    stored = await runs.store.load(session)
+    if any(m["role"] == "tool" and m["tool_call_id"] == call_id for m in stored):
+        return Conflict(f"tool call {call_id!r:.80} of thread {session!r} has its result "
+                        "already: nothing changed")
+    return BadRequest(f"no client-side tool call {call_id!r:.80} waits for a result on "
+                      f"thread {session!r}: nothing changed")
 
 
 def _new_user_text(messages: list[InputMessage]) -> str | None:
@@ -172,11 +229,14 @@ def _text_of(content: object, message_id: str) -> str:
     )
 
 
-async def _decide(runs: Runs, session: str, entries: list[ResumeEntry]) -> RunFollower | None:
-    """Apply the decisions of ``entries`` to the session's paused run, all checked first."""
-    return await decide_all(
-        runs, session, [(entry.interrupt_id, *_decision(entry)) for entry in entries]
-    )
+async def _decide(
+    runs: Runs, session: str, entries: list[ResumeEntry], results: dict[str, str]
+) -> RunFollower | None:
+    """Apply the decisions of ``entries``, and the client-side tools' ``results``, to the
+    session's paused run, all checked first."""
+    decisions = [(entry.interrupt_id, *_decision(entry)) for entry in entries]
+    decisions += [(call_id, True, None) for call_id in results]
+    return await decide_all(runs, session, decisions, results)
 
 
 def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
@@ -198,7 +258,7 @@ def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
 
 async def _events(
     runs: Runs, session: str, body: RunAgentInput, follower: RunFollower | None,
-    came_back: bool,
+    came_back: bool, answered: frozenset[str],
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The AG-UI events of this request; leaving early cancels the run being followed."""
     thread, run_id = body.thread_id, body.run_id
@@ -216,17 +276,23 @@ async def _events(
                 "messages": to_ag_ui_messages(stored[:before], session),
             }
         end: RunEnd | None
+        parent: str | None = None
         if follower is None:
             end = await _latest_end(runs, session)
         else:
-            translator = _Translator(run_id)
+            translator = _Translator(run_id, answered)
             async for event in follower.events():
                 for out in translator.feed(event):
                     yield out
             end = follower.end
+            parent = translator.step_text
             for out in translator.close():
                 yield out
-        yield await _finished(runs, session, thread, run_id, end)
+        finished, client_calls = await _finished(runs, session, thread, run_id, end)
+        for call in client_calls:
+            for out in _client_call(call, parent):
+                yield out
+        yield finished
     finally:
         if follower is not None:
             with anyio.CancelScope(shield=True):
@@ -241,20 +307,29 @@ async def _latest_end(runs: Runs, session: str) -> RunEnd:
 
 async def _finished(
     runs: Runs, session: str, thread: str, run_id: str, end: RunEnd | None
-) -> dict[str, Any]:
-    """The terminal event: RUN_FINISHED with its outcome, or RUN_ERROR."""
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The terminal event (RUN_FINISHED with its outcome, or RUN_ERROR), and the calls of
+    client-side tools the run paused on (streamed before it, for the page to run)."""
     if end is None or end.status == "failed":
         message = "the run failed" if end is None or not end.error else end.error
-        return {"type": "RUN_ERROR", "message": message, "code": "failed"}
+        return {"type": "RUN_ERROR", "message": message, "code": "failed"}, []
     event: dict[str, Any] = {"type": "RUN_FINISHED", "threadId": thread, "runId": run_id}
+    client: list[dict[str, Any]] = []
     if end.status == "completed":
         event["outcome"] = {"type": "success"}
         if end.reply is not None:
             event["result"] = end.reply
     elif end.status == "paused":
         _, pending = await runs.paused_on(session)
-        if pending:
-            event["outcome"] = {"type": "interrupt", "interrupts": _interrupts(pending)}
+        approvals = [call for call in pending if not call.get("external")]
+        client = [call for call in pending if call.get("external")]
+        if approvals:
+            event["outcome"] = {"type": "interrupt", "interrupts": _interrupts(approvals)}
+        elif client:  # the page's own tools: a completed run leaving calls to answer
+            event["outcome"] = {
+                "type": "success",
+                "pendingToolCallIds": [str(call["call_id"]) for call in client],
+            }
         else:  # decided meanwhile (another client): nothing waits
             event["outcome"] = {"type": "success"}
     else:  # cancelled, interrupted, timed out, limited, out of rounds: stopped, not failed
@@ -266,7 +341,7 @@ async def _finished(
             "totalTokens": end.usage["input_tokens"] + end.usage["output_tokens"],
         }]
     event["metadata"] = {"aimuStatus": end.status, "aimuRunId": end.run_id, "reason": end.reason}
-    return event
+    return event, client
 
 
 def _interrupts(pending: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -285,12 +360,29 @@ def _interrupts(pending: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-class _Translator:
-    """aimu's run events (as JSON) to AG-UI events, keeping text and steps well nested."""
+def _client_call(call: Mapping[str, Any], parent: str | None) -> list[dict[str, Any]]:
+    """The events of a client-side tool's call the run paused on, for the page to run."""
+    call_id = str(call["call_id"])
+    start = {"type": "TOOL_CALL_START", "toolCallId": call_id, "toolCallName": call["name"]}
+    return [
+        {**start, "parentMessageId": parent} if parent else start,
+        {"type": "TOOL_CALL_ARGS", "toolCallId": call_id,
+         "delta": json.dumps(call["arguments"], ensure_ascii=False)},
+        {"type": "TOOL_CALL_END", "toolCallId": call_id},
+    ]
 
-    def __init__(self, run_id: str) -> None:
+
+class _Translator:
+    """aimu's run events (as JSON) to AG-UI events, keeping text and steps well nested.
+    The calls in ``answered`` (the client-side calls whose results the client sent) are
+    not streamed back to it."""
+
+    def __init__(self, run_id: str, answered: frozenset[str] = frozenset()) -> None:
         self._run_id = run_id
+        self._answered = answered
         self._messages = 0
+        #: The id of the text message of the step in progress (a client-side call's parent).
+        self.step_text: str | None = None
         self._text: str | None = None  # the id of the open text message
         self._reasoning: str | None = None
         self._step: str | None = None
@@ -302,12 +394,14 @@ class _Translator:
     def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         kind = event.get("type")
         out: list[dict[str, Any]] = []
+        if kind in ("tool_call", "tool_result") and str(event["call_id"]) in self._answered:
+            return out
         if kind in ("text", "thinking", "tool_call", "tool_result", "tool_progress"):
             out += self._open_step()
         if kind == "text" and event["text"]:
             out += self._close_reasoning()
             if self._text is None:
-                self._text = self._next_id()
+                self._text = self.step_text = self._next_id()
                 out.append({"type": "TEXT_MESSAGE_START", "messageId": self._text,
                             "role": "assistant"})
             out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text,
@@ -344,11 +438,13 @@ class _Translator:
             }})
         elif kind == "step_finished":
             out += self.close()
+            self.step_text = None
         return out
 
     def _open_step(self) -> list[dict[str, Any]]:
         if self._step is not None:
             return []
+        self.step_text = None
         self._step = f"step {self._next_id()}"
         return [{"type": "STEP_STARTED", "stepName": self._step}]
 

@@ -84,6 +84,11 @@ class DecisionBody(_Body):
         description="The pause_id of the waiting call the person was shown: the decision "
         "holds only while that pause waits (409 otherwise, and nothing runs)",
     )
+    result: Annotated[str, Field(max_length=1_000_000)] | None = Field(
+        None,
+        description="The result of a call of an external (client-side) tool, which the "
+        "server cannot run: the model reads it as the tool's result (approve: true)",
+    )
 
 
 class Error(BaseModel):
@@ -120,6 +125,10 @@ class Pending(BaseModel):
         None,
         description="For a call an agent called as a tool waits on: the ids of the calls "
         "that lead from the run's agent down to it (decide it here, by its call_id)",
+    )
+    external: bool = Field(
+        False, description="A call of an external (client-side) tool: it waits for its "
+        "result (send it as the decision's result), not for a yes or no",
     )
 
 

@@ -350,6 +350,8 @@ async def decide(
     call_id: Annotated[str, Path(min_length=1, max_length=200)],
     body: DecisionBody,
 ) -> dict[str, Any]:
+    if body.result is not None and not body.approve:
+        raise BadRequest("a result is given with approve: true (a denial has no result)")
     return await _runs(request).decide(
-        run_id, call_id, body.approve, body.reason, body.pause_id
+        run_id, call_id, body.approve, body.reason, body.pause_id, body.result
     )

@@ -11,7 +11,7 @@ through :mod:`aimu.aio.approvals`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 from aimu.aio._echo import echo
@@ -20,6 +20,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
+from aimu.aio.tools import Tool
 from aimu.aio.transcript import Usage
 from aimu.aio.tree import stored_pending
 from aimu.serve.errors import BadRequest, Conflict
@@ -33,6 +34,7 @@ __all__ = [
     "Runs",
     "RunsBackend",
     "Verdict",
+    "check_fits",
     "check_grace",
     "no_cancel_error",
     "open_agent",
@@ -123,12 +125,14 @@ class Decided(NamedTuple):
 
 class Verdict(NamedTuple):
     """A person's decision on ``call_id``: ``approve`` or deny (``reason``), given for
-    the pause ``pause_id`` (None: the one the run paused on, whatever its id)."""
+    the pause ``pause_id`` (None: the one the run paused on, whatever its id); for an
+    external tool's call, ``result`` is its result (``approve`` true)."""
 
     call_id: str
     approve: bool
     reason: str | None = None
     pause_id: str | None = None
+    result: str | None = None
 
 
 class RunsBackend(Protocol):
@@ -212,6 +216,19 @@ async def open_agent(agents: AgentFactory, session: str) -> Agent:
     return agent
 
 
+def check_fits(
+    given: str, call: Mapping[str, Any], approve: bool, result: str | None
+) -> None:
+    """``BadRequest`` if the decision does not fit the waiting call: an external (client
+    side) tool's call takes its result or a denial, any other call a yes or a no."""
+    if call.get("external") and approve and result is None:
+        raise BadRequest(f"tool call {given!r} ({call['name']}) is a client-side tool's: "
+                         "send its result, not an approval")
+    if not call.get("external") and result is not None:
+        raise BadRequest(f"tool call {given!r} ({call['name']}) waits for approval, not "
+                         "for a result")
+
+
 def pending_json(pending: PendingApproval) -> dict[str, Any]:
     """A waiting tool call as JSON (``name`` is the tool's, as the page shows it; ``path``,
     for a call an agent called as a tool waits on, the calls that lead down to it)."""
@@ -221,6 +238,7 @@ def pending_json(pending: PendingApproval) -> dict[str, Any]:
         "arguments": pending.arguments,
         "in_doubt": pending.in_doubt,
         "pause_id": pending.pause_id,
+        "external": pending.external,
     }
     if pending.path:
         shown["path"] = list(pending.path)
@@ -242,9 +260,13 @@ class Runs:
 
     # -- starting --------------------------------------------------------------------
 
-    async def start(self, session: str, task: str | None) -> RunView:
+    async def start(
+        self, session: str, task: str | None, external: Sequence[Tool] | None = None
+    ) -> RunView:
         """Start ``task`` on ``session`` (None: resume where it stopped); ``Conflict`` for
-        a resume of a session whose last run completed (nothing to resume)."""
+        a resume of a session whose last run completed (nothing to resume). ``external``:
+        the external tools the session offers from this run on (kept in its state, so
+        every backend's process finds them; None: those it had)."""
         self._check_open()
         validate_name(session)
         if task is None:
@@ -254,7 +276,25 @@ class Runs:
                     f"session {session!r} finished its last run (completed): nothing to "
                     f"resume; start a run with a task (POST /sessions/{session}/runs)"
                 )
-        return await self.backend.start(session, task, None)
+        if external is None:
+            return await self.backend.start(session, task, None)
+        agent = await open_agent(self._agents, session)
+        try:
+            waiting = agent.pending_approvals
+            if waiting and task is not None:
+                names = ", ".join(f"{p.call_id!r} ({p.tool})" for p in waiting)
+                raise Conflict(
+                    f"session {session!r}: calls wait for a decision: {names}; decide "
+                    "each, or the run goes on"
+                )
+            try:
+                agent.set_external_tools(external)
+            except ValueError as error:  # one is named as a tool of the agent's
+                raise BadRequest(str(error)) from None
+        except BaseException:
+            await agent.aclose()
+            raise
+        return await self.backend.start(session, task, agent)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -332,7 +372,7 @@ class Runs:
 
     async def decide(
         self, run_id: str, call_id: str, approve: bool, reason: str | None,
-        pause_id: str | None = None,
+        pause_id: str | None = None, result: str | None = None,
     ) -> dict[str, Any]:
         """Record a decision on a call the paused run waits on, bound to the pause
         ``pause_id`` when given (the one the person was shown); after the last one the
@@ -343,7 +383,12 @@ class Runs:
             raise Conflict(
                 f"run {run_id} is {view.status}, not paused: no tool call awaits a decision"
             )
-        decided = await self.backend.decide(view, Verdict(call_id, approve, reason, pause_id))
+        waiting = {call["call_id"]: call for call in await self._waiting(view)}
+        if call_id in waiting:  # else the backend says why it waits on no such call
+            check_fits(call_id, waiting[call_id], approve, result)
+        decided = await self.backend.decide(
+            view, Verdict(call_id, approve, reason, pause_id, result)
+        )
         return {
             "run_id": run_id,
             "call_id": call_id,

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from aimu.aio._sse import CONTENT_TYPE
 from aimu.aio.transcript import Usage
 from aimu.serve.errors import BadRequest, Conflict, ServeError
-from aimu.serve.runs import Runs, RunView
+from aimu.serve.runs import Runs, RunView, check_fits
 
 __all__ = [
     "ClosingStreamingResponse",
@@ -149,16 +149,19 @@ def shown_id(call: Mapping[str, Any]) -> str:
 
 
 async def decide_all(
-    runs: Runs, session: str, decisions: Sequence[tuple[str, bool, str | None]]
+    runs: Runs, session: str, decisions: Sequence[tuple[str, bool, str | None]],
+    results: Mapping[str, str] | None = None,
 ) -> RunFollower | None:
     """Apply ``(id, approve, reason)`` decisions to ``session``'s paused run, every one
     checked before any is applied; the run the session resumed as (owned by the caller),
     or None while other calls still wait. An id is a call's :func:`shown_id` (bound to its
-    pause: ``Conflict`` if that pause no longer waits) or its bare call id."""
+    pause: ``Conflict`` if that pause no longer waits) or its bare call id. ``results``:
+    by id, the results of external tools' calls (their decisions approve)."""
+    results = results or {}
     paused, pending = await runs.paused_on(session)
     if paused is None or not pending:
         raise Conflict(f"session {session!r} has no paused run waiting on a decision")
-    bound: list[tuple[str, str | None, bool, str | None]] = []
+    bound: list[tuple[str, str | None, bool, str | None, str | None]] = []
     for given, approve, reason in decisions:
         call_id, at, pause = given.rpartition("@") if "@" in given else (given, "", "")
         waiting = [call for call in pending if str(call["call_id"]) == call_id]
@@ -167,12 +170,14 @@ async def decide_all(
         if at and waiting[0].get("pause_id") != pause:
             raise Conflict(f"tool call {call_id!r} was shown for a pause that no longer "
                            "waits (the session went on or was replaced): nothing decided")
-        bound.append((call_id, pause or None, approve, reason))
+        result = results.get(given)
+        check_fits(given, waiting[0], approve, result)
+        bound.append((call_id, pause or None, approve, reason, result))
     if len({call_id for call_id, *_ in bound}) != len(bound):
         raise BadRequest("a tool call is decided twice")
     resumed: str | None = None
-    for call_id, pause_id, approve, reason in bound:
-        answer = await runs.decide(paused, call_id, approve, reason, pause_id)
+    for call_id, pause_id, approve, reason, result in bound:
+        answer = await runs.decide(paused, call_id, approve, reason, pause_id, result)
         resumed = answer["resumed_run_id"] or resumed
     if resumed is None:
         return None

@@ -193,7 +193,9 @@ class _Turn:
                         f"was replaced: {pending.tool} asked again since); the decision was "
                         "not applied and nothing ran", type=STALE, non_retryable=True,
                     )
-                if decision.approve:
+                if decision.result is not None:
+                    agent.answer(decision.call_id, decision.result)
+                elif decision.approve:
                     agent.approve(decision.call_id)
                 else:
                     agent.deny(decision.call_id, decision.reason)

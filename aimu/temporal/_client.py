@@ -232,6 +232,12 @@ class RunsClient:
         """Refuse the waiting call (the model reads ``reason``); the calls still waiting."""
         return await self._decide(run_id, Decision(call_id, False, reason, pause_id))
 
+    async def answer(
+        self, run_id: str, call_id: str, result: str, *, pause_id: str | None = None
+    ) -> list[dict[str, Any]] | None:
+        """Give the result of an external tool's waiting call; the calls still waiting."""
+        return await self._decide(run_id, Decision(call_id, True, None, pause_id, result))
+
     async def _decide(self, run_id: str, decision: Decision) -> list[dict[str, Any]] | None:
         """Check the decision against the run when a worker answers (RequestRefused if
         it waits on no such call), then record it: a signal, durable with no worker up."""

@@ -91,6 +91,8 @@ class Decision:
     reason: str | None = None
     pause_id: str | None = None
     """The pause it was given for; the turn runs nothing if another pause waits."""
+    result: str | None = None
+    """The result of an external tool's call (given from outside; ``approve`` true)."""
 
 
 @dataclass
@@ -409,4 +411,5 @@ def _bound(decision: Decision, pending: dict[str, Any]) -> Decision:
     pause_id = pending.get("pause_id")
     if decision.pause_id is not None or not isinstance(pause_id, str):
         return decision
-    return Decision(decision.call_id, decision.approve, decision.reason, pause_id)
+    return Decision(decision.call_id, decision.approve, decision.reason, pause_id,
+                    decision.result)

@@ -56,7 +56,8 @@ def script(request: Mapping[str, Any]) -> Turn:
     ``mails ...``: two calls of send_email in one turn, then their results read back;
     ``mailto NAME``: a call of send_email to NAME, always under the call id ``call-mailto``;
     ``short N``: N quick chunks; ``gate N W``: N rounds calling gated_lookup, then W words;
-    ``wire W``: a call of gated_wire (needs approval), then W words; ``cut``: a reply the
+    ``wire W``: a call of gated_wire (needs approval), then W words; ``locate``: a call of
+    the client-side tool ``locate``, then its result read back; ``cut``: a reply the
     length limit cut off; anything else:
     "answer to <it>"."""
     said = last_user(request)
@@ -84,12 +85,27 @@ def script(request: Mapping[str, Any]) -> Turn:
         if after_tool:
             return Turn(text=f"mail result: {messages[-1].get('content')}")
         return Turn(tool_calls=(ScriptedCall("send_email", {"to": said}),))
+    if said.startswith("locate"):
+        return locate_turn(said, request, after_tool)
     if said.startswith("cut"):
         return Turn(text="cut off in the mid", stop_reason="length")
     if said.startswith("short"):
         count = int(said.split()[1])
         return Turn(text=" ".join(f"c{i}" for i in range(count)), delay=0.005)
     return Turn(text=f"answer to {said}")
+
+
+def locate_turn(said: str, request: Mapping[str, Any], after_tool: bool) -> Turn:
+    """``locate [long]``: a call of the page's tool ``locate`` (if it was offered; after a
+    slow text with ``long``), then where."""
+    if after_tool:
+        return Turn(text=f"you are in {request['messages'][-1].get('content')}")
+    offered = [tool.get("function", {}).get("name") for tool in request.get("tools") or []]
+    if "locate" not in offered:
+        return Turn(text=f"no locate tool among {offered}")
+    long = said.endswith("long")
+    return Turn(text=LONG if long else "let me see", delay=LONG_DELAY if long else 0.0,
+                tool_calls=(ScriptedCall("locate", {"precise": True}),))
 
 
 def gated_turn(said: str, messages: list[dict[str, Any]]) -> Turn:

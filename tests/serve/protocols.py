@@ -9,7 +9,7 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +38,18 @@ async def settled(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
 
 
 async def node_client(
-    script: Path, served: Served, *args: str, on_first_chunk: Callable[[], None] | None = None
+    script: Path, served: Served, *args: str, on_first_chunk: Callable[[], None] | None = None,
+    on_line: Callable[[Any], Awaitable[bytes | None]] | None = None,
 ) -> list[Any]:
     """Run ``node SCRIPT URL ARGS...``: the JSON lines it printed. ``on_first_chunk`` is
-    called when a line with a ``chunk`` arrives (a provable point: the client is reading)."""
+    called when a line with a ``chunk`` arrives (a provable point: the client is reading);
+    ``on_line`` with every line, and what it returns is written to the script's stdin."""
     prefix = npm_clients()
     process = await asyncio.create_subprocess_exec(
         "node", str(script), args[0], served.url, *args[1:],
         env={**os.environ, "AIMU_NPM_CLIENTS": str(prefix)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.PIPE if on_line is not None else None,
     )
     assert process.stdout is not None and process.stderr is not None
     lines: list[Any] = []
@@ -56,6 +59,10 @@ async def node_client(
             if on_first_chunk is not None and "chunk" in lines[-1]:
                 on_first_chunk()
                 on_first_chunk = None
+            said = None if on_line is None else await on_line(lines[-1])
+            if said is not None and process.stdin is not None:
+                process.stdin.write(said)
+                await process.stdin.drain()
         err = await process.stderr.read()
         assert await process.wait() == 0, err.decode()
     return lines

@@ -247,7 +247,13 @@ async def test_bad_input_is_refused_and_changes_nothing(
         (run_input("agui-bad", "r1", {"id": "u", "role": "user",
                                       "content": [{"type": "binary", "data": "x"}]}), 400),
         (run_input("agui-bad", "r1", user("hi"),
-                   tools=[{"name": "confirm", "description": "ask", "parameters": {}}]), 400),
+                   tools=[{"name": "no spaces", "description": "ask"}]), 400),
+        (run_input("agui-bad", "r1", user("hi"),
+                   tools=[{"name": "confirm", "description": "ask", "parameters": []}]), 400),
+        (run_input("agui-bad", "r1", user("hi"), tools=[LOCATE, LOCATE]), 400),
+        (run_input("agui-bad", "r1", user("hi"),  # the server's own tool's name
+                   tools=[{"name": "lookup", "description": "mine"}]), 400),
+        (run_input("agui-bad", "r1", user("hi"), tool_result("c1", "x")), 400),
         (run_input("agui-bad", "r1", resume=[{"interruptId": "c", "status": "resolved",
                                               "payload": True}]), 409),
     ]
@@ -271,6 +277,102 @@ async def test_bad_input_is_refused_and_changes_nothing(
     assert rest[-1]["outcome"] == {"type": "success"}
     users = [m for m in (await session(http, "agui-busy"))["messages"] if m["role"] == "user"]
     assert [m["content"] for m in users] == ["gate 1 2"]
+
+
+# -- client-side tools: declared by the page, run by the page --------------------------------
+
+LOCATE = {"name": "locate", "description": "Where the user is, from the browser",
+          "parameters": {"type": "object", "properties": {"precise": {"type": "boolean"}}}}
+
+
+def tool_result(call_id: str, content: str, message_id: str = "t1") -> dict[str, Any]:
+    return {"id": message_id, "role": "tool", "toolCallId": call_id, "content": content}
+
+
+async def test_a_client_side_tool_call_ends_the_run_and_its_result_continues_it(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    thread = "agui-locate"
+    asked = run_input(thread, "r1", user("locate me"), tools=[LOCATE])
+    # The page leaves once it has the call: the run paused on it, so nothing is cancelled.
+    paused = await ag_ui_events(http, asked, until="TOOL_CALL_END")
+    kinds = types(paused)
+    start = paused[kinds.index("TOOL_CALL_START")]
+    assert start["toolCallName"] == "locate"
+    assert start["parentMessageId"] == paused[kinds.index("TEXT_MESSAGE_START")]["messageId"]
+    assert json.loads(paused[kinds.index("TOOL_CALL_ARGS")]["delta"]) == {"precise": True}
+    call_id = start["toolCallId"]
+    waiting = await session(http, thread)
+    assert waiting["status"] == "paused"
+    (pending,) = waiting["pending"]
+    assert pending["external"] is True and pending["call_id"] == call_id
+    # Coming back shows the same end: the call, and the outcome naming it.
+    back = await ag_ui_events(http, run_input(thread, "r1b"))
+    assert back[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
+    assert "TOOL_CALL_START" in types(back)
+    requests = len(served.model.requests)
+
+    # What changes nothing: an unknown call's result, a yes instead of the result, a new
+    # message while the call waits, aimu's cancel route (the run is not running).
+    assistant = {"id": "a1", "role": "assistant", "content": "let me see", "toolCalls": [
+        {"id": call_id, "type": "function",
+         "function": {"name": "locate", "arguments": '{"precise": true}'}}]}
+    for body, status in (
+        (run_input(thread, "r2", user("locate me"), assistant, tool_result("nope", "x")), 400),
+        (run_input(thread, "r2", resume=[{"interruptId": call_id, "status": "resolved",
+                                          "payload": True}]), 400),
+        (run_input(thread, "r2", user("locate me"), assistant, tool_result(call_id, "x"),
+                   user("never mind", "u2")), 409),
+    ):
+        response = await http.post("/ag-ui", json=body)
+        assert response.status_code == status, response.text
+        assert call_id not in response.text or "nope" not in response.text
+    cancel = await http.post(f"/runs/{waiting['paused_run_id']}/cancel", json={})
+    assert cancel.status_code == 409, cancel.text
+    assert (await session(http, thread))["pending"] == waiting["pending"]
+    assert len(served.model.requests) == requests
+
+    answer = run_input(thread, "r2", user("locate me"), assistant,
+                       tool_result(call_id, "Bergen"), tools=[LOCATE])
+    resumed = await ag_ui_events(http, answer)
+    # The page has the call and its result: neither is streamed back to it.
+    assert "TOOL_CALL_START" not in types(resumed) and "TOOL_CALL_RESULT" not in types(resumed)
+    assert resumed[-1]["outcome"] == {"type": "success"}
+    assert resumed[-1]["result"] == "you are in Bergen"
+    assert len(served.model.requests) == requests + 1  # the paused turn was not asked again
+    stored = (await session(http, thread))["messages"]
+    validate(stored)
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[2]["content"] == "Bergen" and stored[2]["tool_call_id"] == call_id
+
+    duplicate = await http.post("/ag-ui", json=answer)  # the same result again
+    assert duplicate.status_code == 409, duplicate.text
+    assert "has its result already" in duplicate.json()["error"]
+    assert (await session(http, thread))["messages"] == stored
+
+
+async def test_a_client_side_call_dismissed_and_a_stop_before_it(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    paused = await ag_ui_events(http, run_input("agui-dismiss", "r1", user("locate"),
+                                                tools=[LOCATE]))
+    (call_id,) = paused[-1]["outcome"]["pendingToolCallIds"]
+    dismissed = await ag_ui_events(http, run_input(
+        "agui-dismiss", "r2", resume=[{"interruptId": call_id, "status": "cancelled"}]))
+    assert dismissed[-1]["result"].startswith("you are in [denied")
+
+    # Without the page's tools the model has no such tool to call.
+    plain = await ag_ui_events(http, run_input("agui-notools", "r1", user("locate")))
+    assert plain[-1]["result"].startswith("no locate tool")
+
+    # A stop while the model is still making the turn that calls it: nothing waits.
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    body = run_input("agui-locate-stop", "r1", user("locate long"), tools=[LOCATE])
+    await ag_ui_events(http, body, until="TEXT_MESSAGE_CONTENT")
+    await served.model.wait_abandoned(abandoned + 1)
+    state = await settled(http, "agui-locate-stop")
+    assert state["status"] == "cancelled" and state["pending"] == []
+    validate(state["messages"])
 
 
 async def test_a_foreign_origin_is_refused(http: httpx.AsyncClient) -> None:
@@ -337,6 +439,46 @@ async def test_the_ag_ui_client_answers_an_interrupt(served: Served) -> None:
     assert end["error"] is None and end["pending"] == []
     assert end["result"] == "mail result: sent to mail ann"
     assert MAILED == ["mail ann"]
+
+
+async def test_the_ag_ui_client_stops_mid_tool_and_runs_a_client_side_tool(
+    served: Served, http: httpx.AsyncClient
+) -> None:
+    """Two scenarios in one Node process (each costs its start-up): the client's abort
+    while a server-side tool runs, and the page's own tool answered by a following run."""
+    GATE.reset()
+
+    async def on_line(line: Any) -> bytes | None:
+        if "waiting" not in line:
+            return None
+        await GATE.entered(1)  # the server-side tool is running: the client aborts now
+        return b"abort\n"
+
+    lines = await node_client(CLIENT, served, "tools", "agui-js", "gate 1 3", on_line=on_line)
+    GATE.open()
+    cut = lines.index(next(line for line in lines if "stopped" in line))
+    stop_events = client_events(lines[:cut])
+    assert "TOOL_CALL_END" in types(stop_events) and "RUN_FINISHED" not in types(stop_events)
+    state = await settled(http, "agui-js-stop")
+    assert state["status"] == "cancelled"
+    validate(state["messages"])
+    assert state["messages"][-1]["role"] == "tool"
+    assert "cancelled" in state["messages"][-1]["content"]
+
+    (asked,) = [line["asked"] for line in lines if "asked" in line]
+    assert asked["error"] is None and len(asked["outcome"]["pendingToolCallIds"]) == 1
+    (answered,) = [line for line in lines if "answered" in line]
+    assert answered["answered"]["error"] is None
+    assert answered["answered"]["result"] == "you are in Bergen"
+    assert [m["role"] for m in answered["messages"]] == ["user", "assistant", "tool", "assistant"]
+    (call,) = answered["messages"][1]["toolCalls"]  # the client kept the call and its answer
+    assert call["id"] == asked["outcome"]["pendingToolCallIds"][0]
+    duplicate = lines[-1]["end"]
+    assert duplicate["result"] is None and "409" in duplicate["error"]
+    stored = (await session(http, "agui-js-page"))["messages"]
+    validate(stored)
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[2]["content"] == "Bergen"
 
 
 @pytest.mark.slow

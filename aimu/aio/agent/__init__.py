@@ -296,6 +296,33 @@ class Agent(Runnable[OutputT]):
             agent.deny(call, reason)
         return True
 
+    def answer(self, call: str | PendingApproval, result: str) -> None:
+        """Give the result of a waiting call of an external tool (its id, or the
+        PendingApproval shown): on resume the model reads ``result`` as the tool's result,
+        and the run goes on from there (the model is not asked the turn again)."""
+        if not isinstance(result, str):
+            raise TypeError(f"a tool result is text, got {type(result).__name__}")
+        self._decide(*bound(call, True, None, result))
+
+    @property
+    def external_tools(self) -> tuple[Tool, ...]:
+        """The external tools this session offers besides the agent's own
+        (:meth:`set_external_tools`)."""
+        return tuple(self._session.durable.external.values())
+
+    def set_external_tools(self, tools: Sequence[Tool]) -> None:
+        """Offer ``tools`` (made by :func:`~aimu.aio.external_tool`, such as the tools a
+        web page declares) to the model besides the agent's own, from the next run on,
+        replacing those set before (``[]``: none). With a store they are kept in the
+        session's state: a resume, in this process or another, offers them again."""
+        self._session.check_loaded("external tools")
+        if self.running:
+            raise RuntimeError(
+                f"agent {self.name!r}: cannot change its external tools while a run is in "
+                "progress"
+            )
+        self._session.set_external(tools)
+
     def _decide(self, call_id: str, decision: Decision) -> None:
         self._session.check_loaded("pending approvals")
         if self.running:

@@ -20,13 +20,14 @@ from aimu.aio.output import is_correction
 from aimu.aio.providers._unicode import clean
 from aimu.aio.scope import RunScope
 from aimu.aio.store._protocol import check_run_status
-from aimu.aio.tools import ToolOutcome
+from aimu.aio.tools import Tool, ToolOutcome
 from aimu.aio.transcript import (
     CANCELLED_RESULT,
     AssistantMessage,
     Message,
     ToolCall,
     ToolMessage,
+    ToolSpec,
     Usage,
     answer_open_calls,
     copy_messages,
@@ -117,6 +118,36 @@ class Session:
 
     def decide(self, call_id: str, decision: Decision) -> None:
         self.approvals.decide(call_id, decision, f"agent {self.config.name!r}")
+        self.durable.state_stale = True
+
+    # -- the tools: the agent's, and the external tools this session offers --------------
+
+    def tool_named(self, name: str) -> Tool | None:
+        return self.config.table.by_name.get(name) or self.durable.external.get(name)
+
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        external = self.durable.external
+        if not external:
+            return self.config.table.specs
+        return (*self.config.table.specs, *(tool.spec for tool in external.values()))
+
+    def set_external(self, tools: Sequence[Tool]) -> None:
+        """Offer ``tools`` (external tools) besides the agent's own, from the next run
+        on, replacing those offered before; kept in the session's state."""
+        by_name: dict[str, Tool] = {}
+        for tool in tools:
+            if not isinstance(tool, Tool) or not tool.external:
+                raise TypeError(
+                    "a session's extra tools must be external tools (aio.external_tool()), "
+                    f"got {tool!r:.80}"
+                )
+            if tool.name in self.config.table.by_name or tool.name in by_name:
+                raise ValueError(
+                    f"agent {self.config.name!r}: an external tool named {tool.name!r} "
+                    "clashes with another tool of that name"
+                )
+            by_name[tool.name] = tool
+        self.durable.external = by_name
         self.durable.state_stale = True
 
     # -- what a store keeps (here: nothing) ----------------------------------------------

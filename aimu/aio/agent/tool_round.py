@@ -33,13 +33,13 @@ async def tool_round(
     (a model turn comes next), or pauses the run when calls wait for a person."""
     config = session.config
     name = config.name
-    calls, refused, asked = _sort_calls(session, step.calls)
+    calls, answered, asked = _sort_calls(session, step.calls)
     if run.budget is not None:
         run.budget.count_tools(len(calls))
-    for call, refusal in refused:
+    for call, given in answered:
         yield _call_started(name, call)
-        if (refused_result := await _call_tool(session, call, run, refusal, False)) is not None:
-            yield refused_result
+        if (answer := await _call_tool(session, call, run, given, False)) is not None:
+            yield answer
     try:
         if config.concurrent_tools and len(calls) > 1:
             for call in calls:
@@ -48,10 +48,9 @@ async def tool_round(
                 async for event in events:
                     yield event
         else:
-            by_name = config.table.by_name
             for call in calls:
                 yield _call_started(name, call)
-                tool = by_name.get(call["function"]["name"])
+                tool = session.tool_named(call["function"]["name"])
                 if tool is None or not tool.from_schema_given:
                     called = _call_tool(session, call, run, *_as_in(step, call))
                     result = await (called if run.wall is None else run.wall.guard(called))
@@ -71,7 +70,10 @@ async def tool_round(
     run.next = NEEDS_MODEL
     if asked or run.held:  # calls wait for a person (here, or in an agent called)
         for call in asked:
-            session.approvals.ask(call, run_id=run.scope.run_id)
+            tool = session.tool_named(call["function"]["name"])
+            session.approvals.ask(
+                call, run_id=run.scope.run_id, external=tool is not None and tool.external
+            )
         await session.save_state()
         run.end("paused", PAUSED)
         run.scope.note_halt(_PAUSED)
@@ -81,34 +83,40 @@ async def tool_round(
 
 def _sort_calls(
     session: Session, calls: list[ToolCall]
-) -> tuple[list[ToolCall], list[tuple[ToolCall, str]], list[ToolCall]]:
-    """The calls to run now, those refused (with the result the model reads), and
-    those that wait for a person: by the decision given, else the policy or tool."""
+) -> tuple[list[ToolCall], list[tuple[ToolCall, ToolOutcome]], list[ToolCall]]:
+    """The calls to run now, those answered without running (refused, or an external
+    tool's result given), and those that wait: by the decision given, else the policy
+    or tool."""
     run_now: list[ToolCall] = []
-    refused: list[tuple[ToolCall, str]] = []
+    answered: list[tuple[ToolCall, ToolOutcome]] = []
     asked: list[ToolCall] = []
     for call in calls:
         decision = session.approvals.take(call["id"]) or _policy(session, call)
         if decision is None:
             asked.append(call)
+        elif decision.result is not None:
+            answered.append((call, ToolOutcome(decision.result, False)))
         elif decision.approved:
             run_now.append(call)
         else:
-            refused.append((call, denied_result(decision.reason)))
-    return run_now, refused, asked
+            answered.append((call, ToolOutcome(denied_result(decision.reason), True)))
+    return run_now, answered, asked
 
 
 def _policy(session: Session, call: ToolCall) -> Decision | None:
     """What the agent's ``approve=`` policy, or the tool's ``approval`` flag, says
-    of a call no person decided on; None: ask a person."""
+    of a call no person decided on; None: ask a person (always, for an external
+    tool's call: its result comes from outside)."""
     function = call["function"]
+    tool = session.tool_named(function["name"])
+    if tool is not None and tool.external:
+        return None
     policy = session.config.approve
     if policy is not None:
         verdict = policy(function["name"], function["arguments"])
         if verdict == "ask":
             return None
         return _APPROVED if verdict else _REFUSED
-    tool = session.config.table.by_name.get(function["name"])
     return None if tool is not None and tool.approval else _APPROVED
 
 
@@ -154,16 +162,16 @@ async def _call_tool(
     session: Session,
     call: ToolCall,
     run: RunState,
-    refusal: str | None,
+    given: ToolOutcome | None,
     rerun: bool,
     progress: Callable[[Event], None] | None = None,
 ) -> ToolResult | None:
     """Run one call (its start journaled first, with a store) and record its result
-    the moment it exists; a refused call gets ``refusal`` as its result. A call whose
+    the moment it exists; a call answered without running gets ``given``. A call whose
     agent paused (``agent.as_tool()``) is held open: None, and the run pauses."""
     config = session.config
-    if refusal is not None:
-        outcome = ToolOutcome(refusal, True)
+    if given is not None:
+        outcome = given
     else:
         await session.journal_start(call)
         context = ToolContext(
@@ -190,11 +198,12 @@ async def _call_tool(
     return ToolResult(config.name, call["id"], result["name"], result["content"], outcome.is_error)
 
 
-def _as_in(step: NeedsTools, call: ToolCall) -> tuple[str | None, bool]:
-    """How ``step`` runs ``call`` (``refusal``, ``rerun``): answered with its argument
+def _as_in(step: NeedsTools, call: ToolCall) -> tuple[ToolOutcome | None, bool]:
+    """How ``step`` runs ``call`` (``given``, ``rerun``): answered with its argument
     error, if its arguments did not parse; run again with a note, if a crash left it in
     doubt."""
-    return step.argument_errors.get(call["id"]), call["id"] in step.reruns
+    error = step.argument_errors.get(call["id"])
+    return None if error is None else ToolOutcome(error, True), call["id"] in step.reruns
 
 
 def _progress_sink(

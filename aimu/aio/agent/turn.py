@@ -139,7 +139,7 @@ def _request(
     run.spans.turn_started()
     # After a correction the model must answer: the schema goes, the tools wait.
     must_answer = final_turn or (config.output is not None and _after_correction(session))
-    specs = None if must_answer else config.table.specs
+    specs = None if must_answer else session.tool_specs()
     sent = _taken_up(session, run, inflight)
     if isinstance(config.context, SummarizeOlderTurns):
         sent = config.context.view_with(sent, session.durable.summary)

@@ -26,7 +26,7 @@ model's arguments bound), ``_json_values`` (defaults and results as JSON),
 """
 
 from aimu.aio.tools._context import ToolContext
-from aimu.aio.tools._definition import DEFAULT_MAX_RESULT, Tool, as_tool, tool
+from aimu.aio.tools._definition import DEFAULT_MAX_RESULT, Tool, as_tool, external_tool, tool
 from aimu.aio.tools._invocation import ToolOutcome, invoke
 from aimu.aio.tools._toolset import Toolset
 
@@ -37,6 +37,7 @@ __all__ = [
     "ToolOutcome",
     "Toolset",
     "as_tool",
+    "external_tool",
     "invoke",
     "tool",
 ]

@@ -37,7 +37,7 @@ class ToolOutcome:
 
 SchemaCall = Callable[[dict[str, Any], "ToolContext"], Awaitable["str | ToolOutcome"]]
 
-__all__ = ["DEFAULT_MAX_RESULT", "Tool", "as_tool", "tool"]
+__all__ = ["DEFAULT_MAX_RESULT", "Tool", "as_tool", "external_tool", "tool"]
 
 #: Bytes (UTF-8) of a tool's result kept in the transcript, in memory and in the store;
 #: the rest is cut, with a marker saying how much was dropped. ``max_result=`` changes it.
@@ -73,6 +73,7 @@ class Tool:
         "approval",
         "context_param",
         "description",
+        "external",
         "fn",
         "idempotent",
         "is_async",
@@ -111,6 +112,8 @@ class Tool:
         self.approval = bool(approval)
         #: Safe to run twice: a call in doubt after a crash is run again.
         self.idempotent = bool(idempotent)
+        #: Its calls are answered from outside (see :func:`external_tool`), never run here.
+        self.external = False
         # A callable object counts as async when its __call__ is.
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             type(fn).__call__
@@ -161,6 +164,7 @@ class Tool:
         made.timeout = float(timeout) if timeout is not None else None
         made.approval = bool(approval)
         made.idempotent = bool(idempotent)
+        made.external = False
         made.is_async = True
         made.description = description
         made._params = Parameters.from_schema(name, parameters)
@@ -179,6 +183,10 @@ class Tool:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def _as_external(self, external: bool) -> Tool:
+        self.external = external
+        return self
 
     def __repr__(self) -> str:
         return f"<Tool {self._params.signature_text}{' async' if self.is_async else ''}>"
@@ -290,7 +298,7 @@ def tool(
                 approval=obj.approval if approval is None else approval,
                 idempotent=obj.idempotent if idempotent is None else idempotent,
                 max_result=cap,
-            )
+            )._as_external(obj.external)
         if isinstance(obj, Tool):
             return Tool(
                 obj.fn,
@@ -308,3 +316,43 @@ def tool(
 
     return make if fn is None else make(fn)
 
+
+
+def external_tool(
+    name: str, description: str = "", parameters: dict[str, Any] | None = None
+) -> Tool:
+    """A tool the model may call whose calls are answered from outside, never run here
+    (a tool of the browser's, of a person's, of another service's).
+
+    A call of it pauses the run, as a call waiting for approval does: it is listed in
+    ``agent.pending_approvals`` with ``external=True``, and ``agent.answer(call, result)``
+    gives the text the model reads as its result (``deny()`` refuses it); ``resume()``
+    then goes on with that result, without asking the model again. ``parameters`` is
+    the JSON schema of its arguments object (None: no arguments); it is sent as given.
+    """
+    schema = {"type": "object", "properties": {}} if parameters is None else parameters
+
+    async def never_run(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        raise RuntimeError(
+            f"tool {name!r} is external: its calls are answered from outside "
+            "(agent.answer()), not run"
+        )
+
+    return Tool.from_schema(name, description, schema, never_run)._as_external(True)
+
+
+def external_tools(data: object, where: str) -> list[Tool]:
+    """The external tools stored as ``[{"name", "description", "parameters"}, ...]``
+    (None: none); ValueError naming ``where`` when unreadable."""
+    if data is None:
+        return []
+    try:
+        if not isinstance(data, list):
+            raise TypeError(f"a list, not {type(data).__name__}")
+        return [
+            external_tool(str(item["name"]), str(item.get("description") or ""),
+                          item.get("parameters"))
+            for item in data
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError, ToolDefinitionError) as error:
+        raise ValueError(f"{where}: unreadable external tools ({error!r:.100})") from error

@@ -21,7 +21,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import SessionLockedError
 from aimu.aio.store import Store
-from aimu.serve.errors import Conflict, NotFound
+from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.runs import AgentFactory, Decided, RunView, Verdict, open_agent, pending_json
 
 __all__ = ["DECISION_WAIT_SECONDS", "StoreDecisions"]
@@ -130,7 +130,12 @@ class StoreDecisions:
                 f"the pause shown ({verdict.pause_id[:64]!r}); nothing was decided, look "
                 "at the waiting calls again"
             )
-        if verdict.approve:
-            agent.approve(call_id)
-        else:
-            agent.deny(call_id, verdict.reason)
+        try:
+            if verdict.result is not None:
+                agent.answer(call_id, verdict.result)
+            elif verdict.approve:
+                agent.approve(call_id)
+            else:
+                agent.deny(call_id, verdict.reason)
+        except ValueError as error:  # a result for an approval, a yes for an external call
+            raise BadRequest(str(error)) from None

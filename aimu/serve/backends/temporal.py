@@ -219,7 +219,11 @@ class TemporalBackend(RunLog):
         call_id, pause_id = verdict.call_id, verdict.pause_id
         await self._check_stored(view, call_id, pause_id)
         with self._errors("record the decision"):
-            if verdict.approve:
+            if verdict.result is not None:
+                waiting = await self.client.answer(
+                    workflow, call_id, verdict.result, pause_id=pause_id
+                )
+            elif verdict.approve:
                 waiting = await self.client.approve(workflow, call_id, pause_id=pause_id)
             else:
                 waiting = await self.client.deny(
