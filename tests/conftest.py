@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 from tests import services
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl+C reaches the programs the tests start. A shell runs a background job (``.ci/run
+    &``, nohup) with SIGINT ignored, every child inherits that, and Python then never turns
+    SIGINT into KeyboardInterrupt: the tests that press Ctrl+C in ``aimu pull`` or an MCP
+    client waited 60 s for a child that ignored it. A handler, unlike SIG_IGN, is not
+    inherited across exec, so the children start with the default again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

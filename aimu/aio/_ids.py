@@ -9,6 +9,7 @@ stream's, each part a 64-bit unsigned number). The patterns are ASCII-only on pu
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Final, TypeGuard
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     "is_event_number",
     "is_run_id",
     "is_stream_id",
+    "new_run_id",
+    "new_token",
 ]
 
 RUN_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,128}$"
@@ -45,3 +48,16 @@ def is_stream_id(value: object) -> TypeGuard[str]:
         return False
     ms, _, seq = value.partition("-")
     return int(ms) <= _U64 and int(seq) <= _U64
+
+
+def new_token(nbytes: int) -> str:
+    """``nbytes`` random bytes, URL-safe, never starting with ``-``: an id a person pastes
+    after a command (``aimu runs cancel ID``) must not be taken for an option."""
+    while (token := secrets.token_urlsafe(nbytes)).startswith("-"):
+        pass  # one draw in 64; drawing again keeps the rest uniform
+    return token
+
+
+def new_run_id() -> str:
+    """An unguessable run id: 144 random bits, URL-safe (24 characters)."""
+    return new_token(18)

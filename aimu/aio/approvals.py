@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
+from aimu.aio._ids import new_token
 from aimu.aio.ends import PAUSED
 from aimu.aio.errors import StaleDecisionError
 from aimu.aio.transcript import ToolCall
@@ -91,7 +91,7 @@ def bound(
 
 
 def new_pause_id() -> str:
-    return secrets.token_urlsafe(12)
+    return new_token(12)
 
 
 def fingerprint(call_id: str, tool: str, arguments: object) -> str:

@@ -142,16 +142,22 @@ async def _begin(runs: Runs, session: str, task: str) -> RunFollower:
 
 
 async def _report(follower: RunFollower, ctx: Context) -> None:
-    """Follow the run to its end, its steps reported as progress."""
+    """Follow the run to its end, its steps reported as progress (and "writing" once a
+    step's reply has begun: a client that cancels after it knows the partial is kept)."""
     done = 0
+    writing = False
     async for event in follower.events():
         kind = event.get("type")
-        if kind == "tool_call":
+        if kind == "text":
+            if writing:
+                continue
+            writing, message = True, "writing"
+        elif kind == "tool_call":
             message = f"calling {event['name']}"
         elif kind == "tool_result":
             message = f"{event['name']} answered"
         elif kind == "step_finished":
-            message = f"step {event.get('step')} done"
+            writing, message = False, f"step {event.get('step')} done"
         else:
             continue
         done += 1

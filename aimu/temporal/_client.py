@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
@@ -28,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from aimu.aio._echo import echo
+from aimu.aio._ids import new_run_id
 from aimu.aio._numbers import finite
 from aimu.aio.ends import FINAL
 from aimu.aio.errors import ControlError, UnknownRunError
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RequestRefused", "RunsClient"]
 
-_RUN_ID_BYTES: Final = 18
 _CLOSED: Final = {
     WorkflowExecutionStatus.COMPLETED: "completed",
     WorkflowExecutionStatus.CANCELED: "cancelled",
@@ -116,7 +115,7 @@ class RunsClient:
 
     async def start(self, session: str, task: str | None, *, run_id: str | None = None) -> str:
         """Start ``task`` on ``session`` (None: resume where the session stopped); its id."""
-        run_id = run_id or secrets.token_urlsafe(_RUN_ID_BYTES)
+        run_id = run_id or new_run_id()
         if self.redis is not None:  # a cancel before any worker takes the run is kept
             await self.redis.reserve(run_id, session=session)
         request = RunRequest(run_id, session, task, self.heartbeat_timeout, time.time())

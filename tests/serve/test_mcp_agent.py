@@ -51,14 +51,23 @@ def stdio_server(served: Served, store: Path) -> StdioServerParameters:
 
 
 async def call_and_cancel(client: Client, served: Served, arguments: dict[str, Any]) -> None:
-    """Call the tool, and cancel the call once the model's reply has begun streaming."""
+    """Call the tool, and cancel the call once the run has seen its reply begin (the
+    "writing" progress; chunks the model server sent may not have arrived yet)."""
     requests = len(served.model.requests)
-    call = asyncio.create_task(client.call_tool("run_agent", arguments))
+    writing = asyncio.Event()
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        if message == "writing":
+            writing.set()
+
+    call = asyncio.create_task(
+        client.call_tool("run_agent", arguments, progress_callback=on_progress))
     await served.model.wait_until(
         lambda: any(s.chunks_sent for s in served.model.streams[-1:])
         and len(served.model.requests) > requests, timeout=30,
         what=lambda: "the run's reply did not start streaming",
     )
+    await asyncio.wait_for(writing.wait(), 30)  # the run has text: its partial is not empty
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

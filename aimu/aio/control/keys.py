@@ -8,20 +8,16 @@ prefix's keys. :func:`redact` is the only form of the URL that may be logged or 
 from __future__ import annotations
 
 import re
-import secrets
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from aimu.aio._ids import is_run_id, is_stream_id
+from aimu.aio._ids import is_run_id, is_stream_id, new_run_id
 
-__all__ = ["Keys", "check_after", "check_prefix", "check_run_id", "new_run_id", "redact"]
+__all__ = [
+    "Keys", "check_after", "check_prefix", "check_run_id", "new_run_id", "redact",
+]
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SECRET_QUERY = frozenset({"password", "username"})
-
-
-def new_run_id() -> str:
-    """An unguessable run id: 144 random bits, URL-safe (24 characters)."""
-    return secrets.token_urlsafe(18)
 
 
 def check_run_id(run_id: object, prefix: str) -> str:

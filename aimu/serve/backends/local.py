@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Coroutine
-from typing import Any, Final
+from typing import Any
 
+from aimu.aio._ids import new_run_id
 from aimu.aio.agent import Agent
 from aimu.aio.ends import error_text
 from aimu.aio.event_json import event_data
@@ -31,7 +31,6 @@ from aimu.serve.runs import (
 
 __all__ = ["LocalBackend"]
 
-_RUN_ID_BYTES: Final = 18  # 144 bits: unguessable, so a run id is a capability
 
 
 class LocalBackend(RunLog):
@@ -51,7 +50,7 @@ class LocalBackend(RunLog):
             if agent is not None:
                 await agent.aclose()
             raise
-        view = RunView(secrets.token_urlsafe(_RUN_ID_BYTES), session, task, created_at=time.time())
+        view = RunView(new_run_id(), session, task, created_at=time.time())
 
         def start(run: Coroutine[Any, Any, str], messages_from: int) -> RunHandle[str]:
             view.messages_from = messages_from

@@ -48,3 +48,18 @@ async def test_a_terminal_cancels_a_live_run_through_redis(
     finally:
         await agent.aclose()
         await store.aclose()
+
+
+def test_a_run_id_is_never_taken_for_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One token in 64 starts with ``-``: ``aimu runs cancel -AC...`` read it as an option
+    (seen in CI). Every new run id and pause id is drawn again until it does not."""
+    import secrets
+
+    from aimu.aio import _ids
+
+    draws = iter(["-ACnoxc8qlYp4IcmYzbjxmzC", "-x", "ACnoxc8qlYp4IcmYzbjxmzC"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda nbytes: next(draws))
+    assert _ids.new_run_id() == "ACnoxc8qlYp4IcmYzbjxmzC"
+    monkeypatch.undo()
+    assert not any(_ids.new_run_id().startswith("-") for _ in range(2000))
+    assert not any(_ids.new_token(12).startswith("-") for _ in range(2000))
