@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,70 @@ async def test_aimu_mcp_over_stdio(served: Served, tmp_path: Path) -> None:
         assert text_of(again) == "answer to hi"
     validate(messages)
     assert messages[-1]["role"] == "assistant" and messages[-1]["aimu_partial"] is True
+
+
+def pid_with(marker: str) -> int:
+    """The pid of the ``aimu mcp`` process whose command line holds ``marker``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in command and b"mcp" in command:
+            return int(entry.name)
+    raise AssertionError(f"no aimu mcp process with {marker!r}")
+
+
+async def stored_run(store: Path, session: str) -> tuple[str | None, list[str]]:
+    """The session's status in the store, and the statuses of its run records."""
+    from aimu.aio.store import SQLiteStore
+
+    opened = SQLiteStore(store)
+    try:
+        info = await opened.info(session)
+        records = await opened.runs(session=session)
+        return (None if info is None else info.status), [r.status for r in records]
+    finally:
+        await opened.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the pid in /proc")
+async def test_aimu_mcp_killed_mid_run_leaves_it_resumable(
+    served: Served, tmp_path: Path
+) -> None:
+    """``kill -9`` of ``aimu mcp`` in the middle of a call: the store keeps the run as it
+    was (``in_progress``, its record ``running``), and a new ``aimu mcp`` on that store
+    goes on with it when called with task ``continue``, as the docs say."""
+    store = tmp_path / "killed.db"
+    requests = len(served.model.requests)
+    with pytest.raises(BaseException) as died:  # the connection dies with the server
+        async with asyncio.timeout(60), Client(stdio_server(served, store)) as client:
+            call = asyncio.create_task(
+                client.call_tool("run_agent", {"task": "short 300", "session": "io-kill"}))
+            await served.model.wait_until(
+                lambda: len(served.model.requests) > requests
+                and any(s.chunks_sent for s in served.model.streams[-1:]), timeout=30,
+                what=lambda: "the run's reply did not start streaming",
+            )
+            os.kill(pid_with(str(store)), signal.SIGKILL)
+            await call
+    assert "Connection closed" in repr(died.value), repr(died.value)  # not a timeout
+    status, records = await stored_run(store, "io-kill")
+    assert status == "in_progress" and records == ["running"]
+    assert [m["role"] for m in await load_session(store, "io-kill")] == ["user"]
+
+    async with Client(stdio_server(served, store)) as client:
+        result = await client.call_tool("run_agent", {"task": "continue", "session": "io-kill"})
+    assert not result.is_error, text_of(result)
+    assert text_of(result).endswith("c299")
+    messages = await load_session(store, "io-kill")
+    validate(messages)
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    status, records = await stored_run(store, "io-kill")
+    assert status == "completed" and "completed" in records
 
 
 async def test_serve_mcp_answers_and_a_cancel_stops_the_run(served: Served) -> None:
