@@ -129,6 +129,8 @@ class Screen:
         self.at_line_start = True
         self._prompting = False  # the "> " is the last thing printed
         self._thinking = False
+        #: Who said the last event shown: its path and source (an agent tree's levels).
+        self._who: tuple[str, ...] = ()
 
     @property
     def partial_line(self) -> str:
@@ -158,6 +160,14 @@ class Screen:
         self.out.write(text)
         self.out.flush()
         self.at_line_start = text.endswith("\n")
+
+    def _label(self, event: Event) -> None:
+        path = getattr(event, "path", ())
+        who = (*path, getattr(event, "source", ""))
+        if who != self._who and (path or len(self._who) > 1):
+            self._thinking = False
+            self.line(f"({' › '.join(one_line(name) for name in who)})", "note")
+        self._who = who
 
     def line(self, text: str, kind: str = "") -> None:
         """``text`` on a line of its own, after the streamed text if a reply is mid-line.
@@ -204,7 +214,9 @@ class Screen:
             self.write("\n")
 
     def show(self, event: Event) -> None:
-        """A streamed event of a turn: thinking, reply text, a tool call or its result."""
+        """A streamed event of a turn: thinking, reply text, a tool call or its result.
+        In an agent tree, a line names the agent whenever another one goes on."""
+        self._label(event)
         if isinstance(event, ThinkingChunk):
             # Thinking can take a while before any text: say so once, not word by word.
             if not self._thinking:

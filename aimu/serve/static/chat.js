@@ -320,29 +320,61 @@ async function readEvents(response, run, replaying) {
   }
 }
 
+// In an agent tree (agent.as_tool()), an agent called carries the path above it: when
+// another agent goes on, its words start a bubble of their own, labelled who it is.
+function whoSpeaks(run, event) {
+  if (!("source" in event)) return;
+  const nested = Array.isArray(event.path) && event.path.length > 0;
+  const who = nested ? [...event.path, event.source].join(" › ") : "";
+  if (who === (run.who || "")) return;
+  endBubble(run);
+  run.who = who;
+}
+
+function labelled(run, div) {
+  if (run.who) {
+    const label = document.createElement("span");
+    label.className = "who";
+    label.textContent = run.who;
+    div.prepend(label);
+  }
+  return div;
+}
+
 function onEvent(run, event, replaying) {
   if (state.run !== run) return;
+  whoSpeaks(run, event);
+  if (run.who && (event.type === "run_started" || event.type === "run_finished")) {
+    if (event.type === "run_finished" && run.bubble && END_MARKS[event.status]) {
+      addMark(run.bubble, END_MARKS[event.status]);
+    }
+    endBubble(run);
+    return;  // an agent called: its task and end are its caller's tool call and result
+  }
   switch (event.type) {
     case "run_started":
       if (replaying && event.task !== null) bubble("user", event.task);
       run.bubble = null;
       break;
     case "text": {
-      if (!run.bubble) { run.bubble = bubble("assistant", ""); run.bubble.classList.add("streaming"); }
+      if (!run.bubble) {
+        run.bubble = labelled(run, bubble("assistant", ""));
+        run.bubble.classList.add("streaming");
+      }
       run.bubble.querySelector(".text").textContent += event.text;
       scrollDown();
       break;
     }
     case "tool_call":
       endBubble(run);
-      run.calls.set(event.call_id, bubble("tool", describeCall({ name: event.name, arguments: event.arguments })));
+      run.calls.set(event.call_id, labelled(run, bubble("tool", describeCall({ name: event.name, arguments: event.arguments }))));
       break;
     case "tool_progress":
       showProgress(run.calls.get(event.call_id), event);
       break;
     case "tool_result":
       showProgress(run.calls.get(event.call_id), null);  // done: how far it was is moot
-      bubble("tool", describeResult(event.name, event.content));
+      labelled(run, bubble("tool", describeResult(event.name, event.content)));
       break;
     case "run_finished":
       // Marked at once; the stored session replaces the view when the handle finishes.

@@ -169,3 +169,28 @@ async def test_bad_arguments_are_a_tool_error_and_nothing_runs() -> None:
     assert await root.run("go") == "ok"
     assert "'task' must be a non-empty string" in tool_results(root.messages)[0]
     await asyncio.sleep(0)
+
+
+async def test_the_chat_names_the_agent_that_works_when_it_changes() -> None:
+    import io
+
+    from aimu.assistant.screen import Screen
+
+    out = io.StringIO()
+    screen = Screen(out, out, editor=False, colour=False)
+    tree = Tree()
+    async for event in tree.root.run("go", stream=True):
+        screen.show(event)
+    assert out.getvalue().splitlines() == [
+        "asking mid", '[calling mid(task="research the question")]',
+        "(root › mid)", "asking leaf", '[calling leaf(task="fetch the page")]',
+        "(root › mid › leaf)", "asking fetch", "[calling fetch()]", "[fetch → the page]",
+        ANSWERS["leaf"],
+        "(root › mid)", f"[leaf → {ANSWERS['leaf']}]", ANSWERS["mid"],
+        "(root)", f"[mid → {ANSWERS['mid']}]", ANSWERS["root"],
+    ]
+    plain = io.StringIO()
+    solo = Screen(plain, plain, editor=False, colour=False)
+    async for event in aio.Agent(ScriptedModel([Turn(text="hi")])).run("go", stream=True):
+        solo.show(event)
+    assert plain.getvalue() == "hi"

@@ -28,16 +28,33 @@ def served_tree(tmp_path: Path, leaf_tool: aio.Tool) -> tuple[object, aio.Agent]
                tools=[mid.as_tool()], token=None), mid
 
 
-async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Path) -> None:
-    started = threading.Event()
+def endless_fetch(started: threading.Event) -> aio.Tool:
+    """The leaf's tool: it says it started, then runs until stopped."""
 
     async def fetch() -> str:
-        """Fetch the page (forever)."""
+        """Fetch the page (until stopped)."""
         started.set()
         await asyncio.sleep(60)
         return "never"
 
-    application, _ = served_tree(tmp_path, aio.tool(fetch))
+    return aio.tool(fetch)
+
+
+async def every_level_cancelled(store_path: Path) -> None:
+    """Each level's stored session ended cancelled, its transcript valid."""
+    store = aio.SQLiteStore(store_path)
+    try:
+        infos = await store.sessions()
+        assert sorted(info.status or "" for info in infos) == ["cancelled"] * 3
+        for info in infos:
+            check_valid(await store.load(info.name))
+    finally:
+        await store.aclose()
+
+
+async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Path) -> None:
+    started = threading.Event()
+    application, _ = served_tree(tmp_path, endless_fetch(started))
     with uvicorn_serving(application) as url:  # type: ignore[arg-type]
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             run_id = await start(http, "s", "go")
@@ -51,14 +68,7 @@ async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Pat
             assert paths == {("agent", ()), ("mid", ("agent",)), ("leaf", ("agent", "mid"))}
             finished = [e.data for e in events if e.type == "run_finished"]
             assert [f["status"] for f in finished] == ["cancelled"] * 3
-            store = aio.SQLiteStore(tmp_path / "sessions.db")
-            try:
-                infos = await store.sessions()
-                assert sorted(i.status or "" for i in infos) == ["cancelled"] * 3
-                for info in infos:
-                    check_valid(await store.load(info.name))
-            finally:
-                await store.aclose()
+            await every_level_cancelled(tmp_path / "sessions.db")
             top = (await http.get("/sessions/s")).json()["messages"]
             assert top[-1]["content"].startswith("[cancelled: agent 'mid' was stopped")
 
