@@ -2,8 +2,10 @@
 // DefaultChatTransport sends and reconnects, every chunk is checked by its UI message chunk
 // schema, and readUIMessageStream builds the UI message as useChat would. Prints one JSON line
 // per chunk, then {"end": {message, error}}. Usage:
-//   node ai_sdk_client.mjs MODE URL CHAT [TEXT]
-// MODE: run (send TEXT), abort (abort the fetch at the first text delta), approve (send TEXT,
+//   node ai_sdk_client.mjs MODE URL CHAT [TEXT [TOOL_TEXT]]
+// MODE: run (send TEXT), abort (abort the fetch at the first text delta; then, given
+// TOOL_TEXT, send it on chat CHAT-tool and abort once a line comes on stdin after the
+// first tool-input-available: the test sends it while the server-side tool runs), approve (send TEXT,
 // which pauses on an approval, then send the approval response as useChat does), reconnect
 // (GET the chat's run in progress; prints {"end": null} on 204).
 import { createRequire } from "node:module";
@@ -14,17 +16,21 @@ const { DefaultChatTransport, readUIMessageStream } = await import(
   pathToFileURL(require.resolve("ai")).href
 );
 
-const [mode, url, chatId, text] = process.argv.slice(2);
+const [mode, url, chatId, text, toolText] = process.argv.slice(2);
 const transport = new DefaultChatTransport({ api: `${url}/api/chat` });
 const print = (line) => process.stdout.write(`${JSON.stringify(line)}\n`);
 const user = { id: "u1", role: "user", parts: [{ type: "text", text }] };
 
-async function read(stream, controller, message) {
+async function read(stream, controller, message, midTool = false) {
   const printed = stream.pipeThrough(new TransformStream({
     transform(chunk, out) {
       print({ chunk });
       out.enqueue(chunk);
-      if (mode === "abort" && chunk.type === "text-delta") controller.abort();
+      if (mode === "abort" && !midTool && chunk.type === "text-delta") controller.abort();
+      if (midTool && chunk.type === "tool-input-available") {
+        print({ waiting: chunk.toolCallId });
+        process.stdin[Symbol.asyncIterator]().next().then(() => controller.abort());
+      }
     },
   }));
   let last = message;
@@ -40,14 +46,14 @@ async function read(stream, controller, message) {
   return { message: last, error };
 }
 
-async function send(messages, message) {
+async function send(messages, message, chat = chatId) {
   const controller = new AbortController();
   try {
     const stream = await transport.sendMessages({
-      chatId, messages, trigger: "submit-message", messageId: undefined,
+      chatId: chat, messages, trigger: "submit-message", messageId: undefined,
       abortSignal: controller.signal,
     });
-    return await read(stream, controller, message);
+    return await read(stream, controller, message, chat !== chatId);
   } catch (caught) {
     return { message, error: String(caught && caught.name) };
   }
@@ -59,6 +65,11 @@ if (mode === "reconnect") {
   end = stream === null ? null : await read(stream, new AbortController());
 } else {
   end = await send([user]);
+  if (mode === "abort" && toolText) {
+    print({ stopped: end });
+    const tooled = { id: "u2", role: "user", parts: [{ type: "text", text: toolText }] };
+    end = await send([tooled], undefined, `${chatId}-tool`);
+  }
   if (mode === "approve") {
     const asked = end.message;
     const parts = asked.parts.map((part) => part.state === "approval-requested"
@@ -70,3 +81,4 @@ if (mode === "reconnect") {
   }
 }
 print({ end });
+process.exit(0);  // stdin, if it was read, would keep the process waiting

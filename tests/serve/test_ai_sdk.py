@@ -228,13 +228,34 @@ async def test_the_ai_sdk_builds_the_message(served: Served) -> None:
     assert texts[-1] == "answer to tool please"
 
 
-async def test_the_ai_sdk_abort_stops_the_run(served: Served, http: httpx.AsyncClient) -> None:
+async def test_the_ai_sdk_abort_stops_the_run_mid_text_and_mid_tool(
+    served: Served, http: httpx.AsyncClient
+) -> None:
+    """One Node process: an abort mid-text, then one while a server-side tool runs."""
+    GATE.reset()
     abandoned = len([s for s in served.model.streams if s.abandoned])
-    lines = await node_client(CLIENT, served, "abort", "sdk-js-abort", "long yarn")
-    assert lines[-1]["end"]["error"] == "AbortError"
+
+    async def on_line(line: Any) -> bytes | None:
+        if "waiting" not in line:
+            return None
+        await GATE.entered(1)  # the server-side tool is running: the client aborts now
+        return b"abort\n"
+
+    lines = await node_client(CLIENT, served, "abort", "sdk-js-abort", "long yarn",
+                              "gate 1 3", on_line=on_line)
+    GATE.open()
+    (stopped,) = [line["stopped"] for line in lines if "stopped" in line]
+    assert stopped["error"] == "AbortError"
     await served.model.wait_abandoned(abandoned + 1)
     state = await settled(http, "sdk-js-abort")
     assert state["status"] == "cancelled" and state["messages"][-1]["aimu_partial"] is True
+
+    assert lines[-1]["end"]["error"] == "AbortError"
+    tooled = await settled(http, "sdk-js-abort-tool")
+    assert tooled["status"] == "cancelled"
+    validate(tooled["messages"])
+    assert tooled["messages"][-1]["role"] == "tool"
+    assert "cancelled" in tooled["messages"][-1]["content"]
 
 
 async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
