@@ -17,10 +17,11 @@ import contextlib
 import copy
 import functools
 import json
+import os
 import ssl
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, ClassVar, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -28,23 +29,36 @@ import httpx
 
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
+from aimu.aio._sse import SSEParser
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
 from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
+from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import PrefillEcho, WireEncoder, prefill, request_body
-from aimu.aio.providers.base import Chunk, ModelClient, TurnRequest
-from aimu.aio.transcript import Message, ToolSpec
+from aimu.aio.providers.base import (
+    Chunk,
+    ModelClient,
+    ToolCallDelta,
+    TurnRequest,
+    check_context_window,
+)
+from aimu.aio.transcript import Message, ToolCall, ToolSpec
 
 __all__ = [
     "HTTPModelClient",
     "Pool",
     "Reporter",
+    "SSETurnDecoder",
     "Secrets",
     "TurnDecoder",
+    "as_dict",
+    "as_list",
     "call_id",
     "display_url",
     "split_credentials",
     "ssl_context",
+    "tool_call",
+    "unique_id",
 ]
 
 _DRAIN_LIMIT = 1.0
@@ -73,6 +87,38 @@ def ssl_context() -> ssl.SSLContext:
 def call_id() -> str:
     """A fresh tool-call id for a call the server sent without one."""
     return f"call_{uuid.uuid4().hex[:16]}"
+
+
+def unique_id(raw: object, seen: set[str]) -> str:
+    """The id a call is kept under: the server's (cleaned) unless it gave none or one
+    this reply already used (then a fresh one); added to ``seen``."""
+    identifier = clean(raw) if isinstance(raw, str) and raw else call_id()
+    if identifier in seen:
+        identifier = call_id()
+    seen.add(identifier)
+    return identifier
+
+
+def tool_call(
+    identifier: str, name: str, arguments: dict[str, Any], error: str | None
+) -> ToolCallDelta:
+    """A complete tool call (``error``: why its arguments could not be used)."""
+    call: ToolCall = {
+        "id": identifier,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    return ToolCallDelta(call, error)
+
+
+def as_dict(value: object) -> dict[str, Any]:
+    """``value`` if a JSON object, else an empty one (a reply's field of the wrong type)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    """``value`` if a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
 
 
 def display_url(url: str) -> str:
@@ -217,6 +263,45 @@ class TurnDecoder(abc.ABC):
     @abc.abstractmethod
     def whole(self, body: bytes) -> list[Chunk]:
         """The chunks of a reply that was asked for in one piece."""
+
+
+class SSETurnDecoder(TurnDecoder):
+    """A reply streamed as server-sent events: each event's data goes to :meth:`event`.
+
+    A stream that ends without its final marker ends the reply if :meth:`end_unmarked`
+    says it may; else the reply did not finish, and :attr:`unfinished` says so.
+    """
+
+    #: The error's words for a stream that ended before the reply finished.
+    unfinished: ClassVar[str]
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.parser = SSEParser()
+        self.text = TurnText()
+
+    @abc.abstractmethod
+    def event(self, data: str) -> list[Chunk]:
+        """The chunks of one event's data."""
+
+    def line(self, line: bytes) -> list[Chunk]:
+        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
+        return [] if event is None else self.event(event.data)
+
+    def end(self) -> list[Chunk]:
+        last = self.parser.flush()  # an event the stream ended without its blank line
+        chunks = self.event(last.data) if last is not None else []
+        if self.finished:
+            return chunks
+        rest = self.end_unmarked()
+        if rest is None:
+            raise self.reporter.protocol(self.unfinished)
+        return chunks + rest
+
+    def end_unmarked(self) -> list[Chunk] | None:
+        """The last chunks of a reply whose stream ended without the final marker, or
+        None if such a reply did not finish (the default)."""
+        return None
 
 
 class _Shard:
@@ -404,9 +489,44 @@ class HTTPModelClient(ModelClient):
 
     service: ClassVar[str]
     hint: ClassVar[str]
+    #: Where the server is when ``base_url=`` is not given: this environment variable,
+    #: else :attr:`default_url`; :attr:`url_example` shows a URL with its scheme.
+    url_env: ClassVar[str] = ""
+    default_url: ClassVar[str] = ""
+    url_example: ClassVar[str] = ""
+    #: The API key when ``api_key=`` is not given: the first of these variables set.
+    key_envs: ClassVar[tuple[str, ...]] = ()
+    #: The header that carries the key (None: the service takes none), after this prefix.
+    key_header: ClassVar[str | None] = None
+    key_prefix: ClassVar[str] = ""
+    #: The chat endpoint's path under the base URL (what a 404 says to check).
+    chat_path: ClassVar[str] = ""
 
     options: dict[str, Any]
     _owner: bool = True
+
+    @classmethod
+    def service_settings(
+        cls,
+        base_url: str | None,
+        api_key: str | None,
+        headers: Mapping[str, str] | None,
+        fixed: Mapping[str, str] | None = None,
+    ) -> tuple[str, dict[str, str], list[str]]:
+        """The base URL (``base_url``, :attr:`url_env`, :attr:`default_url`), the headers
+        (``fixed``, then ``headers``, then the API key) and the secrets to redact."""
+        url = (base_url or os.environ.get(cls.url_env) or cls.default_url).strip()
+        if "://" not in url:
+            raise ValueError(
+                f"base_url {display_url(url)!r} needs a scheme, e.g. {cls.url_example}"
+            )
+        key = api_key
+        if key is None:
+            key = next((os.environ[name] for name in cls.key_envs if os.environ.get(name)), None)
+        sent = {"Accept": "application/json", **(fixed or {}), **(headers or {})}
+        if key and cls.key_header is not None:
+            sent[cls.key_header] = cls.key_prefix + key
+        return url, sent, [key] if key else []
 
     def __init__(
         self,
@@ -422,6 +542,8 @@ class HTTPModelClient(ModelClient):
         merge_roles: bool,
         concurrency: int | None,
         to_wire: Any,
+        options: Mapping[str, Any] | None = None,
+        context_window: int | None = None,
     ) -> None:
         for what, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if not finite(seconds) or seconds <= 0:
@@ -436,10 +558,21 @@ class HTTPModelClient(ModelClient):
         self._pool = Pool({**headers, **auth}, httpx.Timeout(timeout, connect=connect_timeout),
                           concurrency)
         self._wire = WireEncoder(to_wire, merge_roles)
+        self.options = dict(options or {})
+        self.context_window = check_context_window(context_window)
 
     @property
     def host(self) -> str:
         return display_url(self.url)
+
+    @property
+    def base_url(self) -> str:
+        """The server's base URL (without credentials)."""
+        return self.url
+
+    @property
+    def has_api_key(self) -> bool:
+        return self.key_header is not None and self.key_header in self._pool.headers
 
     @property
     def merge_roles(self) -> bool:
@@ -464,9 +597,9 @@ class HTTPModelClient(ModelClient):
             self.service, self.host, self.model, self._secrets, self._pool.timeout, self.hint
         )
 
-    @abc.abstractmethod
     def endpoint(self) -> str:
-        """The URL chat requests go to."""
+        """The URL chat requests go to: the base URL and :attr:`chat_path`."""
+        return self.url + self.chat_path
 
     def url_for(self, stream: bool) -> str:
         """The URL of a streamed, or a whole, reply (one URL for both unless overridden)."""
@@ -498,6 +631,10 @@ class HTTPModelClient(ModelClient):
 
     def status_hint(self, status: int) -> str:
         """What to check after an HTTP error status (``"; ..."``), or ``""``."""
+        if status in (401, 403) and self.key_envs:
+            return f"; check api_key= / {self.key_envs[0]}"
+        if status == 404 and self.chat_path:
+            return f"; check the model name and that {self.host} serves {self.chat_path}"
         return ""
 
     async def stream_turn(

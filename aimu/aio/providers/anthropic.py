@@ -17,23 +17,23 @@ key goes in the ``x-api-key`` header and appears in no repr, log or error messag
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Self
 
-from aimu.aio._sse import SSEParser
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
     HTTPModelClient,
     Reporter,
+    SSETurnDecoder,
     TurnDecoder,
-    call_id,
-    display_url,
+    as_dict,
+    tool_call,
+    unique_id,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
-from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unchanged
 from aimu.aio.providers.base import (
     Chunk,
@@ -42,9 +42,8 @@ from aimu.aio.providers.base import (
     ToolCallDelta,
     TurnDone,
     TurnRequest,
-    check_context_window,
 )
-from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
+from aimu.aio.transcript import Message, ToolSpec, Usage, native_data
 
 __all__ = [
     "API_VERSION",
@@ -265,6 +264,12 @@ class AnthropicClient(HTTPModelClient):
     provider = "anthropic"
     service = "the Anthropic API"
     hint = "check base_url= / ANTHROPIC_BASE_URL"
+    url_env = "ANTHROPIC_BASE_URL"
+    default_url = DEFAULT_BASE_URL
+    url_example = "http://127.0.0.1:8080"
+    key_envs = ("ANTHROPIC_API_KEY",)
+    key_header = "x-api-key"
+    chat_path = "/v1/messages"
 
     def __init__(
         self,
@@ -284,20 +289,14 @@ class AnthropicClient(HTTPModelClient):
         continues_partial: bool = False,
         merge_roles: bool = True,
     ) -> None:
-        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).strip()
-        if "://" not in url:
-            raise ValueError(
-                f"base_url {display_url(url)!r} needs a scheme, e.g. http://127.0.0.1:8080"
-            )
-        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
-        sent = {"Accept": "application/json", "anthropic-version": API_VERSION, **(headers or {})}
-        if key:
-            sent["x-api-key"] = key
+        url, sent, secrets = self.service_settings(
+            base_url, api_key, headers, {"anthropic-version": API_VERSION}
+        )
         super().__init__(
             model,
             url,
             headers=sent,
-            secrets=[key] if key else [],
+            secrets=secrets,
             timeout=timeout,
             connect_timeout=connect_timeout,
             retries=retries,
@@ -305,30 +304,18 @@ class AnthropicClient(HTTPModelClient):
             merge_roles=False,
             concurrency=concurrency,
             to_wire=message_blocks,
+            options=options,
+            context_window=context_window,
         )
         del merge_roles  # always merged (see above)
-        self.options: dict[str, Any] = dict(options or {})
         self.cache = bool(cache)
-        self.context_window = check_context_window(context_window)
         self.continues_partial = bool(continues_partial)
         self._turns = _Encoder()
-
-    @property
-    def base_url(self) -> str:
-        """The API's base URL (without credentials)."""
-        return self.url
-
-    @property
-    def has_api_key(self) -> bool:
-        return "x-api-key" in self._pool.headers
 
     def fork(self) -> Self:
         twin = super().fork()
         twin._turns = _Encoder()
         return twin
-
-    def endpoint(self) -> str:
-        return self.url + "/v1/messages"
 
     def body(
         self,
@@ -354,13 +341,9 @@ class AnthropicClient(HTTPModelClient):
         )
 
     def status_hint(self, status: int) -> str:
-        if status in (401, 403):
-            return "; check api_key= / ANTHROPIC_API_KEY"
-        if status == 404:
-            return f"; check the model name and that {self.host} serves /v1/messages"
         if status == 529:
             return "; the API is overloaded, try again later"
-        return ""
+        return super().status_hint(status)
 
     def decoder(self, reporter: Reporter) -> TurnDecoder:
         return _AnthropicTurn(reporter)
@@ -433,17 +416,17 @@ class _Block:
         self.json: list[str] = []
 
 
-class _AnthropicTurn(TurnDecoder):
+class _AnthropicTurn(SSETurnDecoder):
     """One reply: the SSE events of a streamed message, or one message body."""
 
-    __slots__ = (
-        "blocks", "done_blocks", "open", "parser", "reporter", "seen", "stop", "text", "usage",
-        "usage_reported",
+    __slots__ = ("blocks", "done_blocks", "open", "seen", "stop", "usage", "usage_reported")
+    unfinished = (
+        "ended the stream before message_stop (the reply did not finish); the server may "
+        "have stopped mid-reply"
     )
 
     def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
-        self.parser = SSEParser()
+        super().__init__(reporter)
         self.blocks: dict[int, _Block] = {}
         self.done_blocks: list[dict[str, Any]] = []
         self.open: set[int] = set()
@@ -451,23 +434,8 @@ class _AnthropicTurn(TurnDecoder):
         self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
         self.usage_reported = False
         self.seen: set[str] = set()
-        self.text = TurnText()
 
     # -- streamed -------------------------------------------------------------------
-
-    def line(self, line: bytes) -> list[Chunk]:
-        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
-        return [] if event is None else self.event(event.data)
-
-    def end(self) -> list[Chunk]:
-        last = self.parser.flush()
-        chunks = self.event(last.data) if last is not None else []
-        if self.finished:
-            return chunks
-        raise self.reporter.protocol(
-            "ended the stream before message_stop (the reply did not finish); "
-            "the server may have stopped mid-reply"
-        )
 
     def event(self, data: str) -> list[Chunk]:
         event = self.reporter.json_object(data, "an event")
@@ -479,13 +447,13 @@ class _AnthropicTurn(TurnDecoder):
         if kind == "content_block_stop":
             return self._stop(event)
         if kind == "message_start":
-            self._count(_dict(_dict(event.get("message")).get("usage")))
+            self._count(as_dict(as_dict(event.get("message")).get("usage")))
             return []
         if kind == "message_delta":
-            reason = _dict(event.get("delta")).get("stop_reason")
+            reason = as_dict(event.get("delta")).get("stop_reason")
             if isinstance(reason, str):
                 self.stop = reason
-            self._count(_dict(event.get("usage")))
+            self._count(as_dict(event.get("usage")))
             return []
         if kind == "message_stop":
             return self._done()
@@ -494,7 +462,7 @@ class _AnthropicTurn(TurnDecoder):
         return []  # ping, and event types added later, are skipped as the API asks
 
     def _error(self, detail: object) -> Exception:
-        kind = _dict(detail).get("type")
+        kind = as_dict(detail).get("type")
         return self.reporter.server_error(detail, _ERROR_STATUS.get(str(kind), 200))
 
     def _index(self, event: Mapping[str, Any]) -> int:
@@ -528,7 +496,7 @@ class _AnthropicTurn(TurnDecoder):
 
     def _delta(self, event: Mapping[str, Any]) -> list[Chunk]:
         block = self._block(event)
-        delta = _dict(event.get("delta"))
+        delta = as_dict(event.get("delta"))
         kind = delta.get("type")
         data = block.data
         if kind == "text_delta":
@@ -568,21 +536,12 @@ class _AnthropicTurn(TurnDecoder):
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol("sent a tool_use block without a name")
         name = clean(name)
-        identifier = data.get("id")
-        if not isinstance(identifier, str) or not identifier or identifier in self.seen:
-            identifier = call_id()
-        identifier = clean(identifier)
-        self.seen.add(identifier)
+        identifier = unique_id(data.get("id"), self.seen)
         arguments, error = decode_arguments(raw, name)
         self.done_blocks.append(
             {"type": "tool_use", "id": identifier, "name": name, "input": arguments}
         )
-        call: ToolCall = {
-            "id": identifier,
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        return ToolCallDelta(call, error)
+        return tool_call(identifier, name, arguments, error)
 
     def _count(self, usage: Mapping[str, Any]) -> None:
         """Usage from message_start, then message_delta's cumulative counts; the input
@@ -639,7 +598,7 @@ class _AnthropicTurn(TurnDecoder):
         if not isinstance(stop, str):
             raise self.reporter.protocol("sent a reply that did not finish (no stop_reason)")
         self.stop = stop
-        self._count(_dict(reply.get("usage")))
+        self._count(as_dict(reply.get("usage")))
         return chunks + self._done()
 
 
@@ -661,6 +620,3 @@ def _native(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             kept.append(block)
     return kept
 
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}

@@ -18,34 +18,28 @@ header, never in the URL, and appears in no repr, log or error message.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from operator import is_, itemgetter
 from typing import Any, Self, cast
 from urllib.parse import quote
 
-from aimu.aio._sse import SSEParser
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
     HTTPModelClient,
     Reporter,
+    SSETurnDecoder,
     TurnDecoder,
+    as_dict,
+    as_list,
     call_id,
-    display_url,
+    tool_call,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
-from aimu.aio.providers._unicode import TurnText, clean, clean_json
+from aimu.aio.providers._unicode import clean, clean_json
 from aimu.aio.providers._wire import dumps
-from aimu.aio.providers.base import (
-    Chunk,
-    NativeData,
-    ToolCallDelta,
-    TurnDone,
-    TurnRequest,
-    check_context_window,
-)
+from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.transcript import (
     AssistantMessage,
     Message,
@@ -288,6 +282,11 @@ class GeminiClient(HTTPModelClient):
     provider = "gemini"
     service = "the Gemini API"
     hint = "is the server reachable? check base_url= / GEMINI_BASE_URL"
+    url_env = "GEMINI_BASE_URL"
+    default_url = DEFAULT_BASE_URL
+    url_example = "http://127.0.0.1:8080/v1beta"
+    key_envs = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    key_header = "x-goog-api-key"
 
     def __init__(
         self,
@@ -305,25 +304,14 @@ class GeminiClient(HTTPModelClient):
         concurrency: int = DEFAULT_CONCURRENCY,
         context_window: int | None = None,
     ) -> None:
-        url = (base_url or os.environ.get("GEMINI_BASE_URL") or DEFAULT_BASE_URL).strip()
-        if "://" not in url:
-            raise ValueError(
-                f"base_url {display_url(url)!r} needs a scheme, e.g. "
-                "http://127.0.0.1:8080/v1beta"
-            )
-        key = api_key
-        if key is None:
-            key = os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
-        sent = {"Accept": "application/json", **(headers or {})}
-        if key:
-            sent["x-goog-api-key"] = key
+        url, sent, secrets = self.service_settings(base_url, api_key, headers)
         if not _VERSION.fullmatch(url.rstrip("/").rpartition("/")[2]):
             url = url.rstrip("/") + "/v1beta"  # a root URL, as Google's SDK takes it
         super().__init__(
             model.removeprefix("models/"),
             url,
             headers=sent,
-            secrets=[key] if key else [],
+            secrets=secrets,
             timeout=timeout,
             connect_timeout=connect_timeout,
             retries=retries,
@@ -331,21 +319,12 @@ class GeminiClient(HTTPModelClient):
             merge_roles=False,
             concurrency=concurrency,
             to_wire=_unused,
+            options=options,
+            context_window=context_window,
         )
-        self.options: dict[str, Any] = dict(options or {})
         self.safety_settings = [dict(setting) for setting in safety_settings or ()]
-        self.context_window = check_context_window(context_window)
         self._path = f"{self.url}/models/{quote(self.model, safe='-._~')}"
         self._contents = _ContentsCache()
-
-    @property
-    def base_url(self) -> str:
-        """The server's base URL (without credentials)."""
-        return self.url
-
-    @property
-    def has_api_key(self) -> bool:
-        return "x-goog-api-key" in self._pool.headers
 
     def endpoint(self) -> str:
         return self._path + ":streamGenerateContent?alt=sse"
@@ -403,18 +382,19 @@ def _unused(message: Message) -> dict[str, Any]:
 # -- the reply ---------------------------------------------------------------------------
 
 
-class _GeminiTurn(TurnDecoder):
+class _GeminiTurn(SSETurnDecoder):
     """One reply: ``GenerateContentResponse`` objects, streamed as SSE or whole."""
 
     __slots__ = (
-        "calls", "finish", "finish_message", "parser", "reporter", "response_id", "signatures",
-        "text", "text_signature", "usage", "usage_reported",
+        "calls", "finish", "finish_message", "response_id", "signatures", "text_signature",
+        "usage", "usage_reported",
+    )
+    unfinished = (
+        "ended the stream without a finishReason; the server may have stopped mid-reply"
     )
 
     def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
-        self.parser = SSEParser()
-        self.text = TurnText()
+        super().__init__(reporter)
         self.calls = 0
         #: aimu call id -> what Gemini needs back about it (its id, its signature).
         self.signatures: dict[str, dict[str, str]] = {}
@@ -427,28 +407,12 @@ class _GeminiTurn(TurnDecoder):
 
     # -- streamed -------------------------------------------------------------------
 
-    def line(self, line: bytes) -> list[Chunk]:
-        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
-        if event is None:
-            return []
-        chunks, final = self.response(self.reporter.json_object(event.data, "an event"))
-        if final:
-            return chunks + self._done()
-        return chunks
+    def event(self, data: str) -> list[Chunk]:
+        chunks, final = self.response(self.reporter.json_object(data, "an event"))
+        return chunks + self._done() if final else chunks
 
-    def end(self) -> list[Chunk]:
-        last = self.parser.flush()
-        chunks: list[Chunk] = []
-        if last is not None:
-            chunks, _ = self.response(self.reporter.json_object(last.data, "an event"))
-        if self.finished:
-            return chunks
-        if self.finish is None:
-            raise self.reporter.protocol(
-                "ended the stream without a finishReason; the server may have stopped "
-                "mid-reply"
-            )
-        return chunks + self._done()
+    def end_unmarked(self) -> list[Chunk] | None:
+        return None if self.finish is None else self._done()
 
     # -- whole ------------------------------------------------------------------------
 
@@ -469,17 +433,17 @@ class _GeminiTurn(TurnDecoder):
         usage = reply.get("usageMetadata")
         if isinstance(usage, dict):
             self.usage, self.usage_reported = _usage(usage), _reported(usage)
-        blocked = _dict(reply.get("promptFeedback")).get("blockReason")
+        blocked = as_dict(reply.get("promptFeedback")).get("blockReason")
         if isinstance(blocked, str) and blocked:
             self.finish = "prompt_" + blocked.lower()
             return [], True
         candidates = reply.get("candidates")
         if not isinstance(candidates, list) or not candidates:
             return [], False
-        candidate = _dict(candidates[0])
+        candidate = as_dict(candidates[0])
         chunks: list[Chunk] = []
-        for part in _list(_dict(candidate.get("content")).get("parts")):
-            chunks.extend(self._part(_dict(part)))
+        for part in as_list(as_dict(candidate.get("content")).get("parts")):
+            chunks.extend(self._part(as_dict(part)))
         finish = candidate.get("finishReason")
         if isinstance(finish, str) and finish and self.finish is None:
             self.finish = finish
@@ -531,29 +495,19 @@ class _GeminiTurn(TurnDecoder):
                 f"{clip(arguments, 200)}"
             )
             arguments = {}
-        call: ToolCall = {
-            "id": identifier,
-            "type": "function",
-            "function": {"name": clean(name), "arguments": clean_json(arguments)},
-        }
-        return ToolCallDelta(call, error)
+        return tool_call(identifier, clean(name), clean_json(arguments), error)
 
     def _malformed(self) -> ToolCallDelta:
         """A call Gemini could not form, as an argument error the model can correct."""
         said = clean(self.finish_message)
         found = _CALLED_NAME.search(said.rpartition("default_api.")[2] or said)
         name = found.group(1) if found else "function_call"
-        call: ToolCall = {
-            "id": self._new_id(),
-            "type": "function",
-            "function": {"name": name, "arguments": {}},
-        }
         error = (
             "the function call was malformed and was not run"
             + (f" ({clip(said, 300)})" if said else "")
             + "; call the tool again with arguments that match its parameters"
         )
-        return ToolCallDelta(call, error)
+        return tool_call(self._new_id(), name, {}, error)
 
     def _done(self) -> list[Chunk]:
         chunks = self.text.flush()
@@ -575,14 +529,6 @@ class _GeminiTurn(TurnDecoder):
         if finish == _MALFORMED or (finish == "STOP" and self.calls):
             return "tool_calls"
         return _FINISHED.get(finish) or finish.lower()
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int:

@@ -33,7 +33,6 @@ from aimu.aio.providers.base import (
     ToolCallDelta,
     TurnDone,
     TurnRequest,
-    check_context_window,
 )
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
@@ -117,6 +116,7 @@ class OllamaClient(HTTPModelClient):
     discovers_context_window = True
     _context_asked = False
     hint = "is Ollama running there? host= or OLLAMA_HOST sets the address"
+    chat_path = "/api/chat"
 
     def __init__(
         self,
@@ -147,15 +147,12 @@ class OllamaClient(HTTPModelClient):
             merge_roles=merge_roles,
             concurrency=concurrency,
             to_wire=to_wire,
+            options=options,
+            context_window=context_window,
         )
-        self.options: dict[str, Any] = dict(options or {})
-        self.context_window = check_context_window(context_window)
         self.continues_partial = bool(continues_partial)
         self.think = think
         self.keep_alive = keep_alive
-
-    def endpoint(self) -> str:
-        return self.url + "/api/chat"
 
     async def discover_context_window(self) -> int | None:
         """``options["num_ctx"]`` if set (what Ollama then uses), else the model's context

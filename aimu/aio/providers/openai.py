@@ -10,35 +10,30 @@ appears in no repr, log or error message.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aimu.aio._numbers import is_count
-from aimu.aio._sse import SSEParser
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
     HTTPModelClient,
     Reporter,
+    SSETurnDecoder,
     TurnDecoder,
-    call_id,
-    display_url,
+    as_dict,
+    as_list,
+    tool_call,
+    unique_id,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
-from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps_text
-from aimu.aio.providers.base import (
-    Chunk,
-    ToolCallDelta,
-    TurnDone,
-    TurnRequest,
-    check_context_window,
-)
-from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
+from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.transcript import Message, ToolSpec, Usage
 
-__all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "openai_endpoint", "to_wire"]
+__all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "OpenAIService", "to_wire"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -74,24 +69,20 @@ def to_wire(message: Message) -> dict[str, Any]:
     return {"role": message["role"], "content": message["content"]}
 
 
-def openai_endpoint(
-    base_url: str | None, api_key: str | None, headers: Mapping[str, str] | None
-) -> tuple[str, dict[str, str], list[str]]:
-    """The base URL (``base_url`` or ``OPENAI_BASE_URL``), the headers with the API key
-    (``api_key`` or ``OPENAI_API_KEY``) as a Bearer header, and the secrets to redact."""
-    url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).strip()
-    if "://" not in url:
-        raise ValueError(
-            f"base_url {display_url(url)!r} needs a scheme, e.g. http://127.0.0.1:8080/v1"
-        )
-    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-    sent = {"Accept": "application/json", **(headers or {})}
-    if key:
-        sent["Authorization"] = f"Bearer {key}"
-    return url, sent, [key] if key else []
+class OpenAIService(HTTPModelClient):
+    """What the OpenAI wires share: the base URL (``base_url`` or ``OPENAI_BASE_URL``) and
+    the API key (``api_key`` or ``OPENAI_API_KEY``) as a Bearer header."""
+
+    hint = "is the server running? check base_url= / OPENAI_BASE_URL"
+    url_env = "OPENAI_BASE_URL"
+    default_url = DEFAULT_BASE_URL
+    url_example = "http://127.0.0.1:8080/v1"
+    key_envs = ("OPENAI_API_KEY",)
+    key_header = "Authorization"
+    key_prefix = "Bearer "
 
 
-class OpenAIClient(HTTPModelClient):
+class OpenAIClient(OpenAIService):
     """A model on an OpenAI-compatible server (``client("openai:gpt-4o-mini")``).
 
     ``options`` (temperature, max_tokens...) are merged into every request body.
@@ -109,7 +100,7 @@ class OpenAIClient(HTTPModelClient):
 
     provider = "openai"
     service = "the OpenAI-compatible server"
-    hint = "is the server running? check base_url= / OPENAI_BASE_URL"
+    chat_path = "/chat/completions"
 
     def __init__(
         self,
@@ -128,7 +119,7 @@ class OpenAIClient(HTTPModelClient):
         context_window: int | None = None,
         continues_partial: bool = False,
     ) -> None:
-        url, sent, secrets = openai_endpoint(base_url, api_key, headers)
+        url, sent, secrets = self.service_settings(base_url, api_key, headers)
         super().__init__(
             model,
             url,
@@ -141,22 +132,10 @@ class OpenAIClient(HTTPModelClient):
             merge_roles=merge_roles,
             concurrency=concurrency,
             to_wire=to_wire,
+            options=options,
+            context_window=context_window,
         )
-        self.options: dict[str, Any] = dict(options or {})
-        self.context_window = check_context_window(context_window)
         self.continues_partial = bool(continues_partial)
-
-    @property
-    def base_url(self) -> str:
-        """The server's base URL (without credentials)."""
-        return self.url
-
-    @property
-    def has_api_key(self) -> bool:
-        return "Authorization" in self._pool.headers
-
-    def endpoint(self) -> str:
-        return self.url + "/chat/completions"
 
     def body(
         self,
@@ -172,13 +151,6 @@ class OpenAIClient(HTTPModelClient):
             settings.update(_request_fields(request, bool(tools)))
         return self.compose(settings, messages, tools)
 
-    def status_hint(self, status: int) -> str:
-        if status in (401, 403):
-            return "; check api_key= / OPENAI_API_KEY"
-        if status == 404:
-            return f"; check the model name and that {self.host} serves /chat/completions"
-        return ""
-
     def decoder(self, reporter: Reporter) -> TurnDecoder:
         return _OpenAITurn(reporter)
 
@@ -192,37 +164,26 @@ class _PendingCall:
     arguments: list[str] = field(default_factory=list)
 
 
-class _OpenAITurn(TurnDecoder):
+class _OpenAITurn(SSETurnDecoder):
     """One reply: SSE events (tool calls by index, finish reason, usage) or one body."""
 
-    __slots__ = ("calls", "finish", "parser", "reporter", "text", "usage", "usage_reported")
+    __slots__ = ("calls", "finish", "usage", "usage_reported")
+    unfinished = (
+        "ended the stream without a finish_reason or [DONE]; the server may have stopped "
+        "mid-reply"
+    )
 
     def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
-        self.parser = SSEParser()
+        super().__init__(reporter)
         self.calls: dict[int, _PendingCall] = {}
         self.finish: str | None = None
         self.usage: Usage = {"input_tokens": 0, "output_tokens": 0}
         self.usage_reported = False
-        self.text = TurnText()
 
     # -- streamed -------------------------------------------------------------------
 
-    def line(self, line: bytes) -> list[Chunk]:
-        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
-        return [] if event is None else self.event(event.data)
-
-    def end(self) -> list[Chunk]:
-        last = self.parser.flush()
-        chunks = self.event(last.data) if last is not None else []
-        if self.finished:
-            return chunks
-        if self.finish is None:
-            raise self.reporter.protocol(
-                "ended the stream without a finish_reason or [DONE]; "
-                "the server may have stopped mid-reply"
-            )
-        return chunks + self._done()
+    def end_unmarked(self) -> list[Chunk] | None:
+        return None if self.finish is None else self._done()
 
     def event(self, data: str) -> list[Chunk]:
         if data.strip() == "[DONE]":
@@ -236,10 +197,10 @@ class _OpenAITurn(TurnDecoder):
         choice = _first_choice(event)
         if choice is None:
             return []
-        delta = _dict(choice.get("delta"))
+        delta = as_dict(choice.get("delta"))
         chunks = self._text(delta)
-        for position, fragment in enumerate(_list(delta.get("tool_calls"))):
-            self._add_fragment(_dict(fragment), position)
+        for position, fragment in enumerate(as_list(delta.get("tool_calls"))):
+            self._add_fragment(as_dict(fragment), position)
         finish = choice.get("finish_reason")
         if isinstance(finish, str) and finish and self.finish is None:
             self.finish = finish
@@ -260,7 +221,7 @@ class _OpenAITurn(TurnDecoder):
         pending = self.calls.setdefault(index, _PendingCall())
         if isinstance(fragment.get("id"), str) and fragment["id"]:
             pending.id = fragment["id"]
-        function = _dict(fragment.get("function"))
+        function = as_dict(fragment.get("function"))
         name = function.get("name")
         if isinstance(name, str) and name:
             # Most servers send the name once; a few repeat it whole in every fragment.
@@ -290,15 +251,15 @@ class _OpenAITurn(TurnDecoder):
             raise self.reporter.protocol(f"sent a reply without choices[0].message: {clip(body)}")
         chunks = self._text(message)
         pending: list[_PendingCall] = []
-        for position, call in enumerate(_list(message.get("tool_calls"))):
-            function = _dict(_dict(call).get("function"))
+        for position, call in enumerate(as_list(message.get("tool_calls"))):
+            function = as_dict(as_dict(call).get("function"))
             arguments = function.get("arguments", "")
             if not isinstance(arguments, str):  # some servers send an object already
                 arguments = json.dumps(arguments)
             name = function.get("name")
             if not isinstance(name, str) or not name:
                 raise self.reporter.protocol(f"sent tool call {position} without a function name")
-            pending.append(_PendingCall(str(_dict(call).get("id") or ""), name, [arguments]))
+            pending.append(_PendingCall(str(as_dict(call).get("id") or ""), name, [arguments]))
         chunks.extend(_complete(pending))
         finish = choice.get("finish_reason")
         if not isinstance(finish, str):
@@ -346,25 +307,11 @@ def _complete(pending: Iterable[_PendingCall]) -> list[ToolCallDelta]:
     deltas: list[ToolCallDelta] = []
     seen: set[str] = set()
     for call in pending:
-        identifier = clean(call.id) if call.id and call.id not in seen else call_id()
-        seen.add(identifier)
+        identifier = unique_id(call.id, seen)
         name = clean(call.name)
         arguments, error = decode_arguments("".join(call.arguments), name)
-        tool_call: ToolCall = {
-            "id": identifier,
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        deltas.append(ToolCallDelta(tool_call, error))
+        deltas.append(tool_call(identifier, name, arguments, error))
     return deltas
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _first_choice(reply: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -376,12 +323,12 @@ def _first_choice(reply: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _reported(value: object) -> bool:
     """True when ``value`` is a usage object with both token counts."""
-    usage = _dict(value)
+    usage = as_dict(value)
     return is_count(usage.get("prompt_tokens")) and is_count(usage.get("completion_tokens"))
 
 
 def _usage(value: object) -> Usage:
-    usage = _dict(value)
+    usage = as_dict(value)
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
     return {

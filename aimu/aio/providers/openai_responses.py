@@ -25,29 +25,22 @@ from typing import Any, Self, cast
 
 import httpx
 
-from aimu.aio._sse import SSEParser
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import (
     DEFAULT_CONCURRENCY,
-    HTTPModelClient,
     Reporter,
-    TurnDecoder,
-    call_id,
+    SSETurnDecoder,
+    as_dict,
+    tool_call,
+    unique_id,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
-from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
-from aimu.aio.providers.base import (
-    Chunk,
-    NativeData,
-    ToolCallDelta,
-    TurnDone,
-    TurnRequest,
-    check_context_window,
-)
-from aimu.aio.providers.openai import openai_endpoint
-from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
+from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.openai import OpenAIService
+from aimu.aio.transcript import Message, ToolSpec, Usage, native_data
 
 __all__ = ["WIRE", "BackgroundResponse", "OpenAIResponsesClient", "input_items"]
 
@@ -110,7 +103,7 @@ class BackgroundResponse:
     sequence_number: int
 
 
-class OpenAIResponsesClient(HTTPModelClient):
+class OpenAIResponsesClient(OpenAIService):
     """A model behind OpenAI's Responses API (``client("openai-responses:gpt-5-mini")``).
 
     ``options`` (``temperature``, ``max_output_tokens``, ``reasoning``...) are merged into
@@ -125,7 +118,7 @@ class OpenAIResponsesClient(HTTPModelClient):
 
     provider = "openai-responses"
     service = "the OpenAI Responses API"
-    hint = "is the server running? check base_url= / OPENAI_BASE_URL"
+    chat_path = "/responses"
 
     def __init__(
         self,
@@ -145,14 +138,13 @@ class OpenAIResponsesClient(HTTPModelClient):
         store: bool | None = None,
         encrypted_reasoning: bool | None = None,
     ) -> None:
-        url, sent, secrets = openai_endpoint(base_url, api_key, headers)
+        url, sent, secrets = self.service_settings(base_url, api_key, headers)
         super().__init__(
             model, url, headers=sent, secrets=secrets, timeout=timeout,
             connect_timeout=connect_timeout, retries=retries, retry_delay=retry_delay,
-            merge_roles=False, concurrency=concurrency, to_wire=dict,
+            merge_roles=False, concurrency=concurrency, to_wire=dict, options=options,
+            context_window=context_window,
         )
-        self.options: dict[str, Any] = dict(options or {})
-        self.context_window = check_context_window(context_window)
         self.background = bool(background)
         if background and store is False:
             raise ValueError("background=True needs store=True: the server keeps the response")
@@ -166,25 +158,6 @@ class OpenAIResponsesClient(HTTPModelClient):
         self.in_flight: BackgroundResponse | None = None
         self._attach: BackgroundResponse | None = None
         self._inputs = _InputEncoder(self.store)
-
-    @property
-    def base_url(self) -> str:
-        """The server's base URL (without credentials)."""
-        return self.url
-
-    @property
-    def has_api_key(self) -> bool:
-        return "Authorization" in self._pool.headers
-
-    def endpoint(self) -> str:
-        return self.url + "/responses"
-
-    def status_hint(self, status: int) -> str:
-        if status in (401, 403):
-            return "; check api_key= / OPENAI_API_KEY"
-        if status == 404:
-            return f"; check the model name and that {self.host} serves /responses"
-        return ""
 
     def decoder(self, reporter: Reporter) -> _ResponsesTurn:
         return _ResponsesTurn(reporter)
@@ -428,20 +401,21 @@ def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:
     return fields
 
 
-class _ResponsesTurn(TurnDecoder):
+class _ResponsesTurn(SSETurnDecoder):
     """One response: its SSE events (or one response object) into chunks.
 
     Text and reasoning summaries stream as they come; a function call is complete at its
     ``response.output_item.done``; reasoning items are kept for :class:`NativeData`.
     """
 
-    __slots__ = ("calls", "parser", "reasoning", "reporter", "response_id", "seen", "sequence",
-                 "started_at", "text")
+    __slots__ = ("calls", "reasoning", "response_id", "seen", "sequence", "started_at")
+    unfinished = (
+        "ended the stream without finishing the response (no response.completed); "
+        "the server may have stopped mid-reply"
+    )
 
     def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
-        self.parser = SSEParser()
-        self.text = TurnText()
+        super().__init__(reporter)
         self.response_id: str | None = None
         #: The ``sequence_number`` of the last event read (-1: none yet).
         self.sequence = -1
@@ -450,20 +424,6 @@ class _ResponsesTurn(TurnDecoder):
         self.calls = 0
         self.seen: set[str] = set()
         self.reasoning: list[dict[str, Any]] = []
-
-    def line(self, line: bytes) -> list[Chunk]:
-        event = self.parser.feed(line.decode("utf-8", "replace").rstrip("\r"))
-        return [] if event is None else self.event(event.data)
-
-    def end(self) -> list[Chunk]:
-        last = self.parser.flush()
-        chunks = self.event(last.data) if last is not None else []
-        if not self.finished:
-            raise self.reporter.protocol(
-                "ended the stream without finishing the response (no response.completed); "
-                "the server may have stopped mid-reply"
-            )
-        return chunks
 
     def event(self, data: str) -> list[Chunk]:
         event = self.reporter.json_object(data, "an event")
@@ -478,17 +438,17 @@ class _ResponsesTurn(TurnDecoder):
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             return self.text.chunks(event.get("delta"), None)
         if kind == "response.output_item.done":
-            return self._item(_dict(event.get("item")))
+            return self._item(as_dict(event.get("item")))
         if kind in ("response.created", "response.queued", "response.in_progress"):
-            identifier = _dict(event.get("response")).get("id")
+            identifier = as_dict(event.get("response")).get("id")
             if isinstance(identifier, str) and identifier:
                 self.response_id = identifier
             self.started_at = self.sequence
             return []
         if kind in ("response.completed", "response.incomplete"):
-            return self._finish(_dict(event.get("response")))
+            return self._finish(as_dict(event.get("response")))
         if kind == "response.failed":
-            failed = _dict(event.get("response"))
+            failed = as_dict(event.get("response"))
             raise self.reporter.server_error(failed.get("error") or "the response failed")
         if kind == "error":
             raise self.reporter.server_error(event)
@@ -509,19 +469,11 @@ class _ResponsesTurn(TurnDecoder):
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol(f"sent function call {self.calls} without a name")
         self.calls += 1
-        raw_id = item.get("call_id")
-        identifier = clean(raw_id) if isinstance(raw_id, str) and raw_id else call_id()
-        if identifier in self.seen:
-            identifier = call_id()
-        self.seen.add(identifier)
+        identifier = unique_id(item.get("call_id"), self.seen)
         name = clean(name)
         arguments = item.get("arguments")
         decoded, error = decode_arguments(arguments if isinstance(arguments, str) else "", name)
-        call: ToolCall = {
-            "id": identifier, "type": "function",
-            "function": {"name": name, "arguments": decoded},
-        }
-        return ToolCallDelta(call, error)
+        return tool_call(identifier, name, decoded, error)
 
     def _finish(self, response: dict[str, Any]) -> list[Chunk]:
         chunks = self.text.flush()
@@ -530,7 +482,7 @@ class _ResponsesTurn(TurnDecoder):
         status = response.get("status")
         reason = "tool_calls" if self.calls else "stop"
         if status == "incomplete":
-            detail = _dict(response.get("incomplete_details")).get("reason")
+            detail = as_dict(response.get("incomplete_details")).get("reason")
             reason = "length" if detail == "max_output_tokens" else str(detail or "incomplete")
         usage = response.get("usage")
         chunks.append(TurnDone(_usage(usage), reason, _reported(usage)))
@@ -548,36 +500,32 @@ class _ResponsesTurn(TurnDecoder):
             )
         chunks: list[Chunk] = []
         for item in response.get("output") or ():
-            item = _dict(item)
+            item = as_dict(item)
             kind = item.get("type")
             if kind == "message":
                 for part in item.get("content") or ():
-                    part = _dict(part)
+                    part = as_dict(part)
                     kind = part.get("type")
                     text = part.get("text" if kind == "output_text" else "refusal")
                     chunks += self.text.chunks(None, text)
             elif kind == "reasoning":
                 for part in item.get("summary") or ():
-                    chunks += self.text.chunks(_dict(part).get("text"), None)
+                    chunks += self.text.chunks(as_dict(part).get("text"), None)
                 self.reasoning.append(item)
             elif kind == "function_call":
                 chunks.append(self._call(item))
         return chunks + self._finish(response)
 
 
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _reported(value: object) -> bool:
-    usage = _dict(value)
+    usage = as_dict(value)
     return isinstance(usage.get("input_tokens"), int) and isinstance(
         usage.get("output_tokens"), int
     )
 
 
 def _usage(value: object) -> Usage:
-    usage = _dict(value)
+    usage = as_dict(value)
     given, made = usage.get("input_tokens"), usage.get("output_tokens")
     return {
         "input_tokens": given if isinstance(given, int) else 0,
