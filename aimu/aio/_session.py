@@ -11,6 +11,7 @@ agent records through it; nothing here runs a model or a tool.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -32,10 +33,22 @@ from aimu.aio.transcript import Message, UserMessage, validate
 if TYPE_CHECKING:
     from aimu.aio.store import SessionWriter, Store
 
-__all__ = ["Carried", "SessionRecord", "carried_message"]
+__all__ = ["Carried", "SessionRecord", "carried_message", "shared_copy"]
 
 #: The key of a session's state under which its external tools are kept.
 EXTERNAL = "external_tools"
+#: The key of a session's state under which the state it shares with its frontend is kept.
+SHARED = "shared_state"
+
+
+def shared_copy(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` as plain JSON data; ValueError if it is not JSON."""
+    try:
+        copied = json.loads(json.dumps(dict(state), allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"the shared state must be JSON data: {error}") from None
+    assert isinstance(copied, dict)
+    return copied
 
 log = logging.getLogger("aimu.aio.agent")
 
@@ -44,8 +57,8 @@ class SessionRecord:
     """The store session of one agent session, and the state kept beside it."""
 
     __slots__ = (
-        "carried", "external", "name", "remote", "run", "spend", "state_stale", "store",
-        "summary", "transcript_stale", "writer",
+        "carried", "external", "name", "remote", "run", "shared", "spend", "state_stale",
+        "store", "summary", "transcript_stale", "writer",
     )
 
     def __init__(self, store: Store | None, name: str | None) -> None:
@@ -73,6 +86,9 @@ class SessionRecord:
         #: The external tools this session offers besides its agent's (by name), kept in
         #: its state so that every process opening it offers them (a frontend's tools).
         self.external: dict[str, Tool] = {}
+        #: The state the session shares with its frontend (AG-UI's ``state``): JSON data
+        #: its tools read and change, kept under SHARED (None: it has none).
+        self.shared: dict[str, Any] | None = None
 
     def forget(self) -> None:
         """The transcript was replaced (reset, restore): what the state said of it goes,
@@ -93,6 +109,10 @@ class SessionRecord:
         fresh = isinstance(remote, dict) and remote.get("at") == len(messages)
         self.remote = remote if fresh else None
         self.external = {tool.name: tool for tool in external_tools(state.get(EXTERNAL), where)}
+        shared = state.get(SHARED)
+        if shared is not None and not isinstance(shared, dict):
+            raise ValueError(f"{where}: unreadable shared state (a {type(shared).__name__})")
+        self.shared = shared
 
     async def record(self, messages: list[Message], message: Message) -> None:
         """Append ``message`` to ``messages`` (memory), then to the store."""
@@ -186,6 +206,8 @@ class SessionRecord:
                     {"name": t.name, "description": t.description, "parameters": t.parameters}
                     for t in self.external.values()
                 ]
+            if self.shared is not None:
+                state[SHARED] = self.shared
             await self.writer.save_state(state)
             self.state_stale = False
 

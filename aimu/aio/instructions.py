@@ -29,6 +29,8 @@ class RunContext(Generic[DepsT]):
     session: str | None
     task: str | None
     deps: DepsT
+    #: The session's shared state (``agent.set_shared_state()``), if it has one.
+    shared_state: dict[str, Any] | None = None
 
 
 #: ``system=``: the text, or a function of the run's context returning it (or awaitable).

@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from aimu.aio import _sse as sse
+from aimu.aio._session import SHARED
+from aimu.aio.agent import Agent
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools import Tool, external_tool
 from aimu.aio.transcript import Message
@@ -123,6 +125,8 @@ async def ag_ui(request: Request, body: RunAgentInput) -> Response:
     runs: Runs = request.app.runs
     session = validate_name(body.thread_id)
     tools = client_tools(body.tools or [])
+    if body.state is not None and not isinstance(body.state, dict):
+        raise BadRequest("'state' must be a JSON object (or absent)")
     follower, came_back, answered = await _begin(runs, session, body, tools)
     events = _events(runs, session, body, follower, came_back, answered)
     return sse_response(events)
@@ -158,7 +162,13 @@ async def _begin(
         return follower, False, frozenset(results)
     task = _new_user_text(body.messages)
     if task is not None:
-        view = await runs.start(session, task, tools)
+
+        def prepare(agent: Agent) -> None:
+            agent.set_external_tools(tools)
+            if body.state is not None:
+                agent.set_shared_state(body.state)
+
+        view = await runs.start(session, task, prepare)
         return RunFollower(runs, view, owned=True), False, frozenset()
     active = await live_or_revived(runs, session)
     return (None if active is None else RunFollower(runs, active, owned=True)), True, frozenset()
@@ -292,6 +302,9 @@ async def _events(
         for call in client_calls:
             for out in _client_call(call, parent):
                 yield out
+        shared = (await runs.store.load_state(session)).get(SHARED)
+        if isinstance(shared, dict):
+            yield {"type": "STATE_SNAPSHOT", "snapshot": shared}
         yield finished
     finally:
         if follower is not None:

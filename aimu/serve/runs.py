@@ -20,7 +20,6 @@ from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
-from aimu.aio.tools import Tool
 from aimu.aio.transcript import Usage
 from aimu.aio.tree import stored_pending
 from aimu.serve.errors import BadRequest, Conflict
@@ -261,12 +260,13 @@ class Runs:
     # -- starting --------------------------------------------------------------------
 
     async def start(
-        self, session: str, task: str | None, external: Sequence[Tool] | None = None
+        self, session: str, task: str | None, prepare: Callable[[Agent], None] | None = None
     ) -> RunView:
         """Start ``task`` on ``session`` (None: resume where it stopped); ``Conflict`` for
-        a resume of a session whose last run completed (nothing to resume). ``external``:
-        the external tools the session offers from this run on (kept in its state, so
-        every backend's process finds them; None: those it had)."""
+        a resume of a session whose last run completed (nothing to resume). ``prepare``
+        is given the session's agent, open, before the run: what it sets in the session's
+        state (its external tools, its shared state) every backend's process finds
+        (``ValueError`` from it: ``BadRequest``, nothing changed)."""
         self._check_open()
         validate_name(session)
         if task is None:
@@ -276,7 +276,7 @@ class Runs:
                     f"session {session!r} finished its last run (completed): nothing to "
                     f"resume; start a run with a task (POST /sessions/{session}/runs)"
                 )
-        if external is None:
+        if prepare is None:
             return await self.backend.start(session, task, None)
         agent = await open_agent(self._agents, session)
         try:
@@ -288,8 +288,8 @@ class Runs:
                     "each, or the run goes on"
                 )
             try:
-                agent.set_external_tools(external)
-            except ValueError as error:  # one is named as a tool of the agent's
+                prepare(agent)
+            except ValueError as error:  # e.g. a tool named as one of the agent's
                 raise BadRequest(str(error)) from None
         except BaseException:
             await agent.aclose()

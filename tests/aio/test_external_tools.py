@@ -1,4 +1,5 @@
-"""External tools: a call answered from outside (a web page's tool), the run paused for it."""
+"""External tools (a call answered from outside: a web page's tool, the run paused for it)
+and the state a session shares with its frontend."""
 
 from __future__ import annotations
 
@@ -148,3 +149,36 @@ async def test_a_new_task_is_refused_while_a_call_waits_for_its_result() -> None
     with pytest.raises(ValueError, match="wait for a decision"):
         await agent.run("never mind")
     validate(agent.messages)
+
+
+async def test_shared_state_reaches_tools_and_instructions_and_is_kept(tmp_path: Path) -> None:
+    def note(text: str, ctx: aio.ToolContext) -> str:
+        """Note something."""
+        assert ctx.shared_state is not None
+        ctx.shared_state.setdefault("notes", []).append(text)
+        return "noted"
+
+    seen: list[object] = []
+
+    def system(ctx: aio.RunContext) -> str:
+        seen.append(ctx.shared_state)
+        return "be brief"
+
+    model = ScriptedModel([Turn(tool_calls=[ScriptedCall("note", {"text": "milk"})]),
+                           Turn(text="ok")])
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        agent = aio.Agent(model, [note], system=system, store=store, session="t")
+        await agent.open()
+        assert agent.shared_state is None
+        with pytest.raises(ValueError, match="JSON"):
+            agent.set_shared_state({"bad": object()})
+        agent.set_shared_state({"notes": ["eggs"]})
+        assert await agent.run("note milk") == "ok"
+        assert seen == [{"notes": ["eggs", "milk"]}]  # the same dict, changed by the tool
+        await agent.aclose()
+        later = aio.Agent(model.fork(), [note], store=store, session="t")
+        await later.open()
+        assert later.shared_state == {"notes": ["eggs", "milk"]}
+        later.set_shared_state(None)
+        await later.aclose()
+        assert "shared_state" not in await store.load_state("t")

@@ -50,7 +50,8 @@ async function tools() {
   const stop = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-stop` });
   stop.addMessage({ id: "u-stop", role: "user", content: text });
   print({ stopped: await run({}, stop) });
-  const page = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-page` });
+  const page = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-page`,
+                               initialState: { theme: "dark" } });
   page.addMessage({ id: "u-page", role: "user", content: "locate" });
   const asked = await run({ tools: [LOCATE] }, page);
   print({ asked });
@@ -59,7 +60,8 @@ async function tools() {
   }));
   for (const answer of answers) page.addMessage(answer);
   const sent = page.messages.slice();
-  print({ answered: await run({ tools: [LOCATE] }, page), messages: page.messages });
+  print({ answered: await run({ tools: [LOCATE] }, page), messages: page.messages,
+          state: page.state });
   const again = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-page`,
                                 initialMessages: sent });
   print({ end: await run({ tools: [LOCATE] }, again) });

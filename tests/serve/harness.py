@@ -57,7 +57,8 @@ def script(request: Mapping[str, Any]) -> Turn:
     ``mailto NAME``: a call of send_email to NAME, always under the call id ``call-mailto``;
     ``short N``: N quick chunks; ``gate N W``: N rounds calling gated_lookup, then W words;
     ``wire W``: a call of gated_wire (needs approval), then W words; ``locate``: a call of
-    the client-side tool ``locate``, then its result read back; ``cut``: a reply the
+    the client-side tool ``locate``, then its result read back; ``remember NOTE``: a call
+    of remember (the shared state), then its result read back; ``cut``: a reply the
     length limit cut off; anything else:
     "answer to <it>"."""
     said = last_user(request)
@@ -85,6 +86,10 @@ def script(request: Mapping[str, Any]) -> Turn:
         if after_tool:
             return Turn(text=f"mail result: {messages[-1].get('content')}")
         return Turn(tool_calls=(ScriptedCall("send_email", {"to": said}),))
+    if said.startswith("remember "):
+        if after_tool:
+            return Turn(text=f"noted; {messages[-1].get('content')}")
+        return Turn(tool_calls=(ScriptedCall("remember", {"note": said[9:]}),))
     if said.startswith("locate"):
         return locate_turn(said, request, after_tool)
     if said.startswith("cut"):
@@ -197,6 +202,15 @@ def lookup(query: str) -> str:
     return f"found {query}"
 
 
+def remember(note: str, ctx: aio.ToolContext) -> str:
+    """Add a note to the state shared with the page."""
+    if ctx.shared_state is None:
+        return "no shared state"
+    had = list(ctx.shared_state.get("notes", []))
+    ctx.shared_state["notes"] = [*had, note]
+    return f"had {had}"
+
+
 #: Who send_email mailed, in this process: an approved call shows up here, a denied never.
 MAILED: list[str] = []
 
@@ -258,7 +272,7 @@ class Served:
 
 def make_app(model: LoopbackServer, store: Path | str, **options: Any) -> ServeApp:
     client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
-    tools = [lookup, send_email, gated_lookup, gated_wire]
+    tools = [lookup, send_email, gated_lookup, gated_wire, remember]
     return app(client, store=store, tools=tools, **options)
 
 

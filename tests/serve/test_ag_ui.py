@@ -375,6 +375,33 @@ async def test_a_client_side_call_dismissed_and_a_stop_before_it(
     validate(state["messages"])
 
 
+async def test_state_reaches_the_tools_and_comes_back_as_a_snapshot(
+    http: httpx.AsyncClient,
+) -> None:
+    thread = "agui-state"
+    first = await ag_ui_events(http, run_input(thread, "r1", user("remember milk"),
+                                               state={"notes": ["eggs"], "theme": "dark"}))
+    assert first[-1]["result"] == "noted; had ['eggs']"  # the tool read the page's state
+    (snapshot,) = [e for e in first if e["type"] == "STATE_SNAPSHOT"]
+    assert snapshot["snapshot"] == {"notes": ["eggs", "milk"], "theme": "dark"}
+    assert types(first)[-2:] == ["STATE_SNAPSHOT", "RUN_FINISHED"]
+    # No state sent: the thread's is kept (it lives in the session's state).
+    second = await ag_ui_events(http, run_input(thread, "r2", user("remember tea", "u2")))
+    assert second[-1]["result"] == "noted; had ['eggs', 'milk']"
+    back = await ag_ui_events(http, run_input(thread, "r3"))
+    assert back[-2]["snapshot"]["notes"] == ["eggs", "milk", "tea"]
+    # State that is not an object is refused, and nothing changes.
+    bad = await http.post("/ag-ui", json=run_input(thread, "r4", user("remember x", "u3"),
+                                                   state=["not", "an", "object"]))
+    assert bad.status_code == 400, bad.text
+    again = await ag_ui_events(http, run_input(thread, "r5"))
+    assert again[-2]["snapshot"]["notes"] == ["eggs", "milk", "tea"]
+    # A thread without state: the tool is told, and no snapshot is sent.
+    plain = await ag_ui_events(http, run_input("agui-nostate", "r1", user("remember x")))
+    assert plain[-1]["result"] == "noted; no shared state"
+    assert "STATE_SNAPSHOT" not in types(plain)
+
+
 async def test_a_foreign_origin_is_refused(http: httpx.AsyncClient) -> None:
     response = await http.post(
         "/ag-ui", json=run_input("agui-x", "r1", user("hi")),
@@ -470,6 +497,7 @@ async def test_the_ag_ui_client_stops_mid_tool_and_runs_a_client_side_tool(
     (answered,) = [line for line in lines if "answered" in line]
     assert answered["answered"]["error"] is None
     assert answered["answered"]["result"] == "you are in Bergen"
+    assert answered["state"] == {"theme": "dark"}  # the page's state, kept by the thread
     assert [m["role"] for m in answered["messages"]] == ["user", "assistant", "tool", "assistant"]
     (call,) = answered["messages"][1]["toolCalls"]  # the client kept the call and its answer
     assert call["id"] == asked["outcome"]["pendingToolCallIds"][0]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
-from aimu.aio._session import Carried
+from aimu.aio._session import Carried, shared_copy
 from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingApproval, bound
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy, Summary
@@ -322,6 +322,26 @@ class Agent(Runnable[OutputT]):
                 "progress"
             )
         self._session.set_external(tools)
+
+    @property
+    def shared_state(self) -> dict[str, Any] | None:
+        """The state this session shares with its frontend (None: none): JSON data its
+        tools read and may change in place (``ctx.shared_state``), as do ``system=``
+        functions (``RunContext.shared_state``); with a store it is kept with the session
+        and saved as each run settles."""
+        return self._session.durable.shared
+
+    def set_shared_state(self, state: Mapping[str, Any] | None) -> None:
+        """Replace the session's shared state (a JSON object, copied; None: none) from the
+        next run on; ``ValueError`` if it is not JSON."""
+        self._session.check_loaded("shared state")
+        if self.running:
+            raise RuntimeError(
+                f"agent {self.name!r}: cannot replace its shared state while a run is in "
+                "progress (its tools may change it in place)"
+            )
+        self._session.durable.shared = None if state is None else shared_copy(state)
+        self._session.durable.state_stale = True
 
     def _decide(self, call_id: str, decision: Decision) -> None:
         self._session.check_loaded("pending approvals")

@@ -101,7 +101,8 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     await config.table.ready()
     await session.open()
     if config.system is not None and not isinstance(config.system, str):
-        context = RunContext(config.name, session.name, task, run.deps)
+        context = RunContext(config.name, session.name, task, run.deps,
+                             session.durable.shared)
         run.phase = Phase.INSTRUCTING
         session.system_text = await instructions_text(config.system, context, config.name)
         run.phase = Phase.OPENING

@@ -180,6 +180,7 @@ async def _call_tool(
             tool_name=call["function"]["name"],
             interrupt_probe=run.interrupt_asked,
             deps=run.deps,
+            shared_state=session.durable.shared,
             progress=None if progress is None else _progress_sink(config.name, call, progress),
             caller=(session, run, progress),
         )

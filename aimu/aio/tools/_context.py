@@ -40,7 +40,7 @@ class ToolContext(Generic[DepsT]):
 
     __slots__ = (
         "_cancelled", "_event", "_interrupt_probe", "_progress", "agent", "call_id", "caller",
-        "deps", "tool_name",
+        "deps", "shared_state", "tool_name",
     )
 
     def __init__(
@@ -53,8 +53,12 @@ class ToolContext(Generic[DepsT]):
         deps: DepsT = None,  # type: ignore[assignment]  # None: the run was given none
         progress: ProgressSink | None = None,
         caller: object = None,
+        shared_state: dict[str, Any] | None = None,
     ) -> None:
         self.deps: DepsT = deps
+        #: The session's shared state (``agent.set_shared_state()``; AG-UI's ``state``):
+        #: JSON data a tool may read and change in place; kept with the session.
+        self.shared_state = shared_state
         #: The run making the call, for a tool that runs an agent (``agent.as_tool()``):
         #: what it needs of the caller's session and run (None outside an agent's run).
         self.caller = caller
