@@ -57,6 +57,7 @@ __all__ = [
     "display_url",
     "split_credentials",
     "ssl_context",
+    "tail",
     "tool_call",
     "unique_id",
 ]
@@ -678,7 +679,7 @@ class HTTPModelClient(ModelClient):
                                     yield chunk
                                 if decoder.finished:
                                     return
-                        for chunk in _echoed(echo, _tail(decoder, rest)):
+                        for chunk in _echoed(echo, tail(decoder, rest)):
                             yield chunk
                         return
                 except ModelHTTPError as error:
@@ -799,7 +800,7 @@ def _line_chunks(
     return chunks, None if echo.settled else echo
 
 
-def _tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
+def tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
     """The chunks of what the stream left after its last newline, and its end's."""
     chunks = decoder.line(rest) if rest else []
     if not decoder.finished:

@@ -32,6 +32,7 @@ from aimu.aio.providers._http import (
     Reporter,
     SSETurnDecoder,
     as_dict,
+    tail,
     tool_call,
     unique_id,
 )
@@ -315,10 +316,7 @@ class OpenAIResponsesClient(OpenAIService):
                             yield chunk
                         if decoder.finished:
                             return
-                chunks = decoder.line(rest) if rest else []
-                if not decoder.finished:
-                    chunks += decoder.end()
-                for chunk in chunks:
+                for chunk in tail(decoder, rest):
                     yield chunk
         finally:
             await pieces.aclose()

@@ -58,6 +58,18 @@ def _event(kind: str, data: Mapping[str, Any]) -> bytes:
     return sse.frame(json_bytes({"type": kind, **data}), event=kind)
 
 
+def _block(
+    index: int, start: Mapping[str, Any], delta: str, key: str, parts: Sequence[str]
+) -> list[list[bytes]]:
+    """A content block streamed as one piece per delta: its start goes with the first,
+    its stop with the last."""
+    pieces = [[_event("content_block_delta", {"index": index, "delta": {"type": delta, key: part}})]
+              for part in parts]
+    pieces[0].insert(0, _event("content_block_start", {"index": index, "content_block": start}))
+    pieces[-1].append(_event("content_block_stop", {"index": index}))
+    return pieces
+
+
 class AnthropicWire(Wire):
     protocol = "anthropic"
     stream_content_type = sse.CONTENT_TYPE
@@ -138,32 +150,13 @@ class AnthropicWire(Wire):
             index += 1
         texts = split_text(turn.text, turn.chunks) if turn.text else []
         if texts:
-            block = [_event("content_block_start", {
-                "index": index, "content_block": {"type": "text", "text": ""},
-            })]
-            for piece in texts:
-                block.append(_event("content_block_delta", {
-                    "index": index, "delta": {"type": "text_delta", "text": piece},
-                }))
-                pieces.append(block)
-                block = []
-            pieces[-1].append(_event("content_block_stop", {"index": index}))
+            pieces += _block(index, {"type": "text", "text": ""}, "text_delta", "text", texts)
             index += 1
         for call, call_id in zip(turn.tool_calls, self._call_ids(turn.tool_calls), strict=True):
             arguments = json.dumps(dict(call.arguments), ensure_ascii=False)
             fragments = split_text(arguments, max(2, math.ceil(len(arguments) / 16)))
-            block = [_event("content_block_start", {
-                "index": index,
-                "content_block": {"type": "tool_use", "id": call_id, "name": call.name,
-                                  "input": {}},
-            })]
-            for fragment in fragments:
-                block.append(_event("content_block_delta", {
-                    "index": index, "delta": {"type": "input_json_delta", "partial_json": fragment},
-                }))
-                pieces.append(block)
-                block = []
-            pieces[-1].append(_event("content_block_stop", {"index": index}))
+            start = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
+            pieces += _block(index, start, "input_json_delta", "partial_json", fragments)
             index += 1
         prelude = [
             _event("message_start", {"message": self._message(turn)}),
