@@ -235,7 +235,7 @@ class _Turn:
         return None
 
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, RunFinished) and event.source == self.agent.name:
+        if isinstance(event, RunFinished) and not event.path and event.source == self.agent.name:
             self.final = event
         self.batch.append(event_data(event))
         self.batch_ready.set()

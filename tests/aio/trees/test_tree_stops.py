@@ -11,7 +11,7 @@ import pytest
 
 from aimu import aio
 from aimu.aio.agent import INTERRUPTED
-from aimu.aio.events import ToolResult
+from aimu.aio.events import RunFinished, ToolResult
 from aimu.aio.store import Store
 from aimu.aio.transcript import CANCELLED_RESULT, Message
 from tests.aio.trees.tree_support import ANSWERS, Tree, check_valid, tool_results
@@ -34,9 +34,14 @@ class Blocking:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
         self.cancelled = False
+        self.calls = 0
+        self.both = asyncio.Event()  # a second call is in the tool too
 
     async def __call__(self) -> str:
+        self.calls += 1
         self.started.set()
+        if self.calls == 2:
+            self.both.set()
         try:
             await self.release.wait()
         except asyncio.CancelledError:
@@ -183,3 +188,105 @@ async def test_a_budget_is_counted_across_the_tree(tmp_path: Path) -> None:
     finally:
         await tree.root.aclose()
         await store.aclose()
+
+
+async def test_side_by_side_calls_are_each_stopped_and_recorded(tmp_path: Path) -> None:
+    """Two calls of the same agent in one turn run side by side, in two sessions; a
+    cancel stops both and the caller records each."""
+    from aimu.testing.script import ScriptedCall, Turn
+    from aimu.testing.scripted import ScriptedModel
+
+    store = aio.SQLiteStore(tmp_path / "pair.db")
+    fetch = Blocking()
+    tree = Tree(given_fetch=aio.tool(fetch, name="fetch"))
+    root = aio.Agent(ScriptedModel([Turn(tool_calls=[
+        ScriptedCall("leaf", {"task": "a"}), ScriptedCall("leaf", {"task": "b"}),
+    ])]), [tree.leaf.as_tool()], name="root", concurrent_tools=True, store=store,
+        session="pair")
+    try:
+        handle = aio.RunHandle.start(root.run("go"))
+        await fetch.both.wait()  # both calls are in their tools: the provable point
+        handle.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handle
+        levels = {info.name: await store.load(info.name) for info in await store.sessions()}
+        assert len(levels) == 3
+        for messages in levels.values():
+            check_valid(messages)
+        results = tool_results(levels["pair"])
+        assert len(results) == 2 and all(r.startswith("[cancelled: agent 'leaf'") for r in results)
+    finally:
+        await root.aclose()
+        await store.aclose()
+
+
+async def test_the_callers_wall_limit_ends_the_tree_limited(tmp_path: Path) -> None:
+    store = aio.SQLiteStore(tmp_path / "wall.db")
+    fetch = Blocking()
+    tree = Tree(given_fetch=aio.tool(fetch, name="fetch"), store=store, session="top")
+    try:
+        handle = aio.RunHandle.start(tree.root.run("go", limits=aio.UsageLimits(wall=0.2)))
+        assert await handle is not None
+        assert handle.status == "limited" and fetch.cancelled
+        assert tree.root.last_run is not None and tree.root.last_run.stop_reason == "limit:wall"
+        levels = await transcripts(store)
+        assert tool_results(levels["root"])[0].startswith(("[cancelled: agent 'mid'",
+                                                           "[limited: agent 'mid'"))
+    finally:
+        await tree.root.aclose()
+        await store.aclose()
+
+
+async def test_an_interrupt_cuts_a_grandchilds_retry_wait_short() -> None:
+    """The leaf's request fails with a 503 and Retry-After: 50; an interrupt at the top,
+    once the leaf waits to retry, ends that wait at once: no second request is made."""
+    from collections.abc import Mapping
+    from typing import Any
+
+    from aimu.aio.events import ModelRetry
+    from aimu.testing.script import Turn
+    from aimu.testing.server import LoopbackServer
+    from tests.aio.trees.tree_support import level_script
+
+    mid_script = level_script("leaf", "fetch", ANSWERS["mid"])
+    root_script = level_script("mid", "research", ANSWERS["root"])
+
+    def script(body: Mapping[str, Any]) -> Turn:
+        offered = [t["function"]["name"] for t in body.get("tools") or ()]
+        if offered == ["mid"]:
+            return root_script(body)
+        if offered == ["leaf"]:
+            return mid_script(body)
+        return Turn(fault="http_503", retry_after="50")
+
+    async with LoopbackServer(script) as server:
+        def model() -> aio.ModelClient:
+            return aio.client("openai:m", base_url=server.openai_base_url, api_key="sk-test")
+
+        leaf = aio.Agent(model(), name="leaf")
+        mid = aio.Agent(model(), [leaf.as_tool()], name="mid")
+        root = aio.Agent(model(), [mid.as_tool()], name="root")
+        handle = aio.RunHandle.start(root.run("go"))
+        waiting = asyncio.Event()
+        ends: list[RunFinished] = []
+
+        def hear(event: object) -> None:
+            if isinstance(event, ModelRetry):
+                waiting.set()
+            elif isinstance(event, RunFinished):
+                ends.append(event)
+
+        handle.add_listener(hear)
+        await waiting.wait()  # the leaf waits out its Retry-After
+        assert handle.interrupt()
+        assert await handle == INTERRUPTED
+        leaf_requests = [r for r in server.requests if not r.body.get("tools")]
+        assert len(leaf_requests) == 1
+        # The wait was cut, not waited out (a wait waited out counts a retry).
+        assert [(e.source, e.status, e.retries) for e in ends] == [
+            ("leaf", "interrupted", 0), ("mid", "interrupted", 0), ("root", "interrupted", 0)
+        ]
+        check_valid(root.messages)
+        assert tool_results(root.messages)[0].startswith("[interrupted: agent 'mid'")
+        for agent in (leaf, mid, root):
+            await agent.aclose()
