@@ -5,7 +5,7 @@ invariants checked at every level.
 After each stop: every level's stored transcript is valid with no call left open; each
 agent call's result in its caller's transcript agrees with how the agent's session
 ended; every level that started also finished (its RunFinished reached the handle);
-no task or stream is left behind; and the same tree goes on from there.
+no task or stream is left behind; and (every third stop) the same tree goes on.
 """
 
 from __future__ import annotations
@@ -104,9 +104,10 @@ async def stopped_at(tmp_path: Path, k: int, mode: str) -> tuple[str | None, ...
         for model in tree.models.values():
             assert model.open_streams == 0  # type: ignore[attr-defined]
         assert asyncio.all_tasks() == {asyncio.current_task()}
-        assert await tree.root.run("again") == ANSWERS["root"], k
-        levels = await check_levels(store)
-        assert tool_results(levels["top"])[-1] == ANSWERS["mid"]
+        if k % 3 == 0:  # every third: the same tree goes on (each level's model takes it)
+            assert await tree.root.run("again") == ANSWERS["root"], k
+            levels = await check_levels(store)
+            assert tool_results(levels["top"])[-1] == ANSWERS["mid"]
         return ended
     finally:
         await tree.root.aclose()
@@ -122,7 +123,9 @@ async def test_a_stop_at_every_event_of_a_three_level_tree(tmp_path: Path, mode:
     every_level_closed(heard)
     assert isinstance(heard[-1], HandleFinished) and len(heard) >= 30
     stopped = "interrupted" if mode == "interrupt" else "cancelled"
-    outcomes = {await stopped_at(tmp_path, k, mode) for k in range(1, len(heard))}
+    # A consumer leaving is a cancel by another way: every other event is enough.
+    every = range(1, len(heard), 2 if mode == "break" else 1)
+    outcomes = {await stopped_at(tmp_path, k, mode) for k in every}
     # The stops landed at every level: before the agents below started, with all three
     # stopped, with the leaf done and the others stopped, with only the top stopped.
     assert {
