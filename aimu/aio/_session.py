@@ -108,6 +108,11 @@ class SessionRecord:
         remote = state.get("remote_turn")
         fresh = isinstance(remote, dict) and remote.get("at") == len(messages)
         self.remote = remote if fresh else None
+        self.load_extras(state)
+
+    def load_extras(self, state: Mapping[str, Any]) -> None:
+        """Take the session's external tools and shared state from its stored state."""
+        where = f"session {self.name!r}"
         self.external = {tool.name: tool for tool in external_tools(state.get(EXTERNAL), where)}
         shared = state.get(SHARED)
         if shared is not None and not isinstance(shared, dict):

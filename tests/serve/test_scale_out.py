@@ -8,9 +8,11 @@ takes its decisions on either server and resumes once.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -230,6 +232,32 @@ async def test_decisions_on_either_server_resume_a_run_paused_in_one(
         assert late.status_code == 409 and "decided already" in late.json()["error"]
     follow_up = await start(on_b, "approve-across", "short 2")
     assert (await collect(on_a, follow_up))[-1].data["status"] == "completed"
+
+    # A page's own tool (AG-UI): the run pauses on A, the page's result goes to B.
+    locate = {"name": "locate", "description": "Where the user is"}
+    ask = {"id": "u1", "role": "user", "content": "locate"}
+    paused = await ag_ui(on_a, {"threadId": "page-across", "runId": "r1", "messages": [ask],
+                                "tools": [locate]})
+    (call_id,) = paused[-1]["outcome"]["pendingToolCallIds"]
+    assert (await on_b.get("/sessions/page-across")).json()["pending"][0]["external"]
+    result = {"id": "t1", "role": "tool", "toolCallId": call_id, "content": "Oslo"}
+    body = {"threadId": "page-across", "runId": "r2", "messages": [ask, result],
+            "tools": [locate]}
+    resumed = await ag_ui(on_b, body)
+    assert resumed[-1]["result"] == "you are in Oslo"
+    again = await on_a.post("/ag-ui", json=body)
+    assert again.status_code == 409, again.text
+    validate((await on_a.get("/sessions/page-across")).json()["messages"])
+
+
+async def ag_ui(http: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    async with http.stream("POST", "/ag-ui", json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
 
 
 async def test_a_page_of_one_process_decides_on_a_run_paused_in_the_other(

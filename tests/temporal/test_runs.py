@@ -128,6 +128,35 @@ async def test_a_paused_run_holds_no_worker_and_a_later_worker_completes_it(
     await restorable(store, "s1")
 
 
+async def test_an_external_tools_call_waits_for_its_result_and_the_worker_goes_on_with_it(
+    runs: RunsClient, workers: Workers, store: SQLiteStore, model_server: LoopbackServer
+) -> None:
+    """A session's external tools (a page's, set by aimu serve) reach the worker through
+    the store; the call's result travels in the decision."""
+    model_server.script = [Turn(tool_calls=[ScriptedCall("locate", {})]), Turn("in Oslo")]
+    page = aio.Agent(aio.client("test"), store=store, session="ext")
+    await page.open()
+    page.set_external_tools([aio.external_tool("locate", "Where the user is")])
+    await page.aclose()  # kept in the session's state
+    await workers.start()
+    run_id = await runs.start("ext", "where am I?")
+    async for _, event in runs.events(run_id):
+        if event["type"] == "run_finished":
+            assert event["status"] == "paused"
+            break
+    state = await runs.status(run_id)
+    [pending] = state["pending"]
+    assert pending["external"] is True
+    tools = model_server.requests[0].body["tools"]
+    assert [t["function"]["name"] for t in tools] == ["locate"]
+    await runs.answer(run_id, pending["call_id"], "Oslo")
+    state = await runs.wait(run_id, timeout=60)
+    assert state["status"] == "completed" and state["reply"] == "in Oslo"
+    assert len(model_server.requests) == 2  # the paused turn was not asked again
+    messages = await restorable(store, "ext")
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["Oslo"]
+
+
 async def test_send_and_interrupt_reach_the_running_turn(
     runs: RunsClient, workers: Workers, model_server: LoopbackServer, store: SQLiteStore
 ) -> None:

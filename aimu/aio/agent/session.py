@@ -447,6 +447,11 @@ class StoredSession(Session):
         messages = self.messages
         stale = None
         stored = [] if self.durable.transcript_stale else await writer.load()
+        if not stored and not self.durable.transcript_stale:
+            # No transcript yet, but its state may hold what was set before its first
+            # run (its external tools, its shared state: by another process).
+            assert self.store is not None and self.name is not None
+            self.durable.load_extras(await self.store.load_state(self.name))
         if stored:
             validate(stored)
             settled = copy_messages(stored)
