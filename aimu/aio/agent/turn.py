@@ -57,9 +57,10 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     watch, streamed, hit = budget.watch, 0, None
     token: Token[RunScope | None] | None = current_scope.set(run.scope)
     try:
-        _count_before_sending(session, run, inflight)
-        if budget.session_limits_set:  # kept before the request is sent (see below)
-            await session.keep_spend(budget.run)
+        if budget.limited:  # with no limit to keep, the usage is counted as it comes
+            _count_before_sending(session, run, inflight)
+            if budget.session_limits_set:  # kept before the request is sent (see below)
+                await session.keep_spend(budget.run)
         async for chunk in chunks:
             if token is not None:  # the first chunk: the request is open, retries over
                 current_scope.reset(token)
@@ -116,7 +117,8 @@ async def _before_request(session: Session, run: RunState, final_turn: bool) -> 
 
 
 def _count_before_sending(session: Session, run: RunState, inflight: TurnInFlight) -> None:
-    """Count the request's tokens up front (an estimate, replaced when the usage comes).
+    """Count the request's tokens up front (an estimate, replaced when the usage comes),
+    when a limit could read them (without one, nothing reads the spend mid-stream).
     With ``session_limits`` the caller then keeps the session's and the run's spend (a
     store's session saves them; one without a store has nothing to save) before the
     request is sent: a crash can lose the answer, never the count, so no kill loop
@@ -340,13 +342,17 @@ async def _end_turn(
     rounds."""
     usage = inflight.assembler.usage
     add_usage(run.usage, usage)
-    if run.budget is not None:
+    budget = run.budget
+    if budget is not None:
         # The estimate counted up front goes (at the price it was counted at); the usage
         # comes in, priced as the model that answered (a FallbackModel may have handed
-        # the turn on).
-        run.budget.count_tokens(zero_usage(), estimated=False, less=inflight.counted)
-        run.budget.reprice(session.client.answered_model)
-        run.budget.count_tokens(usage, estimated=False)
+        # the turn on): one count when the price stays.
+        counted, answered = inflight.counted, session.client.answered_model
+        if counted is not None and budget.model != answered:
+            budget.count_tokens(zero_usage(), estimated=False, less=counted)
+            counted = None
+        budget.reprice(answered)
+        budget.count_tokens(usage, estimated=False, less=counted)
     if usage["input_tokens"]:  # the server counted: later estimates start from here
         session.known = (
             len(session.messages), usage["input_tokens"] + usage["output_tokens"]
