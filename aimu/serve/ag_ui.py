@@ -32,18 +32,19 @@ from pydantic.alias_generators import to_camel
 from aimu.aio import _sse as sse
 from aimu.aio._session import SHARED
 from aimu.aio.agent import Agent
-from aimu.aio.errors import ToolDefinitionError
-from aimu.aio.tools import Tool, external_tool
+from aimu.aio.tools import Tool
 from aimu.aio.transcript import Message
-from aimu.serve.errors import BadRequest, Conflict
+from aimu.serve.errors import BadRequest
 from aimu.serve.routes import WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
     ClosingStreamingResponse,
     RunEnd,
     RunFollower,
+    client_tools,
     decide_all,
     live_or_revived,
+    not_waiting,
     shown_id,
     sse_response,
 )
@@ -124,29 +125,14 @@ router = APIRouter()
 async def ag_ui(request: Request, body: RunAgentInput) -> Response:
     runs: Runs = request.app.runs
     session = validate_name(body.thread_id)
-    tools = client_tools(body.tools or [])
+    tools = client_tools(
+        [(tool.name, tool.description, tool.parameters) for tool in body.tools or []]
+    )
     if body.state is not None and not isinstance(body.state, dict):
         raise BadRequest("'state' must be a JSON object (or absent)")
     follower, came_back, answered = await _begin(runs, session, body, tools)
     events = _events(runs, session, body, follower, came_back, answered)
     return sse_response(events)
-
-
-def client_tools(declared: list[InputTool]) -> list[Tool]:
-    """The frontend's tools as external tools: the model may call them, and a call ends
-    the run for the page to answer (``BadRequest`` naming a tool that cannot be one)."""
-    tools: list[Tool] = []
-    for given in declared:
-        parameters = None if given.parameters in (None, {}) else given.parameters
-        if parameters is not None and not isinstance(parameters, dict):
-            raise BadRequest(f"tool {given.name!r:.80}: 'parameters' must be a JSON schema")
-        try:
-            tools.append(external_tool(given.name, given.description, parameters))
-        except ToolDefinitionError as error:
-            raise BadRequest(f"client-side tool: {error}") from None
-    if len({tool.name for tool in tools}) != len(tools):
-        raise BadRequest("two client-side tools share a name")
-    return tools
 
 
 async def _begin(
@@ -197,20 +183,9 @@ async def _client_results(
         if call_id in results:
             raise BadRequest(f"tool call {call_id!r:.80} is answered twice")
         if call_id not in waiting:
-            raise await _not_waiting(runs, session, call_id)
+            raise await not_waiting(runs, session, call_id)
         results[call_id] = _text_of(message.content, message.id)
     return results
-
-
-async def _not_waiting(runs: Runs, session: str, call_id: str) -> BadRequest | Conflict:
-    """The error for a result of ``call_id``, which the thread does not wait on: it was
-    answered already (a duplicate, or a stale page), or no such call waits."""
-    stored = await runs.store.load(session)
-    if any(m["role"] == "tool" and m["tool_call_id"] == call_id for m in stored):
-        return Conflict(f"tool call {call_id!r:.80} of thread {session!r} has its result "
-                        "already: nothing changed")
-    return BadRequest(f"no client-side tool call {call_id!r:.80} waits for a result on "
-                      f"thread {session!r}: nothing changed")
 
 
 def _new_user_text(messages: list[InputMessage]) -> str | None:

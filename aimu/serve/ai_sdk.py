@@ -21,6 +21,7 @@ reconnected stream only detaches.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -29,7 +30,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aimu.aio import _sse as sse
-from aimu.serve.errors import BadRequest, Conflict
+from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.http import JSON
 from aimu.serve.models import Run
 from aimu.serve.routes import READ, WRITE, errors
@@ -38,8 +39,10 @@ from aimu.serve.stream_runs import (
     ClosingStreamingResponse,
     RunEnd,
     RunFollower,
+    client_tools,
     decide_all,
     live_or_revived,
+    not_waiting,
     shown_id,
     sse_response,
 )
@@ -71,6 +74,15 @@ class ChatRequest(BaseModel):
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     resumable: bool = False
     """Leaving the stream only detaches; the run goes on for ``GET /api/chat/{id}/stream``."""
+    tools: list[ClientTool] | None = None
+    """aimu's: the page's own tools (run by ``onToolCall``, answered by ``addToolResult``),
+    offered to the model from this message's run on (absent: the chat's stay as they were)."""
+
+
+class ClientTool(BaseModel):
+    name: str
+    description: str = ""
+    parameters: Any = None
 
 
 ChatId = Annotated[str, Path(json_schema_extra={"pattern": "^[A-Za-z0-9._-]{1,128}$"})]
@@ -95,15 +107,23 @@ async def chat(request: Request, body: ChatRequest) -> Response:
         raise BadRequest("regenerate is not supported: the session keeps every answer; send "
                          "a new message instead")
     last = body.messages[-1]
+    tools = None if body.tools is None else client_tools(
+        [(tool.name, tool.description, tool.parameters) for tool in body.tools]
+    )
     if last.role == "user":
-        follower = RunFollower(runs, await runs.start(session, _user_text(last)),
+        text = _user_text(last)
+        prepare = None if tools is None else (lambda agent: agent.set_external_tools(tools))
+        follower = RunFollower(runs, await runs.start(session, text, prepare),
                                owned=not body.resumable)
     elif last.role == "assistant":
         decisions = _approval_responses(last)
-        if not decisions:
-            raise BadRequest(f"message {last.id!r} answers no approval request: end the "
-                             "messages with a user message or approval responses")
-        resumed = await decide_all(runs, session, decisions)
+        results = await _tool_outputs(runs, session, last)
+        if not decisions and not results:
+            raise BadRequest(f"message {last.id!r} answers no approval request and no "
+                             "client-side tool call: end the messages with a user message, "
+                             "approval responses or tool outputs")
+        decisions += [(call_id, True, None) for call_id in results]
+        resumed = await decide_all(runs, session, decisions, results)
         if resumed is None:
             raise Conflict("other tool calls still wait for a decision: answer them together")
         resumed.owned = not body.resumable
@@ -176,6 +196,35 @@ def _approval_responses(message: UIMessage) -> list[tuple[str, bool, str | None]
     return decisions
 
 
+async def _tool_outputs(runs: Runs, session: str, message: UIMessage) -> dict[str, str]:
+    """The outputs the message's tool parts carry for the client-side calls the chat's
+    paused run waits on (``addToolResult``), by call id. The message repeats the calls
+    answered before (the server's own among them): those are skipped, unless nothing
+    waits at all (``Conflict``: the outputs were sent already); an output for a call the
+    chat never had is a ``BadRequest``."""
+    outputs = {
+        part["toolCallId"]: part.get("output") for part in message.parts
+        if part.get("state") == "output-available" and isinstance(part.get("toolCallId"), str)
+    }
+    if not outputs:
+        return {}
+    _, pending = await runs.paused_on(session)
+    waiting = {str(call["call_id"]) for call in pending if call.get("external")}
+    results: dict[str, str] = {}
+    errors: list[ServeError] = []
+    for call_id, output in outputs.items():
+        if call_id in waiting:
+            results[call_id] = output if isinstance(output, str) else json.dumps(output)
+        else:
+            errors.append(await not_waiting(runs, session, call_id))
+    unknown = [error for error in errors if isinstance(error, BadRequest)]
+    if unknown:
+        raise unknown[0]
+    if not results and errors:
+        raise errors[-1]  # every output had its result already: sent twice
+    return results
+
+
 async def _chunks(runs: Runs, follower: RunFollower) -> AsyncGenerator[dict[str, Any], None]:
     """The run's UI message chunks; leaving early stops the run if the follower owns it."""
     translator = _Translator(follower.view.run_id)
@@ -210,8 +259,9 @@ async def _ending(
             if call_id not in translator.calls:  # asked before it was announced
                 chunks += translator.feed({"type": "tool_call", "call_id": call_id,
                                            "name": call["name"], "arguments": call["arguments"]})
-            chunks.append({"type": "tool-approval-request", "approvalId": shown_id(call),
-                           "toolCallId": call_id})
+            if not call.get("external"):  # a client-side call: the page runs it
+                chunks.append({"type": "tool-approval-request",
+                               "approvalId": shown_id(call), "toolCallId": call_id})
         return [*chunks, *translator.close(),
                 {"type": "finish", "finishReason": "tool-calls", "messageMetadata": metadata}]
     return [{"type": "abort", "reason": end.reason or end.status}]

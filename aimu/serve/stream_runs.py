@@ -22,6 +22,8 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from aimu.aio._sse import CONTENT_TYPE
+from aimu.aio.errors import ToolDefinitionError
+from aimu.aio.tools import Tool, external_tool
 from aimu.aio.transcript import Usage
 from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.runs import Runs, RunView, check_fits
@@ -30,8 +32,10 @@ __all__ = [
     "ClosingStreamingResponse",
     "RunEnd",
     "RunFollower",
+    "client_tools",
     "decide_all",
     "live_or_revived",
+    "not_waiting",
     "shown_id",
     "sse_data",
     "sse_response",
@@ -182,6 +186,36 @@ async def decide_all(
     if resumed is None:
         return None
     return RunFollower(runs, await runs.backend.view(resumed), owned=True)
+
+
+def client_tools(declared: Sequence[tuple[str, str, object]]) -> list[Tool]:
+    """A page's ``(name, description, parameters)`` tools as external tools: the model
+    may call them, and a call pauses the run for the page's result (``BadRequest`` naming
+    a tool that cannot be one)."""
+    tools: list[Tool] = []
+    for name, description, parameters in declared:
+        schema = None if parameters in (None, {}) else parameters
+        if schema is not None and not isinstance(schema, dict):
+            raise BadRequest(f"tool {name!r:.80}: 'parameters' must be a JSON schema")
+        try:
+            tools.append(external_tool(name, description, schema))
+        except ToolDefinitionError as error:
+            raise BadRequest(f"client-side tool: {error}") from None
+    if len({tool.name for tool in tools}) != len(tools):
+        raise BadRequest("two client-side tools share a name")
+    return tools
+
+
+async def not_waiting(runs: Runs, session: str, call_id: str) -> BadRequest | Conflict:
+    """The error for a result of the client-side call ``call_id``, which ``session`` does
+    not wait on: it has its result already (sent twice, or by a stale page), or no such
+    call waits."""
+    stored = await runs.store.load(session)
+    if any(m["role"] == "tool" and m["tool_call_id"] == call_id for m in stored):
+        return Conflict(f"tool call {call_id!r:.80} of {session!r} has its result already: "
+                        "nothing changed")
+    return BadRequest(f"no client-side tool call {call_id!r:.80} waits for a result on "
+                      f"{session!r}: nothing changed")
 
 
 async def live_or_revived(runs: Runs, session: str) -> RunView | None:

@@ -46,17 +46,33 @@ async function read(stream, controller, message, midTool = false) {
   return { message: last, error };
 }
 
-async function send(messages, message, chat = chatId) {
+async function send(messages, message, { chat = chatId, midTool = false, body } = {}) {
   const controller = new AbortController();
   try {
     const stream = await transport.sendMessages({
       chatId: chat, messages, trigger: "submit-message", messageId: undefined,
-      abortSignal: controller.signal,
+      abortSignal: controller.signal, body,
     });
-    return await read(stream, controller, message, chat !== chatId);
+    return await read(stream, controller, message, midTool);
   } catch (caught) {
-    return { message, error: String(caught && caught.name) };
+    return { message, error: String(caught && caught.name), detail: String(caught.message) };
   }
+}
+
+// The page's own tool, declared in the request body (aimu's `tools`), answered as
+// useChat's addToolResult does: the part's state output-available, with its output.
+const LOCATE = { name: "locate", description: "Where the user is, from the browser" };
+
+async function clientTool() {
+  const chat = `${chatId}-page`;
+  const ask = { id: "u3", role: "user", parts: [{ type: "text", text: "locate" }] };
+  const called = await send([ask], undefined, { chat, body: { tools: [LOCATE] } });
+  print({ called });
+  const parts = called.message.parts.map((part) => part.state === "input-available"
+    ? { ...part, state: "output-available", output: "Bergen" } : part);
+  const answered = { ...called.message, parts };
+  print({ located: await send([ask, answered], answered, { chat, body: { tools: [LOCATE] } }) });
+  return await send([ask, answered], answered, { chat });  // the same output again
 }
 
 let end;
@@ -68,7 +84,7 @@ if (mode === "reconnect") {
   if (mode === "abort" && toolText) {
     print({ stopped: end });
     const tooled = { id: "u2", role: "user", parts: [{ type: "text", text: toolText }] };
-    end = await send([tooled], undefined, `${chatId}-tool`);
+    end = await send([tooled], undefined, { chat: `${chatId}-tool`, midTool: true });
   }
   if (mode === "approve") {
     const asked = end.message;
@@ -78,6 +94,8 @@ if (mode === "reconnect") {
     const answered = { ...asked, parts };
     print({ asked });
     end = await send([user, answered], answered);
+    print({ approved: end });
+    end = await clientTool();
   }
 }
 print({ end });

@@ -185,6 +185,35 @@ async def test_an_approval_round_trip(http: httpx.AsyncClient) -> None:
     assert again.status_code == 409  # decided already: nothing waits
 
 
+async def test_a_client_side_tool_waits_for_the_pages_output(http: httpx.AsyncClient) -> None:
+    locate = {"name": "locate", "description": "Where the user is"}
+    seen = await chunks(http, "POST", "/api/chat",
+                        chat_body("sdk-page", user("locate"), tools=[locate]))
+    (call,) = [c for c in seen if c["type"] == "tool-input-available"]
+    assert call["toolName"] == "locate" and "tool-approval-request" not in types(seen)
+    assert seen[-2]["finishReason"] == "tool-calls"
+    part = {"type": "dynamic-tool", "toolName": "locate", "toolCallId": call["toolCallId"],
+            "state": "output-available", "input": {}, "output": "Oslo"}
+    wrong = {**part, "toolCallId": "nope"}  # the output of a call the chat never had
+    body = chat_body("sdk-page", user("locate"), {"id": "a1", "role": "assistant",
+                                                  "parts": [wrong]})
+    response = await http.post("/api/chat", json=body)
+    assert response.status_code == 400, response.text
+    for tools in ([{"name": "no spaces"}], [locate, locate], [{"name": "lookup"}]):
+        response = await http.post("/api/chat", json=chat_body("sdk-page-bad", user("locate"),
+                                                                tools=tools))
+        assert response.status_code == 400, response.text
+    assert (await http.get("/sessions/sdk-page-bad")).status_code == 404
+    answered = chat_body("sdk-page", user("locate"),
+                         {"id": "a1", "role": "assistant", "parts": [part]})
+    resumed = await chunks(http, "POST", "/api/chat", answered)
+    texts = "".join(c["delta"] for c in resumed if c["type"] == "text-delta")
+    assert texts == "you are in Oslo"
+    stored = (await session(http, "sdk-page"))["messages"]
+    validate(stored)
+    assert [m["content"] for m in stored if m["role"] == "tool"] == ["Oslo"]
+
+
 async def test_bad_input_is_refused_and_changes_nothing(http: httpx.AsyncClient) -> None:
     cases: list[tuple[object, int]] = [
         ({"id": "sdk-bad"}, 422),
@@ -264,10 +293,22 @@ async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
     (asked,) = [line["asked"] for line in lines if "asked" in line]
     assert [p["state"] for p in asked["parts"] if p["type"] == "dynamic-tool"] == [
         "approval-requested"]
-    end = lines[-1]["end"]
-    assert end["error"] is None and MAILED == ["mail lee"]
-    tools = [p for p in end["message"]["parts"] if p["type"] == "dynamic-tool"]
+    (approved,) = [line["approved"] for line in lines if "approved" in line]
+    assert approved["error"] is None and MAILED == ["mail lee"]
+    tools = [p for p in approved["message"]["parts"] if p["type"] == "dynamic-tool"]
     assert [t["state"] for t in tools] == ["output-available"]
+
+    # Then the page's own tool (same Node process): its call waits for the page.
+    (called,) = [line["called"] for line in lines if "called" in line]
+    assert called["error"] is None
+    (part,) = [p for p in called["message"]["parts"] if p["type"] == "dynamic-tool"]
+    assert (part["toolName"], part["state"]) == ("locate", "input-available")
+    (located,) = [line["located"] for line in lines if "located" in line]
+    assert located["error"] is None
+    texts = [p["text"] for p in located["message"]["parts"] if p["type"] == "text"]
+    assert texts[-1] == "you are in Bergen"
+    again = lines[-1]["end"]  # the same output sent again: refused, nothing changed
+    assert again["error"] == "AI_APICallError" and "has its result already" in again["detail"]
 
 
 async def test_the_ai_sdk_reconnects_to_a_resumable_run(
