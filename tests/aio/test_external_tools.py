@@ -3,6 +3,8 @@ and the state a session shares with its frontend."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -182,3 +184,58 @@ async def test_shared_state_reaches_tools_and_instructions_and_is_kept(tmp_path:
         later.set_shared_state(None)
         await later.aclose()
         assert "shared_state" not in await store.load_state("t")
+
+
+@pytest.mark.parametrize("stored", [False, True])
+async def test_a_stop_at_each_event_of_the_resumed_run_keeps_the_result(
+    stored: bool, tmp_path: Path
+) -> None:
+    """A cancel and an interrupt landing at every event of the run that goes on with the
+    result: the transcript stays valid (in the store too), nothing waits, and the result
+    is kept."""
+    store = aio.SQLiteStore(tmp_path / "s.db") if stored else None
+    sessions = iter(range(1000))
+
+    async def paused() -> aio.Agent:
+        model = ScriptedModel([*script()[:1], Turn(text="you are in Bergen, far north",
+                                                   delay=0.001)])
+        name = f"s{next(sessions)}" if store is not None else None
+        agent = aio.Agent(model, [lookup, LOCATE], store=store, session=name)
+        await agent.run("where?")
+        agent.answer(agent.pending_approvals[0], "Bergen")
+        return agent
+
+    events = [type(e).__name__ async for e in (await paused()).resume(stream=True)]
+    assert events[:2] == ["RunStarted", "ToolCallStarted"] and len(events) > 5
+    for stop in ("cancel", "interrupt"):
+        for at in range(len(events) - 1):
+            agent = await paused()
+
+            async def consume(agent: aio.Agent = agent, at: int = at, stop: str = stop) -> None:
+                seen = 0
+                async for _ in agent.resume(stream=True):
+                    if seen == at:
+                        if stop == "cancel":
+                            current = asyncio.current_task()
+                            assert current is not None
+                            current.cancel()  # lands at the stream's next await
+                        else:
+                            agent.interrupt()
+                    seen += 1
+
+            task = asyncio.create_task(consume())
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert task.cancelled() == (stop == "cancel" and at < len(events) - 1)
+            validate(agent.messages)
+            results = [m["content"] for m in agent.messages if m["role"] == "tool"]
+            assert results == ["Oslo is sunny", "Bergen"], (stop, at, results)
+            assert agent.pending_approvals == []
+            if store is not None:
+                await agent.aclose()
+                assert agent.session is not None
+                kept = await store.load(agent.session)
+                validate(kept)
+                assert [m["content"] for m in kept if m["role"] == "tool"] == results
+    if store is not None:
+        await store.aclose()

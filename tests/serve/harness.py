@@ -101,10 +101,13 @@ def script(request: Mapping[str, Any]) -> Turn:
 
 
 def locate_turn(said: str, request: Mapping[str, Any], after_tool: bool) -> Turn:
-    """``locate [long]``: a call of the page's tool ``locate`` (if it was offered; after a
-    slow text with ``long``), then where."""
+    """``locate [long|slowly]``: a call of the page's tool ``locate`` (if it was offered;
+    after a slow text with ``long``), then where (slowly: a long slow text)."""
     if after_tool:
-        return Turn(text=f"you are in {request['messages'][-1].get('content')}")
+        where = f"you are in {request['messages'][-1].get('content')}"
+        if said.endswith("slowly"):
+            return Turn(text=f"{where} {LONG}", delay=LONG_DELAY)
+        return Turn(text=where)
     offered = [tool.get("function", {}).get("name") for tool in request.get("tools") or []]
     if "locate" not in offered:
         return Turn(text=f"no locate tool among {offered}")

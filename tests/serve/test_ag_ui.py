@@ -351,7 +351,7 @@ async def test_a_client_side_tool_call_ends_the_run_and_its_result_continues_it(
     assert (await session(http, thread))["messages"] == stored
 
 
-async def test_a_client_side_call_dismissed_and_a_stop_before_it(
+async def test_a_client_side_call_dismissed_and_stops_before_and_after_its_result(
     http: httpx.AsyncClient, served: Served
 ) -> None:
     paused = await ag_ui_events(http, run_input("agui-dismiss", "r1", user("locate"),
@@ -360,6 +360,21 @@ async def test_a_client_side_call_dismissed_and_a_stop_before_it(
     dismissed = await ag_ui_events(http, run_input(
         "agui-dismiss", "r2", resume=[{"interruptId": call_id, "status": "cancelled"}]))
     assert dismissed[-1]["result"].startswith("you are in [denied")
+
+    # A stop in the run that goes on with the result: the result and the partial are kept.
+    abandoned = len([s for s in served.model.streams if s.abandoned])
+    ask = user("locate slowly")
+    paused = await ag_ui_events(http, run_input("agui-slow", "r1", ask, tools=[LOCATE]))
+    (call_id,) = paused[-1]["outcome"]["pendingToolCallIds"]
+    body = run_input("agui-slow", "r2", ask, tool_result(call_id, "Oslo"), tools=[LOCATE])
+    await ag_ui_events(http, body, until="TEXT_MESSAGE_CONTENT")
+    await served.model.wait_abandoned(abandoned + 1)
+    state = await settled(http, "agui-slow")
+    assert state["status"] == "cancelled" and state["pending"] == []
+    validate(state["messages"])
+    assert [m["role"] for m in state["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert state["messages"][2]["content"] == "Oslo"
+    assert state["messages"][3]["aimu_partial"] is True
 
     # Without the page's tools the model has no such tool to call.
     plain = await ag_ui_events(http, run_input("agui-notools", "r1", user("locate")))
