@@ -129,30 +129,44 @@ async def test_a_paused_run_holds_no_worker_and_a_later_worker_completes_it(
 
 
 async def test_an_external_tools_call_waits_for_its_result_and_the_worker_goes_on_with_it(
-    runs: RunsClient, workers: Workers, store: SQLiteStore, model_server: LoopbackServer
+    temporal: str, queue: str, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
 ) -> None:
-    """A session's external tools (a page's, set by aimu serve) reach the worker through
-    the store; the call's result travels in the decision."""
+    """Serve's runs on Temporal: the external tools a request sets (AG-UI's page tools)
+    reach the worker through the session's state, and the call's result travels in the
+    decision; the worker goes on with it without asking the model again."""
+    from aimu.serve.agents import agent_factory
+    from aimu.serve.backends.temporal import TemporalBackend
+    from aimu.serve.runs import Runs
+
     model_server.script = [Turn(tool_calls=[ScriptedCall("locate", {})]), Turn("in Oslo")]
-    page = aio.Agent(aio.client("test"), store=store, session="ext")
-    await page.open()
-    page.set_external_tools([aio.external_tool("locate", "Where the user is")])
-    await page.aclose()  # kept in the session's state
     await workers.start()
-    run_id = await runs.start("ext", "where am I?")
-    async for _, event in runs.events(run_id):
-        if event["type"] == "run_finished":
-            assert event["status"] == "paused"
-            break
-    state = await runs.status(run_id)
-    [pending] = state["pending"]
-    assert pending["external"] is True
-    tools = model_server.requests[0].body["tools"]
-    assert [t["function"]["name"] for t in tools] == ["locate"]
-    await runs.answer(run_id, pending["call_id"], "Oslo")
-    state = await runs.wait(run_id, timeout=60)
-    assert state["status"] == "completed" and state["reply"] == "in Oslo"
-    assert len(model_server.requests) == 2  # the paused turn was not asked again
+    backend = TemporalBackend(temporal, queue, store)
+    await backend.connect()
+    agents, close = agent_factory(aio.client("test"), store)
+    served = Runs(backend, store, agents)
+    try:
+        view = await served.start("ext", "where am I?", lambda agent: agent.set_external_tools(
+            [aio.external_tool("locate", "Where the user is")]))
+        record = backend.record(view.run_id)
+        async with asyncio.timeout(60):
+            while not record.ended:
+                await record.changed(5)
+        paused, [pending] = await served.paused_on("ext")
+        assert paused == view.run_id and pending["external"] is True
+        tools = model_server.requests[0].body["tools"]
+        assert [t["function"]["name"] for t in tools] == ["locate"]
+        decided = await served.decide(view.run_id, pending["call_id"], True, None,
+                                      pending["pause_id"], "Oslo")
+        resumed = backend.record(decided["resumed_run_id"])
+        async with asyncio.timeout(60):
+            while not resumed.ended:
+                await resumed.changed(5)
+        assert resumed.view.status == "completed" and resumed.view.reply == "in Oslo"
+        assert len(model_server.requests) == 2  # the paused turn was not asked again
+    finally:
+        await served.aclose()
+        await close()
     messages = await restorable(store, "ext")
     assert [m["content"] for m in messages if m["role"] == "tool"] == ["Oslo"]
 
