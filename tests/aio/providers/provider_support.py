@@ -11,10 +11,12 @@ from typing import Any
 
 from aimu.aio.client import ModelClient
 from aimu.aio.providers.anthropic import AnthropicClient
+from aimu.aio.providers.base import Chunk
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
+from aimu.aio.transcript import Message
 
 MakeClient = Callable[..., ModelClient]
 
@@ -32,6 +34,23 @@ def client_at(provider: str, url: str, key: str = "sk-test", **options: Any) -> 
     if provider == "openai":
         return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
     raise ValueError(f"client_at: no client for provider {provider!r}")
+
+
+async def turn(model: ModelClient, messages: list[Message], **options: Any) -> list[Chunk]:
+    """Every chunk of one streamed turn."""
+    return [chunk async for chunk in model.stream_turn(messages, **options)]
+
+
+def lookup(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def assert_key_hidden(errors: list[Exception], key: str) -> None:
+    """No error shows the key: not its message, its repr or the body it kept."""
+    for error in errors:
+        assert key not in str(error) and key not in repr(error)
+        assert key not in getattr(error, "body", "")
 
 
 def closed_port() -> int:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from provider_support import MakeClient, assert_only_current_task, open_connections
+from provider_support import MakeClient, assert_only_current_task, lookup, open_connections
 
 from aimu import aio
 from aimu.aio.client import TextDelta
@@ -26,11 +26,6 @@ from aimu.testing.server import LoopbackServer
 RUNS = 2 * SHARD_SIZE + 8
 ANSWER = " ".join(f"word{n}" for n in range(10))
 HELD = Turn(text=ANSWER, chunks=10, fault="hang", fault_after=1)  # one chunk, then held
-
-
-def lookup(city: str) -> str:
-    """The weather in a city."""
-    return f"sunny in {city}"
 
 
 def tool_then_held_answer(body: Mapping[str, Any]) -> Turn:

@@ -15,11 +15,11 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
-from provider_support import RawServer, http_response
+from provider_support import RawServer, http_response, lookup, turn
 from pydantic import BaseModel
 
 from aimu import aio
-from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.client import TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.errors import ModelHTTPError, ModelProtocolError
 from aimu.aio.events import TextChunk
 from aimu.aio.providers.anthropic import DEFAULT_BASE_URL, AnthropicClient
@@ -35,15 +35,6 @@ USER: list[Message] = [{"role": "user", "content": "x"}]
 def claude(server: LoopbackServer, **options: Any) -> AnthropicClient:
     options.setdefault("api_key", KEY)
     return AnthropicClient("claude-test", base_url=server.url, **options)
-
-
-async def turn(model: aio.ModelClient, messages: list[Message], **options: Any) -> list[Chunk]:
-    return [chunk async for chunk in model.stream_turn(messages, **options)]
-
-
-def lookup(city: str) -> str:
-    """The weather in a city."""
-    return f"sunny in {city}"
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ import logging
 from typing import Any
 
 import pytest
-from provider_support import RawServer, closed_port, http_response
+from provider_support import RawServer, assert_key_hidden, closed_port, http_response, lookup, turn
 
 from aimu import aio
 from aimu.aio.client import (
-    Chunk,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -38,15 +37,6 @@ USER: list[Message] = [{"role": "user", "content": "x"}]
 def gemini(server: LoopbackServer, **options: Any) -> GeminiClient:
     options.setdefault("api_key", KEY)
     return GeminiClient("gemini-test", base_url=server.gemini_base_url, **options)
-
-
-async def turn(model: aio.ModelClient, messages: list[Message], **options: Any) -> list[Chunk]:
-    return [chunk async for chunk in model.stream_turn(messages, **options)]
-
-
-def lookup(city: str) -> str:
-    """The weather in a city."""
-    return f"sunny in {city}"
 
 
 def sse(*events: object) -> bytes:
@@ -316,9 +306,7 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
         await refused.chat("x")
     await refused.aclose()
     errors.append(caught_refused.value)
-    for error in errors:
-        assert KEY not in str(error) and KEY not in repr(error)
-        assert KEY not in getattr(error, "body", "")
+    assert_key_hidden(errors, KEY)
     assert "API key not valid: ***" in str(errors[0])
     assert "GEMINI_API_KEY" in str(errors[0])
     assert KEY not in caplog.text

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from provider_support import RawServer, closed_port, http_response
+from provider_support import RawServer, assert_key_hidden, closed_port, http_response
 
 from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, client
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
@@ -322,9 +322,7 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
         await refused.chat("x")
     await refused.aclose()
     errors.append(caught_refused.value)
-    for error in errors:
-        assert KEY not in str(error) and KEY not in repr(error)
-        assert KEY not in getattr(error, "body", "")
+    assert_key_hidden(errors, KEY)
     assert "check api_key= / OPENAI_API_KEY" in str(errors[0])
     assert "Incorrect API key provided: ***" in str(errors[0])
     assert KEY not in caplog.text
