@@ -165,7 +165,8 @@ async def _client_results(
 ) -> dict[str, str]:
     """The results of client-side tool calls the input ends with (its ``tool`` messages
     after the last other one), by call id; each must answer a call the thread's paused run
-    waits on (``Conflict`` for one answered already, ``BadRequest`` for an unknown one)."""
+    waits on (``Conflict`` for one answered already, ``BadRequest`` for an unknown one),
+    or be a result of the server's own tools the page was streamed (skipped)."""
     trailing: list[InputMessage] = []
     for message in reversed(messages):
         if message.role != "tool":
@@ -183,7 +184,10 @@ async def _client_results(
         if call_id in results:
             raise BadRequest(f"tool call {call_id!r:.80} is answered twice")
         if call_id not in waiting:
-            raise await not_waiting(runs, session, call_id)
+            error = await not_waiting(runs, session, call_id)
+            if error is None:
+                continue  # the server's own call: the page repeats what it was streamed
+            raise error
         results[call_id] = _text_of(message.content, message.id)
     return results
 

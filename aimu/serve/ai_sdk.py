@@ -199,9 +199,9 @@ def _approval_responses(message: UIMessage) -> list[tuple[str, bool, str | None]
 async def _tool_outputs(runs: Runs, session: str, message: UIMessage) -> dict[str, str]:
     """The outputs the message's tool parts carry for the client-side calls the chat's
     paused run waits on (``addToolResult``), by call id. The message repeats the calls
-    answered before (the server's own among them): those are skipped, unless nothing
-    waits at all (``Conflict``: the outputs were sent already); an output for a call the
-    chat never had is a ``BadRequest``."""
+    answered before: the server's own are skipped, the page's too unless nothing waits
+    at all (``Conflict``: the outputs were sent already); an output for a call the chat
+    never had is a ``BadRequest``."""
     outputs = {
         part["toolCallId"]: part.get("output") for part in message.parts
         if part.get("state") == "output-available" and isinstance(part.get("toolCallId"), str)
@@ -211,17 +211,17 @@ async def _tool_outputs(runs: Runs, session: str, message: UIMessage) -> dict[st
     _, pending = await runs.paused_on(session)
     waiting = {str(call["call_id"]) for call in pending if call.get("external")}
     results: dict[str, str] = {}
-    errors: list[ServeError] = []
+    repeated: ServeError | None = None
     for call_id, output in outputs.items():
         if call_id in waiting:
             results[call_id] = output if isinstance(output, str) else json.dumps(output)
-        else:
-            errors.append(await not_waiting(runs, session, call_id))
-    unknown = [error for error in errors if isinstance(error, BadRequest)]
-    if unknown:
-        raise unknown[0]
-    if not results and errors:
-        raise errors[-1]  # every output had its result already: sent twice
+            continue
+        error = await not_waiting(runs, session, call_id)  # None: the server's own call
+        if isinstance(error, BadRequest):
+            raise error
+        repeated = repeated or error
+    if not results and repeated is not None:
+        raise repeated  # the page's outputs had their results already: sent twice
     return results
 
 

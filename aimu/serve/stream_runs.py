@@ -21,6 +21,7 @@ import anyio
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from aimu.aio._session import EXTERNAL
 from aimu.aio._sse import CONTENT_TYPE
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools import Tool, external_tool
@@ -206,16 +207,23 @@ def client_tools(declared: Sequence[tuple[str, str, object]]) -> list[Tool]:
     return tools
 
 
-async def not_waiting(runs: Runs, session: str, call_id: str) -> BadRequest | Conflict:
-    """The error for a result of the client-side call ``call_id``, which ``session`` does
-    not wait on: it has its result already (sent twice, or by a stale page), or no such
-    call waits."""
+async def not_waiting(runs: Runs, session: str, call_id: str) -> ServeError | None:
+    """What a result the client sent for ``call_id``, on which ``session`` does not wait,
+    means: None for a call of the server's own tools, answered in its run (the client
+    repeats what it was streamed: nothing to do); else the error: it has its result
+    already (sent twice, or by a stale page), or no such call waits."""
     stored = await runs.store.load(session)
-    if any(m["role"] == "tool" and m["tool_call_id"] == call_id for m in stored):
-        return Conflict(f"tool call {call_id!r:.80} of {session!r} has its result already: "
-                        "nothing changed")
-    return BadRequest(f"no client-side tool call {call_id!r:.80} waits for a result on "
-                      f"{session!r}: nothing changed")
+    answered = [m for m in stored if m["role"] == "tool" and m["tool_call_id"] == call_id]
+    if not answered:
+        return BadRequest(f"no client-side tool call {call_id!r:.80} waits for a result on "
+                          f"{session!r}: nothing changed")
+    state = await runs.store.load_state(session)
+    external = {str(tool.get("name")) for tool in state.get(EXTERNAL) or []
+                if isinstance(tool, Mapping)}
+    if answered[0]["name"] not in external:
+        return None
+    return Conflict(f"tool call {call_id!r:.80} of {session!r} has its result already: "
+                    "nothing changed")
 
 
 async def live_or_revived(runs: Runs, session: str) -> RunView | None:

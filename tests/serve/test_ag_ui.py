@@ -129,6 +129,16 @@ async def test_leaving_the_stream_mid_tool_settles_the_call(
     validate(state["messages"])
     assert state["messages"][-1]["role"] == "tool"
     assert "cancelled" in state["messages"][-1]["content"]
+    # The page comes back with what it was streamed, ending with the server's own tool
+    # result: that is no client-side result, just a page coming back.
+    call = state["messages"][-2]["tool_calls"][0]
+    back = await ag_ui_events(http, run_input(
+        "agui-midtool", "r2", user("gate 1 3"),
+        {"id": "a1", "role": "assistant", "content": "calling ", "toolCalls": [
+            {"id": call["id"], "type": "function",
+             "function": {"name": "gated_lookup", "arguments": "{}"}}]},
+        tool_result(call["id"], state["messages"][-1]["content"])))
+    assert types(back) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
 
 
 async def test_aimu_cancel_route_ends_the_stream_cancelled(
