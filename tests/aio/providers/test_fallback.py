@@ -1,7 +1,7 @@
 """FallbackModel over the loopback server: the turn goes to the next model on a refused
 connection, a 5xx or a 429 that outlasted the retries, and never on a 4xx, a cancel, an
-interrupt or a reply already begun; the transcript crosses wires and each assistant
-message names the model that wrote it; usage is counted per model."""
+interrupt, a deadline, a limit or a reply already begun; the transcript crosses wires
+and each assistant message names the model that wrote it; usage is counted per model."""
 
 from __future__ import annotations
 
@@ -117,6 +117,32 @@ async def test_an_interrupt_during_a_retry_wait_is_not_handed_on() -> None:
         assert await handle == "Run interrupted."
         assert len(server.requests) == 1  # the next model was never asked
         await model.aclose()
+
+
+@pytest.mark.parametrize("stop", ["deadline", "wall limit"])
+async def test_a_deadline_or_a_limit_during_the_primary_never_reaches_the_next_model(
+    stop: str,
+) -> None:
+    """The primary's reply never comes; the run's deadline (``timeout=``) or its wall
+    limit ends the turn, and the next model is never asked."""
+    async with LoopbackServer([Turn(text="late", first_byte_delay=30)]) as server:
+        model = aio.FallbackModel(chat(server), responses(server))
+        limits = aio.UsageLimits(wall=0.3) if stop == "wall limit" else None
+        agent = aio.Agent(model, limits=limits)
+        handle = aio.RunHandle.start(
+            agent.run("go"), timeout=0.3 if stop == "deadline" else None
+        )
+        await handle.wait()
+        if stop == "wall limit":
+            assert agent.last_status == "limited"
+        else:
+            assert handle.status == "timed_out"
+        (record,) = await server.wait_abandoned(1)  # the primary's stream was closed
+        assert record.path == "/v1/chat/completions"
+        assert [r.path for r in server.requests] == ["/v1/chat/completions"]
+        validate(model.messages)
+        await model.aclose()
+    await assert_only_current_task()
 
 
 async def test_a_session_crosses_wires_and_each_reply_names_its_model() -> None:
