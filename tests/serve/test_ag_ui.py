@@ -400,6 +400,37 @@ async def test_a_client_side_call_dismissed_and_stops_before_and_after_its_resul
     validate(state["messages"])
 
 
+async def test_the_decision_route_takes_a_client_side_result(http: httpx.AsyncClient) -> None:
+    """``POST /runs/{id}/approvals/{call}`` with ``result``: the REST way to answer."""
+    MAILED.clear()
+    await ag_ui_events(http, run_input("agui-rest", "r1", user("locate"), tools=[LOCATE]))
+    waiting = await session(http, "agui-rest")
+    run_id, (call,) = waiting["paused_run_id"], waiting["pending"]
+    route = f"/runs/{run_id}/approvals/{call['call_id']}"
+    for body, said in (({"approve": True}, "send its result"),
+                       ({"approve": False, "result": "x"}, "a denial has no result")):
+        refused = await http.post(route, json=body)
+        assert refused.status_code == 400 and said in refused.json()["error"], refused.text
+    assert (await session(http, "agui-rest"))["pending"] == waiting["pending"]
+    answered = await http.post(route, json={"approve": True, "result": "Rome",
+                                            "pause_id": call["pause_id"]})
+    assert answered.status_code == 202, answered.text
+    resumed = answered.json()["resumed_run_id"]
+    async with http.stream("GET", f"/runs/{resumed}/events") as response:
+        async for _ in response.aiter_lines():
+            pass
+    assert (await session(http, "agui-rest"))["messages"][-1]["content"] == "you are in Rome"
+
+    # A result for a call that waits for approval is refused too.
+    await ag_ui_events(http, run_input("agui-rest-mail", "r1", user("mail kim")))
+    mail = await session(http, "agui-rest-mail")
+    wrong = await http.post(f"/runs/{mail['paused_run_id']}/approvals/"
+                            f"{mail['pending'][0]['call_id']}",
+                            json={"approve": True, "result": "sent, trust me"})
+    assert wrong.status_code == 400 and "not for a result" in wrong.json()["error"]
+    assert MAILED == [] and (await session(http, "agui-rest-mail"))["pending"]
+
+
 async def test_state_reaches_the_tools_and_comes_back_as_a_snapshot(
     http: httpx.AsyncClient,
 ) -> None:
