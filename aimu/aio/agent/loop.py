@@ -20,6 +20,7 @@ from aimu.aio.limits import Budget
 from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
 from aimu.aio.scope import RunScope
 from aimu.aio.transcript import UserMessage, dangling_calls
+from aimu.aio.tree import close_held
 
 from .session import Session
 from .settle import settle
@@ -128,6 +129,8 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     if task is None:
         session.require_task()
     else:
+        if session.held:  # agents called that paused: a new task drops their calls
+            await close_held(session)
         await session.drop_undone_calls()
         message: UserMessage = {"role": "user", "content": task}
         if run.options.images:

@@ -11,6 +11,7 @@ import pytest
 from aimu import aio
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.ends import PAUSED
+from aimu.aio.transcript import CANCELLED_RESULT
 from tests.aio.trees.tree_support import ANSWERS, Tree, check_valid, tool_results
 
 
@@ -117,4 +118,32 @@ async def test_a_stored_pause_is_decided_and_resumed_by_new_objects(tmp_path: Pa
             check_valid(await store.load(info.name))
         await third.root.aclose()
     finally:
+        await store.aclose()
+
+
+async def test_a_new_task_instead_of_the_resume_drops_the_held_call(tmp_path: Path) -> None:
+    store = aio.SQLiteStore(tmp_path / "tree.db")
+    tree, charges = charging_tree(store=store, session="top")
+    try:
+        leaf_calls_charge(tree)
+        await tree.root.run("go")
+        [pending] = tree.root.pending_approvals
+        with pytest.raises(ValueError, match="wait for a decision"):
+            await tree.root.run("something else")  # undecided: refused, nothing changed
+        tree.root.approve(pending)
+        # A new task: the held call is answered "cancelled", its agent's session closed;
+        # the new task calls the agent again, in a new session, which asks again.
+        assert await tree.root.run("something else") == PAUSED
+        assert charges.runs == 0
+        check_valid(tree.root.messages[:-1])
+        assert tool_results(tree.root.messages)[0] == CANCELLED_RESULT
+        [again] = tree.root.pending_approvals
+        assert again.path[0] != pending.path[0] and again.pause_id != pending.pause_id
+        # The sessions held for the dropped call were closed: another writer may open them.
+        dropped = [i.name for i in await store.sessions() if i.name.startswith("top--1.")]
+        assert len(dropped) == 2
+        for name in dropped:
+            await (await store.open_session(name)).aclose()
+    finally:
+        await tree.root.aclose()
         await store.aclose()
