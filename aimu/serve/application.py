@@ -10,6 +10,7 @@ app receives no lifespan events of its own).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -29,6 +30,8 @@ from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from aimu import __version__
+from aimu.aio._numbers import finite
+from aimu.aio._tasks import cancel_and_wait
 from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
 from aimu.aio.limits import UsageLimits
@@ -42,6 +45,7 @@ from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, BodyLimit, error_response, validation_answer
 from aimu.serve.models import Error, Health
+from aimu.serve.recovery import Recovery
 from aimu.serve.routes import router
 from aimu.serve.runs import AgentFactory, Runs, RunsBackend
 
@@ -73,8 +77,33 @@ class ServeApp(FastAPI):
     needs_token: bool = False
     _closers: list[Callable[[], Awaitable[None]]]
 
+    recovery: Recovery | None = None
+    """What resumes the runs to go on with, when built with ``recover=``."""
+    _looking: asyncio.Task[None] | None = None
+
+    def start_recovery(self, every: float) -> None:
+        """Look for runs to go on with now and every ``every`` seconds (``recover=``)."""
+        if self._looking is None:
+            self.recovery = Recovery(self.runs)
+            self._looking = asyncio.ensure_future(self.recovery.keep_looking(every))
+
+    async def _stop_recovery(self) -> None:
+        looking, self._looking = self._looking, None
+        if looking is not None:
+            await cancel_and_wait([looking])
+        if self.recovery is not None:
+            await self.recovery.aclose()
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new runs (503 with ``Retry-After``), interrupt the runs in progress at
+        their next step boundary, cancel those still going ``grace`` seconds later, and
+        wait; each so stopped is recorded and marked to be recovered."""
+        await self._stop_recovery()
+        await self.runs.drain(grace)
+
     async def aclose(self) -> None:
         """Cancel the runs in progress (transcripts kept), then close what app() opened."""
+        await self._stop_recovery()
         await self.runs.aclose()
         closers, self._closers = self._closers, []
         for close in closers:
@@ -98,6 +127,7 @@ def app(
     redis_prefix: str = "aimu",
     temporal: str | None = None,
     task_queue: str | None = None,
+    recover: float | None = None,
 ) -> ServeApp:
     """The runs API and the chat page as an ASGI application.
 
@@ -113,8 +143,12 @@ def app(
     the runs with every server on the same Redis and store; the app checks that Redis
     answers when it starts. ``temporal`` (``HOST:PORT``) with ``task_queue`` hands every
     run to ``aimu worker`` processes instead (``redis`` then makes their cancels land at
-    once); the app connects when it starts.
+    once); the app connects when it starts. ``recover`` (seconds) looks for runs to go
+    on with (their process died, or a drain stopped them) as the app starts and then that
+    often, and resumes each exactly once (:mod:`aimu.serve.recovery`).
     """
+    if recover is not None and not (finite(recover) and recover > 0):
+        raise ValueError(f"recover= takes seconds between looks, above 0; got {recover!r}")
     closers: list[Callable[[], Awaitable[None]]] = []
     if token is ...:
         token = os.environ.get("AIMU_API_TOKEN") or None
@@ -183,6 +217,8 @@ def app(
         async with contextlib.AsyncExitStack() as mcp_running:
             if mcp_endpoint is not None:
                 await mcp_running.enter_async_context(mcp_endpoint.session_manager.run())
+            if recover is not None:
+                application.start_recovery(recover)
             yield
             await application.aclose()
 

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import ipaddress
 import logging
+import math
 import os
 import signal
 import socket
@@ -82,6 +83,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         metavar="QUEUE",
         help="the Temporal task queue the workers take runs from (with --temporal)",
     )
+    add_drain_options(parser, "serve")
     parser.add_argument(
         "--cors-origin",
         action="append",
@@ -89,6 +91,45 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         metavar="ORIGIN",
         help="allow browser calls from this origin (repeatable; none by default)",
     )
+
+
+#: Seconds a SIGTERM gives the runs in progress to stop at a step boundary (--drain).
+DEFAULT_DRAIN: Final = 30.0
+
+
+def seconds(what: str, *, zero: bool = True) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, 0 or more (above 0 unless
+    ``zero``); the error names the option ``what``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            least = "0 or more" if zero else "above 0"
+            raise argparse.ArgumentTypeError(
+                f"{what} takes a finite number of seconds, {least}; got {text!r:.40}"
+            )
+        return value
+
+    return parse
+
+
+def add_drain_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--drain S`` and ``--recover``, which ``aimu serve`` and ``aimu worker`` share."""
+    parser.add_argument(
+        "--drain", type=seconds("--drain"), default=DEFAULT_DRAIN, metavar="SECONDS",
+        help="on SIGTERM, start no run, interrupt those in progress at their next step, "
+        f"cancel what is left after SECONDS, then exit 0 (default {DEFAULT_DRAIN:g}; "
+        "a second SIGTERM or Ctrl+C cancels at once)",
+    )
+    if command == "serve":
+        parser.add_argument(
+            "--recover", action="store_true",
+            help="go on with the runs whose process died or that a drain stopped, each "
+            "exactly once (a lease: the session's write lock); off by default",
+        )
 
 
 def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
@@ -246,6 +287,8 @@ async def _run(
     store: str,
     token: str | None,
 ) -> int:
+    from aimu.serve.recovery import RECOVER_EVERY  # the serve extra is there
+
     control: RedisControl | None = None
     if options.redis is not None:
         try:
@@ -269,6 +312,7 @@ async def _run(
             redis=control,
             temporal=options.temporal,
             task_queue=options.task_queue,
+            recover=RECOVER_EVERY if options.recover else None,
         )
     except ImportError as missing:  # the store's extra (asyncpg for postgresql://)
         if control is not None:
@@ -309,10 +353,35 @@ async def _run(
             if not self.should_exit:
                 print(what, file=sys.stderr, flush=True)
 
+        draining: asyncio.Task[None] | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
+            # A first SIGTERM drains: the server answers on (503 to new runs) while its
+            # runs stop at a step boundary, then shuts down. Ctrl+C, a second signal, or
+            # a drain of 0: shut down now (the lifespan cancels what runs).
+            first = self.draining is None and not self.should_exit
+            if first and sig == signal.SIGTERM and options.drain > 0:
+                loop.call_soon_threadsafe(self._drain)
+                return
+            loop.call_soon_threadsafe(self._exit_now, sig, frame)
+
+        def _drain(self) -> None:
+            if self.draining is None and not self.should_exit:
+                self.draining = asyncio.ensure_future(self._drained())
+
+        async def _drained(self) -> None:
+            print(f"aimu serve: draining: no new runs; the runs in progress stop within "
+                  f"{options.drain:g} s", file=sys.stderr, flush=True)
+            with contextlib.suppress(asyncio.CancelledError):
+                await application.drain(options.drain)
+            self._exit_now(signal.SIGTERM, None)
+
+        def _exit_now(self, sig: int, frame: Any) -> None:
             # Event streams would hold the shutdown open until their runs end: end them
             # now (clients reconnect with Last-Event-ID); the lifespan then stops the runs.
             application.runs.begin_shutdown()
+            if self.draining is not None and not self.draining.done():
+                self.draining.cancel()  # a second signal: the runs are cancelled at once
             super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
@@ -325,6 +394,7 @@ async def _run(
             with SignalHandlers(self.handle_exit, (signal.SIGINT, signal.SIGTERM)):
                 yield
 
+    loop = asyncio.get_running_loop()
     server = Server(config)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addFilter(_not_a_start_line)  # after Config, which sets up its logging

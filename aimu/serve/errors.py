@@ -28,6 +28,7 @@ __all__ = [
     "Answer",
     "BadRequest",
     "Conflict",
+    "Draining",
     "NotFound",
     "NotSupported",
     "PayloadTooLarge",
@@ -80,6 +81,13 @@ class ServiceUnavailable(ServeError):
     status = 503
 
 
+class Draining(ServiceUnavailable):
+    """The server drains its runs before it exits: it starts none (503, ``Retry-After``;
+    another server, or this one restarted, will)."""
+
+    retry_after = 5
+
+
 @dataclass(frozen=True)
 class Answer:
     """What a client is told about an error, and how loudly the server logs it."""
@@ -95,7 +103,12 @@ class Answer:
 #: (exception class, how to answer it), the first match wins. ``where`` names the
 #: session or run of the request ("session 'a'"), or is empty.
 _TABLE: Final[tuple[tuple[type[BaseException], Callable[[BaseException, str], Answer]], ...]] = (
-    (ServeError, lambda e, _: Answer(getattr(e, "status", 500), str(e))),
+    (
+        ServeError,
+        lambda e, _: Answer(
+            getattr(e, "status", 500), str(e), retry_after=getattr(e, "retry_after", None)
+        ),
+    ),
     (
         SessionLockedError,
         lambda _, where: Answer(

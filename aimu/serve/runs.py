@@ -22,7 +22,7 @@ from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage
 from aimu.aio.tree import stored_pending
-from aimu.serve.errors import BadRequest, Conflict
+from aimu.serve.errors import BadRequest, Conflict, Draining
 from aimu.serve.ids import check_run_id
 
 __all__ = [
@@ -182,6 +182,11 @@ class RunsBackend(Protocol):
         """End every follower's stream now (they reconnect elsewhere); runs go on."""
         ...
 
+    async def drain(self, grace: float) -> None:
+        """Interrupt the runs executing here, cancel those still going ``grace`` seconds
+        later, and wait for them; each so stopped is marked to be recovered."""
+        ...
+
     async def aclose(self) -> None:
         """Stop the runs executing here (their transcripts are kept) and wait for them."""
         ...
@@ -255,7 +260,10 @@ class Runs:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise Conflict("the server is shutting down; send the request to another server")
+            raise Draining(
+                "the server is shutting down and starts no run: send the request to "
+                "another server, or again once this one is back"
+            )
 
     # -- starting --------------------------------------------------------------------
 
@@ -402,6 +410,23 @@ class Runs:
     def begin_shutdown(self) -> None:
         """End every follower's stream now (they reconnect elsewhere); runs go on."""
         self.backend.begin_shutdown()
+
+    @property
+    def agents(self) -> AgentFactory:
+        """How the agent of a session's run is built."""
+        return self._agents
+
+    @property
+    def draining(self) -> bool:
+        """True once the server refuses new runs (it drains or closes)."""
+        return self._closed
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new runs (503), interrupt those executing here at their next step
+        boundary, cancel what is left after ``grace`` seconds and wait; the runs so
+        stopped are marked in their records to be recovered (``--recover``)."""
+        self._closed = True
+        await self.backend.drain(grace)
 
     async def aclose(self) -> None:
         """Refuse new runs, stop the runs executing here and wait for them."""

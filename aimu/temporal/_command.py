@@ -16,7 +16,7 @@ from aimu._mcp_options import mcp_servers, open_all
 from aimu.aio.errors import ControlConnectionError, MCPServerError
 from aimu.aio.tools import Toolset
 from aimu.serve.agents import agent_factory, open_store
-from aimu.serve.command import add_agent_options, agent_tools
+from aimu.serve.command import add_agent_options, add_drain_options, agent_tools, seconds
 
 __all__ = ["add_worker_options", "run_worker"]
 
@@ -31,8 +31,10 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
     add_agent_options(parser, "aimu's log records")
     parser.add_argument("--concurrency", type=int, default=10, metavar="N",
                         help="runs this worker executes at once (default 10)")
-    parser.add_argument("--heartbeat", type=float, default=0.25, metavar="SECONDS",
+    parser.add_argument("--heartbeat", type=seconds("--heartbeat", zero=False), default=0.25,
+                        metavar="SECONDS",
                         help="how often a run heartbeats and reads its controls (default 0.25)")
+    add_drain_options(parser, "worker")
 
 
 def run_worker(options: argparse.Namespace) -> int:
@@ -77,7 +79,7 @@ async def _work(options: argparse.Namespace, tools: Sequence[Any]) -> int:
         worker = AgentWorker(
             agents, store, temporal=options.temporal, task_queue=options.task_queue,
             namespace=options.namespace, redis=control, concurrency=options.concurrency,
-            heartbeat=options.heartbeat,
+            heartbeat=options.heartbeat, drain=options.drain,
         )
         task = asyncio.current_task()
         assert task is not None

@@ -17,6 +17,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from aimu.aio._numbers import finite
 from aimu.serve.runs import AgentFactory
 from aimu.temporal._activities import Activities
 from aimu.temporal._connect import connect
@@ -46,7 +47,9 @@ class AgentWorker:
     :func:`aimu.serve.agents.agent_factory`); ``redis`` (a RedisControl) registers each
     run so a cancel from Redis lands at once. ``heartbeat`` is how often a running turn
     heartbeats and reads its controls (interrupt, stop, send): a cancel through Temporal
-    alone lands within about that. Use ``async with AgentWorker(...) as worker:`` or
+    alone lands within about that. ``drain``: seconds the runs in progress get to end
+    when the worker stops, before they are cancelled (Temporal retries them elsewhere).
+    Use ``async with AgentWorker(...) as worker:`` or
     ``await worker.run()`` (until cancelled).
     """
 
@@ -61,18 +64,22 @@ class AgentWorker:
         redis: RedisControl | None = None,
         concurrency: int = 10,
         heartbeat: float = 0.25,
+        drain: float = 0.0,
     ) -> None:
         if not task_queue:
             raise ValueError("AgentWorker needs a task_queue: the queue its runs are started on")
         if concurrency < 1:
             raise ValueError(f"AgentWorker(concurrency={concurrency!r}): give 1 or more")
-        if not heartbeat > 0:
+        if not (finite(heartbeat) and heartbeat > 0):
             raise ValueError(f"AgentWorker(heartbeat={heartbeat!r}): give seconds above 0")
+        if not (finite(drain) and drain >= 0):
+            raise ValueError(f"AgentWorker(drain={drain!r}): give seconds, 0 or more")
         self._temporal = temporal
         self.task_queue = task_queue
         self.namespace = namespace
         self.concurrency = concurrency
         self.heartbeat = heartbeat
+        self.drain = drain
         self._activities = Activities(agents, store, control=redis, tick=heartbeat)
         self._worker: Worker | None = None
         self._running: asyncio.Task[None] | None = None
@@ -89,7 +96,7 @@ class AgentWorker:
             max_concurrent_activities=self.concurrency,
             max_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
             default_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
-            graceful_shutdown_timeout=timedelta(seconds=0),
+            graceful_shutdown_timeout=timedelta(seconds=self.drain),
             workflow_runner=_RUNNER,
         )
         self._running = asyncio.create_task(self._worker.run(), name="aimu temporal worker")

@@ -320,3 +320,27 @@ async def test_interrupted_and_paused_runs_say_why(tmp_path: Path) -> None:
         paused, interrupted = await store.runs()
     assert interrupted.status == "interrupted" and "interrupt" in (interrupted.reason or "")
     assert paused.status == "paused" and "pay (p1)" in (paused.reason or "")
+
+
+async def test_runs_to_recover_are_found_by_their_mark(store: Store) -> None:
+    """``runs(recover=True)`` lists the records marked to go on (a drain marks them),
+    ``recover=False`` the others, with the other filters; a mark written again is
+    cleared."""
+    writer = await store.open_session("marks")
+    try:
+        for n, marked in enumerate((True, False, True)):
+            await writer.record_run(RunRecord(
+                id=f"mark-{n}", session="marks", agent="a", started=1000.0 + n,
+                status="interrupted", recover=marked,
+            ))
+        assert [r.id for r in await store.runs(recover=True)] == ["mark-2", "mark-0"]
+        assert [r.id for r in await store.runs(recover=False)] == ["mark-1"]
+        assert [r.id for r in await store.runs(status="interrupted", recover=True, limit=1)
+                ] == ["mark-2"]
+        spent = await store.run("mark-2")
+        assert spent is not None
+        await writer.record_run(RunRecord(**{**spent.to_json(), "recover": False,
+                                             "models": ()}))
+        assert [r.id for r in await store.runs(session="marks", recover=True)] == ["mark-0"]
+    finally:
+        await writer.aclose()

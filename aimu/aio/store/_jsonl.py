@@ -304,6 +304,8 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
         status: str | None = None,
         limit: int = 100,
         before: str | None = None,
+        *,
+        recover: bool | None = None,
     ) -> list[RunRecord]:
         session, status, limit, before = runs_page(session, status, limit, before)
         records = self._run_records()
@@ -316,6 +318,7 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
         return [
             r for r in found
             if (session is None or r.session == session) and (status is None or r.status == status)
+            and (recover is None or r.recover == recover)
         ][:limit]
 
     async def run(self, run_id: str) -> RunRecord | None:

@@ -426,10 +426,12 @@ class PostgresStore:
         status: str | None = None,
         limit: int = 100,
         before: str | None = None,
+        *,
+        recover: bool | None = None,
     ) -> list[RunRecord]:
         session, status, limit, before = runs_page(session, status, limit, before)
         sql, parameters = runs_query(
-            f"{self._s}.runs", session, status, before, limit, lambda n: f"${n}"
+            f"{self._s}.runs", session, status, before, limit, lambda n: f"${n}", recover
         )
 
         async def read(conn: asyncpg.Connection) -> list[RunRecord]:

@@ -196,6 +196,7 @@ def runs_query(
     before: str | None,
     limit: int,
     mark: Callable[[int], str],
+    recover: bool | None = None,
 ) -> tuple[str, list[Any]]:
     """The SQL (and its parameters) of :meth:`Store.runs` on ``table``; ``mark(n)`` is
     the driver's placeholder for the n-th parameter (from 1)."""
@@ -211,6 +212,8 @@ def runs_query(
         add("session = {}", session)
     if status is not None:
         add("status = {}", status)
+    if recover is not None:
+        add("recover = {}", bool(recover))
     if before is not None:
         add(f"(started, id) < (SELECT started, id FROM {table} WHERE id = {{}})", before)
     sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM {table}"
@@ -386,10 +389,13 @@ class Store(Protocol):
         status: str | None = None,
         limit: int = 100,
         before: str | None = None,
+        *,
+        recover: bool | None = None,
     ) -> list[RunRecord]:
         """Run records, the latest started first, at most ``limit``: of one ``session``,
-        with one ``status``, started before the run ``before`` (the last id of the page
-        before). ``ValueError`` for a bad argument or an unknown ``before``."""
+        with one ``status``, with ``recover`` set so (None: either), started before the
+        run ``before`` (the last id of the page before). ``ValueError`` for a bad argument
+        or an unknown ``before``."""
         ...
 
     async def run(self, run_id: str) -> RunRecord | None:

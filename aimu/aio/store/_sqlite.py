@@ -406,6 +406,8 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
         status: str | None = None,
         limit: int = 100,
         before: str | None = None,
+        *,
+        recover: bool | None = None,
     ) -> list[RunRecord]:
         session, status, limit, before = runs_page(session, status, limit, before)
         with self._mutex:
@@ -413,7 +415,9 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
                 "SELECT 1 FROM runs WHERE id = ?", (before,), "read the runs"
             ):
                 raise unknown_run(before)
-            sql, parameters = runs_query("runs", session, status, before, limit, lambda _: "?")
+            sql, parameters = runs_query(
+                "runs", session, status, before, limit, lambda _: "?", recover
+            )
             return [run_record(row) for row in self._query(sql, parameters, "read the runs")]
 
     async def run(self, run_id: str) -> RunRecord | None:

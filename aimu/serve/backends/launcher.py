@@ -7,16 +7,22 @@ store. The local and Redis backends both launch with it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
+from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
 from aimu.serve.runs import AgentFactory, open_agent
 
 __all__ = ["Launcher", "StartHandle"]
+
+_log = logging.getLogger("aimu.serve")
 
 #: Starts the run's coroutine under a handle, given how many messages the session held.
 StartHandle = Callable[[Coroutine[Any, Any, str], int], RunHandle[str]]
@@ -25,8 +31,11 @@ StartHandle = Callable[[Coroutine[Any, Any, str], int], RunHandle[str]]
 class Launcher:
     """Starts runs of sessions in this process and stops them all on :meth:`aclose`."""
 
-    def __init__(self, agents: AgentFactory) -> None:
+    def __init__(self, agents: AgentFactory, store: Store | None = None) -> None:
         self._agents = agents
+        self._store = store
+        self.draining = False
+        """Set by :meth:`drain`: a run that ends stopped is marked to be recovered."""
         self._handles: set[RunHandle[str]] = set()
         self._background = Background()
         self._releasing: dict[RunHandle[str], asyncio.Task[Any]] = {}
@@ -48,6 +57,7 @@ class Launcher:
             await agent.aclose()
             raise
         started = False
+        handles: list[RunHandle[str]] = []
 
         async def closing() -> str:
             nonlocal started
@@ -56,6 +66,8 @@ class Launcher:
                 return await run
             finally:
                 await agent.aclose()
+                if self.draining and handles:
+                    await self._mark_drained(session, handles[0].run_id)
 
         def on_done(handle: RunHandle[str]) -> None:
             self._handles.discard(handle)
@@ -71,9 +83,55 @@ class Launcher:
             run.close()
             await agent.aclose()
             raise
+        handles.append(handle)
         self._handles.add(handle)
         handle.add_done_callback(on_done)
         return handle
+
+    async def _mark_drained(self, session: str, run_id: str | None) -> None:
+        """Mark the record of run ``run_id``, stopped by the drain, to be recovered (its
+        ``recover``), if it is still its session's latest: taken under the session's
+        write lock, so a server recovering runs sees the mark or a newer run."""
+        if run_id is None or self._store is None:
+            return
+        store = self._store
+        try:
+            writer = await store.open_session(session)
+        except SessionLockedError:
+            return  # the session goes on elsewhere already
+        except StoreError as error:
+            _log.warning("run %s: cannot mark it to be recovered: %s", run_id, error)
+            return
+        try:
+            latest = await store.runs(session=session, limit=1)
+            if latest and latest[0].id == run_id and latest[0].status in (
+                "interrupted", "cancelled"
+            ):
+                await writer.record_run(dataclasses.replace(latest[0], recover=True))
+        except StoreError as error:
+            _log.warning("run %s: cannot mark it to be recovered: %s", run_id, error)
+        finally:
+            await writer.aclose()
+
+    async def drain(self, grace: float) -> None:
+        """Interrupt every run here at its next step boundary, wait up to ``grace``
+        seconds for them to end, cancel those still going, and wait until each ended and
+        its record was marked to be recovered (its session goes on elsewhere)."""
+        self.draining = True
+        handles = [h for h in self._handles if not h.done]
+        for handle in handles:
+            handle.interrupt()
+        if handles:
+            waits = [asyncio.ensure_future(ended(h)) for h in handles]
+            try:
+                await asyncio.wait(waits, timeout=grace)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        for handle in handles:
+            if not handle.done:
+                handle.cancel(f"the server shut down: still running {grace:g} s into its drain")
+        await asyncio.gather(*(ended(h) for h in handles))
 
     async def settled(self, handle: RunHandle[str]) -> None:
         """Wait until ``handle`` ended and its session was released."""

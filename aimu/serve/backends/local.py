@@ -38,7 +38,7 @@ class LocalBackend(RunLog):
 
     def __init__(self, agents: AgentFactory, store: Store, *, keep_finished: int = 1000) -> None:
         super().__init__(keep_finished=keep_finished)
-        self._launcher = Launcher(agents)
+        self._launcher = Launcher(agents, store)
         self._runs_here = LocalRuns(self._launcher.spawn)
         self._steering: Steering = self._runs_here
         self._decisions = StoreDecisions(store, agents, self)
@@ -100,6 +100,9 @@ class LocalBackend(RunLog):
 
     async def decide(self, view: RunView, verdict: Verdict) -> Decided:
         return await self._decisions.decide(view, verdict)
+
+    async def drain(self, grace: float) -> None:
+        await self._launcher.drain(grace)
 
     async def aclose(self) -> None:
         self.begin_shutdown()

@@ -49,7 +49,7 @@ class RedisBackend:
     (and store) is found, followed and stopped through it."""
 
     def __init__(self, agents: AgentFactory, store: Store, control: RedisControl) -> None:
-        self._launcher = Launcher(agents)
+        self._launcher = Launcher(agents, store)
         self._decisions = StoreDecisions(store, agents, self)
         self.control = control
         self._closing = asyncio.Event()
@@ -184,6 +184,9 @@ class RedisBackend:
 
     def begin_shutdown(self) -> None:
         self._closing.set()
+
+    async def drain(self, grace: float) -> None:
+        await self._launcher.drain(grace)
 
     async def aclose(self) -> None:
         self.begin_shutdown()

@@ -260,6 +260,9 @@ class TemporalBackend(RunLog):
 
     # -- shutting down -------------------------------------------------------------------
 
+    async def drain(self, grace: float) -> None:
+        """Nothing to drain: the runs execute in the workers (``aimu worker --drain``)."""
+
     async def aclose(self) -> None:
         """Stop following; the runs go on in the workers."""
         self.begin_shutdown()

@@ -1,0 +1,187 @@
+"""Runs that go on without a person: ``aimu serve --recover``.
+
+A server that recovers looks, when it starts and then every few seconds, for the runs
+whose record says they must go on: ``running`` while no process runs them (their process
+died), or marked ``recover`` (a drain stopped them). It resumes each exactly once.
+
+The lease is the session's write lock, which every store already has and which its
+holder's death releases: an OS lock on a file for SQLite and JSONL (one host), a
+PostgreSQL advisory lock held by the writer's connection (any host). A run's record
+says ``running`` only while a writer holds that lock, so a ``running`` record whose
+session can be opened is a dead process's. Under the lock the server checks that the
+run is still its session's latest (else another server went on with it already),
+writes the run's end, and starts the resume, which records a new run, all before the
+lock is let go: two servers never resume one run. A run whose process died three times
+in a row is left ``failed`` with the reason; calls in doubt (a non-idempotent tool that
+may or may not have run) pause for a person's decision, as after any crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Final
+
+from aimu.aio.agent import Agent
+from aimu.aio.errors import SessionLockedError, StoreError
+from aimu.aio.store import RunRecord, SessionWriter
+from aimu.serve.errors import ServeError
+from aimu.serve.runs import Runs, open_agent
+
+__all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "Recovery"]
+
+_log = logging.getLogger("aimu.serve")
+
+#: How a run whose process died is recorded (its reason starts so).
+CRASHED: Final = "its process died"
+#: A run whose process died this many times in a row is left failed, not resumed.
+MAX_CRASHES: Final = 3
+#: Seconds between two looks for runs to recover.
+RECOVER_EVERY: Final = 5.0
+#: The most runs one look considers (the next look takes the rest).
+_PAGE: Final = 1000
+
+
+class Recovery:
+    """Finds the runs to go on with and resumes each through ``runs`` exactly once."""
+
+    def __init__(self, runs: Runs) -> None:
+        self._runs = runs
+        self.resumed: list[str] = []
+        """The ids of the runs this process resumed (the new runs'), in order."""
+        self._tidying: set[asyncio.Future[None]] = set()
+
+    async def look(self) -> list[str]:
+        """Resume every run found to go on with now; the new runs' ids."""
+        store = self._runs.store
+        found: dict[str, RunRecord] = {}
+        for record in [
+            *await store.runs(status="running", limit=_PAGE),
+            *await store.runs(recover=True, limit=_PAGE),
+        ]:
+            if record.parent is None:  # a child run goes on with its parent's resume
+                found.setdefault(record.id, record)
+        started: list[str] = []
+        for record in found.values():
+            if self._runs.draining:
+                break
+            try:
+                run_id = await self.claim(record)
+            except (StoreError, ServeError) as error:
+                _log.warning("cannot recover run %s: %s", record.id, error)
+                continue
+            if run_id is not None:
+                started.append(run_id)
+        self.resumed += started
+        return started
+
+    async def claim(self, record: RunRecord) -> str | None:
+        """Resume the session of ``record`` if the run must still go on and its session
+        is free; the new run's id, or None (it runs, or went on elsewhere, or stays)."""
+        try:
+            agent = await open_agent(self._runs.agents, record.session)
+        except SessionLockedError:
+            return None  # it runs (alive), or another server claims it now
+        try:
+            writer = _writer_of(agent)
+            latest = await self._runs.store.runs(session=record.session, limit=MAX_CRASHES)
+            current = latest[0] if latest else None
+            if current is None or current.id != record.id:
+                if record.recover:  # went on already: the mark is spent
+                    await writer.record_run(dataclasses.replace(record, recover=False))
+                current = None
+            elif current.status != "running" and not current.recover:
+                current = None  # it ended meanwhile
+            if current is not None:
+                current = await self._ready(agent, writer, current, latest)
+            if current is None:
+                await agent.aclose()
+                return None
+        except BaseException:
+            await agent.aclose()
+            raise
+        view = await self._runs.backend.start(record.session, None, agent)
+        _log.warning("run %s of session %r goes on as run %s", record.id, record.session,
+                     view.run_id)
+        tidy = asyncio.ensure_future(self._spend(writer, current, view.run_id))
+        self._tidying.add(tidy)
+        tidy.add_done_callback(self._tidying.discard)
+        return view.run_id
+
+    async def _spend(self, writer: SessionWriter, record: RunRecord, run_id: str) -> None:
+        """Clear ``record``'s mark once the run that goes on with it is recorded (until
+        then the mark lets another server resume it, should this one die): with the
+        writer the new run holds, if it still runs, else at a later look."""
+        store = self._runs.store
+        try:
+            for _ in range(200):
+                if await store.run(run_id) is not None:
+                    await writer.record_run(dataclasses.replace(record, recover=False))
+                    return
+                await asyncio.sleep(0.05)
+        except (StoreError, RuntimeError, ValueError) as error:
+            _log.debug("run %s: its mark is cleared at a later look (%s)", record.id, error)
+
+    async def _ready(
+        self, agent: Agent, writer: SessionWriter, current: RunRecord, latest: list[RunRecord]
+    ) -> RunRecord | None:
+        """Record how ``current`` ended; its record as written if its session may
+        resume, None if not: after :data:`MAX_CRASHES` deaths in a row, or while calls
+        wait for a decision."""
+        now = time.time()
+        if current.status == "running":
+            streak = 1
+            for earlier in latest[1:]:
+                if not (earlier.reason or "").startswith(CRASHED):
+                    break
+                streak += 1
+            if streak >= MAX_CRASHES:
+                await writer.record_run(dataclasses.replace(
+                    current, status="failed", ended=now, recover=False,
+                    reason=f"{CRASHED} {streak} times in a row: left failed, not resumed "
+                    "again (resume it by hand once the cause is fixed)",
+                ))
+                await writer.set_status("failed")
+                return None
+            # Still marked: if this server dies before the resume starts, another resumes.
+            current = dataclasses.replace(
+                current, status="failed", ended=now, recover=True,
+                reason=f"{CRASHED} ({streak} in a row); a recovering server resumed it",
+            )
+            await writer.record_run(current)
+        waiting = agent.pending_approvals
+        if waiting:
+            names = ", ".join(f"{p.call_id} ({p.tool})" for p in waiting)
+            await writer.record_run(dataclasses.replace(
+                current, status="paused", ended=current.ended or now, recover=False,
+                reason=f"{current.reason or 'stopped'}; calls wait for a decision: {names}",
+            ))
+            await writer.set_status("paused")
+            return None
+        return current
+
+    async def keep_looking(self, every: float = RECOVER_EVERY) -> None:
+        """Look now and every ``every`` seconds until cancelled or the server drains."""
+        while not self._runs.draining:
+            try:
+                await self.look()
+            except (StoreError, ServeError) as error:
+                _log.warning("cannot look for runs to recover: %s", error)
+            await asyncio.sleep(every)
+
+    async def aclose(self) -> None:
+        """Stop clearing marks (a later look clears those left)."""
+        tidying, self._tidying = self._tidying, set()
+        for task in tidying:
+            task.cancel()
+        await asyncio.gather(*tidying, return_exceptions=True)
+
+
+def _writer_of(agent: Agent) -> SessionWriter:
+    """The open writer of ``agent``'s session (its write lock: the lease)."""
+    writer = agent._session.durable.writer
+    if writer is None:
+        raise StoreError("the session is not open")
+    return writer

@@ -1,0 +1,273 @@
+"""Drain on SIGTERM and ``--recover`` (issue 34 items 3 and 4), with real ``aimu serve``
+processes under Uvicorn, on the loopback model, at provable points: a tool the run calls
+says it runs (a file), the server says it drains (its log), the store says how each run
+ended."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from aimu import aio
+from aimu.aio.approvals import Approvals
+from aimu.aio.store import RunRecord
+from aimu.cli import build_parser
+from aimu.serve import app
+from aimu.serve.agents import open_store
+from aimu.serve.recovery import CRASHED, Recovery
+from aimu.testing.server import LoopbackServer
+from tests.serve import recover_tools
+from tests.serve.harness import aimu_serve, start, store_of
+
+TOOLS = (
+    "--tool", "tests.serve.recover_tools:held", "--tool", "tests.serve.recover_tools:held_once",
+    "--tool", "tests.serve.recover_tools:held_asked",
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread(recover_tools.script) as server:
+        yield server
+
+
+@pytest.fixture
+def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "held"
+    where.mkdir()
+    monkeypatch.setenv("AIMU_TEST_HELD", str(where))  # the servers inherit it
+    return where
+
+
+async def until(what: str, check: Callable[[], Any]) -> None:
+    """Wait until ``check()`` is true: a state reached, never a time measured."""
+    deadline = time.monotonic() + 60
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def runs_of(store: Path | str, session: str) -> list[RunRecord]:
+    opened, close = open_store(store)
+    try:
+        return await opened.runs(session=session)
+    finally:
+        if close is not None:
+            await close()
+
+
+async def latest_is(store: Path | str, session: str, status: str) -> bool:
+    found = await runs_of(store, session)
+    return bool(found) and found[0].status == status
+
+
+def ran(held: Path) -> list[str]:
+    """The completed calls of the held tools, as ``ran-<query>-<n>``."""
+    return sorted(p.name for p in held.glob("ran-*"))
+
+
+def said(log: Path, text: str) -> bool:
+    return text in log.read_text(errors="replace")
+
+
+async def test_sigterm_drains_then_recover_goes_on_with_the_run(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    store = tmp_path / "sessions.db"
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS, "--drain", "60") as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "d1", "hold a")
+            await until("the tool runs", (held / "entered-a").exists)
+            one.process.send_signal(signal.SIGTERM)
+            await until("the drain begins", lambda: said(one.log, "aimu serve: draining"))
+            refused = await http.post("/sessions/d2/runs", json={"task": "hello"})
+            assert refused.status_code == 503
+            assert refused.headers["Retry-After"] == "5"
+            body = refused.json()
+            assert body["status"] == 503 and "shutting down" in body["error"]
+            assert (await http.get(f"/runs/{run_id}")).json()["status"] == "running"
+            (held / "open").touch()  # the tool ends: the run stops at that step boundary
+        assert await asyncio.wait_for(one.process.wait(), 60) == 0
+    [drained] = await runs_of(store, "d1")
+    assert (drained.id, drained.status, drained.recover) == (run_id, "interrupted", True)
+    assert await runs_of(store, "d2") == []
+    assert ran(held) == ["ran-a-1"]
+
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS, "--recover",
+                          name="recovering"):
+        await until("the run goes on", lambda: latest_is(store, "d1", "completed"))
+        await until("the mark is spent", lambda: runs_of(store, "d1"))
+        new, old = await runs_of(store, "d1")
+        await until("the mark is spent",
+                    lambda: _not_marked(store, "d1", old.id))
+    transcript = await _transcript(store, "d1")
+    assert transcript[-1]["content"] == "done: held a"
+    assert ran(held) == ["ran-a-1"]  # not run again
+    assert new.status == "completed" and not new.recover
+
+
+async def _not_marked(store: Path | str, session: str, run_id: str) -> bool:
+    return not any(r.recover for r in await runs_of(store, session) if r.id == run_id)
+
+
+async def _transcript(store: Path | str, session: str) -> list[Any]:
+    opened, close = open_store(store)
+    try:
+        return list(await opened.load(session))
+    finally:
+        if close is not None:
+            await close()
+
+
+@pytest.mark.parametrize("how", ["second sigterm", "drain seconds out"])
+async def test_a_drain_cancels_what_is_left(
+    tmp_path: Path, model: LoopbackServer, held: Path, how: str
+) -> None:
+    store = tmp_path / "sessions.db"
+    drain = "60" if how == "second sigterm" else "0.5"
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS, "--drain", drain) as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "c1", "hold b")
+        await until("the tool runs", (held / "entered-b").exists)
+        one.process.send_signal(signal.SIGTERM)
+        await until("the drain begins", lambda: said(one.log, "aimu serve: draining"))
+        if how == "second sigterm":
+            one.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(one.process.wait(), 60) == 0
+    [record] = await runs_of(store, "c1")
+    assert (record.id, record.status, record.recover) == (run_id, "cancelled", True)
+    if how != "second sigterm":
+        assert "drain" in (record.reason or "")
+    assert ran(held) == []
+
+
+async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """After a kill -9 mid-tool: an idempotent tool's call runs again, another's is
+    answered 'outcome unknown' (never run twice), an approval tool's is asked again: the
+    run pauses for a person, as when a session is loaded after any crash."""
+    store = tmp_path / "sessions.db"
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS) as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            again = await start(http, "k1", "hold x")
+            once = await start(http, "k2", "once y")
+            asked = await start(http, "k3", "ask z")
+            await until("k3 asks", lambda: latest_is(store, "k3", "paused"))
+            [call] = (await http.get(f"/runs/{asked}")).json()["pending"]
+            decided = await http.post(f"/runs/{asked}/approvals/{call['call_id']}",
+                                      json={"approve": True})
+            approved = decided.json()["resumed_run_id"]
+        await until("the three tools run", lambda: all(
+            (held / f"entered-{q}").exists() for q in "xyz"))
+        one.process.kill()
+        await one.process.wait()
+    assert [r.status for r in await runs_of(store, "k1")] == ["running"]
+    (held / "open").touch()
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS, "--recover",
+                          name="recovering"):
+        await until("k1 goes on", lambda: latest_is(store, "k1", "completed"))
+        await until("k2 goes on", lambda: latest_is(store, "k2", "completed"))
+        await until("k3 pauses", lambda: latest_is(store, "k3", "paused"))
+    new, old = await runs_of(store, "k1")
+    assert old.id == again and old.status == "failed" and new.status == "completed"
+    assert (old.reason or "").startswith(f"{CRASHED} (1 in a row)")
+    assert (await runs_of(store, "k2"))[1].id == once
+    assert "outcome unknown" in str((await _transcript(store, "k2"))[-2]["content"])
+    paused = (await runs_of(store, "k3"))[0]  # not resumed: a person decides
+    assert paused.id == approved and "wait for a decision" in (paused.reason or "")
+    assert not paused.recover
+    opened, close = open_store(store)
+    try:
+        waiting = Approvals.from_state(await opened.load_state("k3"), "k3").waiting()
+    finally:
+        assert close is not None
+        await close()
+    assert [p.in_doubt for p in waiting] == [True]
+    assert ran(held) == ["ran-x-1"]  # y, z never re-ran
+
+
+async def _crashed_session(store: Any, session: str, crashes: int) -> list[str]:
+    """A session whose last ``crashes`` runs died with their process (the last one's
+    record still says running, as a kill -9 leaves it)."""
+    writer = await store.open_session(session)
+    ids = []
+    try:
+        await writer.append({"role": "user", "content": "hello"})
+        for n in range(crashes):
+            run_id = f"{session}-r{n}"
+            last = n == crashes - 1
+            await writer.record_run(RunRecord(
+                id=run_id, session=session, agent="agent", started=time.time() + n,
+                status="running" if last else "failed",
+                reason=None if last else f"{CRASHED} ({n + 1} in a row); resumed",
+            ))
+            ids.append(run_id)
+    finally:
+        await writer.aclose()
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_replicas_resume_a_crashed_run_exactly_once(
+    tmp_path: Path, model: LoopbackServer, kind: str
+) -> None:
+    async with store_of(kind, tmp_path) as where:
+        client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+        apps = [app(client, store=where) for _ in range(3)]
+        try:
+            stores = [a.runs.store for a in apps]
+            await _crashed_session(stores[0], "once", 1)
+            ids = await _crashed_session(stores[0], "thrice", 3)
+            looks = [Recovery(a.runs) for a in apps]
+            started = await asyncio.gather(*(look.look() for look in looks))
+            assert sorted(len(s) for s in started) == [0, 0, 1]  # one replica resumed it
+            await until("it completes", lambda: latest_is(where, "once", "completed"))
+            failed = (await stores[0].runs(session="thrice"))[0]
+            assert failed.id == ids[-1] and failed.status == "failed" and not failed.recover
+            assert "3 times in a row" in (failed.reason or "")
+            assert (await stores[0].info("thrice")).status == "failed"  # type: ignore[union-attr]
+            assert [await look.look() for look in looks] == [[], [], []]  # nothing left
+            for look in looks:
+                await look.aclose()
+        finally:
+            for application in apps:
+                await application.aclose()
+            await client.aclose()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "-inf", "soon"])
+def test_drain_and_heartbeat_take_finite_seconds(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = [["serve", f"--drain={value}"]]
+    try:
+        import temporalio  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        commands += [
+            ["worker", "--temporal", "x:1", "--task-queue", "q", f"--drain={value}"],
+            ["worker", "--temporal", "x:1", "--task-queue", "q", f"--heartbeat={value}"],
+        ]
+    for argv in commands:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(argv)
+        assert exited.value.code == 2
+        assert "a finite number of seconds" in capsys.readouterr().err
+    options = build_parser().parse_args(["serve"])
+    assert isinstance(options, argparse.Namespace)
+    assert (options.drain, options.recover) == (30.0, False)
