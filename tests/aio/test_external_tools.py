@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +240,24 @@ async def test_a_stop_at_each_event_of_the_resumed_run_keeps_the_result(
                 assert [m["content"] for m in kept if m["role"] == "tool"] == results
     if store is not None:
         await store.aclose()
+
+
+async def test_a_call_of_an_agent_called_as_a_tool_is_answered_at_the_top() -> None:
+    def child_script(request: dict[str, Any]) -> Turn:
+        last = request["messages"][-1]
+        if last["role"] == "tool":
+            return Turn(text=f"found: {last['content']}")
+        return Turn(tool_calls=[ScriptedCall("locate", {})])
+
+    child = aio.Agent(ScriptedModel(child_script), [LOCATE], name="child")
+    parent = aio.Agent(ScriptedModel([Turn(tool_calls=[ScriptedCall("child", {"task": "x"})]),
+                                      Turn(text="done")]), [child.as_tool()], name="parent")
+    assert await parent.run("go") == PAUSED
+    (pending,) = parent.pending_approvals
+    assert pending.external and pending.path and pending.tool == "locate"
+    with pytest.raises(ValueError, match="answer"):
+        parent.approve(pending)
+    parent.answer(pending, "Oslo")
+    assert await parent.resume() == "done"
+    assert [m["content"] for m in parent.messages if m["role"] == "tool"] == ["found: Oslo"]
+    validate(parent.messages)

@@ -276,7 +276,8 @@ class Agent(Runnable[OutputT]):
             self._decide(*bound(call, False, reason))
 
     def _decided_below(
-        self, call: str | PendingApproval, approved: bool, reason: str | None
+        self, call: str | PendingApproval, approved: bool, reason: str | None,
+        result: str | None = None,
     ) -> bool:
         """True when ``call`` waits in an agent this one called (it is decided there)."""
         if not self._session.held:
@@ -290,7 +291,9 @@ class Agent(Runnable[OutputT]):
         if below is None:
             return False
         agent, call = below
-        if approved:
+        if result is not None:
+            agent.answer(call, result)
+        elif approved:
             agent.approve(call)
         else:
             agent.deny(call, reason)
@@ -302,7 +305,8 @@ class Agent(Runnable[OutputT]):
         and the run goes on from there (the model is not asked the turn again)."""
         if not isinstance(result, str):
             raise TypeError(f"a tool result is text, got {type(result).__name__}")
-        self._decide(*bound(call, True, None, result))
+        if not self._decided_below(call, True, None, result):
+            self._decide(*bound(call, True, None, result))
 
     @property
     def external_tools(self) -> tuple[Tool, ...]:
