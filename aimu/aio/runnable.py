@@ -157,6 +157,11 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """Refuse the waiting call: on resume the model reads that it was denied."""
 
     @abc.abstractmethod
+    def answer(self, call: str | PendingApproval, result: str) -> None:
+        """Give the result of a waiting call of an external tool
+        (:func:`~aimu.aio.external_tool`): on resume the model reads it as the tool's."""
+
+    @abc.abstractmethod
     def _events(
         self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
     ) -> AsyncGenerator[Event, None]:

@@ -261,3 +261,14 @@ async def test_a_call_of_an_agent_called_as_a_tool_is_answered_at_the_top() -> N
     assert await parent.resume() == "done"
     assert [m["content"] for m in parent.messages if m["role"] == "tool"] == ["found: Oslo"]
     validate(parent.messages)
+
+
+async def test_a_workflow_answers_the_call_an_agent_inside_waits_on() -> None:
+    chain = aio.Chain([aio.Agent(ScriptedModel(script()), [lookup, LOCATE]),
+                       aio.Agent(ScriptedModel([Turn(text="summed up")]))])
+    assert await chain.run("where?") == PAUSED
+    (pending,) = chain.pending_approvals
+    assert pending.external
+    chain.answer(pending, "Bergen")
+    assert await chain.resume() == "summed up"
+    assert chain.status == "completed"

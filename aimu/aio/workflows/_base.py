@@ -397,6 +397,9 @@ class Workflow(Runnable):
     def deny(self, call: str | PendingApproval, reason: str | None = None) -> None:
         self._session_waiting_on(call).deny(call, reason)
 
+    def answer(self, call: str | PendingApproval, result: str) -> None:
+        self._session_waiting_on(call).answer(call, result)
+
     def _session_waiting_on(self, call: str | PendingApproval) -> Step:
         call_id = call.call_id if isinstance(call, PendingApproval) else call
         if self.running:
