@@ -4,9 +4,13 @@ The thread is an aimu session (its id a session name) and the session in the sto
 conversation: of the client's ``messages`` only the new user message at the end is taken
 (the server holds the rest, as it wrote it). A request is one of three things:
 
-- a new user message last: a run of it (409 if the thread has a run in progress);
-- ``resume`` entries: the decisions on the approvals the thread's paused run waits on
-  (its ``interrupt`` outcome named them); the last decision resumes the run;
+- a new user message last: a run of it (409 if the thread has a run in progress), the
+  input's ``tools`` offered to the model as external tools (a call of one ends the run
+  with the ``success`` outcome's ``pendingToolCallIds``: the page runs it) and its
+  ``state`` the thread's shared state (``STATE_SNAPSHOT`` before the run's end);
+- ``tool`` messages last, or ``resume`` entries: the results of the page's tool calls,
+  and the decisions on the approvals (the ``interrupt`` outcome named them), that the
+  thread's paused run waits on; the last one resumes the run;
 - neither (a page that came back): a ``MESSAGES_SNAPSHOT`` of the session, then the run in
   progress from its start, if there is one (a run that died with its server is resumed).
 
