@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
+from aimu.aio._frozen import quick_init
 from aimu.aio.limits import Spend
 from aimu.aio.transcript import Message, Usage
 
@@ -65,6 +66,7 @@ CUT_OFF_REASONS = (
 _Output = TypeVar("_Output", covariant=True)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RunStarted:
     source: str
@@ -74,6 +76,7 @@ class RunStarted:
     type: Literal["run_started"] = field(default="run_started", init=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     source: str
@@ -82,6 +85,7 @@ class TextChunk:
     type: Literal["text"] = field(default="text", init=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ThinkingChunk:
     source: str
@@ -90,6 +94,7 @@ class ThinkingChunk:
     type: Literal["thinking"] = field(default="thinking", init=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ToolCallStarted:
     source: str
@@ -100,6 +105,7 @@ class ToolCallStarted:
     type: Literal["tool_call"] = field(default="tool_call", init=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ToolProgress:
     """A running tool said how far it is (an MCP server's progress notification, or
@@ -115,6 +121,7 @@ class ToolProgress:
     type: Literal["tool_progress"] = field(default="tool_progress", init=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     source: str
@@ -126,6 +133,7 @@ class ToolResult:
     type: Literal["tool_result"] = field(default="tool_result", init=False)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StepFinished:
     source: str

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+from aimu.aio._frozen import quick_init
 from aimu.aio._stops import past_deadline
 from aimu.aio._tracing import RunSpans
 from aimu.aio.client import TurnAssembler
@@ -66,6 +67,7 @@ class NeedsModel:
 NEEDS_MODEL = NeedsModel()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class NeedsTools:
     """A step's outcome: the model called tools, so a tool round comes next. ``reruns``:
@@ -77,6 +79,7 @@ class NeedsTools:
     argument_errors: Mapping[str, str] = field(default_factory=dict)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Ended:
     """A step's outcome: the run ends with ``status`` (completed, incomplete,

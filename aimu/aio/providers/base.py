@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Self, overload
 
 from aimu.aio._echo import echo
+from aimu.aio._frozen import quick_init
 from aimu.aio._numbers import MAX_COUNT, is_count
 from aimu.aio.transcript import (
     AssistantMessage,
@@ -55,18 +56,21 @@ def check_context_window(value: object) -> int | None:
     )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
     type: Literal["text"] = "text"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ThinkingDelta:
     text: str
     type: Literal["thinking"] = "thinking"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """One complete tool call (providers assemble streamed argument fragments first).
@@ -81,6 +85,7 @@ class ToolCallDelta:
     type: Literal["tool_call"] = "tool_call"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TurnDone:
     """The turn ended normally; always the last chunk of a complete turn.

@@ -16,6 +16,7 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from aimu.aio._echo import echo
+from aimu.aio._frozen import quick_init
 from aimu.aio._numbers import finite
 from aimu.aio.errors import ToolDefinitionError
 from aimu.aio.tools._docstring import parse_docstring
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 #: A tool described by a JSON schema from elsewhere: it gets the arguments object and
 #: the call's context, and returns text or a whole outcome (an error the model reads).
+@quick_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolOutcome:
     """What a tool call gives the model: the result text, and whether it is an error."""
