@@ -127,8 +127,12 @@ class ToolSpec(TypedDict):
 
 
 class Usage(TypedDict):
+    """Tokens a request (or a run) took. ``cached_input_tokens``, there only when the
+    server said some were: how many of ``input_tokens`` it read from its prompt cache."""
+
     input_tokens: int
     output_tokens: int
+    cached_input_tokens: NotRequired[int]
 
 
 def zero_usage() -> Usage:
@@ -139,6 +143,9 @@ def add_usage(total: Usage, more: Usage) -> None:
     """Add ``more`` into ``total`` in place."""
     total["input_tokens"] += more["input_tokens"]
     total["output_tokens"] += more["output_tokens"]
+    cached = more.get("cached_input_tokens")
+    if cached:
+        total["cached_input_tokens"] = total.get("cached_input_tokens", 0) + cached
 
 
 _ROLES = ("system", "user", "assistant", "tool")

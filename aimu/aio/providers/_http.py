@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import httpx
 
 from aimu.aio._echo import echo
-from aimu.aio._numbers import finite
+from aimu.aio._numbers import finite, is_count
 from aimu.aio._sse import SSEParser
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
@@ -42,7 +42,7 @@ from aimu.aio.providers.base import (
     TurnRequest,
     check_context_window,
 )
-from aimu.aio.transcript import Message, ToolCall, ToolSpec
+from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = [
     "HTTPModelClient",
@@ -60,6 +60,7 @@ __all__ = [
     "tail",
     "tool_call",
     "unique_id",
+    "with_cached",
 ]
 
 _DRAIN_LIMIT = 1.0
@@ -110,6 +111,13 @@ def tool_call(
         "function": {"name": name, "arguments": arguments},
     }
     return ToolCallDelta(call, error)
+
+
+def with_cached(usage: Usage, cached: object) -> Usage:
+    """``usage`` with ``cached_input_tokens`` when the server gave a count above zero."""
+    if is_count(cached) and cached:
+        usage["cached_input_tokens"] = cached
+    return usage
 
 
 def as_dict(value: object) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from aimu.aio.providers._http import (
     as_dict,
     tool_call,
     unique_id,
+    with_cached,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import clean
@@ -545,11 +546,13 @@ class _AnthropicTurn(SSETurnDecoder):
 
     def _count(self, usage: Mapping[str, Any]) -> None:
         """Usage from message_start, then message_delta's cumulative counts; the input
-        tokens include those written to and read from the prompt cache."""
+        tokens include those written to and read from the prompt cache, and those read
+        are the cached input tokens too."""
         inputs = [usage.get(key) for key in
                   ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
         if any(isinstance(value, int) for value in inputs):
             self.usage["input_tokens"] = sum(v for v in inputs if isinstance(v, int))
+        with_cached(self.usage, inputs[2])
         output = usage.get("output_tokens")
         if isinstance(output, int):
             self.usage["output_tokens"] = output
@@ -563,10 +566,7 @@ class _AnthropicTurn(SSETurnDecoder):
         if any(block["type"] in _THINKING for block in blocks):
             chunks.append(NativeData({"wire": WIRE, "content": _native(blocks)}))
         reason = STOP_REASONS.get(self.stop, self.stop) if self.stop is not None else None
-        usage: Usage = {
-            "input_tokens": self.usage["input_tokens"],
-            "output_tokens": self.usage["output_tokens"],
-        }
+        usage = self.usage.copy()
         chunks.append(TurnDone(usage, reason, self.usage_reported))
         self.finished = True
         return chunks

@@ -35,6 +35,7 @@ from aimu.aio.providers._http import (
     as_list,
     call_id,
     tool_call,
+    with_cached,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import clean, clean_json
@@ -542,8 +543,10 @@ def _reported(usage: Mapping[str, Any]) -> bool:
 
 
 def _usage(usage: Mapping[str, Any]) -> Usage:
-    """Input: the prompt (cached tokens included) and tool-use prompt; output: the reply
-    and its thoughts (both billed as output)."""
+    """Input: the prompt (cached tokens included, and counted apart too) and tool-use
+    prompt; output: the reply and its thoughts (both billed as output)."""
     prompt = _count(usage, "promptTokenCount") + _count(usage, "toolUsePromptTokenCount")
     reply = _count(usage, "candidatesTokenCount") + _count(usage, "thoughtsTokenCount")
-    return {"input_tokens": prompt, "output_tokens": reply}
+    return with_cached(
+        {"input_tokens": prompt, "output_tokens": reply}, usage.get("cachedContentTokenCount")
+    )

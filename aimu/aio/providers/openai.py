@@ -26,6 +26,7 @@ from aimu.aio.providers._http import (
     as_list,
     tool_call,
     unique_id,
+    with_cached,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import clean
@@ -331,7 +332,8 @@ def _usage(value: object) -> Usage:
     usage = as_dict(value)
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
-    return {
+    counts: Usage = {
         "input_tokens": prompt if is_count(prompt) else 0,  # a huge or negative one: none
         "output_tokens": completion if is_count(completion) else 0,
     }
+    return with_cached(counts, as_dict(usage.get("prompt_tokens_details")).get("cached_tokens"))

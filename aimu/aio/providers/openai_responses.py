@@ -35,6 +35,7 @@ from aimu.aio.providers._http import (
     tail,
     tool_call,
     unique_id,
+    with_cached,
 )
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
 from aimu.aio.providers._unicode import clean
@@ -525,7 +526,8 @@ def _reported(value: object) -> bool:
 def _usage(value: object) -> Usage:
     usage = as_dict(value)
     given, made = usage.get("input_tokens"), usage.get("output_tokens")
-    return {
+    counts: Usage = {
         "input_tokens": given if isinstance(given, int) else 0,
         "output_tokens": made if isinstance(made, int) else 0,
     }
+    return with_cached(counts, as_dict(usage.get("input_tokens_details")).get("cached_tokens"))

@@ -307,15 +307,24 @@ async def test_stop_reasons_in_aimu_s_words(
 
 
 async def test_usage_is_the_servers_cached_tokens_included(server: LoopbackServer) -> None:
-    server.script = [Turn(thinking="t", text="a b c", input_tokens=41, output_tokens=7)] * 2
+    """The input tokens include those read from the prompt cache (the loopback server
+    says half the prompt was, once it is asked to cache), which are counted apart too,
+    in the turn's usage and in the run's."""
+    server.script = [Turn(thinking="t", text="a b c", input_tokens=41, output_tokens=7)] * 3
     for cache in (False, True):
         chunks = await turn(claude(server, cache=cache), [{"role": "system", "content": "s"},
                                                           *USER])
         done = chunks[-1]
         assert isinstance(done, TurnDone) and done.usage_reported
-        assert done.usage == {"input_tokens": 41, "output_tokens": 7}
+        cached = {"cached_input_tokens": 20} if cache else {}
+        assert done.usage == {"input_tokens": 41, "output_tokens": 7, **cached}
         assert isinstance(chunks[-2], NativeData)
         assert [type(c) for c in chunks[:2]] == [ThinkingDelta, TextDelta]
+    agent = aio.Agent(claude(server, cache=True), system="s")
+    await agent.run("x")
+    assert agent.last_run is not None
+    assert agent.last_run.usage == {"input_tokens": 41, "output_tokens": 7,
+                                    "cached_input_tokens": 20}
 
 
 async def test_an_overloaded_error_before_the_turn_is_retried_and_after_it_is_not(

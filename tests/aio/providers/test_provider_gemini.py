@@ -258,7 +258,8 @@ async def _drain(model: aio.ModelClient) -> None:
 
 
 async def test_odd_but_valid_streams_are_understood() -> None:
-    """CRLF framing, usage in a last event of its own, a part with a foreign field."""
+    """CRLF framing, usage in a last event of its own (cached tokens counted apart too),
+    a part with a foreign field."""
     body = sse(
         {"candidates": [{"content": {"role": "model", "parts": [{"text": "hi "}]}}],
          "responseId": "r1"},
@@ -271,7 +272,8 @@ async def test_odd_but_valid_streams_are_understood() -> None:
     async with RawServer(response) as raw, GeminiClient("m", base_url=raw.url) as model:
         chunks = await turn(model, USER)
     assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "hi there"
-    assert chunks[-1] == TurnDone({"input_tokens": 3, "output_tokens": 2}, "stop")
+    usage = {"input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 1}
+    assert chunks[-1] == TurnDone(usage, "stop")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

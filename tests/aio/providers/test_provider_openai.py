@@ -121,6 +121,19 @@ async def test_request_body_and_headers(server: LoopbackServer) -> None:
     assert chunks[-1] == TurnDone({"input_tokens": 3, "output_tokens": 2}, "stop")
 
 
+async def test_cached_prompt_tokens_are_counted_apart_too() -> None:
+    """``prompt_tokens_details.cached_tokens`` (OpenAI's prompt cache): part of the input
+    tokens, and ``cached_input_tokens`` in the usage; none when the server says 0."""
+    for cached in (5, 0):
+        usage = {"prompt_tokens": 12, "completion_tokens": 2,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        chunks = await play(sse(delta("stop", content="ok"), {"choices": [], "usage": usage}))
+        expected = {"input_tokens": 12, "output_tokens": 2}
+        if cached:
+            expected["cached_input_tokens"] = cached
+        assert chunks[-1] == TurnDone(expected, "stop")  # type: ignore[arg-type]
+
+
 async def test_the_key_is_sent_as_a_bearer_header() -> None:
     response = http_response(sse(delta("stop", content="ok")), content_type="text/event-stream")
     async with (

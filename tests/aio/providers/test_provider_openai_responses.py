@@ -374,7 +374,8 @@ async def test_a_refusal_is_the_answer(stream: bool) -> None:
     done = {"id": "resp_1", "status": "completed", "output": [
         {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
          "content": [{"type": "refusal", "refusal": "I can't help with that."}]}],
-            "usage": {"input_tokens": 3, "output_tokens": 6}}
+            "usage": {"input_tokens": 3, "output_tokens": 6,
+                      "input_tokens_details": {"cached_tokens": 2}}}
     if stream:
         events = [
             {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1"}},
@@ -391,7 +392,8 @@ async def test_a_refusal_is_the_answer(stream: bool) -> None:
     ) as model:
         if stream:
             chunks = [chunk async for chunk in await model.chat("x", stream=True)]
-            assert chunks[-1].usage == {"input_tokens": 3, "output_tokens": 6}  # type: ignore[union-attr]
+            assert chunks[-1].usage == {  # type: ignore[union-attr]
+                "input_tokens": 3, "output_tokens": 6, "cached_input_tokens": 2}
         else:
             await model.chat("x")
         assert model.messages[-1]["content"] == "I can't help with that."
