@@ -49,7 +49,8 @@ CHUNKS = 20
 HELD_CHUNKS = 2  # cancel-all: the server sends this many text chunks, then holds the stream
 TASK = "What is the weather in Paris?"
 HELD_TASK = "Hold on: what is the weather in Paris?"  # the server holds its answer mid-way
-SERVED = "Served #"  # --app: a task of this prefix is answered at once, and held mid-way
+SERVED = "Served #"  # bench_serve_scale.py: answered at once, held mid-way
+REST = "Rest #"  # bench_serve_scale.py: a call of its approval tool, then "done"
 ANSWER = " ".join(f"word{i}" for i in range(CHUNKS))
 CONTENDERS = ("floor", "aimu", "pydantic-ai", "openai-agents")
 
@@ -75,10 +76,13 @@ def serve(delay: float) -> None:
     call = Turn(tool_calls=[ScriptedCall("lookup", {"city": "Paris"})])
     answer = Turn(text=ANSWER, chunks=CHUNKS, delay=delay)
     held = Turn(text=ANSWER, chunks=CHUNKS, fault="hang", fault_after=HELD_CHUNKS)
+    ask, done = Turn(tool_calls=[ScriptedCall("approve_me", {})]), Turn(text="done")
     tags: dict[int, str] = {}  # a served run's stream (its index) -> its task
 
     def script(body: Mapping[str, Any]) -> Turn:
         task = str(body["messages"][-1].get("content"))
+        if str(body["messages"][0].get("content")).startswith(REST):  # paused for approval
+            return done if body["messages"][-1].get("role") == "tool" else ask
         if task.startswith(SERVED):  # through aimu serve: no tool, held at once
             tags[len(server.streams)] = task
             return held
@@ -366,6 +370,14 @@ class Ticker:
         self.lags: list[float] = []
         self.peak = rss()
         self.task: asyncio.Task[None] | None = None
+        self.gc_began = 0.0
+        self.gc_max = 0.0  # the longest garbage collection (it blocks the loop)
+
+    def _gc(self, phase: str, _: object) -> None:
+        if phase == "start":
+            self.gc_began = time.perf_counter()
+        else:
+            self.gc_max = max(self.gc_max, time.perf_counter() - self.gc_began)
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -377,11 +389,13 @@ class Ticker:
 
     def __enter__(self) -> Ticker:
         self.task = asyncio.get_running_loop().create_task(self._tick())
+        gc.callbacks.append(self._gc)
         return self
 
     def __exit__(self, *_: object) -> None:
         assert self.task is not None
         self.task.cancel()
+        gc.callbacks.remove(self._gc)
         high_water = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         self.peak = max(self.peak, rss(), high_water)
 
@@ -422,7 +436,8 @@ async def throughput(run: Run, n: int, rounds: int) -> dict[str, Any]:
         if round_ == 0:
             out |= {"runs_s": n / wall, "cpu_ms": used / n * 1000,
                    "peak_kb": (ticker.peak - base) / n / 1024,
-                   "after_kb": (rss() - base) / n / 1024, "lag_ms": ticker.p99_ms()}
+                   "after_kb": (rss() - base) / n / 1024, "lag_ms": ticker.p99_ms(),
+                   "gc_max_ms": ticker.gc_max * 1000}
     out["rss_rounds"] = after
     return out
 
@@ -490,143 +505,16 @@ def one(server: Server, name: str, n: int, phases: str, rounds: int) -> dict[str
     out = dict(json.loads(done.stdout.strip().splitlines()[-1]))
     if "c_cancel_at" in out:
         closed = server.ask(f"closed {n} 60")
-        out["c_closed_ms"] = (closed["last"] - out["c_cancel_at"]) * 1000
+        if closed["ended"]:  # else no stream ended: no time to give
+            out["c_closed_ms"] = (closed["last"] - out["c_cancel_at"]) * 1000
         out["c_open_after"] = n - closed["ended"]
     out["load"] = os.getloadavg()[0]
     return out
 
 
-# -- aimu serve: N runs over HTTP, N SSE followers, N cancels -------------------------------
-
-APP = """
-import os, uvicorn
-from aimu import aio, serve
-model = aio.client("openai:test", base_url=os.environ["BENCH_MODEL_URL"])
-app = serve.app(model, store=os.environ["BENCH_STORE"], token=None,
-                redis=os.environ.get("BENCH_REDIS") or None)
-uvicorn.run(app, host="127.0.0.1", port=int(os.environ["BENCH_PORT"]), log_level="warning",
-            backlog=4096)
-"""
-
-
-def vm_rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
-
-
-async def app_scale(server: Server, n: int, redis: str | None, store: str) -> dict[str, Any]:
-    """N runs started over HTTP on one ``aimu serve`` process, each followed over SSE and
-    held mid-stream by the model server, then all cancelled over HTTP at once."""
-    import socket
-
-    import httpx
-
-    server.ask("reset")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": ROOT, "BENCH_MODEL_URL": server.url,
-           "BENCH_STORE": store, "BENCH_PORT": str(port), "BENCH_REDIS": redis or ""}
-    child = await asyncio.create_subprocess_exec(sys.executable, "-c", APP, env=env,
-                                                 stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    # Clients of 32 connections each: one httpx pool of 2N would cost this side O(N) a request.
-    clients = [httpx.AsyncClient(base_url=url, timeout=300,
-                                 limits=httpx.Limits(max_connections=32))
-               for _ in range(n // 32 + 1)]
-    # Followers on fresh connections: a GET sent on a kept-alive one just as the server
-    # closes it for idleness fails (ReadError) before any event.
-    watchers = [httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(
-        max_connections=32, max_keepalive_connections=0)) for _ in range(n // 32 + 1)]
-    try:
-        for _ in range(600):
-            with contextlib.suppress(httpx.TransportError):
-                if (await clients[0].get("/health")).status_code == 200:
-                    break
-            await asyncio.sleep(0.05)
-        else:
-            raise RuntimeError("aimu serve did not start")
-        idle = vm_rss(child.pid)
-        texts = 0
-        all_text = asyncio.Event()
-
-        async def start(i: int) -> str:
-            response = await clients[i % len(clients)].post(
-                f"/sessions/scale-{i}/runs", json={"task": f"{SERVED}{i}"})
-            response.raise_for_status()
-            return str(response.json()["run_id"])
-
-        dropped = 0
-
-        async def follow(i: int, run_id: str) -> None:
-            nonlocal texts, dropped
-            seen = False
-            http = watchers[i % len(watchers)]
-            try:
-                async with http.stream("GET", f"/runs/{run_id}/events") as response:
-                    async for line in response.aiter_lines():
-                        if line == "event: text" and not seen:
-                            seen = True
-                            texts += 1
-                            if texts + dropped >= n:
-                                all_text.set()
-                        if line == "event: handle_finished":
-                            return
-            except httpx.HTTPError:  # the server dropped this follower
-                dropped += 1
-            finally:
-                if texts + dropped >= n:
-                    all_text.set()
-
-        began = time.perf_counter()
-        run_ids = await asyncio.gather(*(start(i) for i in range(n)))
-        followers = [asyncio.ensure_future(follow(i, r)) for i, r in enumerate(run_ids)]
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(300):
-                await all_text.wait()
-        started_s = time.perf_counter() - began
-        held = server.ask(f"held {n} 1")["held"]
-        stats = server.ask("stats")
-        print(f"  streaming: {texts} of {n} followers saw text, {dropped} dropped; the model "
-              f"server: {stats}", file=sys.stderr, flush=True)
-        in_flight = vm_rss(child.pid)
-        sent: dict[str, float] = {}
-
-        async def cancel(i: int, run_id: str) -> None:
-            sent[f"{SERVED}{i}"] = time.monotonic()
-            response = await clients[i % len(clients)].post(f"/runs/{run_id}/cancel")
-            response.raise_for_status()
-
-        begin = time.monotonic()
-        await asyncio.gather(*(cancel(i, r) for i, r in enumerate(run_ids)))
-        cancels = time.monotonic() - begin
-        closed = server.ask(f"tags {held} 120")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(120):
-                await asyncio.gather(*followers, return_exceptions=True)
-        latencies = [(closed[tag] - at) * 1000 for tag, at in sent.items() if tag in closed]
-        return {
-            "n": n, "backend": "redis" if redis else "local", "start_s": started_s,
-            "held": held, "closed": len(latencies), "dropped": dropped, "texts": texts,
-            "cancel_p50_ms": percentile(latencies, 0.5) if latencies else float("nan"),
-            "cancel_p99_ms": percentile(latencies, 0.99) if latencies else float("nan"),
-            "cancels_ms": cancels * 1000, "rss_per_run_kb": (in_flight - idle) / n / 1024,
-            "load": os.getloadavg()[0],
-        }
-    finally:
-        for http in clients + watchers:
-            await http.aclose()
-        with contextlib.suppress(ProcessLookupError):
-            child.terminate()
-        await child.wait()
 
 
 def spread(values: list[float]) -> str:
@@ -648,11 +536,6 @@ def main() -> None:
                         help="throughput (all runs to their answer), cancel (cancel-all)")
     parser.add_argument("--leak", type=int, default=0, metavar="ROUNDS",
                         help="also run ROUNDS rounds of N in one process; RSS growth")
-    parser.add_argument("--app", type=int, default=0, metavar="N",
-                        help="instead: N runs over HTTP on one aimu serve process, followed "
-                             "over SSE and cancelled over HTTP (local backend, and Redis too "
-                             "with --redis)")
-    parser.add_argument("--redis", help="with --app: also with this Redis (redis://...)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -664,9 +547,6 @@ def main() -> None:
     if options.client:
         options.n = int(options.n)
         client_main(options)
-        return
-    if options.app:
-        app_main(options)
         return
     sizes = [int(x) for x in options.n.split(",")]
     names = [c for c in options.contenders.split(",") if c]
@@ -697,41 +577,12 @@ def main() -> None:
     report(rows, sizes, names, options)
 
 
-def app_main(options: argparse.Namespace) -> None:
-    import tempfile
-
-    server = Server(options.delay)
-    rows = []
-    try:
-        for _ in range(options.repeats):
-            for redis in [None, options.redis] if options.redis else [None]:
-                with tempfile.TemporaryDirectory() as home:
-                    row = asyncio.run(app_scale(server, options.app, redis,
-                                                os.path.join(home, "sessions.db")))
-                print(f"  {json.dumps(row)}", file=sys.stderr, flush=True)
-                rows.append(row)
-    finally:
-        server.close()
-    print(f"\naimu serve, {options.app:,} runs over HTTP, each followed over SSE, held "
-          "mid-stream, then all cancelled over HTTP at once")
-    head = ("backend", "streaming (of N)", "s to all streaming",
-            "cancel → stream closed p50 ms", "p99 ms", "all cancels answered ms",
-            "server RSS KB/run", "followers dropped", "load")
-    print("| " + " | ".join(head) + " |")
-    print("|" + " --- |" * len(head))
-    for row in rows:
-        print(f"| {row['backend']} | {row['texts']} | {row['start_s']:.1f} | "
-              f"{row['cancel_p50_ms']:.0f} | "
-              f"{row['cancel_p99_ms']:.0f} | {row['cancels_ms']:.0f} | "
-              f"{row['rss_per_run_kb']:.1f} | {row['dropped']} | {row['load']:.1f} |")
-
-
 def report(rows: dict[tuple[int, str], list[dict[str, Any]]], sizes: list[int],
            names: list[str], options: argparse.Namespace) -> None:
     print(f"\n{options.repeats} repeats, medians (min-max); x: ratio to the floor of the "
           f"same repeat (median); load {os.getloadavg()[0]:.2f} at the end")
     head = ("N", "contender", "runs/s", "CPU ms/run", "x", "peak KB/run", "after KB/run",
-            "lag p99 ms", "cancels ms", "closed ms", "x", "kept", "load")
+            "lag p99 ms", "gc max ms", "cancels ms", "closed ms", "x", "kept", "load")
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for n in sizes:
@@ -757,7 +608,8 @@ def report(rows: dict[tuple[int, str], list[dict[str, Any]]], sizes: list[int],
             failed = sum(r.get("failed", 0) for r in got)
             crashed = sum("crashed" in r for r in got)
             cells = (f"{n:,}", name, col("runs_s"), col("cpu_ms"), ratio("cpu_ms"),
-                     col("peak_kb"), col("after_kb"), col("lag_ms"), col("c_cancels_ms"),
+                     col("peak_kb"), col("after_kb"), col("lag_ms"), col("gc_max_ms"),
+                     col("c_cancels_ms"),
                      col("c_closed_ms"), ratio("c_closed_ms"),
                      kept + (f" stuck {max(stuck)}" if any(stuck) else "")
                      + (f" failed {failed}" if failed else "")

@@ -32,6 +32,7 @@ SMOKE = {
     "bench_temporal_stream.py": ["--quick"],
     "bench_mcp.py": ["--quick"],
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
+    "bench_serve_scale.py": ["--quick", "--scenarios", "local,rest-sqlite"],
     "bench_tree.py": ["--quick"],
 }
 
