@@ -58,11 +58,13 @@ async def run_events(
             run.phase = Phase.CLOSING  # thrown in at a yield: the consumer is done reading
             raise
         await _pick_up(session, run, task)
+        emit = run.scope.emit  # each event to the scope's listeners, then the consumer
         while (step := await _next_step(session, run)) is not None:
             try:
                 async for event in step:
+                    emit(event)
                     try:
-                        yield run.publish(event)
+                        yield event
                     except BaseException:
                         # Thrown in at a yield (aclose, athrow): the consumer is done
                         # reading. Closing the step awaits: a cancel may come.

@@ -66,7 +66,10 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
                 current_scope.reset(token)
                 token = None
             inflight.assembler.add(chunk)
-            event = _chunk_event(chunk, run, inflight, name)
+            event = (
+                TextChunk(name, chunk.text) if type(chunk) is TextDelta  # the most of them
+                else _chunk_event(chunk, run, inflight, name)
+            )
             if event is not None:
                 yield event
                 if watch:  # a token or cost limit: crossed by this reply yet?
