@@ -713,7 +713,7 @@ class HTTPModelClient(ModelClient):
         attempt += 1
         if not await self.retry.wait(attempt, None, failure, reporter):
             raise failure
-        self.retry_count += 1
+        self._retried += 1
         return attempt
 
     async def _open(
@@ -763,7 +763,7 @@ class HTTPModelClient(ModelClient):
                 loading_for = now - loading_since
             if not await self.retry.wait(attempt, wait, failure, reporter, loading_for):
                 raise failure
-            self.retry_count += 1
+            self._retried += 1
 
     async def _http_error(self, response: httpx.Response, reporter: Reporter) -> ModelError:
         try:

@@ -11,6 +11,7 @@ nothing above it: providers import it, ``aimu.aio.client`` picks a provider.
 from __future__ import annotations
 
 import abc
+import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -212,9 +213,9 @@ class ModelClient(abc.ABC):
 
     #: The prefix of ``client()`` specs for this provider.
     provider: str = ""
-    #: Requests this client retried so far, in all (kept for compatibility: a run counts
-    #: its own per request, on its scope: ``RunResult.retries``).
-    retry_count: int = 0
+    #: Requests this client retried so far (only the deprecated :attr:`retry_count`
+    #: reads it: a run counts its own retries per request, ``RunResult.retries``).
+    _retried: int = 0
     #: The server continues a trailing assistant message (a prefix) instead of starting
     #: a new reply: what ``resume(continue_partial=True)`` needs.
     continues_partial: bool = False
@@ -227,6 +228,22 @@ class ModelClient(abc.ABC):
     #: turn without us (a background response): what a session stores so that, after a
     #: crash, :meth:`reattach_turn` picks the turn up instead of asking again.
     on_remote_turn: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+
+    @property
+    def retry_count(self) -> int:
+        """Deprecated: the retries of every request this client made, for every run and
+        session that used it. Retries are counted per run: read ``RunResult.retries``
+        (``agent.last_run.retries``), or ``retries`` on the run's ``RunFinished``."""
+        warnings.warn(
+            f"{type(self).__name__}.retry_count adds up every run's retries on this client; "
+            "read a run's own: RunResult.retries (agent.last_run.retries)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._retries_made()
+
+    def _retries_made(self) -> int:
+        return self._retried
 
     def reattach_turn(self, handle: Mapping[str, Any]) -> bool:
         """Make the next turn re-attach to the remote turn ``handle`` names (one given to

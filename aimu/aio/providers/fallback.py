@@ -73,14 +73,9 @@ class FallbackModel(ModelClient):
     def priced_models(self) -> tuple[str, ...]:
         return tuple(name for model in self.models for name in model.priced_models)
 
-    @property
-    def retry_count(self) -> int:
-        """The retries of every model (each retries on its own before a fallback)."""
-        return sum(model.retry_count for model in self.models)
-
-    @retry_count.setter
-    def retry_count(self, value: int) -> None:
-        raise AttributeError("a FallbackModel counts its models' retries; set theirs")
+    def _retries_made(self) -> int:
+        # The retries of every model (each retries on its own before a fallback).
+        return sum(model._retries_made() for model in self.models)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{m.provider}:{m.model}" for m in self.models)
