@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import time
 from collections.abc import Coroutine, Sequence
+from datetime import timedelta
 from typing import Any, Final
 
 from temporalio import activity
@@ -29,7 +32,7 @@ from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, SessionLockedError, UnknownRunError
 from aimu.aio.event_json import event_data
-from aimu.aio.events import Event, RunFinished
+from aimu.aio.events import Event, RunFinished, RunStarted
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
@@ -40,6 +43,8 @@ from aimu.temporal._workflow import (
     CANCELLED,
     CONTROLS_QUERY,
     END_PAUSED,
+    HANDED_OFF,
+    HANDOFF,
     STALE,
     TURN,
     Control,
@@ -53,6 +58,9 @@ _log = logging.getLogger("aimu.temporal")
 #: Events wait at most this long to be signalled to the workflow (one signal per batch);
 #: the first after a quiet while goes at once, so a reply starts streaming without it.
 _EVENT_BATCH_SECONDS: Final = 0.1
+#: How long a cancelled turn asks the workflow for the caller's reason before it goes
+#: without (the run is cancelled right after, with it or with a general one).
+_REASON_SECONDS: Final = 1.0
 #: Tries to signal a batch of events before it is given up (Temporal briefly away).
 _SIGNAL_ATTEMPTS: Final = 3
 
@@ -87,8 +95,12 @@ class Activities:
         return len(await self.store.load(session))
 
     @activity.defn(name=END_PAUSED)
-    async def end_paused(self, run_id: str, session: str, reason: str) -> None:
-        """Record in the store and in Redis that the paused run ``run_id`` was cancelled."""
+    async def end_paused(
+        self, run_id: str, session: str, reason: str, was: str = "paused"
+    ) -> None:
+        """Record in the store and in Redis that the paused run ``run_id`` was cancelled
+        (``was``: the session's status the cancel replaces, ``interrupted`` for a run
+        cancelled as its turn ended to continue as new)."""
         try:
             writer = await self.store.open_session(session)
         except SessionLockedError as error:  # a decision being recorded, often: retried
@@ -97,8 +109,13 @@ class Activities:
             ) from None
         try:
             info = await self.store.info(session)
-            if info is not None and info.status == "paused":  # not if the session went on
+            if info is not None and info.status == was:  # not if the session went on
                 await writer.set_status("cancelled")
+            record = await self.store.run(run_id)
+            if record is not None and record.status == was:  # the run's record says so too
+                await writer.record_run(dataclasses.replace(
+                    record, status="cancelled", reason=reason, ended=time.time()
+                ))
         finally:
             await writer.aclose()
         if self.control is not None:
@@ -145,6 +162,11 @@ class _Turn:
         self.applied = request.controls_after
         self.handle: RunHandle[Any] | None = None
         self.background = Background()
+        self.handoff = False
+        """The workflow asked the turn to end at a step boundary (to continue as new)."""
+        self.stopped = False
+        """A person's interrupt or stop reached the turn: its end is theirs."""
+        self.cancel_reason = "cancelled through Temporal"
 
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
@@ -158,12 +180,13 @@ class _Turn:
         except asyncio.CancelledError:
             # Temporal cancelled the activity: the run gets the cancel, settles, and the
             # activity ends cancelled (its transcript is in the store).
-            reason = "cancelled through Temporal"
             details = activity.cancellation_details()
             if activity.is_worker_shutdown():
                 reason = "the worker shut down; the run goes on on another worker"
             elif details is not None and details.timed_out:
                 reason = "the turn timed out in Temporal"
+            else:
+                reason = await self._cancel_reason()
             handle.cancel(reason)
             await _uncancellable(ended(handle))
             raise
@@ -235,12 +258,20 @@ class _Turn:
         return None
 
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, RunFinished) and not event.path and event.source == self.agent.name:
+        if isinstance(event, RunFinished) and self._own(event):
             self.final = event
+            if self._handed_off(event.status):
+                return  # not an end: the run goes on in the workflow's next execution
+        elif isinstance(event, RunStarted) and self._own(event) and self.request.continued:
+            return  # the run goes on: it started in the execution before
         self.batch.append(event_data(event))
         self.batch_ready.set()
         with contextlib.suppress(RuntimeError):  # heartbeats after the activity ended
             activity.heartbeat(self.applied)
+
+    def _own(self, event: RunStarted | RunFinished) -> bool:
+        """``event`` is of the turn's own run (not of an agent it runs as a tool)."""
+        return not event.path and event.source == self.agent.name
 
     async def _flush_batches(self) -> None:
         """Signal the events to the workflow: the first after a quiet while at once, those
@@ -286,14 +317,39 @@ class _Turn:
             for control in controls:
                 if not self._obey(handle, control):
                     break  # the run is ending: the workflow gives it to a resumed turn
-                self.applied = control.seq
+                self.applied = max(self.applied, control.seq)
             await asyncio.sleep(self.owner.tick)
+
+    async def _cancel_reason(self) -> str:
+        """The reason the caller gave the workflow's cancel (asked of it, briefly)."""
+        try:
+            async with asyncio.timeout(_REASON_SECONDS):
+                controls: list[Control] = await self.workflow.query(
+                    CONTROLS_QUERY, 1 << 62, result_type=list[Control],
+                    rpc_timeout=timedelta(seconds=_REASON_SECONDS),
+                )
+        except Exception as error:
+            _log.debug("run %s: cancel reason not read: %s", self.request.run_id, error)
+            return self.cancel_reason
+        return next((c.text for c in controls if c.kind == "cancel" and c.text),
+                    self.cancel_reason)
+
+    def _handed_off(self, status: str) -> bool:
+        return status == "interrupted" and self.handoff and not self.stopped
 
     def _obey(self, handle: RunHandle[Any], control: Control) -> bool:
         """Apply ``control`` to the run; False for text the ending run did not take."""
-        if control.kind == "interrupt":
+        if control.kind == "cancel":  # its reason is the caller's
+            self.cancel_reason = control.text or self.cancel_reason
+            handle.cancel(self.cancel_reason)
+        elif control.kind == HANDOFF:
+            self.handoff = True
+            handle.interrupt()
+        elif control.kind == "interrupt":
+            self.stopped = True
             steer(handle, Steer("interrupt"), self._spawn)
         elif control.kind == "stop":
+            self.stopped = True
             steer(handle, Steer("stop", grace=control.grace or 0.0), self._spawn)
         elif (control.kind == "send" and control.text is not None
               and not _send(handle, control.text, control.images, self._spawn)):
@@ -321,8 +377,9 @@ class _Turn:
             return TurnOutcome(
                 "failed", error=f"the run ended {status} before it began", applied=self.applied
             )
+        ended = final.status if status != "failed" else "failed"
         return TurnOutcome(
-            status=final.status if status != "failed" else "failed",
+            status=HANDED_OFF if self._handed_off(ended) else ended,
             reply=final.reply,
             error=final.error,
             usage={"input_tokens": final.usage["input_tokens"],

@@ -35,6 +35,7 @@ from aimu.aio.scope import sent_message
 from aimu.aio.steering import Steer
 from aimu.temporal._connect import connect
 from aimu.temporal._workflow import (
+    HISTORY_EVENTS,
     MAX_SENT_IMAGE_CHARS,
     STATE_QUERY,
     WORKFLOW,
@@ -77,7 +78,9 @@ class RunsClient:
 
     ``await RunsClient.connect("127.0.0.1:7233", task_queue="agents")``; every method
     takes the run id :meth:`start` returned. ``redis`` (a RedisControl on the workers'
-    Redis and prefix) makes cancels land at once.
+    Redis and prefix) makes cancels land at once. A run continues as new in Temporal
+    (same run id) once its history holds ``history_events`` events, or when Temporal
+    suggests it (0: only then).
     """
 
     def __init__(
@@ -88,12 +91,16 @@ class RunsClient:
         address: str = "temporal",
         redis: RedisControl | None = None,
         heartbeat_timeout: float = 10.0,
+        history_events: int = HISTORY_EVENTS,
     ) -> None:
+        if history_events < 0:
+            raise ValueError(f"RunsClient(history_events={history_events!r}): give 0 or more")
         self.client = client
         self.task_queue = task_queue
         self.address = address
         self.redis = redis
         self.heartbeat_timeout = heartbeat_timeout
+        self.history_events = history_events
 
     @classmethod
     async def connect(
@@ -104,12 +111,13 @@ class RunsClient:
         namespace: str = "default",
         redis: RedisControl | None = None,
         heartbeat_timeout: float = 10.0,
+        history_events: int = HISTORY_EVENTS,
     ) -> RunsClient:
         """Connect to Temporal at ``temporal`` (``HOST:PORT``); ``ControlConnectionError``
         naming the address at once when it does not answer."""
         client = await connect(temporal, namespace)
         return cls(client, task_queue, address=temporal, redis=redis,
-                   heartbeat_timeout=heartbeat_timeout)
+                   heartbeat_timeout=heartbeat_timeout, history_events=history_events)
 
     # -- starting ------------------------------------------------------------------------
 
@@ -118,7 +126,8 @@ class RunsClient:
         run_id = run_id or new_run_id()
         if self.redis is not None:  # a cancel before any worker takes the run is kept
             await self.redis.reserve(run_id, session=session)
-        request = RunRequest(run_id, session, task, self.heartbeat_timeout, time.time())
+        request = RunRequest(run_id, session, task, self.heartbeat_timeout, time.time(),
+                             self.history_events)
         await self.client.start_workflow(
             WORKFLOW, request, id=run_id, task_queue=self.task_queue
         )
@@ -326,6 +335,8 @@ class RunsClient:
         handle = self._handle(run_id)
         try:
             state: dict[str, Any] = await handle.query(STATE_QUERY, after)
+            if after < int(state.get("events_from") or 0):
+                state["events"] = await self._earlier_events(run_id, state, after)
             return state
         except WorkflowQueryFailedError as error:
             raise ControlError(
@@ -344,6 +355,17 @@ class RunsClient:
             )
             return {"run_id": run_id, "status": status, "events": [], "pending": [],
                     "event_count": None}
+
+    async def _earlier_events(
+        self, run_id: str, state: dict[str, Any], after: int
+    ) -> list[dict[str, Any]]:
+        """The run's events after ``after`` that executions before ``state``'s hold (it
+        continued as new): read from their histories, where a worker replays them."""
+        until = int(state["events_from"])
+        while after < int(state.get("events_from") or 0) and state.get("previous_run"):
+            earlier = self.client.get_workflow_handle(run_id, run_id=state["previous_run"])
+            state = await earlier.query(STATE_QUERY, after)
+        return list(state["events"][: max(0, until - after)])
 
     async def wait(self, run_id: str, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         """Wait until the run ends (a paused run waits for decisions); its final state."""

@@ -18,7 +18,7 @@ deterministic on replay.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Final
 
@@ -35,12 +35,16 @@ __all__ = [
     "CANCELLED",
     "CONTROLS_QUERY",
     "END_PAUSED",
+    "HANDED_OFF",
+    "HANDOFF",
+    "HISTORY_EVENTS",
     "MAX_SENT_IMAGE_CHARS",
     "NOT_RETRIED",
     "STALE",
     "STATE_QUERY",
     "TURN",
     "WORKFLOW",
+    "Carried",
     "Control",
     "Decision",
     "RunRequest",
@@ -68,6 +72,14 @@ NOT_RETRIED: Final = ("AimuBadInput", CANCELLED, STALE)
 MAX_SENT_IMAGE_CHARS: Final = 1_000_000
 #: Events one state query returns at most (a follower asks again for the rest).
 EVENTS_PER_QUERY: Final = 500
+#: The history length (events in Temporal's history, not aimu events) past which a run
+#: continues as new, unless Temporal suggests it first (Temporal's hard limit is 51,200).
+HISTORY_EVENTS: Final = 10_000
+#: The control that asks the running turn to end at its next step boundary so that the
+#: run continues as new (not a person's interrupt: the run goes on from there).
+HANDOFF: Final = "handoff"
+#: A turn's status when it ended for the run to continue as new.
+HANDED_OFF: Final = "handed_off"
 
 
 @dataclass
@@ -80,6 +92,10 @@ class RunRequest:
     heartbeat_timeout: float = 10.0
     """Seconds of a worker's silence before its turn is retried on another worker."""
     created_at: float = 0.0
+    history_events: int = HISTORY_EVENTS
+    """Continue as new once the history holds this many events (0: when Temporal says)."""
+    carried: Carried | None = None
+    """Set when the run continued as new: where the execution before it stopped."""
 
 
 @dataclass
@@ -101,7 +117,9 @@ class Control:
 
     seq: int
     kind: str
-    """``interrupt``, ``stop`` (with ``grace``) or ``send`` (with ``text``, ``images``)."""
+    """``interrupt``, ``stop`` (with ``grace``), ``send`` (with ``text``, ``images``),
+    ``handoff`` (end at the next step boundary to continue as new), or ``cancel`` (numbered
+    0, its reason in ``text``: the run is being cancelled through Temporal)."""
     text: str | None = None
     grace: float | None = None
     images: list[str] = field(default_factory=list)
@@ -124,6 +142,25 @@ class TurnRequest:
     """Sends accepted for the run after its turn had ended: they join the resumed turn."""
     controls_after: int = 0
     """Controls up to this number were dealt with by an earlier turn."""
+    continued: bool = False
+    """The turn goes on from one that ended for the run to continue as new."""
+
+
+@dataclass
+class Carried:
+    """What a run that continues as new takes from the execution before it: the turn to
+    run next, and the numbering of its events and controls (their earlier ones stay in
+    the history of the execution before, which :data:`STATE_QUERY` answers for too)."""
+
+    turn: TurnRequest
+    messages_from: int
+    events_before: int
+    controls_before: int
+    controls: list[Control] = field(default_factory=list)
+    """The controls the execution before had not given to a turn yet."""
+    usage: dict[str, int] = field(default_factory=dict)
+    executions: int = 1
+    """The executions of the run before this one."""
 
 
 @dataclass
@@ -156,7 +193,11 @@ class RunWorkflow:
         self._pending: list[dict[str, Any]] = []
         self._decisions: dict[str, Decision] = {}
         self._controls: list[Control] = []
+        self._controls_before = 0  # controls numbered before this execution's first
         self._events: list[dict[str, Any]] = []
+        self._events_before = 0  # events the executions before this one hold
+        self._executions = 0
+        self._handing_off = False
         self._finished_at: float | None = None
         self._cancel_reason: str | None = None
         self._unsent: list[str] = []
@@ -168,32 +209,59 @@ class RunWorkflow:
     async def run(self, request: RunRequest) -> dict[str, Any]:
         self._request = request
         try:
-            self._messages_from = await workflow.execute_local_activity(
-                BEGIN,
-                request.session,
-                result_type=int,
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(
-                    maximum_interval=timedelta(seconds=5),
-                    non_retryable_error_types=list(NOT_RETRIED),
-                ),
-            )
-            await self._turns(request, self._messages_from)
+            turn = self._carry(request.carried)
+            if turn is None:
+                self._messages_from = await workflow.execute_local_activity(
+                    BEGIN,
+                    request.session,
+                    result_type=int,
+                    start_to_close_timeout=timedelta(seconds=60),
+                    retry_policy=RetryPolicy(
+                        maximum_interval=timedelta(seconds=5),
+                        non_retryable_error_types=list(NOT_RETRIED),
+                    ),
+                )
+                turn = TurnRequest(request.run_id, request.session, request.task,
+                                   self._messages_from)
+            await self._turns(request, turn)
         except GeneratorExit:
             # The worker evicted this workflow from its cache (it is replayed elsewhere):
             # nothing ended, and no workflow call may run outside its event loop now.
             raise
+        except workflow.ContinueAsNewError:
+            raise
         except BaseException as error:
             self._ended_by(error)
             raise
-        return self._state(len(self._events))
+        return self._state(self._event_count())
 
-    async def _turns(self, request: RunRequest, messages_from: int) -> None:
-        turn = TurnRequest(request.run_id, request.session, request.task, messages_from)
+    def _carry(self, carried: Carried | None) -> TurnRequest | None:
+        """Take over from the execution before this one (None: this is the first)."""
+        if carried is None:
+            return None
+        self._status = "running"
+        self._messages_from = carried.messages_from
+        self._events_before = carried.events_before
+        self._controls_before = carried.controls_before
+        self._controls = list(carried.controls)
+        self._usage = dict(carried.usage)
+        self._executions = carried.executions
+        return carried.turn
+
+    async def _turns(self, request: RunRequest, turn: TurnRequest) -> None:
+        messages_from = turn.messages_from
         while True:
             self._status = "running"
             outcome = await self._turn(turn, request.heartbeat_timeout)
             self._take(outcome)
+            if outcome.status == HANDED_OFF:
+                after = TurnRequest(request.run_id, request.session, None, messages_from,
+                                    turn.segment + 1, controls_after=outcome.applied,
+                                    continued=True)
+                self._continue_as_new(request, after)
+                # A cancel came as the turn ended: no turn starts after it.
+                await self._end_paused(request, "interrupted")
+                raise asyncio.CancelledError(workflow.cancellation_reason())
             if outcome.status == "paused":
                 self._pending = outcome.pending
                 self._status = "paused"
@@ -206,7 +274,7 @@ class RunWorkflow:
                 self._pending, self._decisions = [], {}
             else:
                 decisions = []
-                sends = [c for c in self._controls[outcome.applied :] if c.kind == "send"]
+                sends = [c for c in self._controls_from(outcome.applied) if c.kind == "send"]
                 if outcome.status != "completed" or not sends:
                     # the run was stopped: said, not lost in silence
                     self._unsent = [c.text or "" for c in sends]
@@ -221,8 +289,44 @@ class RunWorkflow:
                 turn.segment + 1,
                 decisions,
                 turn.sends if not decisions else [],
-                len(self._controls),
+                self._control_count(),
             )
+            self._continue_as_new(request, turn)
+
+    def _continue_as_new(self, request: RunRequest, turn: TurnRequest) -> None:
+        """Go on in a new execution with ``turn`` if this one's history is long enough,
+        and no cancel waits (that ends the run here, with its reason)."""
+        if not self._history_full() or workflow.cancellation_reason() is not None:
+            return
+        after = turn.controls_after
+        carried = Carried(
+            turn,
+            turn.messages_from,
+            self._event_count(),
+            after,
+            [c for c in self._controls_from(after) if c.kind != HANDOFF],
+            dict(self._usage),
+            self._executions + 1,
+        )
+        request = replace(request, carried=carried)
+        workflow.continue_as_new(request)
+
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        limit = self._request.history_events if self._request is not None else 0
+        return info.is_continue_as_new_suggested() or (
+            limit > 0 and info.get_current_history_length() >= limit
+        )
+
+    def _controls_from(self, seq: int) -> list[Control]:
+        """The controls numbered above ``seq``."""
+        return self._controls[max(0, seq - self._controls_before) :]
+
+    def _control_count(self) -> int:
+        return self._controls_before + len(self._controls)
+
+    def _event_count(self) -> int:
+        return self._events_before + len(self._events)
 
     async def _turn(self, turn: TurnRequest, heartbeat_timeout: float) -> TurnOutcome:
         self._turn_from = turn.controls_after
@@ -253,13 +357,14 @@ class RunWorkflow:
                 raise asyncio.CancelledError(cause.message) from None
             raise
 
-    async def _end_paused(self, request: RunRequest) -> None:
-        """Cancelled while paused: no turn runs to record it, so the store's session and
-        the Redis record (both still ``paused``) are set cancelled here."""
+    async def _end_paused(self, request: RunRequest, was: str = "paused") -> None:
+        """Cancelled while paused (or as a turn ended to continue as new, ``was``
+        ``interrupted``): no turn runs to record it, so the store's session and the Redis
+        record (a paused one) are set cancelled here."""
         reason = workflow.cancellation_reason() or "cancelled"
         await workflow.execute_local_activity(
             END_PAUSED,
-            args=[request.run_id, request.session, reason],
+            args=[request.run_id, request.session, reason, *([was] if was != "paused" else [])],
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5),
                                      maximum_attempts=20),
@@ -303,7 +408,10 @@ class RunWorkflow:
     # -- what clients read --------------------------------------------------------------
 
     def _state(self, after: int) -> dict[str, Any]:
+        """The run, with this execution's events after the first ``after`` of the run
+        (those before ``events_from`` are the executions' before: ask ``previous_run``)."""
         request = self._request
+        local = max(0, after - self._events_before)
         return {
             "run_id": workflow.info().workflow_id,
             "session": None if request is None else request.session,
@@ -318,8 +426,11 @@ class RunWorkflow:
             "messages_from": self._messages_from,
             "pending": [p for p in self._pending if p["call_id"] not in self._decisions],
             "unsent": list(self._unsent),
-            "event_count": len(self._events),
-            "events": self._events[after : after + EVENTS_PER_QUERY],
+            "event_count": self._event_count(),
+            "events": self._events[local : local + EVENTS_PER_QUERY],
+            "events_from": self._events_before,
+            "previous_run": workflow.info().continued_run_id if self._events_before else None,
+            "executions": self._executions + 1,
         }
 
     @workflow.query(name=STATE_QUERY)
@@ -329,8 +440,13 @@ class RunWorkflow:
 
     @workflow.query(name=CONTROLS_QUERY)
     def controls(self, after: int) -> list[Control]:
-        """The controls after number ``after``, for the running turn to take."""
-        return self._controls[max(0, after) :]
+        """The controls after number ``after``, for the running turn to take; last, a
+        ``cancel`` numbered 0 with the caller's reason once the run is being cancelled."""
+        controls = self._controls_from(after)
+        reason = workflow.cancellation_reason()
+        if reason is not None:
+            controls = [*controls, Control(0, "cancel", reason)]
+        return controls
 
     # -- what the activity and clients send ---------------------------------------------
 
@@ -340,6 +456,11 @@ class RunWorkflow:
         if self._status == "pending":
             self._status = "running"
         self._events.extend(batch)
+        if self._status == "running" and not self._handing_off and self._history_full():
+            # The running turn ends at its next step boundary; the run goes on from there
+            # in a new execution (see _turns).
+            self._handing_off = True
+            self._control(HANDOFF)
 
     @workflow.signal(name="aimu.interrupt")
     def interrupt(self) -> None:
@@ -358,7 +479,7 @@ class RunWorkflow:
         grace: float | None = None,
         images: list[str] | None = None,
     ) -> int:
-        seq = len(self._controls) + 1
+        seq = self._control_count() + 1
         self._controls.append(Control(seq, kind, text, grace, images or []))
         return seq
 
@@ -384,7 +505,8 @@ class RunWorkflow:
             )
         size = sum(map(len, images or ()))
         if size:
-            size += sum(len(url) for c in self._controls[self._turn_from :] for url in c.images)
+            size += sum(len(url) for c in self._controls_from(self._turn_from)
+                        for url in c.images)
         if size > MAX_SENT_IMAGE_CHARS:
             raise ApplicationError(
                 f"with the images sent before, this turn's come to {size / 1e6:.1f} MB as "

@@ -71,6 +71,8 @@ async def test_cancel_mid_stream_closes_the_stream_and_keeps_a_valid_transcript(
         assert state["status"] == "cancelled"
         assert state["reason"] == "the user pressed Stop"
         assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
+        record = await store.run(run_id)  # the caller's reason reached the run
+        assert record is not None and record.reason == "the user pressed Stop"
         if control is not None:
             assert (await control.wait(run_id, timeout=30)).status == "cancelled"
         messages = await restorable(store, "s1")
@@ -359,6 +361,9 @@ async def test_a_run_cancelled_while_paused_is_cancelled_in_temporal_redis_and_t
         state = await runs.wait(run_id, timeout=60)
         assert (state["status"], state["reason"]) == ("cancelled", "not today")
         assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]
+        record = await store.run(run_id)
+        assert record is not None and (record.status, record.reason) == (
+            "cancelled", "not today")
         if control is not None:
             info = await control.status(run_id)
             assert (info.status, info.reason) == ("cancelled", "not today")
