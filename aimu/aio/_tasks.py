@@ -77,9 +77,9 @@ async def ended(handle: RunHandle[Any]) -> None:
     """Wait until ``handle`` ends, whatever ended it (its outcome is not ours to raise)."""
     ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def settle(_: object) -> None:
+    def mark_ended(_: object) -> None:
         if not ended.done():
             ended.set_result(None)
 
-    handle.add_done_callback(settle)
+    handle.add_done_callback(mark_ended)
     await ended

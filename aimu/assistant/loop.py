@@ -50,7 +50,7 @@ from aimu.assistant.commands import (
     show_sessions,
 )
 from aimu.assistant.screen import (
-    INTERRUPTED,
+    INTERRUPTED_MARK,
     STOPPED,
     Screen,
     arguments_text,
@@ -96,7 +96,7 @@ class Leaving(enum.Enum):
 
 
 @dataclass(eq=False, slots=True)
-class _Turn:
+class _ChatTurn:
     handle: RunHandle[RunFinished]
     presses: int = 0
     """Ctrl+C presses meant for this turn: 1 interrupts, 2 cancels, 3 exits."""
@@ -152,14 +152,14 @@ class Assistant:
         self._leaving = Leaving.NO
         # What the modes act on: the turn of RUNNING; the tool call whose "approve?
         # [y/N]" the next message answers (ASKING, and while a queued line is handled).
-        self._current: _Turn | None = None
+        self._current: _ChatTurn | None = None
         self._asking: str | None = None
         self._waiting: str | None = None  # what the running turn waits for, for a spinner
         self._agent = self._open(session)
         self._backlog: deque[str] = deque()
         # The finished turn that the last Ctrl+C was meant for, until new input comes:
         # a press that was meant for a turn that ended meanwhile must not exit the chat.
-        self._pressed: _Turn | None = None
+        self._pressed: _ChatTurn | None = None
         self._last_turn_failed = False
         self._turns = 0
         self._wake = asyncio.Event()
@@ -304,11 +304,11 @@ class Assistant:
     def _idle(self) -> bool:
         return self._mode in (Mode.IDLE, Mode.ASKING) and not self._backlog
 
-    def _running(self) -> _Turn | None:
+    def _running(self) -> _ChatTurn | None:
         turn = self._current
         return turn if turn is not None and not turn.handle.done else None
 
-    def _running_or_say(self, verb: str) -> _Turn | None:
+    def _running_or_say(self, verb: str) -> _ChatTurn | None:
         """The running turn, or None after saying there is nothing to ``verb``."""
         turn = self._running()
         if turn is None:
@@ -561,7 +561,7 @@ class Assistant:
         handle.add_done_callback(lambda _: self._wake.set())
         # A retry is told to the run's scope (the handle), not in the agent's events.
         handle.add_listener(lambda event: self._retrying(event))
-        self._current = _Turn(handle)
+        self._current = _ChatTurn(handle)
         self._mode = Mode.RUNNING
 
     async def _turn(self, agent: Agent, task: str | None) -> RunFinished:
@@ -578,7 +578,7 @@ class Assistant:
             raise RuntimeError("the agent run ended without its final event")
         return finished
 
-    async def _report(self, turn: _Turn) -> None:
+    async def _report(self, turn: _ChatTurn) -> None:
         """Say how a finished turn ended: nothing more, (stopped), (interrupted), an error."""
         handle = turn.handle
         self._waiting = None
@@ -604,7 +604,7 @@ class Assistant:
             self._line("(paused: a tool call waits for your approval)")
             self._ask_next()
         elif finished.status == "interrupted":
-            self._line(INTERRUPTED)
+            self._line(INTERRUPTED_MARK)
         elif finished.status == "max_rounds":
             self._line(f"(stopped: the turn used its {self._max_rounds} tool rounds)")
         elif finished.status == "limited":

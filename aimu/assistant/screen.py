@@ -27,7 +27,7 @@ from aimu.aio.events import (
 from aimu.aio.transcript import Message
 
 __all__ = [
-    "INTERRUPTED",
+    "INTERRUPTED_MARK",
     "STOPPED",
     "Screen",
     "arguments_text",
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 STOPPED = "(stopped)"
-INTERRUPTED = "(interrupted)"
+INTERRUPTED_MARK = "(interrupted)"
 
 _CLIP = 200
 # Control characters other than newline and tab, shown as escapes (ESC as \x1b).

@@ -139,12 +139,12 @@ class Activities:
             await agent.aclose()
             raise
         try:
-            return await _Turn(self, agent, request, info.attempt).execute()
+            return await _TurnAttempt(self, agent, request, info.attempt).execute()
         finally:
             await agent.aclose()
 
 
-class _Turn:
+class _TurnAttempt:
     """One attempt of one turn: the run's handle, its event batches and control polls."""
 
     def __init__(self, owner: Activities, agent: Agent, request: TurnRequest, attempt: int):

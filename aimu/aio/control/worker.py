@@ -84,7 +84,7 @@ def _steer(kind: str, data: dict[str, Any]) -> Steer | None:
 REQUESTS: Final = frozenset({"cancel", "interrupt", "stop", "send"})
 
 
-class _State(enum.Enum):
+class _Standing(enum.Enum):
     """Where an attached run stands in Redis."""
 
     NEW = "new"
@@ -99,7 +99,7 @@ class _State(enum.Enum):
     """Its end is in Redis."""
 
 
-class _Run:
+class _AttachedRun:
     """One attached run: its unpublished events and where it stands in Redis."""
 
     __slots__ = (
@@ -134,7 +134,7 @@ class _Run:
         if info:
             session = json.loads(info).get("session")
             self.session = session if isinstance(session, str) else ""
-        self.state = _State.NEW
+        self.state = _Standing.NEW
         self.queue: deque[tuple[int, str, str]] = deque()
         self.next_number = 1
         self.why = ""
@@ -159,7 +159,7 @@ class _Run:
     @property
     def over(self) -> bool:
         """Nothing more is published for it: its end is written, or it was rejected."""
-        return self.state in (_State.ENDED, _State.REJECTED)
+        return self.state in (_Standing.ENDED, _Standing.REJECTED)
 
     def admit(self) -> None:
         if not self.admission.done():
@@ -171,7 +171,7 @@ class Worker:
 
     def __init__(self, link: Link) -> None:
         self._link = link
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, _AttachedRun] = {}
         self._kick = asyncio.Event()
         self._tasks = Background()
         self._flushed = asyncio.Event()
@@ -197,7 +197,7 @@ class Worker:
     ) -> asyncio.Future[None]:
         """Serve ``handle``'s run; the future it waits for before it starts (resolved at
         once unless ``wait`` or ``required``: it waits for its first registration)."""
-        run = _Run(run_id, handle, info, required)
+        run = _AttachedRun(run_id, handle, info, required)
         if not (wait or required):
             run.admit()
         if run_id in self.runs and not self.runs[run_id].over:
@@ -210,8 +210,8 @@ class Worker:
         self._kick.set()
         return run.admission
 
-    def _on_event(self, run: _Run, event: Event) -> None:
-        if run.state is _State.REJECTED:
+    def _on_event(self, run: _AttachedRun, event: Event) -> None:
+        if run.state is _Standing.REJECTED:
             return
         if isinstance(event, RunFinished):
             run.usage = json.dumps(dict(event.usage))
@@ -223,7 +223,7 @@ class Worker:
         run.next_number += 1
         self._kick.set()
 
-    def _on_done(self, run: _Run) -> None:
+    def _on_done(self, run: _AttachedRun) -> None:
         if run.remove_listener is not None:
             run.remove_listener()
             run.remove_listener = None
@@ -243,7 +243,7 @@ class Worker:
 
     # -- requests --------------------------------------------------------------------
 
-    def _apply(self, run: _Run, entries: list[Any]) -> None:
+    def _apply(self, run: _AttachedRun, entries: list[Any]) -> None:
         """Apply the requests in ``entries`` (``[[id, [k, v, ...]], ...]``) not yet seen.
 
         One the run cannot take any more (it is ending) stays unapplied, and so do the
@@ -260,7 +260,7 @@ class Worker:
         if run.cursor != run.cursor_sent:
             self._kick.set()
 
-    def _obey(self, run: _Run, kind: str, text: str) -> bool:
+    def _obey(self, run: _AttachedRun, kind: str, text: str) -> bool:
         """Apply one request; False if the run cannot take it any more."""
         if run.over or run.handle.done:
             return False
@@ -280,11 +280,11 @@ class Worker:
         except (TypeError, ValueError):  # a send that does not check out: dropped, as applied
             return True
 
-    def _reject(self, run: _Run, why: str, *, down: bool = False) -> None:
+    def _reject(self, run: _AttachedRun, why: str, *, down: bool = False) -> None:
         """The run is not this worker's in Redis (or Redis is away and the run required
         it): stop it here; it never starts if it had not yet."""
-        if run.state is not _State.REJECTED:
-            run.state = _State.REJECTED
+        if run.state is not _Standing.REJECTED:
+            run.state = _Standing.REJECTED
             run.why = why
             run.down = down
             run.queue.clear()
@@ -302,7 +302,7 @@ class Worker:
         try:
             while not self._stopping:
                 await self._kick.wait()
-                if all(r.final_due is None and r.state is _State.REGISTERED
+                if all(r.final_due is None and r.state is _Standing.REGISTERED
                        for r in self.runs.values()):
                     # Only events to send: let a few more gather (fewer, fuller batches).
                     await asyncio.sleep(_LINGER)
@@ -357,7 +357,7 @@ class Worker:
         """Redis could not be reached for a run's first registration: a required run is
         refused (it never starts); any other starts, and is registered when Redis is back."""
         for run in list(self.runs.values()):
-            if run.state is not _State.NEW or run.admission.done():
+            if run.state is not _Standing.NEW or run.admission.done():
                 continue
             if run.required:
                 self._reject(
@@ -372,15 +372,15 @@ class Worker:
     async def _flush(self) -> bool:
         """Send what is pending for every run in one pipeline; True if more is left."""
         pipe = self._link.client.pipeline(transaction=False)
-        plan: list[tuple[str, _Run, int]] = []
+        plan: list[tuple[str, _AttachedRun, int]] = []
         for run in list(self.runs.values()):
-            if run.state is _State.REJECTED:
+            if run.state is _Standing.REJECTED:
                 if run.handle.done:
                     self.runs.pop(run.run_id, None)
                 continue
             if run.final_due is not None and run.final is None:
                 await self._take_final(run)
-            if run.state in (_State.NEW, _State.AGAIN):
+            if run.state in (_Standing.NEW, _Standing.AGAIN):
                 await self._register(pipe, run)
                 plan.append(("register", run, 0))
             if run.queue or run.cursor != run.cursor_sent:
@@ -403,10 +403,10 @@ class Worker:
         if refused is not None:
             raise refused  # the pump backs off before trying again
         return more or any(
-            r.queue or r.final_due for r in self.runs.values() if r.state is not _State.REJECTED
+            r.queue or r.final_due for r in self.runs.values() if r.state is not _Standing.REJECTED
         )
 
-    async def _take_final(self, run: _Run) -> None:
+    async def _take_final(self, run: _AttachedRun) -> None:
         """Queue the run's terminal event (its handle has ended)."""
         final = run.final_due
         assert final is not None
@@ -415,7 +415,7 @@ class Worker:
         run.queue.append((run.next_number, kind, data))
         run.next_number += 1
 
-    async def _register(self, pipe: Any, run: _Run) -> None:
+    async def _register(self, pipe: Any, run: _AttachedRun) -> None:
         link, keys = self._link, self._link.keys
         await link.scripts.register(
             keys=[
@@ -433,7 +433,7 @@ class Worker:
                 run.handle.name,
                 run.info,
                 run.run_id,
-                "1" if run.state is _State.NEW else "0",
+                "1" if run.state is _Standing.NEW else "0",
                 keys.base,
                 scripts.PRUNE,
                 link.retention_s,
@@ -441,7 +441,7 @@ class Worker:
             client=pipe,
         )
 
-    async def _publish(self, pipe: Any, run: _Run) -> tuple[str, _Run, int]:
+    async def _publish(self, pipe: Any, run: _AttachedRun) -> tuple[str, _AttachedRun, int]:
         """Queue the next batch of the run's events (and its end, when it is in it)."""
         link, keys = self._link, self._link.keys
         batch = [run.queue[i] for i in range(min(len(run.queue), _BATCH))]
@@ -473,12 +473,12 @@ class Worker:
         run.cursor_pending = run.cursor
         return ("final" if final is not None else "publish"), run, last
 
-    def _registered(self, run: _Run, result: scripts.Reply) -> None:
+    def _registered(self, run: _AttachedRun, result: scripts.Reply) -> None:
         if result.tag != "ok":
             what = "is already held by worker" if result.tag == "busy" else "has already ended as"
             self._reject(run, f"run {run.run_id!r} {what} {result.values[0]}")
             return
-        run.state = _State.REGISTERED
+        run.state = _Standing.REGISTERED
         seen, pending = result.values
         if stream_id(seen) > stream_id(run.cursor):
             run.cursor = run.cursor_sent = seen
@@ -486,9 +486,9 @@ class Worker:
         run.ready.set()
         run.admit()  # after the requests sent before it started: a cancel lands first
 
-    def _published(self, run: _Run, step: str, last: int, result: scripts.Reply) -> bool:
+    def _published(self, run: _AttachedRun, step: str, last: int, result: scripts.Reply) -> bool:
         if result.tag == "gone":
-            run.state = _State.AGAIN  # Redis forgot the run: register it again, then resend
+            run.state = _Standing.AGAIN  # Redis forgot the run: register it again, then resend
             return True
         if result.tag != "ok":
             self._reject(run, f"run {run.run_id!r} was taken over by another worker")
@@ -499,7 +499,7 @@ class Worker:
         if stream_id(run.cursor_pending) > stream_id(run.cursor_sent):
             run.cursor_sent = run.cursor_pending
         if step == "final" and appended >= last:
-            run.state = _State.ENDED
+            run.state = _Standing.ENDED
             self.runs.pop(run.run_id, None)
             if run.dropped:
                 logger.warning(
@@ -523,8 +523,8 @@ class Worker:
                 # we were away is in the request streams; registering again re-reads them.
                 if failures:
                     for run in self.runs.values():
-                        if run.state is _State.REGISTERED:
-                            run.state = _State.AGAIN
+                        if run.state is _Standing.REGISTERED:
+                            run.state = _Standing.AGAIN
                     self._kick.set()
                 failures = 0
                 while True:
@@ -553,7 +553,7 @@ class Worker:
         if run is not None and not run.over:
             self.spawn(self._reread(run))
 
-    async def _reread(self, run: _Run) -> None:
+    async def _reread(self, run: _AttachedRun) -> None:
         """Apply the requests in the run's stream after the last one applied."""
         try:
             entries: Any = await self._link.client.xrange(
@@ -571,7 +571,7 @@ class Worker:
         interval = link.lease / 3
         while not self._stopping:
             await asyncio.sleep(interval)
-            live = [run for run in self.runs.values() if run.state is _State.REGISTERED]
+            live = [run for run in self.runs.values() if run.state is _Standing.REGISTERED]
             if not live:
                 continue
             pipe = link.client.pipeline(transaction=False)
@@ -595,13 +595,13 @@ class Worker:
                 continue
             _reraise_cancel()
             for run, result in zip(live, results, strict=True):
-                if isinstance(result, BaseException) or run.state is not _State.REGISTERED:
+                if isinstance(result, BaseException) or run.state is not _Standing.REGISTERED:
                     continue
                 answer = scripts.reply(result)
                 if answer.tag == "not_ours":
                     self._reject(run, f"run {run.run_id!r} was taken over by another worker")
                 elif answer.tag == "gone":
-                    run.state = _State.AGAIN  # Redis lost its record (restarted empty)
+                    run.state = _Standing.AGAIN  # Redis lost its record (restarted empty)
                     self._kick.set()
                 elif answer.tag == "ok":
                     self._apply(run, answer.values[0])
@@ -628,7 +628,7 @@ class Worker:
 
     async def flush(self) -> None:
         """Wait until every finished run is published to the end (Redis may be away)."""
-        while any(r.handle.done and r.state is not _State.REJECTED for r in self.runs.values()):
+        while any(r.handle.done and r.state is not _Standing.REJECTED for r in self.runs.values()):
             self._flushed.clear()
             self._kick.set()
             await self._flushed.wait()
