@@ -153,11 +153,13 @@ def _startable(
 
 
 def _owner_of(scope: RunScope | None) -> RunHandle[Any] | None:
-    """The live handle nearest around ``scope`` (itself included): the run it belongs to."""
+    """The live handle nearest around ``scope`` (itself included): the run it belongs to.
+    From inside an agent called as a tool, the caller's run's (its call scope's
+    ``caller``: the chain of events stops there, the run's ownership does not)."""
     while scope is not None:
         if isinstance(scope, RunHandle):
             return scope if scope._state in _LIVE else None
-        scope = scope.parent
+        scope = scope.parent or scope.caller
     return None
 
 

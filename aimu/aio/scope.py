@@ -59,6 +59,10 @@ class RunScope:
         "retries",
     )
 
+    #: The scope of the run that called this one's agent as a tool, for a scope that ends
+    #: the chain of events but not that of ownership (``aimu.aio.tree.CallScope``).
+    caller: RunScope | None = None
+
     def __init__(
         self, name: str, parent: RunScope | None = None, deadline: float | None = None
     ) -> None:

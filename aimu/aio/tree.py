@@ -122,7 +122,7 @@ class CallScope(RunScope):
     (its interrupt, deadline, run id). Its options give the callee the caller's deps
     and budget."""
 
-    __slots__ = ("_asked", "caller", "configs", "path")
+    __slots__ = ("_asked", "around", "caller", "configs", "path")
 
     def __init__(
         self,
@@ -132,7 +132,8 @@ class CallScope(RunScope):
         relay: Callable[[Event], None] | None,
         options: RunOptions,
     ) -> None:
-        self.caller = caller
+        #: The caller's run scope (``caller`` too: what RunHandle ownership reads).
+        self.around = self.caller = caller
         self._asked = False
         RunScope.__init__(self, path[-1], None, caller.deadline)
         #: The agents above the callee, outermost first, and their configurations.
@@ -152,7 +153,7 @@ class CallScope(RunScope):
     # The callee reads these through the chain: they look through to the caller.
     @property
     def _interrupt_requested(self) -> bool:
-        return self._asked or self.caller.interrupt_requested
+        return self._asked or self.around.interrupt_requested
 
     @_interrupt_requested.setter
     def _interrupt_requested(self, value: bool) -> None:
@@ -162,7 +163,7 @@ class CallScope(RunScope):
     def _interrupt_waiters(self) -> list[Any]:
         # A wait for an interrupt below (a retry's backoff) registers with the caller's
         # scopes too: the caller's interrupt wakes it at once.
-        return _Waiters(self.caller)
+        return _Waiters(self.around)
 
     @_interrupt_waiters.setter
     def _interrupt_waiters(self, value: object) -> None:
@@ -170,11 +171,11 @@ class CallScope(RunScope):
 
     @property
     def expiring(self) -> bool:
-        return past_deadline(self.caller)
+        return past_deadline(self.around)
 
     @property
     def run_id(self) -> str | None:
-        return self.caller.run_id
+        return self.around.run_id
 
 
 _FIELDS: dict[type[Any], tuple[str, ...]] = {}

@@ -290,3 +290,28 @@ async def test_an_interrupt_cuts_a_grandchilds_retry_wait_short() -> None:
         assert tool_results(root.messages)[0].startswith("[interrupted: agent 'mid'")
         for agent in (leaf, mid, root):
             await agent.aclose()
+
+
+async def test_a_handle_started_deep_in_the_tree_belongs_to_the_top_run() -> None:
+    """A tool of the leaf starts a run of its own with RunHandle.start(): it belongs to the
+    run at the top (as nested handles do), so the top's cancel reaches it too."""
+    inner: list[aio.RunHandle[None]] = []
+    started = asyncio.Event()
+
+    async def fetch() -> str:
+        """Fetch the page in a run of its own."""
+        handle = aio.RunHandle.start(asyncio.sleep(60))
+        inner.append(handle)
+        started.set()
+        await handle  # awaiting a handle never cancels it: only ownership does
+        return "never"
+
+    tree = Tree(given_fetch=aio.tool(fetch))
+    top = aio.RunHandle.start(tree.root.run("go"))
+    await started.wait()
+    top.cancel("stop all")
+    with pytest.raises(asyncio.CancelledError):
+        await top
+    assert inner[0].status == "cancelled"
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    check_valid(tree.root.messages)
