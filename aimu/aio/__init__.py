@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         ToolProgress,
         ToolResult,
     )
+    from aimu.aio.guardrails import GuardrailError, ToolGuardrail, Tripwire
     from aimu.aio.instructions import RunContext
     from aimu.aio.limits import ModelPrice, Spend, UsageLimits
     from aimu.aio.mcp import MCPServer
@@ -80,6 +81,7 @@ __all__ = [
     "EvaluatorOptimizer",
     "Event",
     "FallbackModel",
+    "GuardrailError",
     "HandleFinished",
     "JSONLStore",
     "KeepLastTurns",
@@ -130,11 +132,13 @@ __all__ = [
     "ToolCallStarted",
     "ToolContext",
     "ToolDefinitionError",
+    "ToolGuardrail",
     "ToolProgress",
     "ToolResult",
     "ToolStart",
     "Toolset",
     "TranscriptError",
+    "Tripwire",
     "UnknownRunError",
     "UsageLimits",
     "client",
@@ -184,6 +188,9 @@ _WHERE = {
     "ModelPrice": "limits",
     "Spend": "limits",
     "UsageLimits": "limits",
+    "GuardrailError": "guardrails",
+    "ToolGuardrail": "guardrails",
+    "Tripwire": "guardrails",
 }
 _ERRORS = (
     "AimuError", "ControlConnectionError", "ControlError", "MCPServerError",

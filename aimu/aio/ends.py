@@ -14,7 +14,7 @@ from aimu.aio.events import RunFinished, RunResult, RunStatus
 from aimu.aio.transcript import Usage
 
 __all__ = [
-    "ANSWERED", "FINAL", "HALTED", "INTERRUPTED", "LIMITED", "PAUSED", "STOPPED", "Halt",
+    "ANSWERED", "BLOCKED", "FINAL", "HALTED", "INTERRUPTED", "LIMITED", "PAUSED", "STOPPED", "Halt",
     "HaltStatus", "error_text", "run_finished", "stopped_status",
 ]
 
@@ -28,7 +28,12 @@ STOPPED: Final[frozenset[RunStatus]] = frozenset({"cancelled", "timed_out", "fai
 HALTED: Final[frozenset[RunStatus]] = frozenset({"interrupted", "paused", "limited"})
 #: The run is over: every status but ``paused`` (a paused run waits for a person's
 #: decision and goes on in the same run, on Temporal in the same workflow).
-FINAL: Final[frozenset[RunStatus]] = ANSWERED | STOPPED | frozenset({"interrupted", "limited"})
+#: A guardrail's tripwire ended the run: the input or the answer was refused (the
+#: reply says which guardrail and why; ``stop_reason`` is ``"guardrail:<name>"``).
+BLOCKED: Final[frozenset[RunStatus]] = frozenset({"blocked"})
+FINAL: Final[frozenset[RunStatus]] = (
+    ANSWERED | STOPPED | BLOCKED | frozenset({"interrupted", "limited"})
+)
 
 #: What a run returns when ``interrupt()`` stopped it at a step boundary.
 INTERRUPTED: Final = "Run interrupted."

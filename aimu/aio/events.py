@@ -41,12 +41,15 @@ __all__ = [
 #: How a run ended. ``incomplete``: it answered, but the model's reply was cut off (by
 #: its length limit or a content filter; ``stop_reason`` says which). ``limited``: a
 #: usage limit stopped it (``stop_reason`` is ``"limit:<name>"``); resume() goes on.
+#: ``blocked``: a guardrail's tripwire refused the input or the answer (``stop_reason``
+#: is ``"guardrail:<name>"``, the reply gives the reason).
 RunStatus: TypeAlias = Literal[
     "completed", "incomplete", "interrupted", "cancelled", "timed_out", "failed", "max_rounds",
-    "paused", "limited",
+    "paused", "limited", "blocked",
 ]
 HandleStatus: TypeAlias = Literal[
     "pending", "running", "completed", "incomplete", "interrupted", "paused", "limited",
+    "blocked",
     "cancelled", "timed_out", "failed",
 ]
 #: Safety stops with their reason: a reply withheld or cut for its content (Gemini's

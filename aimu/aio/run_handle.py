@@ -110,6 +110,7 @@ class _HandleState:
     INTERRUPTED: Final = "interrupted"
     PAUSED: Final = "paused"
     LIMITED: Final = "limited"
+    BLOCKED: Final = "blocked"
     CANCELLED: Final = "cancelled"
     TIMED_OUT: Final = "timed_out"
     FAILED: Final = "failed"
@@ -120,7 +121,7 @@ _LIVE = frozenset({
 })
 _RETURNED = frozenset({
     _HandleState.COMPLETED, _HandleState.INCOMPLETE, _HandleState.INTERRUPTED,
-    _HandleState.PAUSED, _HandleState.LIMITED,
+    _HandleState.PAUSED, _HandleState.LIMITED, _HandleState.BLOCKED,
 })
 _DROPPABLE = (TextChunk, ThinkingChunk)
 
@@ -393,6 +394,8 @@ class RunHandle(RunScope, Generic[T]):
                 self._state, self._error = _HandleState.INCOMPLETE, None
             elif last is not None and last.status == "limited":
                 self._state, self._error = _HandleState.LIMITED, None
+            elif last is not None and last.status == "blocked":
+                self._state, self._error = _HandleState.BLOCKED, None
             else:
                 self._state = _HandleState.COMPLETED
         self._finish()
@@ -417,6 +420,8 @@ class RunHandle(RunScope, Generic[T]):
                 self._state = _HandleState.INTERRUPTED
             elif error.status == "limited":
                 self._state = _HandleState.LIMITED
+            elif error.status == "blocked":
+                self._state = _HandleState.BLOCKED
         self._task.add_done_callback(_retrieve)
         self._finish()
 

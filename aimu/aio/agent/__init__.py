@@ -29,6 +29,7 @@ from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy, Summary
 from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
+from aimu.aio.guardrails import Guardrail, ToolGuardrail
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
 from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
@@ -83,6 +84,9 @@ class Agent(Runnable[OutputT]):
     (sync or async) of a :class:`~aimu.aio.RunContext`, evaluated at each run's start.
     ``context`` (a policy such as :class:`~aimu.aio.KeepLastTurns`) chooses what of a
     long transcript each request sends; the transcript itself stays whole.
+    ``input_guardrails``, ``output_guardrails`` and ``tool_guardrails`` check the task
+    (beside the first turn), the final answer and tool calls; a tripwire ends the run
+    ``blocked`` (see :mod:`aimu.aio.guardrails`).
     """
 
     kind = "agent"
@@ -137,6 +141,9 @@ class Agent(Runnable[OutputT]):
         session_limits: UsageLimits | None = None,
         deps: object = None,
         context: ContextPolicy | None = None,
+        input_guardrails: Sequence[Guardrail] | None = None,
+        output_guardrails: Sequence[Guardrail] | None = None,
+        tool_guardrails: Sequence[ToolGuardrail] | None = None,
     ) -> None:
         config = make_config(
             client, tools, system=system, max_rounds=max_rounds, name=name, store=store,
@@ -144,6 +151,8 @@ class Agent(Runnable[OutputT]):
             output_type=output_type, output_retries=output_retries, tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls, limits=limits,
             session_limits=session_limits, deps=deps, context=context,
+            input_guardrails=input_guardrails, output_guardrails=output_guardrails,
+            tool_guardrails=tool_guardrails,
         )
         self._setup(config, client, store, session, owns_client=True)
         if any(isinstance(tool, AgentTool) for tool in config.table.local):

@@ -11,6 +11,7 @@ from aimu.aio._tool_table import ToolTable
 from aimu.aio.approvals import ApprovalPolicy
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy
+from aimu.aio.guardrails import Guardrail, ToolGuardrail, check_guardrails
 from aimu.aio.instructions import Instructions, check_instructions
 from aimu.aio.limits import UsageLimits
 from aimu.aio.output import OutputSpec, check_tool_choice
@@ -42,6 +43,9 @@ class AgentOptions(TypedDict, total=False):
     session_limits: UsageLimits | None
     deps: object
     context: ContextPolicy | None
+    input_guardrails: Sequence[Guardrail] | None
+    output_guardrails: Sequence[Guardrail] | None
+    tool_guardrails: Sequence[ToolGuardrail] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,10 @@ class Config:
     deps: object = None
     #: What of the transcript each request sends (None: all of it).
     context: ContextPolicy | None = None
+    #: Guardrails (see aimu.aio.guardrails): the task's, the answer's, tool calls'.
+    input_guardrails: tuple[Guardrail, ...] = ()
+    output_guardrails: tuple[Guardrail, ...] = ()
+    tool_guardrails: tuple[ToolGuardrail, ...] = ()
 
 
 def make_config(
@@ -88,6 +96,9 @@ def make_config(
     session_limits: UsageLimits | None,
     deps: object,
     context: ContextPolicy | None,
+    input_guardrails: Sequence[Guardrail] | None = None,
+    output_guardrails: Sequence[Guardrail] | None = None,
+    tool_guardrails: Sequence[ToolGuardrail] | None = None,
 ) -> Config:
     """The agent's configuration, its arguments checked (TypeError / ValueError saying
     which is wrong)."""
@@ -111,6 +122,9 @@ def make_config(
         session_limits=session_limits,
         deps=deps,
         context=context,
+        input_guardrails=check_guardrails("input_guardrails", input_guardrails),
+        output_guardrails=check_guardrails("output_guardrails", output_guardrails),
+        tool_guardrails=check_guardrails("tool_guardrails", tool_guardrails, ToolGuardrail),
     )
 
 

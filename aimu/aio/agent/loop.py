@@ -15,7 +15,8 @@ from typing import Any
 
 from aimu.aio._tracing import RunSpans
 from aimu.aio.events import Event, RunResult, RunStarted
-from aimu.aio.instructions import RunContext, instructions_text
+from aimu.aio.guardrails import InputGuard
+from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
 from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
 from aimu.aio.scope import RunScope
@@ -26,7 +27,7 @@ from .session import Session
 from .settle import settle
 from .state import NEEDS_MODEL, Ended, NeedsModel, NeedsTools, Phase, RunState
 from .tool_round import tool_round
-from .turn import context_hit, model_turn, output_checked
+from .turn import answer_passes, context_hit, model_turn, output_checked
 from .wall import WallTimer
 
 __all__ = ["run_events"]
@@ -104,8 +105,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     await config.table.ready()
     await session.open()
     if config.system is not None and not isinstance(config.system, str):
-        context = RunContext(config.name, session.name, task, run.deps,
-                             session.durable.shared)
+        context = session.run_context(task, run.deps)
         run.phase = Phase.INSTRUCTING
         session.system_text = await instructions_text(config.system, context, config.name)
         run.phase = Phase.OPENING
@@ -138,6 +138,9 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
         if run.options.images:
             message["images"] = list(run.options.images)
         await session.record(message)
+        if config.input_guardrails:  # beside the first turn, from now on
+            run.guard = InputGuard(config.input_guardrails, session.run_context(task, run.deps),
+                                   task)
     await session.set_status("in_progress")
     await session.start_run(run)
 
@@ -158,7 +161,8 @@ async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
         if answer is not None:
             run.stop_reason = answer.get("aimu_stop_reason")
             # A fresh run: a correction here costs none of its output retries.
-            if await output_checked(session, run, answer["content"], schema_asked=False):
+            if await output_checked(session, run, answer["content"], schema_asked=False) \
+                    and await answer_passes(session, run, answer):
                 run.end("completed", answer["content"])
             return
         last = messages[-1] if messages else None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aimu.aio._session import SessionRecord
 from aimu.aio.approvals import Approvals, Decision
 from aimu.aio.client import ModelClient
+from aimu.aio.instructions import RunContext
 from aimu.aio.journal import IN_DOUBT_RESULT, resolve_in_doubt
 from aimu.aio.limits import Spend
 from aimu.aio.output import is_correction
@@ -338,6 +339,21 @@ class Session:
             if role == "assistant" and not message.get("aimu_partial"):
                 rounds += 1
         return rounds, False
+
+    def run_context(self, task: str | None, deps: object) -> RunContext[Any]:
+        """What a ``system=`` function or a guardrail knows of the run."""
+        return RunContext(self.config.name, self.name, task, deps, self.durable.shared)
+
+    def task_text(self) -> str | None:
+        """The current task's text: the last user message that is not a correction, text
+        sent into a run, or the final-turn prompt (None: none)."""
+        for message in reversed(self.messages):
+            if message["role"] == "user" and not (
+                is_correction(message) or message.get("aimu_sent")
+                or message["content"] == FINAL_TURN_PROMPT
+            ):
+                return str(message["content"])
+        return None
 
     def finished_answer(self) -> AssistantMessage | None:
         """The transcript's last message if it is a whole answer (no tool call)."""

@@ -38,6 +38,8 @@ async def settle(
     phase, run.phase = run.phase, Phase.SETTLED
     if run.wall is not None:
         run.wall.close()
+    if run.guard is not None:  # input guardrails still running: cancelled now...
+        run.guard.cancel()
     for context in run.contexts:
         context.mark_cancelled()
     messages = session.messages
@@ -70,6 +72,8 @@ async def settle(
     run.scope.emit(final)
     run.spans.finished(final, stop.status, stop.reason)
     stop.log(session.config.name)
+    if run.guard is not None:  # ... and awaited last (memory and store settled first)
+        await run.guard.close()
     return final
 
 

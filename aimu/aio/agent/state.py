@@ -19,6 +19,7 @@ from aimu.aio.client import TurnAssembler
 from aimu.aio.ends import INTERRUPTED, LIMITED, Halt, error_text, stopped_status
 from aimu.aio.errors import StoreError
 from aimu.aio.events import CUT_OFF_REASONS, Event, RunStatus
+from aimu.aio.guardrails import InputGuard, Tripped
 from aimu.aio.limits import Budget, LimitHit, estimate_tokens, transcript_chars
 from aimu.aio.runnable import NO_OPTIONS, RunClock, RunOptions, options_in
 from aimu.aio.scope import RunScope
@@ -116,8 +117,8 @@ class RunState:
 
     __slots__ = (
         "budget", "clock", "contexts", "continuation", "cut_answer", "deps", "error",
-        "final_prompted", "first", "held", "limit", "next", "options", "output", "output_failures",
-        "phase", "reply", "requests", "rounds", "scope", "spans", "status",
+        "final_prompted", "first", "guard", "held", "limit", "next", "options", "output",
+        "output_failures", "phase", "reply", "requests", "rounds", "scope", "spans", "status",
         "stop_reason", "store_error", "turn", "usage", "usage_estimated", "wall",
     )
 
@@ -175,6 +176,8 @@ class RunState:
         self.usage: Usage = zero_usage()
         #: A store write that failed while the run settled; the run then ends ``failed``.
         self.store_error: StoreError | None = None
+        #: The input guardrails beside the first turn, while they may still decide.
+        self.guard: InputGuard | None = None
 
     def publish(self, event: Event) -> Event:
         """Send ``event`` to the scope's listeners; return it for the consumer."""
@@ -196,6 +199,11 @@ class RunState:
         self.end("limited", self.reply or LIMITED)
         self.limit, self.stop_reason = hit, hit.stop_reason
         self.scope.note_halt(Halt("limited", hit.stop_reason))
+
+    def blocked(self, tripped: Tripped) -> None:
+        """A guardrail's tripwire ends the run ``blocked``, naming it and why."""
+        self.end("blocked", tripped.reply)
+        self.stop_reason = tripped.stop_reason
 
     def interrupted(self) -> None:
         """The interrupt is honoured: the run returns INTERRUPTED."""

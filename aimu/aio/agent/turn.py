@@ -18,6 +18,7 @@ from aimu.aio.context import ContextPolicy, SummarizeOlderTurns, Summary
 from aimu.aio.ends import error_text
 from aimu.aio.errors import ModelError, ModelProtocolError
 from aimu.aio.events import CUT_OFF_REASONS, Event, TextChunk, ThinkingChunk
+from aimu.aio.guardrails import GuardCut, InputGuard, Tripped, guarded, run_guardrails
 from aimu.aio.limits import LimitHit, estimate_tokens, transcript_chars
 from aimu.aio.output import is_correction, turn_request
 from aimu.aio.scope import RunScope, current_scope
@@ -28,7 +29,7 @@ from .session import Session, tool_message
 from .state import FINAL_TURN_PROMPT, NEEDS_MODEL, NeedsTools, RunState, TurnInFlight
 from .wall import WallReached, walled
 
-__all__ = ["context_hit", "model_turn", "output_checked"]
+__all__ = ["answer_passes", "context_hit", "model_turn", "output_checked"]
 
 #: Requests smaller than this (estimated tokens) fit every model: no need to ask the
 #: server for the model's context window until one grows past it.
@@ -51,10 +52,10 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     ):
         return
     inflight, stream = _request(session, run, final_turn)
-    budget, wall, name = run.budget, run.wall, session.config.name
+    budget, name = run.budget, session.config.name
     assert budget is not None
-    chunks = stream if wall is None else walled(stream, wall)
-    watch, streamed, hit = budget.watch, 0, None
+    chunks, guard = _cuts(stream, run)
+    watch, streamed, hit, tripped = budget.watch, 0, None, False
     token: Token[RunScope | None] | None = current_scope.set(run.scope)
     try:
         if budget.limited:  # with no limit to keep, the usage is counted as it comes
@@ -79,8 +80,12 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
                     )
                     if hit is not None:
                         break
+        if guard is not None and hit is None:
+            await guard.decision()  # nothing of the turn counts before they decide
     except WallReached:
         hit = budget.wall_hit()
+    except GuardCut:
+        tripped = True
     except ModelError as error:
         if inflight.assembler.started or not run.interrupt_asked():
             raise
@@ -95,8 +100,32 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
         if token is not None:
             current_scope.reset(token)
         await chunks.aclose()
-    if hit is not None:
-        await _cut_by_limit(session, run, inflight, hit)
+    await _turn_over(session, run, inflight, hit, guard.tripped if tripped and guard else None)
+
+
+def _cuts(
+    stream: AsyncGenerator[Chunk, None], run: RunState
+) -> tuple[AsyncGenerator[Chunk, None], InputGuard | None]:
+    """The turn's stream, cut by a ``wall`` limit and by input guardrails that have not
+    passed the task yet (each wrapper a frame: only runs that need one pay for it)."""
+    chunks = stream if run.wall is None else walled(stream, run.wall)
+    guard = run.guard if run.guard is not None and not run.guard.passed else None
+    return (chunks, None) if guard is None else (guarded(chunks, guard), guard)
+
+
+async def _turn_over(
+    session: Session, run: RunState, inflight: TurnInFlight, hit: LimitHit | None,
+    tripped: Tripped | None,
+) -> None:
+    """The stream is over: a tripwire or a limit cut the turn short, or it is recorded."""
+    if tripped is not None:
+        await _cut_short(session, run, inflight)
+        run.blocked(tripped)
+        run.spans.turn_ended(run.usage, tripped.stop_reason)
+    elif hit is not None:
+        await _cut_short(session, run, inflight)
+        run.limited(hit)
+        run.spans.turn_ended(run.usage, hit.stop_reason)
     else:
         await _record_turn(session, run, inflight)
 
@@ -304,13 +333,13 @@ def _unusable_summary(
     )
 
 
-async def _cut_by_limit(
-    session: Session, run: RunState, inflight: TurnInFlight, hit: LimitHit
-) -> None:
-    """A streamed reply crossed a token, cost or wall limit: keep what came (marked partial,
-    its usage estimated, any complete tool call answered as not run) and end limited."""
+async def _cut_short(session: Session, run: RunState, inflight: TurnInFlight) -> None:
+    """A streamed reply crossed a token, cost or wall limit, or the input guardrails
+    tripped: keep what came (marked partial, its usage estimated, any complete tool call
+    answered as not run); the caller ends the run."""
     run.turn = None
     message = inflight.assembler.message()
+    message["aimu_partial"] = True  # a whole reply the guardrails refused is not kept whole
     if inflight.prefix is None:
         await session.record(message)
     else:
@@ -318,8 +347,6 @@ async def _cut_by_limit(
     await session.answer_cut_calls()
     run.count_estimated(session.messages, inflight)
     run.reply = message["content"]
-    run.limited(hit)
-    run.spans.turn_ended(run.usage, hit.stop_reason)
 
 
 def _chunk_event(
@@ -369,7 +396,8 @@ async def _end_turn(
     ):
         run.next = NEEDS_MODEL  # a correction was sent: the model answers again
     elif not calls:
-        run.end("max_rounds" if final_turn else "completed", message["content"])
+        if await answer_passes(session, run, message):  # else blocked: the run ends
+            run.end("max_rounds" if final_turn else "completed", message["content"])
     elif final_turn:
         for call in calls:
             await session.record(tool_message(call, ToolOutcome(_NO_ROUNDS_LEFT, True)))
@@ -399,6 +427,25 @@ async def output_checked(
             ) from None
         return False
     return True
+
+
+async def answer_passes(session: Session, run: RunState, message: AssistantMessage) -> bool:
+    """True if the final answer ``message`` passes the output guardrails (always without
+    any); else the run ends ``blocked`` and the answer, recorded already, is marked
+    partial (in memory and the store): never taken as the session's answer."""
+    guardrails = session.config.output_guardrails
+    if not guardrails:
+        return True
+    value = message["content"] if session.config.output is None else run.output
+    context = session.run_context(session.task_text(), run.deps)
+    tripped = await run_guardrails("output", guardrails, context, value)
+    if tripped is None:
+        return True
+    message["aimu_partial"] = True
+    session.durable.transcript_stale = True
+    await session.durable.sync(session.messages)
+    run.blocked(tripped)
+    return False
 
 
 def _after_correction(session: Session) -> bool:

@@ -41,7 +41,7 @@ __all__ = [
 
 SessionStatus: TypeAlias = Literal[
     "in_progress", "completed", "incomplete", "interrupted", "cancelled", "timed_out",
-    "failed", "max_rounds", "paused", "limited",
+    "failed", "max_rounds", "paused", "limited", "blocked",
 ]
 STATUSES: Final = frozenset(get_args(SessionStatus))
 
@@ -49,7 +49,7 @@ _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 RunRecordStatus: TypeAlias = Literal[
     "running", "completed", "incomplete", "interrupted", "cancelled", "timed_out", "failed",
-    "max_rounds", "paused", "limited",
+    "max_rounds", "paused", "limited", "blocked",
 ]
 RUN_STATUSES: Final = frozenset(get_args(RunRecordStatus))
 #: The most runs one call of :meth:`Store.runs` returns.

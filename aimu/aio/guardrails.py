@@ -1,0 +1,256 @@
+"""Guardrails: functions that check a run's input, its final answer and its tool calls.
+
+A guardrail is a function, sync or async, of the run's :class:`~aimu.aio.RunContext`
+and what it checks (the task text; the final answer, text or typed output; a tool
+call's arguments or result). It returns (anything: ok) or raises :class:`Tripwire`
+with a reason. A guardrail that raises anything else fails the run with a
+:class:`GuardrailError` naming it.
+
+- ``input_guardrails=`` run *beside* the run's first model turn (as one task, started
+  when the task is recorded). A tripwire cuts the turn in flight: what it streamed is
+  kept, marked partial, its complete calls answered as not run, and the run ends
+  ``blocked`` with the reason. A turn that ends before the guardrails have decided
+  waits for them before anything of it counts (no tool runs on unchecked input).
+- ``output_guardrails=`` check the final answer before the run returns it and records
+  its end: a tripwire ends the run ``blocked`` and the answer stays in the transcript
+  marked partial (a resume asks the model again; the new answer is checked again).
+- ``tool_guardrails=`` (:class:`ToolGuardrail`) check a call's arguments before it
+  runs (a tripwire: the call does not run, the model reads the reason as the tool's
+  error) and its result before the model sees it (a tripwire: the model reads the
+  reason instead of the result).
+
+The guardrail task is the run's: a stop, an interrupt or the run's end cancels it and
+waits for it, so no task is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+from aimu.aio.errors import AimuError
+from aimu.aio.instructions import RunContext
+
+__all__ = [
+    "Guardrail", "GuardrailError", "InputGuard", "ToolGuardrail", "Tripwire", "check_guardrails",
+    "guard_name", "guarded", "run_guardrails",
+]
+
+_T = TypeVar("_T")
+
+#: A guardrail: ``fn(ctx, value)``, sync or async; returns (ok) or raises Tripwire.
+Guardrail: TypeAlias = Callable[[RunContext[Any], Any], object]
+
+
+class Tripwire(Exception):
+    """Raised by a guardrail to stop what it checks, with ``reason`` (shown to the user
+    for input and output, to the model for a tool call)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
+class GuardrailError(AimuError):
+    """A guardrail raised something other than Tripwire: the run fails, naming it."""
+
+    def __init__(self, kind: str, name: str, error: BaseException) -> None:
+        super().__init__(f"{kind} guardrail {name!r} raised {type(error).__name__}: {error}")
+        self.guardrail = name
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Tripped:
+    """A guardrail's tripwire: which guardrail and why."""
+
+    guardrail: str
+    reason: str
+
+    @property
+    def stop_reason(self) -> str:
+        return f"guardrail:{self.guardrail}"
+
+    @property
+    def reply(self) -> str:
+        return f"Run blocked by guardrail {self.guardrail!r}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolGuardrail:
+    """Checks for tool calls (``tool_guardrails=[...]`` on the agent): ``before(ctx,
+    call)`` sees the call (``{"name", "arguments"}``) before it runs, ``after(ctx,
+    result)`` the result text (``{"name", "arguments", "result"}``) before the model
+    does; either may be None. ``tools``: the tool names it checks (None: every tool)."""
+
+    before: Guardrail | None = None
+    after: Guardrail | None = None
+    tools: frozenset[str] | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.before is None and self.after is None:
+            raise ValueError("a ToolGuardrail needs before=, after=, or both")
+        for label, fn in (("before", self.before), ("after", self.after)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"ToolGuardrail {label}= must be callable, got {fn!r}")
+        if self.tools is not None:
+            object.__setattr__(self, "tools", frozenset(self.tools))
+
+    def checks(self, tool: str) -> bool:
+        return self.tools is None or tool in self.tools
+
+
+def guard_name(fn: object) -> str:
+    """How a guardrail is named in a stop reason and an error: its ``__name__``."""
+    if isinstance(fn, ToolGuardrail) and fn.name:
+        return fn.name
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+def check_guardrails(label: str, given: object, kind: type | None = None) -> tuple[Any, ...]:
+    """``given`` as a tuple, each item checked (TypeError naming ``label`` if not)."""
+    if given is None:
+        return ()
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        raise TypeError(f"{label} must be a list of guardrails, got {type(given).__name__}")
+    for item in given:
+        if kind is not None and not isinstance(item, kind):
+            raise TypeError(f"{label} takes {kind.__name__} items, got {type(item).__name__}")
+        if kind is None and not callable(item):
+            raise TypeError(f"{label} takes functions (ctx, value), got {item!r}")
+    return tuple(given)
+
+
+async def run_guardrails(
+    kind: str, guardrails: Sequence[Guardrail], context: RunContext[Any], value: object
+) -> Tripped | None:
+    """Run ``guardrails`` on ``value`` in order: the first tripwire, or None when all
+    pass. Anything else raised: GuardrailError naming the guardrail."""
+    for fn in guardrails:
+        try:
+            outcome = fn(context, value)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Tripwire as trip:
+            return Tripped(guard_name(fn), trip.reason)
+        except Exception as error:
+            raise GuardrailError(kind, guard_name(fn), error) from error
+    return None
+
+
+class GuardCut(Exception):
+    """The input guardrails tripped while the first turn streamed (internal)."""
+
+
+class InputGuard:
+    """The input guardrails of one run, as a task beside its first model turn.
+
+    When the task ends with a tripwire or an error, the step waiting in :meth:`guard`
+    (a stream step) is cancelled and ``guard`` raises GuardCut (a tripwire) or the
+    GuardrailError in its place; a guard after that raises at once. The cancel
+    accounting is asyncio.timeout's: a cancel from elsewhere in the same moment stays a
+    CancelledError (the run ends one way)."""
+
+    __slots__ = ("_fired", "_task", "_waiter", "error", "tripped")
+
+    def __init__(
+        self, guardrails: Sequence[Guardrail], context: RunContext[Any], task: str
+    ) -> None:
+        self.tripped: Tripped | None = None
+        self.error: GuardrailError | None = None
+        self._waiter: asyncio.Task[Any] | None = None
+        self._fired = False
+        self._task = asyncio.get_running_loop().create_task(
+            run_guardrails("input", guardrails, context, task), name="aimu input guardrails"
+        )
+        self._task.add_done_callback(self._done)
+
+    @property
+    def passed(self) -> bool:
+        """The guardrails ran to the end and none tripped."""
+        task = self._task
+        return task.done() and not task.cancelled() and self.tripped is None \
+            and self.error is None
+
+    def _done(self, task: asyncio.Task[Tripped | None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, GuardrailError):
+            self.error = error
+        elif error is not None:  # not an Exception of a guardrail: kept as the error
+            self.error = GuardrailError("input", "?", error)
+        else:
+            self.tripped = task.result()
+        if (self.tripped is not None or self.error is not None) and self._waiter is not None:
+            self._fired = True
+            self._waiter.cancel()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.tripped is not None:
+            raise GuardCut
+
+    async def guard(self, awaitable: Awaitable[_T]) -> _T:
+        """``awaitable``'s value, or GuardCut / GuardrailError (``awaitable`` cancelled)
+        if the guardrails decide against the input first."""
+        if self.tripped is not None or self.error is not None:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+            self._raise()
+        waiter = asyncio.current_task()
+        assert waiter is not None
+        cancelling = waiter.cancelling()
+        self._waiter, self._fired = waiter, False
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if self._fired and waiter.uncancel() <= cancelling:
+                self._raise()
+            raise
+        finally:
+            self._waiter = None
+        if self._fired and waiter.uncancel() <= cancelling:  # the cut was swallowed below
+            self._raise()
+        return result
+
+    async def decision(self) -> None:
+        """Wait for the guardrails (a turn ended before they decided): GuardCut on a
+        tripwire, GuardrailError on an error; a cancel of the run cancels them."""
+        if not self._task.done():
+            await asyncio.wait([self._task])
+        self._raise()
+
+    def cancel(self) -> None:
+        """The run is ending: a guardrail still running is cancelled (see close)."""
+        self._task.cancel()
+
+    async def close(self) -> None:
+        """The run has ended: a guardrail still running is cancelled and awaited."""
+        task = self._task
+        task.cancel()
+        if not task.done():
+            await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved: never "Task exception was never retrieved"
+
+
+async def guarded(
+    chunks: AsyncGenerator[_T, None], guard: InputGuard
+) -> AsyncGenerator[_T, None]:
+    """``chunks``, each step cut when the input guardrails decide against the input.
+    Only a run's first turn with input guardrails pays for this frame."""
+    try:
+        while True:
+            try:
+                chunk = await guard.guard(anext(chunks))
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        await chunks.aclose()
