@@ -5,6 +5,7 @@ landed at provable points (an event seen, a guardrail entered), never after a sl
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 
 from aimu import aio
 from aimu.aio.instructions import RunContext
+from aimu.aio.providers.base import Chunk
 from aimu.aio.transcript import dangling_calls, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
@@ -63,6 +65,23 @@ def _hanging(text: str = "Hello there friend", calls: int = 0) -> ScriptedModel:
     ])
 
 
+class Signalling(ScriptedModel):
+    """A scripted model that says when it was asked and when a turn streamed whole."""
+
+    def __init__(self, turns: list[Turn]) -> None:
+        super().__init__(turns)
+        self.asked = asyncio.Event()
+        self.streamed = asyncio.Event()
+
+    async def stream_turn(  # type: ignore[override]
+        self, *args: Any, **options: Any
+    ) -> AsyncIterator[Chunk]:
+        self.asked.set()
+        async for chunk in super().stream_turn(*args, **options):
+            yield chunk
+        self.streamed.set()
+
+
 def lookup(q: str) -> str:
     """Look something up."""
     return f"found {q}"
@@ -94,14 +113,14 @@ async def test_a_tripwire_while_the_model_streams_cuts_the_turn_and_blocks() -> 
 
 async def test_the_guardrail_runs_beside_the_turn_not_before_it() -> None:
     gate = Gate()
-    model = ScriptedModel([Turn(text="Hi!", chunks=2)])
+    model = Signalling([Turn(text="Hi!", chunks=2)])
     agent = aio.Agent(model, input_guardrails=[gate])
     task = asyncio.create_task(agent.run("hello"))
     await gate.entered.wait()
     # the guardrail is running and the model was already asked
-    while not model.requests:
-        await asyncio.sleep(0)
+    await model.asked.wait()
     assert [m["content"] for m in model.requests[0]["messages"]] == ["hello"]
+    await model.streamed.wait()
     assert not task.done()  # the finished turn waits for the guardrail's decision
     gate.decide(None)
     assert await task == "Hi!"
@@ -119,12 +138,11 @@ async def test_a_turn_that_ends_first_waits_and_its_tool_calls_never_run() -> No
         ran.append(q)
         return "done"
 
-    model = ScriptedModel([Turn(tool_calls=[ScriptedCall("tool", {"q": "x"})])])
+    model = Signalling([Turn(tool_calls=[ScriptedCall("tool", {"q": "x"})])])
     agent = aio.Agent(model, [tool], input_guardrails=[gate])
     task = asyncio.create_task(agent.run("do it"))
     await gate.entered.wait()
-    while model.turns_served == 0:  # the whole turn (a call) has streamed
-        await asyncio.sleep(0)
+    await model.streamed.wait()  # the whole turn (a call) has streamed
     gate.decide(aio.Tripwire("not allowed"))
     reply = await task
     assert reply.startswith("Run blocked by guardrail 'Gate'") and ran == []
