@@ -7,7 +7,8 @@
 // no new message: what a page that came back gets), tools (two threads, THREAD-stop and
 // THREAD-page: on -stop, TEXT runs a server-side tool and the client aborts once it reads
 // a line on stdin, sent while the tool runs; on -page, "locate" calls the page's own tool
-// locate, answered "Bergen" by a following run, then that result sent again: refused).
+// locate, answered "Bergen" by a following run, then that result sent again: refused;
+// on -left, a result for an unknown call is refused, and the call's own then goes on).
 import { createRequire } from "node:module";
 
 const require = createRequire(`${process.env.AIMU_NPM_CLIENTS}/`);
@@ -64,7 +65,19 @@ async function tools() {
           state: page.state });
   const again = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-page`,
                                 initialMessages: sent });
-  print({ end: await run({ tools: [LOCATE] }, again) });
+  print({ again: await run({ tools: [LOCATE] }, again) });
+  // A result for a call the thread never had is refused; the call's own then goes on.
+  const left = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-left` });
+  left.addMessage({ id: "u-left", role: "user", content: "locate" });
+  print({ left: await run({ tools: [LOCATE] }, left) });
+  const [call] = left.messages.at(-1).toolCalls;
+  const bogus = new HttpAgent({ url: `${url}/ag-ui`, threadId: `${threadId}-left`,
+                                initialMessages: [...left.messages, {
+                                  id: "t-bogus", role: "tool", toolCallId: "no-such-call",
+                                  content: "Paris" }] });
+  print({ bogus: await run({ tools: [LOCATE] }, bogus) });
+  left.addMessage({ id: "t-left", role: "tool", toolCallId: call.id, content: "Oslo" });
+  print({ end: await run({ tools: [LOCATE] }, left) });
   process.exit(0);
 }
 if (mode === "tools") await tools();

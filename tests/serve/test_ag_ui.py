@@ -557,8 +557,14 @@ async def test_the_ag_ui_client_stops_mid_tool_and_runs_a_client_side_tool(
     assert [m["role"] for m in answered["messages"]] == ["user", "assistant", "tool", "assistant"]
     (call,) = answered["messages"][1]["toolCalls"]  # the client kept the call and its answer
     assert call["id"] == asked["outcome"]["pendingToolCallIds"][0]
-    duplicate = lines[-1]["end"]
+    (duplicate,) = [line["again"] for line in lines if "again" in line]
     assert duplicate["result"] is None and "409" in duplicate["error"]
+    (left,) = [line["left"] for line in lines if "left" in line]
+    assert len(left["outcome"]["pendingToolCallIds"]) == 1
+    (bogus,) = [line["bogus"] for line in lines if "bogus" in line]
+    assert bogus["result"] is None and "400" in bogus["error"]
+    assert lines[-1]["end"] == {"result": "you are in Oslo", "error": None,
+                                "outcome": {"type": "success"}}
     stored = (await session(http, "agui-js-page"))["messages"]
     validate(stored)
     assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
