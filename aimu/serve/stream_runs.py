@@ -89,6 +89,8 @@ class RunFollower:
                             status, reply, error, usage, event.get("reason"), self.view.run_id
                         )
                         return
+                    if event.get("path"):
+                        continue  # an agent called as a tool: a protocol shows the top's own
                     if kind == "run_finished":
                         reply, usage = event.get("reply"), event.get("usage")
                     yield event

@@ -102,3 +102,39 @@ async def test_a_deep_pause_is_listed_decided_and_resumed_through_the_api(
             top = (await http.get("/sessions/p")).json()["messages"]
             check_valid(top)
             assert top[-1]["content"] == ANSWERS["root"]
+
+
+async def test_the_protocols_follow_the_top_agents_own_events() -> None:
+    """AG-UI, the AI SDK, A2A and MCP follow a run through RunFollower: an agent called
+    as a tool shows as the top agent's tool call and result, not its words."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from aimu.serve.stream_runs import RunFollower
+
+    batch = [
+        (1, {"type": "run_started", "source": "agent", "task": "go"}),
+        (2, {"type": "tool_call", "source": "agent", "call_id": "c", "name": "mid",
+             "arguments": {"task": "t"}}),
+        (3, {"type": "text", "source": "mid", "text": "inner words", "path": ["agent"]}),
+        (4, {"type": "run_finished", "source": "mid", "reply": "inner", "path": ["agent"],
+             "usage": {"input_tokens": 1, "output_tokens": 1}}),
+        (5, {"type": "tool_result", "source": "agent", "call_id": "c", "name": "mid",
+             "content": "inner", "is_error": False}),
+        (6, {"type": "run_finished", "source": "agent", "reply": "outer",
+             "usage": {"input_tokens": 2, "output_tokens": 2}}),
+        (7, {"type": "handle_finished", "status": "completed"}),
+    ]
+
+    class Runs:
+        def follow(self, run_id: str, after: object) -> Any:
+            async def batches() -> Any:
+                yield batch
+
+            return batches()
+
+    follower = RunFollower(Runs(), SimpleNamespace(run_id="r"), owned=False)  # type: ignore[arg-type]
+    seen = [event async for event in follower.events()]
+    assert [e["type"] for e in seen] == ["run_started", "tool_call", "tool_result",
+                                         "run_finished"]
+    assert follower.end is not None and follower.end.reply == "outer"
