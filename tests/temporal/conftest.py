@@ -14,7 +14,10 @@ import pytest
 from aimu import aio
 from aimu.aio.store import SQLiteStore
 from aimu.testing.server import LoopbackServer
+from tests.serve.conftest import pytest_runtest_makereport  # the browser test's screenshots
 from tests.services import temporal_address
+
+__all__ = ["pytest_runtest_makereport"]
 
 pytest.importorskip("temporalio")
 
