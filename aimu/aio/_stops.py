@@ -60,6 +60,8 @@ def stop_of(
         return Stop(status, f"tool calls wait for approval: {', '.join(waiting)}")
     if status == "limited":
         return Stop(status, limit or final.stop_reason)
+    if status == "blocked":
+        return Stop(status, final.reply)
     if status == "max_rounds":
         return Stop(status, f"the limit of {max_rounds} tool rounds was reached")
     if status == "interrupted":

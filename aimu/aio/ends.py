@@ -14,8 +14,8 @@ from aimu.aio.events import RunFinished, RunResult, RunStatus
 from aimu.aio.transcript import Usage
 
 __all__ = [
-    "ANSWERED", "BLOCKED", "FINAL", "HALTED", "INTERRUPTED", "LIMITED", "PAUSED", "STOPPED", "Halt",
-    "HaltStatus", "error_text", "run_finished", "stopped_status",
+    "ANSWERED", "BLOCKED", "BLOCKED_REPLY", "FINAL", "HALTED", "INTERRUPTED", "LIMITED",
+    "PAUSED", "STOPPED", "Halt", "HaltStatus", "error_text", "run_finished", "stopped_status",
 ]
 
 #: The run answered: its reply is the model's (cut off, for ``incomplete``; the last
@@ -42,19 +42,25 @@ PAUSED: Final = "Run paused: tool calls wait for approval."
 #: What a run returns when a usage limit stopped it before any reply.
 LIMITED: Final = "Run stopped by a usage limit."
 
-HaltStatus: TypeAlias = Literal["interrupted", "limited", "paused"]
-#: Which halt a scope keeps when loops in it halted differently: the one a person must
-#: act on first (a pause waits for decisions) over a limit over an interrupt.
-_RANK: Final[dict[str, int]] = {"interrupted": 0, "limited": 1, "paused": 2}
+#: What a run returns when a guardrail blocked it (a run's own reply names the guardrail).
+BLOCKED_REPLY: Final = "Run blocked by a guardrail."
+
+HaltStatus: TypeAlias = Literal["interrupted", "limited", "paused", "blocked"]
+#: Which halt a scope keeps when loops in it halted differently: a guardrail's block (the
+#: run is refused) over the one a person must act on first (a pause waits for
+#: decisions) over a limit over an interrupt.
+_RANK: Final[dict[str, int]] = {"interrupted": 0, "limited": 1, "paused": 2, "blocked": 3}
 
 
 @dataclass(frozen=True, slots=True)
 class Halt:
     """How a loop inside a run stopped at a step boundary, as the run's scope reports it:
-    ``status``, and for ``limited`` the limit's stop reason (``"limit:<name>"``)."""
+    ``status``, and for ``limited`` the limit's stop reason (``"limit:<name>"``), for
+    ``blocked`` the guardrail's (``"guardrail:<name>"``) and the blocked run's reply."""
 
     status: HaltStatus
     stop_reason: str | None = None
+    text: str | None = None
 
     def outranks(self, other: Halt | None) -> bool:
         """True when this halt, not ``other``, says how the run around ended."""
@@ -63,7 +69,10 @@ class Halt:
     @property
     def reply(self) -> str:
         """What a run that ended by this halt returns."""
-        return {"interrupted": INTERRUPTED, "limited": LIMITED, "paused": PAUSED}[self.status]
+        if self.text is not None:
+            return self.text
+        return {"interrupted": INTERRUPTED, "limited": LIMITED, "paused": PAUSED,
+                "blocked": BLOCKED_REPLY}[self.status]
 
 
 def stopped_status(error: BaseException, deadline_passed: bool) -> RunStatus:

@@ -609,6 +609,8 @@ class Assistant:
             self._line(f"(stopped: the turn used its {self._max_rounds} tool rounds)")
         elif finished.status == "limited":
             self._line(f"(stopped: {finished.stop_reason}; /resume goes on)")
+        elif finished.status == "blocked":
+            self._line(f"(blocked: {finished.reply})")
         elif finished.status == "incomplete":
             self._line(f"(cut off: the model stopped with {finished.stop_reason!r})")
         else:

@@ -21,6 +21,7 @@ paused for approvals      ``TASK_STATE_INPUT_REQUIRED``: the next message decide
 interrupted, out of       ``TASK_STATE_INPUT_REQUIRED``: the next message resumes
 budget, cut, died
 failed                    ``TASK_STATE_FAILED``
+blocked (a guardrail)     ``TASK_STATE_REJECTED``
 ========================  ====================================================
 
 ``CancelTask`` cancels the task's run at once (the model's stream closes) and answers the
@@ -57,10 +58,11 @@ COMPLETED: Final = "TASK_STATE_COMPLETED"
 CANCELED: Final = "TASK_STATE_CANCELED"
 INPUT_REQUIRED: Final = "TASK_STATE_INPUT_REQUIRED"
 FAILED: Final = "TASK_STATE_FAILED"
+REJECTED: Final = "TASK_STATE_REJECTED"
 TERMINAL: Final = frozenset({COMPLETED, CANCELED, FAILED})
 #: A session's last status as a task state (a run in progress is WORKING before this).
 _STATES: Final[dict[str | None, str]] = {
-    "completed": COMPLETED, "cancelled": CANCELED, "failed": FAILED,
+    "completed": COMPLETED, "cancelled": CANCELED, "failed": FAILED, "blocked": REJECTED,
 }
 _APPROVE: Final = frozenset({"approve", "approved", "yes", "y", "allow", "ok"})
 _DENY: Final = frozenset({"deny", "denied", "no", "n", "refuse"})
@@ -284,7 +286,8 @@ async def _task(runs: Runs, task_id: str) -> Task:
                         "Tool calls wait for approval: reply 'approve' or 'deny' (or a data "
                         "part {\"approved\": true|false, \"reason\": ...}).", tuple(pending))
     if status in _STATES:
-        note = "the run failed" if status == "failed" else None
+        note = {"failed": "the run failed", "blocked": "a guardrail blocked the run"}.get(
+            str(status))
         return Task(task_id, session, index, _STATES[status], messages, note)
     return Task(task_id, session, index, INPUT_REQUIRED, messages,
                 f"The run stopped ({status or 'when its server did'}): send a message on "

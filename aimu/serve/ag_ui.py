@@ -328,7 +328,8 @@ async def _finished(
             }
         else:  # decided meanwhile (another client): nothing waits
             event["outcome"] = {"type": "success"}
-    else:  # cancelled, interrupted, timed out, limited, out of rounds: stopped, not failed
+    else:  # cancelled, interrupted, timed out, limited, blocked (metadata says by what),
+        # out of rounds: stopped, not failed
         event["outcome"] = {"type": "cancelled"}
     if end.usage is not None:
         event["usage"] = [{

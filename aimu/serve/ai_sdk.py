@@ -252,6 +252,10 @@ async def _ending(
     if end.status == "completed":
         reason = _FINISH.get(translator.stop_reason or "stop", "other")
         return [{"type": "finish", "finishReason": reason, "messageMetadata": metadata}]
+    if end.status == "blocked":  # a guardrail refused the input or the answer
+        metadata["aimuReason"] = end.reason
+        return [*translator.close(), {"type": "finish", "finishReason": "content-filter",
+                                      "messageMetadata": metadata}]
     if end.status == "paused":
         _, pending = await runs.paused_on(session)
         chunks = []

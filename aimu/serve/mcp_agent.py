@@ -239,6 +239,8 @@ def _result(
         return reply or ""
     if status == "failed":
         raise ToolError(f"the agent failed: {error or 'no reason given'}")
+    if status == "blocked":
+        raise ToolError(f"a guardrail blocked the run: {reason or reply or 'no reason given'}")
     said = f" What it had said: {reply}" if reply else ""
     why = f" ({reason})" if reason else ""
     raise ToolError(f"the run ended {status}{why}; session {session!r} keeps it and a call "

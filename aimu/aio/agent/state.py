@@ -204,6 +204,7 @@ class RunState:
         """A guardrail's tripwire ends the run ``blocked``, naming it and why."""
         self.end("blocked", tripped.reply)
         self.stop_reason = tripped.stop_reason
+        self.scope.note_halt(Halt("blocked", tripped.stop_reason, tripped.reply))
 
     def interrupted(self) -> None:
         """The interrupt is honoured: the run returns INTERRUPTED."""

@@ -89,18 +89,22 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     except ModelError as error:
         if inflight.assembler.started or not run.interrupt_asked():
             raise
-        # No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
-        # this turn exists, so the interrupt is honoured as at a step boundary.
-        run.error = error_text(error)
-        run.count_unanswered(inflight)
-        run.turn = None
-        run.interrupted()
+        _interrupted_before_reply(run, inflight, error)
         return
     finally:
         if token is not None:
             current_scope.reset(token)
         await chunks.aclose()
     await _turn_over(session, run, inflight, hit, guard.tripped if tripped and guard else None)
+
+
+def _interrupted_before_reply(run: RunState, inflight: TurnInFlight, error: ModelError) -> None:
+    """No byte of a reply came (an interrupt cut a retry's backoff short): nothing of
+    this turn exists, so the interrupt is honoured as at a step boundary."""
+    run.error = error_text(error)
+    run.count_unanswered(inflight)
+    run.turn = None
+    run.interrupted()
 
 
 def _cuts(

@@ -559,7 +559,8 @@ class Workflow(Runnable):
             output=None if status in STOPPED else reply,
             reply=reply,
             stop_reason=(
-                scope.halt.stop_reason if status == "limited" and scope.halt is not None
+                scope.halt.stop_reason
+                if status in ("limited", "blocked") and scope.halt is not None
                 else cut[0].stop_reason if cut and status in ANSWERED else None
             ),
             usage=usage,

@@ -55,13 +55,14 @@ function setStatus(text) { $("status").textContent = text; }
 // One word per status, in the header and the session list alike.
 const STATUS_WORDS = {
   cancelled: "stopped", timed_out: "timed out", in_progress: "unfinished",
-  incomplete: "cut off", max_rounds: "round limit",
+  incomplete: "cut off", max_rounds: "round limit", blocked: "blocked",
 };
 function statusWord(status) { return status ? STATUS_WORDS[status] || status : "idle"; }
 // How a conversation whose last run ended this way ends on screen.
 const END_MARKS = {
   cancelled: "(stopped)", timed_out: "(timed out)", interrupted: "(interrupted)",
   incomplete: "(cut off)", failed: "(failed)", max_rounds: "(stopped at the round limit)",
+  blocked: "(blocked by a guardrail)",
 };
 function plural(count, word) { return `${count} ${word}${count === 1 ? "" : "s"}`; }
 
