@@ -5,27 +5,32 @@ listed on the run with its path, decided there, and resumed inside the agent."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from aimu import aio
 from aimu.serve import app
 from aimu.testing.scripted import ScriptedModel
+from tests import services
 from tests.aio.trees.tree_support import ANSWERS, TASKS, check_valid, level_script
 from tests.serve.harness import collect, start, uvicorn_serving
 
 ROOT_SCRIPT = level_script("mid", TASKS["mid"], ANSWERS["root"])
 
 
-def served_tree(tmp_path: Path, leaf_tool: aio.Tool) -> tuple[object, aio.Agent]:
+def served_tree(
+    tmp_path: Path, leaf_tool: aio.Tool, **options: object
+) -> tuple[object, aio.Agent]:
     leaf = aio.Agent(ScriptedModel(level_script(leaf_tool.name, "", ANSWERS["leaf"])),
                      [leaf_tool], name="leaf")
     mid = aio.Agent(ScriptedModel(level_script("leaf", TASKS["leaf"], ANSWERS["mid"])),
                     [leaf.as_tool()], name="mid")
     return app(ScriptedModel(ROOT_SCRIPT), store=tmp_path / "sessions.db",
-               tools=[mid.as_tool()], token=None), mid
+               tools=[mid.as_tool()], token=None, **options), mid  # type: ignore[arg-type]
 
 
 def endless_fetch(started: threading.Event) -> aio.Tool:
@@ -73,8 +78,9 @@ async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Pat
             assert top[-1]["content"].startswith("[cancelled: agent 'mid' was stopped")
 
 
+@pytest.mark.parametrize("backend", ["local", "redis"])
 async def test_a_deep_pause_is_listed_decided_and_resumed_through_the_api(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
     charged: list[str] = []
 
@@ -83,7 +89,10 @@ async def test_a_deep_pause_is_listed_decided_and_resumed_through_the_api(
         charged.append("once")
         return "charged"
 
-    application, _ = served_tree(tmp_path, aio.tool(charge, approval=True))
+    options = {} if backend == "local" else {
+        "redis": services.redis_url(), "redis_prefix": f"aimu-tree-{secrets.token_hex(4)}"
+    }
+    application, _ = served_tree(tmp_path, aio.tool(charge, approval=True), **options)
     with uvicorn_serving(application) as url:  # type: ignore[arg-type]
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             run_id = await start(http, "p", "go")
