@@ -492,12 +492,17 @@ def client_main(options: argparse.Namespace) -> None:
 # -- the orchestrator ---------------------------------------------------------------------------
 
 
-def one(server: Server, name: str, n: int, phases: str, rounds: int) -> dict[str, Any]:
+def one(server: Server, name: str, n: int, phases: str, rounds: int,
+        timeout: float = 1800) -> dict[str, Any]:
     """One client process: its figures, with the server's view of the cancel-all."""
     server.ask("reset")
     command = [sys.executable, __file__, "--client", name, "--url", server.url, "--n", str(n),
                "--phases", phases, "--rounds", str(rounds)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{name} N={n}: no answer within {timeout:g} s", file=sys.stderr)
+        return {"load": os.getloadavg()[0], "crashed": f"timed out after {timeout:g} s"}
     if done.returncode:
         print(f"{name} N={n} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         last = (done.stderr.strip().splitlines() or ["killed"])[-1]
@@ -536,6 +541,8 @@ def main() -> None:
                         help="throughput (all runs to their answer), cancel (cancel-all)")
     parser.add_argument("--leak", type=int, default=0, metavar="ROUNDS",
                         help="also run ROUNDS rounds of N in one process; RSS growth")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds one contender's process may take (default 1800)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -567,7 +574,8 @@ def main() -> None:
             for repeat in range(options.repeats):
                 order = names[repeat % len(names):] + names[:repeat % len(names)]
                 for name in order:
-                    row = one(server, name, n, options.phases, max(1, options.leak))
+                    row = one(server, name, n, options.phases, max(1, options.leak),
+                              options.timeout)
                     row["repeat"] = repeat
                     rows.setdefault((n, name), []).append(row)
                     print(f"  N={n} {name} repeat {repeat + 1}: {json.dumps(row)}",

@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, ClassVar, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import httpcore
 import httpx
 
 from aimu.aio._echo import echo
@@ -78,6 +79,12 @@ DEFAULT_CONCURRENCY = 1024
 #: over clients of this many connections, never more requests in flight than that on
 #: one client, so each scan stays this small whatever N is.
 SHARD_SIZE = 16
+#: New connections a pool opens at once; more wait for a slot before they start (and
+#: before their connect timeout starts). Thousands of runs started together otherwise
+#: start thousands of TCP connects in one pass of the loop: the listener's SYN queue
+#: overflows and the loop, busy starting the rest, sees the first ones complete too
+#: late (bench_scale, 5,000 runs at once: 4,738 failed "could not connect within 5s").
+MAX_CONNECTING = 64
 
 
 @functools.cache
@@ -313,6 +320,26 @@ class SSETurnDecoder(TurnDecoder):
         return None
 
 
+class _Paced(httpcore.AsyncNetworkBackend):
+    """A network backend that opens a TCP connection only with a slot of its pool's
+    :data:`MAX_CONNECTING` (the pool's semaphore for its running loop)."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend, pool: Pool) -> None:
+        self.inner = inner
+        self.pool = pool
+
+    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        async with self.pool.connecting:
+            return await self.inner.connect_tcp(*args, **kwargs)
+
+    async def connect_unix_socket(self, *args: Any, **kwargs: Any
+                                  ) -> httpcore.AsyncNetworkStream:
+        return await self.inner.connect_unix_socket(*args, **kwargs)
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
 class _Shard:
     """One httpx client of a pool and how many requests it carries now."""
 
@@ -342,7 +369,7 @@ class Pool:
 
     __slots__ = (
         "_closer", "_queue", "_shards", "_spare", "_warned", "busy", "concurrency",
-        "headers", "loop", "timeout",
+        "connecting", "headers", "loop", "timeout",
     )
 
     def __init__(
@@ -363,6 +390,8 @@ class Pool:
         self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
         self._warned = False
         self._closer: AsyncGenerator[None, None] | None = None
+        #: Slots to open a connection (:data:`MAX_CONNECTING`), new for each loop bound.
+        self.connecting = asyncio.Semaphore(MAX_CONNECTING)
         ssl_context()  # now, outside any event loop, and once per process
 
     @property
@@ -372,9 +401,12 @@ class Pool:
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=SHARD_SIZE, max_keepalive_connections=SHARD_SIZE)
-        return httpx.AsyncClient(
-            headers=self.headers, timeout=self.timeout, verify=ssl_context(), limits=limits
-        )
+        transport = httpx.AsyncHTTPTransport(verify=ssl_context(), limits=limits)
+        pool = transport._pool  # httpcore's; its connections open through its backend
+        pool._network_backend = _Paced(pool._network_backend, self)
+        # verify= and limits= again: for the proxies' transports ($HTTPS_PROXY & co).
+        return httpx.AsyncClient(headers=self.headers, timeout=self.timeout, transport=transport,
+                                 verify=ssl_context(), limits=limits)
 
     async def bind(self) -> httpx.AsyncClient:
         """The first httpx client for the running loop, made for it if need be."""
@@ -389,6 +421,7 @@ class Pool:
         # Bound before the await, so forks binding at once in a new loop share one pool.
         self.loop, self._shards, self._spare, self._closer = loop, shards, spare, closer
         self.busy, self._queue, self._warned = 0, collections.deque(), False
+        self.connecting = asyncio.Semaphore(MAX_CONNECTING)
         await anext(closer)  # first iterated here: the loop now tracks it
         return shard.http
 

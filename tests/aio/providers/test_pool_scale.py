@@ -11,12 +11,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import httpcore
 import pytest
 from provider_support import MakeClient, assert_only_current_task, lookup, open_connections
 
 from aimu import aio
 from aimu.aio.client import TextDelta
 from aimu.aio.errors import ModelConnectionError
+from aimu.aio.providers import _http
 from aimu.aio.providers._http import SHARD_SIZE
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.testing.script import ScriptedCall, Turn
@@ -179,4 +181,52 @@ async def test_a_cancel_landing_as_httpx_gives_the_connection_back_leaves_none_t
     assert "c d" in "".join(c.text for c in chunks if isinstance(c, TextDelta))
     assert open_connections(model) == 1  # the same connection served it
     await model.aclose()
+    await assert_only_current_task()
+
+
+async def test_a_burst_opens_at_most_max_connecting_connections_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 5,000 runs at once started 5,000 TCP connects in one pass of the loop: the SYN queue
+    # overflowed and connects timed out (4,738 runs failed). Now they take turns.
+    monkeypatch.setattr(_http, "MAX_CONNECTING", 2)
+    inflight = peak = 0
+    two_in, gate = asyncio.Event(), asyncio.Event()
+    connect = httpcore.AnyIOBackend.connect_tcp
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal inflight, peak
+        inflight += 1
+        peak = max(peak, inflight)
+        if inflight == 2:
+            two_in.set()
+        try:
+            await gate.wait()  # held until every request waits for a connect slot
+            return await connect(self, *args, **kwargs)
+        finally:
+            inflight -= 1
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", counted)
+    server = LoopbackServer([Turn(text=f"answer {n}") for n in range(RUNS)])
+    await server.start()
+    model = aio.client("openai:test", base_url=server.openai_base_url)
+    pool: Any = model._pool  # type: ignore[attr-defined]
+
+    async def take(n: int) -> str:
+        chunks = model.stream_turn([{"role": "user", "content": str(n)}])
+        return "".join([c.text async for c in chunks if isinstance(c, TextDelta)])
+
+    tasks = [asyncio.create_task(take(n)) for n in range(RUNS)]
+    await asyncio.wait_for(two_in.wait(), timeout=30)
+    # Provable: every other request waits on the pool's connect slots, none connecting.
+    while len(pool.connecting._waiters or ()) < RUNS - 2:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    assert inflight == peak == 2
+    gate.set()
+    answers = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+    assert sorted(answers) == sorted(f"answer {n}" for n in range(RUNS))
+    assert peak == 2 and inflight == 0
+    assert len(server.requests) == RUNS
+    await model.aclose()
+    await server.stop()
     await assert_only_current_task()
