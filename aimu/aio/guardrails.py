@@ -33,13 +33,24 @@ from typing import Any, TypeAlias, TypeVar
 
 from aimu.aio.errors import AimuError
 from aimu.aio.instructions import RunContext
+from aimu.aio.tools import ToolOutcome
+from aimu.aio.transcript import ToolCall
 
 __all__ = [
-    "Guardrail", "GuardrailError", "InputGuard", "ToolGuardrail", "Tripwire", "check_guardrails",
-    "guard_name", "guarded", "run_guardrails",
+    "Guardrail",
+    "GuardrailError",
+    "InputGuard",
+    "ToolGuardrail",
+    "Tripwire",
+    "check_guardrails",
+    "guard_name",
+    "guarded",
+    "guarded_call",
+    "run_guardrails",
 ]
 
 _T = TypeVar("_T")
+_Outcome = TypeVar("_Outcome")
 
 #: A guardrail: ``fn(ctx, value)``, sync or async; returns (ok) or raises Tripwire.
 Guardrail: TypeAlias = Callable[[RunContext[Any], Any], object]
@@ -254,3 +265,37 @@ async def guarded(
             yield chunk
     finally:
         await chunks.aclose()
+
+
+async def guarded_call(
+    guardrails: Sequence[ToolGuardrail],
+    context: RunContext[Any],
+    call: ToolCall,
+    run_it: Callable[[], Awaitable[_Outcome]],
+) -> _Outcome | ToolOutcome:
+    """Run a tool call through the tool guardrails that check its tool: the ``before``
+    checks see its arguments first (a tripwire: it does not run, the model reads the
+    reason as the tool's error), the ``after`` checks its result (a tripwire: the model
+    reads the reason instead). A result that is not text (a call held open) is not
+    checked."""
+    function = call["function"]
+    name, arguments = function["name"], function["arguments"]
+    mine = [g for g in guardrails if g.checks(name)]
+    before = [g.before for g in mine if g.before is not None]
+    seen = {"name": name, "arguments": arguments}
+    tripped = await run_guardrails("tool", before, context, seen) if before else None
+    if tripped is not None:
+        return ToolOutcome(
+            f"[not run: blocked by guardrail {tripped.guardrail!r}: {tripped.reason}]", True
+        )
+    outcome = await run_it()
+    after = [g.after for g in mine if g.after is not None]
+    if not after or not isinstance(outcome, ToolOutcome):
+        return outcome
+    seen["result"] = outcome.content
+    tripped = await run_guardrails("tool", after, context, seen)
+    if tripped is None:
+        return outcome
+    return ToolOutcome(
+        f"[result withheld by guardrail {tripped.guardrail!r}: {tripped.reason}]", True
+    )

@@ -10,6 +10,7 @@ from contextlib import aclosing
 from aimu.aio.approvals import Decision, denied_result
 from aimu.aio.ends import PAUSED, Halt
 from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, ToolResult
+from aimu.aio.guardrails import guarded_call
 from aimu.aio.journal import RERUN_NOTE
 from aimu.aio.tools import ToolContext, ToolOutcome, invoke
 from aimu.aio.transcript import ToolCall
@@ -186,7 +187,13 @@ async def _call_tool(
         )
         run.contexts.append(context)
         with run.spans.tool_calls():
-            outcome = await invoke(config.table.by_name, call, context)
+            if config.tool_guardrails:  # arguments checked first, the result after
+                outcome = await guarded_call(
+                    config.tool_guardrails, session.run_context(session.task_text(), run.deps),
+                    call, lambda: invoke(config.table.by_name, call, context),
+                )
+            else:
+                outcome = await invoke(config.table.by_name, call, context)
         context.mark_finished()
         if isinstance(outcome, Held):
             run.held.append(call)

@@ -301,3 +301,76 @@ async def test_bad_guardrail_arguments_are_refused() -> None:
         aio.Agent(aio.client("test"), tool_guardrails=[_no_secret])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="before="):
         aio.ToolGuardrail()
+
+
+def _tool_script() -> ScriptedModel:
+    return ScriptedModel([
+        Turn(tool_calls=[ScriptedCall("lookup", {"q": "secret"}, id="c1")]),
+        Turn(text="done"),
+    ])
+
+
+async def test_a_tool_guardrail_refuses_the_arguments_and_the_tool_never_runs() -> None:
+    ran: list[str] = []
+
+    def lookup(q: str) -> str:
+        """Look something up."""
+        ran.append(q)
+        return f"found {q}"
+
+    def no_secret_queries(ctx: RunContext[Any], call: dict[str, Any]) -> None:
+        if "secret" in call["arguments"]["q"]:
+            raise aio.Tripwire("no secret lookups")
+
+    model = _tool_script()
+    agent = aio.Agent(model, [lookup],
+                      tool_guardrails=[aio.ToolGuardrail(before=no_secret_queries)])
+    assert await agent.run("find it") == "done"
+    assert ran == []
+    result = agent.messages[2]
+    assert result["role"] == "tool" and "no secret lookups" in result["content"]
+    assert "no_secret_queries" in result["content"]
+    # the model read the refusal as the tool's result
+    assert "no secret lookups" in model.requests[1]["messages"][-1]["content"]
+
+
+async def test_a_tool_guardrail_withholds_a_result() -> None:
+    def hide(ctx: RunContext[Any], call: dict[str, Any]) -> None:
+        if "found" in call["result"]:
+            raise aio.Tripwire("results are private")
+
+    model = _tool_script()
+    agent = aio.Agent(model, [lookup], tool_guardrails=[
+        aio.ToolGuardrail(after=hide, tools=frozenset({"lookup"})),
+        aio.ToolGuardrail(before=_no_secret, tools=frozenset({"other"})),  # not this tool
+    ])
+    assert await agent.run("find it") == "done"
+    assert agent.messages[2]["content"] == (
+        "[result withheld by guardrail 'hide': results are private]"
+    )
+    _valid(agent)
+
+
+async def test_a_tool_guardrail_that_raises_fails_the_run() -> None:
+    def broken(ctx: RunContext[Any], call: dict[str, Any]) -> None:
+        raise RuntimeError("bug")
+
+    agent = aio.Agent(_tool_script(), [lookup],
+                      tool_guardrails=[aio.ToolGuardrail(before=broken)])
+    with pytest.raises(aio.GuardrailError, match="tool guardrail 'broken' raised RuntimeError"):
+        await agent.run("find it")
+    _valid(agent)
+
+
+async def test_a_cancel_while_a_tool_guardrail_runs() -> None:
+    gate = Gate()
+    agent = aio.Agent(_tool_script(), [lookup], tool_guardrails=[aio.ToolGuardrail(after=gate)])
+    handle = aio.RunHandle.start(agent.run("find it"))
+    await gate.entered.wait()  # the tool ran; its result is being checked
+    handle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handle
+    assert gate.cancelled and handle.status == "cancelled"
+    _valid(agent)
+    assert agent.messages[-1]["role"] == "tool"  # the call settled, never left open
+    assert _other_tasks() == set()
