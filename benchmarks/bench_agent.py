@@ -4,6 +4,7 @@
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
         python benchmarks/bench_agent.py --one-run 300    # and 100: instructions per round
         python benchmarks/bench_agent.py --one-run 300 --limits every   # the same, limited
+        python benchmarks/bench_agent.py --one-run 300 --bare   # the bare loop's (the floor)
 
 The loop's own cost is the time per round of ``Agent.run`` minus the time per round of
 a bare hand-written loop driving the same in-process scripted model and the same
@@ -174,9 +175,14 @@ async def main() -> None:
     parser.add_argument("--limits", choices=("none", "counts", "every"), default="none",
                         help="with --one-run: the usage limits set on the run and the session "
                              "(counts: requests and tool calls; every: all but wall)")
+    parser.add_argument("--bare", action="store_true",
+                        help="with --one-run: the bare loop instead of Agent.run (the floor)")
     args = parser.parse_args()
     if args.one_run is not None:
-        await agent_loop(args.one_run, args.limits)
+        if args.bare:
+            await bare_loop(args.one_run)
+        else:
+            await agent_loop(args.one_run, args.limits)
         return
     print("agent loop overhead (scripted model, no-op async tool; medians of "
           f"{args.repeats} repeats)")
