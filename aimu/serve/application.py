@@ -98,8 +98,12 @@ class ServeApp(FastAPI):
         """Refuse new runs (503 with ``Retry-After``), interrupt the runs in progress at
         their next step boundary, cancel those still going ``grace`` seconds later, and
         wait; each so stopped is recorded and marked to be recovered."""
+        recovery = self.recovery
         await self._stop_recovery()
         await self.runs.drain(grace)
+        if recovery is not None:
+            with contextlib.suppress(AimuError):  # the next server's looks tidy what is left
+                await recovery.tidy()
 
     async def aclose(self) -> None:
         """Cancel the runs in progress (transcripts kept), then close what app() opened."""

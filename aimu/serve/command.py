@@ -130,6 +130,12 @@ def add_drain_options(parser: argparse.ArgumentParser, command: str) -> None:
             help="go on with the runs whose process died or that a drain stopped, each "
             "exactly once (a lease: the session's write lock); off by default",
         )
+        parser.add_argument(
+            "--recover-every", type=seconds("--recover-every", zero=False), default=None,
+            metavar="SECONDS",
+            help="with --recover: how often to look for runs to go on with (default 5; "
+            "each look is two indexed queries on the store)",
+        )
 
 
 def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
@@ -270,6 +276,8 @@ def _serve(options: argparse.Namespace) -> int:
         tools += mcp_servers(options.mcp, options.mcp_url)
     except ValueError as error:
         raise _Refused(str(error), 2) from None
+    if options.recover_every is not None and not options.recover:
+        raise _Refused("--recover-every goes with --recover", 2)
     if (options.temporal is None) != (options.task_queue is None):
         raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
     store = options.store or str(default_home() / "sessions.db")
@@ -312,7 +320,7 @@ async def _run(
             redis=control,
             temporal=options.temporal,
             task_queue=options.task_queue,
-            recover=RECOVER_EVERY if options.recover else None,
+            recover=(options.recover_every or RECOVER_EVERY) if options.recover else None,
         )
     except ImportError as missing:  # the store's extra (asyncpg for postgresql://)
         if control is not None:

@@ -12,8 +12,9 @@ session can be opened is a dead process's. Under the lock the server checks that
 run is still its session's latest (else another server went on with it already),
 writes the run's end, and starts the resume, which records a new run, all before the
 lock is let go: two servers never resume one run. A run whose process died three times
-in a row is left ``failed`` with the reason; calls in doubt (a non-idempotent tool that
-may or may not have run) pause for a person's decision, as after any crash.
+in a row with no progress (no message added between) is left ``failed`` with the
+reason. Calls in doubt go as after any crash: an idempotent tool's runs again, another's
+is answered "outcome unknown", an approval tool's is asked again (the run pauses).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 from typing import Final
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
-from aimu.aio.store import RunRecord, SessionWriter
+from aimu.aio.store import RunRecord, SessionWriter, Store
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, open_agent
 
@@ -38,6 +40,7 @@ _log = logging.getLogger("aimu.serve")
 CRASHED: Final = "its process died"
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
+_AT: Final = re.compile(r"at message (\d+)\)")
 #: Seconds between two looks for runs to recover.
 RECOVER_EVERY: Final = 5.0
 #: The most runs one look considers (the next look takes the rest).
@@ -53,9 +56,33 @@ class Recovery:
         """The ids of the runs this process resumed (the new runs'), in order."""
         self._tidying: set[asyncio.Future[None]] = set()
 
+    async def tidy(self) -> int:
+        """Clear the marks that are spent: a marked run whose session went on with a
+        newer run (its server died before it cleared the mark); how many were."""
+        store = self._runs.store
+        cleared = 0
+        for record in await store.runs(recover=True, limit=_PAGE):
+            if await _latest_id(store, record.session) == record.id:
+                continue  # still to go on with
+            try:
+                writer = await store.open_session(record.session)
+            except SessionLockedError:
+                continue  # a later look
+            try:
+                fresh = await store.run(record.id)
+                if fresh is not None and fresh.recover and (
+                    await _latest_id(store, record.session) != fresh.id
+                ):
+                    await writer.record_run(dataclasses.replace(fresh, recover=False))
+                    cleared += 1
+            finally:
+                await writer.aclose()
+        return cleared
+
     async def look(self) -> list[str]:
         """Resume every run found to go on with now; the new runs' ids."""
         store = self._runs.store
+        await self.tidy()
         found: dict[str, RunRecord] = {}
         for record in [
             *await store.runs(status="running", limit=_PAGE),
@@ -132,11 +159,7 @@ class Recovery:
         wait for a decision."""
         now = time.time()
         if current.status == "running":
-            streak = 1
-            for earlier in latest[1:]:
-                if not (earlier.reason or "").startswith(CRASHED):
-                    break
-                streak += 1
+            streak = _streak(latest, len(agent.messages))
             if streak >= MAX_CRASHES:
                 await writer.record_run(dataclasses.replace(
                     current, status="failed", ended=now, recover=False,
@@ -148,7 +171,8 @@ class Recovery:
             # Still marked: if this server dies before the resume starts, another resumes.
             current = dataclasses.replace(
                 current, status="failed", ended=now, recover=True,
-                reason=f"{CRASHED} ({streak} in a row); a recovering server resumed it",
+                reason=f"{CRASHED} ({streak} in a row, at message {len(agent.messages)}); "
+                "a recovering server resumed it",
             )
             await writer.record_run(current)
         waiting = agent.pending_approvals
@@ -177,6 +201,27 @@ class Recovery:
         for task in tidying:
             task.cancel()
         await asyncio.gather(*tidying, return_exceptions=True)
+
+
+def _streak(latest: list[RunRecord], messages: int) -> int:
+    """How many times in a row the session's run died with no progress: the deaths
+    recorded just before (newest first in ``latest``, after the one dying now) at the
+    same transcript length ``messages``, plus this one. A run that added messages
+    before it died starts the count again: a crash loop makes no progress."""
+    streak = 1
+    for earlier in latest[1:]:
+        found = _AT.search(earlier.reason or "")
+        if not (earlier.reason or "").startswith(CRASHED) or found is None:
+            break
+        if int(found.group(1)) != messages:
+            break
+        streak += 1
+    return streak
+
+
+async def _latest_id(store: Store, session: str) -> str | None:
+    latest = await store.runs(session=session, limit=1)
+    return latest[0].id if latest else None
 
 
 def _writer_of(agent: Agent) -> SessionWriter:

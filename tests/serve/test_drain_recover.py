@@ -184,7 +184,7 @@ async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
         await until("k3 pauses", lambda: latest_is(store, "k3", "paused"))
     new, old = await runs_of(store, "k1")
     assert old.id == again and old.status == "failed" and new.status == "completed"
-    assert (old.reason or "").startswith(f"{CRASHED} (1 in a row)")
+    assert (old.reason or "").startswith(f"{CRASHED} (1 in a row, at message ")
     assert (await runs_of(store, "k2"))[1].id == once
     assert "outcome unknown" in str((await _transcript(store, "k2"))[-2]["content"])
     paused = (await runs_of(store, "k3"))[0]  # not resumed: a person decides
@@ -213,7 +213,7 @@ async def _crashed_session(store: Any, session: str, crashes: int) -> list[str]:
             await writer.record_run(RunRecord(
                 id=run_id, session=session, agent="agent", started=time.time() + n,
                 status="running" if last else "failed",
-                reason=None if last else f"{CRASHED} ({n + 1} in a row); resumed",
+                reason=None if last else f"{CRASHED} ({n + 1} in a row, at message 1); resumed",
             ))
             ids.append(run_id)
     finally:
