@@ -28,6 +28,30 @@ async def stored(served: Served, session: str) -> list[dict[str, object]]:
     return messages
 
 
+async def type_and_stop(page: object, last: str) -> str:
+    """Ask for a long story (words ``w0`` to ``last``), see it stream, press Stop: the
+    partial reply shown, marked (stopped)."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.locator("#input").fill("long story please")
+    await page.locator("#input").press("Enter")
+    reply = page.locator(".msg.assistant").last
+    # Streaming: the first words are there while the last one is not yet.
+    await expect(reply).to_contain_text("w3 ")
+    assert last not in await reply.inner_text()
+    await expect(page.locator("#stop")).to_be_enabled()
+
+    await page.locator("#stop").click()
+    await expect(reply.locator(".mark")).to_have_text("(stopped)")
+    await expect(page.locator("#status")).to_have_text("stopped")
+    await expect(page.locator("#stop")).to_be_disabled()
+    await expect(page.locator("#resume")).to_be_enabled()
+    partial = await reply.locator(".text").inner_text()
+    assert partial.startswith("w0 w1") and last not in partial
+    return partial
+
+
 async def test_type_stream_stop_send_again_reload(page: object, served: Served) -> None:
     from playwright.async_api import Page, expect
 
@@ -37,21 +61,7 @@ async def test_type_stream_stop_send_again_reload(page: object, served: Served) 
     await expect(page.locator("#session-title")).to_have_text("web")
     await expect(page.locator("#stop")).to_be_disabled()
 
-    await page.locator("#input").fill("long story please")
-    await page.locator("#input").press("Enter")
-    reply = page.locator(".msg.assistant").last
-    # Streaming: the first words are there while the last one is not yet.
-    await expect(reply).to_contain_text("w3 ")
-    assert "w399" not in await reply.inner_text()
-    await expect(page.locator("#stop")).to_be_enabled()
-
-    await page.locator("#stop").click()
-    await expect(reply.locator(".mark")).to_have_text("(stopped)")
-    await expect(page.locator("#status")).to_have_text("stopped")
-    await expect(page.locator("#stop")).to_be_disabled()
-    await expect(page.locator("#resume")).to_be_enabled()
-    partial = await reply.locator(".text").inner_text()
-    assert partial.startswith("w0 w1") and "w399" not in partial
+    partial = await type_and_stop(page, "w399")
     await served.model.wait_abandoned(abandoned + 1)
     messages = await stored(served, "web")
     validate(messages)  # type: ignore[arg-type]

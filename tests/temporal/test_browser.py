@@ -8,6 +8,7 @@ import pytest
 
 from aimu.aio.transcript import validate
 from tests.serve.conftest import browser, page
+from tests.serve.test_browser import type_and_stop
 from tests.temporal.test_processes import Processes, _restorable, model, processes
 
 __all__ = ["browser", "model", "page", "processes"]
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_the_page_streams_a_run_on_a_worker_and_stop_keeps_the_partial(
-    page: object, processes: Processes, tmp_path: object
+    page: object, processes: Processes
 ) -> None:
     from playwright.async_api import Page, expect
 
@@ -25,21 +26,8 @@ async def test_the_page_streams_a_run_on_a_worker_and_stop_keeps_the_partial(
     url = await processes.serve()
     await page.goto(f"{url}/?session=web")
     await expect(page.locator("#session-title")).to_have_text("web")
-    await page.locator("#input").fill("long story please")
-    await page.locator("#input").press("Enter")
-    reply = page.locator(".msg.assistant").last
-    # Streaming from the worker through Temporal: the first words, not yet the last.
-    await expect(reply).to_contain_text("w3 ")
-    assert "w199" not in await reply.inner_text()
-    await expect(page.locator("#stop")).to_be_enabled()
-
-    await page.locator("#stop").click()
-    await expect(reply.locator(".mark")).to_have_text("(stopped)")
-    await expect(page.locator("#status")).to_have_text("stopped")
-    await expect(page.locator("#stop")).to_be_disabled()
-    await expect(page.locator("#resume")).to_be_enabled()
-    partial = await reply.locator(".text").inner_text()
-    assert partial.startswith("w0 w1") and "w199" not in partial
+    # Streams from the worker through Temporal; Stop keeps the partial, marked.
+    partial = await type_and_stop(page, "w199")
     messages = await _restorable(processes.tmp / "sessions.db", "web")
     validate(messages)
     assert messages[-1]["aimu_partial"] is True
