@@ -212,6 +212,21 @@ async def test_approve_a_paused_tool_call(page: object, served: Served) -> None:
     await expect(page.locator("#approvals")).to_be_hidden()
     assert MAILED == ["mail erin"]
 
+    # A call of a page's own tool (declared over AG-UI) waits for its result: typed here.
+    locate = {"name": "locate", "description": "Where the user is"}
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        asked = {"threadId": "located", "runId": "r1", "tools": [locate],
+                 "messages": [{"id": "u1", "role": "user", "content": "locate"}]}
+        async with http.stream("POST", "/ag-ui", json=asked) as response:
+            assert b"pendingToolCallIds" in await response.aread()
+    await page.goto(f"{served.url}/?session=located")
+    await expect(page.locator("#status")).to_have_text("paused")
+    await expect(prompt).to_contain_text("locate")
+    await prompt.get_by_role("textbox", name="Result of locate").fill("Lima")
+    await prompt.get_by_role("button", name="Send result").click()
+    await expect(page.locator(".msg.assistant").last).to_contain_text("you are in Lima")
+    await expect(page.locator("#approvals")).to_be_hidden()
+
 
 async def shown(page: object) -> tuple[list[str], str, str]:
     """What the page shows: the bubbles' texts, the header's status, the session's entry."""

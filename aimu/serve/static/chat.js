@@ -454,14 +454,26 @@ async function showApprovals(runId) {
     what.textContent = `${call.name}(${JSON.stringify(call.arguments)})`;
     const approve = document.createElement("button");
     approve.type = "button";
-    approve.textContent = "Approve";
+    approve.textContent = call.external ? "Send result" : "Approve";
     approve.dataset.call = call.call_id;
     const deny = document.createElement("button");
     deny.type = "button";
     deny.textContent = "Deny";
-    approve.addEventListener("click", () => decide(runId, call, true, row));
     deny.addEventListener("click", () => decide(runId, call, false, row));
-    row.append(what, approve, deny);
+    if (call.external) {
+      // A client-side tool's call (a page's tool, run elsewhere): a person types its result.
+      const result = document.createElement("input");
+      result.type = "text";
+      result.setAttribute("aria-label", `Result of ${call.name}`);
+      approve.addEventListener("click", () => decide(runId, call, true, row, result.value));
+      result.addEventListener("keydown", (event) => {
+        if (event.key === "Enter") decide(runId, call, true, row, result.value);
+      });
+      row.append(what, result, approve, deny);
+    } else {
+      approve.addEventListener("click", () => decide(runId, call, true, row));
+      row.append(what, approve, deny);
+    }
     box.append(row);
   }
   box.hidden = !box.children.length;
@@ -469,12 +481,13 @@ async function showApprovals(runId) {
   if (first) first.focus();
 }
 
-async function decide(runId, call, approve, row) {
+async function decide(runId, call, approve, row, result) {
   // The pause shown: if the session was replaced since, the server refuses (409).
   try {
     const path = `/runs/${runId}/approvals/${encodeURIComponent(call.call_id)}`;
     const answer = await api("POST", path, {
       approve, reason: approve ? null : "denied in the web chat", pause_id: call.pause_id,
+      ...(result === undefined ? {} : { result }),
     });
     row.remove();
     $("approvals").hidden = !$("approvals").children.length;
