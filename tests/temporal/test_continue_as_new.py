@@ -16,7 +16,7 @@ from aimu.temporal import RunsClient
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.temporal.conftest import HEARTBEAT_TIMEOUT, Workers
-from tests.temporal.test_runs import restorable
+from tests.temporal.test_runs import PAY, approval_tool, paused, restorable
 
 STEPS = 3
 
@@ -133,3 +133,25 @@ async def test_a_request_at_the_boundary_is_not_lost(
     if how == "cancel":  # the caller's reason, not "cancelled through Temporal"
         assert record.reason == "the user pressed Stop"
     assert sorted(set(steps.calls)) == steps.calls  # no step ran twice
+
+
+async def test_a_decision_crosses_the_boundary_with_the_run(
+    short: RunsClient, workers: Workers, store: SQLiteStore, model_server: LoopbackServer
+) -> None:
+    """The run pauses in a later execution; the decision, recorded there, goes with the
+    turn that resumes it into the next execution (the history is full by then)."""
+    steps = Steps()
+    transfer, done = approval_tool()
+    model_server.script = [*rounds(1)[:1], PAY, Turn("done")]
+    await workers.start(tools=[steps.tool, transfer])
+    run_id = await short.start("s1", "step, then pay")
+    state = await paused(short, run_id)
+    assert state["executions"] >= 2  # it paused after a boundary
+    [pending] = state["pending"]  # type: ignore[misc]
+    assert await short.approve(run_id, pending["call_id"]) == []
+    state = await short.wait(run_id, timeout=60)
+    assert state["status"] == "completed" and state["reply"] == "done"
+    assert state["executions"] >= 3  # the resumed turn ran in a new execution
+    assert steps.calls == [1] and done == ["transfer"]
+    messages = await restorable(store, "s1")
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["did 1", "moved"]
