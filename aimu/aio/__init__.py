@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         ToolResult,
     )
     from aimu.aio.guardrails import GuardrailError, ToolGuardrail, Tripwire
+    from aimu.aio.handoffs import Handoff
     from aimu.aio.instructions import RunContext
     from aimu.aio.limits import ModelPrice, Spend, UsageLimits
     from aimu.aio.mcp import MCPServer
@@ -83,6 +84,7 @@ __all__ = [
     "FallbackModel",
     "GuardrailError",
     "HandleFinished",
+    "Handoff",
     "JSONLStore",
     "KeepLastTurns",
     "MCPServer",
@@ -189,6 +191,7 @@ _WHERE = {
     "Spend": "limits",
     "UsageLimits": "limits",
     "GuardrailError": "guardrails",
+    "Handoff": "handoffs",
     "ToolGuardrail": "guardrails",
     "Tripwire": "guardrails",
 }

@@ -97,6 +97,9 @@ class AssistantMessage(TypedDict):
     aimu_stop_reason: NotRequired[str]
     aimu_model: NotRequired[str]
     """The model that wrote this reply, as ``"provider:model"``; kept, never sent."""
+    aimu_agent: NotRequired[str]
+    """The agent that spoke, in a session whose agents hand the conversation over
+    (``handoffs=``); kept, never sent."""
     aimu_native: NotRequired[dict[str, Any]]
     """Provider-native data of a finished reply that its wire needs back unchanged
     (signed thinking blocks, thought signatures, reasoning items): ``{"wire": NAME, ...}``.
@@ -155,7 +158,7 @@ _KEYS: dict[str, frozenset[str]] = {
     "assistant": frozenset(
         {
             "role", "content", "tool_calls", "thinking",
-            "aimu_partial", "aimu_stop_reason", "aimu_model", "aimu_native",
+            "aimu_partial", "aimu_stop_reason", "aimu_model", "aimu_native", "aimu_agent",
         }
     ),
     "tool": frozenset({"role", "content", "tool_call_id", "name"}),
@@ -350,6 +353,8 @@ def _check_assistant(message: Mapping[str, Any], index: int) -> dict[str, str]:
         _check_string(message, "aimu_stop_reason", index, "assistant")
     if "aimu_model" in message:
         _check_string(message, "aimu_model", index, "assistant")
+    if "aimu_agent" in message:
+        _check_string(message, "aimu_agent", index, "assistant")
     if "aimu_native" in message:
         native = message["aimu_native"]
         if not isinstance(native, dict) or not isinstance(native.get("wire"), str):

@@ -30,6 +30,7 @@ from aimu.aio.context import ContextPolicy, Summary
 from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.guardrails import Guardrail, ToolGuardrail
+from aimu.aio.handoffs import Handoff
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
 from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
@@ -86,7 +87,9 @@ class Agent(Runnable[OutputT]):
     long transcript each request sends; the transcript itself stays whole.
     ``input_guardrails``, ``output_guardrails`` and ``tool_guardrails`` check the task
     (beside the first turn), the final answer and tool calls; a tripwire ends the run
-    ``blocked`` (see :mod:`aimu.aio.guardrails`).
+    ``blocked`` (see :mod:`aimu.aio.guardrails`). ``handoffs`` (agents, or
+    :class:`~aimu.aio.Handoff`) offers the model a transfer tool per target: the target
+    answers the user from then on in this session (see :mod:`aimu.aio.handoffs`).
     """
 
     kind = "agent"
@@ -144,6 +147,7 @@ class Agent(Runnable[OutputT]):
         input_guardrails: Sequence[Guardrail] | None = None,
         output_guardrails: Sequence[Guardrail] | None = None,
         tool_guardrails: Sequence[ToolGuardrail] | None = None,
+        handoffs: Sequence[Agent[Any] | Handoff] | None = None,
     ) -> None:
         config = make_config(
             client, tools, system=system, max_rounds=max_rounds, name=name, store=store,
@@ -152,7 +156,7 @@ class Agent(Runnable[OutputT]):
             parallel_tool_calls=parallel_tool_calls, limits=limits,
             session_limits=session_limits, deps=deps, context=context,
             input_guardrails=input_guardrails, output_guardrails=output_guardrails,
-            tool_guardrails=tool_guardrails,
+            tool_guardrails=tool_guardrails, handoffs=handoffs,
         )
         self._setup(config, client, store, session, owns_client=True)
         if any(isinstance(tool, AgentTool) for tool in config.table.local):

@@ -12,6 +12,7 @@ from aimu.aio.approvals import ApprovalPolicy
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy
 from aimu.aio.guardrails import Guardrail, ToolGuardrail, check_guardrails
+from aimu.aio.handoffs import Handoff, check_handoffs, handoff_tools
 from aimu.aio.instructions import Instructions, check_instructions
 from aimu.aio.limits import UsageLimits
 from aimu.aio.output import OutputSpec, check_tool_choice
@@ -46,6 +47,7 @@ class AgentOptions(TypedDict, total=False):
     input_guardrails: Sequence[Guardrail] | None
     output_guardrails: Sequence[Guardrail] | None
     tool_guardrails: Sequence[ToolGuardrail] | None
+    handoffs: Sequence[Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class Config:
     input_guardrails: tuple[Guardrail, ...] = ()
     output_guardrails: tuple[Guardrail, ...] = ()
     tool_guardrails: tuple[ToolGuardrail, ...] = ()
+    #: The agents this one may hand the conversation to (see aimu.aio.handoffs).
+    handoffs: tuple[Handoff, ...] = ()
 
 
 def make_config(
@@ -99,13 +103,15 @@ def make_config(
     input_guardrails: Sequence[Guardrail] | None = None,
     output_guardrails: Sequence[Guardrail] | None = None,
     tool_guardrails: Sequence[ToolGuardrail] | None = None,
+    handoffs: Sequence[Any] | None = None,
 ) -> Config:
     """The agent's configuration, its arguments checked (TypeError / ValueError saying
     which is wrong)."""
     _check_arguments(client, max_rounds, system, limits, session_limits, context)
     if (store is None) != (session is None):
         raise ValueError("store and session go together: give both, or neither")
-    table = ToolTable(tools)
+    transfers = check_handoffs(handoffs)
+    table = ToolTable([*tools, *handoff_tools(transfers)] if transfers else tools)
     if not table.toolsets:  # a toolset's names are known once it is open
         check_tool_choice(tool_choice, list(table.by_name))
     return Config(
@@ -125,6 +131,7 @@ def make_config(
         input_guardrails=check_guardrails("input_guardrails", input_guardrails),
         output_guardrails=check_guardrails("output_guardrails", output_guardrails),
         tool_guardrails=check_guardrails("tool_guardrails", tool_guardrails, ToolGuardrail),
+        handoffs=transfers,
     )
 
 

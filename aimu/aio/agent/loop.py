@@ -16,6 +16,7 @@ from typing import Any
 from aimu.aio._tracing import RunSpans
 from aimu.aio.events import Event, RunResult, RunStarted
 from aimu.aio.guardrails import InputGuard
+from aimu.aio.handoffs import pick_up_speaker, take_handoff
 from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
 from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
@@ -104,6 +105,9 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     run.deps = config.deps if options.deps is NO_DEPS else options.deps
     await config.table.ready()
     await session.open()
+    if config.handoffs or session.handoff is not None:  # who has the conversation
+        await pick_up_speaker(session)
+        config = session.config
     if config.system is not None and not isinstance(config.system, str):
         context = session.run_context(task, run.deps)
         run.phase = Phase.INSTRUCTING
@@ -202,4 +206,6 @@ async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, N
     if hit is not None:
         run.limited(hit)
         return None
+    if session.handoff is not None and session.handoff.pending is not None:
+        await take_handoff(session)  # a transfer taken in the last round
     return model_turn(session, run)

@@ -57,7 +57,8 @@ class Session:
     journalled, saved, opened or closed. :class:`StoredSession` adds the store."""
 
     __slots__ = (
-        "approvals", "client", "config", "durable", "held", "known", "loaded", "messages",
+        "approvals", "client", "config", "durable", "handoff", "held", "known", "loaded",
+        "messages",
         "name", "reruns", "store", "system_text", "usage",
     )
 
@@ -94,6 +95,8 @@ class Session:
         #: the tokens the server counted for it, so a request's size is estimated from
         #: what was added since.
         self.known = (0, 0)
+        #: With handoffs: who has the conversation (aimu.aio.handoffs.Speaker), else None.
+        self.handoff: Any = None
 
     # -- checks ------------------------------------------------------------------------
 
@@ -259,6 +262,12 @@ class Session:
         if self.durable.summary is not None:  # so a restored workflow does not ask again
             snapshot["summary"] = self.durable.summary.dump()
         return snapshot
+
+    def mark_speaker(self, message: AssistantMessage) -> AssistantMessage:
+        """With handoffs, note on an assistant message which agent spoke."""
+        if self.handoff is not None:
+            message["aimu_agent"] = self.config.name
+        return message
 
     async def record(self, message: Message) -> None:
         """Add ``message`` to the transcript (and the store) the moment it exists."""

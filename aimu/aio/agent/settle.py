@@ -88,7 +88,7 @@ def _kept_partial(session: Session, run: RunState) -> list[Message]:
             run.count_unanswered(inflight)  # no byte answered: its estimate goes
         return []
     unstored: list[Message] = []
-    partial = inflight.assembler.message()
+    partial = session.mark_speaker(inflight.assembler.message())
     if inflight.prefix is not None:  # a continuation cut short: one answer, partial
         partial = joined(inflight.prefix, partial)
         messages[-1] = partial

@@ -202,7 +202,7 @@ async def _record_turn(session: Session, run: RunState, inflight: TurnInFlight) 
         )
     run.turn = None
     run.spans.turn_ended(assembler.usage, assembler.stop_reason)
-    message = assembler.message()
+    message = session.mark_speaker(assembler.message())
     if run.stop_reason in CUT_OFF_REASONS and not message.get("tool_calls"):
         # Kept with the answer: a resumed run must not take it as complete.
         message["aimu_stop_reason"] = run.stop_reason
@@ -342,7 +342,7 @@ async def _cut_short(session: Session, run: RunState, inflight: TurnInFlight) ->
     tripped: keep what came (marked partial, its usage estimated, any complete tool call
     answered as not run); the caller ends the run."""
     run.turn = None
-    message = inflight.assembler.message()
+    message = session.mark_speaker(inflight.assembler.message())
     message["aimu_partial"] = True  # a whole reply the guardrails refused is not kept whole
     if inflight.prefix is None:
         await session.record(message)
