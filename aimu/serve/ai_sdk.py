@@ -5,8 +5,9 @@
   ``messages`` only the last one is read: a user message is a run of its text (with the
   page's own tools, aimu's ``tools`` field, offered as external tools); an assistant
   message whose tool parts carry approval responses, or the outputs of the page's tool
-  calls (``addToolResult``), decides the paused run's calls and resumes it. The answer is the UI message stream (``x-vercel-ai-ui-message-stream:
-  v1``): ``start``, ``start-step``, ``text-*``, ``reasoning-*``, ``tool-input-start``,
+  calls (``addToolResult``), decides the paused run's calls and resumes it. The answer is
+  the UI message stream (``x-vercel-ai-ui-message-stream: v1``): ``start``,
+  ``start-step``, ``text-*``, ``reasoning-*``, ``tool-input-start``,
   ``tool-input-available``, ``tool-output-available``, ``tool-approval-request``,
   ``finish-step``, then ``finish``, ``abort`` or ``error``, and ``[DONE]``.
 - ``GET /api/chat/{id}/stream`` (the resumable-stream convention): the chat's run in

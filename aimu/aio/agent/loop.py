@@ -47,8 +47,7 @@ async def run_events(
     client = session.client
     name = session.config.name
     scope = open_scope(options)
-    spans = RunSpans(name, client.model, client.provider)
-    run = RunState(scope, spans, session.messages, options)
+    run = RunState(scope, RunSpans(name, client.model, client.provider), session.messages, options)
     failure: BaseException | None = None
     stopped_by: BaseException | None = None
     try:
