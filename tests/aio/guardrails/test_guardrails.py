@@ -374,3 +374,18 @@ async def test_a_cancel_while_a_tool_guardrail_runs() -> None:
     _valid(agent)
     assert agent.messages[-1]["role"] == "tool"  # the call settled, never left open
     assert _other_tasks() == set()
+
+
+async def test_a_workflow_with_a_blocked_agent_ends_blocked() -> None:
+    def refuse(ctx: RunContext[Any], text: str) -> None:
+        raise aio.Tripwire("refused")
+
+    first = aio.Agent(aio.client("test"), name="first", input_guardrails=[refuse])
+    second = aio.Agent(aio.client("test"), name="second")
+    chain = aio.Chain([first, second])
+    handle = aio.RunHandle.start(chain.run("x"))
+    assert await handle == "Run blocked by guardrail 'refuse': refused"
+    assert handle.status == "blocked"
+    assert chain.last_run is not None and chain.last_run.status == "blocked"
+    assert chain.last_run.stop_reason == "guardrail:refuse"
+    assert second.messages == []  # the chain stopped at the blocked step
