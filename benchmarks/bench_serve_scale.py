@@ -50,7 +50,7 @@ SCENARIOS = ("local", "redis", "temporal", "rest-sqlite", "rest-postgres")
 
 # The serve child: the runs API, plus a stats route of this benchmark's own.
 APP = """
-import asyncio, gc, os, uvicorn
+import asyncio, gc, logging, os, uvicorn
 from aimu import aio, serve
 from aimu.aio.store import PostgresStore
 
@@ -58,6 +58,7 @@ def approve_me() -> str:
     \"\"\"A step a person approves.\"\"\"
     return "approved"
 
+logging.basicConfig(level=logging.WARNING, format="  serve: %(levelname)s %(message)s")
 model = aio.client("openai:test", base_url=os.environ["BENCH_MODEL_URL"])
 store = os.environ["BENCH_STORE"]
 if store.startswith("postgresql://"):
@@ -255,13 +256,19 @@ async def streaming(server: Server, url: str, n: int, measured: Callable[[], int
         in_flight = measured()
         sent: dict[str, float] = {}
 
+        refused: list[int] = []
+
         async def cancel(i: int, run_id: str) -> None:
             sent[f"{SERVED}{i}"] = time.monotonic()
-            (await clients.call(i).post(f"/runs/{run_id}/cancel")).raise_for_status()
+            response = await clients.call(i).post(f"/runs/{run_id}/cancel")
+            if response.status_code >= 400:  # 409: the run had ended (failed) already
+                refused.append(response.status_code)
 
         begin = time.monotonic()
         await asyncio.gather(*(cancel(i, r) for i, r in runs))
         cancels = time.monotonic() - begin
+        if refused:
+            print(f"  {len(refused)} cancels refused: {sorted(set(refused))}", file=sys.stderr)
         closed = server.ask(f"tags {held} 120")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(120):

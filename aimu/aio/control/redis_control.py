@@ -66,6 +66,11 @@ _STATUSES: Final = frozenset({*get_args(HandleStatus), "lost"})
 FINAL: Final = _STATUSES - {"pending", "running", "lost"}
 _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
+#: Connections one control may hold to Redis (Redis' own default ``maxclients``). Each
+#: follower of a run's events holds one while it waits (XREAD BLOCK), each command in
+#: flight another; redis-py 8 caps a pool at 100 by default, and past that every command
+#: failed "Too many connections" (aimu serve --redis: 197 of 300 runs refused, 503).
+MAX_CONNECTIONS = 10_000
 _FOLLOW_COUNT = 512
 _CLAIM_WINDOW = 30.0
 _REAPPEAR_POLL = 0.02
@@ -165,6 +170,7 @@ class RedisControl:
                 # One quick retry: a pooled connection found dead after a Redis restart.
                 retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
                 client_name=f"aimu-{self.worker_id}",
+                max_connections=MAX_CONNECTIONS,
             )
         except ValueError:
             raise ValueError(f"cannot use Redis URL {self.url!r}: it is malformed") from None

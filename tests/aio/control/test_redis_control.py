@@ -303,3 +303,28 @@ async def test_a_run_whose_answer_was_cut_off_ends_incomplete_and_done(
         await agent.aclose()
     assert info.status == "incomplete" and info.done
     assert agent.last_run is not None and agent.last_run.run_id == run_id
+
+
+async def test_more_followers_than_redis_py_pools_by_default_leave_commands_working(
+    control: aio.RedisControl, redis_url: str, prefix: str
+) -> None:
+    # redis-py 8 caps a connection pool at 100: with 100 followers waiting (each holds a
+    # connection in XREAD BLOCK) every other command failed "Too many connections".
+    run_id = await control.reserve(session="s1")
+    followers = [asyncio.create_task(control.wait(run_id)) for _ in range(120)]
+    async with aio.RedisControl(redis_url, prefix) as other:
+        name = f"aimu-{control.worker_id}"
+
+        async def mine() -> int:
+            clients = await other._client.client_list()
+            return sum(c.get("name") == name and c.get("cmd") == "xread" for c in clients)
+
+        async with asyncio.timeout(30):  # (at most 100 got there before the fix)
+            while await mine() < 120:  # every follower waits in XREAD: provable
+                await asyncio.sleep(0.05)
+        assert (await control.status(run_id)).status == "pending"
+        assert await control.cancel(run_id)  # recorded, obeyed when the run starts
+    for follower in followers:
+        follower.cancel()
+    outcomes = await asyncio.gather(*followers, return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes[:3]
