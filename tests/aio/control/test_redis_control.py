@@ -320,7 +320,7 @@ async def test_more_followers_than_redis_py_pools_by_default_leave_commands_work
             return sum(c.get("name") == name and c.get("cmd") == "xread" for c in clients)
 
         async with asyncio.timeout(30):  # (at most 100 got there before the fix)
-            while await mine() < 120:  # every follower waits in XREAD: provable
+            while await mine() < 120:  # noqa: ASYNC110 - every follower in XREAD: provable
                 await asyncio.sleep(0.05)
         assert (await control.status(run_id)).status == "pending"
         assert await control.cancel(run_id)  # recorded, obeyed when the run starts
