@@ -154,12 +154,14 @@ async def take_handoff(session: Session) -> None:
         await _switch(session, speaker, handoff.agent.name, handoff)
 
 
-async def pick_up_speaker(session: Session) -> None:
+async def pick_up_speaker(session: Session, reset: bool) -> None:
     """At a run's start: the agent that had the conversation (the transcript says) has
-    it again (after a restart, or a new object on a stored session)."""
+    it again (after a restart, or a new object on a stored session); a run that starts
+    clean (``reset``), or a transcript that names none, starts with the home agent."""
     speaker = speaker_of(session)
-    name = _last_speaker(session.messages, speaker)
-    if name is not None and name != session.config.name:
+    name = None if reset else _last_speaker(session.messages, speaker)
+    name = speaker.config.name if name is None else name
+    if name != session.config.name:
         await _switch(session, speaker, name, speaker.known.get(name))
 
 

@@ -254,7 +254,7 @@ async def _ending(
         reason = _FINISH.get(translator.stop_reason or "stop", "other")
         return [{"type": "finish", "finishReason": reason, "messageMetadata": metadata}]
     if end.status == "blocked":  # a guardrail refused the input or the answer
-        metadata["aimuReason"] = end.reason
+        metadata["aimuReason"] = end.reply or end.reason
         return [*translator.close(), {"type": "finish", "finishReason": "content-filter",
                                       "messageMetadata": metadata}]
     if end.status == "paused":

@@ -105,7 +105,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     await config.table.ready()
     await session.open()
     if config.handoffs or session.handoff is not None:  # who has the conversation
-        await pick_up_speaker(session)
+        await pick_up_speaker(session, reset)
         config = session.config
     if config.system is not None and not isinstance(config.system, str):
         context = session.run_context(task, run.deps)

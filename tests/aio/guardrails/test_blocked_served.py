@@ -3,6 +3,7 @@ record and session, the A2A task state, the AI SDK stream, and ``aimu runs``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,3 +53,30 @@ async def test_a_blocked_run_is_reported_blocked_everywhere(url: str) -> None:
         assert session["messages"][-1].get("aimu_partial") is True
         listed = (await http.get("/runs", params={"status": "blocked"})).json()
         assert [r["id"] for r in listed["runs"]] == [run_id]
+        # A2A: the task is rejected (read from the store)
+        got = await http.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask",
+                                            "params": {"id": "s1:0"}})
+        status = got.json()["result"]["status"]
+        assert status["state"] == "TASK_STATE_REJECTED"
+        # The AI SDK: the message finishes with content-filter, the reason in its metadata
+        body = {"id": "sdk-secret", "trigger": "submit-message", "messages": [
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "a secret"}]}]}
+        seen = []
+        async with http.stream("POST", "/api/chat", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    seen.append(json.loads(line[6:]))
+        finish = seen[-1]
+        assert finish["type"] == "finish" and finish["finishReason"] == "content-filter"
+        assert finish["messageMetadata"]["aimuStatus"] == "blocked"
+        assert "no_secrets" in finish["messageMetadata"]["aimuReason"]
+
+
+def test_mcp_says_a_guardrail_blocked_the_run() -> None:
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from aimu.serve.mcp_agent import _result
+
+    with pytest.raises(ToolError, match="a guardrail blocked the run: guardrail 'g': no"):
+        _result("s", "blocked", "Run blocked", None, "guardrail 'g': no")

@@ -162,3 +162,11 @@ async def test_bad_handoffs_are_refused() -> None:
     a = aio.Agent(aio.client("test"), name="a")
     with pytest.raises(ValueError, match="transfer_to_a"):
         aio.Agent(aio.client("test"), handoffs=[a, a])
+
+
+async def test_a_clean_start_goes_back_to_the_home_agent() -> None:
+    triage, model = _agents([_transfer("billing"), Turn(text="billing"), Turn(text="fresh")])
+    await triage.run("invoice")
+    assert await triage.run("new topic", reset=True) == "fresh"
+    assert model.requests[2]["messages"][0]["content"] == "You are triage."
+    assert triage.messages[-1].get("aimu_agent") == "triage"
