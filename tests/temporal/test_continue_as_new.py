@@ -63,6 +63,7 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
     return [e["type"] for e in events]
 
 
+@pytest.mark.slow
 async def test_a_run_crosses_several_boundaries_and_goes_on_where_it_stopped(
     short: RunsClient, workers: Workers, store: SQLiteStore, model_server: LoopbackServer
 ) -> None:
