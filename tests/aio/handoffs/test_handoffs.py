@@ -170,3 +170,61 @@ async def test_a_clean_start_goes_back_to_the_home_agent() -> None:
     assert await triage.run("new topic", reset=True) == "fresh"
     assert model.requests[2]["messages"][0]["content"] == "You are triage."
     assert triage.messages[-1].get("aimu_agent") == "triage"
+
+
+def _sweep_script() -> list[Turn]:
+    return [
+        _transfer("billing", text="passing you on"),
+        Turn(text="let me look", chunks=2, tool_calls=[ScriptedCall("lookup", {"q": "x"})]),
+        Turn(text="billing answer", chunks=2),
+    ]
+
+
+def lookup(q: str) -> str:
+    """Look something up."""
+    return f"found {q}"
+
+
+def _swept() -> aio.Agent[str]:
+    model = ScriptedModel(_sweep_script())
+    billing = aio.Agent(model.fork(), [lookup], system="You are billing.", name="billing")
+
+    async def slow_check(ctx: Any, text: str) -> None:
+        await asyncio.sleep(0)  # decides a loop turn later: beside the first turn
+
+    return aio.Agent(model, system="You are triage.", name="triage", handoffs=[billing],
+                     input_guardrails=[slow_check])
+
+
+async def test_a_stop_at_every_event_of_a_handoff_run() -> None:
+    """Leaving the stream (a cancel) and an interrupt at each event of a run that hands
+    over, runs a tool as the target and answers: the transcript is valid, calls settled,
+    nothing left running; an interrupted run resumes to the answer with billing."""
+    count = len([e async for e in _swept().run("invoice", stream=True)])
+    current = asyncio.current_task()
+    for stop_at in range(count - 1):
+        agent = _swept()
+        seen = 0
+        async with agent.run("invoice", stream=True) as stream:
+            async for _event in stream:
+                seen += 1
+                if seen > stop_at:
+                    break  # leaving: a cancel of the run, landing here, settled on exit
+        _valid(agent.messages)
+        assert agent.last_run is not None and agent.last_run.status == "cancelled"
+        agent = _swept()
+        handle = aio.RunHandle.start(agent.run("invoice"))
+        seen = 0
+        async for _event in handle.events():
+            seen += 1
+            if seen == stop_at + 1:
+                handle.interrupt()
+        reply = await handle
+        _valid(agent.messages)
+        if handle.status == "interrupted":
+            assert await agent.resume() == "billing answer"
+        else:
+            assert reply == "billing answer"
+        assert agent.messages[-1].get("aimu_agent") == "billing"
+        left = {t for t in asyncio.all_tasks() if t is not current and not t.done()}
+        assert left == set()
