@@ -19,7 +19,7 @@ import pytest
 from aimu import aio
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
-from tests.aio.store_backends import KINDS, backend
+from tests.aio.store.store_backends import KINDS, backend
 
 SECRET = "sk-secret-key-4242"
 PASSWORD = "hunter2-password"

@@ -21,7 +21,7 @@ from aimu.aio.store import SessionWriter, Store
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
-from tests.aio.store_backends import KINDS, Backend, backend
+from tests.aio.store.store_backends import KINDS, Backend, backend
 
 SESSION = "journal"
 

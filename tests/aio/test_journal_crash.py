@@ -31,7 +31,7 @@ import pytest
 
 from aimu.aio.journal import IN_DOUBT_RESULT, RERUN_NOTE
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
-from tests.aio.store_backends import SOAK_KILLS, Backend, backend
+from tests.aio.store.store_backends import SOAK_KILLS, Backend, backend
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 200

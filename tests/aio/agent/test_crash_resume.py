@@ -35,9 +35,9 @@ import pytest
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
-from tests.aio.store_backends import KINDS, SOAK_KILLS, Backend, backend, conversation
+from tests.aio.store.store_backends import KINDS, SOAK_KILLS, Backend, backend, conversation
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TASKS = 3
 ROUNDS = 20 + SOAK_KILLS  # steps per task: work enough that no kill finds it all done
 SESSION = "crash"
@@ -366,7 +366,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(
 RESTORE_CHILD = """
 import asyncio, json, sys
 from aimu import aio
-from tests.aio.store_backends import conversation
+from tests.aio.store.store_backends import conversation
 
 async def main():
     store = eval(sys.argv[1], {"aio": aio})

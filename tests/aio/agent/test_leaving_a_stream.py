@@ -28,7 +28,7 @@ from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 
 Exit = Literal["break", "return", "raise"]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def add(a: int, b: int) -> int:

@@ -25,9 +25,9 @@ from aimu.aio.transcript import Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 from tests import services
-from tests.aio.store_backends import Backend, backend, conversation
+from tests.aio.store.store_backends import Backend, backend, conversation
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRET = "pw-Zq81-never-shown"
 STEPS = 5
 
@@ -206,7 +206,7 @@ async def test_a_database_lost_mid_run_fails_the_run_and_keeps_what_was_acknowle
 HOST = """
 import asyncio, json, sys
 from aimu import aio
-from tests.aio.test_store_postgres import _model_turn
+from tests.aio.store.test_store_postgres import _model_turn
 from aimu.testing.scripted import ScriptedModel
 
 SPEC, ROLE = sys.argv[1:3]

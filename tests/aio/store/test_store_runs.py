@@ -20,9 +20,9 @@ from aimu.aio.store import RunRecord, Store
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 from tests import services
-from tests.aio.store_backends import KINDS, Backend, backend, drop_schema
+from tests.aio.store.store_backends import KINDS, Backend, backend, drop_schema
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=KINDS)

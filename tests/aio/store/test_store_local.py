@@ -25,9 +25,9 @@ import pytest
 from aimu.aio.errors import StoreError, StoreFormatError
 from aimu.aio.store import JSONLStore, SessionWriter, SQLiteStore, Store
 from aimu.aio.transcript import Message
-from tests.aio.store_backends import conversation
+from tests.aio.store.store_backends import conversation
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=["sqlite", "jsonl"])

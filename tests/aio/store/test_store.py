@@ -31,10 +31,10 @@ from aimu.aio.store import (
 )
 from aimu.aio.transcript import Message, validate
 from aimu.testing.script import Turn
-from tests.aio.store_backends import KINDS, Backend, backend, conversation
+from tests.aio.store.store_backends import KINDS, Backend, backend, conversation
 
 StoreFactory = Callable[[], Store]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=KINDS)
