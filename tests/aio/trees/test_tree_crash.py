@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from aimu.aio.journal import IN_DOUBT_RESULT
-from tests.aio.store.store_backends import backend
 from tests.aio.agent.test_crash_resume import Child
+from tests.aio.store.store_backends import backend
 from tests.aio.trees.tree_support import ANSWERS, check_valid, tool_results
 
 PROGRAM = """
