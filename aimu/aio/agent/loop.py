@@ -15,7 +15,7 @@ from typing import Any
 
 from aimu.aio._tracing import RunSpans
 from aimu.aio.events import Event, RunResult, RunStarted
-from aimu.aio.guardrails import InputGuard
+from aimu.aio.guardrails import InputGuard, run_guardrails
 from aimu.aio.handoffs import pick_up_speaker, take_handoff
 from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
@@ -153,6 +153,8 @@ async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
     crash left open (resume runs them), or a resumed answer: cut off if it was, and
     corrected first if it is not a valid typed answer."""
     run.rounds, run.final_prompted = session.rounds_used()
+    if task is None and session.config.input_guardrails and await _resumed_blocked(session, run):
+        return
     if task is None:
         messages = session.messages
         open_calls = [call for _, call in dangling_calls(messages)]
@@ -171,6 +173,19 @@ async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant" and last.get("aimu_partial"):
             run.cut_answer = last
+
+
+async def _resumed_blocked(session: Session, run: RunState) -> bool:
+    """A resume goes on with the task the input guardrails may have blocked: they check
+    it again, first (nothing runs before they pass); True when it is blocked."""
+    text = session.task_text()
+    if text is None:
+        return False
+    context = session.run_context(text, run.deps)
+    tripped = await run_guardrails("input", session.config.input_guardrails, context, text)
+    if tripped is not None:
+        run.blocked(tripped)
+    return tripped is not None
 
 
 async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, None] | None:

@@ -389,3 +389,20 @@ async def test_a_workflow_with_a_blocked_agent_ends_blocked() -> None:
     assert chain.last_run is not None and chain.last_run.status == "blocked"
     assert chain.last_run.stop_reason == "guardrail:refuse"
     assert second.messages == []  # the chain stopped at the blocked step
+
+
+async def test_a_resume_of_a_blocked_task_is_checked_again_first() -> None:
+    model = ScriptedModel([Turn(text="partial reply", chunks=3), Turn(text="fine")])
+
+    def no_pins(ctx: RunContext[Any], text: str) -> None:
+        if "PIN" in text:
+            raise aio.Tripwire("no PINs")
+
+    agent = aio.Agent(model, input_guardrails=[no_pins])
+    assert (await agent.run("my PIN")).startswith("Run blocked")
+    asked = len(model.requests)
+    assert (await agent.resume()).startswith("Run blocked")  # never sent to the model
+    assert len(model.requests) == asked
+    assert agent.last_run is not None and agent.last_run.status == "blocked"
+    assert await agent.run("something else") == "fine"
+    _valid(agent)
