@@ -406,3 +406,24 @@ async def test_a_resume_of_a_blocked_task_is_checked_again_first() -> None:
     assert agent.last_run is not None and agent.last_run.status == "blocked"
     assert await agent.run("something else") == "fine"
     _valid(agent)
+
+
+async def test_an_interrupted_caller_of_a_blocked_agent_reports_interrupted() -> None:
+    handles: list[aio.RunHandle[Any]] = []
+
+    def refuse_and_interrupt(ctx: RunContext[Any], text: str) -> None:
+        handles[0].interrupt()  # the caller stops at its next step boundary
+        raise aio.Tripwire("refused")
+
+    child = aio.Agent(ScriptedModel([Turn(text="child text", chunks=3)]), name="child",
+                      input_guardrails=[refuse_and_interrupt])
+    parent = aio.Agent(
+        ScriptedModel([Turn(tool_calls=[ScriptedCall("child", {"task": "t"})]),
+                       Turn(text="after")]),
+        [child.as_tool()], name="parent",
+    )
+    handles.append(aio.RunHandle.start(parent.run("go")))
+    assert await handles[0] == aio.agent.INTERRUPTED
+    assert handles[0].status == "interrupted"  # not "completed", not "blocked"
+    assert "blocked" in parent.messages[-1]["content"]  # the call's result says so
+    _valid(parent)
