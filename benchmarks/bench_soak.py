@@ -210,6 +210,7 @@ class Soak:
     started: dict[str, float] = field(default_factory=dict)
     completed: set[str] = field(default_factory=set)
     lost_requests: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
     _running: set[asyncio.Future[None]] = field(default_factory=set)
 
     async def feed(self, store: Any) -> None:
@@ -270,6 +271,9 @@ class Soak:
                     break
                 before = page[-1].id
             self.completed = {s for s, status in latest.items() if status == "completed"}
+            if len(self.completed) >= self.runs:
+                self.done.set()
+                return
             await asyncio.sleep(0.2)
 
     async def kill(self) -> None:
@@ -277,8 +281,9 @@ class Soak:
         again, until every run completed."""
         rng = random.Random(self.seed + 1)
         while len(self.completed) < self.runs:
-            await asyncio.sleep(self.kill_every * rng.uniform(0.6, 1.4))
-            if len(self.completed) >= self.runs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), self.kill_every * rng.uniform(0.6, 1.4))
+            if self.done.is_set():
                 return
             up = [r for r in self.replicas if r.up and not r.starting]
             if not up:

@@ -278,6 +278,9 @@ def _serve(options: argparse.Namespace) -> int:
         raise _Refused(str(error), 2) from None
     if options.recover_every is not None and not options.recover:
         raise _Refused("--recover-every goes with --recover", 2)
+    if options.recover and options.temporal is not None:
+        raise _Refused("--recover is for runs executed by aimu serve: with --temporal, "
+                       "Temporal retries a dead worker's runs on another worker itself", 2)
     if (options.temporal is None) != (options.task_queue is None):
         raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
     store = options.store or str(default_home() / "sessions.db")

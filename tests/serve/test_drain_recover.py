@@ -271,3 +271,17 @@ def test_drain_and_heartbeat_take_finite_seconds(
     options = build_parser().parse_args(["serve"])
     assert isinstance(options, argparse.Namespace)
     assert (options.drain, options.recover) == (30.0, False)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [(["--recover-every", "2"], "--recover-every goes with --recover"),
+     (["--recover", "--temporal", "127.0.0.1:1", "--task-queue", "q"], "Temporal retries")],
+)
+async def test_recover_options_that_do_not_go_together_are_refused(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    from tests.serve.test_command import refused
+
+    status, err = await refused(tmp_path, *args)
+    assert status == 2 and said in err
