@@ -361,6 +361,7 @@ async def checks(soak: Soak, store: Any, dsn: str, model: Model) -> dict[str, An
 def _serve_args(options: argparse.Namespace, dsn: str, prefix: str) -> list[str]:
     args = ["--model", "openai:loop", "--store", dsn, "--recover",
             "--recover-every", str(options.recover_every),
+            "--max-crashes", str(options.max_crashes),
             "--tool", "bench_soak:effect", "--max-requests", str(options.max_requests),
             "--log-level", "warning", "--drain", "10"]
     if options.redis:
@@ -379,6 +380,7 @@ async def soak(options: argparse.Namespace) -> dict[str, Any]:
         async with database(options.postgres) as dsn:
             env = {**os.environ, "OPENAI_BASE_URL": server.openai_base_url,
                    "OPENAI_API_KEY": "sk-soak", "AIMU_SOAK_DSN": dsn,
+                   "AIMU_SOAK_TOOL_SECONDS": str(options.tool_seconds),
                    "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
             env.pop("AIMU_API_TOKEN", None)
             args = _serve_args(options, dsn, f"soak{secrets.token_hex(3)}")
@@ -423,12 +425,17 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--redis", default=None, metavar="URL", help="replicas share this Redis")
     made.add_argument("--runs", type=int, default=200)
     made.add_argument("--steps", type=int, default=3, help="tool rounds per run")
+    made.add_argument("--tool-seconds", type=float, default=0.2,
+                      help="how long each tool call takes (kills land inside them)")
     made.add_argument("--concurrency", type=int, default=20, help="runs in flight at once")
     made.add_argument("--kill-every", type=float, default=4.0, metavar="SECONDS")
     made.add_argument("--max-requests", type=int, default=12, help="each run's budget")
     made.add_argument("--recover-every", type=float, default=1.0, metavar="SECONDS",
                       help="how often each replica looks for runs to go on with")
     made.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
+    made.add_argument("--max-crashes", type=int, default=10, metavar="N",
+                      help="the replicas' --max-crashes: kills at random hit one run "
+                      "again and again more often than a real crash loop stops at 3")
     made.add_argument("--seed", type=int, default=34)
     made.add_argument("--logs", default=None, metavar="DIR", help="keep the replicas' logs here")
     return made

@@ -45,7 +45,7 @@ from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, BodyLimit, error_response, validation_answer
 from aimu.serve.models import Error, Health
-from aimu.serve.recovery import Recovery
+from aimu.serve.recovery import MAX_CRASHES, Recovery
 from aimu.serve.routes import router
 from aimu.serve.runs import AgentFactory, Runs, RunsBackend
 
@@ -81,10 +81,12 @@ class ServeApp(FastAPI):
     """What resumes the runs to go on with, when built with ``recover=``."""
     _looking: asyncio.Task[None] | None = None
 
+    max_crashes: int = MAX_CRASHES
+
     def start_recovery(self, every: float) -> None:
         """Look for runs to go on with now and every ``every`` seconds (``recover=``)."""
         if self._looking is None:
-            self.recovery = Recovery(self.runs)
+            self.recovery = Recovery(self.runs, self.max_crashes)
             self._looking = asyncio.ensure_future(self.recovery.keep_looking(every))
 
     async def _stop_recovery(self) -> None:
@@ -132,6 +134,7 @@ def app(
     temporal: str | None = None,
     task_queue: str | None = None,
     recover: float | None = None,
+    max_crashes: int = MAX_CRASHES,
 ) -> ServeApp:
     """The runs API and the chat page as an ASGI application.
 
@@ -149,8 +152,11 @@ def app(
     run to ``aimu worker`` processes instead (``redis`` then makes their cancels land at
     once); the app connects when it starts. ``recover`` (seconds) looks for runs to go
     on with (their process died, or a drain stopped them) as the app starts and then that
-    often, and resumes each exactly once (:mod:`aimu.serve.recovery`).
+    often, and resumes each exactly once (:mod:`aimu.serve.recovery`); a run whose
+    process died ``max_crashes`` times in a row with no progress is left failed.
     """
+    if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
+        raise ValueError(f"max_crashes= takes a count, 1 or more; got {max_crashes!r}")
     if recover is not None and not (finite(recover) and recover > 0):
         raise ValueError(f"recover= takes seconds between looks, above 0; got {recover!r}")
     closers: list[Callable[[], Awaitable[None]]] = []
@@ -248,6 +254,7 @@ def app(
     _add_routes(application)
     mcp_endpoint = _add_mcp(application, runs)
     application.runs = runs
+    application.max_crashes = max_crashes
     application.needs_token = bool(token)
     application._closers = closers
     return application

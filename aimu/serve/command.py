@@ -136,6 +136,11 @@ def add_drain_options(parser: argparse.ArgumentParser, command: str) -> None:
             help="with --recover: how often to look for runs to go on with (default 5; "
             "each look is two indexed queries on the store)",
         )
+        parser.add_argument(
+            "--max-crashes", type=int, default=None, metavar="N",
+            help="with --recover: leave a run failed once its process died N times in a "
+            "row with no progress (default 3)",
+        )
 
 
 def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
@@ -278,6 +283,8 @@ def _serve(options: argparse.Namespace) -> int:
         raise _Refused(str(error), 2) from None
     if options.recover_every is not None and not options.recover:
         raise _Refused("--recover-every goes with --recover", 2)
+    if options.max_crashes is not None and not (options.recover and options.max_crashes >= 1):
+        raise _Refused("--max-crashes takes a count, 1 or more, with --recover", 2)
     if options.recover and options.temporal is not None:
         raise _Refused("--recover is for runs executed by aimu serve: with --temporal, "
                        "Temporal retries a dead worker's runs on another worker itself", 2)
@@ -298,7 +305,7 @@ async def _run(
     store: str,
     token: str | None,
 ) -> int:
-    from aimu.serve.recovery import RECOVER_EVERY  # the serve extra is there
+    from aimu.serve.recovery import MAX_CRASHES, RECOVER_EVERY  # the serve extra is there
 
     control: RedisControl | None = None
     if options.redis is not None:
@@ -324,6 +331,7 @@ async def _run(
             temporal=options.temporal,
             task_queue=options.task_queue,
             recover=(options.recover_every or RECOVER_EVERY) if options.recover else None,
+            max_crashes=options.max_crashes or MAX_CRASHES,
         )
     except ImportError as missing:  # the store's extra (asyncpg for postgresql://)
         if control is not None:

@@ -50,8 +50,10 @@ _PAGE: Final = 1000
 class Recovery:
     """Finds the runs to go on with and resumes each through ``runs`` exactly once."""
 
-    def __init__(self, runs: Runs) -> None:
+    def __init__(self, runs: Runs, max_crashes: int = MAX_CRASHES) -> None:
         self._runs = runs
+        self.max_crashes = max_crashes
+        """Deaths in a row with no progress after which a run is left failed."""
         self.resumed: list[str] = []
         """The ids of the runs this process resumed (the new runs'), in order."""
         self._tidying: set[asyncio.Future[None]] = set()
@@ -113,7 +115,9 @@ class Recovery:
             return None  # it runs (alive), or another server claims it now
         try:
             writer = _writer_of(agent)
-            latest = await self._runs.store.runs(session=record.session, limit=MAX_CRASHES)
+            latest = await self._runs.store.runs(
+                session=record.session, limit=self.max_crashes
+            )
             current = latest[0] if latest else None
             if current is None or current.id != record.id:
                 if record.recover:  # went on already: the mark is spent
@@ -160,7 +164,7 @@ class Recovery:
         now = time.time()
         if current.status == "running":
             streak = _streak(latest, len(agent.messages))
-            if streak >= MAX_CRASHES:
+            if streak >= self.max_crashes:
                 await writer.record_run(dataclasses.replace(
                     current, status="failed", ended=now, recover=False,
                     reason=f"{CRASHED} {streak} times in a row: left failed, not resumed "

@@ -276,6 +276,8 @@ def test_drain_and_heartbeat_take_finite_seconds(
 @pytest.mark.parametrize(
     ("args", "said"),
     [(["--recover-every", "2"], "--recover-every goes with --recover"),
+     (["--max-crashes", "2"], "--max-crashes takes a count, 1 or more, with --recover"),
+     (["--recover", "--max-crashes", "0"], "--max-crashes takes a count"),
      (["--recover", "--temporal", "127.0.0.1:1", "--task-queue", "q"], "Temporal retries")],
 )
 async def test_recover_options_that_do_not_go_together_are_refused(

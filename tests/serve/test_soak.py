@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 def test_replicas_killed_again_and_again_lose_no_run_and_repeat_no_effect() -> None:
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_soak.py"),
-         "--postgres", services.postgres_dsn(), "--runs", "20", "--concurrency", "10",
-         "--kill-every", "4", "--timeout", "120", "--recover-every", "0.5"],
+         "--postgres", services.postgres_dsn(), "--runs", "20", "--concurrency", "20",
+         "--kill-every", "2", "--tool-seconds", "1", "--timeout", "120",
+         "--recover-every", "0.5"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     report = completed.stdout + completed.stderr[-4000:]
