@@ -22,7 +22,7 @@ def test_replicas_killed_again_and_again_lose_no_run_and_repeat_no_effect() -> N
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_soak.py"),
          "--postgres", services.postgres_dsn(), "--runs", "20", "--concurrency", "20",
-         "--kill-every", "2", "--tool-seconds", "1", "--timeout", "120",
+         "--kill-every", "3", "--tool-seconds", "1", "--timeout", "120",
          "--recover-every", "0.5"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
