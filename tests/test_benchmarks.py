@@ -34,6 +34,7 @@ SMOKE = {
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
     "bench_serve_scale.py": ["--quick", "--scenarios", "local,rest-sqlite"],
     "bench_tree.py": ["--quick"],
+    "bench_guardrails.py": ["--repeats", "1", "--runs", "20"],
 }
 #: Benchmarks whose small run is a test of its own (it checks what the benchmark checks).
 RUN_BY_A_TEST = {"bench_soak.py": "tests/serve/test_soak.py"}
