@@ -337,7 +337,9 @@ async def _finished(
             "outputTokens": end.usage["output_tokens"],
             "totalTokens": end.usage["input_tokens"] + end.usage["output_tokens"],
         }]
-    event["metadata"] = {"aimuStatus": end.status, "aimuRunId": end.run_id, "reason": end.reason}
+    # A blocked run's why is its reply (the guardrail and its reason), as the AI SDK's is.
+    reason = end.reply or end.reason if end.status == "blocked" else end.reason
+    event["metadata"] = {"aimuStatus": end.status, "aimuRunId": end.run_id, "reason": reason}
     return event, client
 
 

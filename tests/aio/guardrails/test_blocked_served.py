@@ -1,5 +1,5 @@
 """The ``blocked`` status through ``aimu serve``: the runs API and its SSE, the stored run
-record and session, the A2A task state, the AI SDK stream, and ``aimu runs``."""
+record and session, the A2A task state, the AI SDK and AG-UI streams, and ``aimu runs``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aimu.aio.instructions import RunContext
 from aimu.serve import app
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import collect, model_server, start, uvicorn_serving
+from tests.serve.test_ag_ui import ag_ui_events, run_input, user
 
 __all__ = ["model_server"]
 
@@ -71,6 +72,14 @@ async def test_a_blocked_run_is_reported_blocked_everywhere(url: str) -> None:
         assert finish["type"] == "finish" and finish["finishReason"] == "content-filter"
         assert finish["messageMetadata"]["aimuStatus"] == "blocked"
         assert "no_secrets" in finish["messageMetadata"]["aimuReason"]
+        # AG-UI (each event checked by the protocol's own models): the run ends with the
+        # cancelled outcome (AG-UI has no blocked one), the metadata says by what
+        events = await ag_ui_events(http, run_input("agui-secret", "r1", user("a secret")))
+        (finished,) = [e for e in events if e["type"] == "RUN_FINISHED"]
+        assert finished["outcome"] == {"type": "cancelled"}
+        assert finished["metadata"]["aimuStatus"] == "blocked"
+        assert "no_secrets" in finished["metadata"]["reason"]
+        assert "RUN_ERROR" not in [e["type"] for e in events]
 
 
 def test_mcp_says_a_guardrail_blocked_the_run() -> None:
