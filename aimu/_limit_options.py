@@ -1,4 +1,5 @@
-"""The budget options of ``aimu chat`` and ``aimu serve``: ``--max-requests`` and kin."""
+"""The budget options of ``aimu chat`` and ``aimu serve``: ``--max-requests`` and kin,
+and ``aimu serve``'s ``--session-max-requests`` and kin."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import argparse
 from aimu.aio._numbers import MAX_COUNT
 from aimu.aio.limits import UsageLimits
 
-__all__ = ["add_limit_options", "limits_from"]
+__all__ = [
+    "add_limit_options", "add_session_limit_options", "limits_from", "session_limits_from",
+]
 
 
 def _shown(text: str) -> str:
@@ -47,13 +50,40 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
                        "it stops the run at once (the partial reply kept)")
 
 
+def add_session_limit_options(parser: argparse.ArgumentParser) -> None:
+    """Add the per-session budget options (``Agent(session_limits=)``) to ``parser``."""
+    group = parser.add_argument_group(
+        "session budgets",
+        "limits of each session, all its runs together: its spend is kept in the store "
+        "before each model request, so restarts, crashes and --recover cannot pass them; "
+        "one reached ends the run 'limited'",
+    )
+    group.add_argument("--session-max-requests", type=_count, metavar="N",
+                       help="model requests a session may make in all its runs")
+    group.add_argument("--session-max-tool-calls", type=_count, metavar="N",
+                       help="tool calls a session may make in all its runs")
+    group.add_argument("--session-max-tokens", type=_count, metavar="N",
+                       help="input and output tokens a session may use in all its runs")
+    group.add_argument("--session-max-seconds", type=_seconds, metavar="S",
+                       help="seconds a session's runs may take in all")
+
+
 def limits_from(options: argparse.Namespace) -> UsageLimits | None:
-    """The limits the options give, or None when none was given."""
+    """The limits of each run the options give, or None when none was given."""
+    return _limits(options, "max_")
+
+
+def session_limits_from(options: argparse.Namespace) -> UsageLimits | None:
+    """The limits of each session the options give, or None when none was given."""
+    return _limits(options, "session_max_")
+
+
+def _limits(options: argparse.Namespace, prefix: str) -> UsageLimits | None:
     values = {
-        "requests": getattr(options, "max_requests", None),
-        "tool_calls": getattr(options, "max_tool_calls", None),
-        "total_tokens": getattr(options, "max_tokens", None),
-        "wall": getattr(options, "max_seconds", None),
+        "requests": getattr(options, f"{prefix}requests", None),
+        "tool_calls": getattr(options, f"{prefix}tool_calls", None),
+        "total_tokens": getattr(options, f"{prefix}tokens", None),
+        "wall": getattr(options, f"{prefix}seconds", None),
     }
     given = {name: value for name, value in values.items() if value is not None}
     return UsageLimits(**given) if given else None

@@ -53,11 +53,13 @@ def agent_factory(
     system: str | None = None,
     max_rounds: int = 10,
     limits: UsageLimits | None = None,
+    session_limits: UsageLimits | None = None,
 ) -> tuple[AgentFactory, Closer]:
     """A factory of one agent per session on ``store``, and how to close its model client.
 
     ``model`` is a spec for :func:`aimu.aio.client` (the test model streams visibly
     slowly, as in ``aimu chat``) or a client; every agent gets a fork of it.
+    ``limits`` bound each run, ``session_limits`` each session's runs together.
     """
     if isinstance(model, ModelClient):
         root = model
@@ -75,6 +77,7 @@ def agent_factory(
             system=system,
             max_rounds=max_rounds,
             limits=limits,
+            session_limits=session_limits,
             store=store,
             session=session,
         )

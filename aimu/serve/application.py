@@ -93,8 +93,6 @@ class ServeApp(FastAPI):
         looking, self._looking = self._looking, None
         if looking is not None:
             await cancel_and_wait([looking])
-        if self.recovery is not None:
-            await self.recovery.aclose()
 
     async def drain(self, grace: float) -> None:
         """Refuse new runs (503 with ``Retry-After``), interrupt the runs in progress at
@@ -124,6 +122,7 @@ def app(
     system: str | None = None,
     max_rounds: int = 10,
     limits: UsageLimits | None = None,
+    session_limits: UsageLimits | None = None,
     token: str | EllipsisType | None = ...,
     cors_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] | None = None,
@@ -145,8 +144,9 @@ def app(
     ``cors_origins`` allows those browser origins (none by default). ``allowed_hosts``
     are the host names served besides loopback ones (default: none without a token, any
     with one; see :class:`~aimu.serve.guards.RequestGuard`). ``agents`` replaces
-    how the agent of a session's run is built; ``limits`` bound each run (see
-    :class:`~aimu.aio.UsageLimits`). ``redis`` (a URL or a control) shares
+    how the agent of a session's run is built; ``limits`` bound each run and
+    ``session_limits`` all the runs of a session together, across restarts and
+    recoveries (see :class:`~aimu.aio.UsageLimits`). ``redis`` (a URL or a control) shares
     the runs with every server on the same Redis and store; the app checks that Redis
     answers when it starts. ``temporal`` (``HOST:PORT``) with ``task_queue`` hands every
     run to ``aimu worker`` processes instead (``redis`` then makes their cancels land at
@@ -167,7 +167,8 @@ def app(
         closers.append(close_store)
     if agents is None:
         agents, close_model = agent_factory(
-            model, opened, tools=tools, system=system, max_rounds=max_rounds, limits=limits
+            model, opened, tools=tools, system=system, max_rounds=max_rounds, limits=limits,
+            session_limits=session_limits,
         )
         closers.append(close_model)
 

@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from urllib.parse import urlsplit
 
 from aimu._extras import MissingExtra, needs_extra
-from aimu._limit_options import add_limit_options, limits_from
+from aimu._limit_options import (
+    add_limit_options,
+    add_session_limit_options,
+    limits_from,
+    session_limits_from,
+)
 from aimu._logs import add_log_level_option, logging_to
 from aimu._mcp_options import add_mcp_options, mcp_servers, open_all
 from aimu.aio._signals import SignalHandlers
@@ -68,6 +73,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ENVIRONMENT
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_agent_options(parser, "the server's and aimu's log records")
+    add_session_limit_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     parser.add_argument(
@@ -288,6 +294,9 @@ def _serve(options: argparse.Namespace) -> int:
     if options.recover and options.temporal is not None:
         raise _Refused("--recover is for runs executed by aimu serve: with --temporal, "
                        "Temporal retries a dead worker's runs on another worker itself", 2)
+    if options.temporal is not None and session_limits_from(options) is not None:
+        raise _Refused("--session-max-* bound the runs aimu serve executes: with --temporal "
+                       "the workers run them", 2)
     if (options.temporal is None) != (options.task_queue is None):
         raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
     store = options.store or str(default_home() / "sessions.db")
@@ -324,6 +333,7 @@ async def _run(
             tools=tools,
             system=options.system,
             limits=limits_from(options),
+            session_limits=session_limits_from(options),
             token=token,
             cors_origins=options.cors_origin,
             allowed_hosts=options.allowed_host or None,

@@ -56,7 +56,6 @@ class Recovery:
         """Deaths in a row with no progress after which a run is left failed."""
         self.resumed: list[str] = []
         """The ids of the runs this process resumed (the new runs'), in order."""
-        self._tidying: set[asyncio.Future[None]] = set()
 
     async def tidy(self) -> int:
         """Clear the marks that are spent: a marked run whose session went on with a
@@ -136,24 +135,13 @@ class Recovery:
         view = await self._runs.backend.start(record.session, None, agent)
         _log.warning("run %s of session %r goes on as run %s", record.id, record.session,
                      view.run_id)
-        tidy = asyncio.ensure_future(self._spend(writer, current, view.run_id))
-        self._tidying.add(tidy)
-        tidy.add_done_callback(self._tidying.discard)
-        return view.run_id
-
-    async def _spend(self, writer: SessionWriter, record: RunRecord, run_id: str) -> None:
-        """Clear ``record``'s mark once the run that goes on with it is recorded (until
-        then the mark lets another server resume it, should this one die): with the
-        writer the new run holds, if it still runs, else at a later look."""
-        store = self._runs.store
+        # The new run is recorded (start returns once it is): the mark is spent. Until
+        # now it let another server resume the run, had this one died.
         try:
-            for _ in range(200):
-                if await store.run(run_id) is not None:
-                    await writer.record_run(dataclasses.replace(record, recover=False))
-                    return
-                await asyncio.sleep(0.05)
-        except (StoreError, RuntimeError, ValueError) as error:
+            await writer.record_run(dataclasses.replace(current, recover=False))
+        except (StoreError, RuntimeError, ValueError) as error:  # the run ended already
             _log.debug("run %s: its mark is cleared at a later look (%s)", record.id, error)
+        return view.run_id
 
     async def _ready(
         self, agent: Agent, writer: SessionWriter, current: RunRecord, latest: list[RunRecord]
@@ -198,14 +186,6 @@ class Recovery:
             except (StoreError, ServeError) as error:
                 _log.warning("cannot look for runs to recover: %s", error)
             await asyncio.sleep(every)
-
-    async def aclose(self) -> None:
-        """Stop clearing marks (a later look clears those left)."""
-        tidying, self._tidying = self._tidying, set()
-        for task in tidying:
-            task.cancel()
-        await asyncio.gather(*tidying, return_exceptions=True)
-
 
 def _streak(latest: list[RunRecord], messages: int) -> int:
     """How many times in a row the session's run died with no progress: the deaths

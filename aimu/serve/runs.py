@@ -145,8 +145,10 @@ class RunsBackend(Protocol):
 
     async def start(self, session: str, task: str | None, agent: Agent | None) -> RunView:
         """Start ``task`` on ``session`` (None: resume it); return the run once every
-        process that may be asked about it can find it. ``agent``: the session's agent,
-        already open (a decision holds its lock), for the resume; None: open it."""
+        process that may be asked about it can find it and it is durable (its record
+        stored, or Temporal's workflow started): a server that dies after answering
+        "started" loses no run. ``agent``: the session's agent, already open (a
+        decision holds its lock), for the resume; None: open it."""
         ...
 
     async def view(self, run_id: str) -> RunView:

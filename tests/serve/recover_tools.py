@@ -55,7 +55,7 @@ async def held_asked(query: str) -> str:
 
 def script(request: dict[str, object]) -> Turn:
     """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, then each says
-    it is done; anything else: ``answer to <it>``."""
+    it is done; ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -64,6 +64,8 @@ def script(request: dict[str, object]) -> Turn:
         return Turn(text=f"done: {messages[-1].get('content')}")
     word, _, query = said.partition(" ")
     names = {"hold": "held", "once": "held_once", "ask": "held_asked"}
+    if word == "slow":  # a reply that streams for about 8 s
+        return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)
     if word in names:
         name = names[word]
         return Turn(text="calling ", tool_calls=(ScriptedCall(name, {"query": query}),))

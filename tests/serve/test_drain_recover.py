@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -17,15 +18,17 @@ import httpx
 import pytest
 
 from aimu import aio
+from aimu._limit_options import limits_from, session_limits_from
 from aimu.aio.approvals import Approvals
-from aimu.aio.store import RunRecord
+from aimu.aio.store import RunRecord, Store
 from aimu.cli import build_parser
 from aimu.serve import app
 from aimu.serve.agents import open_store
+from aimu.serve.command import run_serve
 from aimu.serve.recovery import CRASHED, Recovery
 from aimu.testing.server import LoopbackServer
 from tests.serve import recover_tools
-from tests.serve.harness import aimu_serve, start, store_of
+from tests.serve.harness import aimu_serve, last_user, start, store_of
 
 TOOLS = (
     "--tool", "tests.serve.recover_tools:held", "--tool", "tests.serve.recover_tools:held_once",
@@ -60,7 +63,7 @@ async def until(what: str, check: Callable[[], Any]) -> None:
         await asyncio.sleep(0.05)
 
 
-async def runs_of(store: Path | str, session: str) -> list[RunRecord]:
+async def runs_of(store: Path | str | Store, session: str) -> list[RunRecord]:
     opened, close = open_store(store)
     try:
         return await opened.runs(session=session)
@@ -69,7 +72,7 @@ async def runs_of(store: Path | str, session: str) -> list[RunRecord]:
             await close()
 
 
-async def latest_is(store: Path | str, session: str, status: str) -> bool:
+async def latest_is(store: Path | str | Store, session: str, status: str) -> bool:
     found = await runs_of(store, session)
     return bool(found) and found[0].status == status
 
@@ -159,7 +162,8 @@ async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
 ) -> None:
     """After a kill -9 mid-tool: an idempotent tool's call runs again, another's is
     answered 'outcome unknown' (never run twice), an approval tool's is asked again: the
-    run pauses for a person, as when a session is loaded after any crash."""
+    run pauses for a person, as when a session is loaded after any crash. A run killed
+    at once after its 202 was recorded before it: it goes on, once."""
     store = tmp_path / "sessions.db"
     async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS) as one:
         async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
@@ -173,15 +177,19 @@ async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
             approved = decided.json()["resumed_run_id"]
         await until("the three tools run", lambda: all(
             (held / f"entered-{q}").exists() for q in "xyz"))
-        one.process.kill()
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            accepted = await start(http, "k4", "hold w")
+        one.process.kill()  # at once after the 202: the run may not have taken a step yet
         await one.process.wait()
     assert [r.status for r in await runs_of(store, "k1")] == ["running"]
+    assert [(r.id, r.status) for r in await runs_of(store, "k4")] == [(accepted, "running")]
     (held / "open").touch()
     async with aimu_serve(model, tmp_path, "--store", str(store), *TOOLS, "--recover",
                           name="recovering"):
         await until("k1 goes on", lambda: latest_is(store, "k1", "completed"))
         await until("k2 goes on", lambda: latest_is(store, "k2", "completed"))
         await until("k3 pauses", lambda: latest_is(store, "k3", "paused"))
+        await until("k4 goes on", lambda: latest_is(store, "k4", "completed"))
     new, old = await runs_of(store, "k1")
     assert old.id == again and old.status == "failed" and new.status == "completed"
     assert (old.reason or "").startswith(f"{CRASHED} (1 in a row, at message ")
@@ -197,7 +205,36 @@ async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
         assert close is not None
         await close()
     assert [p.in_doubt for p in waiting] == [True]
-    assert ran(held) == ["ran-x-1"]  # y, z never re-ran
+    assert [r.status for r in await runs_of(store, "k4")] == ["completed", "failed"]
+    assert [m["role"] for m in await _transcript(store, "k4")] == [
+        "user", "assistant", "tool", "assistant"]  # the task once, its tool once
+    assert ran(held) == ["ran-w-1", "ran-x-1"]  # y, z never re-ran
+
+
+def _asked(model: LoopbackServer, task: str) -> int:
+    """How many requests the model server received whose last user message is ``task``."""
+    return sum(1 for r in model.requests if last_user(r.body) == task)
+
+
+async def test_a_session_budget_holds_across_a_kill_9_and_recover(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """--session-max-requests: the request a killed server sent was counted in the store
+    before it went out, so the run --recover resumes has no budget left for another."""
+    store = tmp_path / "sessions.db"
+    budget = ("--store", str(store), "--session-max-requests", "1")
+    async with aimu_serve(model, tmp_path, *budget) as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "b1", "slow b")
+        await until("the model has the request", lambda: _asked(model, "slow b") == 1)
+        one.process.kill()
+        await one.process.wait()
+    async with aimu_serve(model, tmp_path, *budget, "--recover", name="recovering"):
+        await until("the run goes on", lambda: latest_is(store, "b1", "limited"))
+    new, old = await runs_of(store, "b1")
+    assert old.id == run_id and (old.reason or "").startswith(CRASHED)
+    assert (new.stop_reason, new.recover) == ("limit:requests", False)
+    assert _asked(model, "slow b") == 1  # the resumed run sent none
 
 
 async def _crashed_session(store: Any, session: str, crashes: int) -> list[str]:
@@ -241,12 +278,93 @@ async def test_replicas_resume_a_crashed_run_exactly_once(
             assert "3 times in a row" in (failed.reason or "")
             assert (await stores[0].info("thrice")).status == "failed"  # type: ignore[union-attr]
             assert [await look.look() for look in looks] == [[], [], []]  # nothing left
-            for look in looks:
-                await look.aclose()
         finally:
             for application in apps:
                 await application.aclose()
             await client.aclose()
+
+
+class HeldInstructions:
+    """A system prompt the test holds: a run that reads it waits, before its record is
+    stored, until :attr:`go` is set; :attr:`entered` says it waits (a provable point)."""
+
+    def __init__(self) -> None:
+        self.entered, self.go = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, context: aio.RunContext[Any]) -> str:
+        self.entered.set()
+        await self.go.wait()
+        return "be brief"
+
+
+def _held_app(where: Path, held: HeldInstructions, **options: Any) -> Any:
+    store = aio.SQLiteStore(where)
+    model = aio.client("test")
+
+    def agents(session: str) -> aio.Agent:
+        return aio.Agent(model, system=held, store=store, session=session)
+
+    return app(model, store=store, agents=agents, **options)
+
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+async def test_a_run_is_started_only_once_its_record_is_stored(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The 202 goes out when runs.start returns: by then the run's record says running
+    and its task is stored, so a kill -9 right after it leaves the run to --recover."""
+    held = HeldInstructions()
+    options: dict[str, Any] = {}
+    if backend == "redis":
+        options = {"redis": request.getfixturevalue("redis_url"),
+                   "redis_prefix": f"aimu-accept-{secrets.token_hex(4)}"}
+    application = _held_app(tmp_path / "s.db", held, **options)
+    store = application.runs.store
+    try:
+        starting = asyncio.ensure_future(application.runs.start("acc", "hello"))
+        await held.entered.wait()  # the run reads its instructions: nothing stored yet
+        assert not starting.done(), "started before the run was recorded"
+        assert await store.runs(session="acc") == []
+        held.go.set()
+        view = await starting
+        [record] = await store.runs(session="acc")
+        assert record.id == view.run_id and record.status in ("running", "completed")
+        assert {"role": "user", "content": "hello"} in await store.load("acc")
+        await until("it ends", lambda: latest_is(store, "acc", "completed"))
+    finally:
+        held.go.set()
+        await application.aclose()
+
+
+async def test_a_start_cancelled_while_its_record_is_stored_leaves_the_run_going(
+    tmp_path: Path,
+) -> None:
+    held = HeldInstructions()
+    application = _held_app(tmp_path / "s.db", held)
+    store = application.runs.store
+    try:
+        starting = asyncio.ensure_future(application.runs.start("gone", "hello"))
+        await held.entered.wait()
+        starting.cancel()  # the client went away, or the request was cut
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        held.go.set()
+        await until("the run ends", lambda: latest_is(store, "gone", "completed"))
+        await until("the session is free", lambda: _free(application, "gone"))
+        again = await application.runs.start("gone", "again")  # its session was released
+        await until("the next one ends", lambda: _ended(store, "gone", again.run_id))
+    finally:
+        held.go.set()
+        await application.aclose()
+
+
+async def _free(application: Any, session: str) -> bool:
+    return await application.runs.session_run(session) is None
+
+
+async def _ended(store: Any, session: str, run_id: str) -> bool:
+    latest = await store.runs(session=session, limit=1)
+    return bool(latest) and latest[0].id == run_id and latest[0].status == "completed"
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "-inf", "soon"])
@@ -271,6 +389,19 @@ def test_drain_and_heartbeat_take_finite_seconds(
     options = build_parser().parse_args(["serve"])
     assert isinstance(options, argparse.Namespace)
     assert (options.drain, options.recover) == (30.0, False)
+
+
+def test_session_budget_options(capsys: pytest.CaptureFixture[str]) -> None:
+    options = build_parser().parse_args(
+        ["serve", "--max-requests", "9", "--session-max-requests", "3",
+         "--session-max-tokens", "100"])
+    assert session_limits_from(options) == aio.UsageLimits(requests=3, total_tokens=100)
+    assert limits_from(options) == aio.UsageLimits(requests=9)
+    refused = build_parser().parse_args(
+        ["serve", "--session-max-requests", "3", "--temporal", "127.0.0.1:1",
+         "--task-queue", "q"])
+    assert run_serve(refused) == 2
+    assert "with --temporal the workers run them" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """Runs executing in this process: the :class:`Launcher` opens each run's session from
 the store (its write lock taken), runs it under a handle and closes the session when the
 run ends, so the next run on that session may execute in another process sharing the
-store. The local and Redis backends both launch with it.
+store. The local and Redis backends both launch with it, and hand a run's id out only
+once it is :meth:`~Launcher.accepted`: its record stored, so a process that dies after
+answering "started" leaves the run for ``--recover``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
+from aimu.aio.events import Event, RunStarted
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
@@ -39,6 +42,7 @@ class Launcher:
         self._handles: set[RunHandle[str]] = set()
         self._background = Background()
         self._releasing: dict[RunHandle[str], asyncio.Task[Any]] = {}
+        self._recorded: dict[RunHandle[str], asyncio.Future[None]] = {}
 
     async def launch(
         self, session: str, task: str | None, agent: Agent | None, start: StartHandle
@@ -71,6 +75,7 @@ class Launcher:
 
         def on_done(handle: RunHandle[str]) -> None:
             self._handles.discard(handle)
+            self._recorded.pop(handle, None)
             if not started:  # cancelled before it began: release the session here
                 run.close()
                 self._releasing[handle] = self.spawn(agent.aclose())
@@ -85,8 +90,17 @@ class Launcher:
             raise
         handles.append(handle)
         self._handles.add(handle)
+        self._recorded[handle] = _recorded(handle)
         handle.add_done_callback(on_done)
         return handle
+
+    async def accepted(self, handle: RunHandle[str]) -> None:
+        """Wait until the run of ``handle`` (from :meth:`launch`) stored its record
+        (``running``, its task in the transcript) or ended without one. A cancel here
+        stops the wait only: the run goes on."""
+        recorded = self._recorded.pop(handle, None)
+        if recorded is not None:
+            await recorded
 
     async def _mark_drained(self, session: str, run_id: str | None) -> None:
         """Mark the record of run ``run_id``, stopped by the drain, to be recovered (its
@@ -150,3 +164,18 @@ class Launcher:
             handle.cancel("the server is shutting down")
         await self._background.aclose()
         await asyncio.gather(*(ended(h) for h in handles))
+
+
+def _recorded(handle: RunHandle[str]) -> asyncio.Future[None]:
+    """Resolved when the run of ``handle`` says it started (an agent's run stores its
+    record and its task first) or ends without saying so."""
+    recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def seen(event: Event | None) -> None:
+        if isinstance(event, RunStarted | None) and not recorded.done():
+            recorded.set_result(None)
+            remove()
+
+    remove = handle.scope.add_listener(seen)
+    handle.add_done_callback(lambda _: seen(None))
+    return recorded

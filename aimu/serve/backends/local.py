@@ -63,6 +63,7 @@ class LocalBackend(RunLog):
         view.status = handle.status
         handle.scope.add_listener(lambda event: self._on_event(record, event))
         handle.add_done_callback(lambda done: self._finished(record, done))
+        await self._launcher.accepted(handle)
         return view
 
     def _on_event(self, record: RunRecord, event: Event) -> None:

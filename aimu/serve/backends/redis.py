@@ -92,6 +92,7 @@ class RedisBackend:
         except ServiceUnavailable:
             await self._launcher.settled(handle)  # it never started; its session is free
             raise
+        await self._launcher.accepted(handle)
         return await self.view(run_id)
 
     async def _latest_live(self, session: str) -> RunView | None:
