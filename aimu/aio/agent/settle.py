@@ -40,7 +40,7 @@ async def settle(
         run.wall.close()
     if run.guard is not None:  # input guardrails still running: cancelled now...
         run.guard.cancel()
-    for context in run.contexts:
+    for context in run.calls_in_flight:
         context.mark_cancelled()
     messages = session.messages
     unstored = _kept_partial(session, run)

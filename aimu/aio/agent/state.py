@@ -116,7 +116,7 @@ class RunState:
     """One run in flight: its scope, progress, and what the settling ``finally`` needs."""
 
     __slots__ = (
-        "budget", "clock", "contexts", "continuation", "cut_answer", "deps", "error",
+        "budget", "calls_in_flight", "clock", "continuation", "cut_answer", "deps", "error",
         "final_prompted", "first", "guard", "held", "limit", "next", "options", "output",
         "output_failures", "phase", "reply", "requests", "rounds", "scope", "spans", "status",
         "stop_reason", "store_error", "turn", "usage", "usage_estimated", "wall",
@@ -170,7 +170,9 @@ class RunState:
         self.final_prompted = False
         #: The model turn in flight (None between turns).
         self.turn: TurnInFlight | None = None
-        self.contexts: list[ToolContext] = []
+        #: The contexts of the tool calls running now: those a stop leaves running are
+        #: marked cancelled as the run settles (a finished call's context is let go).
+        self.calls_in_flight: set[ToolContext] = set()
         #: Calls of agents called as tools that paused: open until a resume runs them.
         self.held: list[ToolCall] = []
         self.usage: Usage = zero_usage()

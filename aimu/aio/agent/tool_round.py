@@ -185,16 +185,18 @@ async def _call_tool(
             progress=None if progress is None else _progress_sink(config.name, call, progress),
             caller=(session, run, progress),
         )
-        run.contexts.append(context)
+        run.calls_in_flight.add(context)
+        if config.tool_guardrails:  # arguments checked first, the result after
+            calling = guarded_call(
+                config.tool_guardrails, session.run_context(session.task_text(), run.deps),
+                call, lambda: invoke(config.table.by_name, call, context),
+            )
+        else:
+            calling = invoke(config.table.by_name, call, context)
         with run.spans.tool_calls():
-            if config.tool_guardrails:  # arguments checked first, the result after
-                outcome = await guarded_call(
-                    config.tool_guardrails, session.run_context(session.task_text(), run.deps),
-                    call, lambda: invoke(config.table.by_name, call, context),
-                )
-            else:
-                outcome = await invoke(config.table.by_name, call, context)
+            outcome = await calling
         context.mark_finished()
+        run.calls_in_flight.discard(context)
         if isinstance(outcome, Held):
             run.held.append(call)
             return None
