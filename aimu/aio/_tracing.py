@@ -18,8 +18,8 @@ import asyncio
 import contextlib
 import contextvars
 import sys
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aimu.aio.transcript import Usage
 
@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 
 __all__ = ["RunSpans", "SpanNotes", "enabled", "span"]
 
+_T = TypeVar("_T")
+
 _cache: tuple[object, Any] | None = None  # (provider, tracer) last made
-# The span of the run a tool call belongs to: set by the agent around one call (in one
-# coroutine frame), read by invoke() to parent the call's span.
+# The span of the run a tool call belongs to: set by the agent around one call (in a
+# coroutine of its own, RunSpans.within), read by invoke() to parent the call's span.
 _run_span: contextvars.ContextVar[Any] = contextvars.ContextVar("aimu_run_span", default=None)
 
 
@@ -176,12 +178,12 @@ class RunSpans:
         notes.ended("completed")
         turn.end()
 
-    def tool_calls(self) -> contextlib.AbstractContextManager[None]:
-        """While the block runs, tool-call spans made by ``invoke()`` are this run's."""
+    def within(self, work: Awaitable[_T]) -> Awaitable[_T]:
+        """``work`` (a tool call), with the spans ``invoke()`` makes while it runs made
+        this run's; ``work`` itself when tracing is off (the hot path: nothing added)."""
         if self._run is None:
-            return _NOTHING  # the hot path when tracing is off: no generator, no context
-        return _parent(self._run)
-
+            return work
+        return _parented(self._run, work)
 
     def finished(self, final: RunFinished, status: str, reason: str | None = None) -> None:
         """End the run's span with ``final``'s numbers, ``status`` (``final.status``, or
@@ -209,13 +211,9 @@ class RunSpans:
         self._turn = None
 
 
-_NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _parent(run: Any) -> Iterator[None]:
+async def _parented(run: Any, work: Awaitable[_T]) -> _T:
     token = _run_span.set(run)
     try:
-        yield
+        return await work
     finally:
         _run_span.reset(token)

@@ -193,8 +193,7 @@ async def _call_tool(
             )
         else:
             calling = invoke(config.table.by_name, call, context)
-        with run.spans.tool_calls():
-            outcome = await calling
+        outcome = await run.spans.within(calling)
         context.mark_finished()
         run.calls_in_flight.discard(context)
         if isinstance(outcome, Held):
