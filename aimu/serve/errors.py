@@ -78,14 +78,16 @@ class NotSupported(ServeError):
 
 
 class ServiceUnavailable(ServeError):
+    """A service the server needs (Redis, Temporal, the store) did not answer, or is
+    overloaded: a passing shortage (503 with ``Retry-After``)."""
+
     status = 503
+    retry_after = 5
 
 
 class Draining(ServiceUnavailable):
     """The server drains its runs before it exits: it starts none (503, ``Retry-After``;
     another server, or this one restarted, will)."""
-
-    retry_after = 5
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,8 @@ def unavailable(what: str, error: BaseException) -> ServiceUnavailable:
     ``what``: the client learns what failed, the log learns where (its address)."""
     _log.warning("cannot %s: %s", what, error)
     return ServiceUnavailable(
-        f"cannot {what}: the service the servers share (Redis or Temporal) did not answer; "
-        "try again (the server log says why)"
+        f"cannot {what}: the service the servers share (Redis or Temporal) did not answer "
+        "in time or is overloaded; try again (the server log says why)"
     )
 
 

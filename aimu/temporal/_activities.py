@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
-from aimu.aio.errors import ControlError, SessionLockedError, UnknownRunError
+from aimu.aio.errors import ControlError, SessionLockedError, StoreError, UnknownRunError
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, RunFinished, RunStarted
 from aimu.aio.run_handle import RunHandle
@@ -66,6 +66,12 @@ _BATCH_EVENTS: Final = 500
 #: How long a batch of events is tried again while Temporal is away before it is given
 #: up (each try is the client's own ~10 s of retries).
 _SIGNAL_SECONDS: Final = 120.0
+#: The reason a drain gives the turns it cancels once its time is up (or at a second
+#: signal): their runs go on in a turn on another worker.
+DRAINED: Final = "the worker shut down: the run goes on on another worker"
+#: The reason an attempt of a turn is cancelled with when Temporal gave the turn to a
+#: later attempt in this process (the earlier one timed out, its heartbeats late).
+SUPERSEDED: Final = "a later attempt of the turn took it over"
 
 
 class Activities:
@@ -84,9 +90,60 @@ class Activities:
         self.control = control
         """A RedisControl registering each run, or None."""
         self.tick = tick
+        self._turns: dict[str, _Running] = {}
+        """The run ids whose turn runs here, and its attempt."""
+        self._draining = False
+        self._hurried = False
+        self._changed = asyncio.Event()
 
     def all(self) -> Sequence[Any]:
         return [self.begin, self.turn, self.end_paused]
+
+    async def drain(self, grace: float) -> None:
+        """Interrupt every turn here at its next step boundary (and one that starts from
+        now on), wait up to ``grace`` seconds for them to end (less after :meth:`hurry`),
+        cancel those still going, and return once each has ended. Each run goes on in a
+        turn on another worker, from where this one stopped."""
+        self._draining = True
+        for running in list(self._turns.values()):
+            running.drain(cancel=self._hurried)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._quiet(lambda: self._hurried)
+        self.hurry()
+        await self._quiet(lambda: False)
+
+    def hurry(self) -> None:
+        """Cancel the turns here now (a second signal), not at their step boundary."""
+        self._draining = self._hurried = True
+        for running in list(self._turns.values()):
+            running.drain(cancel=True)
+        self._changed.set()
+
+    async def _quiet(self, enough: Any) -> None:
+        """Wait until no turn runs here, or ``enough()``."""
+        while self._turns and not enough():
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _take_over(self, run_id: str) -> _Running:
+        """Make this attempt the one running ``run_id`` here: an earlier attempt of the
+        same turn still here (Temporal timed it out and gave the turn to this one) is
+        cancelled, and its session released, before this one opens it."""
+        earlier = self._turns.get(run_id)
+        if earlier is not None:
+            earlier.supersede()
+            await _uncancellable(earlier.released.wait())
+        running = self._turns[run_id] = _Running()
+        if self._draining:
+            running.drain(cancel=self._hurried)
+        return running
+
+    def _gone(self, run_id: str, running: _Running) -> None:
+        running.released.set()
+        if self._turns.get(run_id) is running:
+            del self._turns[run_id]
+        self._changed.set()
 
     @activity.defn(name=BEGIN)
     async def begin(self, session: str) -> int:
@@ -129,22 +186,59 @@ class Activities:
     async def turn(self, request: TurnRequest) -> TurnOutcome:
         """Run (or resume) the turn on this worker until it ends, pauses or is stopped."""
         info = activity.info()
-        agent = self.agents(request.session)
+        running = await self._take_over(request.run_id)
         try:
-            await agent.open()
-        except SessionLockedError as error:
-            await agent.aclose()
-            # Another writer (a dying worker's turn, often) holds the session: retried.
-            raise ApplicationError(
-                f"session {request.session!r} is open elsewhere: {error}", type="AimuLocked"
-            ) from None
-        except BaseException:
-            await agent.aclose()
-            raise
-        try:
-            return await _TurnAttempt(self, agent, request, info.attempt).execute()
+            agent = self.agents(request.session)
+            try:
+                await agent.open()
+            except SessionLockedError as error:
+                await agent.aclose()
+                # Another process's writer (a dying worker's turn, often) holds it: retried.
+                raise ApplicationError(
+                    f"session {request.session!r} is open elsewhere: {error}",
+                    type="AimuLocked",
+                ) from None
+            except BaseException:
+                await agent.aclose()
+                raise
+            attempt = running.attach(_TurnAttempt(self, agent, request, info.attempt))
+            try:
+                return await attempt.execute()
+            finally:
+                await agent.aclose()
+                if attempt.drained and attempt.handle is not None:
+                    await _uncancellable(_mark_drained(self.store, request, attempt.handle))
         finally:
-            await agent.aclose()
+            self._gone(request.run_id, running)
+
+
+class _Running:
+    """A turn running in this process: its attempt, and how this worker ends it early."""
+
+    def __init__(self) -> None:
+        self.attempt: _TurnAttempt | None = None
+        self.released = asyncio.Event()
+        """Set once the attempt let its session go."""
+        self.ending: tuple[str, bool] | None = None
+        """Set when this worker ends the turn: (the reason, cancel at once)."""
+
+    def attach(self, attempt: _TurnAttempt) -> _TurnAttempt:
+        self.attempt = attempt
+        if self.ending is not None:
+            attempt.end_here(*self.ending)
+        return attempt
+
+    def drain(self, *, cancel: bool) -> None:
+        self._end(DRAINED, cancel)
+
+    def supersede(self) -> None:
+        self._end(SUPERSEDED, True)
+
+    def _end(self, reason: str, cancel: bool) -> None:
+        if self.ending is None or (cancel and not self.ending[1]):
+            self.ending = (reason, cancel)
+        if self.attempt is not None:
+            self.attempt.end_here(*self.ending)
 
 
 class _TurnAttempt:
@@ -170,10 +264,35 @@ class _TurnAttempt:
         self.stopped = False
         """A person's interrupt or stop reached the turn: its end is theirs."""
         self.cancel_reason = "cancelled through Temporal"
+        self.drained = False
+        """The worker drains: the turn ends at its step boundary (or cancelled, when the
+        drain's time is up) and the run goes on in a turn on another worker."""
+        self.superseded = False
+        """A later attempt of the turn took it over: this one's outcome is nobody's."""
+        self.here: tuple[str, bool] | None = None
+        """Why and how this worker ends the turn (see :meth:`end_here`)."""
+
+    def end_here(self, reason: str, cancel: bool) -> None:
+        """End the turn for this worker's own ``reason`` (a drain, a later attempt): at
+        its next step boundary, or (``cancel``) now. Its run goes on elsewhere."""
+        self.here = (reason, cancel)
+        if reason == SUPERSEDED:
+            self.superseded = True
+        else:
+            self.drained = True
+        handle = self.handle
+        if handle is None:
+            return  # taken when the run starts
+        if cancel:
+            handle.cancel(reason)
+        else:
+            handle.interrupt()
 
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
         handle.scope.add_listener(self._on_event)
+        if self.here is not None:  # asked before the run started
+            self.end_here(*self.here)
         for sent in self.request.sends:
             _send(handle, sent.text or "", sent.images, self._spawn)
         flusher = asyncio.create_task(self._flush_batches())
@@ -343,7 +462,15 @@ class _TurnAttempt:
                     self.cancel_reason)
 
     def _handed_off(self, status: str) -> bool:
-        return status == "interrupted" and self.handoff and not self.stopped
+        """The turn ended for the run to go on in another turn (to continue as new, or
+        as this worker drains), not for a person."""
+        if self.stopped:
+            return False
+        if status == "interrupted":
+            return self.handoff or self.drained
+        handle = self.handle
+        return (status == "cancelled" and self.drained and handle is not None
+                and handle.reason == DRAINED)
 
     def _obey(self, handle: RunHandle[Any], control: Control) -> bool:
         """Apply ``control`` to the run; False for text the ending run did not take."""
@@ -371,6 +498,10 @@ class _TurnAttempt:
     async def _outcome(self, handle: RunHandle[Any]) -> TurnOutcome:
         final = self.final
         status = handle.status
+        if self.superseded:  # Temporal took the turn from this attempt: nobody reads this
+            raise ApplicationError(SUPERSEDED, type="AimuSuperseded")
+        if self._handed_off(status):
+            return self._handoff_outcome(status)
         if status in ("cancelled", "timed_out"):
             # Stopped from outside Temporal (Redis, or a stop's grace ran out): cancel the
             # workflow too, so it ends cancelled and is not retried.
@@ -395,6 +526,33 @@ class _TurnAttempt:
             pending=[pending_json(p) for p in self.agent.pending_approvals],
             applied=self.applied,
         )
+
+
+    def _handoff_outcome(self, status: str) -> TurnOutcome:
+        """The turn ended (``status``) for the run to go on in another turn."""
+        final = self.final
+        usage = {} if final is None else {"input_tokens": final.usage["input_tokens"],
+                                          "output_tokens": final.usage["output_tokens"]}
+        return TurnOutcome(HANDED_OFF, usage=usage, applied=self.applied, ended=status)
+
+
+async def _mark_drained(store: Store, request: TurnRequest, handle: RunHandle[Any]) -> None:
+    """Mark the record of the run a drain stopped to be recovered (the workflow goes on
+    with it on another worker, whose turn records it ``running`` again)."""
+    if handle.status not in ("interrupted", "cancelled"):
+        return  # it ended on its own meanwhile
+    try:
+        writer = await store.open_session(request.session)
+    except (SessionLockedError, StoreError):
+        return  # the session goes on elsewhere already
+    try:
+        record = await store.run(request.run_id)
+        if record is not None and record.status == handle.status:
+            await writer.record_run(dataclasses.replace(record, recover=True))
+    except StoreError as error:
+        _log.warning("run %s: not marked to be recovered: %s", request.run_id, error)
+    finally:
+        await writer.aclose()
 
 
 def _stored(messages: list[Message], messages_from: int, task: str) -> bool:

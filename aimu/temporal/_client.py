@@ -57,6 +57,9 @@ _CLOSED: Final = {
 }
 #: How long a query waits for a worker to answer before the client goes without.
 QUERY_SECONDS: Final = 3.0
+#: How long Temporal may take to start a run before the start counts as failed (an
+#: overloaded server: the caller is told to try again).
+START_SECONDS: Final = 10.0
 #: How often :meth:`RunsClient.events` asks for new events: while the run is starting or
 #: its events came in the last ``POLL_QUIET_SECONDS``, then at most (a run that stays
 #: quiet, or paused, is asked less and less often, down to the second figure).
@@ -128,10 +131,26 @@ class RunsClient:
             await self.redis.reserve(run_id, session=session)
         request = RunRequest(run_id, session, task, self.heartbeat_timeout, time.time(),
                              self.history_events)
-        await self.client.start_workflow(
-            WORKFLOW, request, id=run_id, task_queue=self.task_queue
-        )
+        try:
+            await self.client.start_workflow(
+                WORKFLOW, request, id=run_id, task_queue=self.task_queue,
+                rpc_timeout=timedelta(seconds=START_SECONDS),
+            )
+        except RPCError as error:
+            # Temporal did not start it, or (timed out, overloaded) may have: a run the
+            # caller was told did not start is cancelled, lest it run unseen.
+            if error.status != RPCStatusCode.INVALID_ARGUMENT:
+                await self._cancel_unstarted(run_id)
+            raise ControlError(
+                f"Temporal at {self.address} did not start run {run_id!r}: "
+                f"{error.message or error.status}", url=self.address,
+            ) from None
         return run_id
+
+    async def _cancel_unstarted(self, run_id: str) -> None:
+        with contextlib.suppress(ControlError, RPCError, TimeoutError):
+            async with asyncio.timeout(QUERY_SECONDS):
+                await self.cancel(run_id, "its start failed: the caller was told so")
 
     async def resume(self, run_id: str) -> str:
         """Start a run that resumes the session of ``run_id`` where it stopped; its id."""

@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
@@ -17,6 +17,9 @@ from aimu.aio.errors import ControlConnectionError, MCPServerError
 from aimu.aio.tools import Toolset
 from aimu.serve.agents import agent_factory, open_store
 from aimu.serve.command import add_agent_options, add_drain_options, agent_tools, seconds
+
+if TYPE_CHECKING:
+    from aimu.temporal._worker import AgentWorker
 
 __all__ = ["add_worker_options", "run_worker"]
 
@@ -81,16 +84,12 @@ async def _work(options: argparse.Namespace, tools: Sequence[Any]) -> int:
             namespace=options.namespace, redis=control, concurrency=options.concurrency,
             heartbeat=options.heartbeat, drain=options.drain,
         )
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        await worker.start()
-        print(f"aimu worker: taking runs from {options.temporal} queue {options.task_queue!r}",
-              file=sys.stderr, flush=True)
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker.run()
+        with _signals(worker, options.drain):
+            await worker.start()
+            print(f"aimu worker: taking runs from {options.temporal} queue "
+                  f"{options.task_queue!r}", file=sys.stderr, flush=True)
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker.run()
         return 0
     finally:
         for toolset in toolsets:
@@ -100,3 +99,34 @@ async def _work(options: argparse.Namespace, tools: Sequence[Any]) -> int:
         await close_model()
         if close_store is not None:
             await close_store()
+
+
+@contextlib.contextmanager
+def _signals(worker: AgentWorker, drain: float) -> Iterator[None]:
+    """SIGTERM drains the worker (its runs stop at their next step boundary, those left
+    after ``drain`` seconds are cancelled); SIGINT, or a second signal, cancels them at
+    once. Either way the worker then exits 0 and its runs go on on another worker."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    signalled: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        if signalled or sig != signal.SIGTERM or drain == 0:
+            worker.hurry()
+            print("aimu worker: stopping: the runs in progress are cancelled now",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"aimu worker: draining: no new runs; the runs in progress stop within "
+                  f"{drain:g} s", file=sys.stderr, flush=True)
+        if not signalled:
+            task.cancel()  # worker.run() ends by draining the worker
+        signalled.append(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

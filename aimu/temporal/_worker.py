@@ -38,6 +38,8 @@ _RUNNER: Final = SandboxedWorkflowRunner(
 )
 
 _log = logging.getLogger("aimu.temporal")
+#: Seconds past the drain a cancelled turn gets to settle before Temporal's own cancel.
+_SETTLE_SECONDS: Final = 30.0
 
 
 class AgentWorker:
@@ -47,10 +49,11 @@ class AgentWorker:
     :func:`aimu.serve.agents.agent_factory`); ``redis`` (a RedisControl) registers each
     run so a cancel from Redis lands at once. ``heartbeat`` is how often a running turn
     heartbeats and reads its controls (interrupt, stop, send): a cancel through Temporal
-    alone lands within about that. ``drain``: seconds the runs in progress get to end
-    when the worker stops, before they are cancelled (Temporal retries them elsewhere).
-    Use ``async with AgentWorker(...) as worker:`` or
-    ``await worker.run()`` (until cancelled).
+    alone lands within about that. ``drain``: when the worker stops (:meth:`aclose`) it
+    takes no new task, interrupts its runs at their next step boundary, gives them
+    ``drain`` seconds to get there, then cancels what is left (:meth:`hurry`: at once);
+    each run goes on from there on another worker. Use ``async with AgentWorker(...) as
+    worker:`` or ``await worker.run()`` (until cancelled).
     """
 
     def __init__(
@@ -96,14 +99,18 @@ class AgentWorker:
             max_concurrent_activities=self.concurrency,
             max_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
             default_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
-            graceful_shutdown_timeout=timedelta(seconds=self.drain),
+            # The drain (aclose) interrupts, then cancels, the turns itself: Temporal's own
+            # cancel at shutdown is the backstop for a turn that would not end.
+            graceful_shutdown_timeout=timedelta(seconds=self.drain + _SETTLE_SECONDS),
             workflow_runner=_RUNNER,
         )
         self._running = asyncio.create_task(self._worker.run(), name="aimu temporal worker")
 
     async def run(self) -> None:
-        """Start, then work until cancelled (runs in progress are handed back)."""
-        await self.start()
+        """Start (unless started), then work until cancelled; then drain (see
+        :meth:`aclose`)."""
+        if self._running is None:
+            await self.start()
         assert self._running is not None
         try:
             await asyncio.shield(self._running)
@@ -111,15 +118,26 @@ class AgentWorker:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop polling; runs in progress are cancelled here and retried elsewhere."""
+        """Drain: take no new task, interrupt the runs in progress at their next step
+        boundary, cancel those still going ``drain`` seconds later (or at :meth:`hurry`),
+        and return once each ended; each goes on from there on another worker."""
         worker, self._worker = self._worker, None
         running, self._running = self._running, None
         if worker is not None:
-            with contextlib.suppress(Exception):
-                await worker.shutdown()
+            shutdown = asyncio.ensure_future(worker.shutdown())  # polls no more at once
+            try:
+                await self._activities.drain(self.drain)
+            finally:
+                with contextlib.suppress(Exception):
+                    await shutdown
         if running is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await running
+
+    def hurry(self) -> None:
+        """Cancel the runs in progress now (a second signal during :meth:`aclose`'s drain,
+        or before it): they go on on another worker, from where they were cancelled."""
+        self._activities.hurry()
 
     async def __aenter__(self) -> AgentWorker:
         await self.start()

@@ -78,7 +78,8 @@ HISTORY_EVENTS: Final = 10_000
 #: The control that asks the running turn to end at its next step boundary so that the
 #: run continues as new (not a person's interrupt: the run goes on from there).
 HANDOFF: Final = "handoff"
-#: A turn's status when it ended for the run to continue as new.
+#: A turn's status when it ended for the run to go on in another turn: to continue as
+#: new, or because its worker drains.
 HANDED_OFF: Final = "handed_off"
 
 
@@ -176,6 +177,8 @@ class TurnOutcome:
     """The calls a paused run waits on (call id, tool, arguments, in doubt)."""
     applied: int = 0
     """The number of the last control the turn took."""
+    ended: str | None = None
+    """A handed-off turn's own end (``interrupted``, or ``cancelled`` by a drain)."""
 
 
 @workflow.defn(name=WORKFLOW)
@@ -251,22 +254,34 @@ class RunWorkflow:
     async def _turns(self, request: RunRequest, turn: TurnRequest) -> None:
         messages_from = turn.messages_from
         while True:
+            if workflow.cancellation_reason() is not None:
+                # Cancelled as the last turn ended (it went to that turn, which ended
+                # without it, and is not delivered again): no turn starts after it.
+                raise asyncio.CancelledError(workflow.cancellation_reason())
             self._status = "running"
             outcome = await self._turn(turn, request.heartbeat_timeout)
             self._take(outcome)
             if outcome.status == HANDED_OFF:
-                after = TurnRequest(request.run_id, request.session, None, messages_from,
-                                    turn.segment + 1, controls_after=outcome.applied,
-                                    continued=True)
-                self._continue_as_new(request, after)
+                turn = TurnRequest(request.run_id, request.session, None, messages_from,
+                                   turn.segment + 1, controls_after=outcome.applied,
+                                   continued=True)
+                if workflow.cancellation_reason() is None:
+                    self._continue_as_new(request, turn)
+                    continue  # a drained worker's turn: the next goes on in this execution
                 # A cancel came as the turn ended: no turn starts after it.
-                await self._end_paused(request, "interrupted")
+                await self._end_paused(request, outcome.ended or "interrupted")
                 raise asyncio.CancelledError(workflow.cancellation_reason())
             if outcome.status == "paused":
                 self._pending = outcome.pending
                 self._status = "paused"
                 try:
-                    await workflow.wait_condition(self._all_decided)
+                    # A cancel that came as the turn was pausing went to the turn, which
+                    # ended paused without it: it is not delivered again, so look.
+                    await workflow.wait_condition(
+                        lambda: self._all_decided() or workflow.cancellation_reason() is not None
+                    )
+                    if workflow.cancellation_reason() is not None:
+                        raise asyncio.CancelledError(workflow.cancellation_reason())
                 except asyncio.CancelledError:
                     await self._end_paused(request)
                     raise

@@ -63,11 +63,13 @@ class Workers:
         self.temporal, self.queue, self.store, self.server = temporal, queue, store, server
         self.started: list[tuple[AgentWorker, Callable[[], Any]]] = []
 
-    async def start(self, tools: Sequence[Any] = (), redis: Any = None) -> AgentWorker:
+    async def start(
+        self, tools: Sequence[Any] = (), redis: Any = None, drain: float = 0.0
+    ) -> AgentWorker:
         model = aio.client("ollama:test", host=self.server.url)
         agents, close = agent_factory(model, self.store, tools=tools)
         worker = AgentWorker(agents, self.store, temporal=self.temporal, task_queue=self.queue,
-                             redis=redis, heartbeat=0.1)
+                             redis=redis, heartbeat=0.1, drain=drain)
         await worker.start()
         self.started.append((worker, close))
         return worker
