@@ -32,7 +32,7 @@ from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, SessionLockedError, StoreError, UnknownRunError
 from aimu.aio.event_json import event_data
-from aimu.aio.events import Event, RunFinished, RunStarted
+from aimu.aio.events import Event, RunFinished, RunStarted, StepFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
@@ -66,6 +66,8 @@ _BATCH_EVENTS: Final = 500
 #: How long a batch of events is tried again while Temporal is away before it is given
 #: up (each try is the client's own ~10 s of retries).
 _SIGNAL_SECONDS: Final = 120.0
+#: How long a turn that hands its run off waits for Redis to show the run pending.
+_REDIS_SECONDS: Final = 5.0
 #: The reason a drain gives the turns it cancels once its time is up (or at a second
 #: signal): their runs go on in a turn on another worker.
 DRAINED: Final = "the worker shut down: the run goes on on another worker"
@@ -261,6 +263,8 @@ class _TurnAttempt:
         self.background = Background()
         self.handoff = False
         """The workflow asked the turn to end at a step boundary (to continue as new)."""
+        self.handed = False
+        """The handoff's interrupt was given to the run (its tool round had ended)."""
         self.stopped = False
         """A person's interrupt or stop reached the turn: its end is theirs."""
         self.cancel_reason = "cancelled through Temporal"
@@ -269,8 +273,18 @@ class _TurnAttempt:
         drain's time is up) and the run goes on in a turn on another worker."""
         self.superseded = False
         """A later attempt of the turn took it over: this one's outcome is nobody's."""
+        self.registered = False
+        """The run is registered in Redis under its run id by this attempt."""
         self.here: tuple[str, bool] | None = None
         """Why and how this worker ends the turn (see :meth:`end_here`)."""
+
+    def _step(self, event: Event) -> None:
+        """A handoff asked for interrupts the run as its own tool round ends, just
+        before its step boundary: its tools, and the agents they call, never see it (a
+        person's interrupt, or a drain's, reaches them as in a local run)."""
+        if (self.handoff and not self.handed and isinstance(event, StepFinished)
+                and not event.path and self.handle is not None):
+            self.handed = self.handle.interrupt()
 
     def end_here(self, reason: str, cancel: bool) -> None:
         """End the turn for this worker's own ``reason`` (a drain, a later attempt): at
@@ -291,6 +305,7 @@ class _TurnAttempt:
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
         handle.scope.add_listener(self._on_event)
+        handle.scope.add_listener(self._step)
         if self.here is not None:  # asked before the run started
             self.end_here(*self.here)
         for sent in self.request.sends:
@@ -353,6 +368,7 @@ class _TurnAttempt:
                 ) from None
         name = f"run {request.run_id}"
         control = await self._control()
+        self.registered = control is not None
         if control is None:  # its id still names the run its pauses belong to
             return RunHandle.start(run, name=name, run_id=request.run_id)
         return RunHandle.start(run, name=name, run_id=request.run_id, control=control)
@@ -367,8 +383,12 @@ class _TurnAttempt:
         run_id = self.request.run_id
         try:
             # The resumed part after a pause: the record says paused until it is reopened
-            # (by this attempt, or by an earlier one that died before it registered).
-            if self.request.segment != 0 and await control.reopen(run_id):
+            # (by this attempt, or by an earlier one that died before it registered);
+            # the turn after one handed off: pending (or as that one ended, if it died).
+            if self.request.segment != 0 and (
+                await control.reopen(run_id)
+                or (self.request.continued and await _reopened(control, run_id))
+            ):
                 return control
             if self.attempt == 1:
                 return None  # not paused in Redis: nothing of this run to take over
@@ -467,7 +487,7 @@ class _TurnAttempt:
         if self.stopped:
             return False
         if status == "interrupted":
-            return self.handoff or self.drained
+            return self.handed or self.drained
         handle = self.handle
         return (status == "cancelled" and self.drained and handle is not None
                 and handle.reason == DRAINED)
@@ -478,8 +498,7 @@ class _TurnAttempt:
             self.cancel_reason = control.text or self.cancel_reason
             handle.cancel(self.cancel_reason)
         elif control.kind == HANDOFF:
-            self.handoff = True
-            handle.interrupt()
+            self.handoff = True  # the run stops at the end of its tool round (see _step)
         elif control.kind == "interrupt":
             self.stopped = True
             steer(handle, Steer("interrupt"), self._spawn)
@@ -501,7 +520,7 @@ class _TurnAttempt:
         if self.superseded:  # Temporal took the turn from this attempt: nobody reads this
             raise ApplicationError(SUPERSEDED, type="AimuSuperseded")
         if self._handed_off(status):
-            return self._handoff_outcome(status)
+            return await self._handoff_outcome(status)
         if status in ("cancelled", "timed_out"):
             # Stopped from outside Temporal (Redis, or a stop's grace ran out): cancel the
             # workflow too, so it ends cancelled and is not retried.
@@ -528,12 +547,31 @@ class _TurnAttempt:
         )
 
 
-    def _handoff_outcome(self, status: str) -> TurnOutcome:
-        """The turn ended (``status``) for the run to go on in another turn."""
+    async def _handoff_outcome(self, status: str) -> TurnOutcome:
+        """The turn ended (``status``) for the run to go on in another turn: in Redis
+        too it is pending (its end here is not the run's) until that turn registers."""
+        control = self.owner.control
+        if self.registered and control is not None:
+            try:
+                async with asyncio.timeout(_REDIS_SECONDS):
+                    await control.flush()  # its end here is written first
+                    await control.reopen(self.request.run_id, was=status)
+            except (ControlError, TimeoutError) as error:
+                _log.warning("run %s: not shown pending in Redis: %s",
+                             self.request.run_id, error or "timed out")
         final = self.final
         usage = {} if final is None else {"input_tokens": final.usage["input_tokens"],
                                           "output_tokens": final.usage["output_tokens"]}
         return TurnOutcome(HANDED_OFF, usage=usage, applied=self.applied, ended=status)
+
+
+async def _reopened(control: Any, run_id: str) -> bool:
+    """Make the run pending in Redis for the turn after one that handed it off: True if
+    it is (already, or now from how that turn ended there)."""
+    status = (await control.status(run_id)).status
+    return bool(status == "pending" or (
+        status in ("interrupted", "cancelled") and await control.reopen(run_id, was=status)
+    ))
 
 
 async def _mark_drained(store: Store, request: TurnRequest, handle: RunHandle[Any]) -> None:

@@ -74,6 +74,15 @@ class Workers:
         self.started.append((worker, close))
         return worker
 
+    def handing_off(self) -> bool:
+        """True once a turn on these workers was asked to end for its run to continue
+        as new (a look inside the workers, for tests that land at that point)."""
+        return any(
+            running.attempt is not None and running.attempt.handoff
+            for worker, _ in self.started
+            for running in worker._activities._turns.values()
+        )
+
     async def stop(self, worker: AgentWorker) -> None:
         for entry in list(self.started):
             if entry[0] is worker:

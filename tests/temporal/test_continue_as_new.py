@@ -6,6 +6,7 @@ lands right at one (the handoff asked for, the turn still running), and is not l
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,7 +15,9 @@ from aimu import aio
 from aimu.aio.store import SQLiteStore
 from aimu.temporal import RunsClient
 from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.scripted import ScriptedModel
 from aimu.testing.server import LoopbackServer
+from tests.services import redis_url
 from tests.temporal.conftest import HEARTBEAT_TIMEOUT, Workers
 from tests.temporal.test_runs import PAY, approval_tool, paused, restorable
 
@@ -29,20 +32,23 @@ def rounds(steps: int = STEPS) -> list[Turn]:
 
 class Steps:
     """The ``step`` tool: counts its calls, and waits until its turn is asked to end (the
-    handoff: the run provably crosses a boundary at each step); at step ``hold`` it says
-    so, and returns only once the test lets it."""
+    handoff, ``asked()``: the run provably crosses a boundary at each step; the tool
+    itself never sees it); at step ``hold`` it says so, and returns only once the test
+    lets it."""
 
-    def __init__(self, hold: int = 0) -> None:
+    def __init__(self, asked: Callable[[], bool], hold: int = 0) -> None:
         self.calls: list[int] = []
         self.hold = hold
         self.reached = asyncio.Event()
         self.go = asyncio.Event()
+        self.saw_interrupt: list[bool] = []
 
         async def step(ctx: aio.ToolContext, n: int) -> str:
             """Do step n."""
             self.calls.append(n)
-            while not ctx.interrupt_requested:  # noqa: ASYNC110
+            while not asked():  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
+            self.saw_interrupt.append(ctx.interrupt_requested)
             if n == self.hold:
                 self.reached.set()
                 await self.go.wait()
@@ -67,7 +73,7 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
 async def test_a_run_crosses_several_boundaries_and_goes_on_where_it_stopped(
     short: RunsClient, workers: Workers, store: SQLiteStore, model_server: LoopbackServer
 ) -> None:
-    steps = Steps()
+    steps = Steps(workers.handing_off)
     model_server.script = rounds()
     await workers.start(tools=[steps.tool])
     run_id = await short.start("s1", "do the steps")
@@ -76,6 +82,7 @@ async def test_a_run_crosses_several_boundaries_and_goes_on_where_it_stopped(
     assert state["status"] == "completed" and state["reply"] == "done"
     assert state["executions"] > STEPS  # one a turn: each handed off at its first step
     assert steps.calls == list(range(1, STEPS + 1))  # each step ran once
+    assert steps.saw_interrupt == [False] * STEPS  # the handoff is not an interrupt for tools
     assert len(model_server.requests) == STEPS + 1  # no model turn asked twice
     messages = await restorable(store, "s1")
     assert [m["role"] for m in messages] == ["user"] + ["assistant", "tool"] * STEPS + [
@@ -101,7 +108,7 @@ async def test_a_request_at_the_boundary_is_not_lost(
     how: str, short: RunsClient, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer,
 ) -> None:
-    steps = Steps(hold=2)
+    steps = Steps(workers.handing_off, hold=2)
     model_server.script = rounds()
     await workers.start(tools=[steps.tool])
     run_id = await short.start("s1", "do the steps")
@@ -141,7 +148,7 @@ async def test_a_decision_crosses_the_boundary_with_the_run(
 ) -> None:
     """The run pauses in a later execution; the decision, recorded there, goes with the
     turn that resumes it into the next execution (the history is full by then)."""
-    steps = Steps()
+    steps = Steps(workers.handing_off)
     transfer, done = approval_tool()
     model_server.script = [*rounds(1)[:1], PAY, Turn("done")]
     await workers.start(tools=[steps.tool, transfer])
@@ -156,3 +163,74 @@ async def test_a_decision_crosses_the_boundary_with_the_run(
     assert steps.calls == [1] and done == ["transfer"]
     messages = await restorable(store, "s1")
     assert [m["content"] for m in messages if m["role"] == "tool"] == ["did 1", "moved"]
+
+
+@pytest.mark.parametrize("how", ["handoff", "interrupt"])
+async def test_an_agent_called_as_a_tool_never_sees_the_handoff_but_sees_an_interrupt(
+    how: str, short: RunsClient, workers: Workers, store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    """The run is asked to continue as new while an agent it calls works: the callee
+    finishes its steps (it never sees the handoff) and the run goes on in a new
+    execution; a person's interrupt that comes then stops the tree as in a local run,
+    the callee at its next step boundary and then the caller."""
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    saw: list[bool] = []
+
+    async def step(ctx: aio.ToolContext, n: int) -> str:
+        """Do step n."""
+        while not workers.handing_off():  # noqa: ASYNC110 - asked while the callee works
+            await asyncio.sleep(0.01)
+        if how == "interrupt" and n == 1:
+            assert await short.interrupt(await started)
+            async with asyncio.timeout(30):
+                while not ctx.interrupt_requested:  # noqa: ASYNC110 - it reaches the callee
+                    await asyncio.sleep(0.01)
+        saw.append(ctx.interrupt_requested)
+        return f"did {n}"
+
+    child = aio.Agent(ScriptedModel([Turn(tool_calls=(ScriptedCall("step", {"n": 1}),)),
+                                     Turn(tool_calls=(ScriptedCall("step", {"n": 2}),)),
+                                     Turn("child done")]), [aio.tool(step)], name="child")
+    model_server.script = [Turn("asking ", tool_calls=(ScriptedCall("child", {"task": "go"}),)),
+                           Turn("done")]
+    await workers.start(tools=[child.as_tool()])
+    run_id = await short.start("s1", "ask the child")
+    started.set_result(run_id)
+    state = await short.wait(run_id, timeout=60)
+    [result] = [m["content"] for m in await restorable(store, "s1") if m["role"] == "tool"]
+    if how == "handoff":
+        assert (state["status"], state["reply"]) == ("completed", "done")
+        assert saw == [False, False] and result == "child done"
+        assert state["executions"] >= 2  # it went on in a new execution after the call
+    else:
+        assert state["status"] == "interrupted"
+        assert saw == [True] and result != "child done"  # the callee stopped after step 1
+
+
+async def test_redis_shows_the_run_running_across_the_boundaries(
+    short: RunsClient, workers: Workers, model_server: LoopbackServer, queue: str
+) -> None:
+    """With Redis control, each execution's turn registers the run again: Redis shows
+    it running in every execution, and its end once it ends (not ``interrupted`` from
+    the first handoff on)."""
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def step(n: int) -> str:
+        """Do step n."""
+        while not workers.handing_off():  # noqa: ASYNC110 - a boundary after each step
+            await asyncio.sleep(0.01)
+        seen.append((await control.status(await started)).status)
+        return f"did {n}"
+
+    model_server.script = rounds(2)
+    async with aio.RedisControl(redis_url(), f"aimu-t-{queue}") as control:
+        await workers.start(tools=[aio.tool(step)], redis=control)
+        run_id = await short.start("s1", "do the steps")
+        started.set_result(run_id)
+        state = await short.wait(run_id, timeout=60)
+        assert state["status"] == "completed" and state["executions"] >= 3
+        assert seen == ["running", "running"]
+        assert (await control.status(run_id)).status == "completed"
+        await workers.aclose()

@@ -339,23 +339,28 @@ class RedisControl:
             return None
         return await self.status(run_id)
 
-    async def reopen(self, run_id: str) -> bool:
+    async def reopen(self, run_id: str, *, was: str = "paused") -> bool:
         """Make a ``paused`` run pending again, so the part that resumes it after the
         decisions registers under the same id (``RunHandle.start(agent.resume(),
-        run_id=run_id, control=control)``) and obeys requests sent from then on.
-        False if the run is not paused; UnknownRunError if there is no such run."""
-        return await self._paused(run_id, "pending", None)
+        run_id=run_id, control=control)``) and obeys requests sent from then on (kept
+        meanwhile). ``was``: the status the run must have instead of ``paused`` (a part
+        that ended so for the run to go on in another, as a Temporal turn handed off).
+        False if the run's status is not that; UnknownRunError if there is no such run."""
+        return await self._paused(run_id, "pending", None, was)
 
     async def cancel_paused(self, run_id: str, reason: str | None = None) -> bool:
         """Record that a ``paused`` run was cancelled while it waited for decisions (no
         worker ran it, so none can publish its end). False if it is not paused."""
         return await self._paused(run_id, "cancelled", reason or "cancelled")
 
-    async def _paused(self, run_id: str, status: str, reason: str | None) -> bool:
+    async def _paused(
+        self, run_id: str, status: str, reason: str | None, was: str = "paused"
+    ) -> bool:
         check_run_id(run_id, self.prefix)
         with self._errors("update the paused run", run_id):
             result = await self._scripts.paused(
-                keys=[self._keys.run(run_id)], args=[status, reason or "", f"{time.time():.6f}"]
+                keys=[self._keys.run(run_id)],
+                args=[status, reason or "", f"{time.time():.6f}", was],
             )
         answer = scripts.reply(result)
         if answer.tag == "unknown":

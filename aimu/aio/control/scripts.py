@@ -187,12 +187,13 @@ return {'ok', id}
 """
 
 #: KEYS run; ARGV new status ('pending': its resumed part registers next; or an end
-#: status), reason, now. Only a paused run's record changes.
+#: status), reason, now, the status it must have (paused, or how a part that handed the
+#: run on ended). Only a record with that status changes.
 #: -> {'ok'} | {'unknown'} | {'finished', status}
 PAUSED = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown'} end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'paused' then return {'finished', status} end
+if status ~= ARGV[4] then return {'finished', status} end
 if ARGV[1] == 'pending' then
   redis.call('HSET', KEYS[1], 'status', 'pending')
   redis.call('HDEL', KEYS[1], 'worker', 'ended_at', 'reason', 'error', 'result', 'usage')
