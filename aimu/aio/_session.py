@@ -156,14 +156,15 @@ class SessionRecord:
             self.writer = None
             await writer.aclose()
 
-    async def start_run(self, agent: str, scope: RunScope) -> None:
-        """Store the record of a run starting now (status ``running``) before it does
-        anything: a process that dies in the run leaves it so."""
+    async def start_run(self, agent: str, scope: RunScope, first: int) -> None:
+        """Store the record of a run starting now (status ``running``), whose messages
+        begin at ``first``, before it does anything: a process that dies in the run
+        leaves it so."""
         if self.writer is None or self.name is None:
             return
         record = RunRecord(
             id=_record_id(scope), session=self.name, agent=agent, started=time.time(),
-            status="running",
+            status="running", messages_from=first,
         )
         await self.writer.record_run(record)
         self.run = record

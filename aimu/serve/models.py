@@ -187,6 +187,10 @@ class RunRecord(BaseModel):
     limit: str | None
     models: list[str]
     recover: bool
+    messages_from: int | None = Field(
+        default=None, ge=0, description="Where the run's messages begin in its session's "
+        "transcript; null in records of an older aimu"
+    )
 
 
 class RunRecordList(BaseModel):

@@ -105,6 +105,8 @@ async def test_keyboard_only(page: object, served: Served) -> None:
 
 
 async def test_interrupt_button_and_a_new_session(page: object, served: Served) -> None:
+    """Interrupt, then a new run: the earlier run's end stays marked where it was, live
+    and after a reload (the page reads the run records)."""
     from playwright.async_api import Page, expect
 
     assert isinstance(page, Page)
@@ -119,6 +121,18 @@ async def test_interrupt_button_and_a_new_session(page: object, served: Served) 
     await expect(page.locator(".msg .mark").last).to_have_text("(interrupted)")
     await expect(page.locator(".msg.tool").last).to_contain_text("found tool time")
     await expect(page.locator("#status")).to_have_text("interrupted")
+
+    # A later run ends: the earlier one's end is still marked, from its run record.
+    await page.locator("#input").fill("hello")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator("#status")).to_have_text("completed")
+    for shown in ("live", "reloaded"):
+        if shown == "reloaded":
+            await page.reload()
+        await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello")
+        texts = [t.strip() for t in await page.locator(".msg").all_inner_texts()]
+        at = texts.index("(interrupted)")
+        assert texts[at - 1] == "lookup: found tool time" and texts[at + 1] == "hello", texts
 
 
 async def test_a_run_in_progress_is_followed_after_a_reload(page: object, served: Served) -> None:
@@ -311,17 +325,17 @@ async def test_the_live_view_is_the_reloaded_view(page: object, served: Served) 
         await expect(page.locator(".msg")).to_have_count(len(live[0]))
         await expect(page.locator("#status")).to_have_text(status)
         assert await shown(page) == live
-    # Tool calls and results in the order they happened; the end mark says how the last
-    # run ended (the transcript keeps a stopped reply's mark, not an earlier run's end).
+    # Tool calls and results in the order they happened; each run's end marked where it
+    # ended (from the run records): the interrupted one's before the next task.
     looked = ("let me look that up " * 10).strip()
-    assert live[0][:10] == [
+    assert live[0][:11] == [
         "tool one", looked, '→ lookup({"query":"tool one"})', "lookup: found tool one",
         "answer to tool one",
         "tool two", looked, '→ lookup({"query":"tool two"})', "lookup: found tool two",
-        "long three",
+        "(interrupted)", "long three",
     ]
-    assert live[0][10].startswith("w0 w1 w2") and live[0][10].endswith("(stopped)")
-    assert len(live[0]) == 11
+    assert live[0][11].startswith("w0 w1 w2") and live[0][11].endswith("(stopped)")
+    assert len(live[0]) == 12
     # The new session was not there yet (404, and Chromium's log of it); no other error:
     # no favicon 404, nothing the page's security policy refused.
     missing = f"{served.url}/sessions/same"

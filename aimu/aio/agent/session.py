@@ -438,7 +438,7 @@ class StoredSession(Session):
             await self.durable.writer.set_status(status)
 
     async def start_run(self, run: RunState) -> None:
-        await self.durable.start_run(self.config.name, run.scope)
+        await self.durable.start_run(self.config.name, run.scope, run.first)
 
     async def end_run(self, run: RunState, stop: Stop) -> None:
         if self.durable.run is None:

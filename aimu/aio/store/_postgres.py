@@ -56,8 +56,9 @@ except ImportError as missing:  # pragma: no cover - the extra is in the test in
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION: Final = 2
-# Version 2 added the runs table: an older schema gets it on first use (IF NOT EXISTS).
+SCHEMA_VERSION: Final = 3
+# Version 2 added the runs table: an older schema gets it on first use (IF NOT EXISTS);
+# version 3 the runs' messages_from (ADD COLUMN IF NOT EXISTS).
 _T = TypeVar("_T")
 
 # {s} is the quoted schema name. Bodies are kept as text (not jsonb): stored byte for
@@ -101,8 +102,10 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     spend text,
     run_limit text,
     models text NOT NULL,
-    recover boolean NOT NULL
+    recover boolean NOT NULL,
+    messages_from integer
 );
+ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS messages_from integer;
 CREATE INDEX IF NOT EXISTS runs_by_start ON {s}.runs (started, id);
 CREATE INDEX IF NOT EXISTS runs_by_session ON {s}.runs (session, started, id);
 CREATE INDEX IF NOT EXISTS runs_by_status ON {s}.runs (status, started, id);

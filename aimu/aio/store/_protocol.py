@@ -145,6 +145,9 @@ class RunRecord:
     """The models that wrote the run's replies (``"provider:model"``), in order."""
     recover: bool = False
     """The run is to be resumed by a process that recovers runs (drain, crash)."""
+    messages_from: int | None = None
+    """Where the run's messages begin in its session's transcript (the transcript's
+    length as it started); None in records of an aimu that did not keep it."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (the HTTP API's and the JSONL runs file's shape)."""
@@ -155,6 +158,7 @@ class RunRecord:
             "usage": None if self.usage is None else dict(self.usage),
             "spend": None if self.spend is None else dict(self.spend),
             "limit": self.limit, "models": list(self.models), "recover": self.recover,
+            "messages_from": self.messages_from,
         }
 
     @classmethod
@@ -176,16 +180,25 @@ class RunRecord:
                 limit=data.get("limit"),
                 models=tuple(data.get("models") or ()),
                 recover=bool(data.get("recover", False)),
+                messages_from=_count_or_none(data.get("messages_from")),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"not a run record: {error!r}") from None
         return record
 
 
+def _count_or_none(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"messages_from is not a count: {value!r:.50}")
+    return value
+
+
 #: The columns of a run row in the SQL stores, in order (usage, spend and models as JSON).
 RUN_COLUMNS: Final = (
     "id", "session", "agent", "parent", "started", "ended", "status", "reason",
-    "stop_reason", "usage", "spend", "run_limit", "models", "recover",
+    "stop_reason", "usage", "spend", "run_limit", "models", "recover", "messages_from",
 )
 
 
@@ -257,19 +270,21 @@ def run_row(record: RunRecord) -> tuple[Any, ...]:
         _json_text(None if record.usage is None else dict(record.usage)),
         _json_text(None if record.spend is None else dict(record.spend)),
         record.limit, json.dumps(list(record.models)), bool(record.recover),
+        record.messages_from,
     )
 
 
 def run_record(row: Sequence[Any]) -> RunRecord:
     """The :class:`RunRecord` of a row of :data:`RUN_COLUMNS`."""
     (run_id, session, agent, parent, started, ended, status, reason, stop_reason, usage,
-     spend, limit, models, recover) = row
+     spend, limit, models, recover, messages_from) = row
     return RunRecord(
         id=run_id, session=session, agent=agent, started=started, status=status,
         parent=parent, ended=ended, reason=reason, stop_reason=stop_reason,
         usage=None if usage is None else json.loads(usage),
         spend=None if spend is None else json.loads(spend),
         limit=limit, models=tuple(json.loads(models or "[]")), recover=bool(recover),
+        messages_from=messages_from,
     )
 
 

@@ -47,8 +47,9 @@ from aimu.aio.transcript import Message, validate
 
 __all__ = ["SQLiteStore"]
 
-_SCHEMA_VERSION: Final = 3
-# Version 3 added the runs table: an older file gets it on open (CREATE IF NOT EXISTS).
+_SCHEMA_VERSION: Final = 4
+# Version 3 added the runs table: an older file gets it on open (CREATE IF NOT EXISTS);
+# version 4 the runs' messages_from (added to a version 3 table on open).
 # Message count and last-message time are derived from the messages table (seq runs
 # 0..n-1), so an append is one INSERT: one short autocommit transaction.
 _SCHEMA: Final = """
@@ -91,7 +92,8 @@ CREATE TABLE IF NOT EXISTS runs (
     spend TEXT,
     run_limit TEXT,
     models TEXT NOT NULL,
-    recover INTEGER NOT NULL
+    recover INTEGER NOT NULL,
+    messages_from INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_by_start ON runs (started, id);
 CREATE INDEX IF NOT EXISTS runs_by_session ON runs (session, started, id);
@@ -226,9 +228,12 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             if version < _SCHEMA_VERSION:
                 # Several processes may create the schema at once: IF NOT EXISTS, one step.
                 try:
-                    conn.executescript(
-                        f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={_SCHEMA_VERSION};COMMIT;"
-                    )
+                    conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}")
+                    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+                    if "messages_from" not in columns:  # a version 3 file
+                        conn.execute("ALTER TABLE runs ADD COLUMN messages_from INTEGER")
+                    conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+                    conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.rollback()

@@ -108,15 +108,19 @@ async function openSession(name) {
   state.lastStatus = null;
   setStatus("idle");
   try {
-    const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
+    const [session, ends] = await Promise.all([
+      api("GET", `/sessions/${encodeURIComponent(name)}`), runEnds(name),
+    ]);
     if (state.session !== name) return;  // another session was opened meanwhile
     if (session.run_id) {
       // A run in progress: show what came before it, then replay the run's events.
       state.lastStatus = session.status;
-      renderTranscript(session.messages.slice(0, session.run_messages_from ?? undefined));
+      const before = session.messages.slice(0, session.run_messages_from ?? undefined);
+      renderTranscript(before, ends);
+      if (ends.has(before.length)) endMark(before, ends.get(before.length));
       follow(session.run_id, null, true);
     } else {
-      renderSession(session);
+      renderSession(session, ends);
       if (session.paused_run_id) await showApprovals(session.paused_run_id);
     }
   } catch (error) {
@@ -167,30 +171,56 @@ function describeResult(name, content) {
 }
 
 // The stored session as the page shows it; a live run ends by showing this too, so a
-// reload shows exactly what was on screen.
-function renderSession(session) {
+// reload shows exactly what was on screen. ``ends`` marks the earlier runs' ends.
+function renderSession(session, ends) {
   $("messages").replaceChildren();
-  renderTranscript(session.messages);
+  renderTranscript(session.messages, ends);
   const mark = END_MARKS[session.status];
-  const last = session.messages[session.messages.length - 1];
-  if (mark && last && last.role === "assistant" && last.aimu_partial) {
-    // Marked (stopped) as every partial reply is; the last one says how its run ended.
-    const marks = $("messages").querySelectorAll(".msg.assistant .mark");
-    if (marks.length) marks[marks.length - 1].textContent = mark;
-  } else if (mark && session.status === "incomplete" && last && last.role === "assistant") {
-    addMark($("messages").lastElementChild, mark);
-  } else if (mark) {
-    bubble("assistant", "", mark);
-  }
+  if (mark) endMark(session.messages, mark, session.status);
   state.lastStatus = session.status;
   setStatus(session.paused_run_id ? "paused" : statusWord(session.status));
 }
 
+// Show how a run ended after ``shown``, the messages on screen so far: on its partial
+// reply (marked (stopped) as every partial reply is), else on its own.
+function endMark(shown, mark, status) {
+  const last = shown[shown.length - 1];
+  if (last && last.role === "assistant" && last.aimu_partial) {
+    const marks = $("messages").querySelectorAll(".msg.assistant .mark");
+    if (marks.length) marks[marks.length - 1].textContent = mark;
+  } else if (status === "incomplete" && last && last.role === "assistant") {
+    addMark($("messages").lastElementChild, mark);
+  } else {
+    bubble("assistant", "", mark);
+  }
+}
+
+// Where each run of the session but its latest ended, and how, from the store's run
+// records: message index -> the mark shown before that message (where the next run's
+// messages begin). Records without a position (an older aimu) mark nothing.
+async function runEnds(name) {
+  const ends = new Map();
+  let runs;
+  try {
+    ({ runs } = await api("GET", `/runs?session=${encodeURIComponent(name)}&limit=100`));
+  } catch {
+    return ends;  // the last run is still marked, from the session's status
+  }
+  const top = runs.filter((r) => r.parent === null && r.messages_from !== null).reverse();
+  top.slice(0, -1).forEach((run, i) => {
+    const died = (run.reason || "").startsWith("its process died");
+    const mark = died ? "(its server died)" : END_MARKS[run.status];
+    if (mark) ends.set(top[i + 1].messages_from, mark);
+  });
+  return ends;
+}
+
 // The transcript keeps a turn's calls together, then their results; the page shows each
 // call followed by its result, as they came live (so a run's end reorders nothing).
-function renderTranscript(messages) {
+function renderTranscript(messages, ends = new Map()) {
   const shown = new Set();
   messages.forEach((message, index) => {
+    if (index > 0 && ends.has(index)) endMark(messages.slice(0, index), ends.get(index));
     if (message.role === "system" || shown.has(message)) return;
     if (message.role === "tool") { bubble("tool", describeResult(message.name, message.content)); return; }
     if (message.role === "assistant") {
@@ -427,9 +457,11 @@ async function finishRun(run, event) {
   try {
     // Show what was stored, as a reload would: tool calls in the stored order, a
     // stopped call's result, the same status word as the session list.
-    const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
+    const [session, ends] = await Promise.all([
+      api("GET", `/sessions/${encodeURIComponent(name)}`), runEnds(name),
+    ]);
     if (state.session === name && !state.run && state.typed === typed) {
-      renderSession(session);
+      renderSession(session, ends);
       for (const text of state.queued) bubble("user", text, QUEUED);
       updateControls();
     }

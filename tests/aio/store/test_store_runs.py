@@ -77,6 +77,7 @@ async def test_runs_recorded_as_they_start_and_end(store: Store) -> None:
         ("two", "completed"), ("one", "cancelled"), ("one", "completed"),
     ]
     cancelled, first = runs[1], runs[2]
+    assert (first.messages_from, cancelled.messages_from, runs[0].messages_from) == (0, 2, 0)
     assert cancelled.reason == "stopped by the test" and cancelled.ended is not None
     assert first.agent == "greeter" and first.parent is None and not first.recover
     assert first.models == ("scripted:m1",) and first.stop_reason == "stop"
@@ -203,55 +204,81 @@ INSERT INTO {s}.messages VALUES ('old', 1, 2.0, '{{"role":"assistant","content":
 """
 
 
-async def _check_migrated(store: Store) -> None:
+# A run row of the schema before messages_from (SQLite 3, PostgreSQL 2).
+OLD_RUN = ("'r0', 'old', 'agent', NULL, 1.0, 2.0, 'completed', NULL, 'stop', NULL, NULL, "
+           "NULL, '[]', {false}")
+OLD_RUNS_TABLE = """
+CREATE TABLE {s}runs (id text PRIMARY KEY, session text NOT NULL, agent text NOT NULL,
+    parent text, started double precision NOT NULL, ended double precision,
+    status text NOT NULL, reason text, stop_reason text, usage text, spend text,
+    run_limit text, models text NOT NULL, recover {boolean} NOT NULL);
+INSERT INTO {s}runs VALUES ({row});
+"""
+
+
+async def _check_migrated(store: Store, had_runs: bool = False) -> None:
     assert await store.load("old") == [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
     ]
     info = await store.info("old")
     assert info is not None and info.status == "completed" and info.message_count == 2
-    assert await store.runs() == []
+    old = await store.runs()
+    assert [(r.id, r.status, r.messages_from) for r in old] == (
+        [("r0", "completed", None)] if had_runs else []
+    )
     agent = aio.Agent(ScriptedModel([Turn(text="again")]), store=store, session="old")
     async with agent:
         await agent.run("more")
-    (record,) = await store.runs(session="old")
-    assert record.status == "completed"
+    record, *_ = await store.runs(session="old")
+    assert (record.status, record.messages_from) == ("completed", 2)
     assert len(await store.load("old")) == 4
 
 
-async def test_sqlite_file_of_schema_2_migrates(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [2, 3])
+async def test_sqlite_file_of_an_older_schema_migrates(tmp_path: Path, version: int) -> None:
     path = tmp_path / "old.db"
+    script = OLD_SQLITE
+    if version == 3:  # the runs table, without messages_from
+        table = OLD_RUNS_TABLE.format(s="", boolean="INTEGER", row=OLD_RUN.format(false=0))
+        script = script.replace("PRAGMA user_version = 2;", table + "PRAGMA user_version = 3;")
     with sqlite3.connect(path) as conn:
-        conn.executescript(OLD_SQLITE)
+        conn.executescript(script)
     conn.close()
     store = aio.SQLiteStore(path)
     try:
-        await _check_migrated(store)
+        await _check_migrated(store, had_runs=version == 3)
     finally:
         await store.aclose()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
     conn.close()
 
 
-async def test_postgres_schema_1_migrates() -> None:
+@pytest.mark.parametrize("version", [1, 2])
+async def test_postgres_schema_of_an_older_version_migrates(version: int) -> None:
     import asyncpg
 
     dsn = services.postgres_dsn()
     schema = f"aimu_test_{uuid.uuid4().hex[:12]}"
+    script = OLD_POSTGRES.format(s=f'"{schema}"')
+    if version == 2:  # the runs table, without messages_from
+        script += OLD_RUNS_TABLE.format(s=f'"{schema}".', boolean="boolean",
+                                        row=OLD_RUN.format(false="false"))
+        script = script.replace("aimu_schema VALUES (1)", "aimu_schema VALUES (2)")
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(OLD_POSTGRES.format(s=f'"{schema}"'))
+        await conn.execute(script)
     finally:
         await conn.close()
     try:
         store = aio.PostgresStore(dsn, schema=schema)
         try:
-            await _check_migrated(store)
+            await _check_migrated(store, had_runs=version == 2)
         finally:
             await store.aclose()
         conn = await asyncpg.connect(dsn)
         try:
-            assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 2
+            assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 3
         finally:
             await conn.close()
     finally:
