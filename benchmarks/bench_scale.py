@@ -372,20 +372,28 @@ class Ticker:
         self.task: asyncio.Task[None] | None = None
         self.gc_began = 0.0
         self.gc_max = 0.0  # the longest garbage collection (it blocks the loop)
+        self.gc_total = 0.0  # seconds of collection so far
+        self.collections = [0, 0, 0]  # per generation
+        self.bare: list[float] = []  # each lag less the collections inside it
 
-    def _gc(self, phase: str, _: object) -> None:
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self.gc_began = time.perf_counter()
         else:
-            self.gc_max = max(self.gc_max, time.perf_counter() - self.gc_began)
+            took = time.perf_counter() - self.gc_began
+            self.gc_max = max(self.gc_max, took)
+            self.gc_total += took
+            self.collections[info["generation"]] += 1
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
-        lags = self.lags
+        lags, bare = self.lags, self.bare
         while True:
-            due = loop.time() + 0.001
+            due, collected = loop.time() + 0.001, self.gc_total
             await asyncio.sleep(0.001)
-            lags.append(loop.time() - due)
+            lag = loop.time() - due
+            lags.append(lag)
+            bare.append(max(0.0, lag - (self.gc_total - collected)))
 
     def __enter__(self) -> Ticker:
         self.task = asyncio.get_running_loop().create_task(self._tick())
@@ -399,11 +407,59 @@ class Ticker:
         high_water = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         self.peak = max(self.peak, rss(), high_water)
 
-    def p99_ms(self) -> float:
-        if not self.lags:
+    def p99_ms(self, lags: list[float] | None = None) -> float:
+        """The 99th percentile lag; of ``lags`` if given (e.g. :attr:`bare`)."""
+        lags = self.lags if lags is None else lags
+        if not lags:
             return 0.0
-        ordered = sorted(self.lags)
+        ordered = sorted(lags)
         return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+
+class Passes:
+    """``--passes``: each pass of the event loop (``_run_once``), how many callbacks it
+    ran and for how long. A 1 ms timer is run in the pass after it falls due, behind
+    every callback ready in that pass: its lag is at least that pass's run time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.counts: list[int] = []
+        self.busy: list[float] = []  # seconds of callbacks per pass
+        self._count = 0
+        self._busy = 0.0
+        self.loop, self.run = loop, asyncio.events.Handle._run
+
+    def __enter__(self) -> Passes:
+        inner, handle_run = self.loop._run_once, self.run  # type: ignore[attr-defined]
+
+        def run(handle: asyncio.Handle) -> None:
+            began = time.perf_counter()
+            handle_run(handle)
+            self._busy += time.perf_counter() - began
+            self._count += 1
+
+        def run_once() -> None:
+            inner()
+            if self._count:
+                self.counts.append(self._count)
+                self.busy.append(self._busy)
+            self._count, self._busy = 0, 0.0
+
+        asyncio.events.Handle._run = run  # type: ignore[method-assign]
+        self.loop._run_once = run_once  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        asyncio.events.Handle._run = self.run  # type: ignore[method-assign]
+        del self.loop._run_once  # type: ignore[attr-defined]
+
+    def figures(self) -> dict[str, float]:
+        if not self.counts:
+            return {}
+        return {"passes": len(self.counts), "callbacks_p50": percentile(self.counts, 0.5),
+                "callbacks_p99": percentile(self.counts, 0.99),
+                "callbacks_max": max(self.counts),
+                "pass_p99_ms": percentile(self.busy, 0.99) * 1000,
+                "pass_max_ms": max(self.busy) * 1000}
 
 
 def cpu() -> float:
@@ -437,7 +493,9 @@ async def throughput(run: Run, n: int, rounds: int) -> dict[str, Any]:
             out |= {"runs_s": n / wall, "cpu_ms": used / n * 1000,
                    "peak_kb": (ticker.peak - base) / n / 1024,
                    "after_kb": (rss() - base) / n / 1024, "lag_ms": ticker.p99_ms(),
-                   "gc_max_ms": ticker.gc_max * 1000}
+                   "lag_bare_ms": ticker.p99_ms(ticker.bare),
+                   "gc_max_ms": ticker.gc_max * 1000, "gc_ms": ticker.gc_total / n * 1000,
+                   "young": ticker.collections[0] / n, "full": ticker.collections[2]}
     out["rss_rounds"] = after
     return out
 
@@ -471,12 +529,15 @@ async def cancel_all(run: Run, kept: Kept, n: int) -> dict[str, Any]:
     return out
 
 
-async def measure(name: str, url: str, n: int, phases: str, rounds: int) -> dict[str, Any]:
+async def measure(name: str, url: str, n: int, phases: str, rounds: int,
+                  passes: bool = False) -> dict[str, Any]:
     run, kept, cleanup = await FACTORIES[name](url, n)
     await run(lambda: None, "warm up")  # lazy imports, the pool's first connection
     out: dict[str, Any] = {}
     if "throughput" in phases:
-        out.update(await throughput(run, n, rounds))
+        with Passes(asyncio.get_running_loop()) if passes else contextlib.nullcontext() as seen:
+            out.update(await throughput(run, n, rounds))
+        out.update(seen.figures() if seen else {})
     if "cancel" in phases:
         out.update({f"c_{k}": v for k, v in (await cancel_all(run, kept, n)).items()})
     await cleanup()
@@ -485,7 +546,7 @@ async def measure(name: str, url: str, n: int, phases: str, rounds: int) -> dict
 
 def client_main(options: argparse.Namespace) -> None:
     out = asyncio.run(measure(options.client, options.url, options.n, options.phases,
-                              options.rounds))
+                              options.rounds, options.passes))
     print(json.dumps(out), flush=True)
 
 
@@ -493,11 +554,12 @@ def client_main(options: argparse.Namespace) -> None:
 
 
 def one(server: Server, name: str, n: int, phases: str, rounds: int,
-        timeout: float = 1800) -> dict[str, Any]:
-    """One client process: its figures, with the server's view of the cancel-all."""
+        timeout: float = 1800, passes: bool = False) -> dict[str, Any]:
+    """One client process: its figures, with the server's view of the cancel-all and the
+    requests and connections the server saw from it (the warm-up run's included)."""
     server.ask("reset")
     command = [sys.executable, __file__, "--client", name, "--url", server.url, "--n", str(n),
-               "--phases", phases, "--rounds", str(rounds)]
+               "--phases", phases, "--rounds", str(rounds)] + (["--passes"] if passes else [])
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -513,6 +575,8 @@ def one(server: Server, name: str, n: int, phases: str, rounds: int,
         if closed["ended"]:  # else no stream ended: no time to give
             out["c_closed_ms"] = (closed["last"] - out["c_cancel_at"]) * 1000
         out["c_open_after"] = n - closed["ended"]
+    stats = server.ask("stats")
+    out["requests"], out["connections"] = stats["requests"], stats["connections"]
     out["load"] = os.getloadavg()[0]
     return out
 
@@ -541,6 +605,8 @@ def main() -> None:
                         help="throughput (all runs to their answer), cancel (cancel-all)")
     parser.add_argument("--leak", type=int, default=0, metavar="ROUNDS",
                         help="also run ROUNDS rounds of N in one process; RSS growth")
+    parser.add_argument("--passes", action="store_true",
+                        help="also time each pass of the client's event loop (costs CPU)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds one contender's process may take (default 1800)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -575,7 +641,7 @@ def main() -> None:
                 order = names[repeat % len(names):] + names[:repeat % len(names)]
                 for name in order:
                     row = one(server, name, n, options.phases, max(1, options.leak),
-                              options.timeout)
+                              options.timeout, options.passes)
                     row["repeat"] = repeat
                     rows.setdefault((n, name), []).append(row)
                     print(f"  N={n} {name} repeat {repeat + 1}: {json.dumps(row)}",
@@ -624,6 +690,29 @@ def report(rows: dict[tuple[int, str], list[dict[str, Any]]], sizes: list[int],
                      + (f" crashed {crashed}" if crashed else ""),
                      f"{statistics.median(r.get('load', r.get('c_load', 0)) for r in got):.1f}")
             print("| " + " | ".join(cells) + " |")
+    print("\nCounts (load-independent; the warm-up run included), medians: requests and "
+          "connections the server saw from the client process; per run: young collections, "
+          "seconds of collection; full collections in the round; lag p99 less the "
+          "collections inside each tick" + ("; loop passes: callbacks run per pass p50/p99/max, "
+                                            "the callbacks' time in a pass p99" if options.passes
+                                            else ""))
+    head = ("N", "contender", "requests", "connections", "young GCs/run", "GC ms/run",
+            "full GCs", "lag p99 ms", "less GC", *(("callbacks/pass", "pass p99 ms")
+                                                   if options.passes else ()))
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
+    for (n, name), got in rows.items():
+        def med(key: str, got: list[dict[str, Any]] = got, form: str = ".3g") -> str:
+            values = [float(r[key]) for r in got if key in r]
+            return format(statistics.median(values), form) if values else "-"
+
+        cells = [f"{n:,}", name, med("requests", form=",.0f"), med("connections", form=",.0f"),
+                 med("young", form=".3f"), med("gc_ms"), med("full", form=".0f"),
+                 med("lag_ms"), med("lag_bare_ms")]
+        if options.passes:
+            cells += [f"{med('callbacks_p50', form='.0f')}/{med('callbacks_p99', form='.0f')}"
+                      f"/{med('callbacks_max', form='.0f')}", med("pass_p99_ms")]
+        print("| " + " | ".join(cells) + " |")
     if options.leak > 1:
         print(f"\nRSS after each of {options.leak} rounds of N (MB), growth first to last:")
         for (n, name), got in rows.items():

@@ -188,11 +188,13 @@ async def wait_status(clients: Clients, run_ids: list[str], wanted: set[str],
     deadline = time.monotonic() + seconds
 
     async def view(i: int, run_id: str) -> None:
-        views[run_id] = (await clients.call(i).get(f"/runs/{run_id}")).json()
+        # A kept-alive connection the server closed for idleness: asked again next time.
+        with contextlib.suppress(httpx.TransportError):
+            views[run_id] = (await clients.call(i).get(f"/runs/{run_id}")).json()
 
     while left and time.monotonic() < deadline:
         await asyncio.gather(*(view(i, r) for i, r in enumerate(left)))
-        left = [r for r in left if views[r].get("status") not in wanted]
+        left = [r for r in left if views.get(r, {}).get("status") not in wanted]
         if left:
             await asyncio.sleep(0.2)
     return views

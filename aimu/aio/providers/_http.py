@@ -72,13 +72,21 @@ _REDACTED = "***"
 #: says they wait. See docs/scaling.md.
 DEFAULT_CONCURRENCY = 1024
 #: Connections per httpx client of a pool. httpcore's pool scans every connection it
-#: holds, and for each queued request every connection again (a poll syscall for each
-#: idle one), on every request start and finish: with 1,000 connections in one client
-#: that is O(N) work per request and O(N^2) a round (bench_scale: 1,000 runs spent
-#: most of their CPU there, the loop stalled for seconds). A pool spreads its requests
-#: over clients of this many connections, never more requests in flight than that on
-#: one client, so each scan stays this small whatever N is.
-SHARD_SIZE = 16
+#: holds on every request start and finish (for each idle one, a poll syscall, and once
+#: more over all of them: O(n^2) in its size): with 1,000 connections in one client that
+#: stalled the loop for seconds (bench_scale). A pool spreads its requests over clients of
+#: this many connections, never more requests in flight than that on one client, so each
+#: scan stays this small whatever N is. 16 still cost 14,000 Python calls a run (200 runs
+#: at once, cProfile; 2,600 of them httpcore's scans); 2 costs 9,800 (4: 10,400; 1: the
+#: same as 2), for 21 tracked objects (~3 KB) per client.
+SHARD_SIZE = 2
+#: Seconds an idle connection is kept for the next request (httpx's default is 5). Runs
+#: come in bursts: a tool round, an approval, the next task. After 5 s every connection of
+#: a burst was gone and the next burst connected anew (bench_scale, 100 runs and then 100
+#: more: 182 connections for 402 requests; with 60 s, 100). httpcore checks that an idle
+#: connection is still open before reusing it, and a request that finds it closed by the
+#: server before any byte of the reply is retried.
+KEEP_ALIVE = 60.0
 #: New connections a pool opens at once; more wait for a slot before they start (and
 #: before their connect timeout starts). Thousands of runs started together otherwise
 #: start thousands of TCP connects in one pass of the loop: the listener's SYN queue
@@ -400,7 +408,8 @@ class Pool:
         return self._shards[0].http if self._shards and self.loop is not None else None
 
     def _client(self) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=SHARD_SIZE, max_keepalive_connections=SHARD_SIZE)
+        limits = httpx.Limits(max_connections=SHARD_SIZE, max_keepalive_connections=SHARD_SIZE,
+                              keepalive_expiry=KEEP_ALIVE)
         transport = httpx.AsyncHTTPTransport(verify=ssl_context(), limits=limits)
         pool = transport._pool  # httpcore's; its connections open through its backend
         pool._network_backend = _Paced(pool._network_backend, self)

@@ -200,8 +200,9 @@ class _OpenAITurn(SSETurnDecoder):
             return []
         delta = as_dict(choice.get("delta"))
         chunks = self._text(delta)
-        for position, fragment in enumerate(as_list(delta.get("tool_calls"))):
-            self._add_fragment(as_dict(fragment), position)
+        if "tool_calls" in delta:  # most events carry text only
+            for position, fragment in enumerate(as_list(delta["tool_calls"])):
+                self._add_fragment(as_dict(fragment), position)
         finish = choice.get("finish_reason")
         if isinstance(finish, str) and finish and self.finish is None:
             self.finish = finish

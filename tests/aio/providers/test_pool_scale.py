@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import httpcore
+import httpcore._async.http11
 import pytest
 from provider_support import MakeClient, assert_only_current_task, lookup, open_connections
 
@@ -19,7 +22,7 @@ from aimu import aio
 from aimu.aio.client import TextDelta
 from aimu.aio.errors import ModelConnectionError
 from aimu.aio.providers import _http
-from aimu.aio.providers._http import SHARD_SIZE
+from aimu.aio.providers._http import KEEP_ALIVE, SHARD_SIZE
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
@@ -78,6 +81,34 @@ async def test_every_run_is_in_flight_at_once_and_a_cancel_of_all_closes_every_s
             last = session.messages[-1]
             assert last["role"] == "assistant" and last.get("aimu_partial") is True
             assert last["content"] == "word0 "
+        await model.aclose()
+    await assert_only_current_task()
+
+
+async def test_a_burst_after_a_pause_reuses_the_last_bursts_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs come in bursts (a tool round, an approval, the next task): after a pause
+    longer than httpx's 5 s keep-alive, the next burst still finds its connections."""
+    async with LoopbackServer(lambda body: Turn(text="sunny", chunks=2)) as server:
+        model = aio.client("openai:test", base_url=server.openai_base_url)
+
+        async def burst() -> None:
+            async def one() -> str:
+                turn = model.stream_turn([{"role": "user", "content": "weather?"}])
+                return "".join([c.text async for c in turn if isinstance(c, TextDelta)])
+
+            assert await asyncio.gather(*(one() for _ in range(3 * SHARD_SIZE))) == [
+                "sunny"] * (3 * SHARD_SIZE)
+
+        await burst()
+        connected = server.connections_accepted
+        pause = 30.0  # httpcore's clock moved on: past its 5 s default, within KEEP_ALIVE
+        monkeypatch.setattr(httpcore._async.http11, "time",
+                            SimpleNamespace(monotonic=lambda: time.monotonic() + pause))
+        assert pause < KEEP_ALIVE
+        await burst()
+        assert server.connections_accepted == connected
         await model.aclose()
     await assert_only_current_task()
 
