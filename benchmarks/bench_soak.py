@@ -15,7 +15,9 @@ tables alone, it checks:
 - no side effect twice: exactly one effect row per (session, step); a call in doubt
   (its process died inside the tool) runs again, and the key makes that a no-op;
 - budgets held: no run recorded more requests than ``--max-requests``, and the model
-  server received at most that many per run of each session;
+  server received at most that many per run of each session and at most
+  ``--session-max-requests`` in all (the replicas' session budget: a request a killed
+  replica sent was counted in the store before it went out);
 - both replicas exit 0 on SIGTERM.
 
 It prints a table with the time from a kill to each killed run going on again (p50,
@@ -210,6 +212,7 @@ class Soak:
     concurrency: int
     kill_every: float
     max_requests: int
+    session_max_requests: int
     seed: int
     replicas: list[Replica] = field(default_factory=list)
     started: dict[str, float] = field(default_factory=dict)
@@ -235,15 +238,13 @@ class Soak:
         self, name: str, store: Any, http: httpx.AsyncClient, rng: random.Random,
         slots: asyncio.Semaphore,
     ) -> None:
-        """Start run ``name`` and wait until it completed. A 202 comes before the run's
-        record is written: a replica killed in between loses the request (nothing of it
-        is stored), so a run counts as started once its record is there, and is sent
-        again if its replica died first (``lost_requests``)."""
+        """Start run ``name`` and wait until it completed. A 202 comes once the run's
+        record is stored: one without (``lost_requests``, a failure: a replica killed
+        after answering lost the run) is sent again, so the soak goes on."""
         try:
             while True:
                 up = [r for r in self.replicas if r.up] or self.replicas
                 replica = rng.choice(up)
-                kills = len(replica.kills)
                 answer = None
                 with contextlib.suppress(httpx.TransportError):
                     answer = await http.post(f"{replica.url}/sessions/{name}/runs",
@@ -251,10 +252,7 @@ class Soak:
                 if answer is None or answer.status_code != 202:
                     await asyncio.sleep(0.1)  # that replica is down or draining: another
                     continue
-                run_id = answer.json()["run_id"]
-                while await store.run(run_id) is None and len(replica.kills) == kills:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)  # polling the store: what a client would do
-                if await store.run(run_id) is not None:
+                if await store.run(answer.json()["run_id"]) is not None:
                     break
                 self.lost_requests += 1
             self.started[name] = time.time()
@@ -325,9 +323,10 @@ async def checks(soak: Soak, store: Any, dsn: str, model: Model) -> dict[str, An
                 killed = [k for k in kills if record.started <= k <= after.started]
                 if killed:
                     lags.append(after.started - killed[-1])
-        # Each run has its budget (aimu serve has per-run limits only): the requests the
-        # model server received for the session stay within one budget per run.
-        if model.requests[name] > soak.max_requests * len(records):
+        # Each run has its budget, and the session one in all: the requests the model
+        # server received for the session stay within both.
+        if model.requests[name] > min(soak.max_requests * len(records),
+                                      soak.session_max_requests):
             failures.append(f"{name}: {model.requests[name]} requests for {len(records)} runs")
         for record in records:
             if (record.spend or {}).get("requests", 0) > soak.max_requests:
@@ -335,6 +334,8 @@ async def checks(soak: Soak, store: Any, dsn: str, model: Model) -> dict[str, An
         last = (await store.load(name))[-1]
         if last["role"] != "assistant" or not str(last.get("content")).endswith(" done"):
             failures.append(f"{name}: its transcript ends {last!r:.80}")
+    if soak.lost_requests:
+        failures.append(f"{soak.lost_requests} runs answered 202 had no record")
     conn = await asyncpg.connect(dsn)
     try:
         effects = await conn.fetch("SELECT session, step FROM soak_effects")
@@ -373,6 +374,7 @@ def _serve_args(options: argparse.Namespace, dsn: str, prefix: str) -> list[str]
             "--recover-every", str(options.recover_every),
             "--max-crashes", str(options.max_crashes),
             "--tool", "bench_soak:effect", "--max-requests", str(options.max_requests),
+            "--session-max-requests", str(options.session_max_requests),
             "--log-level", "warning", "--drain", "10"]
     if options.redis:
         args += ["--redis", options.redis, "--redis-prefix", prefix]
@@ -395,7 +397,7 @@ async def soak(options: argparse.Namespace) -> dict[str, Any]:
             env.pop("AIMU_API_TOKEN", None)
             args = _serve_args(options, dsn, f"soak{secrets.token_hex(3)}")
             run = Soak(options.runs, options.steps, options.concurrency, options.kill_every,
-                       options.max_requests, options.seed)
+                       options.max_requests, options.session_max_requests, options.seed)
             run.replicas = [Replica(f"replica-{i}", args, env, Path(logs) / f"{i}.log")
                             for i in range(2)]
             await asyncio.gather(*(r.start() for r in run.replicas))
@@ -440,6 +442,8 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--concurrency", type=int, default=20, help="runs in flight at once")
     made.add_argument("--kill-every", type=float, default=4.0, metavar="SECONDS")
     made.add_argument("--max-requests", type=int, default=12, help="each run's budget")
+    made.add_argument("--session-max-requests", type=int, default=40,
+                      help="each session's budget, all its runs together")
     made.add_argument("--recover-every", type=float, default=1.0, metavar="SECONDS",
                       help="how often each replica looks for runs to go on with")
     made.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
@@ -468,8 +472,7 @@ def main() -> int:
         print(f"crash -> going on again: n={len(lags)}, mean {statistics.fmean(lags):.2f} s")
     print(f"tool calls that failed (an error result; the model tried the step again): "
           f"{found['errors']}")
-    print(f"requests answered 202 whose replica died before the run was recorded (sent "
-          f"again): {found['lost_requests']}")
+    print(f"runs answered 202 without a record (lost; sent again): {found['lost_requests']}")
     for failure in found["failures"]:
         print(f"FAILED: {failure}", file=sys.stderr)
     return 1 if found["failures"] else 0

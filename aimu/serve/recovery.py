@@ -43,7 +43,7 @@ MAX_CRASHES: Final = 3
 _AT: Final = re.compile(r"at message (\d+)\)")
 #: Seconds between two looks for runs to recover.
 RECOVER_EVERY: Final = 5.0
-#: The most runs one look considers (the next look takes the rest).
+#: The runs one query of a look reads.
 _PAGE: Final = 1000
 
 
@@ -85,10 +85,11 @@ class Recovery:
         store = self._runs.store
         await self.tidy()
         found: dict[str, RunRecord] = {}
-        for record in [
-            *await store.runs(status="running", limit=_PAGE),
-            *await store.runs(recover=True, limit=_PAGE),
-        ]:
+        # Every running record, a page at a time: the live runs (skipped at the lock)
+        # may be more than a page, and a dead one among the oldest must still be found.
+        # A marked run's mark is cleared as it goes on: the next look takes the rest.
+        running = await _every_running(store)
+        for record in [*running, *await store.runs(recover=True, limit=_PAGE)]:
             if record.parent is None:  # a child run goes on with its parent's resume
                 found.setdefault(record.id, record)
         started: list[str] = []
@@ -201,6 +202,17 @@ def _streak(latest: list[RunRecord], messages: int) -> int:
             break
         streak += 1
     return streak
+
+
+async def _every_running(store: Store) -> list[RunRecord]:
+    found: list[RunRecord] = []
+    before = None
+    while True:
+        page = await store.runs(status="running", limit=_PAGE, before=before)
+        found += page
+        if len(page) < _PAGE:
+            return found
+        before = page[-1].id
 
 
 async def _latest_id(store: Store, session: str) -> str | None:

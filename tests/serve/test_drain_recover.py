@@ -22,7 +22,7 @@ from aimu._limit_options import limits_from, session_limits_from
 from aimu.aio.approvals import Approvals
 from aimu.aio.store import RunRecord, Store
 from aimu.cli import build_parser
-from aimu.serve import app
+from aimu.serve import app, recovery
 from aimu.serve.agents import open_store
 from aimu.serve.command import run_serve
 from aimu.serve.recovery import CRASHED, Recovery
@@ -286,6 +286,33 @@ async def test_replicas_resume_a_crashed_run_exactly_once(
             for application in apps:
                 await application.aclose()
             await client.aclose()
+
+
+async def test_a_dead_run_behind_a_page_of_live_ones_is_found(
+    tmp_path: Path, model: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look reads every running record, a page at a time: a dead run older than a
+    page of live ones (skipped at their locks) is still resumed."""
+    monkeypatch.setattr(recovery, "_PAGE", 2)
+    client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+    application = app(client, store=tmp_path / "s.db")
+    store = application.runs.store
+    live = []
+    try:
+        await _crashed_session(store, "dead", 1)
+        for n in range(2):  # newer, and alive: their writers hold their locks
+            live.append(writer := await store.open_session(f"live{n}"))
+            await writer.record_run(RunRecord(
+                id=f"live-{n}", session=f"live{n}", agent="agent",
+                started=time.time() + 10 + n, status="running",
+            ))
+        assert len(await Recovery(application.runs).look()) == 1
+        await until("it completes", lambda: latest_is(store, "dead", "completed"))
+    finally:
+        for writer in live:
+            await writer.aclose()
+        await application.aclose()
+        await client.aclose()
 
 
 class HeldInstructions:
