@@ -11,7 +11,10 @@ test refuses more than a few.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +42,21 @@ def fenced(page: Path) -> list[tuple[str, str, int, str | None]]:
     return found
 
 
-async def run_script(code: str, where: str) -> None:
+async def run_block(where: str, *command: str) -> None:
+    """Run one block in its own process group; if it fails, end what it left running in
+    the background (a server started with ``&``), whose hold on this runner's output
+    kept the docs test waiting out its whole timeout before it could report the failure."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-W", "error::ResourceWarning", "-c", code, stdin=subprocess.DEVNULL
+        *command, stdin=subprocess.DEVNULL, start_new_session=True
     )
-    if await asyncio.wait_for(process.wait(), 120) != 0:
-        raise SystemExit(f"{where}: script exited {process.returncode}")
+    try:
+        status = await asyncio.wait_for(process.wait(), 120)
+    finally:
+        if process.returncode != 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    if status != 0:
+        raise SystemExit(f"{where}: exited {status}")
 
 
 async def run_page(page: Path, *, python_only: bool = False) -> None:
@@ -54,13 +66,10 @@ async def run_page(page: Path, *, python_only: bool = False) -> None:
         if file_name is not None:
             Path(file_name).write_text(code)  # noqa: ASYNC240 - a small file, before it runs
         if language == "python":
-            await run_script(code, f"{page}:{line}")
+            await run_block(f"{page}:{line}: script", sys.executable, "-W",
+                            "error::ResourceWarning", "-c", code)
         elif language in ("sh", "bash", "shell"):
-            process = await asyncio.create_subprocess_exec(
-                "bash", "-euo", "pipefail", "-c", code, stdin=subprocess.DEVNULL
-            )
-            if await asyncio.wait_for(process.wait(), 120) != 0:
-                raise SystemExit(f"{page}:{line}: shell block exited {process.returncode}")
+            await run_block(f"{page}:{line}: shell block", "bash", "-euo", "pipefail", "-c", code)
 
 
 if __name__ == "__main__":
