@@ -160,7 +160,8 @@ async def delete_session(request: Request, session: SessionName) -> Response:
 
 
 _STARTED: Final[dict[int | str, dict[str, Any]]] = {
-    202: {"model": Started, "description": "Accepted: follow /runs/{run_id}/events"},
+    202: {"model": Started, "description": "Accepted, once the run's record is stored "
+          "(a server that dies now loses nothing): follow /runs/{run_id}/events"},
 }
 
 
