@@ -71,9 +71,7 @@ import threading
 import time
 import types
 from asyncio import CancelledError, Future, Task
-from collections import deque
 from collections.abc import (
-    AsyncIterator,
     Awaitable,
     Callable,
     Coroutine,
@@ -83,16 +81,19 @@ from collections.abc import (
 from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
 from aimu.aio._echo import echo
+from aimu.aio._event_tap import EventTap
 from aimu.aio._numbers import finite
 from aimu.aio._signals import SignalHandlers
 from aimu.aio.ends import error_text
 from aimu.aio.errors import NoOutputError
-from aimu.aio.events import Event, HandleFinished, HandleStatus, TextChunk, ThinkingChunk
+from aimu.aio.events import HandleFinished, HandleStatus
 from aimu.aio.scope import RunScope, current_scope, sent_message
 
-__all__ = ["EventStream", "RunControl", "RunHandle", "on_sigint"]
+__all__ = ["EventStream", "EventTap", "RunControl", "RunHandle", "on_sigint"]
 
 T = TypeVar("T")
+#: What ``events()`` returns: an :class:`EventTap` (its name before the tap had one).
+EventStream = EventTap
 DoneCallback = Callable[["RunHandle[Any]"], object]
 
 
@@ -123,7 +124,6 @@ _RETURNED = frozenset({
     _HandleState.COMPLETED, _HandleState.INCOMPLETE, _HandleState.INTERRUPTED,
     _HandleState.PAUSED, _HandleState.LIMITED, _HandleState.BLOCKED,
 })
-_DROPPABLE = (TextChunk, ThinkingChunk)
 
 
 def _startable(
@@ -167,14 +167,14 @@ def _owner_of(scope: RunScope | None) -> RunHandle[Any] | None:
 class _Observers:
     """Who hears of a run's end besides its first awaiter; made on first use."""
 
-    __slots__ = ("callbacks", "streams", "terminal", "waiters", "watchers")
+    __slots__ = ("callbacks", "taps", "terminal", "waiters", "watchers")
 
     def __init__(self) -> None:
         self.waiters: list[Future[Any]] = []
         self.watchers: list[Future[None]] = []
         """Futures set to None when the run ends (stop() and nesting wait on these)."""
         self.callbacks: list[tuple[DoneCallback, contextvars.Context]] = []
-        self.streams: list[EventStream] = []
+        self.taps: list[EventTap] = []
         self.terminal: HandleFinished | None = None
 
 
@@ -469,11 +469,11 @@ class RunHandle(RunScope, Generic[T]):
             for callback, context in observers.callbacks:
                 self._loop.call_soon(callback, self, context=context)
             observers.callbacks.clear()
-            if observers.streams:
+            if observers.taps:
                 terminal = self._terminal_event()
-                for stream in observers.streams:
-                    stream._end(terminal)
-                observers.streams.clear()
+                taps, observers.taps = observers.taps, []
+                for tap in taps:
+                    tap._end(terminal)
             for watcher in observers.watchers:
                 if not watcher.done():
                     watcher.set_result(None)
@@ -823,96 +823,44 @@ class RunHandle(RunScope, Generic[T]):
         callbacks[:] = kept
         return removed
 
-    def events(self, *, maxsize: int = 1024) -> EventStream:
+    def events(self, *, maxsize: int = 1024) -> EventTap:
         """Iterate the events emitted in this run from now on, then one HandleFinished.
 
         Nothing emitted before the call is replayed; called after the run ended it
-        yields only the terminal event. See :class:`EventStream` for the buffer.
+        yields only the terminal event. A reader more than ``maxsize`` events behind
+        loses text and thinking chunks (counted in ``dropped``), never another event.
         """
-        stream = EventStream(self._loop, maxsize)
+        return self.tap(maxsize=maxsize)
+
+    def tap(
+        self, *, maxsize: int | None = None, notify: Callable[[], object] | None = None
+    ) -> EventTap:
+        """Hold this run's events from now on for one reader, then one HandleFinished
+        (see :class:`~aimu.aio._event_tap.EventTap`: unbounded unless ``maxsize``).
+        ``notify()`` (which must not raise) is called on the loop after each event held
+        and at the end; the tap of a run that has ended holds its terminal at once."""
+        tap = EventTap(self._loop, maxsize)
         if self._state not in _LIVE:
-            stream._end(self._terminal_event())
-            return stream
-        self._observing().streams.append(stream)
-        stream._remove = self.add_listener(stream._push)
-        return stream
+            tap._end(self._terminal_event())
+            return tap
+        tap._notify = notify
+        observers = self._observing()
+        observers.taps.append(tap)
+        remove = self.add_listener(tap._push)
+
+        def detach() -> None:
+            remove()
+            if tap in observers.taps:
+                observers.taps.remove(tap)
+
+        tap._detach = detach
+        return tap
 
     def __repr__(self) -> str:
         age = time.monotonic() - self._started_at
         reason = self.reason
         extra = f" reason={reason!r}" if reason else ""
         return f"<RunHandle {self.name!r} {self.status} age={age:.3f}s{extra}>"
-
-
-@final
-class EventStream(AsyncIterator[Event]):
-    """One consumer's view of a run's events, ending with exactly one HandleFinished.
-
-    The run never waits for a consumer. The buffer holds ``maxsize`` events; when it is
-    full, new TextChunk and ThinkingChunk events are dropped (counted in ``dropped``),
-    while every other event, the terminal one included, is always kept.
-    """
-
-    __slots__ = ("_buffer", "_ended", "_loop", "_maxsize", "_remove", "_waiter", "dropped")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, maxsize: int) -> None:
-        if maxsize < 1:
-            raise ValueError(f"events(maxsize={maxsize}): the buffer needs room for 1 event")
-        self._loop = loop
-        self._maxsize = maxsize
-        self._buffer: deque[Event] = deque()
-        self._waiter: Future[None] | None = None
-        self._ended = False
-        self._remove: Callable[[], None] | None = None
-        #: Text and thinking chunks dropped because this consumer fell behind.
-        self.dropped = 0
-
-    def _push(self, event: Event) -> None:
-        if self._ended:
-            return
-        if len(self._buffer) >= self._maxsize and isinstance(event, _DROPPABLE):
-            self.dropped += 1
-            return
-        self._buffer.append(event)
-        self._wake()
-
-    def _end(self, terminal: HandleFinished) -> None:
-        if self._ended:
-            return
-        self._buffer.append(terminal)
-        self._detach()
-        self._wake()
-
-    def _detach(self) -> None:
-        self._ended = True
-        if self._remove is not None:
-            self._remove()
-            self._remove = None
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> Event:
-        while not self._buffer:
-            if self._ended:
-                raise StopAsyncIteration
-            self._waiter = waiter = self._loop.create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        return self._buffer.popleft()
-
-    async def aclose(self) -> None:
-        """Stop listening; the events not yet read are discarded."""
-        self._detach()
-        self._buffer.clear()
-        self._wake()
 
 
 def on_sigint(handle: RunHandle[Any]) -> Callable[[], None]:

@@ -28,11 +28,12 @@ from temporalio import activity
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from aimu.aio._event_tap import EventTap
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, SessionLockedError, StoreError, UnknownRunError
 from aimu.aio.event_json import event_data
-from aimu.aio.events import Event, RunFinished, RunStarted, StepFinished
+from aimu.aio.events import Event, HandleFinished, RunFinished, RunStarted, StepFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
@@ -254,9 +255,6 @@ class _TurnAttempt:
         self.workflow: WorkflowHandle[Any, Any] = activity.client().get_workflow_handle(
             activity.info().workflow_id or request.run_id
         )
-        self.batch: list[dict[str, Any]] = []
-        self.batch_ready = asyncio.Event()
-        self.closing = asyncio.Event()
         self.final: RunFinished | None = None
         self.applied = request.controls_after
         self.handle: RunHandle[Any] | None = None
@@ -304,13 +302,12 @@ class _TurnAttempt:
 
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
-        handle.scope.add_listener(self._on_event)
+        flusher = asyncio.create_task(self._flush_batches(handle.tap(notify=self._heartbeat)))
         handle.scope.add_listener(self._step)
         if self.here is not None:  # asked before the run started
             self.end_here(*self.here)
         for sent in self.request.sends:
             _send(handle, sent.text or "", sent.images, self._spawn)
-        flusher = asyncio.create_task(self._flush_batches())
         self.background.spawn(self._tick())
         try:
             await ended(handle)
@@ -329,9 +326,7 @@ class _TurnAttempt:
             raise
         finally:
             await self.background.aclose()  # the ticker, and a stop's wait
-            self.closing.set()
-            self.batch_ready.set()
-            await _uncancellable(flusher)  # it sends what is left, then ends
+            await _uncancellable(flusher)  # it sends what is left (the run has ended)
         return await self._outcome(handle)
 
     async def _start(self) -> RunHandle[Any]:
@@ -399,54 +394,53 @@ class _TurnAttempt:
             _log.warning("run %s: Redis control not used: %s", run_id, error)
         return None
 
-    def _on_event(self, event: Event) -> None:
+    def _signalled(self, event: Event) -> bool:
+        """True if ``event`` goes to the workflow (notes the run's own end)."""
         if isinstance(event, RunFinished) and self._own(event):
             self.final = event
-            if self._handed_off(event.status):
-                return  # not an end: the run goes on in the workflow's next execution
-        elif isinstance(event, RunStarted) and self._own(event) and self.request.continued:
-            return  # the run goes on: it started in the execution before
-        self.batch.append(event_data(event))
-        self.batch_ready.set()
-        with contextlib.suppress(RuntimeError):  # heartbeats after the activity ended
-            activity.heartbeat(self.applied)
+            # Handed off: not an end, the run goes on in the workflow's next execution.
+            return not self._handed_off(event.status)
+        if isinstance(event, RunStarted) and self._own(event) and self.request.continued:
+            return False  # the run goes on: it started in the execution before
+        return not isinstance(event, HandleFinished)  # the workflow knows how it ended
 
     def _own(self, event: RunStarted | RunFinished) -> bool:
         """``event`` is of the turn's own run (not of an agent it runs as a tool)."""
         return not event.path and event.source == self.agent.name
 
-    async def _flush_batches(self) -> None:
+    async def _flush_batches(self, tap: EventTap) -> None:
         """Signal the events to the workflow: the first after a quiet while at once, those
-        after it gathered for at most _EVENT_BATCH_SECONDS, the rest when the turn ends.
-        Never cancelled (a batch taken and half-signalled would be lost): ``closing`` ends
-        it."""
-        while not self.closing.is_set():
-            await self.batch_ready.wait()
-            self.batch_ready.clear()
-            await self._send_batch()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.closing.wait(), _EVENT_BATCH_SECONDS)
-        await self._send_batch()
+        after it gathered for at most _EVENT_BATCH_SECONDS, the rest as the run ends.
+        Never cancelled (a batch half-signalled would be lost): the run's end ends it."""
+        while await tap.ready(_BATCH_EVENTS, every=_EVENT_BATCH_SECONDS):
+            await self._send_batch(tap)
 
-    async def _send_batch(self) -> None:
-        """Signal the events gathered so far, in order; Temporal away, keep trying (the
-        events that come meanwhile join the batch) for up to _SIGNAL_SECONDS."""
+    def _heartbeat(self) -> None:
+        """Heartbeat (the run's tap holds a new event)."""
+        with contextlib.suppress(RuntimeError):  # heartbeats after the activity ended
+            activity.heartbeat(self.applied)
+
+    async def _send_batch(self, tap: EventTap) -> None:
+        """Signal the events held, in order, each batch taken once signalled; Temporal
+        away, keep trying (the events that come meanwhile join) for _SIGNAL_SECONDS."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SIGNAL_SECONDS
         delay = 0.1
-        while self.batch:
-            batch, self.batch = self.batch[:_BATCH_EVENTS], self.batch[_BATCH_EVENTS:]
+        while events := tap.peek(_BATCH_EVENTS):
+            batch = [event_data(event) for event in events if self._signalled(event)]
             try:
-                await self.workflow.signal("aimu.events", batch)
+                if batch:
+                    await self.workflow.signal("aimu.events", batch)
             except Exception as error:  # followers miss them; the run and store do not
-                self.batch[:0] = batch
                 if loop.time() > deadline:
+                    lost = [e for e in tap.take() if self._signalled(e)]
                     _log.warning("run %s: %d events not delivered: %s",
-                                 self.request.run_id, len(self.batch), error)
-                    self.batch = []
+                                 self.request.run_id, len(lost), error)
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+                continue
+            tap.advance(len(events))
 
     async def _tick(self) -> None:
         """Heartbeat, and take the controls the workflow accepted, every tick."""

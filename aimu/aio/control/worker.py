@@ -18,8 +18,7 @@ import enum
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from redis.backoff import EqualJitterBackoff
@@ -32,14 +31,15 @@ from aimu.aio._tasks import Background, cancel_and_wait
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import check_run_id
 from aimu.aio.event_json import encode_event, event_data
-from aimu.aio.events import Event, HandleFinished, RunFinished, TextChunk, ThinkingChunk
+from aimu.aio.events import HandleFinished, RunFinished
 from aimu.aio.steering import Steer, steer
 
 if TYPE_CHECKING:
+    from aimu.aio._event_tap import EventTap
     from aimu.aio.control.link import Link
     from aimu.aio.run_handle import RunHandle
 
-__all__ = ["REQUESTS", "Worker", "stream_id"]
+__all__ = ["REQUESTS", "Worker", "reraise_cancel", "stream_id"]
 
 logger = logging.getLogger("aimu.control")
 
@@ -100,7 +100,8 @@ class _Standing(enum.Enum):
 
 
 class _AttachedRun:
-    """One attached run: its unpublished events and where it stands in Redis."""
+    """One attached run: its unpublished events (its tap, numbered from 1 in this
+    attempt: a batch re-sent is appended once) and where it stands in Redis."""
 
     __slots__ = (
         "admission",
@@ -108,26 +109,24 @@ class _AttachedRun:
         "cursor_pending",
         "cursor_sent",
         "down",
-        "dropped",
-        "final",
-        "final_due",
         "handle",
         "info",
-        "next_number",
-        "queue",
         "ready",
-        "remove_listener",
         "required",
         "run_id",
         "session",
         "state",
+        "tap",
         "usage",
         "why",
     )
 
-    def __init__(self, run_id: str, handle: RunHandle[Any], info: str, required: bool) -> None:
+    def __init__(
+        self, run_id: str, handle: RunHandle[Any], info: str, required: bool, tap: EventTap
+    ) -> None:
         self.run_id = run_id
         self.handle = handle
+        self.tap = tap
         self.info = info
         self.required = required
         self.session = ""
@@ -135,8 +134,6 @@ class _AttachedRun:
             session = json.loads(info).get("session")
             self.session = session if isinstance(session, str) else ""
         self.state = _Standing.NEW
-        self.queue: deque[tuple[int, str, str]] = deque()
-        self.next_number = 1
         self.why = ""
         self.down = False
         """Refused because Redis could not be reached (a required run)."""
@@ -149,12 +146,7 @@ class _AttachedRun:
         self.cursor_sent = "0-0"
         """The last request the run's record in Redis says was applied."""
         self.cursor_pending = "0-0"
-        self.final_due: HandleFinished | None = None
-        """The handle's terminal event, once it ended, until it is queued."""
-        self.final: HandleFinished | None = None
         self.usage = ""
-        self.dropped = 0
-        self.remove_listener: Callable[[], None] | None = None
 
     @property
     def over(self) -> bool:
@@ -197,39 +189,18 @@ class Worker:
     ) -> asyncio.Future[None]:
         """Serve ``handle``'s run; the future it waits for before it starts (resolved at
         once unless ``wait`` or ``required``: it waits for its first registration)."""
-        run = _AttachedRun(run_id, handle, info, required)
-        if not (wait or required):
-            run.admit()
         if run_id in self.runs and not self.runs[run_id].over:
             handle.cancel(f"run id {run_id!r} is already running in this process")
+            return _admitted()
+        # Redis away long, the tap keeps every event but text chunks past _BUFFER.
+        run = _AttachedRun(run_id, handle, info, required,
+                           handle.tap(maxsize=_BUFFER, notify=self._kick.set))
+        if not (wait or required):
             run.admit()
-            return run.admission
         self.runs[run_id] = run
-        run.remove_listener = handle.scope.add_listener(lambda event: self._on_event(run, event))
-        handle.add_done_callback(lambda _: self._on_done(run))
+        handle.add_done_callback(lambda _: run.admit())
         self._kick.set()
         return run.admission
-
-    def _on_event(self, run: _AttachedRun, event: Event) -> None:
-        if run.state is _Standing.REJECTED:
-            return
-        if isinstance(event, RunFinished):
-            run.usage = json.dumps(dict(event.usage))
-        if len(run.queue) >= _BUFFER and isinstance(event, TextChunk | ThinkingChunk):
-            run.dropped += 1  # Redis has been away long: keep every event but chunks
-            return
-        kind, data = encode_event(event)
-        run.queue.append((run.next_number, kind, data))
-        run.next_number += 1
-        self._kick.set()
-
-    def _on_done(self, run: _AttachedRun) -> None:
-        if run.remove_listener is not None:
-            run.remove_listener()
-            run.remove_listener = None
-        run.admit()
-        run.final_due = run.handle.final
-        self._kick.set()
 
     async def registered(self, run_id: str) -> tuple[str, bool] | None:
         """Wait until Redis knows the run; None, or why it was refused and whether
@@ -287,7 +258,7 @@ class Worker:
             run.state = _Standing.REJECTED
             run.why = why
             run.down = down
-            run.queue.clear()
+            run.tap.close()
             logger.warning("run %s: %s; cancelling it in this worker", run.run_id, why)
             run.handle.cancel(why)
             run.ready.set()
@@ -302,7 +273,7 @@ class Worker:
         try:
             while not self._stopping:
                 await self._kick.wait()
-                if all(r.final_due is None and r.state is _Standing.REGISTERED
+                if all(not r.tap.ended and r.state is _Standing.REGISTERED
                        for r in self.runs.values()):
                     # Only events to send: let a few more gather (fewer, fuller batches).
                     await asyncio.sleep(_LINGER)
@@ -310,14 +281,14 @@ class Worker:
                 try:
                     more = await self._flush()
                 except (*_DOWN, RedisError) as error:
-                    _reraise_cancel()
+                    reraise_cancel()
                     failures += 1
                     self._note_down(error)
                     self._first_try_failed(error)
                     await asyncio.sleep(_BACKOFF.compute(failures))
                     self._kick.set()
                     continue
-                _reraise_cancel()  # a cancel redis-py took for a lost connection and retried
+                reraise_cancel()  # a cancel redis-py took for a lost connection and retried
                 failures = 0
                 self._note_up()
                 if more:
@@ -378,12 +349,10 @@ class Worker:
                 if run.handle.done:
                     self.runs.pop(run.run_id, None)
                 continue
-            if run.final_due is not None and run.final is None:
-                await self._take_final(run)
             if run.state in (_Standing.NEW, _Standing.AGAIN):
                 await self._register(pipe, run)
                 plan.append(("register", run, 0))
-            if run.queue or run.cursor != run.cursor_sent:
+            if run.tap.held or run.cursor != run.cursor_sent:
                 plan.append(await self._publish(pipe, run))
         if not plan:
             return False
@@ -403,17 +372,8 @@ class Worker:
         if refused is not None:
             raise refused  # the pump backs off before trying again
         return more or any(
-            r.queue or r.final_due for r in self.runs.values() if r.state is not _Standing.REJECTED
+            r.tap.held for r in self.runs.values() if r.state is not _Standing.REJECTED
         )
-
-    async def _take_final(self, run: _AttachedRun) -> None:
-        """Queue the run's terminal event (its handle has ended)."""
-        final = run.final_due
-        assert final is not None
-        run.final, run.final_due = final, None
-        kind, data = encode_event(final)
-        run.queue.append((run.next_number, kind, data))
-        run.next_number += 1
 
     async def _register(self, pipe: Any, run: _AttachedRun) -> None:
         link, keys = self._link, self._link.keys
@@ -444,9 +404,13 @@ class Worker:
     async def _publish(self, pipe: Any, run: _AttachedRun) -> tuple[str, _AttachedRun, int]:
         """Queue the next batch of the run's events (and its end, when it is in it)."""
         link, keys = self._link, self._link.keys
-        batch = [run.queue[i] for i in range(min(len(run.queue), _BATCH))]
-        last = batch[-1][0] if batch else 0
-        final = run.final if run.final is not None and last == run.next_number - 1 else None
+        batch = run.tap.peek(_BATCH)
+        first = run.tap.taken + 1
+        last = first + len(batch) - 1 if batch else 0
+        final = batch[-1] if batch and isinstance(batch[-1], HandleFinished) else None
+        for event in batch:
+            if isinstance(event, RunFinished):
+                run.usage = json.dumps(dict(event.usage))
         args: list[str | int] = [link.worker_id, link.max_events]
         if final is not None:
             args += [final.status, final.reason or "", final.error or "", f"{time.time():.6f}"]
@@ -458,8 +422,8 @@ class Worker:
             args += [json.dumps(event_data(final)["result"]), run.usage]
         else:
             args += ["", ""]
-        for number, kind, data in batch:
-            args += [number, kind, data]
+        for number, event in enumerate(batch, first):
+            args += [number, *encode_event(event)]
         await link.scripts.publish(
             keys=[
                 keys.run(run.run_id),
@@ -494,20 +458,19 @@ class Worker:
             self._reject(run, f"run {run.run_id!r} was taken over by another worker")
             return False
         (appended,) = result.values
-        while run.queue and run.queue[0][0] <= appended:
-            run.queue.popleft()
+        run.tap.advance(appended - run.tap.taken)
         if stream_id(run.cursor_pending) > stream_id(run.cursor_sent):
             run.cursor_sent = run.cursor_pending
         if step == "final" and appended >= last:
             run.state = _Standing.ENDED
             self.runs.pop(run.run_id, None)
-            if run.dropped:
+            if run.tap.dropped:
                 logger.warning(
                     "run %s: %d text chunks were not published while Redis was away",
                     run.run_id,
-                    run.dropped,
+                    run.tap.dropped,
                 )
-        return bool(run.queue)
+        return bool(run.tap.held)
 
     # -- requests published to this worker ---------------------------------------------
 
@@ -529,11 +492,11 @@ class Worker:
                 failures = 0
                 while True:
                     message = await pubsub.get_message(timeout=None)
-                    _reraise_cancel()
+                    reraise_cancel()
                     if message is not None:
                         self._on_message(message.get("data"))
             except (*_DOWN, RedisError) as error:
-                _reraise_cancel()
+                reraise_cancel()
                 failures += 1
                 self._note_down(error)
                 await asyncio.sleep(_BACKOFF.compute(failures))
@@ -560,7 +523,7 @@ class Worker:
                 self._link.keys.requests(run.run_id), f"({run.cursor}", "+"
             )
         except (*_DOWN, RedisError):
-            _reraise_cancel()
+            reraise_cancel()
             return  # the heartbeat re-reads them
         self._apply(run, [[entry_id, _flat(fields)] for entry_id, fields in entries])
 
@@ -590,10 +553,10 @@ class Worker:
             try:
                 results = await _execute(pipe)
             except _DOWN as error:
-                _reraise_cancel()
+                reraise_cancel()
                 self._note_down(error)
                 continue
-            _reraise_cancel()
+            reraise_cancel()
             for run, result in zip(live, results, strict=True):
                 if isinstance(result, BaseException) or run.state is not _Standing.REGISTERED:
                     continue
@@ -657,6 +620,12 @@ class Worker:
                               wait=_CANCEL_WAIT)
 
 
+def _admitted() -> asyncio.Future[None]:
+    admission: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    admission.set_result(None)
+    return admission
+
+
 async def _execute(pipe: Any) -> list[Any]:
     """Run a pipeline; its connection goes back to the pool whatever happens."""
     try:
@@ -674,7 +643,7 @@ _CANCEL_ROUNDS = 20
 _CANCEL_WAIT = 0.5
 
 
-def _reraise_cancel() -> None:
+def reraise_cancel() -> None:
     """redis-py may report a cancel of its read as a connection error, or retry the
     command and answer normally: never swallow it (a task cancelled stays cancelled)."""
     task = asyncio.current_task()

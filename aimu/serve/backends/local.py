@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Coroutine
 from typing import Any
 
+from aimu.aio._event_tap import EventTap
 from aimu.aio._ids import new_run_id
 from aimu.aio.agent import Agent
 from aimu.aio.ends import error_text
 from aimu.aio.event_json import event_data
-from aimu.aio.events import Event, RunFinished
+from aimu.aio.events import Event, HandleFinished, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import LocalRuns, Steer, Steering
 from aimu.aio.store import Store
@@ -61,10 +63,18 @@ class LocalBackend(RunLog):
         record.handle = handle
         self._runs_here.add(handle)
         view.status = handle.status
-        handle.scope.add_listener(lambda event: self._on_event(record, event))
-        handle.add_done_callback(lambda done: self._finished(record, done))
+        tap = handle.tap(notify=lambda: self._log(record, handle, tap))
         await self._launcher.accepted(handle)
         return view
+
+    def _log(self, record: RunRecord, handle: RunHandle[str], tap: EventTap) -> None:
+        """Add what the run's tap holds to its log; its end after the handle's done
+        callbacks (the launcher's release of the session among them)."""
+        for event in tap.take():
+            if isinstance(event, HandleFinished):
+                asyncio.get_running_loop().call_soon(self._finished, record, handle)
+            else:
+                self._on_event(record, event)
 
     def _on_event(self, record: RunRecord, event: Event) -> None:
         view = record.view

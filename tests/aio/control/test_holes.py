@@ -395,13 +395,14 @@ async def test_a_send_near_the_end_is_stored_exactly_when_it_is_accepted(
     arrived = send_arrived
     # Hold each run's end in the worker until the test lets it go.
     ends = asyncio.Event()
-    take_final = Worker._take_final
+    publish = Worker._publish
 
-    async def held(self: Worker, run: Any) -> None:
-        await ends.wait()
-        await take_final(self, run)
+    async def held(self: Worker, pipe: Any, run: Any) -> Any:
+        if run.tap.ended:
+            await ends.wait()
+        return await publish(self, pipe, run)
 
-    monkeypatch.setattr(Worker, "_take_final", held)
+    monkeypatch.setattr(Worker, "_publish", held)
 
     async def wait_for_send() -> str:
         """Wait until a send reached the worker."""
