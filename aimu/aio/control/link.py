@@ -21,7 +21,9 @@ __all__ = ["Link", "Scripts"]
 class Scripts:
     """The control's Lua scripts, registered with one client (sent by hash after once)."""
 
-    __slots__ = ("claim", "paused", "publish", "register", "renew", "request", "reserve")
+    __slots__ = (
+        "claim", "paused", "publish", "register", "renew", "request", "reserve", "standing",
+    )
 
     def __init__(self, client: redis.Redis) -> None:
         self.register: AsyncScript = client.register_script(scripts.REGISTER)
@@ -31,6 +33,7 @@ class Scripts:
         self.request: AsyncScript = client.register_script(scripts.REQUEST)
         self.reserve: AsyncScript = client.register_script(scripts.RESERVE)
         self.paused: AsyncScript = client.register_script(scripts.PAUSED)
+        self.standing: AsyncScript = client.register_script(scripts.STANDING)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise missing_extra("aio.RedisControl", "redis", error) from error
 
 from aimu.aio.control.link import Link, Scripts
-from aimu.aio.control.worker import Worker, stream_id
+from aimu.aio.control.worker import Worker, reraise_cancel, stream_id
 
 if TYPE_CHECKING:
     from aimu.aio.run_handle import RunHandle
@@ -66,6 +66,15 @@ _STATUSES: Final = frozenset({*get_args(HandleStatus), "lost"})
 FINAL: Final = _STATUSES - {"pending", "running", "lost"}
 _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
+#: How long a follower waits in one XREAD BLOCK before it checks that its run is still
+#: there (at most half the socket timeout, which a longer read would pass). Each read
+#: and check costs the follower's process CPU: at 1 s, 1,000 quiet followers took most
+#: of a loaded core, and the runs they followed stalled (issue 35: 804 of 1,000 showed
+#: no text in 300 s).
+_IDLE_BLOCK_MS = 2500
+#: A follower's read that timed out is tried again (the cursor makes it exact) this many
+#: times in a row: a busy process takes a reply late (its loop lags behind Redis).
+_READ_RETRIES = 2
 #: Connections one control may hold to Redis (Redis' own default ``maxclients``). Each
 #: follower of a run's events holds one while it waits (XREAD BLOCK), each command in
 #: flight another; redis-py 8 caps a pool at 100 by default, and past that every command
@@ -536,6 +545,37 @@ class RedisControl:
             self._unknown(run_id)
         return _info(run_id, fields, bool(leased))
 
+    async def _read(
+        self, run_id: str, key: str, cursor: str, block: int | None
+    ) -> list[Any]:
+        """The run's events after ``cursor``, waiting up to ``block`` ms for one."""
+        retries = _READ_RETRIES
+        while True:
+            with self._errors("events", run_id):
+                try:
+                    reply: Any = await self._client.xread(
+                        {key: cursor}, count=_FOLLOW_COUNT, block=block
+                    )
+                except RedisTimeoutError:
+                    reraise_cancel()
+                    if not retries:
+                        raise
+                    retries -= 1
+                    continue
+            return reply[0][1] if reply else []
+
+    async def _standing(self, run_id: str) -> tuple[str, str | None]:
+        """The run's status and worker, as :meth:`status` reads them but for less (a
+        follower asks this every few seconds while its run is quiet)."""
+        keys = self._keys
+        with self._errors("events", run_id):
+            status, worker, leased = await self._scripts.standing(
+                keys=[keys.run(run_id), keys.lease(run_id)]
+            )
+        if not status:
+            self._unknown(run_id)
+        return _status(status, bool(leased)), worker or None
+
     async def latest(self, sessions: Iterable[str]) -> dict[str, RunInfo]:
         """The latest run of each of ``sessions`` (``info["session"]``) that has one.
 
@@ -655,13 +695,9 @@ class RedisControl:
         cursor: str = after or "0-0"
         expected = 1 if after is None else None
         idle_checks = 0
+        block = max(1, min(_IDLE_BLOCK_MS, int(self.timeout * 500)))
         while True:
-            with self._errors("events", run_id):
-                wait = _FOLLOW_BLOCK_MS if idle_checks == 0 else None
-                reply: Any = await self._client.xread(
-                    {key: cursor}, count=_FOLLOW_COUNT, block=wait
-                )
-            entries: list[Any] = reply[0][1] if reply else []
+            entries = await self._read(run_id, key, cursor, block if idle_checks == 0 else None)
             for entry_id, fields in entries:
                 cursor = entry_id
                 seq = int(fields.get("seq", 0))
@@ -680,17 +716,17 @@ class RedisControl:
                 idle_checks = 0
                 continue
             # Nothing new for a while: is the run still there to wait for?
-            info = await self.status(run_id)
-            if info.status == "lost":
+            status, worker = await self._standing(run_id)
+            if status == "lost":
                 raise RunLostError(
-                    f"run {run_id!r} is lost: worker {info.worker} stopped renewing its lease; "
+                    f"run {run_id!r} is lost: worker {worker} stopped renewing its lease; "
                     "claim() it to resume from its store",
                     url=self.url,
                 )
-            if info.status in FINAL:
+            if status in FINAL:
                 if idle_checks:  # read once more without blocking: its end was not there
                     raise ControlError(
-                        f"run {run_id!r} ended {info.status} but its events after {cursor} "
+                        f"run {run_id!r} ended {status} but its events after {cursor} "
                         "have expired",
                         url=self.url,
                     )
@@ -734,14 +770,9 @@ def _passed(seen: str | None, request_id: str) -> bool:
 def _info(run_id: str, fields: dict[str, str], leased: bool) -> RunInfo:
     """A run's hash as a RunInfo; a field that is not what aimu writes reads as unknown
     (None, 0, {}), so one damaged record never breaks a listing."""
-    status = fields.get("status", "pending")
-    if status not in _STATUSES:
-        status = "failed"
-    if status == "running" and not leased:
-        status = "lost"
     return RunInfo(
         run_id=run_id,
-        status=status,  # type: ignore[arg-type]
+        status=_status(fields.get("status", "pending"), leased),
         name=fields.get("name") or None,
         worker=fields.get("worker") or None,
         attempt=_int(fields.get("attempt")),
@@ -755,6 +786,15 @@ def _info(run_id: str, fields: dict[str, str], leased: bool) -> RunInfo:
         result=_json(fields.get("result"), object, None),
         usage=_json(fields.get("usage"), dict, None),
     )
+
+
+def _status(status: str, leased: bool) -> ControlStatus:
+    """A run's status field as a status (``lost``: running without its lease)."""
+    if status not in _STATUSES:
+        return "failed"
+    if status == "running" and not leased:
+        return "lost"
+    return status  # type: ignore[return-value]
 
 
 def _json(text: str | None, kind: type[Any], default: Any) -> Any:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 __all__ = [
-    "CLAIM", "PAUSED", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "Reply", "reply",
+    "CLAIM", "PAUSED", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "STANDING", "Reply",
+    "reply",
 ]
 
 #: How many runs of the runs list each registration checks, dropping those whose record
@@ -168,6 +169,13 @@ if holder then return {'alive', holder} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('HSET', KEYS[1], 'worker', ARGV[1])
 return {'ok'}
+"""
+
+#: KEYS run, lease. -> {status or false, worker or false, 1 if leased else 0}: what a
+#: follower checks while its run is quiet, read at one instant in one round trip.
+STANDING = """
+local fields = redis.call('HMGET', KEYS[1], 'status', 'worker')
+return {fields[1], fields[2], redis.call('EXISTS', KEYS[2])}
 """
 
 #: KEYS run, requests; ARGV kind, JSON data, channel base, run_id.
