@@ -681,8 +681,9 @@ class RedisControl:
 
         Ends after the terminal ``HandleFinished``. Each event comes exactly once; to
         pick up after a disconnection pass the last ``RunEvent.id`` seen as ``after``.
-        Raises RunLostError if the worker died (claim it to resume), ControlError if
-        events were trimmed (``max_events``) or expired before they were read.
+        Raises RunLostError if the worker died (its run lost for ``lease`` seconds more:
+        a busy worker renews late; claim it to resume), ControlError if events were
+        trimmed (``max_events``) or expired before they were read.
         """
         check_run_id(run_id, self.prefix)
         if after is not None:
@@ -696,6 +697,8 @@ class RedisControl:
         expected = 1 if after is None else None
         idle_checks = 0
         block = max(1, min(_IDLE_BLOCK_MS, int(self.timeout * 500)))
+        loop = asyncio.get_running_loop()
+        lost_since: float | None = None
         while True:
             entries = await self._read(run_id, key, cursor, block if idle_checks == 0 else None)
             for entry_id, fields in entries:
@@ -713,11 +716,17 @@ class RedisControl:
                 if kind == "handle_finished":
                     return
             if entries:
-                idle_checks = 0
+                idle_checks, lost_since = 0, None
                 continue
-            # Nothing new for a while: is the run still there to wait for?
+            # Nothing new for a while: is the run still there to wait for? A lease that
+            # lapsed is renewed late by a worker too busy to keep it (issue 35: 1,000
+            # runs on a loaded machine), so only a run lost a whole lease more is gone.
             status, worker = await self._standing(run_id)
             if status == "lost":
+                lost_since = loop.time() if lost_since is None else lost_since
+                if loop.time() - lost_since < self.lease:
+                    idle_checks = 0
+                    continue
                 raise RunLostError(
                     f"run {run_id!r} is lost: worker {worker} stopped renewing its lease; "
                     "claim() it to resume from its store",
@@ -732,7 +741,7 @@ class RedisControl:
                     )
                 idle_checks = 1
             else:
-                idle_checks = 0
+                idle_checks, lost_since = 0, None
 
 
 class _Tagged:
