@@ -157,7 +157,7 @@ class Recovery:
                 await writer.record_run(dataclasses.replace(
                     current, status="failed", ended=now, recover=False,
                     reason=f"{CRASHED} {streak} times in a row: left failed, not resumed "
-                    "again (resume it by hand once the cause is fixed)",
+                    "again (once the cause is fixed: aimu runs resume RUN_ID)",
                 ))
                 await writer.set_status("failed")
                 return None

@@ -21,7 +21,7 @@ from aimu import aio
 from aimu._limit_options import limits_from, session_limits_from
 from aimu.aio.approvals import Approvals
 from aimu.aio.store import RunRecord, Store
-from aimu.cli import build_parser
+from aimu.cli import build_parser, main
 from aimu.serve import app, recovery
 from aimu.serve.agents import open_store
 from aimu.serve.command import run_serve
@@ -311,6 +311,34 @@ async def test_a_dead_run_behind_a_page_of_live_ones_is_found(
     finally:
         for writer in live:
             await writer.aclose()
+        await application.aclose()
+        await client.aclose()
+
+
+async def test_a_run_left_failed_goes_on_once_resumed_by_hand(
+    tmp_path: Path, model: LoopbackServer
+) -> None:
+    """A run left failed after three deaths is resumed "by hand" from a terminal:
+    ``aimu runs resume RUN --store`` marks it, and the next look of a recovering server
+    goes on with it (once)."""
+    client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+    application = app(client, store=tmp_path / "s.db")
+    try:
+        ids = await _crashed_session(application.runs.store, "thrice", 3)
+        look = Recovery(application.runs)
+        assert await look.look() == []  # left failed, not resumed
+        argv = ["runs", "resume", ids[-1], "--store", str(tmp_path / "s.db")]
+        assert await asyncio.to_thread(main, argv) == 0
+        [resumed] = await look.look()
+        store = application.runs.store
+
+        async def completed() -> bool:
+            record = await store.run(resumed)
+            return record is not None and record.status == "completed"
+
+        await until("the resumed run completes", completed)
+        assert await look.look() == []  # the mark is spent
+    finally:
         await application.aclose()
         await client.aclose()
 
