@@ -17,13 +17,14 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
-import ollama
-import pydantic
 
 from aimu.aio.providers.ollama import resolve_host
+
+if TYPE_CHECKING:
+    import ollama
 
 __all__ = [
     "Lines",
@@ -78,6 +79,8 @@ _MODEL_NOT_FOUND = re.compile(r"model\b.*\bnot found", re.IGNORECASE | re.DOTALL
 
 async def list_models(host: str | None = None) -> list[ModelInfo]:
     """The models of the Ollama server at ``host`` (default: ``OLLAMA_HOST``), by name."""
+    import ollama  # here, not at the top: every aimu command imports this module
+
     url = resolve_host(host)
     try:
         async with ollama.AsyncClient(host=url) as client:
@@ -112,6 +115,8 @@ async def is_missing(model: str, host: str | None = None) -> bool:
     """True when the Ollama server says it does not have ``model`` (its own 404 "model
     not found"); False when it has it, or cannot say (down, an error of its own, or a
     proxy's 404 for the path: the chat request itself says what is wrong)."""
+    import ollama
+
     url = resolve_host(host)
     try:
         async with ollama.AsyncClient(host=url) as client:
@@ -130,6 +135,8 @@ async def pull(
 ) -> None:
     """Pull ``model`` onto the Ollama server, calling ``on_progress(status, completed,
     total)`` as it goes; ModelsError when the model does not exist or the server is down."""
+    import ollama
+
     url = resolve_host(host)
     try:
         async with ollama.AsyncClient(host=url) as client:
@@ -148,6 +155,8 @@ async def _checked(
     """The progress lines of a pull, each one Ollama could have sent: a line that is not a
     JSON object, or a count that is not a whole number of bytes, is ModelsError naming
     the server (not a traceback, nor "-50% of -10 B")."""
+    import pydantic
+
     while True:
         try:
             part = await anext(stream)
