@@ -330,7 +330,9 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
                 async for _ in model.stream_turn(USER, stream=stream):
                     pass
             errors.append(caught.value)
-    refused = OpenAIClient("m", base_url=f"http://127.0.0.1:{closed_port()}/v1", api_key=KEY)
+    refused = OpenAIClient(  # its retries logged too, without the backoff's ~3 s of waits
+        "m", base_url=f"http://127.0.0.1:{closed_port()}/v1", api_key=KEY, retry_delay=0.001
+    )
     with pytest.raises(ModelConnectionError) as caught_refused:
         await refused.chat("x")
     await refused.aclose()
