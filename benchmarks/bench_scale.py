@@ -452,10 +452,11 @@ class Passes:
         asyncio.events.Handle._run = self.run  # type: ignore[method-assign]
         del self.loop._run_once  # type: ignore[attr-defined]
 
-    def figures(self) -> dict[str, float]:
+    def figures(self, runs: int) -> dict[str, float]:
         if not self.counts:
             return {}
-        return {"passes": len(self.counts), "callbacks_p50": percentile(self.counts, 0.5),
+        return {"passes": len(self.counts), "callbacks_run": sum(self.counts) / runs,
+                "callbacks_p50": percentile(self.counts, 0.5),
                 "callbacks_p99": percentile(self.counts, 0.99),
                 "callbacks_max": max(self.counts),
                 "pass_p99_ms": percentile(self.busy, 0.99) * 1000,
@@ -519,12 +520,13 @@ async def cancel_all(run: Run, kept: Kept, n: int) -> dict[str, Any]:
                 await started.wait()
         except TimeoutError:
             out["never_streamed"] = n - count
-        begin = time.monotonic()
+        begin, cpu0 = time.monotonic(), cpu()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        returned = time.monotonic() - begin
+        returned, used = time.monotonic() - begin, cpu() - cpu0
     out.update({"cancel_at": begin, "cancels_ms": returned * 1000, "kept": kept(),
+                "cpu_ms": used / n * 1000,  # CPU per run, cancel to every cancel returned
                 "lag_ms": ticker.p99_ms()})
     return out
 
@@ -537,7 +539,7 @@ async def measure(name: str, url: str, n: int, phases: str, rounds: int,
     if "throughput" in phases:
         with Passes(asyncio.get_running_loop()) if passes else contextlib.nullcontext() as seen:
             out.update(await throughput(run, n, rounds))
-        out.update(seen.figures() if seen else {})
+        out.update(seen.figures(n * rounds) if seen else {})
     if "cancel" in phases:
         out.update({f"c_{k}": v for k, v in (await cancel_all(run, kept, n)).items()})
     await cleanup()
@@ -690,14 +692,18 @@ def report(rows: dict[tuple[int, str], list[dict[str, Any]]], sizes: list[int],
                      + (f" crashed {crashed}" if crashed else ""),
                      f"{statistics.median(r.get('load', r.get('c_load', 0)) for r in got):.1f}")
             print("| " + " | ".join(cells) + " |")
-    print("\nCounts (load-independent; the warm-up run included), medians: requests and "
-          "connections the server saw from the client process; per run: young collections, "
-          "seconds of collection; full collections in the round; lag p99 less the "
-          "collections inside each tick" + ("; loop passes: callbacks run per pass p50/p99/max, "
-                                            "the callbacks' time in a pass p99" if options.passes
-                                            else ""))
+    print("\nCounts, load-independent (medians): requests and connections the server saw "
+          "from the client process (its warm-up run included), young collections per run, "
+          "full collections in the round" + (", loop callbacks per run" if options.passes
+                                              else "") + "; and times: seconds of collection "
+          "per run, CPU per run of the cancel-all (until every cancel returned), lag p99 "
+          "and lag p99 less the collections inside each tick"
+          + ("; callbacks run per loop pass p50/p99/max and their time in a pass p99"
+             if options.passes else ""))
     head = ("N", "contender", "requests", "connections", "young GCs/run", "GC ms/run",
-            "full GCs", "lag p99 ms", "less GC", *(("callbacks/pass", "pass p99 ms")
+            "cancel CPU ms/run",
+            "full GCs", "lag p99 ms", "less GC", *(("callbacks/run", "callbacks/pass",
+                                                    "pass p99 ms")
                                                    if options.passes else ()))
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
@@ -707,19 +713,27 @@ def report(rows: dict[tuple[int, str], list[dict[str, Any]]], sizes: list[int],
             return format(statistics.median(values), form) if values else "-"
 
         cells = [f"{n:,}", name, med("requests", form=",.0f"), med("connections", form=",.0f"),
-                 med("young", form=".3f"), med("gc_ms"), med("full", form=".0f"),
+                 med("young", form=".3f"), med("gc_ms"), med("c_cpu_ms"),
+                 med("full", form=".0f"),
                  med("lag_ms"), med("lag_bare_ms")]
         if options.passes:
-            cells += [f"{med('callbacks_p50', form='.0f')}/{med('callbacks_p99', form='.0f')}"
+            cells += [med("callbacks_run", form=".0f"),
+                      f"{med('callbacks_p50', form='.0f')}/{med('callbacks_p99', form='.0f')}"
                       f"/{med('callbacks_max', form='.0f')}", med("pass_p99_ms")]
         print("| " + " | ".join(cells) + " |")
     if options.leak > 1:
-        print(f"\nRSS after each of {options.leak} rounds of N (MB), growth first to last:")
+        print(f"\nRSS after each of {options.leak} rounds of N (MB, gc'd), growth from the "
+              "first round to the last, and from the second (the first round to run with "
+              "every connection already open, so all N in flight at once) to the last:")
         for (n, name), got in rows.items():
             for r in got:
+                if "rss_rounds" not in r:
+                    continue
                 mb = [x / 2**20 for x in r["rss_rounds"]]
                 growth = (mb[-1] - mb[0]) / mb[0] * 100
-                print(f"  N={n} {name}: {' '.join(f'{x:.1f}' for x in mb)} ({growth:+.1f} %)")
+                warm = (mb[-1] - mb[1]) / mb[1] * 100 if len(mb) > 2 else growth
+                print(f"  N={n} {name}: {' '.join(f'{x:.1f}' for x in mb)} ({growth:+.1f} %; "
+                      f"{warm:+.1f} % from the second)")
 
 
 if __name__ == "__main__":
