@@ -308,6 +308,7 @@ class _TurnAttempt:
             self.end_here(*self.here)
         for sent in self.request.sends:
             _send(handle, sent.text or "", sent.images, self._spawn)
+        self.background.spawn(self._beat())
         self.background.spawn(self._tick())
         try:
             await ended(handle)
@@ -442,12 +443,18 @@ class _TurnAttempt:
                 continue
             tap.advance(len(events))
 
+    async def _beat(self) -> None:
+        """Heartbeat every tick, whatever else waits (a read of the controls that a busy
+        Temporal answers late must not make the turn look dead: it would be retried)."""
+        while True:
+            activity.heartbeat(self.applied)
+            await asyncio.sleep(self.owner.tick)
+
     async def _tick(self) -> None:
-        """Heartbeat, and take the controls the workflow accepted, every tick."""
+        """Take the controls the workflow accepted, every tick."""
         handle = self.handle
         assert handle is not None
         while True:
-            activity.heartbeat(self.applied)
             try:
                 controls: list[Control] = await self.workflow.query(
                     CONTROLS_QUERY, self.applied, result_type=list[Control]

@@ -194,7 +194,17 @@ class RunsClient:
         """Ask the run to stop at its next step boundary; False if it had ended."""
         if not await self._open(run_id):
             return False
-        return await self._rpc(run_id, self._handle(run_id).signal("aimu.interrupt"))
+        recorded = await self._rpc(run_id, self._handle(run_id).signal("aimu.interrupt"))
+        await self._redis_too(run_id, Steer("interrupt"))
+        return recorded
+
+    async def _redis_too(self, run_id: str, request: Steer) -> None:
+        """Deliver a request the workflow recorded through Redis too, so the running turn
+        takes it at once rather than at its next read of its controls (an interrupt or a
+        stop: taking one twice changes nothing)."""
+        if self.redis is not None:
+            with contextlib.suppress(ControlError):
+                await self.redis.request(run_id, request)
 
     async def stop(self, run_id: str, grace: float = 5.0) -> dict[str, Any]:
         """Interrupt now, cancel ``grace`` seconds later if still running; its final state."""
@@ -210,7 +220,9 @@ class RunsClient:
             )
         if not await self._open(run_id):
             return False
-        return await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))
+        recorded = await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))
+        await self._redis_too(run_id, Steer("stop", grace=grace))
+        return recorded
 
     async def send(self, run_id: str, text: str, *, images: Sequence[object] = ()) -> None:
         """Give ``text`` (and ``images``: bytes, paths or ``data:`` URLs, checked here as

@@ -1,0 +1,50 @@
+"""With Redis control, an interrupt (and a stop) reaches the running turn through Redis
+at once, not at the turn's next read of its controls from the workflow (a query the
+worker answers: every ``--heartbeat``, and late on a busy worker)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aimu import aio
+from aimu.aio.store import SQLiteStore
+from aimu.serve.agents import agent_factory
+from aimu.temporal import AgentWorker, RunsClient
+from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.server import LoopbackServer
+from tests.services import redis_url
+
+
+async def test_an_interrupt_lands_through_redis_between_two_reads_of_the_controls(
+    temporal: str, queue: str, store: SQLiteStore, model_server: LoopbackServer,
+) -> None:
+    running, interrupted = asyncio.Event(), asyncio.Event()
+
+    async def work(ctx: aio.ToolContext) -> str:
+        """Work until interrupted."""
+        running.set()
+        while not ctx.interrupt_requested:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        interrupted.set()
+        return "stopped working"
+
+    model_server.script = [Turn(tool_calls=(ScriptedCall("work", {}),)), Turn("never")]
+    agents, close = agent_factory(aio.client("ollama:test", host=model_server.url), store,
+                                  tools=[aio.tool(work)])
+    async with aio.RedisControl(redis_url(), f"aimu-t-{queue}") as control:
+        # The turn reads its controls as it starts, then 60 s later: only Redis is quick.
+        worker = AgentWorker(agents, store, temporal=temporal, task_queue=queue,
+                             redis=control, heartbeat=60)
+        runs = await RunsClient.connect(temporal, queue, redis=control, heartbeat_timeout=300)
+        try:
+            await worker.start()
+            run_id = await runs.start("s1", "work")
+            await asyncio.wait_for(running.wait(), 60)
+            assert await runs.interrupt(run_id)
+            await asyncio.wait_for(interrupted.wait(), 30)
+            state = await runs.wait(run_id, timeout=60)
+            assert state["status"] == "interrupted"
+            assert len(model_server.requests) == 1
+        finally:
+            await worker.aclose()
+            await close()
