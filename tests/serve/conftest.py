@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests import services
 from tests.serve.harness import ARTIFACTS, WAIT_MS, http, model_server, served
 
 __all__ = ["browser", "http", "model_server", "page", "served"]
@@ -17,18 +18,18 @@ __all__ = ["browser", "http", "model_server", "page", "served"]
 
 @pytest.fixture
 async def browser(chromium_path: str) -> AsyncIterator[object]:
+    """This test's connection to the test process's one Chromium (services.BrowserServer);
+    closing it closes every context the test opened."""
     from playwright.async_api import async_playwright, expect
 
     expect.set_options(timeout=WAIT_MS)  # a loaded machine, not a slow page
+    endpoint = services.browser_endpoint()
     async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(
-            executable_path=chromium_path,
-            args=["--no-sandbox", "--disable-dev-shm-usage"],  # as root, in a container
-        )
+        connected = await playwright.chromium.connect(endpoint)
         try:
-            yield launched
+            yield connected
         finally:
-            await launched.close()
+            await connected.close()
 
 
 @pytest.fixture
