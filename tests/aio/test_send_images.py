@@ -173,7 +173,11 @@ async def test_a_send_with_images_at_each_await_point_joins_once(
     """Sent before the run starts, while a reply streams, while a tool runs, or while the
     model writes a summary (SummarizeOlderTurns): the images join once, as one message."""
     gate = Gate()
-    slow = Turn(text=" ".join(["word"] * 15), delay=0.2)  # streams for ~3 s: in flight
+    # Fifteen chunks with a wait between each: the loopback server runs in this loop, so
+    # once wait_requests() wakes the test (the request read), the send below lands before
+    # the server's next chunk, however short the wait or loaded the machine (0.2 s a
+    # chunk made each of these tests sit out ~3 s of stream, twice for the summary).
+    slow = Turn(text=" ".join(["word"] * 15), delay=0.02)
 
     def script(request: dict[str, object]) -> Turn:
         messages = request["messages"]
