@@ -265,6 +265,18 @@ def uvicorn_serving(
         sock.close()
 
 
+@contextlib.contextmanager
+def hurried(model: LoopbackServer) -> Iterator[None]:
+    """Inside the block the model server streams without its turns' delays: for the end
+    of a test whose send, stop or input has landed and that has only a slow reply's end to
+    wait for (a "long" one streams for ~8 s)."""
+    model.hurried = True
+    try:
+        yield
+    finally:
+        model.hurried = False
+
+
 @dataclass
 class Served:
     url: str

@@ -14,7 +14,7 @@ import pytest
 
 from aimu.aio.store import SQLiteStore
 from aimu.aio.transcript import CANCELLED_RESULT, validate
-from tests.serve.harness import GATE, MAILED, WAIT_MS, Served
+from tests.serve.harness import GATE, MAILED, WAIT_MS, Served, hurried
 
 pytestmark = pytest.mark.slow
 WAIT_S = WAIT_MS / 1000
@@ -191,9 +191,14 @@ async def test_input_typed_during_a_run_joins_it(page: object, served: Served) -
     # The model's first turn is streaming (for seconds): the run is in progress.
     await expect(page.locator(".msg.assistant").last).to_contain_text("w2 ")
     await page.locator("#input").fill("hello during")
-    await page.locator("#input").press("Enter")
-    await expect(page.locator(".msg.assistant").last).to_contain_text("answer to hello during")
-    await expect(page.locator("#status")).to_have_text("completed")
+    async with page.expect_response(lambda answer: answer.url.endswith("/send")) as sent:
+        await page.locator("#input").press("Enter")
+    assert (await sent.value).status == 202
+    with hurried(served.model):  # the send landed: the rest of the turn need not crawl
+        await expect(page.locator(".msg.assistant").last).to_contain_text(
+            "answer to hello during"
+        )
+        await expect(page.locator("#status")).to_have_text("completed")
     assert await page.locator(".msg.user .mark").count() == 0  # sent, not queued
     messages = await stored(served, "during")
     validate(messages)  # type: ignore[arg-type]

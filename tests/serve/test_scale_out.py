@@ -19,7 +19,15 @@ import pytest
 
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
-from tests.serve.harness import SSE, aimu_serve, collect, postgres_database, sse_events, start
+from tests.serve.harness import (
+    SSE,
+    aimu_serve,
+    collect,
+    hurried,
+    postgres_database,
+    sse_events,
+    start,
+)
 from tests.serve.test_steer import PNG_URL
 
 pytestmark = pytest.mark.slow
@@ -168,7 +176,7 @@ async def test_stop_pressed_on_a_page_served_by_one_process_stops_a_run_in_the_o
 
 
 async def test_send_on_one_server_joins_a_run_in_the_other(
-    pair: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    model_server: LoopbackServer, pair: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
     on_a, on_b = pair
     run_id = await start(on_a, "steered", "long steer")
@@ -178,7 +186,8 @@ async def test_send_on_one_server_joins_a_run_in_the_other(
         f"/runs/{run_id}/send", json={"text": "from B", "images": [PNG_URL]}
     )
     assert response.status_code == 202, response.text
-    events = await collect(on_b, run_id)
+    with hurried(model_server):  # the send landed: the rest of the turn need not crawl
+        events = await collect(on_b, run_id)
     assert events[-1].data["status"] == "completed"
     run = (await on_a.get(f"/runs/{run_id}")).json()
     assert run["reply"].startswith("answer to [{'type': 'text', 'text': 'from B'}")

@@ -376,6 +376,26 @@ async def test_close_during_a_delay_is_recorded(protocol: str) -> None:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_hurried_server_streams_without_the_delays_until_it_is_not(
+    protocol: str,
+) -> None:
+    slow = Turn("abcdef", chunks=3, delay=3600)  # an hour between chunks unless hurried
+    async with serving([slow, slow]) as server, httpx.AsyncClient() as http:
+        url = chat_url(server, protocol)
+        server.hurried = True
+        async with asyncio.timeout(60):  # a safety net: unhurried, it would take two hours
+            whole = await http.post(url, json=body(protocol, stream=True))
+        server.hurried = False
+        first = await first_line_then_close(http, url, body(protocol, stream=True))
+        await server.wait_abandoned()
+    assert whole.status_code == 200 and "ef" in whole.text
+    assert "ab" in first
+    hurried, calm = server.streams
+    assert hurried.completed and hurried.chunks_sent > 3
+    assert not calm.completed and calm.chunks_sent == 1  # it waited its hour, and was left
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_close_during_a_hang_is_recorded(protocol: str) -> None:
     turn = Turn("a b c", fault="hang", fault_after=1)
     async with serving([turn]) as server, httpx.AsyncClient() as http:

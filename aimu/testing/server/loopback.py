@@ -123,6 +123,10 @@ class LoopbackServer:
         #: with each request, and Python's full collections (every ~1 s of a busy server)
         #: grow with it, to pauses of 100-250 ms that land on whichever client is talking.
         self.keep_records = keep_records
+        #: True: streamed replies send their next chunks without their turns' delays (a
+        #: wait under way ends as it would), the ones streaming now included: a test whose
+        #: stop, send or input has landed need not sit the rest of a slow reply out.
+        self.hurried = False
         self.requests: list[RecordedRequest] = []
         self.streams: list[StreamRecord] = []
         self.connections_accepted = 0
@@ -452,4 +456,5 @@ class LoopbackServer:
         if isinstance(wire, ResponsesWire) and wire.background():
             return await self.background.create(connection, wire, turn, record)
         echo = prefill(wire.body.get("messages")) if self.echoes_prefill else ""
-        return await play(connection, wire, turn, record, self._notify, echo)
+        return await play(connection, wire, turn, record, self._notify, echo,
+                          lambda: self.hurried)

@@ -48,14 +48,16 @@ async def play(
     record: StreamRecord,
     notify: Callable[[], None],
     echo: str = "",
+    hurried: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Send ``turn`` as the reply; False when the connection must close (cut or gone).
 
     ``notify`` is called after each chunk and when the client abandons the reply.
     ``echo`` (the prefill, from a server that echoes it) goes first: one text chunk of
-    its own when streamed, the start of the content when whole.
+    its own when streamed, the start of the content when whole. While ``hurried()`` is
+    true, a streamed reply sends its next chunks without the turn's delay.
     """
-    player = _Player(connection, wire, turn, record, notify, echo)
+    player = _Player(connection, wire, turn, record, notify, echo, hurried)
     connection.watch()
     try:
         return await (player.stream() if record.streamed else player.whole())
@@ -72,6 +74,7 @@ class _Player:
     record: StreamRecord
     notify: Callable[[], None]
     echo: str = ""
+    hurried: Callable[[], bool] = lambda: False
 
     def _gone(self) -> bool:
         """The client went away: record it, and close."""
@@ -145,7 +148,7 @@ class _Player:
         for position in range(len(pieces) + 1):
             if position == len(pieces) and position != fault_at:
                 break
-            if position and await connection.wait(turn.delay):
+            if position and await connection.wait(0.0 if self.hurried() else turn.delay):
                 return self._gone()
             if position == fault_at:
                 return await self._mid_stream_fault()
