@@ -109,9 +109,10 @@ def serve(delay: float) -> None:
         while line := await reader.readline():
             command, *args = line.decode().split()
             answer: dict[str, Any] = {}
-            if command == "reset":  # forget the last round
+            if command == "reset":  # forget the last round (its connections counted too)
                 server.requests.clear()
                 server.streams.clear()
+                server.connections_accepted = 0
                 tags.clear()
             elif command == "held":  # wait until N streams are held mid-way
                 with contextlib.suppress(TimeoutError):
