@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -189,7 +189,25 @@ class Activities:
     async def turn(self, request: TurnRequest) -> TurnOutcome:
         """Run (or resume) the turn on this worker until it ends, pauses or is stopped."""
         info = activity.info()
-        running = await self._take_over(request.run_id)
+        taken: list[_Running] = []
+        # Heartbeats from the start, whatever waits (an earlier attempt letting the
+        # session go, opening it, Redis, a read of the controls that a busy Temporal
+        # answers late): a silent turn would be timed out and retried.
+        beat = asyncio.ensure_future(self._beat(lambda: _applied(request, taken)))
+        try:
+            taken.append(await self._take_over(request.run_id))
+            return await self._turn(request, taken[0], info.attempt)
+        finally:
+            beat.cancel()
+            await asyncio.wait([beat])
+
+    async def _beat(self, details: Callable[[], int]) -> None:
+        while True:
+            activity.heartbeat(details())
+            await asyncio.sleep(self.tick)
+
+    async def _turn(self, request: TurnRequest, running: _Running, attempt_number: int
+                    ) -> TurnOutcome:
         try:
             agent = self.agents(request.session)
             try:
@@ -204,15 +222,24 @@ class Activities:
             except BaseException:
                 await agent.aclose()
                 raise
-            attempt = running.attach(_TurnAttempt(self, agent, request, info.attempt))
+            attempt = running.attach(_TurnAttempt(self, agent, request, attempt_number))
             try:
-                return await attempt.execute()
-            finally:
-                await agent.aclose()
-                if attempt.drained and attempt.handle is not None:
-                    await _uncancellable(_mark_drained(self.store, request, attempt.handle))
+                outcome = await attempt.execute()
+            except BaseException:
+                await _uncancellable(self._close(agent, attempt))
+                raise
+            # The turn has ended: its session is let go whatever comes, and a cancel that
+            # comes meanwhile does not hide how it ended (the workflow sees the cancel).
+            with contextlib.suppress(asyncio.CancelledError):
+                await _uncancellable(self._close(agent, attempt))
+            return outcome
         finally:
             self._gone(request.run_id, running)
+
+    async def _close(self, agent: Agent, attempt: _TurnAttempt) -> None:
+        await agent.aclose()
+        if attempt.drained and attempt.handle is not None:
+            await _mark_drained(self.store, attempt.request, attempt.handle)
 
 
 class _Running:
@@ -308,7 +335,6 @@ class _TurnAttempt:
             self.end_here(*self.here)
         for sent in self.request.sends:
             _send(handle, sent.text or "", sent.images, self._spawn)
-        self.background.spawn(self._beat())
         self.background.spawn(self._tick())
         try:
             await ended(handle)
@@ -443,13 +469,6 @@ class _TurnAttempt:
                 continue
             tap.advance(len(events))
 
-    async def _beat(self) -> None:
-        """Heartbeat every tick, whatever else waits (a read of the controls that a busy
-        Temporal answers late must not make the turn look dead: it would be retried)."""
-        while True:
-            activity.heartbeat(self.applied)
-            await asyncio.sleep(self.owner.tick)
-
     async def _tick(self) -> None:
         """Take the controls the workflow accepted, every tick."""
         handle = self.handle
@@ -564,6 +583,12 @@ class _TurnAttempt:
         usage = {} if final is None else {"input_tokens": final.usage["input_tokens"],
                                           "output_tokens": final.usage["output_tokens"]}
         return TurnOutcome(HANDED_OFF, usage=usage, applied=self.applied, ended=status)
+
+
+def _applied(request: TurnRequest, taken: list[_Running]) -> int:
+    """The number of the last control the turn took (its heartbeat's details)."""
+    attempt = taken[0].attempt if taken else None
+    return request.controls_after if attempt is None else attempt.applied
 
 
 async def _reopened(control: Any, run_id: str) -> bool:

@@ -1,6 +1,6 @@
-"""A cancel that reaches a turn as it ends paused (the turn is past its last heartbeat,
-so it never hears of it, and returns its pause) still ends the run: cancelled, with
-the pause it ended in recorded so, not waiting for decisions forever."""
+"""A cancel that reaches a turn as it ends paused (it comes as the turn lets its session
+go: the turn lets it go all the same and returns its pause) still ends the run:
+cancelled, with the pause it ended in recorded so, not waiting for decisions forever."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ async def test_a_cancel_as_the_turn_pauses_ends_the_run_cancelled(
         await asyncio.wait_for(closing.wait(), 60)  # paused; the turn lets its session go
         assert await runs.cancel(run_id, "the user pressed Stop")
         await cancel_requested(runs, run_id)
-        go.set()  # the turn returns its pause: the cancel it never heard of went to it
+        go.set()  # the turn returns its pause: the workflow's cancel went to it
         state = await runs.wait(run_id, timeout=30)
         assert (state["status"], state["reason"]) == ("cancelled", "the user pressed Stop")
         info = await store.info("s1")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -19,7 +21,57 @@ from aimu.temporal._worker import _RUNNER
 from aimu.temporal._workflow import RunWorkflow
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
-from tests.temporal.conftest import HEARTBEAT_TIMEOUT
+from tests.temporal.conftest import HEARTBEAT_TIMEOUT, Workers
+
+
+async def beats_past_the_timeout(runs: RunsClient, run_id: str) -> None:
+    """Wait until the turn's heartbeats have gone on past the heartbeat timeout from
+    now, on its first attempt (AssertionError once Temporal timed it out)."""
+    handle = runs.client.get_workflow_handle(run_id)
+    first = None
+    async with asyncio.timeout(60):
+        while True:
+            [turn] = (await handle.describe()).raw_description.pending_activities
+            assert turn.attempt == 1, turn
+            if turn.HasField("last_heartbeat_time"):
+                beat = turn.last_heartbeat_time.ToDatetime().timestamp()
+                first = first or beat
+                if beat - first > HEARTBEAT_TIMEOUT + 1:
+                    return
+            await asyncio.sleep(0.1)
+
+
+class SlowToOpen(SQLiteStore):
+    """A store whose sessions open only once ``gate`` is set (``opening`` says it waits)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.opening, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def open_session(self, session: str) -> Any:
+        self.opening.set()
+        await self.gate.wait()
+        return await super().open_session(session)
+
+
+async def test_a_turn_heartbeats_while_its_session_is_slow_to_open(
+    temporal: str, queue: str, runs: RunsClient, model_server: LoopbackServer, tmp_path: Path,
+) -> None:
+    store = SlowToOpen(tmp_path / "sessions.db")
+    workers = Workers(temporal, queue, store, model_server)
+    try:
+        await workers.start()
+        run_id = await runs.start("s1", "hello")
+        await asyncio.wait_for(store.opening.wait(), 60)  # the turn waits for its session
+        await beats_past_the_timeout(runs, run_id)
+        store.gate.set()
+        state = await runs.wait(run_id, timeout=60)
+        assert state["status"] == "completed"
+        assert len(model_server.requests) == 1  # no retried turn asked the model again
+    finally:
+        store.gate.set()
+        await workers.aclose()
+        await store.aclose()
 
 
 async def test_a_turn_heartbeats_while_its_controls_go_unanswered(
@@ -58,17 +110,7 @@ async def test_a_turn_heartbeats_while_its_controls_go_unanswered(
         await asyncio.wait_for(running.wait(), 60)
         await workflows.shutdown()  # nobody answers the turn's reads of its controls now
         await running_workflows
-        handle = client.get_workflow_handle(run_id)
-        stopped = None
-        async with asyncio.timeout(60):
-            while True:  # heartbeats go on past the heartbeat timeout, on the first attempt
-                [turn] = (await handle.describe()).raw_description.pending_activities
-                assert turn.attempt == 1, turn
-                beat = turn.last_heartbeat_time.ToDatetime().timestamp()
-                stopped = stopped or beat
-                if beat - stopped > HEARTBEAT_TIMEOUT + 1:
-                    break
-                await asyncio.sleep(0.1)
+        await beats_past_the_timeout(runs, run_id)
         go.set()
         workflows = workflow_worker()
         running_workflows = asyncio.ensure_future(workflows.run())
