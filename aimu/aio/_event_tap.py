@@ -24,6 +24,7 @@ A tap listens until the run ends (its terminal then held) or its reader closes i
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Final
@@ -44,8 +45,8 @@ class EventTap(AsyncIterator[Event]):
     by ``handle.tap()`` (or ``handle.events()``), read by one reader."""
 
     __slots__ = (
-        "_closed", "_detach", "_ended", "_held", "_loop", "_maxsize", "_notify", "_paced",
-        "_waiter", "dropped", "taken",
+        "_closed", "_detach", "_ended", "_held", "_listening", "_loop", "_notify", "_paced",
+        "_room", "_waiter", "dropped", "taken",
     )
 
     def __init__(
@@ -57,28 +58,29 @@ class EventTap(AsyncIterator[Event]):
         if maxsize is not None and maxsize < 1:
             raise ValueError(f"tap(maxsize={maxsize}): the buffer needs room for 1 event")
         self._loop = loop
-        self._maxsize = maxsize
+        self._room = sys.maxsize if maxsize is None else maxsize
         self._notify = notify
         self._held: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._closed = False
+        self._listening = True
+        """Neither ended nor closed (one test per event pushed)."""
         self._detach: Callable[[], None] = _nothing
         self._paced = float("-inf")
         #: Text and thinking chunks dropped because the reader fell behind (``maxsize``).
         self.dropped = 0
-        #: Events taken so far: the next held event is number ``taken + 1`` of this tap.
+        #: Events taken by take(), advance() and batch() (not counted while iterating, a
+        #: cost per event): the next held event is then number ``taken + 1``.
         self.taken = 0
 
     # -- the run's side ----------------------------------------------------------------
 
     def _push(self, event: Event) -> None:
-        if self._ended or self._closed:
+        if not self._listening:
             return
         held = self._held
-        if self._maxsize is not None and len(held) >= self._maxsize and isinstance(
-            event, _DROPPABLE
-        ):
+        if len(held) >= self._room and isinstance(event, _DROPPABLE):
             self.dropped += 1
             return
         held.append(event)
@@ -88,7 +90,7 @@ class EventTap(AsyncIterator[Event]):
         """The run ended: hold its terminal event (unless the reader closed the tap)."""
         if self._ended:
             return
-        self._ended = True
+        self._ended, self._listening = True, False
         if not self._closed:
             self._held.append(terminal)
         self._unlisten()
@@ -190,14 +192,22 @@ class EventTap(AsyncIterator[Event]):
         return self
 
     async def __anext__(self) -> Event:
-        if not await self.wait():
-            raise StopAsyncIteration
-        self.taken += 1
-        return self._held.popleft()
+        held = self._held
+        while not held:  # wait() and _woken() inlined: this runs for every event read
+            if self._ended or self._closed:
+                raise StopAsyncIteration
+            if self._waiter is not None:
+                raise RuntimeError("an EventTap has one reader: tap the run again for another")
+            self._waiter = waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return held.popleft()
 
     def close(self) -> None:
         """Stop listening; the events held are discarded, a waiting reader ends."""
-        self._closed = True
+        self._closed, self._listening = True, False
         self._held.clear()
         self._unlisten()
         waiter = self._waiter
