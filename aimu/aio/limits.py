@@ -242,13 +242,6 @@ class Spend:
         self.wall = 0.0
         self.estimated = False
 
-    def add_tokens(self, usage: Usage, price: ModelPrice | None, *, estimated: bool) -> None:
-        self.input_tokens += usage["input_tokens"]
-        self.output_tokens += usage["output_tokens"]
-        if price is not None:
-            self.cost += price.of(usage["input_tokens"], usage["output_tokens"])
-        self.estimated = self.estimated or estimated
-
     def add(self, other: Spend) -> None:
         self.requests += other.requests
         self.tool_calls += other.tool_calls
@@ -327,7 +320,8 @@ class Budget:
     """
 
     __slots__ = (
-        "_checks", "_limits", "_outer", "_priced", "_scopes", "_started", "_wall", "limited",
+        "_checks", "_limits", "_outer", "_priced", "_scopes", "_spends", "_started", "_wall",
+        "limited",
         "model", "price", "run", "session", "session_limits_set", "shared", "wall_at", "watch",
     )
 
@@ -346,6 +340,8 @@ class Budget:
         #: What the runs that share a budget with this one (a workflow run's agent runs,
         #: an agent tree's) spend together: each is counted what this run spends.
         self.shared = tuple(budget.spend for budget in shared_chain)
+        #: Every spend this run counts into: its own, its session's, and the shared ones.
+        self._spends = (self.run, session, *self.shared)
         self._priced = tuple(each for each in (limits, session_limits) if each is not None)
         self._priced += tuple(budget.limits for budget in shared_chain)
         #: The model whose price counts the tokens (:meth:`reprice` moves it).
@@ -437,15 +433,11 @@ class Budget:
         return LimitHit("wall", wall, spent.wall + time.monotonic() - since, per)
 
     def count_request(self) -> None:
-        self.run.requests += 1
-        self.session.requests += 1
-        for spend in self.shared:
+        for spend in self._spends:
             spend.requests += 1
 
     def count_tools(self, calls: int) -> None:
-        self.run.tool_calls += calls
-        self.session.tool_calls += calls
-        for spend in self.shared:
+        for spend in self._spends:
             spend.tool_calls += calls
 
     def reprice(self, model: str) -> None:
@@ -463,13 +455,17 @@ class Budget:
     ) -> None:
         """Count ``usage``; ``less``: what was counted for it up front (an estimate made
         before the request was sent), taken back now that the usage is known."""
+        input_tokens, output_tokens = usage["input_tokens"], usage["output_tokens"]
         if less is not None:
-            usage = {"input_tokens": usage["input_tokens"] - less["input_tokens"],
-                     "output_tokens": usage["output_tokens"] - less["output_tokens"]}
-        self.run.add_tokens(usage, self.price, estimated=estimated)
-        self.session.add_tokens(usage, self.price, estimated=estimated)
-        for spend in self.shared:
-            spend.add_tokens(usage, self.price, estimated=estimated)
+            input_tokens -= less["input_tokens"]
+            output_tokens -= less["output_tokens"]
+        price = self.price
+        cost = 0.0 if price is None else price.of(input_tokens, output_tokens)
+        for spend in self._spends:
+            spend.input_tokens += input_tokens
+            spend.output_tokens += output_tokens
+            spend.cost += cost
+            spend.estimated = spend.estimated or estimated
 
     def finish(self) -> Spend:
         """This run's spend, its wall time added (to the session's too)."""
