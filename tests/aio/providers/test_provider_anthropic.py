@@ -312,16 +312,16 @@ async def test_usage_is_the_servers_cached_tokens_included(server: LoopbackServe
     in the turn's usage and in the run's."""
     server.script = [Turn(thinking="t", text="a b c", input_tokens=41, output_tokens=7)] * 3
     for cache in (False, True):
-        chunks = await turn(claude(server, cache=cache), [{"role": "system", "content": "s"},
-                                                          *USER])
+        async with claude(server, cache=cache) as model:
+            chunks = await turn(model, [{"role": "system", "content": "s"}, *USER])
         done = chunks[-1]
         assert isinstance(done, TurnDone) and done.usage_reported
         cached = {"cached_input_tokens": 20} if cache else {}
         assert done.usage == {"input_tokens": 41, "output_tokens": 7, **cached}
         assert isinstance(chunks[-2], NativeData)
         assert [type(c) for c in chunks[:2]] == [ThinkingDelta, TextDelta]
-    agent = aio.Agent(claude(server, cache=True), system="s")
-    await agent.run("x")
+    async with aio.Agent(claude(server, cache=True), system="s") as agent:
+        await agent.run("x")
     assert agent.last_run is not None
     assert agent.last_run.usage == {"input_tokens": 41, "output_tokens": 7,
                                     "cached_input_tokens": 20}
