@@ -545,6 +545,11 @@ class RedisControl:
             self._unknown(run_id)
         return _info(run_id, fields, bool(leased))
 
+    def _running_here(self, run_id: str) -> bool:
+        """True if ``run_id`` runs in this process (attached to this control, not ended)."""
+        run = None if self._worker is None else self._worker.runs.get(run_id)
+        return run is not None and not run.handle.done
+
     async def _read(
         self, run_id: str, key: str, cursor: str, block: int | None
     ) -> list[Any]:
@@ -722,6 +727,8 @@ class RedisControl:
             # lapsed is renewed late by a worker too busy to keep it (issue 35: 1,000
             # runs on a loaded machine), so only a run lost a whole lease more is gone.
             status, worker = await self._standing(run_id)
+            if status == "lost" and self._running_here(run_id):
+                status = "running"  # this process runs it: its lease is only late
             if status == "lost":
                 lost_since = loop.time() if lost_since is None else lost_since
                 if loop.time() - lost_since < self.lease:

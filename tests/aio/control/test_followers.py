@@ -180,4 +180,19 @@ async def test_a_follower_waits_out_a_lease_renewed_late_and_gives_up_a_lease_la
             with pytest.raises(aio.RunLostError, match="claim"):
                 await follow(control, quiet_id)
     assert lost_checks[0] <= 1_000_000 - 2  # not at the first check
+    # Followed through the control that runs it (aimu serve --redis, one process): its
+    # run is never lost, however late its lease (the run is right here).
+    async with aio.RedisControl(redis_url, prefix, lease=0.3, timeout=0.5) as here:
+        gate = asyncio.Event()
+        mine = aio.RunHandle.start(gate.wait(), control=here)
+        mine_id = await here.registered(mine)
+        before = lost_checks[0]
+        following = asyncio.ensure_future(follow(here, mine_id))
+        async with asyncio.timeout(60):
+            while lost_checks[0] > before - 3 and not following.done():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            assert not following.done(), following.result()
+            gate.set()
+            await mine
+            assert [seq for seq, _ in await following] == [1]
     quiet.cancel()
