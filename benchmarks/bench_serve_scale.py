@@ -162,7 +162,15 @@ async def child(code: str, env: dict[str, str], ready: str | None = None
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
-        await process.wait()
+        try:
+            async with asyncio.timeout(30):
+                await process.wait()
+        except TimeoutError:  # said, then killed: the figures measured are kept
+            print(f"  a child ({code.split(chr(10))[1][:40]!r}...) did not exit 30 s after "
+                  "SIGTERM: killed", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
 
 
 async def until_healthy(http: httpx.AsyncClient) -> None:
