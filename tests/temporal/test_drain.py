@@ -73,7 +73,6 @@ async def test_a_drained_worker_stops_its_run_at_the_step_boundary_and_another_g
     assert step.interrupted.is_set()  # the drain's interrupt, not its 600 s, ended it
     record = await store.run(run_id)
     assert record is not None and (record.status, record.recover) == ("interrupted", True)
-    assert (await runs.status(run_id))["status"] == "pending"  # open, no worker to ask
     await workers.start(tools=[step.tool])
     state = await runs.wait(run_id, timeout=60)
     assert (state["status"], state["reply"]) == ("completed", "done")
