@@ -294,9 +294,11 @@ def _serve(options: argparse.Namespace) -> int:
     if options.recover and options.temporal is not None:
         raise _Refused("--recover is for runs executed by aimu serve: with --temporal, "
                        "Temporal retries a dead worker's runs on another worker itself", 2)
-    if options.temporal is not None and session_limits_from(options) is not None:
-        raise _Refused("--session-max-* bound the runs aimu serve executes: with --temporal "
-                       "the workers run them", 2)
+    if options.temporal is not None and (
+        limits_from(options) is not None or session_limits_from(options) is not None
+    ):
+        raise _Refused("--max-* and --session-max-* bound the runs aimu serve executes: with "
+                       "--temporal the workers run them (aimu worker --max-requests ...)", 2)
     if (options.temporal is None) != (options.task_queue is None):
         raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
     store = options.store or str(default_home() / "sessions.db")

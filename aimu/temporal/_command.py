@@ -11,14 +11,16 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aimu._extras import has_extra, missing_extra
+from aimu._limit_options import add_session_limit_options, limits_from, session_limits_from
 from aimu._logs import logging_to
 from aimu._mcp_options import mcp_servers, open_all
 from aimu.aio.errors import ControlConnectionError, MCPServerError
 from aimu.aio.tools import Toolset
-from aimu.serve.agents import agent_factory, open_store
+from aimu.serve.agents import AgentFactory, Closer, agent_factory, open_store
 from aimu.serve.command import add_agent_options, add_drain_options, agent_tools, seconds
 
 if TYPE_CHECKING:
+    from aimu.aio.store import Store
     from aimu.temporal._worker import AgentWorker
 
 __all__ = ["add_worker_options", "run_worker"]
@@ -38,6 +40,7 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS",
                         help="how often a run heartbeats and reads its controls (default 0.25)")
     add_drain_options(parser, "worker")
+    add_session_limit_options(parser)
 
 
 def run_worker(options: argparse.Namespace) -> int:
@@ -64,12 +67,21 @@ def run_worker(options: argparse.Namespace) -> int:
         return 1
 
 
+def worker_agents(
+    options: argparse.Namespace, store: Store, tools: Sequence[Any]
+) -> tuple[AgentFactory, Closer]:
+    """The agents a worker runs: its model, tools, system prompt and budgets (each
+    run's --max-*, each session's --session-max-*)."""
+    return agent_factory(options.model, store, tools=tools, system=options.system,
+                         limits=limits_from(options),
+                         session_limits=session_limits_from(options))
+
+
 async def _work(options: argparse.Namespace, tools: Sequence[Any]) -> int:
     from aimu.temporal._worker import AgentWorker
 
     store, close_store = open_store(options.store)
-    agents, close_model = agent_factory(options.model, store, tools=tools,
-                                        system=options.system)
+    agents, close_model = worker_agents(options, store, tools)
     control = None
     toolsets = [t for t in tools if isinstance(t, Toolset)]
     try:

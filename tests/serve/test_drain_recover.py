@@ -456,11 +456,33 @@ def test_session_budget_options(capsys: pytest.CaptureFixture[str]) -> None:
          "--session-max-tokens", "100"])
     assert session_limits_from(options) == aio.UsageLimits(requests=3, total_tokens=100)
     assert limits_from(options) == aio.UsageLimits(requests=9)
-    refused = build_parser().parse_args(
-        ["serve", "--session-max-requests", "3", "--temporal", "127.0.0.1:1",
-         "--task-queue", "q"])
-    assert run_serve(refused) == 2
-    assert "with --temporal the workers run them" in capsys.readouterr().err
+    for budget in (["--session-max-requests", "3"], ["--max-requests", "3"]):
+        refused = build_parser().parse_args(
+            ["serve", *budget, "--temporal", "127.0.0.1:1", "--task-queue", "q"])
+        assert run_serve(refused) == 2  # a budget serve would parse and no worker keep
+        assert "with --temporal the workers run them" in capsys.readouterr().err
+
+
+async def test_a_workers_agents_keep_its_budgets(tmp_path: Path) -> None:
+    """aimu worker's --max-* and --session-max-* reach the agents it runs (they were
+    parsed and dropped)."""
+    pytest.importorskip("temporalio")
+    from aimu.temporal._command import worker_agents
+
+    options = build_parser().parse_args(
+        ["worker", "--temporal", "x:1", "--task-queue", "q", "--max-requests", "4",
+         "--session-max-requests", "9", "--session-max-tokens", "100"])
+    store, close_store = open_store(tmp_path / "s.db")
+    agents, close_model = worker_agents(options, store, ())
+    try:
+        agent = agents("budgeted")
+        assert agent.limits == aio.UsageLimits(requests=4)
+        assert agent.session_limits == aio.UsageLimits(requests=9, total_tokens=100)
+        await agent.aclose()
+    finally:
+        await close_model()
+        if close_store is not None:
+            await close_store()
 
 
 @pytest.mark.parametrize(
