@@ -65,6 +65,9 @@ START_SECONDS: Final = 10.0
 #: quiet, or paused, is asked less and less often, down to the second figure).
 POLL_SECONDS: Final = (0.1, 1.0)
 POLL_QUIET_SECONDS: Final = 3.0
+#: The event reads (queries a worker answers) one client's followers make per second at
+#: most, together: with many runs followed, each is asked less often than POLL_SECONDS.
+EVENT_QUERIES: Final = 100.0
 
 
 class RequestRefused(ControlError):
@@ -104,6 +107,7 @@ class RunsClient:
         self.redis = redis
         self.heartbeat_timeout = heartbeat_timeout
         self.history_events = history_events
+        self._following = 0  # the runs :meth:`events` follows now
 
     @classmethod
     async def connect(
@@ -409,6 +413,11 @@ class RunsClient:
                 return await self.status(run_id, after=1 << 30)
         return state  # the workflow returns its final state: no query needed
 
+    def poll_every(self) -> float:
+        """Seconds between two reads of a streaming run's events: POLL_SECONDS[0], or
+        more while this client follows many runs (EVENT_QUERIES a second at most)."""
+        return max(POLL_SECONDS[0], self._following / EVENT_QUERIES)
+
     async def events(
         self, run_id: str, after: int = 0, *, watched: Callable[[], bool] | None = None
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
@@ -420,20 +429,25 @@ class RunsClient:
         delay = POLL_SECONDS[0]
         loop = asyncio.get_running_loop()
         lively = loop.time()  # the last time events came (or the start): ask often after it
-        while True:
-            state = await self.status(run_id, after=seen)
-            for event in state["events"]:
-                seen += 1
-                yield seen, event
-                if event.get("type") == "handle_finished":
+        self._following += 1
+        try:
+            while True:
+                state = await self.status(run_id, after=seen)
+                for event in state["events"]:
+                    seen += 1
+                    yield seen, event
+                    if event.get("type") == "handle_finished":
+                        return
+                if state["status"] in FINAL and state["event_count"] is None:
                     return
-            if state["status"] in FINAL and state["event_count"] is None:
-                return
-            if state["events"]:
-                lively = loop.time()
-            if (state["status"] != "paused" and loop.time() - lively < POLL_QUIET_SECONDS
-                    and (watched is None or watched())):
-                delay = POLL_SECONDS[0]
-            else:
-                delay = min(delay * 1.5, POLL_SECONDS[1])
-            await asyncio.sleep(delay)
+                if state["events"]:
+                    lively = loop.time()
+                fast = self.poll_every()
+                if (state["status"] != "paused" and loop.time() - lively < POLL_QUIET_SECONDS
+                        and (watched is None or watched())):
+                    delay = fast
+                else:
+                    delay = max(fast, min(delay * 1.5, POLL_SECONDS[1]))
+                await asyncio.sleep(delay)
+        finally:
+            self._following -= 1

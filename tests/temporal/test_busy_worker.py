@@ -9,7 +9,7 @@ import asyncio
 from aimu import aio
 from aimu.aio.store import SQLiteStore
 from aimu.serve.agents import agent_factory
-from aimu.temporal import AgentWorker, RunsClient
+from aimu.temporal import AgentWorker, RunsClient, _client
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.services import redis_url
@@ -48,3 +48,13 @@ async def test_an_interrupt_lands_through_redis_between_two_reads_of_the_control
         finally:
             await worker.aclose()
             await close()
+
+
+async def test_a_client_following_many_runs_reads_each_less_often(runs: RunsClient) -> None:
+    """Each read of a run's events is a query a worker answers: at 200 followed runs every
+    0.1 s (2,000 a second) they swamped the worker and its dev server, and runs started
+    slowly (bench_serve_scale --n 200: 41 followers of 200 saw text in 300 s; with the
+    budget, all 200 in 60 s)."""
+    assert runs.poll_every() == 0.1
+    runs._following = 1000
+    assert runs.poll_every() == 1000 / _client.EVENT_QUERIES == 10.0
