@@ -8,6 +8,7 @@ On failure each test saves a screenshot under ``$AIMU_TEST_ARTIFACTS`` (default
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -406,38 +407,34 @@ async def test_the_desktop_placeholder_names_the_keys(page: object, served: Serv
     assert answer.headers["content-type"].startswith("image/svg+xml")
 
 
-async def test_a_message_sent_as_a_run_ends_stays_on_screen(page: object, served: Served) -> None:
-    """The page shows the stored session when a run ends; a message sent while it fetches
-    that session is not wiped by it."""
-    from playwright.async_api import Page, Route, expect
+async def hold_requests(
+    page: object, url: str, *which: tuple[str, int]
+) -> dict[str, asyncio.Queue[Any]]:
+    """Route ``url``: the requests ``which`` names (a method and its count, 1 for the
+    first) wait, each put in its method's queue for the test to continue; the rest go on."""
+    from playwright.async_api import Page, Route
 
     assert isinstance(page, Page)
-    await page.goto(f"{served.url}/?session=race")
-    await expect(page.locator("#status")).to_have_text("idle")
-    held: dict[str, asyncio.Queue[Route]] = {"GET": asyncio.Queue(), "POST": asyncio.Queue()}
+    held: dict[str, asyncio.Queue[Any]] = {"GET": asyncio.Queue(), "POST": asyncio.Queue()}
     seen = {"GET": 0, "POST": 0}
 
     async def hold(route: Route) -> None:
-        # The session's fetch at the first run's end, and the start of the second run, wait.
         method = route.request.method
-        seen[method] += 1
-        if (method, seen[method]) in (("GET", 1), ("POST", 2)):
+        seen[method] = seen.get(method, 0) + 1
+        if (method, seen[method]) in which:
             await held[method].put(route)
         else:
             await route.continue_()
 
-    await page.route(f"{served.url}/sessions/race**", hold)
-    await page.locator("#input").fill("hello first")
-    await page.locator("#input").press("Enter")
-    fetch = await asyncio.wait_for(held["GET"].get(), WAIT_S)
-    await expect(page.locator("#status")).to_have_text("completed")
-    await page.locator("#input").fill("hello second")
-    await page.locator("#input").press("Enter")
-    starting = await asyncio.wait_for(held["POST"].get(), WAIT_S)
-    await expect(page.locator(".msg.user").last).to_have_text("hello second")
-    async with page.expect_request(f"{served.url}/sessions"):  # after the fetch's answer
-        await fetch.continue_()
-    await expect(page.locator(".msg.user").last).to_have_text("hello second")
+    await page.route(url, hold)
+    return held
+
+
+async def both_answers_kept(page: object, starting: Any) -> None:
+    """The held start of the second run goes on: both runs are shown, as after a reload."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
     await starting.continue_()
     await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello second")
     await expect(page.locator("#status")).to_have_text("completed")
@@ -449,6 +446,82 @@ async def test_a_message_sent_as_a_run_ends_stays_on_screen(page: object, served
     await page.reload()
     await expect(page.locator(".msg")).to_have_count(4)
     assert await shown(page) == live
+
+
+async def test_a_message_sent_as_a_run_ends_stays_on_screen(page: object, served: Served) -> None:
+    """The page shows the stored session when a run ends; a message sent while it fetches
+    that session is not wiped by it."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    await page.goto(f"{served.url}/?session=race")
+    # Loaded (the status reads "idle" before the session's fetch is answered): the fetch
+    # held below is the one at the run's end.
+    await page.locator("body[data-ready]").wait_for(state="attached")
+    # The session's fetch at the first run's end, and the start of the second run, wait.
+    held = await hold_requests(page, f"{served.url}/sessions/race**", ("GET", 1), ("POST", 2))
+    await page.locator("#input").fill("hello first")
+    await page.locator("#input").press("Enter")
+    fetch = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    await expect(page.locator("#status")).to_have_text("completed")
+    await page.locator("#input").fill("hello second")
+    await page.locator("#input").press("Enter")
+    starting = await asyncio.wait_for(held["POST"].get(), WAIT_S)
+    await expect(page.locator(".msg.user").last).to_have_text("hello second")
+    async with page.expect_request(f"{served.url}/sessions"):  # after the fetch's answer
+        await fetch.continue_()
+    await expect(page.locator(".msg.user").last).to_have_text("hello second")
+    await both_answers_kept(page, starting)
+
+
+async def test_a_message_sent_while_the_page_loads_stays_on_screen(
+    page: object, served: Served
+) -> None:
+    """A message typed before the session's fetch is answered: the stored conversation
+    is drawn above it, not over it (it vanished until the run ended)."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        started = (await http.post("/sessions/early/runs", json={"task": "hello first"})).json()
+        await http.get(f"/runs/{started['run_id']}/events")  # to its end
+    # The page's load of the session, and the start of the run typed meanwhile, wait.
+    held = await hold_requests(page, f"{served.url}/sessions/early**", ("GET", 1), ("POST", 1))
+    await page.goto(f"{served.url}/?session=early")
+    load = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    await page.locator("#input").fill("hello second")
+    await page.locator("#input").press("Enter")
+    starting = await asyncio.wait_for(held["POST"].get(), WAIT_S)
+    async with page.expect_request(f"{served.url}/sessions"):  # after the load's answer
+        await load.continue_()
+    await expect(page.locator(".msg.user")).to_have_text(["hello first", "hello second"])
+    await both_answers_kept(page, starting)
+
+
+async def test_a_message_sent_before_the_page_chose_its_session_goes_to_that_session(
+    page: object, served: Served
+) -> None:
+    """The page reads the session list before it opens the session its address names: a
+    message sent meanwhile ran in "default" and was then wiped by the opened session."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    # The page's first read of the session list waits.
+    held = await hold_requests(page, f"{served.url}/sessions", ("GET", 1))
+    await page.goto(f"{served.url}/?session=chosen")
+    listing = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    await page.locator("#input").fill("hello chosen")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator(".msg.user")).to_have_text(["hello chosen"])
+    await listing.continue_()
+    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello chosen")
+    await expect(page.locator("#status")).to_have_text("completed")
+    await expect(page.locator("#session-title")).to_have_text("chosen")
+    assert [m["content"] for m in await stored(served, "chosen") if m["role"] == "user"] == [
+        "hello chosen"
+    ]
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        assert (await http.get("/sessions/default")).status_code == 404
 
 
 async def test_typing_in_the_new_session_box_while_the_page_loads_keeps_the_keys_there(

@@ -11,6 +11,7 @@ const state = {
   lastStatus: null,   // how the session's last run ended
   queued: [],         // messages typed as a run ended, or that a server could not send into it
   typed: 0,           // messages the person has sent: a view they changed is not replaced
+  view: 0,            // counts the times the view was drawn from the store: an older answer loses
 };
 
 const TOKEN_IN_HASH = /(?:^#|&)token=([^&]+)/.exec(location.hash);
@@ -107,24 +108,28 @@ async function openSession(name) {
   $("approvals").hidden = true;
   state.lastStatus = null;
   setStatus("idle");
+  state.view += 1;
+  const view = state.view, typed = state.typed;
   try {
     const [session, ends] = await Promise.all([
       api("GET", `/sessions/${encodeURIComponent(name)}`), runEnds(name),
     ]);
-    if (state.session !== name) return;  // another session was opened meanwhile
-    if (session.run_id) {
+    // Another session was opened meanwhile, or a run's end drew this one from the store.
+    if (state.session !== name || state.view !== view) return;
+    if (state.typed !== typed) {
+      showBefore(session, ends);  // typed while it loaded: that message and its run stay
+    } else if (session.run_id) {
       // A run in progress: show what came before it, then replay the run's events.
       state.lastStatus = session.status;
-      const before = session.messages.slice(0, session.run_messages_from ?? undefined);
-      renderTranscript(before, ends);
-      if (ends.has(before.length)) endMark(before, ends.get(before.length));
+      drawBeforeRun(session, ends);
       follow(session.run_id, null, true);
     } else {
       renderSession(session, ends);
       if (session.paused_run_id) await showApprovals(session.paused_run_id);
     }
   } catch (error) {
-    if (!(error instanceof ApiError && error.status === 404)) notice(error.message);
+    // Not there yet (a new session), or the server asked for its token (its dialog is up).
+    if (!(error instanceof ApiError && [401, 404].includes(error.status))) notice(error.message);
   }
   updateControls();
   loadSessions().catch(() => {});
@@ -173,10 +178,9 @@ function describeResult(name, content) {
 // The stored session as the page shows it; a live run ends by showing this too, so a
 // reload shows exactly what was on screen. ``ends`` marks the earlier runs' ends.
 function renderSession(session, ends) {
+  state.view += 1;
   $("messages").replaceChildren();
-  renderTranscript(session.messages, ends);
-  const mark = END_MARKS[session.status];
-  if (mark) endMark(session.messages, mark, session.status);
+  drawEnded(session, ends);
   state.lastStatus = session.status;
   setStatus(session.paused_run_id ? "paused" : statusWord(session.status));
 }
@@ -193,6 +197,29 @@ function endMark(shown, mark, status) {
   } else {
     bubble("assistant", "", mark);
   }
+}
+
+function drawEnded(session, ends) {
+  renderTranscript(session.messages, ends);
+  const mark = END_MARKS[session.status];
+  if (mark) endMark(session.messages, mark, session.status);
+}
+
+// What came before the session's run in progress (its events are replayed after it).
+function drawBeforeRun(session, ends) {
+  const before = session.messages.slice(0, session.run_messages_from ?? undefined);
+  renderTranscript(before, ends);
+  if (ends.has(before.length)) endMark(before, ends.get(before.length));
+}
+
+// The stored conversation drawn above what is on screen already: the messages typed
+// while the session loaded, and the run they started (shown whole when it ends).
+function showBefore(session, ends) {
+  const live = [...$("messages").childNodes];
+  $("messages").replaceChildren();
+  if (session.run_id) drawBeforeRun(session, ends);
+  else drawEnded(session, ends);
+  $("messages").append(...live);
 }
 
 // Where each run of the session but its latest ended, and how, from the store's run
@@ -265,6 +292,7 @@ async function submit(text) {
   text = text.trim();
   if (!text) return;
   notice("");
+  if (!state.session) await chosenSession;  // the page is still choosing its session
   if (!state.session) await openSession("default");
   if (state.run) {
     // Input typed during a run joins it at its next step boundary.
@@ -610,20 +638,28 @@ $("token-form").addEventListener("submit", () => {
   start();
 });
 
+// The session start() opens: a message sent before it is chosen waits for it (it went
+// to "default", then the page opened the chosen one).
+let sessionChosen;
+const chosenSession = new Promise((resolve) => { sessionChosen = resolve; });
+
 async function start() {
   try {
-    const sessions = await loadSessions();
-    const wanted = new URL(location.href).searchParams.get("session")
-      || localStorage.getItem("aimu-session")
-      || (sessions[0] && sessions[0].name)
-      || "default";
-    await openSession(wanted);
+    // The session the address names, or the last one used; else the most recent one.
+    const named = new URL(location.href).searchParams.get("session")
+      || localStorage.getItem("aimu-session");
+    const sessions = named ? null : await loadSessions();
+    const wanted = named || (sessions[0] && sessions[0].name) || "default";
+    const opened = openSession(wanted);  // the session is chosen once this call returns
+    sessionChosen();
+    await opened;
     // Ready to type at once, unless the person is already typing somewhere else (the
     // new-session box): moving the focus then would send their keys to the message box.
     const active = document.activeElement;
     if (active === null || active === document.body) $("input").focus();
     document.body.dataset.ready = "";  // loaded: the page's tests wait for this
   } catch (error) {
+    sessionChosen();
     if (!(error instanceof ApiError && error.status === 401)) notice(error.message);
   }
 }
