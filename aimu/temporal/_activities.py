@@ -1,12 +1,12 @@
 """The activities of an aimu run on Temporal: ``aimu.begin`` and ``aimu.turn``.
 
 ``aimu.turn`` runs the agent loop under a :class:`~aimu.aio.RunHandle` in the worker's
-event loop. It heartbeats on every event and on a timer (a cancel from Temporal arrives
-with a heartbeat's answer and reaches the run as ``CancelledError``), reads the run's
-controls from the workflow on the same timer, and signals the run's events to the
-workflow in batches. With a :class:`~aimu.aio.RedisControl` the run is also registered
-in Redis under its run id (its part resumed after a pause too, on the reopened record),
-so a cancel, interrupt or stop from Redis lands at once.
+event loop. It heartbeats on a timer (a cancel from Temporal arrives with a heartbeat's
+answer and reaches the run as ``CancelledError``), reads the run's controls from the
+workflow on another (both less often while many turns run on the worker), and signals
+the run's events to the workflow in batches. With a :class:`~aimu.aio.RedisControl` the
+run is also registered in Redis under its run id (its part resumed after a pause too, on
+the reopened record), so a cancel, interrupt or stop from Redis lands at once.
 
 A retried turn (its worker died) opens the session from the store: the transcript is
 there up to the last recorded message and the tool journal decides the calls that were
@@ -67,6 +67,11 @@ _BATCH_EVENTS: Final = 500
 #: How long a batch of events is tried again while Temporal is away before it is given
 #: up (each try is the client's own ~10 s of retries).
 _SIGNAL_SECONDS: Final = 120.0
+#: Reads of their controls (each a query the worker itself answers) the turns running on
+#: one worker make per second at most, together; and heartbeats (each a call to
+#: Temporal) they send. At ``--heartbeat 1`` 1,000 turns read 1,000 times a second.
+CONTROL_READS: Final = 100.0
+HEARTBEATS: Final = 200.0
 #: How long a turn that hands its run off waits for Redis to show the run pending.
 _REDIS_SECONDS: Final = 5.0
 #: The reason a drain gives the turns it cancels once its time is up (or at a second
@@ -202,9 +207,24 @@ class Activities:
             await asyncio.wait([beat])
 
     async def _beat(self, details: Callable[[], int]) -> None:
+        timeout = activity.info().heartbeat_timeout
         while True:
             activity.heartbeat(details())
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.beat_every(timeout))
+
+    def beat_every(self, timeout: timedelta | None) -> float:
+        """Seconds between two heartbeats of a turn: ``tick``, or more while many turns
+        run here (HEARTBEATS a second at most, together), but three to a ``timeout``."""
+        spread = len(self._turns) / HEARTBEATS
+        if timeout is not None:
+            spread = min(spread, timeout.total_seconds() / 3)
+        return max(self.tick, spread)
+
+    def read_every(self) -> float:
+        """Seconds between two reads of a turn's controls: ``tick``, or more while many
+        turns run here (CONTROL_READS a second at most, together). With Redis control a
+        cancel, interrupt or stop lands through Redis at once; a send waits for this."""
+        return max(self.tick, len(self._turns) / CONTROL_READS)
 
     async def _turn(self, request: TurnRequest, running: _Running, attempt_number: int
                     ) -> TurnOutcome:
@@ -329,7 +349,7 @@ class _TurnAttempt:
 
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
-        flusher = asyncio.create_task(self._flush_batches(handle.tap(notify=self._heartbeat)))
+        flusher = asyncio.create_task(self._flush_batches(handle.tap()))
         handle.scope.add_listener(self._step)
         if self.here is not None:  # asked before the run started
             self.end_here(*self.here)
@@ -442,11 +462,6 @@ class _TurnAttempt:
         while await tap.ready(_BATCH_EVENTS, every=_EVENT_BATCH_SECONDS):
             await self._send_batch(tap)
 
-    def _heartbeat(self) -> None:
-        """Heartbeat (the run's tap holds a new event)."""
-        with contextlib.suppress(RuntimeError):  # heartbeats after the activity ended
-            activity.heartbeat(self.applied)
-
     async def _send_batch(self, tap: EventTap) -> None:
         """Signal the events held, in order, each batch taken once signalled; Temporal
         away, keep trying (the events that come meanwhile join) for _SIGNAL_SECONDS."""
@@ -470,7 +485,7 @@ class _TurnAttempt:
             tap.advance(len(events))
 
     async def _tick(self) -> None:
-        """Take the controls the workflow accepted, every tick."""
+        """Take the controls the workflow accepted, every :meth:`Activities.read_every`."""
         handle = self.handle
         assert handle is not None
         while True:
@@ -485,7 +500,7 @@ class _TurnAttempt:
                 if not self._obey(handle, control):
                     break  # the run is ending: the workflow gives it to a resumed turn
                 self.applied = max(self.applied, control.seq)
-            await asyncio.sleep(self.owner.tick)
+            await asyncio.sleep(self.owner.read_every())
 
     async def _cancel_reason(self) -> str:
         """The reason the caller gave the workflow's cancel (asked of it, briefly)."""

@@ -170,16 +170,11 @@ class RunsClient:
         """Cancel the run wherever it is (its ``finally`` runs, its transcript is kept);
         False if it had ended already."""
         reason = reason or "cancelled"
-        fast = None
         if self.redis is not None:  # lands first; Temporal's cancel makes it final
-            fast = asyncio.ensure_future(self._redis_cancel(run_id, reason))
-        try:
-            if not await self._open(run_id):
-                return False
-            return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
-        finally:
-            if fast is not None:
-                await fast
+            await self._redis_cancel(run_id, reason)
+        if not await self._open(run_id):
+            return False
+        return await self._rpc(run_id, self._handle(run_id).cancel(reason=reason))
 
     async def _open(self, run_id: str) -> bool:
         """True while the run's workflow is open; UnknownRunError if there is none."""
@@ -190,9 +185,14 @@ class RunsClient:
         return described.status in (None, WorkflowExecutionStatus.RUNNING)
 
     async def _redis_cancel(self, run_id: str, reason: str) -> None:
+        """Cancel through Redis, written before anything else (as a task of its own it
+        waited a turn of a busy loop: 68 of 360 ms p50, 100 runs cancelled over HTTP at
+        once); a Redis that does not answer delays Temporal's cancel QUERY_SECONDS at most."""
         assert self.redis is not None
-        with contextlib.suppress(ControlError):  # Temporal's cancel reaches the run anyway
-            await self.redis.cancel(run_id, reason)
+        # Temporal's cancel reaches the run anyway.
+        with contextlib.suppress(ControlError, TimeoutError):
+            async with asyncio.timeout(QUERY_SECONDS):
+                await self.redis.cancel(run_id, reason)
 
     async def interrupt(self, run_id: str) -> bool:
         """Ask the run to stop at its next step boundary; False if it had ended."""

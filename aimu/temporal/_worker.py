@@ -47,13 +47,16 @@ class AgentWorker:
 
     ``agents`` builds the agent of a session's run on ``store`` (see
     :func:`aimu.serve.agents.agent_factory`); ``redis`` (a RedisControl) registers each
-    run so a cancel from Redis lands at once. ``heartbeat`` is how often a running turn
-    heartbeats and reads its controls (interrupt, stop, send): a cancel through Temporal
-    alone lands within about that. ``drain``: when the worker stops (:meth:`aclose`) it
-    takes no new task, interrupts its runs at their next step boundary, gives them
-    ``drain`` seconds to get there, then cancels what is left (:meth:`hurry`: at once);
-    each run goes on from there on another worker. Use ``async with AgentWorker(...) as
-    worker:`` or ``await worker.run()`` (until cancelled).
+    run so a cancel, interrupt or stop lands at once. ``heartbeat`` is how often a running
+    turn heartbeats and reads its controls (interrupt, stop, send): a cancel through
+    Temporal alone lands within about that. With many turns running each does both less
+    often: the turns of one worker read their controls 100 times a second at most
+    together, and heartbeat 200 times (but at least three times a heartbeat timeout).
+    ``drain``: when the worker stops (:meth:`aclose`) it takes no new task, interrupts
+    its runs at their next step boundary, gives them ``drain`` seconds to get there, then
+    cancels what is left (:meth:`hurry`: at once); each run goes on from there on another
+    worker. Use ``async with AgentWorker(...) as worker:`` or ``await worker.run()``
+    (until cancelled).
     """
 
     def __init__(

@@ -41,6 +41,9 @@ class Link:
     """One control's connection to Redis and the settings its worker obeys."""
 
     client: redis.Redis
+    """The worker's own connections (its pump, lease renewals, re-reads of requests)."""
+    reads: redis.Redis
+    """The control's connections for reads that wait (the worker's pub/sub)."""
     keys: Keys
     scripts: Scripts
     worker_id: str

@@ -75,11 +75,19 @@ _IDLE_BLOCK_MS = 2500
 #: A follower's read that timed out is tried again (the cursor makes it exact) this many
 #: times in a row: a busy process takes a reply late (its loop lags behind Redis).
 _READ_RETRIES = 2
-#: Connections one control may hold to Redis (Redis' own default ``maxclients``). Each
-#: follower of a run's events holds one while it waits (XREAD BLOCK), each command in
-#: flight another; redis-py 8 caps a pool at 100 by default, and past that every command
-#: failed "Too many connections" (aimu serve --redis: 197 of 300 runs refused, 503).
+#: Connections one control may hold for reads that wait (Redis' own default
+#: ``maxclients``): each follower of a run's events holds one while it waits (XREAD
+#: BLOCK). redis-py 8 caps a pool at 100 by default, and past that every command failed
+#: "Too many connections" (aimu serve --redis: 197 of 300 runs refused, 503).
 MAX_CONNECTIONS = 10_000
+#: Connections one control uses for commands; a command waits for a free one. One pool
+#: that grew with the commands in flight opened a connection for each of 1,000 starts
+#: at once, and a starved process timed out connecting them (issue 35: 55-241 of 1,000
+#: starts failed, "Timeout connecting to server"); 100 cancels at once opened 100.
+COMMAND_CONNECTIONS = 32
+#: Connections of the control's worker (its pump, its lease renewals, its re-reads of
+#: requests): its own, so a lease is renewed in time whatever commands queue meanwhile.
+WORKER_CONNECTIONS = 3
 _FOLLOW_COUNT = 512
 _CLAIM_WINDOW = 30.0
 _REAPPEAR_POLL = 0.02
@@ -170,24 +178,28 @@ class RedisControl:
         self.timeout = float(timeout)
         #: This process's name in Redis: host, pid and a random tag.
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        options = {
+            "decode_responses": True,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            # One quick retry: a pooled connection found dead after a Redis restart.
+            "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
+            "client_name": f"aimu-{self.worker_id}",
+        }
         try:
-            self._client: redis.Redis = redis.Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                # One quick retry: a pooled connection found dead after a Redis restart.
-                retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
-                client_name=f"aimu-{self.worker_id}",
-                max_connections=MAX_CONNECTIONS,
-            )
+            self._client = _pooled(url, COMMAND_CONNECTIONS, options)
+            """Commands: each waits for one of a few connections (opened once, reused)."""
+            self._reads = _pooled(url, MAX_CONNECTIONS, options, blocking=False)
+            """Reads that wait (a follower's XREAD BLOCK, the worker's pub/sub): each holds
+            a connection of its own while it waits."""
+            own = _pooled(url, WORKER_CONNECTIONS, options)
         except ValueError:
             raise ValueError(f"cannot use Redis URL {self.url!r}: it is malformed") from None
         self._keys = Keys(self.prefix)
         self._scripts = Scripts(self._client)
         self._link = Link(
-            self._client, self._keys, self._scripts, self.worker_id, self.url, self.lease,
-            self.retention, self.max_events, self.timeout,
+            own, self._reads, self._keys, self._scripts, self.worker_id, self.url,
+            self.lease, self.retention, self.max_events, self.timeout,
         )
         self._worker: Worker | None = None
         self._closed = False
@@ -233,6 +245,8 @@ class RedisControl:
         if self._worker is not None:
             await self._worker.aclose(timeout)
         await self._client.aclose()
+        await self._reads.aclose()
+        await self._link.client.aclose()
 
     @contextlib.contextmanager
     def _errors(self, what: str, run_id: str | None = None) -> Iterator[None]:
@@ -558,7 +572,7 @@ class RedisControl:
         while True:
             with self._errors("events", run_id):
                 try:
-                    reply: Any = await self._client.xread(
+                    reply: Any = await self._reads.xread(
                         {key: cursor}, count=_FOLLOW_COUNT, block=block
                     )
                 except RedisTimeoutError:
@@ -673,7 +687,7 @@ class RedisControl:
                     )
                 block = max(1, int(min(block, left * 1000)))  # no int of a huge float
             with self._errors("wait", run_id):
-                reply: Any = await self._client.xread(
+                reply: Any = await self._reads.xread(
                     {key: cursor}, count=_FOLLOW_COUNT, block=block
                 )
             if reply:
@@ -766,6 +780,19 @@ class _Tagged:
 
     def attach(self, handle: RunHandle[Any]) -> asyncio.Future[None]:
         return self._control._attach(handle, self._info, required=self._required)
+
+
+def _pooled(url: str, size: int, options: dict[str, Any], *, blocking: bool = True
+            ) -> redis.Redis:
+    """A client of ``size`` connections to ``url``; ``blocking``: a command waits for a
+    free one (up to six socket timeouts: a Redis that takes no connection fails them)
+    rather than opening one more."""
+    if not blocking:
+        return redis.Redis.from_url(url, max_connections=size, **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=size, timeout=6 * options["socket_timeout"], **options
+    )
+    return redis.Redis.from_pool(pool)
 
 
 def _info_json(info: dict[str, str], what: str) -> str:

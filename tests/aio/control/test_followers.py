@@ -91,7 +91,7 @@ async def test_a_quiet_follower_waits_in_reads_shorter_than_its_socket_timeout(
     handle = aio.RunHandle.start(release.wait(), control=worker)
     run_id = await worker.registered(handle)
     async with aio.RedisControl(redis_url, prefix, lease=LEASE, timeout=0.5) as control:
-        xread = control._client.xread
+        xread = control._reads.xread
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             reads.append(kwargs.get("block"))
@@ -99,7 +99,7 @@ async def test_a_quiet_follower_waits_in_reads_shorter_than_its_socket_timeout(
                 three.set()
             return await xread(*args, **kwargs)
 
-        monkeypatch.setattr(control._client, "xread", counted)
+        monkeypatch.setattr(control._reads, "xread", counted)
         following = asyncio.ensure_future(follow(control, run_id))
         async with asyncio.timeout(60):
             # Two quiet reads have ended, each followed by one check (or the follower failed).
@@ -121,7 +121,7 @@ async def test_a_follower_reads_again_after_a_read_timed_out(
     """A busy process takes Redis's reply late (its event loop lags): the read times out
     though Redis answered. The follower reads again from its cursor, twice in a row at
     most, and misses nothing; a third timeout in a row is an error."""
-    xread = control._client.xread
+    xread = control._reads.xread
     timeouts = [2]
 
     async def late(*args: Any, **kwargs: Any) -> Any:
@@ -130,7 +130,7 @@ async def test_a_follower_reads_again_after_a_read_timed_out(
             raise RedisTimeoutError("Timeout reading from 127.0.0.1:6379")
         return await xread(*args, **kwargs)
 
-    monkeypatch.setattr(control._client, "xread", late)
+    monkeypatch.setattr(control._reads, "xread", late)
     handle = aio.RunHandle.start(asyncio.sleep(0, "done"), control=worker)
     run_id = await worker.registered(handle)
     await handle
