@@ -77,8 +77,10 @@ async def stats() -> dict[str, int]:
     return {"rss": rss, "tasks": len(asyncio.all_tasks())}
 
 app.add_api_route("/bench/stats", stats, methods=["GET"])
+# Kept-alive connections outlive the bench's pauses: one closed for idleness just as a
+# request went out on it failed that request (httpx.ReadError) with nothing wrong.
 uvicorn.run(app, host="127.0.0.1", port=int(os.environ["BENCH_PORT"]), log_level="warning",
-            backlog=4096)
+            backlog=4096, timeout_keep_alive=600)
 """
 
 # The Temporal worker child: one AgentWorker taking N runs at once, Redis control.

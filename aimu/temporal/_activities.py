@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -198,7 +198,7 @@ class Activities:
         # Heartbeats from the start, whatever waits (an earlier attempt letting the
         # session go, opening it, Redis, a read of the controls that a busy Temporal
         # answers late): a silent turn would be timed out and retried.
-        beat = asyncio.ensure_future(self._beat(lambda: _applied(request, taken)))
+        beat = asyncio.ensure_future(self._beat(request, taken))
         try:
             taken.append(await self._take_over(request.run_id))
             return await self._turn(request, taken[0], info.attempt)
@@ -206,18 +206,23 @@ class Activities:
             beat.cancel()
             await asyncio.wait([beat])
 
-    async def _beat(self, details: Callable[[], int]) -> None:
+    async def _beat(self, request: TurnRequest, taken: list[_Running]) -> None:
         timeout = activity.info().heartbeat_timeout
         while True:
-            activity.heartbeat(details())
-            await asyncio.sleep(self.beat_every(timeout))
+            activity.heartbeat(_applied(request, taken))
+            attempt = taken[0].attempt if taken else None
+            redis = attempt is not None and attempt.registered
+            await asyncio.sleep(self.beat_every(timeout, redis=redis))
 
-    def beat_every(self, timeout: timedelta | None) -> float:
+    def beat_every(self, timeout: timedelta | None, *, redis: bool = False) -> float:
         """Seconds between two heartbeats of a turn: ``tick``, or more while many turns
-        run here (HEARTBEATS a second at most, together), but three to a ``timeout``."""
+        run here (HEARTBEATS a second at most, together), but three to a ``timeout``.
+        A turn registered in Redis (``redis``) heartbeats three times a ``timeout`` only
+        to show it is alive: its cancel comes through Redis, not a heartbeat's answer."""
         spread = len(self._turns) / HEARTBEATS
         if timeout is not None:
-            spread = min(spread, timeout.total_seconds() / 3)
+            third = timeout.total_seconds() / 3
+            spread = third if redis else min(spread, third)
         return max(self.tick, spread)
 
     def read_every(self) -> float:

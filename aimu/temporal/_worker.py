@@ -38,6 +38,9 @@ _RUNNER: Final = SandboxedWorkflowRunner(
 )
 
 _log = logging.getLogger("aimu.temporal")
+#: Workflows a worker keeps cached at least (Temporal's default), twice its concurrency
+#: if more.
+_CACHED_WORKFLOWS: Final = 1000
 #: Seconds past the drain a cancelled turn gets to settle before Temporal's own cancel.
 _SETTLE_SECONDS: Final = 30.0
 
@@ -100,6 +103,9 @@ class AgentWorker:
             workflows=[RunWorkflow],
             activities=list(self._activities.all()),
             max_concurrent_activities=self.concurrency,
+            # Every run's workflow stays cached (the SDK's default is 1,000: at 1,000 runs
+            # each query or signal of one evicted replayed its whole history).
+            max_cached_workflows=max(_CACHED_WORKFLOWS, 2 * self.concurrency),
             max_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
             default_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat),
             # The drain (aclose) interrupts, then cancels, the turns itself: Temporal's own

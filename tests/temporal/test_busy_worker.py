@@ -70,7 +70,9 @@ async def test_the_turns_of_a_busy_worker_read_their_controls_and_heartbeat_less
     """Each turn read its controls (a query the worker answers) and heartbeat (a call to
     Temporal) every ``heartbeat``: 1,000 of each a second at 1,000 turns and ``--heartbeat
     1``. Together they do at most CONTROL_READS and HEARTBEATS a second, each turn still
-    heartbeating three times a heartbeat timeout."""
+    heartbeating three times a heartbeat timeout (a turn registered in Redis only that:
+    at 200 turns and ``--heartbeat 1`` the dev server answered 128 heartbeats a second,
+    its biggest load)."""
     agents, close = agent_factory(aio.client("ollama:test", host="http://127.0.0.1:9"), store)
     activities = Activities(agents, store, tick=1.0)
     try:
@@ -81,6 +83,10 @@ async def test_the_turns_of_a_busy_worker_read_their_controls_and_heartbeat_less
         assert activities.beat_every(None) == 1000 / HEARTBEATS == 5.0
         assert activities.beat_every(timedelta(seconds=60)) == 5.0
         assert activities.beat_every(timedelta(seconds=10)) == 10 / 3
+        # Registered in Redis (its cancel comes through Redis): only to show it is alive.
+        activities._turns = {}
+        assert activities.beat_every(timedelta(seconds=10), redis=True) == 10 / 3
+        assert activities.beat_every(timedelta(seconds=2), redis=True) == 1.0
     finally:
         await close()
 
@@ -107,3 +113,20 @@ async def test_a_cancel_goes_to_redis_before_anything_goes_to_temporal(
         monkeypatch.setattr(runs, "_open", is_open)
         assert not await runs.cancel("run-1", "now")
     assert sent == ["redis now", "temporal"]
+
+
+async def test_a_worker_keeps_the_workflows_of_all_its_runs_cached(
+    temporal: str, queue: str, store: SQLiteStore,
+) -> None:
+    """Temporal's SDK caches 1,000 workflows by default: a worker running 1,000 runs (and
+    the runs that paused or ended beside them) evicted some, and each query or signal of
+    an evicted one replayed its whole history."""
+    agents, close = agent_factory(aio.client("ollama:test", host="http://127.0.0.1:9"), store)
+    worker = AgentWorker(agents, store, temporal=temporal, task_queue=queue, concurrency=1500)
+    try:
+        await worker.start()
+        assert worker._worker is not None
+        assert worker._worker.config()["max_cached_workflows"] == 3000
+    finally:
+        await worker.aclose()
+        await close()

@@ -83,8 +83,13 @@ MAX_CONNECTIONS = 10_000
 #: Connections one control uses for commands; a command waits for a free one. One pool
 #: that grew with the commands in flight opened a connection for each of 1,000 starts
 #: at once, and a starved process timed out connecting them (issue 35: 55-241 of 1,000
-#: starts failed, "Timeout connecting to server"); 100 cancels at once opened 100.
-COMMAND_CONNECTIONS = 32
+#: starts failed, "Timeout connecting to server"). Too few, and commands queue for a
+#: connection a turn of a busy loop each: 200 cancels at once through 32 waited ~270 ms.
+COMMAND_CONNECTIONS = 128
+#: Connections one control opens at once; the others wait their turn before their
+#: connect timeout starts (1,000 followers connecting at once in a process starved of
+#: CPU: connects took 0.1-1 s each at 200 on a loaded machine, past 5 s at 1,000).
+CONNECTING = 32
 #: Connections of the control's worker (its pump, its lease renewals, its re-reads of
 #: requests): its own, so a lease is renewed in time whatever commands queue meanwhile.
 WORKER_CONNECTIONS = 3
@@ -186,13 +191,14 @@ class RedisControl:
             "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
             "client_name": f"aimu-{self.worker_id}",
         }
+        connecting = asyncio.Semaphore(CONNECTING)
         try:
-            self._client = _pooled(url, COMMAND_CONNECTIONS, options)
+            self._client = _pooled(url, COMMAND_CONNECTIONS, options, connecting)
             """Commands: each waits for one of a few connections (opened once, reused)."""
-            self._reads = _pooled(url, MAX_CONNECTIONS, options, blocking=False)
+            self._reads = _pooled(url, MAX_CONNECTIONS, options, connecting, blocking=False)
             """Reads that wait (a follower's XREAD BLOCK, the worker's pub/sub): each holds
             a connection of its own while it waits."""
-            own = _pooled(url, WORKER_CONNECTIONS, options)
+            own = _pooled(url, WORKER_CONNECTIONS, options, connecting)
         except ValueError:
             raise ValueError(f"cannot use Redis URL {self.url!r}: it is malformed") from None
         self._keys = Keys(self.prefix)
@@ -782,16 +788,37 @@ class _Tagged:
         return self._control._attach(handle, self._info, required=self._required)
 
 
-def _pooled(url: str, size: int, options: dict[str, Any], *, blocking: bool = True
-            ) -> redis.Redis:
+class _Pool(redis.ConnectionPool):
+    """A pool whose new connections connect a few at a time (``connecting``, shared by a
+    control's pools): the others wait their turn before their connect timeout starts."""
+
+    connecting: asyncio.Semaphore
+
+    async def ensure_connection(self, connection: Any) -> None:
+        if connection.is_connected:
+            await super().ensure_connection(connection)
+            return
+        async with self.connecting:
+            await super().ensure_connection(connection)
+
+
+class _BlockingPool(_Pool, redis.BlockingConnectionPool):
+    """A :class:`_Pool` where a command waits for a free connection past ``size``."""
+
+
+def _pooled(url: str, size: int, options: dict[str, Any], connecting: asyncio.Semaphore,
+            *, blocking: bool = True) -> redis.Redis:
     """A client of ``size`` connections to ``url``; ``blocking``: a command waits for a
     free one (up to six socket timeouts: a Redis that takes no connection fails them)
     rather than opening one more."""
-    if not blocking:
-        return redis.Redis.from_url(url, max_connections=size, **options)
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=size, timeout=6 * options["socket_timeout"], **options
-    )
+    pool: _Pool
+    if blocking:
+        pool = _BlockingPool.from_url(
+            url, max_connections=size, timeout=6 * options["socket_timeout"], **options
+        )
+    else:
+        pool = _Pool.from_url(url, max_connections=size, **options)
+    pool.connecting = connecting
     return redis.Redis.from_pool(pool)
 
 

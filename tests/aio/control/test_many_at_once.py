@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+from redis.asyncio.connection import Connection
+
 from aimu import aio
 from aimu.aio.control import redis_control
 
@@ -75,3 +78,34 @@ async def test_a_lease_is_renewed_while_every_command_connection_is_taken(
         await asyncio.gather(*waiting)
         release.set()
         await handle
+
+
+async def test_many_followers_at_once_connect_a_few_at_a_time(
+    control: aio.RedisControl, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1,000 followers connecting at once in a process starved of CPU: each connect's
+    # timeout ran while it waited for the loop, and past 5 s they failed.
+    in_flight, most = 0, 0
+    connect = Connection._connect
+
+    async def counted(self: Connection) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0)  # the other connects get their turn meanwhile
+            await connect(self)
+        finally:
+            in_flight -= 1
+
+    run_id = await control.reserve(session="s1")
+    async with aio.RedisControl(redis_url, prefix) as busy:
+        monkeypatch.setattr(Connection, "_connect", counted)
+        followers = [asyncio.ensure_future(busy.wait(run_id)) for _ in range(100)]
+        async with asyncio.timeout(60):
+            while await connections(control, busy, "xread") < 100:  # noqa: ASYNC110 - read off Redis
+                await asyncio.sleep(0.01)
+        for follower in followers:
+            follower.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
+    assert 1 < most <= redis_control.CONNECTING
