@@ -213,10 +213,11 @@ async def wait_status(clients: Clients, run_ids: list[str], wanted: set[str],
 # -- N runs streaming, followed over SSE, cancelled over HTTP ----------------------------
 
 
-async def streaming(server: Server, url: str, n: int, measured: Callable[[], int]
-                    ) -> dict[str, Any]:
-    """N runs held mid-stream with their followers, then cancelled at once; ``measured``
-    reads the RSS of the process that runs them."""
+async def streaming(server: Server, url: str, n: int, measured: Callable[[], int],
+                    wait: float = 300.0) -> dict[str, Any]:
+    """N runs held mid-stream with their followers, then cancelled at once (after
+    ``wait`` s at most for every follower to see text); ``measured`` reads the RSS of the
+    process that runs them."""
     clients = Clients(url, n)
     try:
         await until_healthy(clients.call(0))
@@ -259,7 +260,7 @@ async def streaming(server: Server, url: str, n: int, measured: Callable[[], int
         run_ids = [r for _, r in runs]
         followers = [asyncio.ensure_future(follow(i, r)) for i, r in runs]
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(300):
+            async with asyncio.timeout(wait):
                 await all_text.wait()
         started_s = time.perf_counter() - began
         held = server.ask(f"held {n} 1")["held"]
@@ -307,24 +308,25 @@ def base_env(server: Server, store: str) -> dict[str, str]:
             "BENCH_WRITERS": "32"}
 
 
-async def serve_scale(server: Server, n: int, store: str, redis: str | None) -> dict[str, Any]:
+async def serve_scale(server: Server, n: int, store: str, redis: str | None,
+                      wait: float) -> dict[str, Any]:
     server.ask("reset")
     env = {**base_env(server, store), "BENCH_REDIS": redis or ""}
     async with child(APP, env) as app:
         row = await streaming(server, f"http://127.0.0.1:{env['BENCH_PORT']}", n,
-                              lambda: vm_rss(app.pid))
+                              lambda: vm_rss(app.pid), wait)
     return {"scenario": "redis" if redis else "local", "process": "aimu serve", **row}
 
 
 async def temporal_scale(server: Server, n: int, store: str, redis: str, temporal: str,
-                         heartbeat: float) -> dict[str, Any]:
+                         heartbeat: float, wait: float) -> dict[str, Any]:
     server.ask("reset")
     env = {**base_env(server, store), "BENCH_REDIS": redis, "BENCH_TEMPORAL": temporal,
            "BENCH_QUEUE": f"bench-scale-{secrets.token_hex(4)}", "BENCH_N": str(n),
            "BENCH_HEARTBEAT": str(heartbeat)}
     async with child(WORKER, env, ready="ready") as worker, child(APP, env):
         row = await streaming(server, f"http://127.0.0.1:{env['BENCH_PORT']}", n,
-                              lambda: vm_rss(worker.pid))
+                              lambda: vm_rss(worker.pid), wait)
     return {"scenario": "temporal", "process": "worker", **row}
 
 
@@ -461,10 +463,11 @@ async def scenario_row(options: argparse.Namespace, server: Server, scenario: st
                        temporal: str | None, sqlite: str) -> dict[str, Any]:
     n = options.n
     if scenario in ("local", "redis"):
-        return await serve_scale(server, n, sqlite, options.redis if scenario == "redis" else None)
+        return await serve_scale(server, n, sqlite, options.redis if scenario == "redis" else None,
+                                 options.wait)
     if scenario == "temporal":
         return await temporal_scale(server, n, sqlite, options.redis, str(temporal),
-                                    options.heartbeat)
+                                    options.heartbeat, options.wait)
     store = options.postgres if scenario == "rest-postgres" else sqlite
     return await at_rest(server, n, store, options.batch)
 
@@ -498,6 +501,9 @@ def main() -> None:
     parser.add_argument("--temporal", help="HOST:PORT, or 'dev' to start a dev server")
     parser.add_argument("--heartbeat", type=float, default=1.0,
                         help="the worker's heartbeat seconds (default 1.0)")
+    parser.add_argument("--wait", type=float, default=300.0,
+                        help="seconds to wait for every follower to see text before the "
+                        "cancel-all (default 300)")
     parser.add_argument("--batch", type=int, default=16,
                         help="runs at rest: started this many at a time (default 16)")
     parser.add_argument("--delay", type=float, default=0.005, help=argparse.SUPPRESS)
