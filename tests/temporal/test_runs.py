@@ -24,6 +24,10 @@ from tests.temporal.conftest import Workers
 
 PNG_HEAD = b"\x89PNG\r\n\x1a\n"
 SLOW = Turn("one two three four five six seven eight nine ten " * 20, delay=0.05)
+#: A reply that outlasts every wait of a test (200 s): a test that stops it mid-stream
+#: never bets that the stop lands before the reply ends (SLOW's 10 s did not, on a host
+#: with three busy loops beside the suite).
+HELD = Turn("one two three four five six seven eight nine ten " * 20, delay=1.0)
 
 
 async def restorable(store: SQLiteStore, session: str) -> list[dict[str, object]]:
@@ -53,7 +57,7 @@ async def test_cancel_mid_stream_closes_the_stream_and_keeps_a_valid_transcript(
     through: str, temporal: str, queue: str, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer,
 ) -> None:
-    model_server.script = [SLOW, Turn("resumed")]
+    model_server.script = [HELD, Turn("resumed")]
     control = None
     if through == "redis":
         control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
@@ -245,7 +249,7 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
     from aimu.serve.backends.temporal import TemporalBackend
     from aimu.serve.errors import Conflict, NotFound
 
-    model_server.script = [SLOW]
+    model_server.script = [HELD]
     await workers.start()
     first, second = (TemporalBackend(temporal, queue, store) for _ in range(2))
     for server in (first, second):
@@ -287,7 +291,7 @@ async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_gr
     model_server.script = [
         Turn("let me look " * 12, tool_calls=(ScriptedCall("lookup", {"query": "x"}),),
              delay=0.05),
-        SLOW,
+        HELD,
     ]
     await workers.start(tools=[lookup])
     run_id = await runs.start("s1", "talk")
@@ -380,7 +384,7 @@ async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
     model_server: LoopbackServer,
 ) -> None:
     transfer, done = approval_tool()
-    model_server.script = [PAY, SLOW]
+    model_server.script = [PAY, HELD]
     control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
     await control.connect()
     try:

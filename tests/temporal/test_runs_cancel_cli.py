@@ -15,14 +15,15 @@ from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
 from tests.temporal.conftest import Workers
 
-SLOW = Turn("one two three four five six seven eight nine ten " * 20, delay=0.05)
+#: A reply that outlasts every wait of the test (200 s): the cancel never races its end.
+HELD = Turn("one two three four five six seven eight nine ten " * 20, delay=1.0)
 
 
 async def test_a_terminal_cancels_a_temporal_run(
     temporal: str, queue: str, runs: RunsClient, workers: Workers, store: SQLiteStore,
     model_server: LoopbackServer, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    model_server.script = [SLOW, Turn("resumed")]
+    model_server.script = [HELD, Turn("resumed")]
     await workers.start()
     run_id = await runs.start("s1", "talk")
     async for _, event in runs.events(run_id):
