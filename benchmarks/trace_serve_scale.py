@@ -103,14 +103,20 @@ def trace_bench(prefix: str) -> None:
     mine.close()
 
 
+def traces(prefix: str) -> list[str]:
+    """The trace files of ``prefix``: ``PREFIX.bench`` and one ``PREFIX.<pid>`` a process
+    (not the output a shell may be writing beside them)."""
+    return [path for path in glob.glob(f"{prefix}.*")
+            if path.rpartition(".")[2] == "bench" or path.rpartition(".")[2].isdigit()]
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def report(prefix: str) -> None:
-    rows = [json.loads(line) for path in glob.glob(f"{prefix}.*")
-            for line in open(path)]  # noqa: SIM115
+    rows = [json.loads(line) for path in traces(prefix) for line in open(path)]  # noqa: SIM115
     task_of = {r["r"]: r["task"] for r in rows if r["k"] == "started"}
     closed = {tag: at for r in rows if r["k"] == "closed" for tag, at in r["tags"].items()}
     first: dict[str, dict[str, float]] = defaultdict(dict)
@@ -141,7 +147,7 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         raise SystemExit(__doc__)
     target = sys.argv.pop(1)
-    for old in glob.glob(f"{target}.*"):
+    for old in traces(target):
         os.remove(old)
     trace_bench(target)
     report(target)
