@@ -68,8 +68,7 @@ class NeedsModel:
 NEEDS_MODEL = NeedsModel()
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NeedsTools:
     """A step's outcome: the model called tools, so a tool round comes next. ``reruns``:
     the ids of calls a crash left in doubt that this round runs again; ``argument_errors``:
