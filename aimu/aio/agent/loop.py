@@ -195,6 +195,8 @@ async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, N
     budget = run.budget
     assert budget is not None
     match run.next:
+        case NeedsModel():
+            pass  # a model turn, below: sent text joins first, a limit may stop it
         case NeedsTools(calls) as tools:
             hit = budget.before_tools(len(calls)) if budget.limited else None
             if hit is not None:
@@ -205,8 +207,6 @@ async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, N
             run.next = NEEDS_MODEL  # text sent as the answer came: the run goes on with it
         case Ended():
             return None
-        case NeedsModel():
-            pass  # a model turn, below: sent text joins first, a limit may stop it
     if session.durable.carried.messages or run.scope.has_sent():
         await session.join_sent(run.scope)
     if run.interrupt_asked():  # the step boundary

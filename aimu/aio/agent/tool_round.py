@@ -12,7 +12,7 @@ from aimu.aio.ends import PAUSED, Halt
 from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, ToolResult
 from aimu.aio.guardrails import guarded_call
 from aimu.aio.journal import RERUN_NOTE
-from aimu.aio.tools import ToolContext, ToolOutcome, invoke
+from aimu.aio.tools import Tool, ToolContext, ToolOutcome, invoke
 from aimu.aio.transcript import ToolCall
 from aimu.aio.tree import Held
 
@@ -43,15 +43,15 @@ async def tool_round(
             yield answer
     try:
         if config.concurrent_tools and len(calls) > 1:
-            for call in calls:
+            for call, _ in calls:
                 yield _call_started(name, call)
-            async with aclosing(_calls_as_tasks(session, calls, run, step)) as events:
+            together = [call for call, _ in calls]
+            async with aclosing(_calls_as_tasks(session, together, run, step)) as events:
                 async for event in events:
                     yield event
         else:
-            for call in calls:
+            for call, tool in calls:
                 yield _call_started(name, call)
-                tool = session.tool_named(call["function"]["name"])
                 if tool is None or not tool.from_schema_given:
                     called = _call_tool(session, call, run, *_as_in(step, call))
                     result = await (called if run.wall is None else run.wall.guard(called))
@@ -84,32 +84,33 @@ async def tool_round(
 
 def _sort_calls(
     session: Session, calls: list[ToolCall]
-) -> tuple[list[ToolCall], list[tuple[ToolCall, ToolOutcome]], list[ToolCall]]:
-    """The calls to run now, those answered without running (refused, or an external
-    tool's result given), and those that wait: by the decision given, else the policy
-    or tool."""
-    run_now: list[ToolCall] = []
+) -> tuple[list[tuple[ToolCall, Tool | None]], list[tuple[ToolCall, ToolOutcome]],
+           list[ToolCall]]:
+    """The calls to run now (each with its tool, None if the model named no tool there
+    is), those answered without running (refused, or an external tool's result given),
+    and those that wait: by the decision given, else the policy or tool."""
+    run_now: list[tuple[ToolCall, Tool | None]] = []
     answered: list[tuple[ToolCall, ToolOutcome]] = []
     asked: list[ToolCall] = []
     for call in calls:
-        decision = session.approvals.take(call["id"]) or _policy(session, call)
+        tool = session.tool_named(call["function"]["name"])
+        decision = session.approvals.take(call["id"]) or _policy(session, call, tool)
         if decision is None:
             asked.append(call)
         elif decision.result is not None:
             answered.append((call, ToolOutcome(decision.result, False)))
         elif decision.approved:
-            run_now.append(call)
+            run_now.append((call, tool))
         else:
             answered.append((call, ToolOutcome(denied_result(decision.reason), True)))
     return run_now, answered, asked
 
 
-def _policy(session: Session, call: ToolCall) -> Decision | None:
+def _policy(session: Session, call: ToolCall, tool: Tool | None) -> Decision | None:
     """What the agent's ``approve=`` policy, or the tool's ``approval`` flag, says
     of a call no person decided on; None: ask a person (always, for an external
     tool's call: its result comes from outside)."""
     function = call["function"]
-    tool = session.tool_named(function["name"])
     if tool is not None and tool.external:
         return None
     policy = session.config.approve
