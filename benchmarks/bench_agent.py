@@ -34,8 +34,8 @@ from typing import Any
 from aimu import aio
 from aimu.aio.client import TextDelta, TurnAssembler
 from aimu.aio.events import Event, StepFinished, TextChunk, ToolCallStarted, ToolResult
-from aimu.aio.tools import ToolContext, as_tool, invoke
-from aimu.aio.transcript import Message, ToolMessage, copy_messages
+from aimu.aio.tools import Tool, ToolContext, as_tool, invoke
+from aimu.aio.transcript import Message, ToolMessage, ToolSpec, copy_messages
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 
@@ -60,13 +60,19 @@ def script_for(rounds: int) -> Any:
     return script
 
 
+def bare_parts(
+    rounds: int,
+) -> tuple[ScriptedModel, dict[str, Tool], tuple[ToolSpec, ...], list[Message]]:
+    """What the bare loops drive: the model, the tool (by name, and its spec), the task."""
+    tool = as_tool(noop)
+    messages: list[Message] = [{"role": "user", "content": "go"}]
+    return ScriptedModel(script_for(rounds), record=False), {tool.name: tool}, (tool.spec,), \
+        messages
+
+
 async def bare_loop(rounds: int) -> float:
     """The same model and tool, driven by the least code that records a transcript."""
-    model = ScriptedModel(script_for(rounds), record=False)
-    tool = as_tool(noop)
-    tools = {tool.name: tool}
-    specs = (tool.spec,)
-    messages: list[Message] = [{"role": "user", "content": "go"}]
+    model, tools, specs, messages = bare_parts(rounds)
     start = time.perf_counter()
     while True:
         assembler = TurnAssembler()
@@ -89,11 +95,7 @@ async def bare_loop(rounds: int) -> float:
 
 async def bare_events(rounds: int) -> AsyncGenerator[Event, None]:
     """The bare loop as a stream of the events each round of ``Agent.run`` streams."""
-    model = ScriptedModel(script_for(rounds), record=False)
-    tool = as_tool(noop)
-    tools = {tool.name: tool}
-    specs = (tool.spec,)
-    messages: list[Message] = [{"role": "user", "content": "go"}]
+    model, tools, specs, messages = bare_parts(rounds)
     steps = 0
     while True:
         assembler = TurnAssembler()
