@@ -159,3 +159,22 @@ def test_a_command_whose_extra_is_missing_says_how_to_install_it(
     assert done.returncode != 0
     assert install_command(extra) in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("serve", "--recover-every", "2"), "--recover-every goes with --recover"),
+        (("serve", "--temporal", "127.0.0.1:1"), "give --temporal HOST:PORT and --task-queue"),
+        (("serve", "--port", "70000"), "--port 70000 is not a TCP port"),
+    ],
+)
+def test_a_usage_error_is_told_before_a_missing_extra(
+    args: tuple[str, ...], said: str, tmp_path: Path
+) -> None:
+    """Options that do not go together are refused for what they are, without importing
+    the serve extra first (its absence would hide the mistake behind an install hint)."""
+    done = _aimu_without_extras(*args, home=tmp_path)
+    assert done.returncode == 2
+    assert said in done.stderr and "pip install" not in done.stderr
+    assert "Traceback" not in done.stderr

@@ -275,18 +275,6 @@ def _serve(options: argparse.Namespace) -> int:
         )
     if not 0 <= options.port <= 65535:
         raise _Refused(f"--port {options.port} is not a TCP port", 2)
-    try:
-        with needs_extra("aimu serve", "serve"):
-            import uvicorn
-
-            from aimu.serve.application import app
-    except MissingExtra as missing:
-        raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
-    try:
-        tools: list[Callable[..., Any] | Toolset] = [*agent_tools(options)]
-        tools += mcp_servers(options.mcp, options.mcp_url)
-    except ValueError as error:
-        raise _Refused(str(error), 2) from None
     if options.recover_every is not None and not options.recover:
         raise _Refused("--recover-every goes with --recover", 2)
     if options.max_crashes is not None and not (options.recover and options.max_crashes >= 1):
@@ -301,6 +289,18 @@ def _serve(options: argparse.Namespace) -> int:
                        "--temporal the workers run them (aimu worker --max-requests ...)", 2)
     if (options.temporal is None) != (options.task_queue is None):
         raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
+    try:  # the options are checked first: a usage error is one, extra or not
+        with needs_extra("aimu serve", "serve"):
+            import uvicorn
+
+            from aimu.serve.application import app
+    except MissingExtra as missing:
+        raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
+    try:
+        tools: list[Callable[..., Any] | Toolset] = [*agent_tools(options)]
+        tools += mcp_servers(options.mcp, options.mcp_url)
+    except ValueError as error:
+        raise _Refused(str(error), 2) from None
     store = options.store or str(default_home() / "sessions.db")
     try:
         return asyncio.run(_run(options, uvicorn, app, tools, store, token))
