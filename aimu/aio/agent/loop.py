@@ -24,7 +24,7 @@ from aimu.aio.scope import RunScope
 from aimu.aio.transcript import UserMessage, dangling_calls
 from aimu.aio.tree import close_held
 
-from .session import Session
+from .session import NO_RERUNS, Session
 from .settle import settle
 from .state import NEEDS_MODEL, Ended, NeedsModel, NeedsTools, Phase, RunState
 from .tool_round import tool_round
@@ -125,7 +125,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     messages = session.messages
     if reset:
         messages.clear()
-        session.reruns = set()
+        session.reruns = NO_RERUNS
         session.approvals.clear()
         session.durable.forget()
     session.place_system()
@@ -159,8 +159,8 @@ async def _pick_up(session: Session, run: RunState, task: str | None) -> None:
         messages = session.messages
         open_calls = [call for _, call in dangling_calls(messages)]
         if open_calls:
-            run.next = NeedsTools(open_calls, frozenset(session.reruns))
-            session.reruns = set()
+            run.next = NeedsTools(open_calls, session.reruns)
+            session.reruns = NO_RERUNS
             return
         answer = session.finished_answer()
         if answer is not None:

@@ -47,7 +47,11 @@ if TYPE_CHECKING:
 
     from .state import RunState
 
-__all__ = ["Session", "StoredSession", "joined", "tool_message"]
+__all__ = ["NO_RERUNS", "Session", "StoredSession", "joined", "tool_message"]
+
+#: No call a crash left in doubt: one empty set shared by every session (an empty
+#: ``set()`` is 216 bytes a session).
+NO_RERUNS: frozenset[str] = frozenset()
 
 
 class Session:
@@ -80,7 +84,7 @@ class Session:
         self.durable = SessionRecord(store, name)
         #: Ids of the in-doubt calls of idempotent tools found on load: resume() runs
         #: them again (their results start with RERUN_NOTE).
-        self.reruns: set[str] = set()
+        self.reruns: frozenset[str] = NO_RERUNS
         self.approvals = Approvals()
         #: The sessions of agents called as tools whose calls are held open (paused
         #: inside), by call id: a resume continues them (see aimu.aio.tree).
@@ -246,7 +250,7 @@ class Session:
         for call in found.asked:
             approvals.ask(call, in_doubt=True)
         self.durable.state_stale = self.durable.state_stale or bool(approved)
-        self.reruns = {call["id"] for call in found.rerun}
+        self.reruns = frozenset(call["id"] for call in found.rerun)
         return len(messages) != before
 
     def snapshot(self) -> dict[str, Any]:
@@ -320,7 +324,7 @@ class Session:
     def close_open_calls(self, start: int = 0) -> list[ToolMessage]:
         """Answer the open calls in memory: "cancelled", or IN_DOUBT_RESULT for a call
         a crash left in doubt that is now not run again; return the results."""
-        reruns, self.reruns = self.reruns, set()
+        reruns, self.reruns = self.reruns, NO_RERUNS
         return answer_open_calls(
             self.messages,
             lambda _index, call: IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT,

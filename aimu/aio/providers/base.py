@@ -299,11 +299,18 @@ class ModelClient(abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.provider}:{self.model} at {self.host}>"
 
+    #: ``answered_by`` and the model it names: one string for all the client's messages.
+    _answered_by: tuple[str, str] | None = None
+
     @property
     def answered_by(self) -> str:
         """The ``"provider:model"`` that wrote this client's latest turn (what an
-        assistant message records as ``aimu_model``)."""
-        return f"{self.provider}:{self.model}"
+        assistant message records as ``aimu_model``: the same string for every message,
+        not a copy in each)."""
+        named = self._answered_by
+        if named is None or named[1] is not self.model:
+            named = self._answered_by = (f"{self.provider}:{self.model}", self.model)
+        return named[0]
 
     @property
     def answered_model(self) -> str:

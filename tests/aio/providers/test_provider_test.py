@@ -316,3 +316,23 @@ async def test_tuple_arguments_from_the_test_model_pass_tool_validation() -> Non
     outcome = await invoke({"place": tool}, call, ctx)
     assert outcome.content == "(1, 1.5, 'Lisbon')"
     assert not outcome.is_error
+
+
+async def test_every_reply_names_its_model_with_one_shared_string() -> None:
+    """``aimu_model`` is the client's one ``provider:model`` string, not a copy in each
+    assistant message (a long session keeps thousands); a new model gets its own."""
+    from aimu import aio
+
+    def lookup(city: str) -> str:
+        return f"sun in {city}"
+
+    agent = aio.Agent(aio.client("test"), tools=[lookup])
+    await agent.run("weather in Oslo?")
+    await agent.run("and again?")
+    writers = [m["aimu_model"] for m in agent.model_client.messages  # type: ignore[typeddict-item]
+               if m["role"] == "assistant"]
+    assert len(writers) >= 3 and set(writers) == {"test:test"}
+    assert all(writer is writers[0] for writer in writers)
+    agent.model_client.model = "other"
+    assert agent.model_client.answered_by == "test:other"
+    await agent.aclose()
