@@ -181,6 +181,24 @@ class TurnOutcome:
     """A handed-off turn's own end (``interrupted``, or ``cancelled`` by a drain)."""
 
 
+def report_unread(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The workflow loop's report of an error nobody read, but for one that was read in
+    effect: a turn that failed ``CANCELLED`` (its run cancelled through Redis; the turn
+    asked Temporal to cancel the workflow first) whose failure came in the same
+    activation as that cancel. Temporal's SDK then raises the cancel where the turn is
+    awaited and leaves the failure in the activity's future, unread; both say the same
+    stop, and the run ends cancelled. Every other report goes on as it would."""
+    error = context.get("exception")
+    if (
+        isinstance(error, ActivityError)
+        and isinstance(error.cause, ApplicationError)
+        and error.cause.type == CANCELLED
+        and "never retrieved" in str(context.get("message", ""))
+    ):
+        return
+    loop.default_exception_handler(context)
+
+
 @workflow.defn(name=WORKFLOW)
 class RunWorkflow:
     """One aimu run on Temporal (see the module docstring)."""
@@ -211,6 +229,7 @@ class RunWorkflow:
     @workflow.run
     async def run(self, request: RunRequest) -> dict[str, Any]:
         self._request = request
+        asyncio.get_running_loop().set_exception_handler(report_unread)
         try:
             turn = self._carry(request.carried)
             if turn is None:

@@ -4,6 +4,7 @@ through Redis), cancel before any worker, pause with every worker gone, unreacha
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 import time
@@ -381,7 +382,7 @@ async def test_a_run_cancelled_while_paused_is_cancelled_in_temporal_redis_and_t
 
 async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
     temporal: str, queue: str, workers: Workers, store: SQLiteStore,
-    model_server: LoopbackServer,
+    model_server: LoopbackServer, caplog: pytest.LogCaptureFixture,
 ) -> None:
     transfer, done = approval_tool()
     model_server.script = [PAY, HELD]
@@ -409,6 +410,12 @@ async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
         assert done == ["transfer"]
         messages = await restorable(store, "s1")
         assert messages[-1]["role"] == "assistant" and messages[-1].get("aimu_partial")
+        # The turn's failure (cancelled through Redis) and the workflow's cancel came in
+        # one activation: the SDK raises the cancel and leaves the failure unread in its
+        # future, which the workflow's loop reported when it was collected.
+        gc.collect()
+        unread = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+        assert unread == []
     finally:
         await control.aclose()
 
@@ -481,3 +488,31 @@ async def test_stop_with_a_grace_that_is_not_finite_seconds_asks_nothing(grace: 
     runs = RunsClient(None, "agents")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="grace"):
         await runs.request_stop("run-1", grace)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message", "reported"),
+    [
+        ("AimuRunCancelled", "Future exception was never retrieved", False),
+        ("AimuRunCancelled", "Unhandled exception in event loop", True),
+        ("SomethingElse", "Future exception was never retrieved", True),
+    ],
+)
+def test_the_workflow_loop_keeps_every_report_but_the_cancelled_turns_unread_failure(
+    kind: str, message: str, reported: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from temporalio.exceptions import ActivityError, ApplicationError
+
+    from aimu.temporal._workflow import report_unread
+
+    error = ActivityError("Activity task failed", scheduled_event_id=1, started_event_id=2,
+                          identity="w", activity_type="turn", activity_id="1",
+                          retry_state=None)
+    error.__cause__ = ApplicationError("stop it now", type=kind)
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level("ERROR", logger="asyncio"):
+            report_unread(loop, {"message": message, "exception": error})
+    finally:
+        loop.close()
+    assert [r.getMessage() for r in caplog.records] == ([message] if reported else [])
