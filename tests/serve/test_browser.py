@@ -524,6 +524,33 @@ async def test_a_message_sent_before_the_page_chose_its_session_goes_to_that_ses
         assert (await http.get("/sessions/default")).status_code == 404
 
 
+async def test_a_session_opened_while_the_page_loads_stays_open(
+    page: object, served: Served
+) -> None:
+    """With no session in its address, the page reads the session list to choose one: a
+    session the person opened meanwhile (the new-session box) was taken back to the
+    chosen one when the list came."""
+    from playwright.async_api import Page, expect
+
+    assert isinstance(page, Page)
+    held = await hold_requests(page, f"{served.url}/sessions", ("GET", 1))
+    await page.goto(f"{served.url}/")
+    listing = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    await page.locator("#new-session-name").fill("fresh")
+    await page.locator("#new-session-name").press("Enter")
+    await expect(page.locator("#session-title")).to_have_text("fresh")
+    await listing.continue_()
+    await page.locator("body[data-ready]").wait_for(state="attached")
+    await expect(page.locator("#session-title")).to_have_text("fresh")
+    assert "session=fresh" in page.url
+    await page.locator("#input").fill("hello fresh")
+    await page.locator("#input").press("Enter")
+    await expect(page.locator(".msg.assistant").last).to_have_text("answer to hello fresh")
+    assert [m["content"] for m in await stored(served, "fresh") if m["role"] == "user"] == [
+        "hello fresh"
+    ]
+
+
 async def test_typing_in_the_new_session_box_while_the_page_loads_keeps_the_keys_there(
     page: object, served: Served
 ) -> None:

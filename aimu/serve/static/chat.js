@@ -648,10 +648,13 @@ async function start() {
     // The session the address names, or the last one used; else the most recent one.
     const named = new URL(location.href).searchParams.get("session")
       || localStorage.getItem("aimu-session");
+    const view = state.view;
     const sessions = named ? null : await loadSessions();
     const wanted = named || (sessions[0] && sessions[0].name) || "default";
-    const opened = openSession(wanted);  // the session is chosen once this call returns
-    sessionChosen();
+    // A session the person opened while the list loaded (the new-session box, the list)
+    // is their choice: the page does not take it back.
+    const opened = state.view === view ? openSession(wanted) : null;
+    sessionChosen();  // chosen once openSession has returned (its first part is synchronous)
     await opened;
     // Ready to type at once, unless the person is already typing somewhere else (the
     // new-session box): moving the focus then would send their keys to the message box.
