@@ -498,6 +498,17 @@ async def test_a_message_sent_while_the_page_loads_stays_on_screen(
     await both_answers_kept(page, starting)
 
 
+async def opened_with_the_list_held(page: object, url: str, path: str) -> Any:
+    """Go to ``url`` + ``path`` with the page's first read of the session list held: the
+    held request, once the page has made it (the test lets it go on)."""
+    from playwright.async_api import Page
+
+    assert isinstance(page, Page)
+    held = await hold_requests(page, f"{url}/sessions", ("GET", 1))
+    await page.goto(url + path)
+    return await asyncio.wait_for(held["GET"].get(), WAIT_S)
+
+
 async def test_a_message_sent_before_the_page_chose_its_session_goes_to_that_session(
     page: object, served: Served
 ) -> None:
@@ -506,10 +517,7 @@ async def test_a_message_sent_before_the_page_chose_its_session_goes_to_that_ses
     from playwright.async_api import Page, expect
 
     assert isinstance(page, Page)
-    # The page's first read of the session list waits.
-    held = await hold_requests(page, f"{served.url}/sessions", ("GET", 1))
-    await page.goto(f"{served.url}/?session=chosen")
-    listing = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    listing = await opened_with_the_list_held(page, served.url, "/?session=chosen")
     await page.locator("#input").fill("hello chosen")
     await page.locator("#input").press("Enter")
     await expect(page.locator(".msg.user")).to_have_text(["hello chosen"])
@@ -533,9 +541,7 @@ async def test_a_session_opened_while_the_page_loads_stays_open(
     from playwright.async_api import Page, expect
 
     assert isinstance(page, Page)
-    held = await hold_requests(page, f"{served.url}/sessions", ("GET", 1))
-    await page.goto(f"{served.url}/")
-    listing = await asyncio.wait_for(held["GET"].get(), WAIT_S)
+    listing = await opened_with_the_list_held(page, served.url, "/")
     await page.locator("#new-session-name").fill("fresh")
     await page.locator("#new-session-name").press("Enter")
     await expect(page.locator("#session-title")).to_have_text("fresh")
