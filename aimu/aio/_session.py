@@ -156,15 +156,17 @@ class SessionRecord:
             self.writer = None
             await writer.aclose()
 
-    async def start_run(self, agent: str, scope: RunScope, first: int) -> None:
+    async def start_run(
+        self, agent: str, scope: RunScope, first: int, parent: str | None = None
+    ) -> None:
         """Store the record of a run starting now (status ``running``), whose messages
         begin at ``first``, before it does anything: a process that dies in the run
-        leaves it so."""
+        leaves it so. ``parent``: the record id of the run it runs inside (agent trees)."""
         if self.writer is None or self.name is None:
             return
         record = RunRecord(
             id=_record_id(scope), session=self.name, agent=agent, started=time.time(),
-            status="running", messages_from=first,
+            status="running", parent=parent, messages_from=first,
         )
         await self.writer.record_run(record)
         self.run = record

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from aimu.aio.events import RunFinished
 from aimu.aio.scope import RunScope
 
-__all__ = ["Stop", "log", "past_deadline", "stop_of"]
+__all__ = ["CLOSED", "Stop", "log", "past_deadline", "stop_of"]
 
 log = logging.getLogger("aimu.aio.agent")
+#: The reason of a run stopped because its consumer closed its event stream.
+CLOSED = "the consumer closed the event stream"
 
 @dataclass(frozen=True, slots=True)
 class Stop:
@@ -50,7 +52,7 @@ def stop_of(
         if past_deadline(scope):
             return Stop("timed_out", "deadline passed")
         if isinstance(error, GeneratorExit):
-            return Stop(status, "the consumer closed the event stream")
+            return Stop(status, CLOSED)
         if error is not None and error.args and isinstance(error.args[0], str):
             return Stop(status, error.args[0])
         return Stop(status)

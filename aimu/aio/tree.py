@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
@@ -61,10 +62,12 @@ if TYPE_CHECKING:
     from aimu.aio.store import Store
 
 __all__ = [
-    "DEFAULT_MAX_DEPTH", "AgentTool", "CallScope", "Held", "check_tree", "held_pending",
+    "DEFAULT_MAX_DEPTH", "DIED", "AgentTool", "CallScope", "Held", "check_tree", "held_pending",
     "open_held", "route_decision",
 ]
 
+#: How the record of a run whose process died says so (its reason starts so).
+DIED: Final = "its process died"
 #: How many agents deep a tree may call (the top agent's callees are at depth 1).
 DEFAULT_MAX_DEPTH: Final = 5
 
@@ -122,7 +125,7 @@ class CallScope(RunScope):
     (its interrupt, deadline, run id). Its options give the callee the caller's deps
     and budget."""
 
-    __slots__ = ("_asked", "around", "caller", "configs", "path")
+    __slots__ = ("_asked", "around", "caller", "configs", "path", "record")
 
     def __init__(
         self,
@@ -131,9 +134,12 @@ class CallScope(RunScope):
         configs: tuple[object, ...],
         relay: Callable[[Event], None] | None,
         options: RunOptions,
+        record: str | None = None,
     ) -> None:
         #: The caller's run scope (``caller`` too: what RunHandle ownership reads).
         self.around = self.caller = caller
+        #: The id of the caller's run record (with a store): the callee's record's parent.
+        self.record = record
         self._asked = False
         RunScope.__init__(self, path[-1], None, caller.deadline)
         #: The agents above the callee, outermost first, and their configurations.
@@ -300,7 +306,9 @@ async def _nested(
     if deps is NO_DEPS:
         deps = run.deps if run.deps is not None else tool.agent._config.deps
     options = RunOptions(deps=deps, shared=run.budget.for_callee())
-    scope = CallScope(run.scope, path, configs, relay, options)
+    record = session.durable.run
+    scope = CallScope(run.scope, path, configs, relay, options,
+                      None if record is None else record.id)
     child = session.held.pop(ctx.call_id, None) or tool.agent._nested_session(
         session.store, _session_name(session, ctx.call_id)
     )
@@ -346,10 +354,28 @@ async def _run_child(child: Agent, task: str) -> RunFinished | None:
     still waits for a decision (the call stays held)."""
     await child.open()
     if child.resumable and _last_task(child.messages) == task:
+        await _end_dead_run(child)
         if child.pending_approvals:
             return None
         return await child.finish(None)
     return await child._finish(task, True)
+
+
+async def _end_dead_run(child: Agent) -> None:
+    """A crash left the called agent's last run ``running`` (its record says so while a
+    writer holds the session, and this process holds it now): record it failed, as
+    recovery records a top-level run that died. Its call goes on as a new run."""
+    session = child._session
+    writer, store, name = session.durable.writer, session.store, session.name
+    if writer is None or store is None or name is None:
+        return
+    latest = await store.runs(session=name, limit=1)
+    if latest and latest[0].status == "running":
+        await writer.record_run(replace(
+            latest[0], status="failed", ended=time.time(),
+            reason=f"{DIED} (at message {len(child.messages)}); it went on inside the "
+            "run that called it",
+        ))
 
 
 def _last_task(messages: list[Message]) -> str | None:

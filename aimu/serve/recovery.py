@@ -29,6 +29,7 @@ from typing import Final
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
+from aimu.aio.tree import DIED
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, open_agent
 
@@ -37,7 +38,7 @@ __all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "Recovery"]
 _log = logging.getLogger("aimu.serve")
 
 #: How a run whose process died is recorded (its reason starts so).
-CRASHED: Final = "its process died"
+CRASHED: Final = DIED
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
 _AT: Final = re.compile(r"at message (\d+)\)")

@@ -20,6 +20,8 @@ def _note(query: str, entered: bool) -> bool:
     where = Path(os.environ["AIMU_TEST_HELD"])
     if entered:
         (where / f"entered-{query}").touch()
+        with (where / f"entries-{query}").open("a") as entries:  # one line each time
+            entries.write("entered\n")
     else:
         done = len(list(where.glob(f"ran-{query}-*"))) + 1
         (where / f"ran-{query}-{done}").touch()
@@ -54,8 +56,9 @@ async def held_asked(query: str) -> str:
 
 
 def script(request: dict[str, object]) -> Turn:
-    """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, then each says
-    it is done; ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
+    """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, ``tree Q`` the
+    agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then each
+    says it is done; ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -66,6 +69,8 @@ def script(request: dict[str, object]) -> Turn:
     names = {"hold": "held", "once": "held_once", "ask": "held_asked"}
     if word == "slow":  # a reply that streams for about 8 s
         return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)
+    if word == "tree":
+        return Turn(text="asking ", tool_calls=(ScriptedCall("helper", {"task": f"once {query}"}),))
     if word in names:
         name = names[word]
         return Turn(text="calling ", tool_calls=(ScriptedCall(name, {"query": query}),))

@@ -36,6 +36,7 @@ from aimu.aio.transcript import (
     validate,
     zero_usage,
 )
+from aimu.aio.tree import CallScope
 
 from .config import Config
 from .state import FINAL_TURN_PROMPT
@@ -442,7 +443,9 @@ class StoredSession(Session):
             await self.durable.writer.set_status(status)
 
     async def start_run(self, run: RunState) -> None:
-        await self.durable.start_run(self.config.name, run.scope, run.first)
+        around = run.scope.parent  # an agent called as a tool: its caller's run is the parent
+        parent = around.record if isinstance(around, CallScope) else None
+        await self.durable.start_run(self.config.name, run.scope, run.first, parent)
 
     async def end_run(self, run: RunState, stop: Stop) -> None:
         if self.durable.run is None:

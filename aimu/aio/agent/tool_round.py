@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
+from aimu.aio._stops import CLOSED
 from aimu.aio.approvals import Decision, denied_result
 from aimu.aio.ends import PAUSED, Halt
 from aimu.aio.events import Event, StepFinished, ToolCallStarted, ToolProgress, ToolResult
@@ -137,6 +138,7 @@ async def _calls_as_tasks(
     ]
     for task in tasks:
         task.add_done_callback(queue.put_nowait)
+    why: str | None = None  # a cancel's reason goes on to the calls (an agent's record)
     try:
         left = len(tasks)
         while left:
@@ -148,10 +150,16 @@ async def _calls_as_tasks(
                     yield result
             else:
                 yield item
+    except asyncio.CancelledError as error:
+        why = error.args[0] if error.args and isinstance(error.args[0], str) else None
+        raise
+    except GeneratorExit:
+        why = CLOSED
+        raise
     finally:
         pending = [t for t in tasks if not t.done()]
         for t in pending:
-            t.cancel()
+            t.cancel(why)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         while not queue.empty():  # left early: what the calls told is still told

@@ -39,6 +39,15 @@ async def test_a_three_level_tree_answers_and_keeps_every_transcript(tmp_path: P
         assert mid[0] == {"role": "user", "content": TASKS["mid"]}
         assert tool_results(mid) == [ANSWERS["leaf"]]
         assert tool_results(leaf) == ["the page"]
+        # Each level's run record names the run it ran inside.
+        [top_run] = await store.runs(session="top")
+        [mid_run] = await store.runs(session=mid_session)
+        [leaf_run] = await store.runs(session=leaf_session)
+        assert (top_run.agent, top_run.parent) == ("root", None)
+        assert (mid_run.agent, mid_run.parent) == ("mid", top_run.id)
+        assert (leaf_run.agent, leaf_run.parent) == ("leaf", mid_run.id)
+        assert {r.status for r in (top_run, mid_run, leaf_run)} == {"completed"}
+        assert mid_run.models == leaf_run.models == ("scripted:scripted",)
     finally:
         await tree.root.aclose()
         await store.aclose()

@@ -91,6 +91,12 @@ async def test_a_cancel_reaches_the_grandchild_and_every_level_says_so(
     assert tool_results(tree.root.messages) == root_result
     statuses = {info.name.count("--"): info.status for info in await store.sessions()}
     assert statuses == {0: "cancelled", 1: "cancelled", 2: "cancelled"}
+    # Each level's record says it was cancelled, why, and inside which run.
+    records = {info.name.count("--"): await store.runs(session=info.name)
+               for info in await store.sessions()}
+    [root], [mid], [leaf] = records[0], records[1], records[2]
+    assert [(r.status, r.reason) for r in (root, mid, leaf)] == [("cancelled", "stop all")] * 3
+    assert (root.parent, mid.parent, leaf.parent) == (None, root.id, mid.id)
     models_closed(tree)
     # The same session goes on: every level's transcript is one a model takes.
     fetch.release.set()

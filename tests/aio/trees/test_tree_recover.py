@@ -1,0 +1,118 @@
+"""A served agent tree killed with ``kill -9`` while the called agent's tool runs, then
+``aimu serve --recover``: the tree goes on once, from its top-level run.
+
+Each child run's record names its parent run, so recovery resumes only the top-level
+run; the called agent's session goes on inside it, with its own agent (its name, system
+prompt and tools), never as a top-level run of the server's agent. Every side effect
+runs once, every model turn after the kill is asked once, and no record is left
+``running``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from aimu.aio.store import RunRecord
+from aimu.serve.agents import open_store
+from aimu.serve.recovery import CRASHED
+from aimu.testing.server import LoopbackServer
+from tests.serve import recover_tools
+from tests.serve.harness import aimu_serve, last_user, start
+from tests.serve.test_drain_recover import ran, until
+from tests.serve.tree_tools import HELPER_SYSTEM
+
+TREE = ("--tool", "tests.serve.tree_tools:helper")
+
+
+@pytest.fixture
+def model() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread(recover_tools.script) as server:
+        yield server
+
+
+@pytest.fixture
+def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "held"
+    where.mkdir()
+    monkeypatch.setenv("AIMU_TEST_HELD", str(where))  # the servers inherit it
+    return where
+
+
+async def every_record(store_path: Path) -> dict[str, list[RunRecord]]:
+    """Each session's run records, the latest first."""
+    store, close = open_store(store_path)
+    try:
+        return {info.name: await store.runs(session=info.name)
+                for info in await store.sessions()}
+    finally:
+        if close is not None:
+            await close()
+
+
+async def top_completed(store_path: Path, session: str) -> bool:
+    records = (await every_record(store_path)).get(session, [])
+    return bool(records) and records[0].status == "completed"
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    return sorted(t["function"]["name"] for t in body.get("tools") or [])
+
+
+@pytest.mark.slow
+async def test_a_served_tree_killed_in_the_childs_tool_recovers_once_through_its_top(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    store = tmp_path / "sessions.db"
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TREE) as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            top_run = await start(http, "t", "tree q")
+        await until("the helper's tool runs", (held / "entered-q").exists)
+        one.process.kill()
+        await one.process.wait()
+    before = await every_record(store)
+    [child_session] = [name for name in before if name != "t"]
+    [dead_top] = before["t"]
+    [dead_child] = before[child_session]
+    assert (dead_top.id, dead_top.status, dead_top.parent) == (top_run, "running", None)
+    assert (dead_child.agent, dead_child.status) == ("helper", "running")
+    assert dead_child.parent == top_run  # the child's record names the run it ran inside
+    asked_before = len(model.requests)
+
+    (held / "open").touch()  # a call run again would finish now (and be counted)
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TREE, "--recover",
+                          name="recovering") as two:
+        await until("the tree goes on", lambda: top_completed(store, "t"))
+    # Both dead records were there at the first look: one run went on, the top's.
+    assert two.log.read_text().count(" goes on as run ") == 1, two.log.read_text()
+    after = await every_record(store)
+    assert sorted(after) == sorted(before)  # no session made by the recovery
+    new_top, old_top = after["t"]
+    assert old_top.id == top_run and old_top.status == "failed"
+    assert (old_top.reason or "").startswith(CRASHED)
+    assert (new_top.status, new_top.parent, new_top.agent) == ("completed", None, "agent")
+    # The child went on once, inside the top's new run, as itself.
+    new_child, old_child = after[child_session]
+    assert old_child.id == dead_child.id and old_child.status == "failed", old_child
+    assert (old_child.reason or "").startswith(CRASHED), old_child.reason
+    assert (new_child.status, new_child.agent, new_child.parent) == (
+        "completed", "helper", new_top.id)
+    assert not any(r.status == "running" for records in after.values() for r in records)
+    # The side effect ran once: the call cut by the kill is in doubt, not run again.
+    assert (held / "entries-q").read_text() == "entered\n"
+    assert ran(held) == []
+    # After the kill: the helper's conversation was asked once, by the helper (its
+    # prompt and tools), and the top's once.
+    later = model.requests[asked_before:]
+    helper_turns = [r.body for r in later if last_user(r.body) == "once q"]
+    assert len(helper_turns) == 1, [tool_names(b) for b in helper_turns]
+    assert tool_names(helper_turns[0]) == ["held", "held_once"]
+    assert helper_turns[0]["messages"][0] == {"role": "system", "content": HELPER_SYSTEM}
+    assert "outcome unknown" in str(helper_turns[0]["messages"][-1]["content"])
+    top_turns = [r.body for r in later if last_user(r.body) == "tree q"]
+    assert len(top_turns) == 1 and tool_names(top_turns[0]) == ["helper"]
+
