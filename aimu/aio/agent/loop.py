@@ -45,7 +45,7 @@ async def run_events(
     """The run as events, ending with one RunFinished (``task`` None: resume).
     ``open_scope`` claims the session when the run starts, ``close_scope`` releases it."""
     client = session.client
-    name = session.config.name
+    name = session.agent_name  # the run's agent, whoever has the conversation (handoffs)
     scope = open_scope(options)
     run = RunState(scope, RunSpans(name, client.model, client.provider), session.messages, options)
     failure: BaseException | None = None

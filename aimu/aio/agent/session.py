@@ -103,6 +103,13 @@ class Session:
         #: With handoffs: who has the conversation (aimu.aio.handoffs.Speaker), else None.
         self.handoff: Any = None
 
+    @property
+    def agent_name(self) -> str:
+        """The name of the agent this session is of: its runs' (their records and their
+        start and end events), whichever agent has the conversation (handoffs)."""
+        speaker = self.handoff
+        return self.config.name if speaker is None else str(speaker.config.name)
+
     # -- checks ------------------------------------------------------------------------
 
     @property
@@ -445,13 +452,13 @@ class StoredSession(Session):
     async def start_run(self, run: RunState) -> None:
         around = run.scope.parent  # an agent called as a tool: its caller's run is the parent
         parent = around.record if isinstance(around, CallScope) else None
-        await self.durable.start_run(self.config.name, run.scope, run.first, parent)
+        await self.durable.start_run(self.agent_name, run.scope, run.first, parent)
 
     async def end_run(self, run: RunState, stop: Stop) -> None:
         if self.durable.run is None:
             return
-        await self.durable.end_run(
-            self.client.messages, run.first, status=check_run_status(stop.status),
+        await self.durable.end_run(  # the transcript, not a client's (a handoff forks one)
+            self.messages, run.first, status=check_run_status(stop.status),
             reason=stop.reason, stop_reason=run.stop_reason, usage=dict(run.usage),
             spend=None if run.budget is None else run.budget.run.dump(),
             limit=None if run.limit is None else run.limit.message,

@@ -71,7 +71,7 @@ async def settle(
     await session.end_run(run, stop)  # the run's record, before anyone sees it end
     run.scope.emit(final)
     run.spans.finished(final, stop.status, stop.reason)
-    stop.log(session.config.name)
+    stop.log(session.agent_name)
     if run.guard is not None:  # ... and awaited last (memory and store settled first)
         await run.guard.close()
     return final
@@ -114,7 +114,7 @@ def _result_of(session: Session, run: RunState) -> RunResult[Any]:
     """The run's result, once settled: what it returned and added, and its numbers."""
     duration, started_at, ended_at = run.clock.span()
     return RunResult(
-        source=session.config.name,
+        source=session.agent_name,
         status=run.status,
         output=_output_of(session, run),
         reply=run.reply,

@@ -228,3 +228,49 @@ async def test_a_stop_at_every_event_of_a_handoff_run() -> None:
         assert agent.messages[-1].get("aimu_agent") == "billing"
         left = {t for t in asyncio.all_tasks() if t is not current and not t.done()}
         assert left == set()
+
+
+async def test_every_record_field_stays_right_across_a_handoff(tmp_path: Path) -> None:
+    """The run's record (and its start and end events) name the session's agent, the
+    models that wrote its replies, how it ended and why, through a handoff, a run that
+    starts handed over, and a cancel while the target streams."""
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    billing = aio.Agent(
+        ScriptedModel([Turn(text="billing here"), Turn(text="billing again"),
+                       Turn(text="billing is typing", chunks=3, fault="hang", fault_after=2)],
+                      model="billing-m"),
+        system="You are billing.", name="billing",
+    )
+    triage = aio.Agent(ScriptedModel([_transfer("billing")], model="triage-m"),
+                       system="You are triage.", name="triage", handoffs=[billing],
+                       store=store, session="s")
+
+    async def run(task: str, stop_at: str | None = None) -> list[aio.Event]:
+        handle = aio.RunHandle.start(triage.run(task))
+        seen: list[aio.Event] = []
+        async for event in handle.events():
+            seen.append(event)
+            if stop_at is not None and isinstance(event, aio.TextChunk):
+                handle.cancel(stop_at)
+        return seen
+
+    try:
+        ends = [await run("my invoice"), await run("and another thing"),
+                await run("one more", stop_at="the person pressed stop")]
+        assert triage.messages[-1].get("aimu_partial") is True
+        records = list(reversed(await store.runs(session="s")))
+        assert [(r.agent, r.status, r.reason, r.parent, r.models) for r in records] == [
+            ("triage", "completed", None, None, ("scripted:triage-m", "scripted:billing-m")),
+            ("triage", "completed", None, None, ("scripted:billing-m",)),
+            ("triage", "cancelled", "the person pressed stop", None, ("scripted:billing-m",)),
+        ]
+        for events, record in zip(ends, records, strict=True):
+            [started] = [e for e in events if isinstance(e, aio.RunStarted)]
+            [finished] = [e for e in events if isinstance(e, aio.RunFinished)]
+            assert started.source == finished.source == record.agent
+            assert finished.status == record.status
+        assert triage.last_run is not None and triage.last_run.source == "triage"
+        _valid(await store.load("s"))
+    finally:
+        await triage.aclose()
+        await store.aclose()
