@@ -11,8 +11,10 @@
   ``tool-input-available``, ``tool-output-available``, ``tool-approval-request``,
   ``finish-step``, then ``finish``, ``abort`` or ``error``, and ``[DONE]``.
 - ``GET /api/chat/{id}/stream`` (the resumable-stream convention): the chat's run in
-  progress from its start (204 when none), for a page that was refreshed; a run that
-  died with its server is resumed.
+  progress from its start (204 when none), for a page that was refreshed. A GET only
+  reads: a run that died with its server is not resumed by it (``--recover`` resumes it,
+  or ``POST /api/chat/{id}/stream``, which does what the GET does and resumes such a run
+  first, under the cross-site guard every POST passes).
 - ``POST /api/chat/{id}/stop``: cancels the chat's run in progress, server-side.
 
 Leaving the POST stream (the client's ``stop()`` aborts its fetch) cancels the run, as the
@@ -27,14 +29,14 @@ import json
 from collections.abc import AsyncGenerator, Mapping
 from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Body, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aimu.aio import _sse as sse
 from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.http import JSON
-from aimu.serve.models import Run
+from aimu.serve.models import EmptyBody, Run
 from aimu.serve.routes import READ, WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
@@ -146,6 +148,27 @@ async def chat(request: Request, body: ChatRequest) -> Response:
     },
 )
 async def reconnect(request: Request, id: ChatId) -> Response:
+    runs: Runs = request.app.runs
+    active = await runs.session_run(validate_name(id))  # a GET changes nothing
+    if active is None:
+        return Response(status_code=204)
+    return _response(runs, RunFollower(runs, active, owned=False))
+
+
+@router.post(
+    "/api/chat/{id}/stream",
+    summary="Reattach to the chat's run in progress, from its start; a run that died with "
+    "its server is resumed first (204: none)",
+    response_class=ClosingStreamingResponse,
+    responses={
+        200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
+        204: {"description": "The chat has no run in progress, nor one to resume"},
+        **errors(*WRITE),
+    },
+)
+async def revive(
+    request: Request, id: ChatId, body: Annotated[EmptyBody | None, Body()] = None
+) -> Response:
     runs: Runs = request.app.runs
     active = await live_or_revived(runs, validate_name(id))
     if active is None:

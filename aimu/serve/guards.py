@@ -14,6 +14,9 @@ refuses, before any route runs:
 - a state-changing request whose body is not declared ``application/json``: a browser
   sends JSON across sites only after a CORS preflight this server does not grant.
 
+GET, HEAD and OPTIONS pass these checks because no route changes anything on them: none
+starts, resumes or revives a run (a page's reconnect that must revive one POSTs).
+
 It also adds the security headers to every response: no framing (``X-Frame-Options``,
 CSP ``frame-ancestors``), no sniffing, no referrer, and a CSP that lets the chat page
 load only its own files.

@@ -337,7 +337,11 @@ async def test_a_reconnect_after_a_killed_server_finds_the_run_going_on(
     async with restarted_after_a_kill(
         served, tmp_path, stream, lambda chunk: chunk["type"] == "text-delta"
     ) as http:
-        replay = await chunks(http, "GET", "/api/chat/sdk-kill/stream")
+        # A GET only reads: the run died with its server, so none is in progress...
+        assert (await http.get("/api/chat/sdk-kill/stream")).status_code == 204
+        assert (await session(http, "sdk-kill"))["status"] == "in_progress"
+        # ... and the POST (under the cross-site guard) resumes it, then streams it.
+        replay = await chunks(http, "POST", "/api/chat/sdk-kill/stream")
         assert replay[-2]["type"] == "finish" and replay[-1] == DONE
         text = "".join(c["delta"] for c in replay if c["type"] == "text-delta")
         assert text.endswith("c299")

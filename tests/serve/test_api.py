@@ -51,7 +51,7 @@ ROUTES = {
     # The protocols frontends speak (A2A and MCP have documents of their own: the agent
     # card, the MCP handshake).
     ("/ag-ui", "POST"), ("/api/chat", "POST"), ("/api/chat/{id}/stream", "GET"),
-    ("/api/chat/{id}/stop", "POST"),
+    ("/api/chat/{id}/stream", "POST"), ("/api/chat/{id}/stop", "POST"),
 }
 
 

@@ -128,3 +128,63 @@ async def test_a_page_of_another_origin_cannot_start_or_resume_runs(
                                   {method: "POST"})).status"""
             )
             assert status == 202
+
+
+IMAGES = """<!doctype html><html><body>
+<img src="{target}/api/chat/crashed/stream">
+<img src="{target}/sessions/crashed">
+<img src="{target}/runs/{run_id}/events">
+</body></html>"""
+
+
+async def test_an_image_of_another_origin_revives_no_crashed_run(
+    model_server: LoopbackServer,
+    tmp_path: Path,
+    attacker: tuple[str, list[str]],
+    page: Any,
+) -> None:
+    """A cross-site ``<img>`` (a GET, no Origin, ``Sec-Fetch-Site: cross-site``) at the
+    AI SDK's reconnect, a session and a run's events, for a session whose run died with
+    its server: each GET reaches the server and nothing runs. The server's own page then
+    revives the run with the POST of the same path."""
+    from aimu.aio.store import RunRecord, SQLiteStore
+
+    seen: list[tuple[str, str, int]] = []
+    run_id = "R" * 22
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        writer = await store.open_session("crashed")
+        await writer.append({"role": "user", "content": "hello"})
+        await writer.record_run(RunRecord(id=run_id, session="crashed", agent="agent",
+                                          started=1.0, status="running", messages_from=0))
+        await writer.set_status("in_progress")  # as a server killed mid-run leaves it
+        await writer.aclose()
+    finally:
+        await store.aclose()
+    application = make_app(model_server, tmp_path / "s.db")
+    application.add_middleware(Recorder, seen=seen)
+    asked = len(model_server.requests)
+    with uvicorn_serving(application) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=20) as http:
+            origin, html = attacker
+            html[0] = IMAGES.format(target=url, run_id=run_id)
+            await page.goto(origin + "/")
+            gets = {"/api/chat/crashed/stream", "/sessions/crashed", f"/runs/{run_id}/events"}
+            for _ in range(600):  # until the server answered all three (a provable point)
+                if gets <= {path for method, path, _ in seen if method == "GET"}:
+                    break
+                await asyncio.sleep(0.05)
+            assert gets <= {path for method, path, _ in seen if method == "GET"}, seen
+            session = (await http.get("/sessions/crashed")).json()
+            assert (session["run_id"], session["status"]) == (None, "in_progress")
+            assert len(model_server.requests) == asked  # no model turn ran again
+
+            # The server's own page revives it, by POST.
+            await page.goto(url + "/")
+            said = await page.evaluate(
+                """async () => (await (await fetch("/api/chat/crashed/stream",
+                                                    {method: "POST"})).text())"""
+            )
+            assert '"aimuStatus":"completed"' in said, said
+            session = (await http.get("/sessions/crashed")).json()
+            assert session["status"] == "completed"

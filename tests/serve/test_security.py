@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -318,3 +319,73 @@ async def test_security_headers_on_the_page_the_api_and_errors(http: httpx.Async
             assert headers["cache-control"] == "no-store", path
     refused = await http.get("/sessions", headers={"Host": "evil.example"})
     assert refused.headers["x-frame-options"] == "DENY"
+
+
+async def test_no_get_head_or_options_starts_or_revives_a_run(
+    http: httpx.AsyncClient, served: Served
+) -> None:
+    """Every GET, HEAD and OPTIONS route (the runs API, the web chat's, AG-UI, the AI SDK,
+    A2A, MCP), asked as a cross-site ``<img>`` asks (no Origin, ``Sec-Fetch-Site:
+    cross-site``) about a session whose run died with its server: nothing runs, nothing
+    is resumed, the store is as it was."""
+    from fastapi.routing import APIRoute
+    from starlette.routing import Mount, Route
+
+    from aimu.aio.store import RunRecord
+
+    store = SQLiteStore(served.store)
+    try:
+        writer = await store.open_session("crashed")
+        await writer.append({"role": "user", "content": "hello"})
+        await writer.record_run(RunRecord(id="R" * 22, session="crashed", agent="agent",
+                                          started=1.0, status="running", messages_from=0))
+        await writer.set_status("in_progress")  # as a server killed mid-run leaves it
+        await writer.aclose()
+        before = (await store.runs(session="crashed"), await store.load("crashed"))
+    finally:
+        await store.aclose()
+    params = {"session": "crashed", "id": "crashed", "run_id": "R" * 22, "call_id": "c",
+              "name": "x"}
+    paths: set[str] = set()
+    for route in _every_route(served.app.routes):
+        if isinstance(route, APIRoute | Route) and {"GET", "HEAD"} & (route.methods or set()):
+            paths.add(route.path.format(**params))
+        elif isinstance(route, Mount):
+            paths.add(route.path or "/")
+    paths |= {"/mcp", "/a2a", "/ag-ui", "/api/chat", "/sessions/crashed/resume"}
+    assert "/api/chat/crashed/stream" in paths and "/runs/RRRRRRRRRRRRRRRRRRRRRR/events" in paths
+    asked = len(served.model.requests)
+    img = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Dest": "image", "Accept": "image/*"}
+    for path in sorted(paths):
+        for method in ("GET", "HEAD", "OPTIONS"):
+            async with http.stream(method, path, headers=img) as response:
+                # The body is not read: what counts is what the request itself did.
+                assert response.status_code < 500, (method, path, response.status_code)
+    session = (await http.get("/sessions/crashed")).json()
+    assert (session["run_id"], session["status"]) == (None, "in_progress")
+    assert len(served.model.requests) == asked  # no model turn ran again
+    store = SQLiteStore(served.store)
+    try:
+        assert (await store.runs(session="crashed"), await store.load("crashed")) == before
+    finally:
+        await store.aclose()
+    # The same reconnect by POST (a page of this server's own) resumes the run.
+    own = {"Origin": served.url, "Sec-Fetch-Site": "same-origin"}
+    async with http.stream("POST", "/api/chat/crashed/stream", headers=own) as response:
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(line[6:]) for line in lines]
+    said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert said.startswith("answer to hello"), chunks
+    assert chunks[-1]["messageMetadata"]["aimuStatus"] == "completed", chunks
+    assert len(served.model.requests) == asked + 1
+
+
+def _every_route(routes: list[object]) -> Iterator[object]:
+    """The app's routes, those of the routers it includes too."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _every_route(inner.routes)
+        else:
+            yield route
