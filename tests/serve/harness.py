@@ -395,10 +395,12 @@ class ServeProcess:
 
 @contextlib.asynccontextmanager
 async def aimu_serve(
-    model: LoopbackServer, workdir: Path, *args: str, name: str = "serve"
+    model: LoopbackServer, workdir: Path, *args: str, name: str = "serve",
+    port: int | None = None,
 ) -> AsyncIterator[ServeProcess]:
-    """``aimu serve ARGS`` in a child process on a free port, on the loopback model."""
-    port = free_port()
+    """``aimu serve ARGS`` in a child process on ``port`` (default: a free one), on the
+    loopback model."""
+    port = free_port() if port is None else port
     log_path = workdir / f"{name}.log"
     env = clean_env(OPENAI_BASE_URL=model.openai_base_url, OPENAI_API_KEY="sk-test")
     with log_path.open("wb") as log:

@@ -321,7 +321,10 @@ async function submit(text) {
 
 function follow(runId, after, replaying) {
   const controller = new AbortController();
-  const run = { id: runId, lastEventId: after, bubble: null, controller, ended: false, calls: new Map() };
+  const run = {
+    id: runId, lastEventId: after, bubble: null, controller, ended: false, calls: new Map(),
+    connected: false,  // its events were read once: a 404 after that means its server restarted
+  };
   state.run = run;
   setStatus("running");
   updateControls();
@@ -341,11 +344,13 @@ async function stream(run, replaying) {
         signal: run.controller.signal,
       });
       if (response.status === 401) { askToken(); return; }
+      if (response.status === 404 && run.connected) { runLost(run); return; }
       if (!response.ok) {
         const data = await response.json().catch(() => ({}));
         throw new ApiError(response.status, data.error || response.statusText);
       }
       attempts = 0;
+      run.connected = true;
       await readEvents(response, run, replaying);
     } catch (error) {
       if (run.controller.signal.aborted || error instanceof ApiError) throw error;
@@ -353,6 +358,26 @@ async function stream(run, replaying) {
       await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 250 * attempts)));
     }
   }
+}
+
+// The server the page reconnected to does not know the run it followed: its server
+// restarted. A run that died with it is resumed, by a POST (a GET never revives a run);
+// then the session is drawn from the store and the run going on (that one, or the one a
+// recovering server went on with) is followed from its start.
+async function runLost(run) {
+  const name = state.session;
+  try {
+    const session = await api("GET", `/sessions/${encodeURIComponent(name)}`);
+    if (state.run !== run) return;
+    if (!session.run_id && session.status === "in_progress") {
+      await api("POST", `/sessions/${encodeURIComponent(name)}/resume`, {}).catch((error) => {
+        if (!(error instanceof ApiError && error.status === 409)) throw error;  // another page did
+      });
+    }
+  } catch (error) {
+    notice(error.message);
+  }
+  if (state.run === run && state.session === name) await openSession(name);
 }
 
 async function readEvents(response, run, replaying) {
