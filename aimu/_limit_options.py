@@ -19,6 +19,8 @@ def _shown(text: str) -> str:
 
 
 def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):  # int() takes '٣', ' 3' and '1_0' too
+        raise argparse.ArgumentTypeError(f"must be a whole number like 10, got {_shown(text)}")
     value = int(text)
     if not 0 <= value <= MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be from 0 to 2**63-1, got {_shown(text)}")

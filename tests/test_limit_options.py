@@ -38,7 +38,9 @@ def test_max_seconds_help_says_it_cuts_at_once() -> None:
 @pytest.mark.parametrize("bad", [["--max-requests", "-1"], ["--max-seconds", "nan"],
                                  ["--max-tokens", "many"], ["--max-requests", "1" + "0" * 400],
                                  ["--max-tool-calls", str(2**63)],
-                                 ["--max-seconds", "1" + "0" * 400]])
+                                 ["--max-seconds", "1" + "0" * 400],
+                                 ["--max-requests", "\u0663"], ["--max-tokens", "\u00b2"],
+                                 ["--max-requests", " 3"]])
 def test_bad_limits_are_usage_errors(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     for command in ("chat", "serve"):
         assert cli.main([command, *bad]) == 2

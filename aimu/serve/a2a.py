@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import secrets
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from aimu import __version__
+from aimu.aio._ids import is_event_number
 from aimu.aio.transcript import Message
 from aimu.serve.errors import ServeError
 from aimu.serve.http import JSON
@@ -121,12 +123,7 @@ async def rpc(request: Request) -> Response:
     runs: Runs = request.app.runs
     call_id: object = None
     try:
-        try:
-            envelope = json.loads(await request.body())
-        except ValueError:
-            raise RPCError(PARSE_ERROR, "the body is not JSON") from None
-        if not isinstance(envelope, dict) or envelope.get("jsonrpc") != "2.0":
-            raise RPCError(INVALID_REQUEST, "not a JSON-RPC 2.0 request object")
+        envelope = _envelope(await request.body())
         call_id = envelope.get("id")
         method, params = envelope.get("method"), envelope.get("params", {})
         if not isinstance(method, str) or not isinstance(params, dict):
@@ -149,6 +146,30 @@ async def rpc(request: Request) -> Response:
         return JSON({"jsonrpc": "2.0", "id": call_id,
                      "error": {"code": INVALID_PARAMS if error.status < 500 else -32603,
                                "message": str(error)}})
+
+
+def _envelope(body: bytes) -> dict[str, Any]:
+    """The request object in ``body``: strict JSON (no ``NaN``, no ``Infinity``), one
+    JSON-RPC 2.0 request whose ``id`` is a string, a number or null, or an ``RPCError``."""
+    try:
+        envelope = json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+        raise RPCError(PARSE_ERROR, "the body is not JSON") from None
+    if isinstance(envelope, list):
+        raise RPCError(INVALID_REQUEST, "batches are not supported: send one request object "
+                       "per POST")
+    if not isinstance(envelope, dict) or envelope.get("jsonrpc") != "2.0":
+        raise RPCError(INVALID_REQUEST, "not a JSON-RPC 2.0 request object")
+    call_id = envelope.get("id")
+    if isinstance(call_id, bool) or not isinstance(call_id, str | int | float | None) or (
+            isinstance(call_id, float) and not math.isfinite(call_id)):
+        raise RPCError(INVALID_REQUEST, "'id' must be a string, a number or null")
+    return envelope
+
+
+def _not_json(constant: str) -> object:
+    """``json.loads`` takes ``NaN``, ``Infinity`` and ``-Infinity``; JSON has none of them."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 async def _call(runs: Runs, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -252,12 +273,12 @@ def _history_length(params: Mapping[str, Any]) -> int | None:
 def _place(task_id: str) -> tuple[str, int]:
     """``SESSION:INDEX``'s session and index; TASK_NOT_FOUND for anything else."""
     session, _, place = task_id.rpartition(":")
-    if not place.isdigit() or not session:
-        raise RPCError(TASK_NOT_FOUND, f"no task {task_id!r}")
+    if not is_event_number(place) or not session:  # ASCII digits only, at most 12 of them
+        raise RPCError(TASK_NOT_FOUND, f"no task {task_id[:140]!r}")
     try:
         validate_name(session)
     except ServeError:
-        raise RPCError(TASK_NOT_FOUND, f"no task {task_id!r}") from None
+        raise RPCError(TASK_NOT_FOUND, f"no task {task_id[:140]!r}") from None
     return session, int(place)
 
 
@@ -266,7 +287,7 @@ async def _task(runs: Runs, task_id: str) -> Task:
     session, index = _place(task_id)
     transcript = await runs.store.load(session)
     if index >= len(transcript) or transcript[index]["role"] != "user":
-        raise RPCError(TASK_NOT_FOUND, f"no task {task_id!r}")
+        raise RPCError(TASK_NOT_FOUND, f"no task {task_id[:140]!r}")
     later = next((i for i in range(index + 1, len(transcript))
                   if transcript[i]["role"] == "user" and _starts_task(transcript[i])), None)
     messages = transcript[index:later]

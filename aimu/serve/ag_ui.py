@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncGenerator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 import anyio
@@ -134,22 +135,37 @@ async def ag_ui(request: Request, body: RunAgentInput) -> Response:
     )
     if body.state is not None and not isinstance(body.state, dict):
         raise BadRequest("'state' must be a JSON object (or absent)")
-    follower, came_back, answered = await _begin(runs, session, body, tools)
-    events = _events(runs, session, body, follower, came_back, answered)
-    return sse_response(events)
+    begun = await _begin(runs, session, body, tools)
+    return sse_response(_events(runs, session, body, begun))
+
+
+@dataclass(frozen=True)
+class _Begun:
+    """What a request started, before its stream."""
+
+    follower: RunFollower | None
+    """The run to follow, if any."""
+    came_back: bool = False
+    """The client asked for nothing new (a page that came back)."""
+    answered: frozenset[str] = frozenset()
+    """The client-side calls whose results it brought: neither call nor result is
+    streamed back to it."""
+    shown: frozenset[str] = frozenset()
+    """The calls the paused run waited on: the client was shown them (with the outcome
+    that paused it), so the resumed run does not start them again."""
 
 
 async def _begin(
     runs: Runs, session: str, body: RunAgentInput, tools: list[Tool]
-) -> tuple[RunFollower | None, bool, frozenset[str]]:
+) -> _Begun:
     """Start what ``body`` asks for on ``session`` before the stream starts, so that a bad
-    request is an HTTP error with nothing changed: the run to follow, if any, whether the
-    client came back (it asked for nothing new), and the ids of the client-side tool calls
-    whose results it brought (it has them: they are not streamed back to it)."""
+    request is an HTTP error with nothing changed."""
     results = await _client_results(runs, session, body.messages)
     if body.resume or results:
+        _, pending = await runs.paused_on(session)
         follower = await _decide(runs, session, body.resume or [], results)
-        return follower, False, frozenset(results)
+        return _Begun(follower, answered=frozenset(results),
+                      shown=frozenset(str(call["call_id"]) for call in pending))
     task = _new_user_text(body.messages)
     if task is not None:
 
@@ -159,9 +175,9 @@ async def _begin(
                 agent.set_shared_state(body.state)
 
         view = await runs.start(session, task, prepare)
-        return RunFollower(runs, view, owned=True), False, frozenset()
+        return _Begun(RunFollower(runs, view, owned=True))
     active = await live_or_revived(runs, session)
-    return (None if active is None else RunFollower(runs, active, owned=True)), True, frozenset()
+    return _Begun(None if active is None else RunFollower(runs, active, owned=True), True)
 
 
 async def _client_results(
@@ -250,41 +266,41 @@ def _decision(entry: ResumeEntry) -> tuple[bool, str | None]:
 
 
 async def _events(
-    runs: Runs, session: str, body: RunAgentInput, follower: RunFollower | None,
-    came_back: bool, answered: frozenset[str],
+    runs: Runs, session: str, body: RunAgentInput, begun: _Begun
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The AG-UI events of this request; leaving early cancels the run being followed."""
-    thread, run_id = body.thread_id, body.run_id
+    thread, run_id, follower = body.thread_id, body.run_id, begun.follower
     yield {
         "type": "RUN_STARTED", "threadId": thread, "runId": run_id,
         "protocolVersion": PROTOCOL_VERSION,
         **({"parentRunId": body.parent_run_id} if body.parent_run_id else {}),
     }
+    seen = set(begun.shown)  # the calls the client has: from before, the snapshot, or now
     try:
-        if came_back:
+        if begun.came_back:
             before = None if follower is None else follower.view.messages_from
-            stored = await runs.store.load(session)
-            yield {
-                "type": "MESSAGES_SNAPSHOT",
-                "messages": to_ag_ui_messages(stored[:before], session),
-            }
+            snapshot = to_ag_ui_messages((await runs.store.load(session))[:before], session)
+            seen.update(call["id"] for m in snapshot for call in m.get("toolCalls", ()))
+            yield {"type": "MESSAGES_SNAPSHOT", "messages": snapshot}
         end: RunEnd | None
         parent: str | None = None
         if follower is None:
             end = await _latest_end(runs, session)
         else:
-            translator = _Translator(run_id, answered)
+            translator = _Translator(run_id, begun.answered, begun.shown)
             async for event in follower.events():
                 for out in translator.feed(event):
                     yield out
             end = follower.end
             parent = translator.step_text
+            seen |= translator.started
             for out in translator.close():
                 yield out
-        finished, client_calls = await _finished(runs, session, thread, run_id, end)
-        for call in client_calls:
-            for out in _client_call(call, parent):
-                yield out
+        finished, waiting = await _finished(runs, session, thread, run_id, end)
+        for call in waiting:  # each call the outcome names, started before it names it
+            if str(call["call_id"]) not in seen:
+                for out in _call_events(call, parent):
+                    yield out
         shared = (await runs.store.load_state(session)).get(SHARED)
         if isinstance(shared, dict):
             yield {"type": "STATE_SNAPSHOT", "snapshot": shared}
@@ -304,8 +320,9 @@ async def _latest_end(runs: Runs, session: str) -> RunEnd:
 async def _finished(
     runs: Runs, session: str, thread: str, run_id: str, end: RunEnd | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The terminal event (RUN_FINISHED with its outcome, or RUN_ERROR), and the calls of
-    client-side tools the run paused on (streamed before it, for the page to run)."""
+    """The terminal event (RUN_FINISHED with its outcome, or RUN_ERROR), and the calls
+    the run paused on: the calls of client-side tools (for the page to run) and those
+    waiting for approval (the interrupts name them), each to be streamed before it."""
     if end is None or end.status == "failed":
         message = "the run failed" if end is None or not end.error else end.error
         return {"type": "RUN_ERROR", "message": message, "code": "failed"}, []
@@ -321,6 +338,7 @@ async def _finished(
         client = [call for call in pending if call.get("external")]
         if approvals:
             event["outcome"] = {"type": "interrupt", "interrupts": _interrupts(approvals)}
+            client = [*approvals, *client]
         elif client:  # the page's own tools: a completed run leaving calls to answer
             event["outcome"] = {
                 "type": "success",
@@ -359,8 +377,9 @@ def _interrupts(pending: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _client_call(call: Mapping[str, Any], parent: str | None) -> list[dict[str, Any]]:
-    """The events of a client-side tool's call the run paused on, for the page to run."""
+def _call_events(call: Mapping[str, Any], parent: str | None) -> list[dict[str, Any]]:
+    """The events of a call the run paused on: a client-side tool's, for the page to run,
+    or one waiting for approval, which the ``interrupt`` outcome then names."""
     call_id = str(call["call_id"])
     start = {"type": "TOOL_CALL_START", "toolCallId": call_id, "toolCallName": call["name"]}
     return [
@@ -374,11 +393,16 @@ def _client_call(call: Mapping[str, Any], parent: str | None) -> list[dict[str, 
 class _Translator:
     """aimu's run events (as JSON) to AG-UI events, keeping text and steps well nested.
     The calls in ``answered`` (the client-side calls whose results the client sent) are
-    not streamed back to it."""
+    not streamed back to it; those in ``shown`` (it was shown them when the run paused)
+    are not started again, their results are streamed."""
 
-    def __init__(self, run_id: str, answered: frozenset[str] = frozenset()) -> None:
+    def __init__(self, run_id: str, answered: frozenset[str] = frozenset(),
+                 shown: frozenset[str] = frozenset()) -> None:
         self._run_id = run_id
         self._answered = answered
+        self._shown = shown
+        #: The ids of the calls started (TOOL_CALL_START) in this stream.
+        self.started: set[str] = set()
         self._messages = 0
         #: The id of the text message of the step in progress (a client-side call's parent).
         self.step_text: str | None = None
@@ -394,6 +418,8 @@ class _Translator:
         kind = event.get("type")
         out: list[dict[str, Any]] = []
         if kind in ("tool_call", "tool_result") and str(event["call_id"]) in self._answered:
+            return out
+        if kind == "tool_call" and str(event["call_id"]) in self._shown:
             return out
         if kind in ("text", "thinking", "tool_call", "tool_result", "tool_progress"):
             out += self._open_step()
@@ -418,6 +444,7 @@ class _Translator:
             parent = self._text
             out += self._close_text() + self._close_reasoning()
             call_id = str(event["call_id"])
+            self.started.add(call_id)
             start = {"type": "TOOL_CALL_START", "toolCallId": call_id,
                      "toolCallName": event["name"]}
             out += [

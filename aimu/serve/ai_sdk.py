@@ -9,7 +9,11 @@
   the UI message stream (``x-vercel-ai-ui-message-stream: v1``): ``start``,
   ``start-step``, ``text-*``, ``reasoning-*``, ``tool-input-start``,
   ``tool-input-available``, ``tool-output-available``, ``tool-approval-request``,
-  ``finish-step``, then ``finish``, ``abort`` or ``error``, and ``[DONE]``.
+  ``tool-output-denied`` (a call the page's approval response denied: the part's state
+  ``output-denied``), ``finish-step``, then ``finish``, ``abort`` or ``error``, and
+  ``[DONE]``. The stream that resumes a paused run continues the page's message (its
+  ``start`` names it): the calls the page was shown are not started again, only their
+  outputs follow.
 - ``GET /api/chat/{id}/stream`` (the resumable-stream convention): the chat's run in
   progress from its start (204 when none), for a page that was refreshed. A GET only
   reads: a run that died with its server is not resumed by it (``--recover`` resumes it,
@@ -120,21 +124,31 @@ async def chat(request: Request, body: ChatRequest) -> Response:
         follower = RunFollower(runs, await runs.start(session, text, prepare),
                                owned=not body.resumable)
     elif last.role == "assistant":
-        decisions = _approval_responses(last)
-        results = await _tool_outputs(runs, session, last)
-        if not decisions and not results:
-            raise BadRequest(f"message {last.id!r} answers no approval request and no "
-                             "client-side tool call: end the messages with a user message, "
-                             "approval responses or tool outputs")
-        decisions += [(call_id, True, None) for call_id in results]
-        resumed = await decide_all(runs, session, decisions, results)
-        if resumed is None:
-            raise Conflict("other tool calls still wait for a decision: answer them together")
-        resumed.owned = not body.resumable
-        follower = resumed
+        return await _answer(runs, session, last, body.resumable)
     else:
         raise BadRequest("the last message must be the user's, or approval responses")
     return _response(runs, follower)
+
+
+async def _answer(runs: Runs, session: str, last: UIMessage, resumable: bool) -> Response:
+    """Decide the paused run's calls by ``last``'s approval responses and tool outputs;
+    the resumed run's stream, which continues ``last`` (the page has its calls)."""
+    decisions = _approval_responses(last)
+    results = await _tool_outputs(runs, session, last)
+    if not decisions and not results:
+        raise BadRequest(f"message {last.id!r} answers no approval request and no "
+                         "client-side tool call: end the messages with a user message, "
+                         "approval responses or tool outputs")
+    _, pending = await runs.paused_on(session)
+    decisions += [(call_id, True, None) for call_id in results]
+    resumed = await decide_all(runs, session, decisions, results)
+    if resumed is None:
+        raise Conflict("other tool calls still wait for a decision: answer them together")
+    resumed.owned = not resumable
+    denied = frozenset(given.rpartition("@")[0] if "@" in given else given
+                       for given, approved, _ in decisions if not approved)
+    shown = frozenset(str(call["call_id"]) for call in pending)
+    return _response(runs, resumed, shown, denied, last.id or None)
 
 
 @router.get(
@@ -192,8 +206,16 @@ async def stop(request: Request, id: ChatId) -> Response:
     return JSON(await runs.cancel(active.run_id, "stopped by the chat"), status_code=202)
 
 
-def _response(runs: Runs, follower: RunFollower) -> Response:
-    return sse_response(_chunks(runs, follower), headers=STREAM_HEADER, last=_DONE)
+def _response(
+    runs: Runs, follower: RunFollower, shown: frozenset[str] = frozenset(),
+    denied: frozenset[str] = frozenset(), message_id: str | None = None,
+) -> Response:
+    """The run's UI message stream: a new message, or the one ``message_id`` names (the
+    page's, which a resumed run continues)."""
+    translator = _Translator(follower.view.run_id, shown, denied)
+    message_id = message_id or f"{follower.view.run_id}-reply"
+    return sse_response(_chunks(runs, follower, translator, message_id),
+                        headers=STREAM_HEADER, last=_DONE)
 
 
 def _user_text(message: UIMessage) -> str:
@@ -250,11 +272,12 @@ async def _tool_outputs(runs: Runs, session: str, message: UIMessage) -> dict[st
     return results
 
 
-async def _chunks(runs: Runs, follower: RunFollower) -> AsyncGenerator[dict[str, Any], None]:
+async def _chunks(
+    runs: Runs, follower: RunFollower, translator: _Translator, message_id: str
+) -> AsyncGenerator[dict[str, Any], None]:
     """The run's UI message chunks; leaving early stops the run if the follower owns it."""
-    translator = _Translator(follower.view.run_id)
     try:
-        yield {"type": "start", "messageId": f"{follower.view.run_id}-reply"}
+        yield {"type": "start", "messageId": message_id}
         async for event in follower.events():
             for chunk in translator.feed(event):
                 yield chunk
@@ -297,17 +320,21 @@ async def _ending(
 
 
 class _Translator:
-    """aimu's run events (as JSON) to UI message chunks, parts kept well nested."""
+    """aimu's run events (as JSON) to UI message chunks, parts kept well nested. The
+    calls in ``shown`` (the page has their parts) are not started again; a result of one
+    in ``denied`` (the page's approval response denied it) is ``tool-output-denied``."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, shown: frozenset[str] = frozenset(),
+                 denied: frozenset[str] = frozenset()) -> None:
         self._run_id = run_id
+        self._denied = denied
         self._parts = 0
         self._text: str | None = None
         self._reasoning: str | None = None
         self._step = False
         self.stop_reason: str | None = None
-        #: The ids of the tool calls announced so far.
-        self.calls: set[str] = set()
+        #: The ids of the tool calls announced so far (or before this stream).
+        self.calls: set[str] = set(shown)
 
     def _next_id(self) -> str:
         self._parts += 1
@@ -331,6 +358,8 @@ class _Translator:
                 self._reasoning = self._next_id()
                 out.append({"type": "reasoning-start", "id": self._reasoning})
             out.append({"type": "reasoning-delta", "id": self._reasoning, "delta": event["text"]})
+        elif kind == "tool_call" and str(event["call_id"]) in self.calls:
+            pass  # the page has its part (it was shown when the run paused)
         elif kind == "tool_call":
             out += self._close("text") + self._close("reasoning")
             call = {"toolCallId": str(event["call_id"]), "toolName": event["name"],
@@ -338,6 +367,9 @@ class _Translator:
             self.calls.add(call["toolCallId"])
             out += [{"type": "tool-input-start", **call},
                     {"type": "tool-input-available", **call, "input": event["arguments"]}]
+        elif kind == "tool_result" and str(event["call_id"]) in self._denied:
+            out += self._close("text")
+            out.append({"type": "tool-output-denied", "toolCallId": str(event["call_id"])})
         elif kind == "tool_result":
             out += self._close("text")
             key = "errorText" if event.get("is_error") else "output"

@@ -149,7 +149,9 @@ def add_drain_options(parser: argparse.ArgumentParser, command: str) -> None:
         )
 
 
-def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
+def add_agent_options(
+    parser: argparse.ArgumentParser, logs: str, log_level: str = "info"
+) -> None:
     """Add the options that say which agent runs and where its sessions live.
 
     ``aimu serve`` and ``aimu worker`` share them, so both run the same agent;
@@ -203,7 +205,7 @@ def add_agent_options(parser: argparse.ArgumentParser, logs: str) -> None:
         "subdomains). Default: loopback names only without a token, any with one",
     )
     add_mcp_options(parser)
-    add_log_level_option(parser, default="info", what=logs)
+    add_log_level_option(parser, default=log_level, what=logs)
 
 
 def agent_tools(options: argparse.Namespace) -> list[Callable[..., Any]]:

@@ -25,7 +25,9 @@ def add_mcp_command_options(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ENVIRONMENT
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--name", default="aimu", help="the server's name for clients")
-    add_agent_options(parser, "aimu's log records")
+    # stderr of a stdio server lands in the client's own output (its log, its terminal):
+    # warnings and errors only, unless asked.
+    add_agent_options(parser, "aimu's log records", log_level="warning")
 
 
 def run_mcp(options: argparse.Namespace) -> int:

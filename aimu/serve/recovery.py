@@ -41,7 +41,7 @@ _log = logging.getLogger("aimu.serve")
 CRASHED: Final = DIED
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
-_AT: Final = re.compile(r"at message (\d+)\)")
+_AT: Final = re.compile(r"at message ([0-9]{1,12})\)")
 #: Seconds between two looks for runs to recover.
 RECOVER_EVERY: Final = 5.0
 #: The runs one query of a look reads.

@@ -23,7 +23,7 @@ async def connect(temporal: str | Client, namespace: str = "default") -> Client:
     if isinstance(temporal, Client):
         return temporal
     host, colon, port = temporal.rpartition(":")
-    if not (colon and host and port.isdigit()):
+    if not (colon and host and port.isascii() and port.isdigit()):
         raise ValueError(f"Temporal address {temporal!r}: give HOST:PORT, like 127.0.0.1:7233")
     try:
         async with asyncio.timeout(CONNECT_SECONDS):

@@ -87,7 +87,7 @@ if (mode !== "back") agent.addMessage({ id: `u-${Date.now()}`, role: "user", con
 outcome = await run();
 if (mode === "approve") {
   const interrupts = agent.pendingInterrupts;
-  print({ interrupts });
+  print({ interrupts, messages: agent.messages });
   outcome = await run({
     resume: interrupts.map((i) => ({
       interruptId: i.id, status: "resolved", payload: { approved: true },

@@ -7,7 +7,9 @@
 // TOOL_TEXT, send it on chat CHAT-tool and abort once a line comes on stdin after the
 // first tool-input-available: the test sends it while the server-side tool runs), approve (send TEXT,
 // which pauses on an approval, then send the approval response as useChat does), reconnect
-// (GET the chat's run in progress; prints {"end": null} on 204).
+// (GET the chat's run in progress; prints {"end": null} on 204), deny (send TEXT, which
+// pauses on an approval, then deny it with a reason as useChat's addToolApprovalResponse
+// does).
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
@@ -35,6 +37,7 @@ async function read(stream, controller, message, midTool = false) {
   }));
   let last = message;
   let error = null;
+  let detail = null;
   try {
     for await (const snapshot of readUIMessageStream({ stream: printed, message,
                                                         terminateOnError: true })) {
@@ -42,8 +45,9 @@ async function read(stream, controller, message, midTool = false) {
     }
   } catch (caught) {
     error = String(caught && caught.name);
+    detail = String(caught && caught.message);
   }
-  return { message: last, error };
+  return { message: last, error, ...(detail === null ? {} : { detail }) };
 }
 
 async function send(messages, message, { chat = chatId, midTool = false, body } = {}) {
@@ -86,16 +90,18 @@ if (mode === "reconnect") {
     const tooled = { id: "u2", role: "user", parts: [{ type: "text", text: toolText }] };
     end = await send([tooled], undefined, { chat: `${chatId}-tool`, midTool: true });
   }
-  if (mode === "approve") {
+  if (mode === "approve" || mode === "deny") {
     const asked = end.message;
+    const decision = mode === "approve" ? { approved: true }
+      : { approved: false, reason: "not today" };
     const parts = asked.parts.map((part) => part.state === "approval-requested"
-      ? { ...part, state: "approval-responded", approval: { ...part.approval, approved: true } }
+      ? { ...part, state: "approval-responded", approval: { ...part.approval, ...decision } }
       : part);
     const answered = { ...asked, parts };
     print({ asked });
     end = await send([user, answered], answered);
-    print({ approved: end });
-    end = await clientTool();
+    print({ [mode === "approve" ? "approved" : "denied"]: end });
+    if (mode === "approve") end = await clientTool();
   }
 }
 print({ end });

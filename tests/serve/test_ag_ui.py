@@ -171,6 +171,18 @@ async def test_an_approval_pause_is_an_interrupt_and_resume_entries_decide_it(
     # The interrupt names the call and the very pause it was shown for.
     assert interrupt["id"].startswith(interrupt["toolCallId"] + "@")
     assert MAILED == []
+    # The call it names was started before it, its arguments given: the client has it.
+    call = [e for e in paused if e.get("toolCallId") == interrupt["toolCallId"]]
+    assert types(call) == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+    assert call[0]["toolCallName"] == "send_email"
+    assert json.loads(call[1]["delta"]) == interrupt["metadata"]["arguments"]
+    # A page that comes back has the call in its snapshot, and so is not started again.
+    back = await ag_ui_events(http, run_input("agui-mail", "r1b"))
+    (snapshot,) = [e for e in back if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert [c["id"] for m in snapshot["messages"] for c in m.get("toolCalls", [])] == [
+        interrupt["toolCallId"]]
+    assert "TOOL_CALL_START" not in types(back)
+    assert back[-1]["outcome"]["interrupts"] == [interrupt]
 
     # A bad answer changes nothing.
     for resume, status in (
@@ -190,6 +202,9 @@ async def test_an_approval_pause_is_an_interrupt_and_resume_entries_decide_it(
     resumed = await ag_ui_events(http, run_input("agui-mail", "r2", resume=resume))
     assert resumed[0]["runId"] == "r2"
     assert "TOOL_CALL_RESULT" in types(resumed)
+    # The resumed run does not start the call again: only its result follows.
+    assert [e["type"] for e in resumed if e.get("toolCallId") == interrupt["toolCallId"]] == [
+        "TOOL_CALL_RESULT"]
     assert resumed[-1]["outcome"] == {"type": "success"}
     assert resumed[-1]["result"] == "mail result: sent to mail bob"
     assert MAILED == ["mail bob"]
@@ -316,10 +331,15 @@ async def test_a_client_side_tool_call_ends_the_run_and_its_result_continues_it(
     assert waiting["status"] == "paused"
     (pending,) = waiting["pending"]
     assert pending["external"] is True and pending["call_id"] == call_id
-    # Coming back shows the same end: the call, and the outcome naming it.
+    # Coming back shows the same end: the call (in the snapshot: not started again, as a
+    # client would then have its arguments twice), and the outcome naming it.
     back = await ag_ui_events(http, run_input(thread, "r1b"))
     assert back[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
-    assert "TOOL_CALL_START" in types(back)
+    (snapshot,) = [e for e in back if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert [c for m in snapshot["messages"] for c in m.get("toolCalls", [])] == [
+        {"id": call_id, "type": "function",
+         "function": {"name": "locate", "arguments": '{"precise": true}'}}]
+    assert "TOOL_CALL_START" not in types(back)
     requests = len(served.model.requests)
 
     # What changes nothing: an unknown call's result, a yes instead of the result, a new
@@ -513,15 +533,29 @@ async def test_the_ag_ui_clients_abort_stops_the_run_server_side(
     assert messages[1]["content"] == state["messages"][-1]["content"]
 
 
+def tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [call for m in messages if m["role"] == "assistant" for call in m.get("toolCalls", [])]
+
+
 async def test_the_ag_ui_client_answers_an_interrupt(served: Served) -> None:
     MAILED.clear()
     lines = await node_client(CLIENT, served, "approve", "agui-js-mail", "mail ann")
-    (interrupts,) = [line["interrupts"] for line in lines if "interrupts" in line]
-    assert [i["reason"] for i in interrupts] == ["tool_approval"]
+    (paused,) = [line for line in lines if "interrupts" in line]
+    (interrupt,) = paused["interrupts"]
+    assert interrupt["reason"] == "tool_approval"
+    # The call the interrupt names is in the client's messages when it is asked: the
+    # client applied its TOOL_CALL_START/ARGS/END, streamed before the outcome.
+    (call,) = tool_calls(paused["messages"])
+    assert call["id"] == interrupt["toolCallId"] and call["function"]["name"] == "send_email"
+    assert json.loads(call["function"]["arguments"]) == {"to": "mail ann"}
     end = lines[-1]["end"]
     assert end["error"] is None and end["pending"] == []
     assert end["result"] == "mail result: sent to mail ann"
     assert MAILED == ["mail ann"]
+    # The resumed run added its result, not the call a second time (or its arguments twice).
+    assert tool_calls(end["messages"]) == [call]
+    assert [(m["role"], m.get("toolCallId")) for m in end["messages"]] == [
+        ("user", None), ("assistant", None), ("tool", call["id"]), ("assistant", None)]
 
 
 async def test_the_ag_ui_client_stops_mid_tool_and_runs_a_client_side_tool(

@@ -180,9 +180,33 @@ async def test_an_approval_round_trip(http: httpx.AsyncClient) -> None:
     outputs = [c["output"] for c in done if c.get("type") == "tool-output-available"]
     assert outputs == ["sent to mail kim"] and MAILED == ["mail kim"]
     assert done[-2]["type"] == "finish"
+    # The page has the call's part: the resumed stream gives its output, not the call again.
+    assert [c["type"] for c in done if c.get("toolCallId") == call["toolCallId"]] == [
+        "tool-output-available"]
 
     again = await http.post("/api/chat", json=chat_body("sdk-mail", answered))
     assert again.status_code == 409  # decided already: nothing waits
+
+
+async def test_a_denied_approval_is_output_denied(http: httpx.AsyncClient) -> None:
+    MAILED.clear()
+    asked = await chunks(http, "POST", "/api/chat", chat_body("sdk-deny", user("mail rex")))
+    (request,) = [c for c in asked if c.get("type") == "tool-approval-request"]
+    (call,) = [c for c in asked if c.get("type") == "tool-input-available"]
+    answered = {"id": "a1", "role": "assistant", "parts": [
+        {"type": "dynamic-tool", "toolName": "send_email", "toolCallId": call["toolCallId"],
+         "state": "approval-responded", "input": call["input"],
+         "approval": {"id": request["approvalId"], "approved": False, "reason": "no"}},
+    ]}
+    done = await chunks(http, "POST", "/api/chat", chat_body("sdk-deny", user("mail rex"),
+                                                             answered))
+    assert [c for c in done if c.get("toolCallId") == call["toolCallId"]] == [
+        {"type": "tool-output-denied", "toolCallId": call["toolCallId"]}]
+    assert "tool-output-error" not in types(done) and done[-2]["type"] == "finish"
+    assert MAILED == []
+    # The model was told, as with any denial.
+    stored = (await session(http, "sdk-deny"))["messages"]
+    assert [m["content"] for m in stored if m["role"] == "tool"] == ["[denied: no]"]
 
 
 async def test_a_client_side_tool_waits_for_the_pages_output(http: httpx.AsyncClient) -> None:
@@ -297,6 +321,7 @@ async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
     assert approved["error"] is None and MAILED == ["mail lee"]
     tools = [p for p in approved["message"]["parts"] if p["type"] == "dynamic-tool"]
     assert [t["state"] for t in tools] == ["output-available"]
+    assert tools[0]["approval"]["approved"] is True  # the page's part, carried on
 
     # Then the page's own tool (same Node process): its call waits for the page.
     (called,) = [line["called"] for line in lines if "called" in line]
@@ -309,6 +334,19 @@ async def test_the_ai_sdk_answers_an_approval(served: Served) -> None:
     assert texts[-1] == "you are in Bergen"
     again = lines[-1]["end"]  # the same output sent again: refused, nothing changed
     assert again["error"] == "AI_APICallError" and "has its result already" in again["detail"]
+
+
+async def test_the_ai_sdk_shows_a_denied_approval_as_output_denied(served: Served) -> None:
+    MAILED.clear()
+    lines = await node_client(CLIENT, served, "deny", "sdk-js-deny", "mail max")
+    (denied,) = [line["denied"] for line in lines if "denied" in line]
+    assert denied["error"] is None and MAILED == []
+    (part,) = [p for p in denied["message"]["parts"] if p["type"] == "dynamic-tool"]
+    assert part["state"] == "output-denied"
+    assert part["approval"]["approved"] is False and part["approval"]["reason"] == "not today"
+    assert "errorText" not in part
+    texts = [p["text"] for p in denied["message"]["parts"] if p["type"] == "text"]
+    assert texts == ["mail result: [denied: not today]"]
 
 
 async def test_the_ai_sdk_reconnects_to_a_resumable_run(

@@ -8,6 +8,7 @@ stream's first chunk was sent; the client's cancel is its own (the SDK sends MCP
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -242,3 +243,37 @@ async def test_without_elicitation_the_call_says_how_to_decide(served: Served) -
         done = await client.call_tool("run_agent", {"task": "approve", "session": "mn"})
     assert text_of(done) == "mail result: sent to mail bo"
     assert MAILED == ["mail bo"]
+
+
+@pytest.mark.parametrize(("level", "info_lines"), [((), False), (("--log-level", "info"), True)])
+def test_aimu_mcp_on_stdio_logs_warnings_only_unless_asked(
+    tmp_path: Path, level: tuple[str, ...], info_lines: bool
+) -> None:
+    """A stdio server's stderr lands in the client's output: by default no INFO line (a
+    run that ends other than completed, here at a budget of no request, is one at INFO,
+    as ``--log-level info`` shows)."""
+    import subprocess
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aimu", "mcp", "--model", "test", "--no-tools",
+         "--max-requests", "0", "--store", str(tmp_path / "s.db"), *level],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=str(tmp_path),
+    )
+    assert process.stdin is not None and process.stdout is not None
+    for message in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "run_agent", "arguments": {"task": "hi", "session": "s"}}},
+    ):
+        process.stdin.write(json.dumps(message) + "\n")
+        process.stdin.flush()
+    while (answer := json.loads(process.stdout.readline())).get("id") != 2:
+        pass  # the run has ended: its end was logged (or not) before this answer
+    assert answer["result"]["isError"] and "limited" in json.dumps(answer["result"])
+    _, errors = process.communicate(timeout=60)  # stdin closed: the server ends
+    assert process.returncode == 0, errors
+    assert ("INFO " in errors) is info_lines, errors

@@ -226,6 +226,12 @@ async def test_unreachable_temporal_is_a_prompt_error_naming_the_address() -> No
     assert time.monotonic() - started < 30  # never a hang (a generous bound, not a timing)
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:\u00b2", "127.0.0.1:\u0667233", "7233"])
+async def test_an_address_whose_port_is_no_ascii_number_is_refused_as_such(address: str) -> None:
+    with pytest.raises(ValueError, match="give HOST:PORT"):
+        await RunsClient.connect(address, "q")
+
+
 @pytest.mark.parametrize("command", ["worker", "serve"])
 def test_the_commands_say_in_one_line_that_temporal_is_unreachable(
     command: str, tmp_path: Path

@@ -773,7 +773,7 @@ async def test_in_thread_server_serves_another_loop() -> None:
     assert not any(t.name == "aimu-loopback-server" for t in threading.enumerate())
 
 
-def test_cli_serves_until_sigint() -> None:
+def test_cli_serves_until_sigint(monkeypatch: pytest.MonkeyPatch) -> None:
     command = [sys.executable, "-m", "aimu.testing.server", "--port", "0", "--delay", "0"]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -786,6 +786,15 @@ def test_cli_serves_until_sigint() -> None:
         payload = {"model": "test", "messages": [{"role": "user", "content": "hi"}]}
         reply = httpx.post(match.group(1) + "/api/chat", json={**payload, "stream": False})
         assert reply.status_code == 200 and reply.json()["done"] is True
+        # A line per wire, each base URL one a client of that wire answers through.
+        wires = [process.stdout.readline().split() for _ in range(5)]
+        assert [prefix for prefix, _ in wires] == [
+            "ollama:", "openai:", "openai-responses:", "anthropic:", "gemini:"]
+        for prefix, setting in wires:
+            variable, _, url = setting.partition("=")
+            assert url.startswith(match.group(1)), setting
+            monkeypatch.setenv(variable, url)
+            asyncio.run(_answers(prefix + "test"))
         process.send_signal(signal.SIGINT)
         _, errors = process.communicate(timeout=10)
         assert process.returncode == 0, errors
@@ -793,6 +802,16 @@ def test_cli_serves_until_sigint() -> None:
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+async def _answers(spec: str) -> None:
+    """A client of ``spec``, pointed at the server by its variable alone, gets an answer."""
+    from aimu.aio.client import client
+
+    keyed = {} if spec.startswith("ollama") else {"api_key": "k"}
+    async with client(spec, retries=0, **keyed) as model:
+        reply = await model.chat("hi")
+    assert reply["content"], (spec, reply)
 
 
 def _call(call_id: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import copy
 import functools
+import ipaddress
 import json
 import os
 import ssl
@@ -150,6 +151,32 @@ def display_url(url: str) -> str:
     parts = urlsplit(url)
     netloc = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url``'s host is this machine or a private network's (``localhost``,
+    ``127.0.0.1``, ``::1``, ``10.x``, ``192.168.x``...): where a model server with no API
+    key is normal."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private
+
+
+_KEYLESS: set[tuple[str, str]] = set()
+
+
+def _warn_no_key(variable: str, host: str) -> None:
+    """Say once per process and host that requests to ``host`` go without an API key."""
+    if (variable, host) in _KEYLESS:
+        return
+    _KEYLESS.add((variable, host))
+    log.warning("no API key for %s: requests go without one (set %s, or pass api_key=)",
+                host, variable)
 
 
 def split_credentials(url: str) -> tuple[str, dict[str, str], list[str]]:
@@ -574,6 +601,8 @@ class HTTPModelClient(ModelClient):
         key = api_key
         if key is None:
             key = next((os.environ[name] for name in cls.key_envs if os.environ.get(name)), None)
+        if not key and cls.key_envs and cls.key_header is not None and not is_local(url):
+            _warn_no_key(cls.key_envs[0], display_url(url))
         sent = {"Accept": "application/json", **(fixed or {}), **(headers or {})}
         if key and cls.key_header is not None:
             sent[cls.key_header] = cls.key_prefix + key
@@ -679,6 +708,11 @@ class HTTPModelClient(ModelClient):
         """The body: ``settings`` with the transcript's cached wire form and the tools."""
         encoded = self._wire.messages(messages)
         return request_body(settings, encoded, self._wire.tools(tools) if tools else None)
+
+    def not_found_elsewhere(self) -> bool:
+        """After a 404: whether the service may serve at another base URL, now in
+        :attr:`url` (the request is sent there); no by default."""
+        return False
 
     def status_hint(self, status: int) -> str:
         """What to check after an HTTP error status (``"; ..."``), or ``""``."""
@@ -790,6 +824,9 @@ class HTTPModelClient(ModelClient):
             else:
                 if response.status_code < 400:
                     return response, attempt
+                if response.status_code == 404 and self.not_found_elsewhere():
+                    await response.aclose()
+                    continue  # the same request at the other base URL: no attempt spent
                 failure = await self._http_error(response, reporter)
                 retryable = Retry.retry_status(response.status_code)
                 wait = retry_after(response.headers.get("retry-after"))

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from aimu.aio._numbers import is_count
 from aimu.aio.providers._errors import clip
@@ -24,11 +25,12 @@ from aimu.aio.providers._http import (
     TurnDecoder,
     as_dict,
     as_list,
+    display_url,
     tool_call,
     unique_id,
     with_cached,
 )
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps_text
 from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
@@ -81,6 +83,17 @@ class OpenAIService(HTTPModelClient):
     key_envs = ("OPENAI_API_KEY",)
     key_header = "Authorization"
     key_prefix = "Bearer "
+
+    def not_found_elsewhere(self) -> bool:
+        """A server's root URL given (``http://HOST:PORT``, as the other wires take it)
+        that answers 404: the OpenAI API is under ``/v1`` there (as the OpenAI SDK's base
+        URL has it), so requests go to ``ROOT/v1`` from now on. A server that serves at
+        its root is reached at the first try."""
+        if urlsplit(self.url).path not in ("", "/"):
+            return False
+        self.url = self.url.rstrip("/") + "/v1"
+        log.debug("%s answers 404 at its root: using %s", self.host, display_url(self.url))
+        return True
 
 
 class OpenAIClient(OpenAIService):

@@ -18,6 +18,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from aimu.aio._ids import is_event_number
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
@@ -219,6 +220,6 @@ def _view(info: RunInfo) -> RunView:
         error=info.error,
         usage=info.usage,  # type: ignore[arg-type]
         events=info.events,
-        messages_from=int(messages_from) if messages_from.isdigit() else 0,
+        messages_from=int(messages_from) if is_event_number(messages_from) else 0,
     )
 

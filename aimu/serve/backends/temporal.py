@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+from aimu.aio._ids import is_event_number
 from aimu.aio._tasks import Background
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
@@ -147,7 +148,7 @@ class TemporalBackend(RunLog):
         workflow, offset = run_id, 0
         state = await self._state_of(workflow)
         head, marker, tail = run_id.rpartition("-r")
-        if state is None and marker and tail.isdigit():
+        if state is None and marker and is_event_number(tail):
             workflow, offset = head, int(tail)
             state = await self._state_of(workflow)
         if state is None or state.get("session") is None or run_id in self._workflow:

@@ -348,3 +348,53 @@ async def test_a_429_says_when_to_retry(server: LoopbackServer) -> None:
     async with OpenAIClient("m", base_url=server.openai_base_url, retries=0) as model:
         with pytest.raises(ModelHTTPError, match=r"rate limited.*retry after 1s"):
             await model.chat("x")
+
+
+# -- a root URL, and no key ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["openai:m", "openai-responses:m"])
+async def test_a_root_base_url_reaches_the_api_under_v1(
+    server: LoopbackServer, spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``OPENAI_BASE_URL=http://HOST:PORT`` (no ``/v1``), as the other wires take a
+    server: the first 404 there moves the client to ``/v1``; it stays there."""
+    server.script = [Turn(text="one"), Turn(text="two")]
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    async with client(spec, api_key=KEY) as model:
+        assert (await model.chat("a"))["content"] == "one"
+        assert (await model.chat("b"))["content"] == "two"
+        assert model.host == server.openai_base_url
+    answered = [r.path for r in server.requests]
+    assert answered[0] in ("/chat/completions", "/responses")  # the root: 404
+    assert all(path.startswith("/v1/") for path in answered[1:]) and len(answered) == 3
+
+
+async def test_a_base_url_with_a_path_is_taken_as_given(server: LoopbackServer) -> None:
+    async with OpenAIClient("m", base_url=server.url + "/nowhere", api_key=KEY,
+                            retries=0) as model:
+        with pytest.raises(ModelHTTPError) as refused:
+            await model.chat("a")
+    assert refused.value.status_code == 404
+    assert [r.path for r in server.requests] == ["/nowhere/chat/completions"]
+
+
+@pytest.mark.parametrize(("spec", "variable"), [
+    ("openai:m", "OPENAI_API_KEY"), ("openai-responses:m", "OPENAI_API_KEY"),
+    ("anthropic:m", "ANTHROPIC_API_KEY"), ("gemini:m", "GEMINI_API_KEY"),
+])
+def test_no_api_key_is_said_once_naming_the_variable(
+    spec: str, variable: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    remote = f"https://models-{spec.partition(':')[0]}.example"
+    with caplog.at_level(logging.WARNING, logger="aimu.aio.providers"):
+        for _ in range(3):  # said once per process and server, not per client
+            client(spec, base_url=remote)
+        for local in ("http://127.0.0.1:8080", "http://localhost:11434", "http://[::1]:1",
+                      "http://192.168.1.20:8000", "http://10.0.0.5:80"):
+            client(spec, base_url=local)  # a local server without a key: normal, no word
+        client(spec, base_url=remote + ":444", api_key=KEY)  # a key: nothing to say
+    said = [r.getMessage() for r in caplog.records if "API key" in r.getMessage()]
+    assert len(said) == 1 and variable in said[0] and remote in said[0], said
