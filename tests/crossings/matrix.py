@@ -133,6 +133,11 @@ NOT_APPLICABLE: tuple[tuple[str, str, str, str], ...] = (
     ("send", "*", "temporal",
      "a send to a Temporal run is a workflow signal, covered by tests/temporal; the "
      "crossing runs use the serve API's local sessions"),
+    ("external", "*", "serve",
+     "the runs API has no way to declare a client tool (AG-UI and the AI SDK stream do: "
+     "tests/serve/test_ag_ui.py, test_ai_sdk.py)"),
+    ("external", "*", "redis", "as for serve: no client tools in the runs API"),
+    ("external", "*", "temporal", "as for serve: no client tools in the runs API"),
     ("continue_partial", "*", "serve",
      "the runs API resumes with the server's own resume (re-ask); continue_partial is a "
      "library argument"),
@@ -141,9 +146,6 @@ NOT_APPLICABLE: tuple[tuple[str, str, str, str], ...] = (
     ("*", "tokens", "serve", "aimu serve has --max-requests, not a per-run token budget"),
     ("*", "tokens", "redis", "as for serve: no per-run token budget option"),
     ("*", "tokens", "temporal", "as for serve: no per-run token budget option"),
-    ("*", "stop", "serve", "the runs API has cancel and interrupt, not stop(grace)"),
-    ("*", "stop", "redis", "as for serve: cancel and interrupt only"),
-    ("*", "stop", "temporal", "as for serve: cancel and interrupt only"),
     ("*", "deadline", "serve", "aimu serve sets no per-run deadline"),
     ("*", "deadline", "redis", "as for serve: no per-run deadline"),
     ("*", "deadline", "temporal", "as for serve: no per-run deadline"),
