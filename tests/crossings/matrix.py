@@ -125,6 +125,9 @@ class Cell:
 #: (capability or "*", ending or "*", place or "*") -> why the cell cannot apply. The first
 #: row that matches says it; rendered in docs/crossings.md.
 NOT_APPLICABLE: tuple[tuple[str, str, str, str], ...] = (
+    ("*", "kill9", "library",
+     "not built here: a library process killed at each point is tests/aio/agent/"
+     "test_crash_resume.py's; the matrix's kill9 runs in the serve place (--recover)"),
     ("*", "drain", "library",
      "draining is how a server process stops for recovery; a library run has stop(grace)"),
     ("*", "leave", "temporal",
@@ -143,6 +146,20 @@ NOT_APPLICABLE: tuple[tuple[str, str, str, str], ...] = (
      "library argument"),
     ("continue_partial", "*", "redis", "as for serve: a library argument"),
     ("continue_partial", "*", "temporal", "as for serve: a library argument"),
+    ("*", "kill9", "redis",
+     "not run: each case starts two server processes (~20 s each on a busy 2-core "
+     "machine); kill -9 and --recover run in the serve place, whose recovery is the "
+     "same process code"),
+    ("*", "drain", "redis", "not run: as kill9 (two processes a case)"),
+    ("*", "kill9", "temporal",
+     "the worker is what dies on Temporal: tests/temporal/test_processes.py kills it"),
+    ("*", "drain", "temporal", "a worker's drain is tests/temporal/test_drain.py's"),
+    ("*", "requests", "serve",
+     "a served run's budget is the server's (--max-requests), one for all its runs: the "
+     "cells share one server without one (tests/serve/test_drain_recover.py holds it "
+     "across kills)"),
+    ("*", "requests", "redis", "as for serve: the budget is the server's"),
+    ("*", "requests", "temporal", "as for serve: the budget is the server's"),
     ("*", "tokens", "serve", "aimu serve has --max-requests, not a per-run token budget"),
     ("*", "tokens", "redis", "as for serve: no per-run token budget option"),
     ("*", "tokens", "temporal", "as for serve: no per-run token budget option"),
@@ -198,6 +215,17 @@ KNOWN_DEFECTS: tuple[tuple[str, str, str, str, str], ...] = (
      "issue 42 item 2: a handoff empties the run record's models"),
     ("tree", "*", "library", "*",
      "issue 42 item 1: an agent-tree child's run record has no parent"),
+    ("send", "kill9", "serve", "*",
+     "issue 42 item 3: a send answered 202 waits in memory until the step boundary, so a "
+     "kill -9 before it loses the send"),
+    ("approvals", "*", "temporal", "*",
+     "defect: on Temporal a decision sent as soon as the run's events end with "
+     "handle_finished 'paused' (and GET /sessions shows it paused) is refused 409 'running, "
+     "not paused': the workflow's state lags the worker's events"),
+    ("approvals", "drain", "serve", "0",
+     "defect: a run paused before its server went away (here a drain; a restart does the "
+     "same) cannot be decided on the next server without Redis: GET /sessions/{s} says "
+     "'paused' with paused_run_id null and pending [], and the run is unknown to it"),
     ("external", "leave", "library", "0",
      "defect: a client result given to a paused run is lost (the call is settled "
      "'[cancelled before it finished]') when the consumer leaves the resumed run's "
@@ -205,12 +233,23 @@ KNOWN_DEFECTS: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 
+def _defect_matches(row: tuple[str, str, str, str, str], cell: Cell) -> bool:
+    cap, end, where, seed, _ = row
+    return (_matches(cap, cell.capability) and _matches(end, cell.ending)
+            and _matches(where, cell.place) and _matches(seed, str(cell.seed)))
+
+
+#: Cells that found a defect fixed on this branch: they always run in the sample of their
+#: place, as its regression test ("cap:ending:place:seed" -> the defect).
+REGRESSIONS: dict[str, str] = {
+    "tools:kill9:serve:0":
+        "the record of a run whose process died, marked failed by --recover, had no "
+        "models although its messages were written by one",
+}
+
+
 def known_defect(cell: Cell) -> str | None:
-    for cap, end, where, seed, why in KNOWN_DEFECTS:
-        if (_matches(cap, cell.capability) and _matches(end, cell.ending)
-                and _matches(where, cell.place) and _matches(seed, str(cell.seed))):
-            return why
-    return None
+    return next((row[4] for row in KNOWN_DEFECTS if _defect_matches(row, cell)), None)
 
 
 # -- generating cells ------------------------------------------------------------------------
@@ -229,9 +268,19 @@ def cells(places: Iterable[str], seeds: Iterable[int]) -> Iterator[Cell]:
 
 
 def sample(all_cells: Iterable[Cell], count: int, seed: int) -> list[Cell]:
-    """``count`` cells of ``all_cells`` chosen by ``seed`` (stable order)."""
+    """``count`` cells of ``all_cells`` chosen by ``seed`` (stable order); all of them
+    with ``AIMU_CROSSING_ALL=1``."""
     pool = list(all_cells)
-    return sorted(random.Random(seed).sample(pool, min(count, len(pool))), key=lambda c: c.id)
+    if os.environ.get("AIMU_CROSSING_ALL") == "1":
+        return pool
+    chosen = set(random.Random(seed).sample(pool, min(count, len(pool))))
+    chosen |= {c for c in pool if f"{c.capability}:{c.ending}:{c.place}:{c.seed}"
+               in REGRESSIONS}
+    for row in KNOWN_DEFECTS:  # one cell of each known defect: its fix shows as an XPASS
+        hit = next((c for c in pool if _defect_matches(row, c)), None)
+        if hit is not None and not any(_defect_matches(row, c) for c in chosen):
+            chosen.add(hit)
+    return sorted(chosen, key=lambda c: c.id)
 
 
 def chosen_cell() -> Cell | None:

@@ -10,6 +10,7 @@ other process.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import httpx
 from aimu.aio.ends import ANSWERED
 from aimu.aio.store import Store
 from aimu.testing.server import LoopbackServer
-from tests.crossings.invariants import Outcome, Terminal, check
+from tests.crossings.invariants import Outcome, Terminal, check, describe
 from tests.crossings.matrix import Cell
 from tests.crossings.serve_tools import SEND, effects
 from tests.serve.harness import sse_events
@@ -42,6 +43,8 @@ class Place:
     effects: Path
     agent: str = "agent"
     idempotent: frozenset[str] = frozenset({"look", "add"})
+    crash: Callable[[], None] | None = None
+    """What the kill9 and drain endings do to the process running the run."""
 
 
 @dataclass
@@ -77,6 +80,10 @@ async def hear(case: ServedCase, run_id: str) -> bool:
     case.stopped = True
     if case.cell.ending == "leave":
         return True
+    if case.cell.ending in ("kill9", "drain"):
+        assert case.place.crash is not None
+        case.place.crash()
+        return case.cell.ending == "kill9"
     path = STOP_PATHS[case.cell.ending]
     body = {"reason": REASON} if case.cell.ending == "cancel" else None
     answer = await control.post(f"/runs/{run_id}/{path}", json=body)
@@ -88,12 +95,19 @@ async def follow(case: ServedCase, run_id: str) -> Terminal:
     """Follow ``run_id`` to its end (again from the start, if the follower left)."""
     finished: list[dict[str, Any]] = []
     events = sse_events(case.place.start, f"/runs/{run_id}/events")
-    async with contextlib.aclosing(events):
-        async for event in events:
-            if event.type == "handle_finished":
-                finished.append(event.data)
-            if await hear(case, run_id):
-                break
+    crashing = case.place.crash is not None
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.type == "handle_finished":
+                    finished.append(event.data)
+                if await hear(case, run_id):
+                    break
+    except httpx.TransportError:
+        if not (crashing and case.stopped):
+            raise
+    if not finished and crashing and case.stopped:
+        return Terminal(None, run_id)  # it died with its process: no one saw its end
     if not finished:  # the follower left; a follower leaving never stops a served run
         events = sse_events(case.place.start, f"/runs/{run_id}/events")
         finished = [e.data async for e in events if e.type == "handle_finished"]
@@ -104,7 +118,11 @@ async def follow(case: ServedCase, run_id: str) -> Terminal:
 async def decide(case: ServedCase, run_id: str) -> str:
     """Approve every call the paused run waits on; the resumed run's id."""
     control = case.place.control
-    info = (await control.get(f"/runs/{run_id}")).json()
+    # The session's view: a server that did not run the run (it died) shows it too.
+    info = (await control.get(f"/sessions/{case.session}")).json()
+    if info.get("paused_run_id") != run_id:
+        records = await case.place.store.runs(session=case.session)
+        raise AssertionError(f"not paused on {run_id}: {info}; records {describe(records)}")
     resumed = None
     for pending in info["pending"]:
         answer = await control.post(
@@ -117,12 +135,20 @@ async def decide(case: ServedCase, run_id: str) -> str:
     return str(resumed)
 
 
-async def drive(case: ServedCase) -> None:
+async def start_run(case: ServedCase) -> str:
     start = case.place.start
     answer = await start.post(f"/sessions/{case.session}/runs", json={"task": case.task})
     assert answer.status_code == 202, answer.text
     case.inputs.append(("task", case.task))
-    run_id = str(answer.json()["run_id"])
+    return str(answer.json()["run_id"])
+
+
+async def drive(case: ServedCase, run_id: str | None = None) -> None:
+    """Follow ``run_id`` (None: a new run of the case's task), then decide and resume
+    until the run answers."""
+    start = case.place.start
+    if run_id is None:
+        run_id = await start_run(case)
     for _ in range(MAX_SEGMENTS):
         terminal = await follow(case, run_id)
         case.terminals.append(terminal)

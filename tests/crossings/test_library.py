@@ -1,5 +1,5 @@
 """The crossing matrix in the library place: a seeded sample in the normal suite, every
-cell (each indexed ending swept over every event index with seed 0) marked slow."""
+cell marked slow (the cancel ending swept over every event index with seed 0)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.crossings.capabilities import shared_mcp
 from tests.crossings.library import run_cell
 from tests.crossings.matrix import Cell, cells, params, sample
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1)
 SAMPLE_SEED = 42
 
 LIBRARY = [c for c in cells(["library"], SEEDS) if c.ending != "kill9"]
@@ -31,4 +31,5 @@ async def test_sample(cell: Cell, tmp_path: Path, strict: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("cell", params(LIBRARY, "library"))
 async def test_cell(cell: Cell, tmp_path: Path, strict: str) -> None:
-    await run(cell, tmp_path, strict, sweep=cell.seed == 0)
+    # "cancel at every event index": seed 0 sweeps them; other endings take one a seed.
+    await run(cell, tmp_path, strict, sweep=cell.seed == 0 and cell.ending == "cancel")
