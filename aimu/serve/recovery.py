@@ -153,6 +153,9 @@ class Recovery:
         wait for a decision."""
         now = time.time()
         if current.status == "running":
+            # The models that wrote what the run added before it died, as a run's end
+            # records them (its record said none: it never reached its end).
+            current = dataclasses.replace(current, models=_models_of(agent, current))
             streak = _streak(latest, len(agent.messages))
             if streak >= self.max_crashes:
                 await writer.record_run(dataclasses.replace(
@@ -188,6 +191,16 @@ class Recovery:
             except (StoreError, ServeError) as error:
                 _log.warning("cannot look for runs to recover: %s", error)
             await asyncio.sleep(every)
+
+def _models_of(agent: Agent, record: RunRecord) -> tuple[str, ...]:
+    """The models (``aimu_model``) of the assistant messages ``record``'s run added."""
+    models: dict[str, None] = {}
+    for message in agent.messages[record.messages_from or 0:]:
+        model = message.get("aimu_model") if message["role"] == "assistant" else None
+        if isinstance(model, str):
+            models[model] = None
+    return tuple(models)
+
 
 def _streak(latest: list[RunRecord], messages: int) -> int:
     """How many times in a row the session's run died with no progress: the deaths
