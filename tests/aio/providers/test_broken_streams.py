@@ -246,3 +246,17 @@ async def test_a_budget_the_broken_attempt_crosses_ends_the_run_limited(provider
     assert agent.last_run.limit is not None and "total_tokens" in agent.last_run.limit
     assert reply == last["content"]
     assert len(server.requests) == 1  # the retry was not sent
+
+
+async def test_a_handles_events_tell_of_the_retry(provider: str) -> None:
+    async with (
+        LoopbackServer(cut_once(TEXT, fault_after=3)) as server,
+        aio.Agent(model(provider, server)) as agent,
+    ):
+        handle = aio.RunHandle.start(agent.run("count"))
+        events = [event async for event in handle.events()]
+        assert await handle == TEXT.text
+    (retried,) = [e for e in events if isinstance(e, TurnRetried)]
+    # Ollama's client continues a trailing assistant message by default.
+    assert retried.mode == ("continued" if provider == "ollama" else "restarted")
+    assert retried.attempt == 1 and shown(events) == TEXT.text
