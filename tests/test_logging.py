@@ -260,16 +260,20 @@ async def test_a_reply_that_breaks_off_mid_stream_is_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     reply = Turn(text=f"the code {CODE} is fine and more", fault="drop", fault_after=3)
-    with pytest.raises(aio.ModelConnectionError):
-        await run_logged([reply], tmp_path, caplog, logging.DEBUG)
+    with pytest.raises(aio.ModelConnectionError):  # asked 4 times: its 3 retries used up
+        await run_logged([reply] * 4, tmp_path, caplog, logging.DEBUG)
     records = aimu_records(caplog)
     loud = [(name, level, text) for name, level, text in said(records) if level != "DEBUG"]
     assert [(name, level) for name, level, _ in loud] == [
+        *[("aimu.aio.providers", "INFO")] * 3,
         ("aimu.aio.providers", "WARNING"),
         ("aimu.aio.agent", "INFO"),
     ], loud
-    assert "the reply broke off mid-stream (ModelConnectionError)" in loud[0][2]
-    assert loud[1][2] == "agent 'agent': the run ended failed: ModelConnectionError"
+    assert "retry 3 of 3" in loud[2][2]
+    assert "the reply broke off mid-stream (ModelConnectionError); no retry was left" in (
+        loud[3][2]
+    )
+    assert loud[4][2] == "agent 'agent': the run ended failed: ModelConnectionError"
     keeps_the_rules(records)
 
 

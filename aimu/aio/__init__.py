@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         ToolCallStarted,
         ToolProgress,
         ToolResult,
+        TurnRetried,
     )
     from aimu.aio.guardrails import GuardrailError, ToolGuardrail, Tripwire
     from aimu.aio.handoffs import Handoff
@@ -141,6 +142,7 @@ __all__ = [
     "Toolset",
     "TranscriptError",
     "Tripwire",
+    "TurnRetried",
     "UnknownRunError",
     "UsageLimits",
     "client",
@@ -207,6 +209,7 @@ _ERRORS = (
 _EVENTS = (
     "Event", "HandleFinished", "RunFinished", "RunStarted", "StepFinished", "TextChunk",
     "ThinkingChunk", "ToolCallStarted", "ToolProgress", "ToolResult", "ModelRetry", "RunResult",
+    "TurnRetried",
 )
 _WHERE.update(dict.fromkeys(_ERRORS, "errors"))
 _WHERE.update(dict.fromkeys(_EVENTS, "events"))

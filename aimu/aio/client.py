@@ -21,6 +21,7 @@ from aimu.aio.providers.base import (
     TurnAssembler,
     TurnDone,
     TurnRequest,
+    TurnRetry,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "TurnAssembler",
     "TurnDone",
     "TurnRequest",
+    "TurnRetry",
     "client",
     "register_provider",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "ToolCallStarted",
     "ToolProgress",
     "ToolResult",
+    "TurnRetried",
 ]
 
 #: How a run ended. ``incomplete``: it answered, but the model's reply was cut off (by
@@ -95,6 +96,28 @@ class ThinkingChunk:
     text: str
     path: tuple[str, ...] = ()
     type: Literal["thinking"] = field(default="thinking", init=False)
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class TurnRetried:
+    """The model's reply broke off mid-stream (the network, an overloaded server) and
+    the turn was asked again; what follows goes on from ``kept``.
+
+    ``mode`` ``"continued"``: the server continues the reply, ``kept`` is its text so far
+    and stays. ``"restarted"``: the reply starts again, ``kept`` is ``""``: a reader
+    drops the turn's text and thinking it showed since the turn's last tool round (or
+    its start) and shows what follows. Either way the turn's text is ``kept`` plus the
+    chunks after this event. ``error`` says what broke; ``attempt`` counts the retries.
+    """
+
+    source: str
+    mode: Literal["continued", "restarted"]
+    kept: str
+    error: str
+    attempt: int = 1
+    path: tuple[str, ...] = ()
+    type: Literal["turn_retried"] = field(default="turn_retried", init=False)
 
 
 @quick_init
@@ -162,7 +185,8 @@ class RunFinished:
     requests: int = 0
     """Model requests this run made (retries not counted)."""
     retries: int = 0
-    """Model requests retried after a failure before any byte of the reply."""
+    """Model requests retried after a failure: before any byte of the reply, or after
+    its stream broke (a ``TurnRetried``)."""
     duration: float = 0.0
     """Seconds the run took (monotonic clock)."""
     path: tuple[str, ...] = ()
@@ -191,7 +215,8 @@ class RunResult(Generic[_Output]):
     requests: int
     """Model requests this run made, retries not counted."""
     retries: int
-    """Requests retried after failing before any byte of the reply (a 503, a reset)."""
+    """Requests retried after a failure: before any byte of the reply (a 503, a reset)
+    or after the reply's stream broke off (see :class:`TurnRetried`)."""
     duration: float
     """Seconds from start to end, on the monotonic clock."""
     started_at: float
@@ -257,6 +282,7 @@ Event: TypeAlias = (
     RunStarted
     | TextChunk
     | ThinkingChunk
+    | TurnRetried
     | ToolCallStarted
     | ToolProgress
     | ToolResult

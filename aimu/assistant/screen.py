@@ -23,6 +23,7 @@ from aimu.aio.events import (
     ToolCallStarted,
     ToolProgress,
     ToolResult,
+    TurnRetried,
 )
 from aimu.aio.transcript import Message
 
@@ -131,6 +132,11 @@ class Screen:
         self._thinking = False
         #: Who said the last event shown: its path and source (an agent tree's levels).
         self._who: tuple[str, ...] = ()
+        #: The reply's text printed so far (since its turn began).
+        self._reply = ""
+        #: A restarted reply's text printed before the cut, not printed again as the new
+        #: reply repeats it (see _restarted_text).
+        self._printed = ""
 
     @property
     def partial_line(self) -> str:
@@ -166,6 +172,7 @@ class Screen:
         who = (*path, getattr(event, "source", ""))
         if who != self._who and (path or len(self._who) > 1):
             self._thinking = False
+            self._reply = self._printed = ""
             self.line(f"({' › '.join(one_line(name) for name in who)})", "note")
         self._who = who
 
@@ -199,8 +206,23 @@ class Screen:
         its control characters escaped (a server's words may carry them)."""
         self.to_err(f"error: {printable(text)}", "error")
 
+    def _restarted_text(self, text: str) -> str:
+        """What to print of ``text``, a restarted reply's next words: nothing while it
+        repeats the words printed before the cut; past them, the rest. A reply that
+        says something else there is printed whole after a note."""
+        printed, said = self._printed, self._reply + text
+        if printed.startswith(said):
+            return ""
+        if said.startswith(printed):
+            self._printed = ""
+            return said[len(printed):]
+        self._printed = ""
+        self.line("(the reply broke off and was asked again; it now says:)", "note")
+        return said
+
     def prompt(self) -> None:
         """The plain mode's ``> `` prompt."""
+        self._reply = self._printed = ""
         self.out.write("> ")
         self.out.flush()
         # The user's Enter (echoed by the terminal) ends the prompt's line.
@@ -225,9 +247,21 @@ class Screen:
             return
         self._thinking = False
         if isinstance(event, TextChunk):
+            text = self._restarted_text(event.text) if self._printed else event.text
+            self._reply += event.text
             # On a terminal a model's escape sequences would act on it: show them instead.
-            self.write(printable(event.text) if self._escape else event.text)
-        elif isinstance(event, ToolCallStarted):
+            self.write(printable(text) if self._escape else text)
+            return
+        if isinstance(event, TurnRetried):
+            # The stream broke and the turn was asked again. Continued: the text goes on.
+            # Restarted: what was printed stays on the screen, so the new reply prints
+            # only from where it goes past (or away from) it, never the same words twice.
+            if event.mode == "restarted":
+                self._printed += self._reply[len(self._printed):]
+                self._reply = ""
+            return
+        self._reply = self._printed = ""
+        if isinstance(event, ToolCallStarted):
             name = one_line(event.name)  # the model named it: maybe no tool of ours
             self.line(f"[calling {name}({one_line(arguments_text(event.arguments))})]", "tool")
         elif isinstance(event, ToolResult):

@@ -462,9 +462,22 @@ class _Translator:
             out.append({"type": "CUSTOM", "name": "aimu.tool_progress", "value": {
                 key: event.get(key) for key in ("call_id", "name", "progress", "total", "message")
             }})
+        elif kind == "turn_retried":
+            out += self._retried(event)
         elif kind == "step_finished":
             out += self.close()
             self.step_text = None
+        return out
+
+    def _retried(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The reply's stream broke and was asked again: a CUSTOM event naming the text
+        message it concerns; a restarted reply's messages end here (the new text is a
+        new message; a client drops the one named, as the event's ``mode`` says)."""
+        value = {key: event.get(key) for key in ("mode", "kept", "error", "attempt")}
+        value["messageId"] = self._text
+        out = [{"type": "CUSTOM", "name": "aimu.turn_retried", "value": value}]
+        if event.get("mode") == "restarted":
+            out += self._close_text() + self._close_reasoning()
         return out
 
     def _open_step(self) -> list[dict[str, Any]]:

@@ -379,8 +379,21 @@ class _Translator:
                         "dynamic": True})
         elif kind == "run_finished":
             self.stop_reason = event.get("stop_reason")
+        elif kind == "turn_retried":
+            out += self._retried(event)
         elif kind == "step_finished":
             out += self.close()
+        return out
+
+    def _retried(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The reply's stream broke and was asked again: a ``data-aimu-turn-retried``
+        part naming the text part it concerns; a restarted reply's parts end here (its
+        new text is a new part; a client drops the one named)."""
+        data = {key: event.get(key) for key in ("mode", "kept", "error", "attempt")}
+        data["textId"] = self._text
+        out = [{"type": "data-aimu-turn-retried", "data": data}]
+        if event.get("mode") == "restarted":
+            out += self._close("text") + self._close("reasoning")
         return out
 
     def _close(self, which: Literal["text", "reasoning"]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeAlias
 
 from aimu.aio.providers.test import split_text
 
-__all__ = ["Fault", "Script", "ScriptedCall", "Turn", "split_text"]
+__all__ = ["Fault", "Script", "ScriptedCall", "Turn", "cut_once", "split_text"]
 
 Fault: TypeAlias = Literal[
     "http_500",  # answer 500 with an error body
@@ -30,6 +30,9 @@ Fault: TypeAlias = Literal[
     "error_event",  # after `fault_after` chunks, send the protocol's error event and end
     "overloaded_event",  # the same, the error saying the server is overloaded (a 529's)
     "no_done",  # send every chunk, then end the stream without the final marker
+    "cut",  # after `fault_after` chunks (the final ones counted), half the next chunk's
+    # bytes, then close the connection mid-body (a proxy or the network cutting it)
+    "stall",  # the same, but the connection stays open and silent (a read timeout)
 ]
 
 
@@ -64,3 +67,36 @@ class Turn:
 
 
 Script: TypeAlias = Sequence[Turn] | Callable[[Mapping[str, Any]], Turn]
+
+
+def cut_once(
+    reply: Turn, *then: Turn, fault: Fault = "cut", fault_after: int = 1
+) -> Script:
+    """A script whose first reply is ``reply`` broken by ``fault`` after ``fault_after``
+    chunks. A request that asks for it again (the first request's messages, and at most
+    a trailing assistant message: the part a client kept, sent to be continued) is
+    answered as a model would: the rest of the text when it continues ``reply``'s text
+    (trailing whitespace may be left off), else the whole ``reply``. Any other request
+    gets the next turn of ``then``."""
+    from dataclasses import replace
+
+    first: list[int] = []
+    later = iter(then)
+
+    def answer(request: Mapping[str, Any]) -> Turn:
+        messages = request.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        last = messages[-1] if messages else None
+        prefill = isinstance(last, Mapping) and last.get("role") == "assistant"
+        if not first:
+            first.append(len(messages))
+            return replace(reply, fault=fault, fault_after=fault_after)
+        if len(messages) - prefill != first[0]:
+            return next(later, Turn(text="(the script has no more turns)"))
+        kept = last.get("content") if prefill and isinstance(last, Mapping) else None
+        if isinstance(kept, str) and kept and reply.text.startswith(kept):
+            return replace(reply, text=reply.text[len(kept):], thinking="",
+                           input_tokens=reply.input_tokens + len(kept) // 4)
+        return reply
+
+    return answer

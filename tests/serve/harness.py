@@ -43,6 +43,11 @@ LONG = " ".join(f"w{i}" for i in range(400))
 LONG_DELAY = 0.02
 
 
+#: ``flaky ...``: the words of its reply, and the tasks whose first reply was cut already.
+FLAKY = " ".join(f"f{i}" for i in range(200))
+_FLAKY: set[str] = set()
+
+
 def last_user(request: Mapping[str, Any]) -> str:
     for message in reversed(request.get("messages") or []):
         if message.get("role") == "user":
@@ -59,7 +64,8 @@ def script(request: Mapping[str, Any]) -> Turn:
     ``wire W``: a call of gated_wire (needs approval), then W words; ``locate``: a call of
     the client-side tool ``locate``, then its result read back; ``remember NOTE``: a call
     of remember (the shared state), then its result read back; ``cut``: a reply the
-    length limit cut off; anything else:
+    length limit cut off; ``flaky ...``: a reply whose connection is cut mid-way the first
+    time (the client asks again); anything else:
     "answer to <it>"."""
     said = last_user(request)
     messages = request.get("messages") or []
@@ -94,6 +100,10 @@ def script(request: Mapping[str, Any]) -> Turn:
         return locate_turn(said, request, after_tool)
     if said.startswith("cut"):
         return Turn(text="cut off in the mid", stop_reason="length")
+    if said.startswith("flaky"):  # the connection cut mid-reply the first time asked
+        first = said not in _FLAKY
+        _FLAKY.add(said)
+        return Turn(text=FLAKY, delay=LONG_DELAY, fault="cut" if first else None, fault_after=12)
     if said.startswith("short"):
         count = int(said.split()[1])
         return Turn(text=" ".join(f"c{i}" for i in range(count)), delay=0.005)

@@ -17,7 +17,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.harness import FLAKY, GATE, MAILED, Served
 from tests.serve.protocols import node_client, restarted_after_a_kill, session, settled
 
 ag_ui_core = pytest.importorskip("ag_ui.core")
@@ -81,6 +81,29 @@ async def test_a_run_streams_text_and_finishes_with_its_answer(http: httpx.Async
     assert events[-1]["usage"][0]["outputTokens"] > 0
     stored = (await session(http, "agui-hello"))["messages"]
     assert [m["role"] for m in stored] == ["user", "assistant"]
+
+
+async def test_a_reply_the_network_cut_and_restarted_is_a_new_message(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 44: a CUSTOM aimu.turn_retried names the cut message, which ends there; the
+    restarted reply is a message of its own, whole."""
+    events = await ag_ui_events(http, run_input("agui-flaky", "r1", user("flaky agui")))
+    kinds = types(events)
+    (retried,) = [e for e in events if e["type"] == "CUSTOM"]
+    assert retried["name"] == "aimu.turn_retried"
+    value = retried["value"]
+    assert (value["mode"], value["kept"], value["attempt"]) == ("restarted", "", 1)
+    cut = value["messageId"]
+    at = events.index(retried)
+    assert events[at + 1] == {"type": "TEXT_MESSAGE_END", "messageId": cut}
+    starts = [e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"]
+    assert starts[0] == cut and len(starts) == 2
+    texts = {m: "".join(e["delta"] for e in events
+                        if e["type"] == "TEXT_MESSAGE_CONTENT" and e["messageId"] == m)
+             for m in starts}
+    assert FLAKY.startswith(texts[cut]) and texts[cut] and texts[starts[1]] == FLAKY
+    assert kinds[-1] == "RUN_FINISHED" and events[-1]["result"] == FLAKY
 
 
 async def test_tool_calls_and_results(http: httpx.AsyncClient) -> None:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from aimu.aio.transcript import validate
-from tests.serve.harness import GATE, MAILED, Served
+from tests.serve.harness import FLAKY, GATE, MAILED, Served
 from tests.serve.protocols import node_client, restarted_after_a_kill, session, settled
 
 
@@ -71,6 +71,25 @@ async def test_a_chat_streams_its_answer(http: httpx.AsyncClient) -> None:
                            "finish-step", "finish", "[DONE]"]
     assert "".join(c["delta"] for c in seen if c.get("type") == "text-delta") == "answer to hello"
     assert seen[-2]["finishReason"] == "stop"
+    assert seen[-2]["messageMetadata"]["aimuStatus"] == "completed"
+
+
+async def test_a_reply_the_network_cut_and_restarted_is_a_new_text_part(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 44: a data-aimu-turn-retried part names the cut text part, which ends there;
+    the restarted reply is a text part of its own, whole."""
+    seen = await chunks(http, "POST", "/api/chat", chat_body("sdk-flaky", user("flaky sdk")))
+    (retried,) = [c for c in seen if c["type"] == "data-aimu-turn-retried"]
+    data = retried["data"]
+    assert (data["mode"], data["kept"], data["attempt"]) == ("restarted", "", 1)
+    cut = data["textId"]
+    assert seen[seen.index(retried) + 1] == {"type": "text-end", "id": cut}
+    starts = [c["id"] for c in seen if c["type"] == "text-start"]
+    assert starts[0] == cut and len(starts) == 2
+    texts = {part: "".join(c["delta"] for c in seen
+                           if c["type"] == "text-delta" and c["id"] == part) for part in starts}
+    assert FLAKY.startswith(texts[cut]) and texts[cut] and texts[starts[1]] == FLAKY
     assert seen[-2]["messageMetadata"]["aimuStatus"] == "completed"
 
 

@@ -14,6 +14,7 @@ import pytest
 from aimu.aio.transcript import validate
 from aimu.serve.application import openapi_document
 from tests.serve.harness import (
+    FLAKY,
     Served,
     collect,
     first_text,
@@ -283,6 +284,19 @@ async def test_a_dropped_follower_does_not_stop_the_run(
         events = await collect(other, run_id)
     assert events[-1].data["status"] == "completed"
     assert events[-2].data["reply"] == " ".join(f"c{i}" for i in range(40))
+
+
+async def test_a_follower_is_told_when_the_network_cut_the_reply(
+    http: httpx.AsyncClient,
+) -> None:
+    """Issue 44: the SSE stream carries one turn_retried; the text after it is the reply."""
+    run_id = await start(http, "flaky-api", "flaky api")
+    events = await collect(http, run_id)
+    (retried,) = [e for e in events if e.type == "turn_retried"]
+    assert (retried.data["mode"], retried.data["kept"]) == ("restarted", "")
+    after = events[events.index(retried):]
+    assert "".join(e.data["text"] for e in after if e.type == "text") == FLAKY
+    assert events[-2].data["status"] == "completed" and events[-2].data["retries"] == 1
 
 
 async def test_many_followers_see_the_same_events(http: httpx.AsyncClient) -> None:

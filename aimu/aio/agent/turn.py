@@ -13,11 +13,12 @@ from aimu.aio.client import (
     ToolCallDelta,
     TurnAssembler,
     TurnDone,
+    TurnRetry,
 )
 from aimu.aio.context import ContextPolicy, SummarizeOlderTurns, Summary
 from aimu.aio.ends import error_text
 from aimu.aio.errors import ModelError, ModelProtocolError
-from aimu.aio.events import CUT_OFF_REASONS, Event, TextChunk, ThinkingChunk
+from aimu.aio.events import CUT_OFF_REASONS, Event, TextChunk, ThinkingChunk, TurnRetried
 from aimu.aio.guardrails import GuardCut, InputGuard, Tripped, guarded, run_guardrails
 from aimu.aio.limits import LimitHit, estimate_tokens, transcript_chars
 from aimu.aio.output import is_correction, turn_request
@@ -66,6 +67,10 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
             if token is not None:  # the first chunk: the request is open, retries over
                 current_scope.reset(token)
                 token = None
+            if type(chunk) is TurnRetry:  # the stream broke; the request goes again
+                hit, streamed = await _count_retry(session, run, chunk), 0
+                if hit is not None:
+                    break  # before the retry: the partial is kept, as any cut
             inflight.assembler.add(chunk)
             event = (
                 TextChunk(name, chunk.text) if type(chunk) is TextDelta  # the most of them
@@ -73,7 +78,7 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
             )
             if event is not None:
                 yield event
-                if watch:  # a token or cost limit: crossed by this reply yet?
+                if watch and type(event) is not TurnRetried:  # a limit crossed yet?
                     streamed += len(event.text)  # type: ignore[union-attr]
                     hit = budget.streamed(
                         {"input_tokens": 0, "output_tokens": estimate_tokens(streamed)}
@@ -87,15 +92,29 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     except GuardCut:
         tripped = True
     except ModelError as error:
-        if inflight.assembler.started or not run.interrupt_asked():
-            raise
-        _interrupted_before_reply(run, inflight, error)
+        await _interrupted_by(session, run, inflight, error)  # else raised
         return
     finally:
         if token is not None:
             current_scope.reset(token)
         await chunks.aclose()
     await _turn_over(session, run, inflight, hit, guard.tripped if tripped and guard else None)
+
+
+async def _interrupted_by(
+    session: Session, run: RunState, inflight: TurnInFlight, error: ModelError
+) -> None:
+    """The turn's request failed while an interrupt was asked: the interrupt is honoured
+    (its retry wait was cut short), the partial reply, if any, kept and marked. Without
+    an interrupt, ``error`` is raised: the run fails."""
+    if not run.interrupt_asked():
+        raise error
+    if inflight.assembler.started:  # the stream broke and was to be asked again
+        run.error = error_text(error)
+        await _cut_short(session, run, inflight)
+        run.interrupted()
+    else:
+        _interrupted_before_reply(run, inflight, error)
 
 
 def _interrupted_before_reply(run: RunState, inflight: TurnInFlight, error: ModelError) -> None:
@@ -366,7 +385,24 @@ def _chunk_event(
             inflight.argument_errors[chunk.call["id"]] = chunk.error
     elif isinstance(chunk, TurnDone):
         run.stop_reason = chunk.done_reason
+    elif isinstance(chunk, TurnRetry):
+        return TurnRetried(name, "continued" if chunk.continued else "restarted", chunk.kept,
+                           chunk.error, chunk.attempt)
     return None
+
+
+async def _count_retry(session: Session, run: RunState, chunk: TurnRetry) -> LimitHit | None:
+    """Count what a broken attempt of the turn spent (estimated where its server never
+    said), kept before the request goes again as any request's is; the token or cost
+    limit that spend crosses, if any (the turn then ends limited, its partial kept)."""
+    add_usage(run.usage, chunk.spent)
+    run.usage_estimated = True
+    budget = run.budget
+    assert budget is not None
+    budget.count_tokens(chunk.spent, estimated=True)
+    if budget.session_limits_set:
+        await session.keep_spend(budget.run)
+    return budget.streamed(zero_usage()) if budget.watch else None
 
 
 async def _end_turn(

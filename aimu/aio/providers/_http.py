@@ -22,7 +22,7 @@ import os
 import ssl
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -34,9 +34,10 @@ from aimu.aio._numbers import finite, is_count
 from aimu.aio._sse import SSEParser
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers._errors import clip, error_text, transport_error
+from aimu.aio.providers._resume import Reading, TurnSoFar, broken_stream, tail
 from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
 from aimu.aio.providers._unicode import TurnText, clean
-from aimu.aio.providers._wire import PrefillEcho, WireEncoder, prefill, request_body
+from aimu.aio.providers._wire import WireEncoder, prefill, request_body
 from aimu.aio.providers.base import (
     Chunk,
     ModelClient,
@@ -44,6 +45,7 @@ from aimu.aio.providers.base import (
     TurnRequest,
     check_context_window,
 )
+from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = [
@@ -315,6 +317,12 @@ class TurnDecoder(abc.ABC):
     def whole(self, body: bytes) -> list[Chunk]:
         """The chunks of a reply that was asked for in one piece."""
 
+    def salvage(self) -> list[Chunk] | None:
+        """The last chunks of a reply whose stream broke after the reply had finished
+        (only its end was lost: a usage event, the final marker), or None if it had not
+        finished (the default): the turn is then asked again."""
+        return None
+
 
 class SSETurnDecoder(TurnDecoder):
     """A reply streamed as server-sent events: each event's data goes to :meth:`event`.
@@ -353,6 +361,9 @@ class SSETurnDecoder(TurnDecoder):
         """The last chunks of a reply whose stream ended without the final marker, or
         None if such a reply did not finish (the default)."""
         return None
+
+    def salvage(self) -> list[Chunk] | None:
+        return None if self.finished else self.end_unmarked()
 
 
 class _Paced(httpcore.AsyncNetworkBackend):
@@ -722,6 +733,16 @@ class HTTPModelClient(ModelClient):
             return f"; check the model name and that {self.host} serves {self.chat_path}"
         return ""
 
+    def prefill_space(self, messages: Sequence[Message]) -> str:
+        """The whitespace a trailing assistant message (a prefill to continue) is sent
+        without, which the continuation's text then loses once; ``""``: sent whole."""
+        return ""
+
+    def counted_input(self, decoder: TurnDecoder) -> int | None:
+        """The tokens of the request ``decoder``'s reply answered, if its server counted
+        them before the reply broke off (None: it had not)."""
+        return None
+
     async def stream_turn(
         self,
         messages: Sequence[Message],
@@ -730,58 +751,90 @@ class HTTPModelClient(ModelClient):
         stream: bool = True,
         request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        body = self.body(messages, tools, stream, request)
-        reporter = self.reporter()
-        prefix = prefill(messages, self._wire.merge_roles)  # sent back first by llama.cpp
-        shard = await self._pool.acquire(reporter)
-        attempt = 0
+        """The turn, asked again (see :mod:`._resume`) when its stream breaks, within the
+        client's retries."""
+        body, reporter, turn = self.body(messages, tools, stream, request), self.reporter(), \
+            TurnSoFar(messages)
+        # The run's (current at the first step): current again for a retry's waits.
+        scope = current_scope.get()
+        shard, attempt = await self._pool.acquire(reporter), 0
         try:
             while True:
-                decoder, echo = self.decoder(reporter), PrefillEcho(prefix) if prefix else None
-                response, attempt = await self._send(shard.http, body, stream, reporter, attempt)
-                began = False  # a chunk of the turn went out: no retry from here on
-                # An async generator (httpx's body iterator): closed below, not by the GC.
-                pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+                sent = turn.sent
+                decoder = self.decoder(reporter)
+                reading = self._reading(decoder, sent)
+                with _current(scope):  # its retry waits see the run's stops
+                    response, attempt = await self._send(shard.http, body, stream, reporter,
+                                                         attempt)
+                pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())  # closed below
                 closed = False
                 try:
                     with reporter:
-                        if not stream:
-                            for chunk in _echoed(echo, decoder.whole(await response.aread())):
-                                yield chunk
-                            return
-                        rest = b""
-                        async for piece in pieces:
-                            lines = (rest + piece).split(b"\n")
-                            rest = lines.pop()
-                            for line in lines:
-                                chunks, echo = _line_chunks(decoder, echo, line)
+                        if stream:
+                            async for piece in pieces:
+                                chunks = reading.lines(piece)
                                 if decoder.finished:  # the connection goes back to the pool
                                     closed = True
                                     await _closed(pieces, response, drain=True)
-                                for chunk in chunks:
-                                    began = True
+                                for chunk in turn.chunks(chunks):
                                     yield chunk
                                 if decoder.finished:
                                     return
-                        for chunk in _echoed(echo, tail(decoder, rest)):
+                            chunks = reading.end()
+                        else:
+                            chunks = reading.whole(await response.aread())
+                        for chunk in turn.chunks(chunks):
                             yield chunk
                         return
-                except ModelHTTPError as error:
-                    # An error event before the turn began: retried as its status is.
-                    if began or not Retry.retry_status(error.status_code):
-                        raise
-                    failure: ModelHTTPError = error
-                except (ModelConnectionError, ModelProtocolError) as error:
-                    _note_dropped(reporter, error)
-                    raise
-                finally:
-                    # Closes the HTTP response now, whether we finished, failed, were
-                    # closed or cancelled; the server sees the connection go.
+                except ModelError as error:
+                    failure: ModelError = error
+                    _raise_unless_broken(error, reading.at_end, turn.given, reporter)
+                finally:  # closed now, however it ended: the server sees the connection go
                     if not closed:
                         await _closed(pieces, response, drain=False)
-                attempt = await self._next_attempt(attempt, failure, reporter)
+                attempt, mended = await self._mend(turn, decoder, failure, attempt, reporter,
+                                                   scope)
+                for chunk in mended:
+                    yield chunk
+                if decoder.finished:
+                    return
+                if turn.sent is not sent:  # continued from its text, or restarted after
+                    body = self.body(turn.sent, tools, stream, request)
         finally:
             self._pool.release(shard)
+
+    def _reading(self, decoder: TurnDecoder, sent: Sequence[Message]) -> Reading:
+        """How an attempt's body is read: a server's echo of the prefill taken out."""
+        prefix = prefill(sent, self._wire.merge_roles)  # sent back first by llama.cpp
+        return Reading(decoder, prefix, self.prefill_space(sent) if prefix else "")
+
+    async def _mend(
+        self,
+        turn: TurnSoFar,
+        decoder: TurnDecoder,
+        failure: ModelError,
+        attempt: int,
+        reporter: Reporter,
+        scope: RunScope | None,
+    ) -> tuple[int, list[Chunk]]:
+        """After ``failure`` broke a reply: its last chunks if it had finished (the
+        decoder is then finished); else the retry's number, once its wait is over, and
+        the TurnRetry the reader gets if part of the turn went out. ``failure`` raised
+        when no retry is left (or a stop cut the wait)."""
+        salvaged = decoder.salvage() if turn.given else None
+        if salvaged is not None:  # only the reply's end was lost
+            return attempt, turn.chunks(salvaged)
+        try:
+            with _current(scope):
+                attempt = await self._next_attempt(attempt, failure, reporter)
+        except ModelError:
+            if not isinstance(failure, ModelHTTPError):
+                _note_dropped(reporter, failure, True)
+            raise
+        if not turn.given:
+            return attempt, []
+        counted = self.counted_input(decoder)
+        return attempt, [turn.broke(failure, attempt, self.continues_partial, counted)]
 
     async def _next_attempt(self, attempt: int, failure: ModelError, reporter: Reporter) -> int:
         """The number of the next attempt, once the retry wait is over; ``failure``
@@ -869,39 +922,38 @@ def _parsed_url(url: str) -> httpx.URL:
     return httpx.URL(url)
 
 
-def _note_dropped(reporter: Reporter, error: ModelError) -> None:
-    """Log a reply that broke off after its head: the error's words (which may quote the
-    reply) only at DEBUG."""
+@contextlib.contextmanager
+def _current(scope: RunScope | None) -> Iterator[None]:
+    """``scope`` current for a few lines that do not yield to the stream's reader."""
+    token = current_scope.set(scope)
+    try:
+        yield
+    finally:
+        current_scope.reset(token)
+
+
+def _raise_unless_broken(
+    error: ModelError, at_end: bool, began: bool, reporter: Reporter
+) -> None:
+    """Raise ``error`` unless it broke the stream in a way asking again may mend."""
+    if broken_stream(error, at_end, began):
+        return
+    if not isinstance(error, ModelHTTPError):
+        _note_dropped(reporter, error, False)
+    raise error
+
+
+def _note_dropped(reporter: Reporter, error: ModelError, retried: bool) -> None:
+    """Log a reply that broke off after its head and is not asked again (no retry was
+    left, or ``retried`` False: asking again would not mend it, as for a line that
+    could not be understood): the error's words (which may quote the reply) only at
+    DEBUG."""
     log.warning(
-        "model %r at %s: the reply broke off mid-stream (%s); not retried, since part of it "
-        "may have arrived", reporter.model, reporter.host, type(error).__name__,
+        "model %r at %s: the reply broke off mid-stream (%s); %s", reporter.model,
+        reporter.host, type(error).__name__,
+        "no retry was left" if retried else "asking again would not mend it",
     )
     log.debug("model %r at %s: %s", reporter.model, reporter.host, error)
-
-
-def _echoed(echo: PrefillEcho | None, chunks: list[Chunk]) -> list[Chunk]:
-    """``chunks`` with the prefix a server sent back taken out (see PrefillEcho)."""
-    return chunks if echo is None else echo.chunks(chunks)
-
-
-def _line_chunks(
-    decoder: TurnDecoder, echo: PrefillEcho | None, line: bytes
-) -> tuple[list[Chunk], PrefillEcho | None]:
-    """The chunks of one line of the stream, and the echo check still to make (None
-    once the echoed prefix, if any, is past)."""
-    chunks = decoder.line(line)
-    if echo is None:
-        return chunks, None
-    chunks = echo.chunks(chunks)
-    return chunks, None if echo.settled else echo
-
-
-def tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
-    """The chunks of what the stream left after its last newline, and its end's."""
-    chunks = decoder.line(rest) if rest else []
-    if not decoder.finished:
-        chunks += decoder.end()
-    return chunks
 
 
 #: Replies being closed (and drained) in tasks of their own: held here until done.

@@ -17,8 +17,7 @@ key goes in the ``x-api-key`` header and appears in no repr, log or error messag
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from aimu.aio.providers._errors import clip
@@ -39,7 +38,6 @@ from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unch
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
-    TextDelta,
     ToolCallDelta,
     TurnDone,
     TurnRequest,
@@ -349,35 +347,12 @@ class AnthropicClient(HTTPModelClient):
     def decoder(self, reporter: Reporter) -> TurnDecoder:
         return _AnthropicTurn(reporter)
 
-    def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-        request: TurnRequest | None = None,
-    ) -> AsyncGenerator[Chunk, None]:
-        turn = super().stream_turn(messages, tools, stream=stream, request=request)
-        space = prefill_space(messages) if messages[-1:] and self.continues_partial else ""
-        return _after_prefill(turn, space) if space else turn
+    def prefill_space(self, messages: Sequence[Message]) -> str:
+        return prefill_space(messages) if self.continues_partial else ""
 
-
-async def _after_prefill(turn: AsyncGenerator[Chunk, None], space: str) -> AsyncGenerator[
-    Chunk, None
-]:
-    """``turn`` continuing a prefill sent without its trailing ``space``: the
-    continuation's text loses that space once, if it starts with it (the transcript
-    keeps the prefill with it)."""
-    async with aclosing(turn):
-        async for chunk in turn:
-            if space and isinstance(chunk, TextDelta):
-                text = chunk.text.removeprefix(space) if chunk.text.startswith(space) else None
-                space = ""
-                if text is not None:
-                    if text:
-                        yield TextDelta(text)
-                    continue
-            yield chunk
+    def counted_input(self, decoder: TurnDecoder) -> int | None:
+        counted = decoder.usage["input_tokens"] if isinstance(decoder, _AnthropicTurn) else 0
+        return counted or None
 
 
 def _request_fields(request: TurnRequest, with_tools: bool) -> dict[str, Any]:
@@ -461,6 +436,12 @@ class _AnthropicTurn(SSETurnDecoder):
         if kind == "error":
             raise self._error(event.get("error"))
         return []  # ping, and event types added later, are skipped as the API asks
+
+    def salvage(self) -> list[Chunk] | None:
+        """A reply cut after its message_delta (its stop reason and usage) is whole."""
+        if self.finished or self.stop is None or self.open:
+            return None
+        return self._done()
 
     def _error(self, detail: object) -> Exception:
         kind = as_dict(detail).get("type")

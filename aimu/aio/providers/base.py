@@ -40,6 +40,7 @@ __all__ = [
     "TurnAssembler",
     "TurnDone",
     "TurnRequest",
+    "TurnRetry",
     "check_context_window",
 ]
 
@@ -118,7 +119,30 @@ class NativeData:
     type: Literal["native"] = "native"
 
 
-Chunk = TextDelta | ThinkingDelta | ToolCallDelta | NativeData | TurnDone
+@quick_init
+@dataclass(frozen=True, slots=True)
+class TurnRetry:
+    """The reply's stream broke and the turn was asked again; what follows replaces or
+    continues what came before it.
+
+    ``continued``: the server goes on from ``kept``, the text streamed so far, which
+    stays (the model writes only the rest). Else the turn restarted: ``kept`` is ``""``
+    and everything streamed before this chunk (text, thinking, tool calls) is replaced
+    by what follows. ``spent`` is what the broken attempt cost (its request's tokens as
+    its server counted them, else estimated, and its streamed output estimated): a
+    finished turn's :class:`TurnDone` counts only the last attempt. ``error`` says what
+    broke, ``attempt`` is the retry's number (1 for the first).
+    """
+
+    continued: bool
+    kept: str
+    spent: Usage
+    error: str
+    attempt: int = 1
+    type: Literal["retry"] = "retry"
+
+
+Chunk = TextDelta | ThinkingDelta | ToolCallDelta | NativeData | TurnDone | TurnRetry
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +170,8 @@ class TurnAssembler:
     """
 
     __slots__ = (
-        "client", "done", "native", "stop_reason", "text_parts", "thinking_parts", "tool_calls",
-        "usage", "usage_reported",
+        "client", "done", "native", "replaced", "stop_reason", "text_parts", "thinking_parts",
+        "tool_calls", "usage", "usage_reported",
     )
 
     def __init__(self, client: ModelClient | None = None) -> None:
@@ -161,6 +185,9 @@ class TurnAssembler:
         self.done = False
         #: The :attr:`TurnDone.stop_reason` of a finished turn (None until then).
         self.stop_reason: str | None = None
+        #: What a restarted turn (:class:`TurnRetry`) had before: the message until the
+        #: new reply brings something (a stop meanwhile keeps it, partial).
+        self.replaced: tuple[list[str], list[str], list[ToolCall]] | None = None
 
     def add(self, chunk: Chunk) -> None:
         if isinstance(chunk, TextDelta):
@@ -171,6 +198,11 @@ class TurnAssembler:
             self.tool_calls.append(chunk.call)
         elif isinstance(chunk, NativeData):
             self.native = chunk.data
+        elif isinstance(chunk, TurnRetry):
+            if not chunk.continued and self._has_parts():  # replaced by what follows
+                self.replaced = (self.text_parts, self.thinking_parts, self.tool_calls)
+                self.text_parts, self.thinking_parts, self.tool_calls = [], [], []
+                self.native = None
         else:
             usage = chunk.usage
             # A count no store can hold (a server's 10**400) is no count: not taken.
@@ -178,22 +210,35 @@ class TurnAssembler:
                 self.usage, self.usage_reported = usage, chunk.usage_reported
             self.stop_reason = chunk.stop_reason
             self.done = True
+            self.replaced = None
+
+    def _has_parts(self) -> bool:
+        return bool(self.text_parts or self.thinking_parts or self.tool_calls)
+
+    def _parts(self) -> tuple[list[str], list[str], list[ToolCall]]:
+        """The reply's text, thinking and calls: a restarted turn's former ones until
+        the new reply brings something (or finishes)."""
+        replaced = self.replaced
+        if replaced is not None and not self.done and not self._has_parts():
+            return replaced
+        return self.text_parts, self.thinking_parts, self.tool_calls
 
     @property
     def started(self) -> bool:
-        return bool(self.text_parts or self.thinking_parts or self.tool_calls)
+        return self._has_parts() or (self.replaced is not None and not self.done)
 
     @property
     def text(self) -> str:
-        return "".join(self.text_parts)
+        return "".join(self._parts()[0])
 
     def message(self) -> AssistantMessage:
         """The assistant message so far; marked ``aimu_partial`` unless the turn finished."""
-        message: AssistantMessage = {"role": "assistant", "content": self.text}
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-        if self.thinking_parts:
-            message["thinking"] = "".join(self.thinking_parts)
+        text_parts, thinking_parts, tool_calls = self._parts()
+        message: AssistantMessage = {"role": "assistant", "content": "".join(text_parts)}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        if thinking_parts:
+            message["thinking"] = "".join(thinking_parts)
         if not self.done:
             message["aimu_partial"] = True
         elif self.native is not None:

@@ -427,8 +427,10 @@ class _GeminiTurn(SSETurnDecoder):
 
     def response(self, reply: Mapping[str, Any]) -> tuple[list[Chunk], bool]:
         """The chunks of one ``GenerateContentResponse``, and whether it ends the turn."""
-        if "error" in reply:
-            raise self.reporter.server_error(reply["error"])
+        if "error" in reply:  # its code is the HTTP status it stands for (503: retried)
+            code = as_dict(reply["error"]).get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 200
+            raise self.reporter.server_error(reply["error"], status)
         if isinstance(reply.get("responseId"), str):
             self.response_id = reply["responseId"]
         usage = reply.get("usageMetadata")

@@ -204,7 +204,7 @@ class _OpenAITurn(SSETurnDecoder):
             return self._done()
         event = self.reporter.json_object(data, "an event")
         if "error" in event:
-            raise self.reporter.server_error(event["error"])
+            raise self.reporter.server_error(event["error"], _status(event["error"]))
         if isinstance(event.get("usage"), dict):
             self.usage = _usage(event["usage"])
             self.usage_reported = _reported(event["usage"])
@@ -327,6 +327,21 @@ def _complete(pending: Iterable[_PendingCall]) -> list[ToolCallDelta]:
         arguments, error = decode_arguments("".join(call.arguments), name)
         deltas.append(tool_call(identifier, name, arguments, error))
     return deltas
+
+
+#: The HTTP status an error's type stands for (so it is retried like it): OpenAI's words.
+_ERROR_STATUS = {"server_error": 500, "rate_limit_exceeded": 429, "rate_limit_error": 429}
+
+
+def _status(error: object) -> int:
+    """The HTTP status a mid-stream error object stands for: its numeric ``code`` (as
+    vLLM sends), else its ``type``'s (OpenAI's), else 200 (nothing says)."""
+    detail = as_dict(error)
+    code = detail.get("code")
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    kind = detail.get("type")
+    return _ERROR_STATUS.get(kind, 200) if isinstance(kind, str) else 200
 
 
 def _first_choice(reply: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -448,9 +448,10 @@ class _ResponsesTurn(SSETurnDecoder):
             return self._finish(as_dict(event.get("response")))
         if kind == "response.failed":
             failed = as_dict(event.get("response"))
-            raise self.reporter.server_error(failed.get("error") or "the response failed")
+            error = failed.get("error") or "the response failed"
+            raise self.reporter.server_error(error, _status(as_dict(error).get("code")))
         if kind == "error":
-            raise self.reporter.server_error(event)
+            raise self.reporter.server_error(event, _status(event.get("code")))
         if kind is None and "error" in event:
             raise self.reporter.server_error(event["error"])
         return []
@@ -514,6 +515,14 @@ class _ResponsesTurn(SSETurnDecoder):
             elif kind == "function_call":
                 chunks.append(self._call(item))
         return chunks + self._finish(response)
+
+
+#: The HTTP status a failed response's error code stands for (so it is retried like it).
+_ERROR_STATUS = {"server_error": 500, "rate_limit_exceeded": 429}
+
+
+def _status(code: object) -> int:
+    return _ERROR_STATUS.get(code, 200) if isinstance(code, str) else 200
 
 
 def _reported(value: object) -> bool:

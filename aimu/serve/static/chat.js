@@ -449,6 +449,11 @@ function onEvent(run, event, replaying) {
       scrollDown();
       break;
     }
+    case "turn_retried":
+      // The reply's stream broke and was asked again: of its text, `kept` stays (all of
+      // it when continued, none when restarted); what follows is appended.
+      if (run.bubble) run.bubble.querySelector(".text").textContent = event.kept;
+      break;
     case "tool_call":
       endBubble(run);
       run.calls.set(event.call_id, labelled(run, bubble("tool", describeCall({ name: event.name, arguments: event.arguments }))));

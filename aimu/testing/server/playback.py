@@ -22,6 +22,8 @@ from aimu.testing.server.wire import JSON, Wire
 __all__ = ["HTTP_FAULTS", "play"]
 
 _MID_STREAM_FAULTS = frozenset({"bad_json", "drop", "hang", "error_event", "overloaded_event"})
+#: Faults that cut the stream inside a chunk (see _Player._cut).
+_CUTS = frozenset({"cut", "stall"})
 HTTP_FAULTS = {
     "http_500": 500, "http_429": 429, "http_502": 502, "http_503": 503, "http_504": 504,
     "http_503_loading": 503, "http_529": 529,
@@ -113,9 +115,9 @@ class _Player:
             return await self._http_fault()
         if turn.fault == "reset":
             return self._reset()
-        if turn.fault == "drop":
+        if turn.fault in ("drop", "cut"):
             return False
-        if turn.fault == "hang":
+        if turn.fault in ("hang", "stall"):
             await connection.wait(None)
             return self._gone()
         if turn.fault == "bad_json":
@@ -144,6 +146,8 @@ class _Player:
         pieces = self.wire.chunks(turn)
         if self.echo:
             pieces = self.wire.chunks(Turn(text=self.echo, chunks=1)) + pieces
+        if turn.fault in _CUTS:
+            return await self._cut([*pieces, *self.wire.final(turn)])
         fault_at = min(turn.fault_after, len(pieces)) if turn.fault in _MID_STREAM_FAULTS else -1
         for position in range(len(pieces) + 1):
             if position == len(pieces) and position != fault_at:
@@ -162,6 +166,27 @@ class _Player:
         record.chunks_sent += len(final)
         record.completed = turn.fault != "no_done"
         return True
+
+    async def _cut(self, pieces: list[bytes]) -> bool:
+        """The ``cut`` fault: ``fault_after`` chunks of the whole stream (its final ones
+        counted), then the first half of the next one's bytes (at least one), and the
+        connection closes mid-body (``stall``: never a byte more, the connection open)."""
+        turn, record = self.turn, self.record
+        at = max(0, min(turn.fault_after, len(pieces) - 1))
+        for position in range(at + 1):
+            if position and await self.connection.wait(0.0 if self.hurried() else turn.delay):
+                return self._gone()
+            piece = pieces[position]
+            if position == at:
+                piece = piece[: max(1, len(piece) // 2)]
+            if not await self.connection.send_chunks([piece]):
+                return self._gone()
+            record.chunks_sent += 1
+            self.notify()
+        if turn.fault == "stall":
+            await self.connection.wait(None)
+            return self._gone()
+        return False  # the caller closes the socket with the body unfinished
 
     async def _mid_stream_fault(self) -> bool:
         if self.turn.fault == "drop":

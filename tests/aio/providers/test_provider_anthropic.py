@@ -327,7 +327,7 @@ async def test_usage_is_the_servers_cached_tokens_included(server: LoopbackServe
                                     "cached_input_tokens": 20}
 
 
-async def test_an_overloaded_error_before_the_turn_is_retried_and_after_it_is_not(
+async def test_an_overloaded_error_before_the_turn_or_mid_reply_is_retried(
     server: LoopbackServer,
 ) -> None:
     server.script = [Turn(text="x", fault="overloaded_event"), Turn(text="hello"),
@@ -337,9 +337,19 @@ async def test_an_overloaded_error_before_the_turn_is_retried_and_after_it_is_no
     assert "".join(c.text for c in await turn(model, USER) if isinstance(c, TextDelta)) == "again"
     with pytest.deprecated_call():  # a run counts its own: RunResult.retries
         assert model.retry_count == 2
+    # Mid-reply (issue 44): the turn is asked again and its answer replaces the cut one.
     server.script = [Turn(text="one two three", fault="overloaded_event", fault_after=1),
-                     Turn(text="never asked")]
+                     Turn(text="asked again")]
     agent = aio.Agent(claude(server, retry_delay=0))
+    assert await agent.run("x") == "asked again"
+    assert agent.last_run is not None and agent.last_run.retries == 1
+    assert agent.model_client.messages[-1] == {
+        "role": "assistant", "content": "asked again", "aimu_model": "anthropic:claude-test",
+    }
+    assert len(server.requests) == 6
+    # With no retry left, the run fails as before: the partial kept and marked.
+    server.script = [Turn(text="one two three", fault="overloaded_event", fault_after=1)]
+    agent = aio.Agent(claude(server, retries=0))
     with pytest.raises(ModelHTTPError, match="Overloaded") as caught:
         await agent.run("x")
     assert caught.value.status_code == 529
@@ -347,7 +357,6 @@ async def test_an_overloaded_error_before_the_turn_is_retried_and_after_it_is_no
         "role": "assistant", "content": "one ", "aimu_partial": True,
         "aimu_model": "anthropic:claude-test",
     }
-    assert len(server.requests) == 5  # the cut reply was not asked again
     await model.aclose()
     await agent.aclose()
 

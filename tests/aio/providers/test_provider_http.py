@@ -250,7 +250,7 @@ async def test_a_dropped_connection_says_so(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(text="a b c d", fault="drop", fault_after=2)]
-    model = make_client()
+    model = make_client(retries=0)  # with a retry left it is asked again (test_broken_streams)
     seen: list[Chunk] = []
     with pytest.raises(ModelConnectionError, match="dropped mid-reply") as caught:
         async for chunk in model.stream_turn([{"role": "user", "content": "x"}]):
@@ -264,7 +264,7 @@ async def test_a_stream_that_ends_without_its_final_marker(
     server: LoopbackServer, make_client: MakeClient, stream: bool
 ) -> None:
     server.script = [Turn(text="a b", fault="no_done")]
-    model = make_client()
+    model = make_client(retries=0)  # a streamed one is asked again while retries are left
     with pytest.raises(ModelProtocolError, match=r"done|finish") as caught:
         await collect(model.stream_turn([{"role": "user", "content": "x"}], stream=stream))
     assert model.host in str(caught.value)
@@ -274,7 +274,7 @@ async def test_a_silent_server_hits_the_read_timeout(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(text="a b", fault="hang", fault_after=1)]
-    model = make_client(timeout=0.3)
+    model = make_client(timeout=0.3, retries=0)  # else asked again (test_broken_streams)
     with pytest.raises(ModelConnectionError, match=r"sent nothing for 0\.3s"):
         await collect(model.stream_turn([{"role": "user", "content": "x"}]))
     await server.wait_abandoned(1, timeout=5)

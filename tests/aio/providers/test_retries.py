@@ -15,7 +15,7 @@ from provider_support import assert_only_current_task, client_at, closed_port
 
 from aimu import aio
 from aimu.aio.client import ModelClient
-from aimu.aio.errors import ModelConnectionError, ModelHTTPError
+from aimu.aio.errors import ModelHTTPError, ModelProtocolError
 from aimu.aio.events import Event, ModelRetry
 from aimu.aio.scope import RunScope, current_scope
 from aimu.testing.script import Fault, Turn
@@ -133,9 +133,9 @@ async def test_a_loading_server_is_waited_for_only_until_the_deadline(provider: 
     ("turn", "error"),
     [
         (Turn(fault="http_500"), ModelHTTPError),
-        (Turn(text="a b c d", fault="drop", fault_after=2), ModelConnectionError),
+        (Turn(text="a b c d", fault="bad_json", fault_after=2), ModelProtocolError),
     ],
-    ids=["http-500", "dropped-mid-reply"],
+    ids=["http-500", "garbled-mid-reply"],
 )
 async def test_what_is_not_retried(
     provider: str, turn: Turn, error: type[Exception]
@@ -147,7 +147,7 @@ async def test_what_is_not_retried(
                 pass
         await model.aclose()
     assert len(server.requests) == 1 and not retries_in(events)
-    if turn.fault == "drop":  # the partial text is kept, as for any stop
+    if turn.fault == "bad_json":  # the partial text is kept, as for any stop
         assert model.messages[-1] == {"role": "assistant", "content": "a b ", "aimu_partial": True}
 
 

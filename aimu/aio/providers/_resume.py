@@ -1,0 +1,219 @@
+"""A reply whose stream broke, asked again: continued from its text, or restarted.
+
+:class:`TurnSoFar` follows what one turn's stream gave its reader, across the attempts
+of :meth:`HTTPModelClient.stream_turn <aimu.aio.providers._http.HTTPModelClient.stream_turn>`.
+When the stream breaks after part of the reply went out (a reset, a body ending early, a
+read timeout, an overloaded or failed event), the turn is asked again within the client's
+retries and backoff. A client that continues a trailing assistant message
+(``continues_partial``) is sent the text so far as that message and goes on from it;
+any other (or a reply that streamed thinking or a tool call) starts the turn again.
+Either way the reader gets one :class:`~aimu.aio.providers.base.TurnRetry` after the
+backoff, before the request is sent again, saying which (and what the broken attempt
+cost: a budget counts it before the next request goes), so it never keeps text twice. A tool call is
+given only whole (its arguments complete), so a cut inside one is asked again whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError, ModelProtocolError
+from aimu.aio.limits import estimate_tokens, transcript_chars
+from aimu.aio.providers._retry import Retry
+from aimu.aio.providers._wire import PrefillEcho
+from aimu.aio.providers.base import (
+    Chunk,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnRetry,
+)
+from aimu.aio.transcript import AssistantMessage, Message, Usage
+
+__all__ = ["Reading", "TurnSoFar", "broken_stream", "tail"]
+
+#: Statuses of an error event mid-reply that are asked again: those retried before a
+#: reply (429, 502, 503, 504, 529) and a 500 (the request was good: it was streaming).
+_MID_REPLY = frozenset({500})
+
+
+def broken_stream(error: ModelError, at_end: bool, began: bool) -> bool:
+    """True when ``error`` broke a reply's stream in a way that asking again may mend:
+    the connection failed (reset, read timeout, body cut), the body ended before the
+    reply finished (``at_end``: raised reading the end of the body), or the server sent
+    an error event whose status is retried. ``began``: part of the turn went out."""
+    if isinstance(error, ModelHTTPError):
+        status = error.status_code
+        return Retry.retry_status(status) or (began and status in _MID_REPLY)
+    if isinstance(error, ModelConnectionError):
+        return True
+    return isinstance(error, ModelProtocolError) and at_end
+
+
+class TurnDecoder(Protocol):
+    """What reading needs of a reply's decoder (``_http.TurnDecoder``)."""
+
+    finished: bool
+
+    def line(self, line: bytes) -> list[Chunk]: ...
+
+    def end(self) -> list[Chunk]: ...
+
+    def whole(self, body: bytes) -> list[Chunk]: ...
+
+
+class Reading:
+    """How one attempt's body is read: line by line through its decoder, with a server's
+    echo of the prefill taken out (:class:`PrefillEcho`) and, once, the trailing
+    ``space`` the prefill was sent without (Anthropic refuses a prefill ending in
+    whitespace: the continuation's text loses that space if it starts with it, since
+    the transcript keeps it already)."""
+
+    __slots__ = ("at_end", "decoder", "echo", "failed", "rest", "space")
+
+    def __init__(self, decoder: TurnDecoder, prefix: str, space: str) -> None:
+        self.decoder = decoder
+        self.echo = PrefillEcho(prefix) if prefix else None
+        self.space = space
+        self.rest = b""
+        #: A line's error, raised once the chunks of the lines before it went out.
+        self.failed: ModelError | None = None
+        #: The body ended (a failure now is the reply's end missing).
+        self.at_end = False
+
+    @property
+    def plain(self) -> bool:
+        """True once nothing is left to take out: chunks pass as they come."""
+        return self.echo is None and not self.space
+
+    def lines(self, piece: bytes) -> list[Chunk]:
+        """The chunks of the lines ``piece`` completes (none after the final marker)."""
+        if self.failed is not None:
+            raise self.failed
+        lines = (self.rest + piece).split(b"\n")
+        self.rest = lines.pop()
+        decoder = self.decoder
+        if len(lines) == 1:  # most pieces are one event's line
+            chunks = decoder.line(lines[0])
+        else:
+            chunks = []
+            for line in lines:
+                try:
+                    chunks += decoder.line(line)
+                except ModelError as error:
+                    if not chunks:
+                        raise
+                    self.failed = error
+                    break
+                if decoder.finished:
+                    break
+        return chunks if self.plain else self.chunks(chunks)
+
+    def end(self) -> list[Chunk]:
+        """The chunks of the body's end (what it left after its last newline)."""
+        if self.failed is not None:
+            raise self.failed
+        self.at_end = True
+        return self.chunks(tail(self.decoder, self.rest))
+
+    def whole(self, body: bytes) -> list[Chunk]:
+        return self.chunks(self.decoder.whole(body))
+
+    def chunks(self, chunks: list[Chunk]) -> list[Chunk]:
+        echo = self.echo
+        if echo is not None:
+            chunks = echo.chunks(chunks)
+            if echo.settled:
+                self.echo = None
+        if self.space and self.echo is None:
+            for position, chunk in enumerate(chunks):
+                if isinstance(chunk, TextDelta):
+                    space, self.space = self.space, ""
+                    if chunk.text.startswith(space):
+                        text = chunk.text[len(space):]
+                        chunks = list(chunks)
+                        chunks[position: position + 1] = [TextDelta(text)] if text else []
+                    break
+        return chunks
+
+
+def tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
+    """The chunks of what the stream left after its last newline, and its end's."""
+    chunks = decoder.line(rest) if rest else []
+    if not decoder.finished:
+        chunks += decoder.end()
+    return chunks
+
+
+class TurnSoFar:
+    """What a turn's stream gave its reader so far, over every attempt, and the
+    messages the next attempt sends (``sent``: the turn's, or with the text so far as a
+    trailing assistant message to continue)."""
+
+    __slots__ = ("calls", "given", "messages", "output", "sent", "text", "thinking")
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.messages = messages
+        self.sent = messages
+        #: The reply's text given to the reader (what a continuation keeps).
+        self.text: list[str] = []
+        self.thinking = False
+        self.calls = False
+        #: Anything of the turn went out (in any attempt).
+        self.given = False
+        #: Characters of output this attempt gave (its output tokens, estimated).
+        self.output = 0
+
+    def chunks(self, chunks: list[Chunk]) -> list[Chunk]:
+        """``chunks``, noted as given to the reader."""
+        if not chunks:
+            return chunks
+        for chunk in chunks:
+            kind = type(chunk)
+            if kind is TextDelta:
+                self.text.append(chunk.text)  # type: ignore[union-attr]
+                self.output += len(chunk.text)  # type: ignore[union-attr]
+            elif kind is ThinkingDelta:
+                self.thinking = True
+                self.output += len(chunk.text)  # type: ignore[union-attr]
+            elif kind is ToolCallDelta:
+                self.calls = True
+        self.given = True
+        return chunks
+
+    def broke(
+        self, error: ModelError, attempt: int, continues: bool, counted_input: int | None
+    ) -> TurnRetry:
+        """The stream broke after part of the turn went out, and is asked again (retry
+        ``attempt``): continued when ``continues`` and the turn so far is text only,
+        else restarted. ``counted_input``: the broken request's tokens as its server
+        counted them, if it did. Returns what the reader is told."""
+        inputs = counted_input
+        if inputs is None:
+            inputs = estimate_tokens(transcript_chars(self.sent, 0))
+        spent: Usage = {"input_tokens": inputs, "output_tokens": estimate_tokens(self.output)}
+        self.output = 0
+        text = "".join(self.text)
+        continued = continues and bool(text) and not self.thinking and not self.calls
+        if not continued:
+            text = ""
+            self.text, self.thinking, self.calls = [], False, False
+            self.sent = self.messages
+        else:
+            self.text = [text]
+            self.sent = _with_prefill(self.messages, text)
+        return TurnRetry(continued, text, spent, str(error), attempt)
+
+
+def _with_prefill(messages: Sequence[Message], text: str) -> list[Message]:
+    """``messages`` with ``text`` at the end of the answer: added to a trailing assistant
+    message without tool calls (a continuation's prefix), else as a new one."""
+    sent = list(messages)
+    last = sent[-1] if sent else None
+    if last is not None and last["role"] == "assistant" and not last.get("tool_calls"):
+        sent[-1] = {**last, "content": last["content"] + text}
+        return sent
+    prefill: AssistantMessage = {"role": "assistant", "content": text}
+    sent.append(prefill)
+    return sent
