@@ -37,6 +37,7 @@ from aimu.aio.errors import AimuError
 from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.aio.tools import Toolset, as_tool
 from aimu.assistant import default_home
+from aimu.serve.fleet import MAX_WORKERS, run_fleet
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
@@ -90,6 +91,14 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="the Temporal task queue the workers take runs from (with --temporal)",
     )
     add_drain_options(parser, "serve")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve from N processes sharing the port, one a core (with --redis or "
+        "--temporal: any of them answers for any run; default 1)",
+    )
     parser.add_argument(
         "--cors-origin",
         action="append",
@@ -291,6 +300,12 @@ def _serve(options: argparse.Namespace) -> int:
                        "--temporal the workers run them (aimu worker --max-requests ...)", 2)
     if (options.temporal is None) != (options.task_queue is None):
         raise _Refused("give --temporal HOST:PORT and --task-queue QUEUE together", 2)
+    workers = getattr(options, "workers", 1)
+    if not 1 <= workers <= MAX_WORKERS:
+        raise _Refused(f"--workers takes a count from 1 to {MAX_WORKERS}; got {workers}", 2)
+    if workers > 1 and options.redis is None and options.temporal is None:
+        raise _Refused("--workers N needs --redis (or --temporal): each process holds its "
+                       "own runs, and Redis is how any of them answers for the others'", 2)
     try:  # the options are checked first: a usage error is one, extra or not
         with needs_extra("aimu serve", "serve"):
             import uvicorn
@@ -304,6 +319,8 @@ def _serve(options: argparse.Namespace) -> int:
     except ValueError as error:
         raise _Refused(str(error), 2) from None
     store = options.store or str(default_home() / "sessions.db")
+    if workers > 1:
+        return run_fleet(options, _listen)
     try:
         return asyncio.run(_run(options, uvicorn, app, tools, store, token))
     except KeyboardInterrupt:  # Ctrl+C before Uvicorn was listening for it
@@ -365,12 +382,15 @@ async def _run(
         if connect is not None:
             await connect()
         await open_all([t for t in tools if isinstance(t, Toolset)])  # --mcp, --mcp-url
-        sock = _listen(options.host, options.port)
+        sock = _listen(options.host, options.port, reuse_port=_member(options) is not None)
     except (AimuError, OSError) as error:
         await application.aclose()
         raise _Refused(str(error)) from None
     url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
     what = _serving(options, store, control, tools, token, url)
+    if _member(options) is not None:  # one of --workers N: the first says what is served
+        fleet = f"  workers {options.fleet_size} processes on this port\n"
+        what = fleet + what if _member(options) == 1 else ""
     from aimu.serve.slow_clients import DeadlineH11Protocol  # uvicorn's, imported above
 
     config = uvicorn.Config(
@@ -383,7 +403,7 @@ async def _run(
     class Server(uvicorn.Server):  # type: ignore[misc]
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
-            if not self.should_exit:
+            if not self.should_exit and what:
                 print(what, file=sys.stderr, flush=True)
 
         draining: asyncio.Task[None] | None = None
@@ -460,8 +480,15 @@ def _not_a_start_line(record: logging.LogRecord) -> bool:
     return not (isinstance(record.msg, str) and record.msg.startswith(_START_LINES))
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (Uvicorn listens on it); OSError naming both."""
+def _member(options: argparse.Namespace) -> int | None:
+    """Which of ``--workers N`` this process is (1..N), None when it serves alone."""
+    member = getattr(options, "fleet_member", None)
+    return member if isinstance(member, int) else None
+
+
+def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to ``host:port`` (Uvicorn listens on it); OSError naming both.
+    ``reuse_port``: shared with the other processes of ``--workers N``."""
     bare = host.strip("[]")
     try:
         family = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0][0]
@@ -470,6 +497,8 @@ def _listen(host: str, port: int) -> socket.socket:
         raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((bare, port))
     except OSError as error:
         sock.close()
