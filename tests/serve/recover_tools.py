@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 from aimu import aio
@@ -53,13 +54,29 @@ async def held_asked(query: str) -> str:
     return await _hold(query)
 
 
+@aio.tool
+def tick() -> str:
+    """Count one round."""
+    return "tick"
+
+
+#: Set (in the test's process, where the model server runs): ``loop`` turns stream fast.
+LOOP_FAST = threading.Event()
+
+
 def script(request: dict[str, object]) -> Turn:
     """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, then each says
-    it is done; ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
+    it is done; ``slow Q``: a slow reply; ``loop``: every turn calls tick, for ever
+    (each streams for about 8 s until LOOP_FAST is set); anything else: ``answer to
+    <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
     )
+    if said == "loop":
+        slow = not LOOP_FAST.is_set()
+        return Turn(text=" ".join(f"w{i}" for i in range(400 if slow else 3)),
+                    tool_calls=(ScriptedCall("tick", {}),), delay=0.02 if slow else 0)
     if messages and messages[-1].get("role") == "tool":
         return Turn(text=f"done: {messages[-1].get('content')}")
     word, _, query = said.partition(" ")

@@ -241,6 +241,38 @@ async def test_a_session_budget_holds_across_a_kill_9_and_recover(
     assert _asked(model, "slow b") == 1  # the resumed run sent none
 
 
+@pytest.mark.slow
+async def test_a_run_budget_holds_across_two_kill_9s_and_recover(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """--max-requests 4, the server killed mid-reply twice: each request was counted in
+    the run's record before it went out, and each resume goes on with the budget of the
+    run it continues, so the model sees exactly 4 requests for the one run (5 before)."""
+    store = tmp_path / "sessions.db"
+    budget = ("--store", str(store), "--max-requests", "4", "--recover",
+              "--tool", "tests.serve.recover_tools:tick")
+    recover_tools.LOOP_FAST.clear()
+    try:
+        for kill in range(2):
+            async with aimu_serve(model, tmp_path, *budget, name=f"serve{kill}") as server:
+                if kill == 0:
+                    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                        await start(http, "r1", "loop")
+                await until(f"request {kill + 1} streams",
+                            lambda n=kill + 1: _asked(model, "loop") == n)
+                server.process.kill()  # mid-reply: its answer is never stored
+                await server.process.wait()
+        recover_tools.LOOP_FAST.set()
+        async with aimu_serve(model, tmp_path, *budget, name="serve2"):
+            await until("the run is limited", lambda: latest_is(store, "r1", "limited"))
+    finally:
+        recover_tools.LOOP_FAST.clear()
+    assert _asked(model, "loop") == 4
+    last, second, first = await runs_of(store, "r1")
+    assert [r.status for r in (first, second)] == ["failed", "failed"]
+    assert (last.stop_reason, last.spend and last.spend["requests"]) == ("limit:requests", 4)
+
+
 async def _crashed_session(store: Any, session: str, crashes: int) -> list[str]:
     """A session whose last ``crashes`` runs died with their process (the last one's
     record still says running, as a kill -9 leaves it)."""
