@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -55,6 +55,18 @@ _JSONL_VERSION: Final = 1
 
 
 _ENCODE: Final = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _lock_file(fd: int) -> None:
+    """Wait for the OS lock on the whole of ``fd`` (released when it is closed)."""
+    if sys.platform == "win32":  # pragma: no cover - POSIX in the tests
+        import msvcrt
+
+        msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
 
 
 def _meta_line(**fields: object) -> bytes:
@@ -348,7 +360,7 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
         except OSError as error:
             raise StoreError(f"cannot open {path}: {error}") from error
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _lock_file(fd)
             yield fd
         finally:
             os.close(fd)  # releases the lock
