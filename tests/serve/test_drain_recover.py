@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import secrets
 import signal
 import time
@@ -239,6 +241,49 @@ async def test_a_session_budget_holds_across_a_kill_9_and_recover(
     assert old.id == run_id and (old.reason or "").startswith(CRASHED)
     assert (new.stop_reason, new.recover) == ("limit:requests", False)
     assert _asked(model, "slow b") == 1  # the resumed run sent none
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", ["local", "redis"])
+async def test_a_send_answered_202_survives_a_kill_9_and_joins_once(
+    tmp_path: Path, model: LoopbackServer, held: Path, shared: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A send answered 202 is in the store before the answer: the server running the
+    run killed before its next step boundary, ``--recover`` joins the text to the run
+    exactly once (it was lost before). With --redis the send goes to the other server."""
+    store = tmp_path / "sessions.db"
+    common: tuple[str, ...] = ("--store", str(store))
+    if shared == "redis":
+        common += ("--redis", request.getfixturevalue("redis_url"),
+                   "--redis-prefix", f"aimu-send-{secrets.token_hex(4)}")
+    async with contextlib.AsyncExitStack() as servers:
+        one = await servers.enter_async_context(aimu_serve(model, tmp_path, *common))
+        to = one
+        if shared == "redis":
+            to = await servers.enter_async_context(
+                aimu_serve(model, tmp_path, *common, name="other"))
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "s1", "slow s")
+        await until("the model streams the reply", lambda: _asked(model, "slow s") == 1)
+        async with httpx.AsyncClient(base_url=to.url, timeout=30) as http:
+            sent = await http.post(f"/runs/{run_id}/send", json={"text": "and this"})
+        assert sent.status_code == 202, sent.text
+        one.process.kill()  # mid-reply: the run never reached its next step boundary
+        await one.process.wait()
+        async with aimu_serve(model, tmp_path, *common, "--recover", name="recovering"):
+            await until("the run goes on", lambda: latest_is(store, "s1", "completed"))
+    transcript = await _transcript(store, "s1")
+    users = [m["content"] for m in transcript if m["role"] == "user"]
+    assert users == ["slow s", "and this"]
+    assert transcript[-1]["role"] == "assistant"
+    assert "and this" in json.dumps(model.requests[-1].body["messages"])  # the model saw it
+    opened, close = open_store(store)
+    try:
+        assert await opened.inputs("s1") == []  # joined: no longer pending
+    finally:
+        assert close is not None
+        await close()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from aimu.aio._session import SessionRecord
+from aimu.aio._session import SessionRecord, input_id
 from aimu.aio.approvals import Approvals, Decision
 from aimu.aio.client import ModelClient
 from aimu.aio.instructions import RunContext
@@ -519,9 +519,25 @@ class StoredSession(Session):
         await self.durable.sync(messages)
         if self.durable.state_stale:
             await self.save_state()
+        await self.load_inputs()
         self.loaded = True
         if stale is not None:
             raise stale
+
+    async def load_inputs(self) -> None:
+        """Carry the store's pending inputs (text sent to a run that did not join it
+        before its process stopped) into the next run's first step boundary; those a
+        rewrite of the transcript holds already are taken off the pending inputs."""
+        assert self.store is not None and self.name is not None
+        pending = await self.store.inputs(self.name)
+        if not pending:
+            return
+        joined = {input_id(m) for m in self.messages} - {None}
+        for each in pending:
+            if each.id in joined:
+                await self.store.drop_input(self.name, each.id)
+        fresh = [each.message for each in pending if each.id not in joined]
+        self.durable.carried.add_inputs(fresh, len(self.messages))
 
     async def store_restored(self) -> None:
         """Write what restore() put in memory to the store (the session opened first)."""
