@@ -65,10 +65,10 @@ LOOP_FAST = threading.Event()
 
 
 def script(request: dict[str, object]) -> Turn:
-    """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, then each says
-    it is done; ``slow Q``: a slow reply; ``loop``: every turn calls tick, for ever
-    (each streams for about 8 s until LOOP_FAST is set); anything else: ``answer to
-    <it>``."""
+    """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked (``asks Q``:
+    held_asked twice, on Q1 and Q2), then each says it is done; ``slow Q``: a slow
+    reply; ``loop``: every turn calls tick, for ever (each streams for about 8 s until
+    LOOP_FAST is set); anything else: ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -80,6 +80,9 @@ def script(request: dict[str, object]) -> Turn:
     if messages and messages[-1].get("role") == "tool":
         return Turn(text=f"done: {messages[-1].get('content')}")
     word, _, query = said.partition(" ")
+    if word == "asks":  # two calls, each waiting for a person's decision
+        return Turn(text="asking ", tool_calls=tuple(
+            ScriptedCall("held_asked", {"query": f"{query}{n}"}) for n in (1, 2)))
     names = {"hold": "held", "once": "held_once", "ask": "held_asked"}
     if word == "slow":  # a reply that streams for about 8 s
         return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)

@@ -286,6 +286,40 @@ async def test_a_send_answered_202_survives_a_kill_9_and_joins_once(
         await close()
 
 
+async def test_a_decision_answered_202_survives_a_kill_9(
+    tmp_path: Path, model: LoopbackServer, held: Path, redis_url: str
+) -> None:
+    """A decision answered 202 (one of two calls decided) is in the session's state
+    before the answer: the server killed at once, another server (through Redis: it
+    finds the paused run) takes the other decision and the run goes on with both, each
+    call run once. (Decisions were kept so before issue 42; this pins it.)"""
+    store = tmp_path / "sessions.db"
+    shared = ("--store", str(store), "--redis", redis_url,
+              "--redis-prefix", f"aimu-decide-{secrets.token_hex(4)}", *TOOLS)
+    (held / "open").touch()  # the approved calls end at once
+    async with aimu_serve(model, tmp_path, *shared) as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "a1", "asks z")
+            await until("the run pauses", lambda: latest_is(store, "a1", "paused"))
+            first, second = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            decided = await http.post(f"/runs/{run_id}/approvals/{first['call_id']}",
+                                      json={"approve": True})
+            assert decided.status_code == 202, decided.text
+            assert [p["call_id"] for p in decided.json()["pending"]] == [second["call_id"]]
+        one.process.kill()
+        await one.process.wait()
+    async with (aimu_serve(model, tmp_path, *shared, name="next") as two,
+                httpx.AsyncClient(base_url=two.url, timeout=30) as http):
+        decided = await http.post(f"/runs/{run_id}/approvals/{second['call_id']}",
+                                  json={"approve": True})
+        assert decided.status_code == 202, decided.text
+        assert decided.json()["pending"] == [] and decided.json()["resumed_run_id"]
+        await until("the run goes on", lambda: latest_is(store, "a1", "completed"))
+    assert ran(held) == ["ran-z1-1", "ran-z2-1"]
+    results = [m["content"] for m in await _transcript(store, "a1") if m["role"] == "tool"]
+    assert results == ["held z1", "held z2"]
+
+
 @pytest.mark.slow
 async def test_a_run_budget_holds_across_two_kill_9s_and_recover(
     tmp_path: Path, model: LoopbackServer, held: Path
