@@ -33,7 +33,7 @@ from aimu.aio.transcript import Message, UserMessage, validate
 if TYPE_CHECKING:
     from aimu.aio.store import SessionWriter, Store
 
-__all__ = ["Carried", "SessionRecord", "carried_message", "shared_copy"]
+__all__ = ["Carried", "SessionRecord", "carried_message", "input_id", "shared_copy"]
 
 #: The key of a session's state under which its external tools are kept.
 EXTERNAL = "external_tools"
@@ -120,13 +120,26 @@ class SessionRecord:
         self.shared = shared
 
     async def record(self, messages: list[Message], message: Message) -> None:
-        """Append ``message`` to ``messages`` (memory), then to the store."""
+        """Append ``message`` to ``messages`` (memory), then to the store; a pending
+        input (see :func:`input_id`) joins through the store, or is left out when its
+        sender took it back."""
         messages.append(message)
         if self.writer is not None:
-            if self.transcript_stale:
+            if input_id(message) is not None:
+                await self._join(messages, message)
+            elif self.transcript_stale:
                 await self.sync(messages)
             else:
                 await self.writer.append(message)
+
+    async def _join(self, messages: list[Message], message: Message) -> None:
+        """Join the pending input ``message``, last in memory, to the stored transcript
+        (memory rewritten first if stale); out of memory again if no longer pending."""
+        assert self.writer is not None
+        if self.transcript_stale:
+            await self.sync(messages[:-1])
+        if not await self.writer.join_input(cast(UserMessage, message)):
+            messages.remove(message)
 
     async def store_added(self, messages: list[Message], added: Sequence[Message]) -> None:
         """Store ``added``, already last in ``messages`` (or all of memory, if stale)."""
@@ -135,7 +148,10 @@ class SessionRecord:
             await self.sync(messages)
         elif writer is not None:
             for message in added:
-                await writer.append(message)
+                if input_id(message) is not None:
+                    await self._join(messages, message)
+                else:
+                    await writer.append(message)
 
     async def sync(self, messages: Sequence[Message]) -> None:
         """Rewrite the stored transcript from memory if memory changed behind its back."""
@@ -258,8 +274,16 @@ class Carried:
         return messages
 
     def dump(self) -> dict[str, Any]:
-        texts = [m["content"] if "images" not in m else dict(m) for m in self.messages]
+        """The messages without an input id (those with one are the store's pending
+        inputs: a load finds them there)."""
+        texts = [m["content"] if "images" not in m else dict(m) for m in self.messages
+                 if input_id(m) is None]
         return {"texts": texts, "after": self.after}
+
+    def add_inputs(self, pending: Sequence[UserMessage], after: int) -> None:
+        """Add the stored pending inputs not carried already (by id)."""
+        held = {input_id(m) for m in self.messages}
+        self.add([m for m in pending if input_id(m) not in held], after)
 
     @classmethod
     def load(cls, data: object, messages: Sequence[Message], where: str) -> Carried:
@@ -279,6 +303,13 @@ class Carried:
         if sent and all(message in later for message in sent):
             return cls()  # joined already
         return cls(sent, after)
+
+
+def input_id(message: Message) -> str | None:
+    """The id of the stored pending input ``message`` is (text sent to a run, kept
+    before the send was answered), or None."""
+    sent = message.get("aimu_sent") if message["role"] == "user" else None
+    return sent if isinstance(sent, str) else None
 
 
 def carried_message(item: object) -> UserMessage | None:

@@ -88,6 +88,7 @@ from aimu.aio.ends import error_text
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import HandleFinished, HandleStatus
 from aimu.aio.scope import RunScope, current_scope, sent_message
+from aimu.aio.transcript import UserMessage
 
 __all__ = ["EventStream", "EventTap", "RunControl", "RunHandle", "on_sigint"]
 
@@ -629,11 +630,15 @@ class RunHandle(RunScope, Generic[T]):
         to the aimu loop running inside: it joins the run as a user message at the next
         step boundary. False if the run has ended or is being cancelled. Thread-safe;
         several sends keep their order."""
-        message = sent_message(text, images)  # refused whatever the state: bad input
+        return self.post(sent_message(text, images))  # bad input refused whatever the state
+
+    def post(self, message: UserMessage) -> bool:
+        """:meth:`send` for a message already checked (``sent_message``); False if the
+        run has ended or is being cancelled."""
         state = self._state
         if state is not _HandleState.PENDING and state is not _HandleState.RUNNING:
             return False
-        return self.post(message)
+        return super().post(message)
 
     def _interrupt(self) -> bool:
         state = self._state

@@ -9,17 +9,22 @@ after a grace) or take a ``send`` (text, and images as ``data:`` URLs) as a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import dataclasses
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 from aimu.aio.errors import UnknownRunError
 from aimu.aio.images import received_images
+from aimu.aio.scope import sent_message
+from aimu.aio.transcript import UserMessage
 
 if TYPE_CHECKING:
     from aimu.aio.run_handle import RunHandle
+    from aimu.aio.store import Store
 
-__all__ = ["LocalRuns", "Spawn", "Steer", "SteerKind", "Steering", "steer"]
+__all__ = ["LocalRuns", "Spawn", "Steer", "SteerKind", "Steering", "send_kept", "steer"]
 
 SteerKind: TypeAlias = Literal["cancel", "interrupt", "stop", "send"]
 #: Runs a coroutine in the background (a stop's wait for its grace), owned by the caller.
@@ -29,13 +34,24 @@ Spawn: TypeAlias = Callable[[Coroutine[Any, Any, Any]], object]
 @dataclass(frozen=True, slots=True)
 class Steer:
     """What a client asks of a live run: ``cancel`` (``reason``), ``interrupt``, ``stop``
-    (``grace`` seconds, then cancel) or ``send`` (``text``, ``images`` as ``data:`` URLs)."""
+    (``grace`` seconds, then cancel) or ``send`` (``text``, ``images`` as ``data:`` URLs;
+    ``input_id``: the id the send's message is kept under in the session's store, see
+    :func:`send_kept`)."""
 
     kind: SteerKind
     reason: str | None = None
     grace: float = 5.0
     text: str = ""
     images: tuple[str, ...] = ()
+    input_id: str | None = None
+
+    def message(self) -> UserMessage:
+        """The user message a send adds, checked (TypeError or ValueError, as ``run()``
+        checks its input), carrying ``input_id`` if it has one."""
+        message = sent_message(self.text, received_images(self.images))
+        if self.input_id is not None:
+            message["aimu_sent"] = self.input_id
+        return message
 
 
 def steer(handle: RunHandle[Any], request: Steer, spawn: Spawn) -> bool:
@@ -54,8 +70,28 @@ def steer(handle: RunHandle[Any], request: Steer, spawn: Spawn) -> bool:
         spawn(handle.stop(request.grace))
         return True
     if kind == "send":
-        return handle.send(request.text, images=received_images(request.images))
+        return handle.post(request.message())
     raise ValueError(f"unknown request {kind!r}: cancel, interrupt, stop or send")
+
+
+async def send_kept(
+    store: Store, session: str, request: Steer, deliver: Callable[[Steer], Awaitable[bool]]
+) -> bool:
+    """Deliver the send ``request`` to a run of ``session`` with its message kept in
+    ``store`` first (a pending input, see :meth:`~aimu.aio.store.Store.add_input`): True
+    once the run took it, and then a process that dies before the run's next step
+    boundary loses nothing (the session's next run joins it, once). A run that refused
+    it (it ended) or ``deliver`` raising: the input is taken back, unless a run joined
+    it meanwhile (then it reached the run: True)."""
+    kept = dataclasses.replace(request, input_id=uuid.uuid4().hex)
+    await store.add_input(session, kept.message())
+    try:
+        taken = await deliver(kept)
+    except Exception:
+        if await store.drop_input(session, str(kept.input_id)):
+            raise
+        return True
+    return taken or not await store.drop_input(session, str(kept.input_id))
 
 
 class Steering(Protocol):

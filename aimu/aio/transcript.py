@@ -84,8 +84,9 @@ class UserMessage(TypedDict):
     content: str
     images: NotRequired[list[str]]
     """Images beside the text, as ``data:image/...;base64,...`` URLs."""
-    aimu_sent: NotRequired[bool]
-    """Sent into a running run (``send()``): it joins that task; kept, never sent."""
+    aimu_sent: NotRequired[bool | str]
+    """Sent into a running run (``send()``): it joins that task; kept, never sent. A
+    string: the id of the stored input it was (see ``aimu.aio.store.PendingInput``)."""
 
 
 class AssistantMessage(TypedDict):
@@ -319,8 +320,8 @@ def _check_shape(message: object, index: int) -> str:
     _check_string(message, "content", index, role)
     if role == "user" and "images" in message:
         _check_images(message["images"], index)
-    if role == "user" and not isinstance(message.get("aimu_sent", False), bool):
-        raise _fail(index, "'aimu_sent' must be a bool")
+    if role == "user" and not isinstance(message.get("aimu_sent", False), bool | str):
+        raise _fail(index, "'aimu_sent' must be a bool or an input id")
     if role == "system" and index != 0:
         raise _fail(index, "a system message may only be the first message")
     return str(role)

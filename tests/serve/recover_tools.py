@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 from aimu import aio
@@ -55,17 +56,36 @@ async def held_asked(query: str) -> str:
     return await _hold(query)
 
 
+@aio.tool
+def tick() -> str:
+    """Count one round."""
+    return "tick"
+
+
+#: Set (in the test's process, where the model server runs): ``loop`` turns stream fast.
+LOOP_FAST = threading.Event()
+
+
 def script(request: dict[str, object]) -> Turn:
-    """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, ``tree Q`` the
-    agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then each
-    says it is done; ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
+    """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked (``asks Q``:
+    held_asked twice, on Q1 and Q2), ``tree Q`` the agent ``helper``
+    (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then each says it is done;
+    ``slow Q``: a slow reply; ``loop``: every turn calls tick, for ever (each streams for
+    about 8 s until LOOP_FAST is set); anything else: ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
     )
+    if said == "loop":
+        slow = not LOOP_FAST.is_set()
+        return Turn(text=" ".join(f"w{i}" for i in range(400 if slow else 3)),
+                    tool_calls=(ScriptedCall("tick", {}),), delay=0.02 if slow else 0)
     if messages and messages[-1].get("role") == "tool":
         return Turn(text=f"done: {messages[-1].get('content')}")
     word, _, query = said.partition(" ")
+    if word == "asks":  # two calls, each waiting for a person's decision
+        return Turn(text="asking ", tool_calls=tuple(
+            ScriptedCall("held_asked", {"query": f"{query}{n}"}) for n in (1, 2)))
     names = {"hold": "held", "once": "held_once", "ask": "held_asked"}
     if word == "slow":  # a reply that streams for about 8 s
         return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import secrets
 import signal
 import time
@@ -239,6 +241,115 @@ async def test_a_session_budget_holds_across_a_kill_9_and_recover(
     assert old.id == run_id and (old.reason or "").startswith(CRASHED)
     assert (new.stop_reason, new.recover) == ("limit:requests", False)
     assert _asked(model, "slow b") == 1  # the resumed run sent none
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", ["local", "redis"])
+async def test_a_send_answered_202_survives_a_kill_9_and_joins_once(
+    tmp_path: Path, model: LoopbackServer, held: Path, shared: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A send answered 202 is in the store before the answer: the server running the
+    run killed before its next step boundary, ``--recover`` joins the text to the run
+    exactly once (it was lost before). With --redis the send goes to the other server."""
+    store = tmp_path / "sessions.db"
+    common: tuple[str, ...] = ("--store", str(store))
+    if shared == "redis":
+        common += ("--redis", request.getfixturevalue("redis_url"),
+                   "--redis-prefix", f"aimu-send-{secrets.token_hex(4)}")
+    async with contextlib.AsyncExitStack() as servers:
+        one = await servers.enter_async_context(aimu_serve(model, tmp_path, *common))
+        to = one
+        if shared == "redis":
+            to = await servers.enter_async_context(
+                aimu_serve(model, tmp_path, *common, name="other"))
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "s1", "slow s")
+        await until("the model streams the reply", lambda: _asked(model, "slow s") == 1)
+        async with httpx.AsyncClient(base_url=to.url, timeout=30) as http:
+            sent = await http.post(f"/runs/{run_id}/send", json={"text": "and this"})
+        assert sent.status_code == 202, sent.text
+        one.process.kill()  # mid-reply: the run never reached its next step boundary
+        await one.process.wait()
+        async with aimu_serve(model, tmp_path, *common, "--recover", name="recovering"):
+            await until("the run goes on", lambda: latest_is(store, "s1", "completed"))
+    transcript = await _transcript(store, "s1")
+    users = [m["content"] for m in transcript if m["role"] == "user"]
+    assert users == ["slow s", "and this"]
+    assert transcript[-1]["role"] == "assistant"
+    assert "and this" in json.dumps(model.requests[-1].body["messages"])  # the model saw it
+    opened, close = open_store(store)
+    try:
+        assert await opened.inputs("s1") == []  # joined: no longer pending
+    finally:
+        assert close is not None
+        await close()
+
+
+async def test_a_decision_answered_202_survives_a_kill_9(
+    tmp_path: Path, model: LoopbackServer, held: Path, redis_url: str
+) -> None:
+    """A decision answered 202 (one of two calls decided) is in the session's state
+    before the answer: the server killed at once, another server (through Redis: it
+    finds the paused run) takes the other decision and the run goes on with both, each
+    call run once. (Decisions were kept so before issue 42; this pins it.)"""
+    store = tmp_path / "sessions.db"
+    shared = ("--store", str(store), "--redis", redis_url,
+              "--redis-prefix", f"aimu-decide-{secrets.token_hex(4)}", *TOOLS)
+    (held / "open").touch()  # the approved calls end at once
+    async with aimu_serve(model, tmp_path, *shared) as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, "a1", "asks z")
+            await until("the run pauses", lambda: latest_is(store, "a1", "paused"))
+            first, second = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            decided = await http.post(f"/runs/{run_id}/approvals/{first['call_id']}",
+                                      json={"approve": True})
+            assert decided.status_code == 202, decided.text
+            assert [p["call_id"] for p in decided.json()["pending"]] == [second["call_id"]]
+        one.process.kill()
+        await one.process.wait()
+    async with (aimu_serve(model, tmp_path, *shared, name="next") as two,
+                httpx.AsyncClient(base_url=two.url, timeout=30) as http):
+        decided = await http.post(f"/runs/{run_id}/approvals/{second['call_id']}",
+                                  json={"approve": True})
+        assert decided.status_code == 202, decided.text
+        assert decided.json()["pending"] == [] and decided.json()["resumed_run_id"]
+        await until("the run goes on", lambda: latest_is(store, "a1", "completed"))
+    assert ran(held) == ["ran-z1-1", "ran-z2-1"]
+    results = [m["content"] for m in await _transcript(store, "a1") if m["role"] == "tool"]
+    assert results == ["held z1", "held z2"]
+
+
+@pytest.mark.slow
+async def test_a_run_budget_holds_across_two_kill_9s_and_recover(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """--max-requests 4, the server killed mid-reply twice: each request was counted in
+    the run's record before it went out, and each resume goes on with the budget of the
+    run it continues, so the model sees exactly 4 requests for the one run (5 before)."""
+    store = tmp_path / "sessions.db"
+    budget = ("--store", str(store), "--max-requests", "4", "--recover",
+              "--tool", "tests.serve.recover_tools:tick")
+    recover_tools.LOOP_FAST.clear()
+    try:
+        for kill in range(2):
+            async with aimu_serve(model, tmp_path, *budget, name=f"serve{kill}") as server:
+                if kill == 0:
+                    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                        await start(http, "r1", "loop")
+                await until(f"request {kill + 1} streams",
+                            lambda n=kill + 1: _asked(model, "loop") == n)
+                server.process.kill()  # mid-reply: its answer is never stored
+                await server.process.wait()
+        recover_tools.LOOP_FAST.set()
+        async with aimu_serve(model, tmp_path, *budget, name="serve2"):
+            await until("the run is limited", lambda: latest_is(store, "r1", "limited"))
+    finally:
+        recover_tools.LOOP_FAST.clear()
+    assert _asked(model, "loop") == 4
+    last, second, first = await runs_of(store, "r1")
+    assert [r.status for r in (first, second)] == ["failed", "failed"]
+    assert (last.stop_reason, last.spend and last.spend["requests"]) == ("limit:requests", 4)
 
 
 async def _crashed_session(store: Any, session: str, crashes: int) -> list[str]:

@@ -34,7 +34,8 @@ from aimu.aio.handoffs import Handoff
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
 from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
-from aimu.aio.scope import RunScope
+from aimu.aio.scope import RunScope, sent_message
+from aimu.aio.steering import Steer, send_kept
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, Toolset
 from aimu.aio.transcript import Message, Usage, zero_usage
@@ -360,6 +361,22 @@ class Agent(Runnable[OutputT]):
         self._session.durable.shared = None if state is None else shared_copy(state)
         self._session.durable.state_stale = True
 
+    async def asend(self, text: str, *, images: Sequence[object] = ()) -> bool:
+        """:meth:`send`, kept first: with a store, the text is in the session's store
+        (a pending input) before this returns True, so a process killed before the
+        run's next step boundary loses none of it: the session's next run (a resume in
+        any process) joins it, once. False, and nothing kept, when no run is in
+        progress or the run ended first. Without a store, the same as :meth:`send`."""
+        scope, session = self._scope, self._session
+        message = sent_message(text, images)
+        if scope is None:
+            return False
+        store, name = session.store, session.name
+        if store is None or name is None or session.durable.writer is None:
+            return scope.post(message)
+        request = Steer("send", text=text, images=tuple(message.get("images", ())))
+        return await send_kept(store, name, request, lambda kept: _posted(scope, kept))
+
     def _decide(self, call_id: str, decision: Decision) -> None:
         self._session.check_loaded("pending approvals")
         if self.running:
@@ -526,3 +543,7 @@ class _Done(Awaitable[None]):
 
 
 _DONE = _Done()
+
+
+async def _posted(scope: RunScope, request: Steer) -> bool:
+    return scope.post(request.message())

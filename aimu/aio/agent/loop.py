@@ -119,6 +119,11 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
         config.limits if own is None else own, config.session_limits, session.durable.spend,
         session.client.model, shared,
     )
+    if task is None and budget.limited:  # a run that died goes on with its budget
+        spent = await session.continued_spend()
+        if spent is not None:
+            spent.wall = 0.0  # the run's clock is its own
+            budget.run.add(spent)
     if budget.wall_at is not None:  # one timer for the run, armed now
         loop = asyncio.get_running_loop()
         run.wall = WallTimer(loop.time() + budget.wall_at - time.monotonic())

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from aimu.aio._session import SessionRecord
+from aimu.aio._session import SessionRecord, input_id
 from aimu.aio.approvals import Approvals, Decision
 from aimu.aio.client import ModelClient
 from aimu.aio.instructions import RunContext
 from aimu.aio.journal import IN_DOUBT_RESULT, resolve_in_doubt
-from aimu.aio.limits import Spend
+from aimu.aio.limits import Budget, Spend
 from aimu.aio.output import is_correction
 from aimu.aio.providers._unicode import clean
 from aimu.aio.scope import RunScope
@@ -178,8 +178,15 @@ class Session:
     async def save_state(self) -> None:
         """Store the state kept beside the transcript."""
 
-    async def keep_spend(self, run: Spend) -> None:
-        """Store what the session and the run (``run``) have spent, before a request."""
+    async def keep_spend(self, budget: Budget) -> None:
+        """Store what the run has spent (and, with session limits, the session), before
+        a request."""
+
+    async def continued_spend(self) -> Spend | None:
+        """What the run a resume goes on with spent, when that run did not end (its
+        process died: its record still says ``running``; or it is marked to be
+        recovered): a resume goes on with its budget. None: a fresh budget."""
+        return None
 
     async def store_added(self, added: Sequence[Message]) -> None:
         """Store ``added``, already last in the transcript."""
@@ -431,10 +438,19 @@ class StoredSession(Session):
     async def save_state(self) -> None:
         await self.durable.save_state(self.approvals)
 
-    async def keep_spend(self, run: Spend) -> None:
+    async def keep_spend(self, budget: Budget) -> None:
         if self.durable.writer is not None:
-            await self.durable.save_state(self.approvals)
-            await self.durable.keep_run_spend(run)
+            if budget.session_limits_set:
+                await self.durable.save_state(self.approvals)
+            await self.durable.keep_run_spend(budget.run)
+
+    async def continued_spend(self) -> Spend | None:
+        if self.durable.writer is None or self.store is None or self.name is None:
+            return None
+        latest = await self.store.runs(session=self.name, limit=1)
+        if not latest or not (latest[0].status == "running" or latest[0].recover):
+            return None
+        return Spend.load(latest[0].spend, f"run {latest[0].id!r}")
 
     async def store_added(self, added: Sequence[Message]) -> None:
         await self.durable.store_added(self.messages, added)
@@ -513,9 +529,25 @@ class StoredSession(Session):
         await self.durable.sync(messages)
         if self.durable.state_stale:
             await self.save_state()
+        await self.load_inputs()
         self.loaded = True
         if stale is not None:
             raise stale
+
+    async def load_inputs(self) -> None:
+        """Carry the store's pending inputs (text sent to a run that did not join it
+        before its process stopped) into the next run's first step boundary; those a
+        rewrite of the transcript holds already are taken off the pending inputs."""
+        assert self.store is not None and self.name is not None
+        pending = await self.store.inputs(self.name)
+        if not pending:
+            return
+        joined = {input_id(m) for m in self.messages} - {None}
+        for each in pending:
+            if each.id in joined:
+                await self.store.drop_input(self.name, each.id)
+        fresh = [each.message for each in pending if each.id not in joined]
+        self.durable.carried.add_inputs(fresh, len(self.messages))
 
     async def store_restored(self) -> None:
         """Write what restore() put in memory to the store (the session opened first)."""

@@ -61,8 +61,7 @@ async def model_turn(session: Session, run: RunState) -> AsyncGenerator[Event, N
     try:
         if budget.limited:  # with no limit to keep, the usage is counted as it comes
             _count_before_sending(session, run, inflight)
-            if budget.session_limits_set:  # kept before the request is sent (see below)
-                await session.keep_spend(budget.run)
+            await session.keep_spend(budget)  # kept before the request is sent (see below)
         async for chunk in chunks:
             if token is not None:  # the first chunk: the request is open, retries over
                 current_scope.reset(token)
@@ -174,10 +173,11 @@ async def _before_request(session: Session, run: RunState, final_turn: bool) -> 
 def _count_before_sending(session: Session, run: RunState, inflight: TurnInFlight) -> None:
     """Count the request's tokens up front (an estimate, replaced when the usage comes),
     when a limit could read them (without one, nothing reads the spend mid-stream).
-    With ``session_limits`` the caller then keeps the session's and the run's spend (a
+    The caller then keeps the run's spend (and with ``session_limits`` the session's: a
     store's session saves them; one without a store has nothing to save) before the
     request is sent: a crash can lose the answer, never the count, so no kill loop
-    escapes a session budget. (Without session limits it is stored as the run settles.)"""
+    escapes a run's or a session's budget (a resume of a run that died goes on with
+    its spend, see ``Session.continued_spend``)."""
     budget = run.budget
     assert budget is not None
     inflight.counted = {"input_tokens": _prompt_tokens(session), "output_tokens": 0}
@@ -317,8 +317,8 @@ async def _summarize(session: Session, run: RunState, policy: SummarizeOlderTurn
     counted: Usage = {"input_tokens": estimate_tokens(transcript_chars(request, 0)),
                       "output_tokens": 0}
     budget.count_tokens(counted, estimated=False)
-    if budget.session_limits_set:
-        await session.keep_spend(budget.run)
+    if budget.limited:
+        await session.keep_spend(budget)
     assembler = TurnAssembler()
     stream = session.client.stream_turn(request, None)
     chunks = stream if run.wall is None else walled(stream, run.wall)

@@ -430,7 +430,10 @@ class RedisControl:
         """Ask the run to stop at its next step boundary; False if it had finished."""
         return await self._request(run_id, "interrupt", {})
 
-    async def send(self, run_id: str, text: str, *, images: Sequence[object] = ()) -> bool:
+    async def send(
+        self, run_id: str, text: str, *, images: Sequence[object] = (),
+        input_id: str | None = None,
+    ) -> bool:
         """Give ``text`` (and ``images``: bytes, paths or ``data:`` URLs, checked here
         as ``run(images=)`` checks them) to the run wherever it runs: it joins as a user
         message at the next step boundary, once. Recorded before it is published, like a
@@ -439,8 +442,12 @@ class RedisControl:
         True once the run took it (or, for a run not started yet or lost, once it is
         stored for the run that starts or resumes); False if the run ended first, and
         then the text is in no run. ControlError if a live worker did not answer within
-        ``lease`` seconds (the text is stored and may still join)."""
+        ``lease`` seconds (the text is stored and may still join). ``input_id``: the
+        id the text is kept under in the run's session store (``steering.send_kept``),
+        with which the run joins it."""
         message = sent_message(text, images)  # TypeError/ValueError: nothing recorded
+        if input_id is not None:
+            message["aimu_sent"] = input_id
         return await self._request(run_id, "send", dict(message))
 
     async def stop(
@@ -471,7 +478,8 @@ class RedisControl:
         if request.kind == "interrupt":
             return await self.interrupt(run_id)
         if request.kind == "send":
-            return await self.send(run_id, request.text, images=request.images)
+            return await self.send(run_id, request.text, images=request.images,
+                                   input_id=request.input_id)
         if not finite(request.grace) or request.grace < 0:
             raise ValueError(f"stop(grace={echo(request.grace)}): give seconds, 0 or more")
         return await self._request(run_id, "stop", {"grace": request.grace})

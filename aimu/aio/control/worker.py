@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from aimu.aio._ids import is_run_id
 from aimu.aio._numbers import finite
 from aimu.aio._tasks import Background, cancel_and_wait
 from aimu.aio.control import scripts
@@ -72,8 +73,10 @@ def _steer(kind: str, data: dict[str, Any]) -> Steer | None:
     if kind == "send":
         # "text" from an aimu before images could be sent; "content" (a user message) since.
         text, images = data.get("content", data.get("text")), data.get("images", [])
+        kept = data.get("aimu_sent")  # the id it is kept under in the session's store
         if isinstance(text, str) and isinstance(images, list):
-            return Steer("send", text=text, images=tuple(images))
+            return Steer("send", text=text, images=tuple(images),
+                         input_id=kept if is_run_id(kept) else None)
     return None
 
 

@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from aimu.aio.store._protocol import (
+    PendingInput,
     RunRecord,
     SessionInfo,
     SessionStatus,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JSONLStore",
+    "PendingInput",
     "PostgresStore",
     "RunRecord",
     "SQLiteStore",

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
@@ -27,6 +28,7 @@ from aimu.aio.store._fsync import DataFile, FileSyncer
 from aimu.aio.store._lock import SessionLock
 from aimu.aio.store._protocol import (
     STATUSES,
+    PendingInput,
     RunRecord,
     SessionInfo,
     SessionStatus,
@@ -34,12 +36,13 @@ from aimu.aio.store._protocol import (
     check_run_id,
     check_run_of,
     check_status,
+    input_message,
     runs_page,
     unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
-from aimu.aio.transcript import Message, validate
+from aimu.aio.transcript import Message, UserMessage, validate
 
 __all__ = ["JSONLStore"]
 
@@ -52,6 +55,18 @@ _JSONL_VERSION: Final = 1
 
 
 _ENCODE: Final = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _lock_file(fd: int) -> None:
+    """Wait for the OS lock on the whole of ``fd`` (released when it is closed)."""
+    if sys.platform == "win32":  # pragma: no cover - POSIX in the tests
+        import msvcrt
+
+        msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
 
 
 def _meta_line(**fields: object) -> bytes:
@@ -333,8 +348,85 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
                 lambda lock: _JSONLWriter(self, session, path, lock),
             )
 
+    # -- pending inputs: <session>.inputs, lines {"add": id, "at", "message"}, {"drop": id}
+    # and {"join": id}, each written whole under an OS lock on that file ----------------
+
+    @contextlib.contextmanager
+    def _inputs_file(self, session: str) -> Iterator[int]:
+        """The session's inputs file, open for appending, under its OS lock."""
+        path = self.directory / f"{validate_session_name(session)}.inputs"
+        try:
+            fd = open_private(path, os.O_RDWR | os.O_APPEND)
+        except OSError as error:
+            raise StoreError(f"cannot open {path}: {error}") from error
+        try:
+            _lock_file(fd)
+            yield fd
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _input_line(self, fd: int, record: dict[str, Any]) -> None:
+        line = _ENCODE(record).encode() + b"\n"
+        try:
+            os.write(fd, line)
+            if self.fsync:
+                os.fsync(fd)
+        except OSError as error:
+            raise StoreError(f"cannot write an input record: {error}") from error
+
+    def _pending(self, session: str, fd: int) -> dict[str, PendingInput]:
+        """The pending inputs in the (locked) inputs file ``fd``, by id: added, not
+        dropped or joined (a joiner that died before noting the join: its message is in
+        the transcript)."""
+        size = os.fstat(fd).st_size
+        added: dict[str, PendingInput] = {}
+        for line in os.pread(fd, size, 0).split(b"\n"):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue  # a torn last line
+            if not isinstance(record, dict):
+                continue
+            if isinstance(record.get("add"), str) and isinstance(record.get("message"), dict):
+                added.setdefault(record["add"], PendingInput(
+                    record["add"], cast(UserMessage, record["message"]),
+                    float(record.get("at", 0)),
+                ))
+            for closed in (record.get("drop"), record.get("join")):
+                if isinstance(closed, str):
+                    added.pop(closed, None)
+        if added:
+            joined = {m.get("aimu_sent") for m in self._load(session, warn=False)[0]
+                      if m["role"] == "user"}
+            added = {key: value for key, value in added.items() if key not in joined}
+        return added
+
+    async def add_input(self, session: str, message: UserMessage) -> None:
+        input_id = str(message.get("aimu_sent"))
+        input_message(input_id, message)
+        with self._inputs_file(session) as fd:
+            if input_id not in self._pending(session, fd):
+                encode(message, session, 0)  # checked as a stored message is
+                self._input_line(fd, {"add": input_id, "at": time.time(), "message": message})
+
+    async def inputs(self, session: str) -> list[PendingInput]:
+        path = self.directory / f"{validate_session_name(session)}.inputs"
+        if not path.exists():
+            return []
+        with self._inputs_file(session) as fd:
+            return sorted(self._pending(session, fd).values(), key=lambda p: (p.at, p.id))
+
+    async def drop_input(self, session: str, input_id: str) -> bool:
+        with self._inputs_file(session) as fd:
+            if input_id not in self._pending(session, fd):
+                return False
+            self._input_line(fd, {"drop": input_id})
+            return True
+
     async def delete(self, session: str) -> bool:
         path = self._path(session)
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / f"{session}.inputs").unlink()
         with self._mutex:
             self._check_open(f"delete session {session!r}")
             lock = SessionLock(self.directory, session)
@@ -461,6 +553,18 @@ class _JSONLWriter(WriterBase):
             line = encode(message, self.session, self._count).encode() + b"\n"
             self._write(self._data_file(), line)
             self._count += 1
+
+    async def join_input(self, message: UserMessage) -> bool:
+        self._check_open("join an input")
+        input_id = str(message.get("aimu_sent"))
+        input_message(input_id, message)
+        store = self._store
+        with store._inputs_file(self.session) as fd:
+            if input_id not in store._pending(self.session, fd):
+                return False
+            await self.append(message)
+            store._input_line(fd, {"join": input_id})
+        return True
 
     async def set_status(self, status: SessionStatus) -> None:
         with self._mutex:

@@ -31,6 +31,7 @@ from aimu.aio.errors import (
 from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
 from aimu.aio.store._protocol import (
     RUN_COLUMNS,
+    PendingInput,
     RunRecord,
     SessionInfo,
     SessionStatus,
@@ -38,6 +39,7 @@ from aimu.aio.store._protocol import (
     check_run_id,
     check_run_of,
     check_status,
+    input_message,
     run_record,
     run_row,
     runs_page,
@@ -47,7 +49,7 @@ from aimu.aio.store._protocol import (
     validate_session_name,
 )
 from aimu.aio.store._report import note_locked, note_unfinished
-from aimu.aio.transcript import Message, validate
+from aimu.aio.transcript import Message, UserMessage, validate
 
 try:
     import asyncpg
@@ -56,9 +58,10 @@ except ImportError as missing:  # pragma: no cover - the extra is in the test in
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 # Version 2 added the runs table: an older schema gets it on first use (IF NOT EXISTS);
-# version 3 the runs' messages_from (ADD COLUMN IF NOT EXISTS).
+# version 3 the runs' messages_from (ADD COLUMN IF NOT EXISTS); version 4 the pending
+# inputs (IF NOT EXISTS).
 _T = TypeVar("_T")
 
 # {s} is the quoted schema name. Bodies are kept as text (not jsonb): stored byte for
@@ -106,6 +109,13 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     messages_from integer
 );
 ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS messages_from integer;
+CREATE TABLE IF NOT EXISTS {s}.inputs (
+    session text NOT NULL,
+    id text NOT NULL,
+    at double precision NOT NULL,
+    body text NOT NULL,
+    PRIMARY KEY (session, id)
+);
 CREATE INDEX IF NOT EXISTS runs_by_start ON {s}.runs (started, id);
 CREATE INDEX IF NOT EXISTS runs_by_session ON {s}.runs (session, started, id);
 CREATE INDEX IF NOT EXISTS runs_by_status ON {s}.runs (status, started, id);
@@ -514,6 +524,42 @@ class PostgresStore:
             "first. Reading the session with store.load() is always allowed."
         )
 
+    async def add_input(self, session: str, message: UserMessage) -> None:
+        validate_session_name(session)
+        input_id = str(message.get("aimu_sent"))
+        body = encode(input_message(input_id, message), session, 0)
+        await self._read(
+            f"keep an input of session {session!r}",
+            lambda conn: conn.execute(
+                f"INSERT INTO {self._s}.inputs (session, id, at, body) VALUES ($1, $2, $3, $4) "
+                "ON CONFLICT (session, id) DO NOTHING",
+                session, input_id, time.time(), body,
+            ),
+        )
+
+    async def inputs(self, session: str) -> list[PendingInput]:
+        validate_session_name(session)
+        rows = await self._read(
+            f"read the inputs of session {session!r}",
+            lambda conn: conn.fetch(
+                f"SELECT id, at, body FROM {self._s}.inputs WHERE session = $1 "
+                "ORDER BY at, id",
+                session,
+            ),
+        )
+        return [PendingInput(row[0], json.loads(row[2]), row[1]) for row in rows]
+
+    async def drop_input(self, session: str, input_id: str) -> bool:
+        validate_session_name(session)
+        status = await self._read(
+            f"take back an input of session {session!r}",
+            lambda conn: conn.execute(
+                f"DELETE FROM {self._s}.inputs WHERE session = $1 AND id = $2",
+                session, input_id,
+            ),
+        )
+        return bool(status != "DELETE 0")
+
     async def delete(self, session: str) -> bool:
         validate_session_name(session)
 
@@ -529,7 +575,7 @@ class PostgresStore:
                         f"session {session!r} is open for writing (an advisory lock in "
                         f"{self._where}); close that writer before deleting it"
                     )
-                for table in ("messages", "tool_starts", "runs"):
+                for table in ("messages", "tool_starts", "runs", "inputs"):
                     await conn.execute(
                         f"DELETE FROM {self._s}.{table} WHERE session = $1", session
                     )
@@ -683,6 +729,43 @@ class _PostgresWriter:
             if self._next_seq == seq + 1:
                 self._next_seq = seq  # nothing was written
             raise
+
+    async def join_input(self, message: UserMessage) -> bool:
+        self._live("join an input")
+        input_id = str(message.get("aimu_sent"))
+        seq = self._next_seq
+        body = encode(input_message(input_id, message), self.session, seq)
+        joined = False
+
+        async def run(conn: asyncpg.Connection) -> None:
+            nonlocal joined
+            async with conn.transaction():
+                status = await conn.execute(
+                    f"DELETE FROM {self._s}.inputs WHERE session = $1 AND id = $2",
+                    self.session, input_id,
+                )
+                if status == "DELETE 0":
+                    return
+                await self._upsert_session(conn, time.time())
+                await conn.execute(
+                    f"INSERT INTO {self._s}.messages (session, seq, at, body) "
+                    "VALUES ($1, $2, $3, $4)",
+                    self.session, seq, time.time(), body,
+                )
+            joined = True
+
+        self._next_seq = seq + 1  # before any await, as append
+        try:
+            await self._write("join an input to", run)
+        except StoreError:
+            if self._next_seq == seq + 1:
+                self._next_seq = seq
+            raise
+        if joined:
+            self._has_row = True
+        elif self._next_seq == seq + 1:
+            self._next_seq = seq  # nothing appended
+        return joined
 
     async def replace(self, messages: Sequence[Message]) -> None:
         self._live("replace")

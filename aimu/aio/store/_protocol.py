@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeAlias, cast, get_args, runtime_checkable
 
-from aimu.aio.transcript import Message
+from aimu.aio.transcript import Message, UserMessage
 
 __all__ = [
     "RUN_STATUSES",
+    "PendingInput",
     "RunRecord",
     "RunRecordStatus",
     "SessionInfo",
@@ -30,6 +31,7 @@ __all__ = [
     "check_run_of",
     "check_run_status",
     "check_status",
+    "input_message",
     "run_record",
     "run_row",
     "runs_page",
@@ -315,6 +317,29 @@ class ToolStart:
     started: float
 
 
+@dataclass(frozen=True, slots=True)
+class PendingInput:
+    """A message sent to a session's run (``send()``), stored the moment it was accepted
+    and not yet joined to the transcript: the run joins it at its next step boundary
+    (:meth:`SessionWriter.join_input`), or the session's next run does, exactly once.
+    ``message["aimu_sent"]`` is ``id``."""
+
+    id: str
+    message: UserMessage
+    at: float
+
+
+def input_message(input_id: str, message: UserMessage) -> UserMessage:
+    """``message`` checked as a pending input's: a user message whose ``aimu_sent`` is
+    ``input_id`` (ValueError if not)."""
+    _checked_name(input_id, "input id")
+    if message.get("role") != "user" or message.get("aimu_sent") != input_id:
+        raise ValueError(
+            f"input {input_id!r}: a pending input is a user message whose aimu_sent is its id"
+        )
+    return message
+
+
 def session_info(row: tuple[Any, ...]) -> SessionInfo:
     """A :class:`SessionInfo` from a database row (name, created, updated, status, the
     last message's seq and time): the count and last update come from the messages."""
@@ -365,6 +390,12 @@ class SessionWriter(Protocol):
         it replaces the earlier record, as the run ends)."""
         ...
 
+    async def join_input(self, message: UserMessage) -> bool:
+        """Append the pending input ``message`` (its id in ``aimu_sent``) to the
+        transcript and take it off the pending inputs, atomically; False, and nothing
+        appended, if it is no longer pending (its sender took it back)."""
+        ...
+
     async def aclose(self) -> None:
         """Release the write lock; idempotent."""
         ...
@@ -394,6 +425,21 @@ class Store(Protocol):
         """Every stored session, by name."""
         ...
 
+    async def add_input(self, session: str, message: UserMessage) -> None:
+        """Keep ``message``, sent to the session's run, as a pending input (its id in
+        ``aimu_sent``), durably when this returns; no write lock needed (any process may
+        send). Adding the same id again changes nothing."""
+        ...
+
+    async def inputs(self, session: str) -> list[PendingInput]:
+        """The session's pending inputs, oldest first."""
+        ...
+
+    async def drop_input(self, session: str, input_id: str) -> bool:
+        """Take back a pending input its run did not take (a send refused); False if it
+        is not pending (joined already, or never stored)."""
+        ...
+
     async def info(self, session: str) -> SessionInfo | None:
         """The session's metadata, or None if it was never written."""
         ...
@@ -418,7 +464,7 @@ class Store(Protocol):
         ...
 
     async def delete(self, session: str) -> bool:
-        """Remove the session and its run records; False if it did not exist;
+        """Remove the session, its run records and pending inputs; False if it did not exist;
         ``SessionLockedError`` if open."""
         ...
 

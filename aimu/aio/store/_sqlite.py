@@ -27,6 +27,7 @@ from aimu.aio.store._files import make_private_dirs, open_private
 from aimu.aio.store._lock import SessionLock
 from aimu.aio.store._protocol import (
     RUN_COLUMNS,
+    PendingInput,
     RunRecord,
     SessionInfo,
     SessionStatus,
@@ -34,6 +35,7 @@ from aimu.aio.store._protocol import (
     check_run_id,
     check_run_of,
     check_status,
+    input_message,
     run_record,
     run_row,
     runs_page,
@@ -43,13 +45,14 @@ from aimu.aio.store._protocol import (
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
-from aimu.aio.transcript import Message, validate
+from aimu.aio.transcript import Message, UserMessage, validate
 
 __all__ = ["SQLiteStore"]
 
-_SCHEMA_VERSION: Final = 4
+_SCHEMA_VERSION: Final = 5
 # Version 3 added the runs table: an older file gets it on open (CREATE IF NOT EXISTS);
-# version 4 the runs' messages_from (added to a version 3 table on open).
+# version 4 the runs' messages_from (added to a version 3 table on open); version 5 the
+# pending inputs (CREATE IF NOT EXISTS).
 # Message count and last-message time are derived from the messages table (seq runs
 # 0..n-1), so an append is one INSERT: one short autocommit transaction.
 _SCHEMA: Final = """
@@ -95,6 +98,13 @@ CREATE TABLE IF NOT EXISTS runs (
     recover INTEGER NOT NULL,
     messages_from INTEGER
 );
+CREATE TABLE IF NOT EXISTS inputs (
+    session TEXT NOT NULL,
+    id TEXT NOT NULL,
+    at REAL NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session, id)
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_start ON runs (started, id);
 CREATE INDEX IF NOT EXISTS runs_by_session ON runs (session, started, id);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, started, id);
@@ -433,6 +443,32 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
         )
         return run_record(rows[0]) if rows else None
 
+    async def add_input(self, session: str, message: UserMessage) -> None:
+        validate_session_name(session)
+        input_id = str(message.get("aimu_sent"))
+        body = encode(input_message(input_id, message), session, 0)
+        self._write(
+            "INSERT OR IGNORE INTO inputs (session, id, at, body) VALUES (?, ?, ?, ?)",
+            (session, input_id, time.time(), body),
+            lambda: f"keep an input of session {session!r}",
+        )
+
+    async def inputs(self, session: str) -> list[PendingInput]:
+        validate_session_name(session)
+        rows = self._query(
+            "SELECT id, at, body FROM inputs WHERE session = ? ORDER BY at, id", (session,),
+            f"read the inputs of session {session!r}",
+        )
+        return [PendingInput(input_id, json.loads(body), at) for input_id, at, body in rows]
+
+    async def drop_input(self, session: str, input_id: str) -> bool:
+        validate_session_name(session)
+        with self._transaction(f"take back an input of session {session!r}") as conn:
+            dropped = conn.execute(
+                "DELETE FROM inputs WHERE session = ? AND id = ?", (session, input_id)
+            ).rowcount
+        return dropped > 0
+
     async def delete(self, session: str) -> bool:
         validate_session_name(session)
         with self._mutex:
@@ -441,7 +477,7 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             lock = SessionLock(self._lock_dir, session)
             try:
                 with self._transaction(f"delete session {session!r}") as conn:
-                    for table in ("messages", "tool_starts", "states", "runs"):
+                    for table in ("messages", "tool_starts", "states", "runs", "inputs"):
                         conn.execute(f"DELETE FROM {table} WHERE session = ?", (session,))
                     existed = conn.execute(
                         "DELETE FROM sessions WHERE name = ?", (session,)
@@ -550,6 +586,24 @@ class _SQLiteWriter(WriterBase):
         self._check_open("record a run")
         row = run_row(check_run_of(record, self.session))
         self._write(_SAVE_RUN, row, f"record run {record.id!r} of", time.time())
+
+    async def join_input(self, message: UserMessage) -> bool:
+        self._check_open("join an input")
+        input_id = str(message.get("aimu_sent"))
+        seq = self._next_seq
+        body = encode(input_message(input_id, message), self.session, seq)
+        now = time.time()
+        with self._store._transaction(f"join an input to session {self.session!r}") as conn:
+            taken = conn.execute(
+                "DELETE FROM inputs WHERE session = ? AND id = ?", (self.session, input_id)
+            ).rowcount
+            if taken:
+                conn.execute(_UPSERT_SESSION, (self.session, now))
+                conn.execute(_INSERT, (self.session, seq, now, body))
+        if taken:
+            self._has_row = True
+            self._next_seq = seq + 1
+        return taken > 0
 
     def release(self) -> None:
         with self._store._mutex:

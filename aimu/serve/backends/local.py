@@ -17,7 +17,7 @@ from aimu.aio.ends import error_text
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.steering import LocalRuns, Steer, Steering
+from aimu.aio.steering import LocalRuns, Steer, Steering, send_kept
 from aimu.aio.store import Store
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
@@ -40,6 +40,7 @@ class LocalBackend(RunLog):
 
     def __init__(self, agents: AgentFactory, store: Store, *, keep_finished: int = 1000) -> None:
         super().__init__(keep_finished=keep_finished)
+        self._store = store
         self._launcher = Launcher(agents, store)
         self._runs_here = LocalRuns(self._launcher.spawn)
         self._steering: Steering = self._runs_here
@@ -100,7 +101,11 @@ class LocalBackend(RunLog):
             raise Conflict(
                 f"run {run_id} already ended ({record.view.status}): nothing to {what}"
             )
-        taken = await self._steering.request(run_id, request)
+        if kind == "send":  # in the store before it is answered (DESIGN invariant 6)
+            taken = await send_kept(self._store, record.view.session, request,
+                                    lambda kept: self._steering.request(run_id, kept))
+        else:
+            taken = await self._steering.request(run_id, request)
         if not taken and kind == "interrupt":
             raise Conflict(f"run {run_id} is being cancelled already: nothing to interrupt")
         if not taken and kind == "send":

@@ -22,7 +22,7 @@ from aimu.aio._ids import is_event_number
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.steering import Steer, Steering
+from aimu.aio.steering import Steer, Steering, send_kept
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
@@ -50,6 +50,7 @@ class RedisBackend:
     (and store) is found, followed and stopped through it."""
 
     def __init__(self, agents: AgentFactory, store: Store, control: RedisControl) -> None:
+        self._store = store
         self._launcher = Launcher(agents, store)
         self._decisions = StoreDecisions(store, agents, self)
         self.control = control
@@ -172,9 +173,15 @@ class RedisBackend:
 
     async def request(self, run_id: str, request: Steer) -> None:
         what = "send to" if request.kind == "send" else request.kind
-        with self._errors(what, run_id):
-            steering: Steering = self.control
-            accepted = await steering.request(run_id, request)
+        steering: Steering = self.control
+        if request.kind == "send":  # kept in the shared store first: any process joins it
+            session = (await self.view(run_id)).session
+            with self._errors(what, run_id):
+                accepted = await send_kept(self._store, session, request,
+                                           lambda kept: steering.request(run_id, kept))
+        else:
+            with self._errors(what, run_id):
+                accepted = await steering.request(run_id, request)
         if not accepted:
             view = await self.view(run_id)
             raise Conflict(f"run {run_id} already ended ({view.status}): nothing to {what}")

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from aimu import aio
 from aimu.aio.transcript import CANCELLED_RESULT, Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
@@ -491,3 +492,58 @@ def test_a_kill_9_loop_cannot_escape_a_session_budget(
     assert spend["input_tokens"] > 0  # estimated before each request was sent
     if limit == "total_tokens":
         assert spend["input_tokens"] + spend["output_tokens"] >= most
+
+
+SEND_CHILD = """
+import asyncio, json, sys
+from aimu import aio
+from aimu.aio.events import TextChunk
+
+SPEC, PROTOCOL, URL = sys.argv[1:4]
+
+
+async def main():
+    store = eval(SPEC, {"aio": aio})
+    model = aio.client("openai:send", base_url=URL, api_key="unused")
+    async with aio.Agent(model, store=store, session="sent") as agent:
+        async for event in agent.run("tell me a story", stream=True):
+            if isinstance(event, TextChunk):  # the reply streams: no step boundary yet
+                print(json.dumps(["sent", await agent.asend("only the short version")]),
+                      flush=True)
+                await asyncio.sleep(3600)  # killed here, before the run's next boundary
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_send_kept_before_it_returns_survives_a_kill_9_and_joins_once(
+    kind: str, where: Backend, tmp_path: Path
+) -> None:
+    """Issue 42 item 3: ``await agent.asend(text)`` returned True, then kill -9 while the
+    reply streams (before the run's next step boundary): the resumed session joins the
+    text exactly once (``send()`` kept it in memory only, so a kill lost it)."""
+    streams = Turn(text="once upon a time", fault="hang", fault_after=1)  # then silence
+    with LoopbackServer.in_thread(lambda request: streams) as server:
+        child = Child(where, tmp_path, "openai", server.openai_base_url, SEND_CHILD, ())
+        try:
+            child.wait_for_lines(1)
+        finally:
+            child.kill()
+        assert child.lines == [["sent", True]], child.stderr[-3000:]
+
+    async def resume(times: int) -> list[Message]:
+        store = where.make()
+        try:
+            for _ in range(times):  # a second resume finds nothing pending any more
+                async with aio.Agent(aio.client("test"), store=store, session="sent") as agent:
+                    await agent.resume()
+            assert await store.inputs("sent") == []
+            return await store.load("sent")
+        finally:
+            await store.aclose()
+
+    transcript = asyncio.run(resume(2))
+    users = [m["content"] for m in transcript if m["role"] == "user"]
+    assert users == ["tell me a story", "only the short version"]
+    assert transcript[-1]["role"] == "assistant"

@@ -119,12 +119,12 @@ async def test_the_schema_is_created_once_versioned_and_a_newer_one_refused(
     await asyncio.gather(first.sessions(), second.sessions())
     conn = await asyncpg.connect(services.postgres_dsn())
     try:
-        assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 3
+        assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 4
         await conn.execute(f'UPDATE "{schema}".aimu_schema SET version = 99')
     finally:
         await conn.close()
     newer = where.make()
-    with pytest.raises(aio.StoreFormatError, match=r"schema version 99, newer than the 3.*upgrade"):
+    with pytest.raises(aio.StoreFormatError, match=r"schema version 99, newer than the 4.*upgrade"):
         await newer.load("s")
     for store in (first, second, newer):
         await store.aclose()

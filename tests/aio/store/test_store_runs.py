@@ -250,7 +250,7 @@ async def test_sqlite_file_of_an_older_schema_migrates(tmp_path: Path, version: 
     finally:
         await store.aclose()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
     conn.close()
 
 
@@ -278,7 +278,7 @@ async def test_postgres_schema_of_an_older_version_migrates(version: int) -> Non
             await store.aclose()
         conn = await asyncpg.connect(dsn)
         try:
-            assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 3
+            assert await conn.fetchval(f'SELECT max(version) FROM "{schema}".aimu_schema') == 4
         finally:
             await conn.close()
     finally:
