@@ -3,8 +3,9 @@
 A guardrail is a function, sync or async, of the run's :class:`~aimu.aio.RunContext`
 and what it checks (the task text; the final answer, text or typed output; a tool
 call's arguments or result). It returns (anything: ok) or raises :class:`Tripwire`
-with a reason. A guardrail that raises anything else fails the run with a
-:class:`GuardrailError` naming it.
+with a reason. A guardrail that ends any other way fails closed: the run fails with a
+:class:`GuardrailError` naming it, whether it raised or ended cancelled while the run
+was not stopped (it awaited a cancelled future); a stop of the run stays a stop.
 
 - ``input_guardrails=`` run *beside* the run's first model turn (as one task, started
   when the task is recorded). A tripwire cuts the turn in flight: what it streamed is
@@ -69,7 +70,12 @@ class GuardrailError(AimuError):
     """A guardrail raised something other than Tripwire: the run fails, naming it."""
 
     def __init__(self, kind: str, name: str, error: BaseException) -> None:
-        super().__init__(f"{kind} guardrail {name!r} raised {type(error).__name__}: {error}")
+        if isinstance(error, asyncio.CancelledError):
+            said = "ended cancelled, and the run was not stopped: a check that did not " \
+                "decide fails closed"
+        else:
+            said = f"raised {type(error).__name__}: {error}"
+        super().__init__(f"{kind} guardrail {name!r} {said}")
         self.guardrail = name
         self.kind = kind
 
@@ -140,16 +146,34 @@ async def run_guardrails(
     kind: str, guardrails: Sequence[Guardrail], context: RunContext[Any], value: object
 ) -> Tripped | None:
     """Run ``guardrails`` on ``value`` in order: the first tripwire, or None when all
-    pass. Anything else raised: GuardrailError naming the guardrail."""
+    pass. Anything else (an error, a cancel of its own): GuardrailError naming it."""
     for fn in guardrails:
-        try:
-            outcome = fn(context, value)
-            if inspect.isawaitable(outcome):
-                await outcome
-        except Tripwire as trip:
-            return Tripped(guard_name(fn), trip.reason)
-        except Exception as error:
-            raise GuardrailError(kind, guard_name(fn), error) from error
+        tripped = await _run_one(kind, fn, context, value)
+        if tripped is not None:
+            return tripped
+    return None
+
+
+async def _run_one(
+    kind: str, fn: Guardrail, context: RunContext[Any], value: object
+) -> Tripped | None:
+    """One guardrail's verdict: None (passed), its tripwire, or GuardrailError. A
+    CancelledError while nobody cancelled this task (``cancelling()`` is 0: the
+    guardrail awaited a cancelled future) is the guardrail's failure, not a stop; a
+    cancel of the task (the run stopped) propagates untouched."""
+    try:
+        outcome = fn(context, value)
+        if inspect.isawaitable(outcome):
+            await outcome
+    except Tripwire as trip:
+        return Tripped(guard_name(fn), trip.reason)
+    except asyncio.CancelledError as cancel:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        raise GuardrailError(kind, guard_name(fn), cancel) from cancel
+    except Exception as error:
+        raise GuardrailError(kind, guard_name(fn), error) from error
     return None
 
 
@@ -166,7 +190,9 @@ class InputGuard:
     accounting is asyncio.timeout's: a cancel from elsewhere in the same moment stays a
     CancelledError (the run ends one way)."""
 
-    __slots__ = ("_fired", "_task", "_waiter", "error", "tripped")
+    __slots__ = (
+        "_checking", "_fired", "_stopping", "_taken", "_task", "_waiter", "error", "tripped",
+    )
 
     def __init__(
         self, guardrails: Sequence[Guardrail], context: RunContext[Any], task: str
@@ -175,31 +201,60 @@ class InputGuard:
         self.error: GuardrailError | None = None
         self._waiter: asyncio.Task[Any] | None = None
         self._fired = False
+        self._taken = False  # the task's outcome read (once, by _take)
+        self._stopping = False  # the run cancelled the task (its end, a stop)
+        self._checking = "?"  # the guardrail running now: named if its task ends cancelled
         self._task = asyncio.get_running_loop().create_task(
-            run_guardrails("input", guardrails, context, task), name="aimu input guardrails"
+            self._check(guardrails, context, task), name="aimu input guardrails"
         )
         self._task.add_done_callback(self._done)
+
+    async def _check(
+        self, guardrails: Sequence[Guardrail], context: RunContext[Any], task: str
+    ) -> Tripped | None:
+        for fn in guardrails:
+            self._checking = guard_name(fn)
+            tripped = await _run_one("input", fn, context, task)
+            if tripped is not None:
+                return tripped
+        return None
 
     @property
     def passed(self) -> bool:
         """The guardrails ran to the end and none tripped."""
+        self._take()
         task = self._task
         return task.done() and not task.cancelled() and self.tripped is None \
             and self.error is None
 
     def _done(self, task: asyncio.Task[Tripped | None]) -> None:
-        if task.cancelled():
+        if self._taken:  # read already (a guard or decision came before this callback)
             return
-        error = task.exception()
-        if isinstance(error, GuardrailError):
-            self.error = error
-        elif error is not None:  # not an Exception of a guardrail: kept as the error
-            self.error = GuardrailError("input", "?", error)
-        else:
-            self.tripped = task.result()
+        self._take()
         if (self.tripped is not None or self.error is not None) and self._waiter is not None:
             self._fired = True
             self._waiter.cancel()
+
+    def _take(self) -> None:
+        """Read the task's outcome once it is done: from the task itself, since its done
+        callback runs a loop step later. A task that ended cancelled while the run did
+        not stop it cannot decide, and fails closed (an error, never "passed")."""
+        task = self._task
+        if self._taken or not task.done():
+            return
+        self._taken = True
+        if task.cancelled():
+            if self._stopping:  # the run is ending: no decision is wanted
+                return
+            error: BaseException | None = asyncio.CancelledError()
+        else:
+            error = task.exception()
+        if isinstance(error, GuardrailError):
+            self.error = error
+        elif error is not None:  # not an Exception of a guardrail: kept as the error
+            self.error = GuardrailError("input", self._checking, error)
+        else:
+            self.tripped = task.result()
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -210,6 +265,7 @@ class InputGuard:
     async def guard(self, awaitable: Awaitable[_T]) -> _T:
         """``awaitable``'s value, or GuardCut / GuardrailError (``awaitable`` cancelled)
         if the guardrails decide against the input first."""
+        self._take()
         if self.tripped is not None or self.error is not None:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()
@@ -235,15 +291,18 @@ class InputGuard:
         tripwire, GuardrailError on an error; a cancel of the run cancels them."""
         if not self._task.done():
             await asyncio.wait([self._task])
+        self._take()
         self._raise()
 
     def cancel(self) -> None:
         """The run is ending: a guardrail still running is cancelled (see close)."""
+        self._stopping = True
         self._task.cancel()
 
     async def close(self) -> None:
         """The run has ended: a guardrail still running is cancelled and awaited."""
         task = self._task
+        self._stopping = True
         task.cancel()
         if not task.done():
             await asyncio.wait([task])

@@ -37,6 +37,7 @@ from aimu.aio.errors import AimuError
 from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.aio.tools import Toolset, as_tool
 from aimu.assistant import default_home
+from aimu.serve._bounded_exit import DRAIN_MARGIN, exit_deadline, owning_the_exit
 from aimu.serve.fleet import MAX_WORKERS, run_fleet
 
 if TYPE_CHECKING:
@@ -137,7 +138,8 @@ def add_drain_options(parser: argparse.ArgumentParser, command: str) -> None:
         "--drain", type=seconds("--drain"), default=DEFAULT_DRAIN, metavar="SECONDS",
         help="on SIGTERM, start no run, interrupt those in progress at their next step, "
         f"cancel what is left after SECONDS, then exit 0 (default {DEFAULT_DRAIN:g}; "
-        "a second SIGTERM or Ctrl+C cancels at once)",
+        "a second SIGTERM or Ctrl+C cancels at once); the process exits by SECONDS + "
+        f"{DRAIN_MARGIN:g}, whatever still runs (a sync tool's thread is left behind)",
     )
     if command == "serve":
         parser.add_argument(
@@ -322,7 +324,9 @@ def _serve(options: argparse.Namespace) -> int:
     if workers > 1:
         return run_fleet(options, _listen)
     try:
-        return asyncio.run(_run(options, uvicorn, app, tools, store, token))
+        # A sync tool's thread still running once the server is done holds no exit.
+        return asyncio.run(owning_the_exit(_run(options, uvicorn, app, tools, store, token),
+                                           "aimu serve"))
     except KeyboardInterrupt:  # Ctrl+C before Uvicorn was listening for it
         return 130
 
@@ -425,6 +429,8 @@ async def _run(
         async def _drained(self) -> None:
             print(f"aimu serve: draining: no new runs; the runs in progress stop within "
                   f"{options.drain:g} s", file=sys.stderr, flush=True)
+            # Whatever holds it then (a run that does not settle), the process exits.
+            exit_deadline(options.drain + DRAIN_MARGIN, "aimu serve")
             with contextlib.suppress(asyncio.CancelledError):
                 await application.drain(options.drain)
             self._exit_now(signal.SIGTERM, None)

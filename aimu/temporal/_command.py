@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aimu._extras import has_extra, missing_extra
@@ -16,6 +16,7 @@ from aimu._logs import logging_to
 from aimu._mcp_options import mcp_servers, open_all
 from aimu.aio.errors import ControlConnectionError, MCPServerError
 from aimu.aio.tools import Toolset
+from aimu.serve._bounded_exit import DRAIN_MARGIN, exit_deadline, owning_the_exit
 from aimu.serve.agents import AgentFactory, Closer, agent_factory, open_store
 from aimu.serve.command import add_agent_options, add_drain_options, agent_tools, seconds
 
@@ -59,7 +60,8 @@ def run_worker(options: argparse.Namespace) -> int:
         return 2
     try:
         with logging_to(sys.stderr, options.log_level):
-            return asyncio.run(_work(options, tools))
+            # A sync tool's thread still running once the worker is done holds no exit.
+            return asyncio.run(owning_the_exit(_work(options, tools), "aimu worker"))
     except KeyboardInterrupt:
         return 130
     except (ControlConnectionError, MCPServerError) as error:
@@ -122,6 +124,7 @@ def _signals(worker: AgentWorker, drain: float) -> Iterator[None]:
     assert task is not None
     loop = asyncio.get_running_loop()
     signalled: list[int] = []
+    deadline: list[Callable[[], None]] = []
 
     def on_signal(sig: int) -> None:
         if signalled or sig != signal.SIGTERM or drain == 0:
@@ -131,6 +134,8 @@ def _signals(worker: AgentWorker, drain: float) -> Iterator[None]:
         else:
             print(f"aimu worker: draining: no new runs; the runs in progress stop within "
                   f"{drain:g} s", file=sys.stderr, flush=True)
+            # Whatever holds it then (a run that does not settle), the process exits.
+            deadline.append(exit_deadline(drain + DRAIN_MARGIN, "aimu worker"))
         if not signalled:
             task.cancel()  # worker.run() ends by draining the worker
         signalled.append(sig)
@@ -142,3 +147,5 @@ def _signals(worker: AgentWorker, drain: float) -> Iterator[None]:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        for cancel in deadline:  # the worker is done (a caller in a test goes on)
+            cancel()

@@ -8,7 +8,8 @@ between any two chunks, exactly as with a real stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any, Self
 
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
@@ -126,8 +127,11 @@ class ScriptedModel(ModelClient):
         shared = self._shared
         shared.open_streams += 1
         try:
-            async for chunk in _play(turn, self._shared.turns_served):
-                yield chunk
+            # Closed with the stream (a consumer that stops at a chunk): never left to
+            # the garbage collector's finalizer task.
+            async with aclosing(_play(turn, self._shared.turns_served)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             shared.turns_served += 1
         finally:
             shared.open_streams -= 1
@@ -137,7 +141,7 @@ async def _pause(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-async def _play(turn: Turn, serial: int) -> AsyncIterator[Chunk]:
+async def _play(turn: Turn, serial: int) -> AsyncGenerator[Chunk, None]:
     if turn.first_byte_delay:
         await _pause(turn.first_byte_delay)
     if turn.fault == "http_500":

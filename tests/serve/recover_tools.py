@@ -8,8 +8,10 @@ by ``AIMU_TEST_HELD`` (the provable point: the tool runs), then waits until the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 
 from aimu import aio
@@ -56,6 +58,31 @@ async def held_asked(query: str) -> str:
     return await _hold(query)
 
 
+def blocking(query: str) -> str:
+    """Do something slow in a thread (a sync tool that never looks at a cancel): it
+    writes ``entered-<query>``, then blocks for 60 s unless ``open`` appears."""
+    opened = _note(query, entered=True)
+    until = time.monotonic() + 60
+    while not opened and time.monotonic() < until:
+        time.sleep(0.05)
+        opened = (Path(os.environ["AIMU_TEST_HELD"]) / "open").exists()
+    _note(query, entered=False)
+    return f"blocked {query}"
+
+
+async def stubborn(query: str) -> str:
+    """Do something that swallows its cancel (a bug in a tool): it writes
+    ``entered-<query>``, then goes on for 60 s unless ``open`` appears."""
+    opened = _note(query, entered=True)
+    until = time.monotonic() + 60
+    while not opened and time.monotonic() < until:
+        with contextlib.suppress(asyncio.CancelledError):  # the bug: the run cannot settle
+            await asyncio.sleep(0.05)
+        opened = (Path(os.environ["AIMU_TEST_HELD"]) / "open").exists()
+    _note(query, entered=False)
+    return f"stubborn {query}"
+
+
 @aio.tool
 def tick() -> str:
     """Count one round."""
@@ -68,10 +95,11 @@ LOOP_FAST = threading.Event()
 
 def script(request: dict[str, object]) -> Turn:
     """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked (``asks Q``:
-    held_asked twice, on Q1 and Q2), ``tree Q`` the agent ``helper``
-    (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then each says it is done;
-    ``slow Q``: a slow reply; ``loop``: every turn calls tick, for ever (each streams for
-    about 8 s until LOOP_FAST is set); anything else: ``answer to <it>``."""
+    held_asked twice, on Q1 and Q2), ``block Q`` blocking, ``stub Q`` stubborn, ``tree Q``
+    the agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then
+    each says it is done; ``slow Q``: a slow reply; ``loop``: every turn calls tick, for
+    ever (each streams for about 8 s until LOOP_FAST is set); anything else:
+    ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -86,7 +114,8 @@ def script(request: dict[str, object]) -> Turn:
     if word == "asks":  # two calls, each waiting for a person's decision
         return Turn(text="asking ", tool_calls=tuple(
             ScriptedCall("held_asked", {"query": f"{query}{n}"}) for n in (1, 2)))
-    names = {"hold": "held", "once": "held_once", "ask": "held_asked"}
+    names = {"hold": "held", "once": "held_once", "ask": "held_asked", "block": "blocking",
+             "stub": "stubborn"}
     if word == "slow":  # a reply that streams for about 8 s
         return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)
     if word == "tree":

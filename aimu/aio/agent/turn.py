@@ -400,8 +400,7 @@ async def _count_retry(session: Session, run: RunState, chunk: TurnRetry) -> Lim
     budget = run.budget
     assert budget is not None
     budget.count_tokens(chunk.spent, estimated=True)
-    if budget.session_limits_set:
-        await session.keep_spend(budget.run)
+    await session.keep_spend(budget)
     return budget.streamed(zero_usage()) if budget.watch else None
 
 
