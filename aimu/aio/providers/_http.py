@@ -22,7 +22,7 @@ import ssl
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, ClassVar, Self, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpcore
@@ -44,6 +44,9 @@ from aimu.aio.providers.base import (
     check_context_window,
 )
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
+
+if TYPE_CHECKING:
+    from aimu.aio.providers._auth import TokenSource
 
 __all__ = [
     "HTTPModelClient",
@@ -555,6 +558,9 @@ class HTTPModelClient(ModelClient):
 
     options: dict[str, Any]
     _owner: bool = True
+    #: Where a bearer token that changes comes from (an Entra ID provider, Google's
+    #: credentials), asked before every request; None: the headers are fixed.
+    _auth: TokenSource | None = None
 
     @classmethod
     def service_settings(
@@ -774,9 +780,10 @@ class HTTPModelClient(ModelClient):
     ) -> tuple[httpx.Response, int]:
         """The response to the request, its head read, and the retries made so far
         (``attempt`` before); retried while no byte came back."""
-        headers = _STREAM_HEADERS if stream else _WHOLE_HEADERS
+        fixed = _STREAM_HEADERS if stream else _WHOLE_HEADERS
         loading_since: float | None = None  # when the server first said it was loading
         while True:
+            headers = fixed if self._auth is None else await self.auth_headers(fixed, reporter)
             request = http.build_request(
                 "POST", _parsed_url(self.url_for(stream)), content=body, headers=headers
             )
@@ -804,6 +811,13 @@ class HTTPModelClient(ModelClient):
             if not await self.retry.wait(attempt, wait, failure, reporter, loading_for):
                 raise failure
             self._retried += 1
+
+    async def auth_headers(self, headers: Mapping[str, str], reporter: Reporter) -> dict[str, str]:
+        """``headers`` with the bearer token of :attr:`_auth` for one request."""
+        sent = dict(headers)
+        if self._auth is not None:
+            sent.update(await self._auth.headers(reporter))
+        return sent
 
     async def _http_error(self, response: httpx.Response, reporter: Reporter) -> ModelError:
         try:
