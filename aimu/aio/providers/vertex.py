@@ -54,7 +54,6 @@ class VertexClient(GeminiClient):
     url_env = ""
     default_url = ""
     url_example = "https://us-central1-aiplatform.googleapis.com"
-    key_envs = ()
     key_header = "Authorization"
     key_prefix = "Bearer "
 
@@ -84,7 +83,8 @@ class VertexClient(GeminiClient):
             raise ValueError("Vertex AI: give token= or credentials=, not both")
         root = (base_url or vertex_root(location)).strip().rstrip("/")
         url = root if _VERSIONED.fullmatch(root) else root + "/v1"
-        super().__init__(model, base_url=url, api_key=token, **options)
+        # "": no key from GEMINI_API_KEY either; the token goes as the Bearer "key".
+        super().__init__(model, base_url=url, api_key=token or "", **options)
         self.project, self.location = project, location
         self._path = (
             f"{self.url}/projects/{quote(project, safe=':.')}/locations/{location}"

@@ -121,12 +121,12 @@ class CloudAccess:
         grant = form.get("grant_type", [""])[0]
         refresh = form.get("refresh_token", [""])[0]
         if grant != "refresh_token" or refresh not in self.refresh_tokens:
-            body = {"error": "invalid_grant", "error_description": "Bad Request"}
-            return Reply(json_bytes(body), 400)
+            refused = {"error": "invalid_grant", "error_description": "Bad Request"}
+            return Reply(json_bytes(refused), 400)
         token = f"ya29.loopback-{len(self.issued) + 1}"
         self.issued.append(token)
         self.tokens[token] = time.time() + self.token_lifetime
-        body = {"access_token": token, "expires_in": self.token_lifetime,
+        body: dict[str, object] = {"access_token": token, "expires_in": self.token_lifetime,
                 "token_type": "Bearer", "scope": "https://www.googleapis.com/auth/cloud-platform"}
         return Reply(json_bytes(body))
 
