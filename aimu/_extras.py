@@ -94,7 +94,9 @@ def missing_extra(feature: str, extra: str, error: ImportError | None = None) ->
     """The error to raise when ``feature`` cannot run without ``extra`` (``error``: the
     failed import, if there was one; else the first module of the extra not found)."""
     if error is not None:
-        missing = (error.name or "").partition(".")[0]
+        name = error.name or ""
+        mine = (m for m in EXTRAS[extra] if name == m or name.startswith(m + "."))
+        missing = next(mine, name.partition(".")[0])
     else:
         absent = (m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None)
         missing = next(absent, "")

@@ -22,7 +22,7 @@ import ssl
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
+from typing import Any, ClassVar, Protocol, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpcore
@@ -45,10 +45,8 @@ from aimu.aio.providers.base import (
 )
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
-if TYPE_CHECKING:
-    from aimu.aio.providers._auth import TokenSource
-
 __all__ = [
+    "AuthSource",
     "HTTPModelClient",
     "Pool",
     "Reporter",
@@ -271,6 +269,14 @@ class Reporter:
             ) from error
         if isinstance(error, httpx.DecodingError):
             raise self.protocol(f"sent a body that could not be decoded ({error})") from error
+
+
+class AuthSource(Protocol):
+    """Where a changing credential comes from (:mod:`aimu.aio.providers._auth`)."""
+
+    async def headers(self, reporter: Reporter) -> dict[str, str]:
+        """The auth headers of one request; each secret in them joins ``reporter``'s."""
+        ...
 
 
 class TurnDecoder(abc.ABC):
@@ -560,7 +566,7 @@ class HTTPModelClient(ModelClient):
     _owner: bool = True
     #: Where a bearer token that changes comes from (an Entra ID provider, Google's
     #: credentials), asked before every request; None: the headers are fixed.
-    _auth: TokenSource | None = None
+    _auth: AuthSource | None = None
 
     @classmethod
     def service_settings(

@@ -18,6 +18,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from aimu._extras import needs_extra
 from aimu.aio.providers._auth import GoogleCredentials
 from aimu.aio.providers.gemini import GeminiClient
 
@@ -91,6 +92,8 @@ class VertexClient(GeminiClient):
             f"/publishers/google/models/{quote(self.model, safe='-._~@')}"
         )
         if token is None:
+            with needs_extra("vertex: models without token=", "vertex"):
+                import google.auth.transport.requests  # noqa: F401 - what a refresh uses
             self._auth = GoogleCredentials(credentials)
 
     def status_hint(self, status: int) -> str:

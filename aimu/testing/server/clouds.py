@@ -11,15 +11,18 @@ Each checks a request's credential as its service does and refuses a wrong or mi
 - Vertex AI: ``/{v1,v1beta1}/projects/{project}/locations/{location}/publishers/google/
   models/{model}:{streamGenerateContent,generateContent}``; the credential is a bearer
   token. The Gemini wire answers it.
-- ``POST /token``: an OAuth 2 token endpoint (google-auth's refresh-token grant) that
-  issues tokens living :attr:`CloudAccess.token_lifetime` seconds.
+- ``POST /token``: an OAuth 2 token endpoint that issues tokens living
+  :attr:`CloudAccess.token_lifetime` seconds for a refresh token it knows, or for a
+  service account's JWT (``jwt-bearer`` grant) asking for the cloud-platform scope.
 
 A token is accepted while it lives (:attr:`CloudAccess.tokens`, token to expiry).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -35,6 +38,8 @@ AZURE_KEY = "loopback-azure-key"
 TOKEN = "loopback-token"
 REFRESH_TOKEN = "loopback-refresh-token"
 TOKEN_PATH = "/token"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+_JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
 _AZURE = "/openai/"
 _VERTEX = re.compile(
@@ -119,16 +124,39 @@ class CloudAccess:
     def _token(self, request: Request) -> Reply:
         form = parse_qs(request.body.decode("utf-8", "replace"))
         grant = form.get("grant_type", [""])[0]
-        refresh = form.get("refresh_token", [""])[0]
-        if grant != "refresh_token" or refresh not in self.refresh_tokens:
+        if grant == _JWT_GRANT:
+            granted = _assertion_ok(form.get("assertion", [""])[0])
+        else:
+            granted = grant == "refresh_token" and (
+                form.get("refresh_token", [""])[0] in self.refresh_tokens
+            )
+        if not granted:
             refused = {"error": "invalid_grant", "error_description": "Bad Request"}
             return Reply(json_bytes(refused), 400)
         token = f"ya29.loopback-{len(self.issued) + 1}"
         self.issued.append(token)
         self.tokens[token] = time.time() + self.token_lifetime
         body: dict[str, object] = {"access_token": token, "expires_in": self.token_lifetime,
-                "token_type": "Bearer", "scope": "https://www.googleapis.com/auth/cloud-platform"}
+                "token_type": "Bearer", "scope": CLOUD_PLATFORM}
         return Reply(json_bytes(body))
+
+
+def _assertion_ok(assertion: str) -> bool:
+    """A service account's signed JWT (its signature is not checked here) for this token
+    endpoint, asking for the cloud-platform scope."""
+    parts = assertion.split(".")
+    if len(parts) != 3:
+        return False
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return False
+    return (
+        isinstance(claims, dict)
+        and str(claims.get("aud", "")).endswith(TOKEN_PATH)
+        and CLOUD_PLATFORM in str(claims.get("scope", "")).split()
+        and bool(claims.get("iss"))
+    )
 
 
 def _azure_error(status: int, message: str) -> Reply:
