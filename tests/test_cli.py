@@ -979,6 +979,40 @@ def test_a_piped_chat_on_the_responses_wire(server: LoopbackServer, tmp_path: Pa
                for r in server.requests)
 
 
+@pytest.mark.parametrize("spec", ["azure:my-deployment", "azure-responses:my-deployment",
+                                  "vertex:gemini-test"])
+def test_a_piped_chat_on_a_cloud(server: LoopbackServer, tmp_path: Path, spec: str) -> None:
+    """``--model azure:D`` / ``vertex:M`` reach the cloud's door from the environment alone
+    (Vertex: the application default credentials' token, issued by the server)."""
+    import json
+
+    from aimu.testing.server.clouds import AZURE_KEY, service_account_info
+
+    env = environment(tmp_path, "127.0.0.1:9")
+    adc = tmp_path / "adc.json"
+    adc.write_text(json.dumps(service_account_info(server.url + "/token")))
+    env.update(AZURE_OPENAI_BASE_URL=server.azure_base_url, AZURE_OPENAI_API_KEY=AZURE_KEY,
+               GOOGLE_CLOUD_PROJECT="proj-9", GOOGLE_CLOUD_LOCATION="us-east5",
+               GOOGLE_VERTEX_BASE_URL=server.url, GOOGLE_APPLICATION_CREDENTIALS=str(adc))
+    issued = len(server.clouds.issued)
+    done = subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--model", spec],
+        input="hello\n", capture_output=True, text=True, timeout=WAIT, env=env, cwd=ROOT,
+    )
+    assert done.returncode == 0, done
+    assert "answer to hello" in done.stdout
+    shown = done.stdout + done.stderr
+    assert AZURE_KEY not in shown
+    assert not any(token in shown for token in server.clouds.issued)
+    last = server.requests[-1]
+    if spec.startswith("vertex"):
+        assert last.path == ("/v1/projects/proj-9/locations/us-east5/publishers/google/models/"
+                             "gemini-test:streamGenerateContent")
+        assert len(server.clouds.issued) == issued + 1
+    else:
+        assert last.path.startswith("/openai/v1/") and last.body["model"] == "my-deployment"
+
+
 @pytest.mark.parametrize(
     ("spec", "variable"),
     [("openai-responses:m", "OPENAI_BASE_URL"), ("anthropic:m", "ANTHROPIC_BASE_URL"),

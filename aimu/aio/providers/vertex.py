@@ -4,7 +4,8 @@ The ``gemini:`` wire, configured for a Google Cloud project: requests go to
 ``https://{location}-aiplatform.googleapis.com/v1/projects/{project}/locations/{location}
 /publishers/google/models/{model}:streamGenerateContent?alt=sse`` (``global``:
 ``aiplatform.googleapis.com``; the multi-regions ``us`` and ``eu``:
-``aiplatform.{location}.rep.googleapis.com``; ``base_url=`` replaces the host) with an
+``aiplatform.{location}.rep.googleapis.com``; ``base_url=`` or
+``GOOGLE_VERTEX_BASE_URL`` replaces the host) with an
 OAuth access token as ``Authorization: Bearer``: ``token=``, else ``credentials=`` (any
 google-auth credentials), else the application default credentials, refreshed in a
 worker thread before they expire (google-auth, the ``vertex`` extra). No token appears
@@ -43,15 +44,19 @@ class VertexClient(GeminiClient):
     """A Gemini model on Vertex AI (``client("vertex:gemini-2.5-flash", project=...)``).
 
     ``project`` (else ``GOOGLE_CLOUD_PROJECT``) and ``location`` (else
-    ``GOOGLE_CLOUD_LOCATION``, else ``global``) place the model; ``base_url`` replaces
-    the host (a URL without an API version gets ``/v1``). ``token`` is a fixed access
+    ``GOOGLE_CLOUD_LOCATION``, else ``global``) place the model; ``base_url`` (else
+    ``GOOGLE_VERTEX_BASE_URL``, as Google's SDK reads it) replaces the host (a URL
+    without an API version gets ``/v1``). ``token`` is a fixed access
     token; without it, ``credentials`` or the application default credentials give one.
     The other settings are :class:`~aimu.aio.providers.gemini.GeminiClient`'s.
     """
 
     provider = "vertex"
     service = "Vertex AI"
-    hint = "is the endpoint reachable? check location= / GOOGLE_CLOUD_LOCATION and base_url="
+    hint = (
+        "is the endpoint reachable? check location= / GOOGLE_CLOUD_LOCATION and base_url= "
+        "/ GOOGLE_VERTEX_BASE_URL"
+    )
     url_env = ""
     default_url = ""
     url_example = "https://us-central1-aiplatform.googleapis.com"
@@ -82,7 +87,8 @@ class VertexClient(GeminiClient):
             raise ValueError("Vertex AI: token= must be a non-empty access token")
         if token is not None and credentials is not None:
             raise ValueError("Vertex AI: give token= or credentials=, not both")
-        root = (base_url or vertex_root(location)).strip().rstrip("/")
+        root = base_url or os.environ.get("GOOGLE_VERTEX_BASE_URL") or vertex_root(location)
+        root = root.strip().rstrip("/")
         url = root if _VERSIONED.fullmatch(root) else root + "/v1"
         # "": no key from GEMINI_API_KEY either; the token goes as the Bearer "key".
         super().__init__(model, base_url=url, api_key=token or "", **options)

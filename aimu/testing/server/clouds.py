@@ -31,7 +31,15 @@ from urllib.parse import parse_qs
 from aimu.testing.server._connection import Request
 from aimu.testing.server.wire import Reply, json_bytes
 
-__all__ = ["AZURE_KEY", "REFRESH_TOKEN", "TOKEN", "TOKEN_PATH", "CloudAccess", "is_cloud_path"]
+__all__ = [
+    "AZURE_KEY",
+    "REFRESH_TOKEN",
+    "TOKEN",
+    "TOKEN_PATH",
+    "CloudAccess",
+    "is_cloud_path",
+    "service_account_info",
+]
 
 #: The API key, bearer token and refresh token the server accepts unless told otherwise.
 AZURE_KEY = "loopback-azure-key"
@@ -139,6 +147,24 @@ class CloudAccess:
         body: dict[str, object] = {"access_token": token, "expires_in": self.token_lifetime,
                 "token_type": "Bearer", "scope": CLOUD_PLATFORM}
         return Reply(json_bytes(body))
+
+
+def service_account_info(token_uri: str, project: str = "loopback-project") -> dict[str, str]:
+    """A service account's key file (a fresh RSA key; needs ``cryptography``) whose
+    tokens come from ``token_uri``: the server's ``url + "/token"``. Written to a file
+    named by ``GOOGLE_APPLICATION_CREDENTIALS``, it is the application default
+    credentials google-auth finds."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    return {
+        "type": "service_account", "project_id": project, "private_key_id": "loopback-1",
+        "private_key": pem, "client_email": f"aimu@{project}.iam.gserviceaccount.com",
+        "client_id": "1", "token_uri": token_uri,
+    }
 
 
 def _assertion_ok(assertion: str) -> bool:

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from google.oauth2.credentials import Credentials
 from provider_support import RawServer, assert_key_hidden, http_response
 from test_wire_stops import (
@@ -31,7 +29,7 @@ from aimu.aio.errors import ModelConnectionError, ModelHTTPError
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
-from aimu.testing.server.clouds import AZURE_KEY, REFRESH_TOKEN, TOKEN
+from aimu.testing.server.clouds import AZURE_KEY, REFRESH_TOKEN, TOKEN, service_account_info
 
 __all__ = [
     "test_a_cancel_mid_stream_closes_it_and_keeps_the_text_so_far",
@@ -269,17 +267,10 @@ def test_the_url_comes_from_the_environment_and_the_location(
 
 
 def adc_file(tmp_path: Path, server: LoopbackServer) -> Path:
-    """Application default credentials of a service account (a fresh RSA key), whose
-    token endpoint is the server's."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
+    """Application default credentials of a service account whose token endpoint is the
+    server's."""
     path = tmp_path / "adc.json"
-    path.write_text(json.dumps({
-        "type": "service_account", "project_id": "proj-1", "private_key_id": "k1",
-        "private_key": pem, "client_email": "aimu@proj-1.iam.gserviceaccount.com",
-        "client_id": "1", "token_uri": server.url + "/token",
-    }))
+    path.write_text(json.dumps(service_account_info(server.url + "/token")))
     return path
 
 
