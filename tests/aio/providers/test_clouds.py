@@ -26,6 +26,7 @@ from test_wire_stops import (
 from aimu import aio
 from aimu._extras import MissingExtra
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError
+from aimu.aio.events import TextChunk
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
@@ -275,10 +276,13 @@ def adc_file(tmp_path: Path, server: LoopbackServer) -> Path:
 
 
 async def test_application_default_credentials_are_refreshed_before_they_expire(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """google-auth counts a token that expires within minutes as expired: one that lives
-    100 s is refreshed before every request, one that lives an hour once."""
+    100 s is refreshed before every request, one that lives an hour once. No token, and
+    no part of the signed assertion, reaches a log record (google-auth's own DEBUG
+    records of the token exchange included)."""
+    caplog.set_level(logging.DEBUG)
     async with LoopbackServer([Turn(text="one"), Turn(text="two"), Turn(text="three")]) as server:
         monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc_file(tmp_path, server)))
         server.clouds.tokens = {}  # only tokens the server issues
@@ -294,6 +298,10 @@ async def test_application_default_credentials_are_refreshed_before_they_expire(
         assert len(server.clouds.issued) == 3
         await model.aclose()
     assert [r.path for r in server.requests].count("/token") == 3
+    assert "/token" in caplog.text  # the exchange was logged, at DEBUG...
+    for token in server.clouds.issued:  # ...without its token
+        assert token not in caplog.text
+    assert "PRIVATE KEY" not in caplog.text and "assertion=" not in caplog.text
 
 
 async def test_the_refresh_runs_in_a_worker_thread(tmp_path: Path) -> None:
@@ -331,3 +339,40 @@ def test_vertex_without_google_auth_says_which_extra(monkeypatch: pytest.MonkeyP
     with pytest.raises(MissingExtra, match=r"vertex extra .*\[vertex\]"):
         aio.client("vertex:m", project="p")
     assert aio.client("vertex:m", project="p", token="t").provider == "vertex"
+
+
+async def test_a_background_response_is_re_attached_and_cancelled_with_a_fresh_token() -> None:
+    """azure-responses: background=True with a token provider: the create, the re-attach
+    after a dropped stream (GET) and the cancel a stop sends (POST .../cancel) each carry
+    the provider's current token, and the server takes each one."""
+    tokens = iter(f"entra-{n}" for n in range(1, 10))
+    given: list[str] = []
+
+    async def provider() -> str:
+        given.append(next(tokens))
+        return given[-1]
+
+    long = " ".join(f"w{n}" for n in range(80))
+    script = [Turn(text=long, delay=0.02, fault="drop", fault_after=2)]
+    async with LoopbackServer(script) as server:
+        server.clouds.tokens = {f"entra-{n}": float("inf") for n in range(1, 10)}
+        model = door("azure-responses", server, azure_ad_token_provider=provider,
+                     background=True)
+        handle = aio.RunHandle.start(aio.Agent(model).run("go"))
+        seen = 0
+        async for event in handle.events():
+            if isinstance(event, TextChunk):
+                seen += 1
+                if seen == 4:  # past the drop: the stream was re-attached
+                    handle.cancel()
+                    break
+        with pytest.raises(asyncio.CancelledError):
+            await handle
+        (response_id,) = server.background.cancelled
+        await model.aclose()
+    calls = [(r.method, r.path) for r in server.requests]
+    assert calls == [("POST", "/openai/v1/responses"),
+                     ("GET", f"/openai/v1/responses/{response_id}"),
+                     ("POST", f"/openai/v1/responses/{response_id}/cancel")]
+    assert given == ["entra-1", "entra-2", "entra-3"]
+    assert model.messages[-1].get("aimu_partial") is True
