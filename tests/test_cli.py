@@ -1014,6 +1014,29 @@ def test_a_piped_chat_on_a_cloud(server: LoopbackServer, tmp_path: Path, spec: s
 
 
 @pytest.mark.parametrize(
+    ("spec", "variable", "options"),
+    [("azure:d", "AZURE_OPENAI_BASE_URL", {"api_key": "k"}),
+     ("azure-responses:d", "AZURE_OPENAI_BASE_URL", {"token": "t"}),
+     ("vertex:m", "GOOGLE_CLOUD_LOCATION", {"project": "p", "token": "t"})],
+)
+async def test_an_unreachable_cloud_gets_the_chats_hint(
+    spec: str, variable: str, options: dict[str, str]
+) -> None:
+    from aimu import aio
+    from aimu.assistant.client import error_line
+
+    model = aio.client(spec, base_url="http://127.0.0.1:9/v1", retries=0, **options)
+    try:
+        with pytest.raises(aio.ModelConnectionError) as caught:
+            await model.chat("hi")
+    finally:
+        await model.aclose()
+    line = error_line(caught.value, model)
+    assert f"set {variable}" in line and "or chat offline with --model test" in line
+    assert "base_url=" not in line
+
+
+@pytest.mark.parametrize(
     ("spec", "variable"),
     [("openai-responses:m", "OPENAI_BASE_URL"), ("anthropic:m", "ANTHROPIC_BASE_URL"),
      ("gemini:m", "GEMINI_BASE_URL")],
