@@ -3,6 +3,7 @@ against bare httpx on the same wire and door, and how soon the server sees a can
 stream closed.
 
     python benchmarks/bench_clouds.py              # 50 rounds, 15 repeats; 105 cancels
+    python benchmarks/bench_clouds.py --callgrind  # + instructions per round (valgrind)
     python benchmarks/bench_clouds.py --quick      # a smoke run (CI)
 
 As benchmarks/bench_wire.py (whose loopback server process and bare turns this reuses):
@@ -24,8 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -220,6 +224,48 @@ async def cancel_to_closed(repeats: int) -> None:
             print(f"{name:<17} median {statistics.median(times):.2f} ms, p90 {p90:.2f} ms")
 
 
+def count(url: str, name: str, runs: int, rounds: int) -> int:
+    """Instructions of this script doing ``runs`` runs of row ``name`` under callgrind."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             sys.executable, __file__, "--instructions", name, "--url", url,
+             "--runs", str(runs), "--rounds", str(rounds)],
+            check=True, capture_output=True,
+        )
+        with open(out) as file:
+            for line in file:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no summary")
+
+
+def instructions(url: str, rounds: int, rows: tuple[str, ...]) -> None:
+    """Per round, the client alone: a 2-run process minus a 1-run process (start-up,
+    imports and the first run's one-time costs cancel); deterministic, unlike wall time
+    on a shared machine."""
+    print(f"\nInstructions per round (callgrind), {rounds} rounds: (2 runs - 1 run)")
+    print(f"{'client':<23} {'ours':>12} {'bare httpx':>12} {'ratio':>7}")
+    for name in rows:
+        per = [(count(url, which, 2, rounds) - count(url, which, 1, rounds)) / rounds
+               for which in (name, f"bare {name}")]
+        print(f"{name:<23} {per[0]:>12,.0f} {per[1]:>12,.0f} {per[0] / per[1]:>6.2f}x",
+              flush=True)
+
+
+def play(name: str, url: str, runs: int, rounds: int) -> None:
+    """``--instructions``: one warm-up run (excluded by the difference), then ``runs``."""
+    row = name.removeprefix("bare ")
+    run = ROWS[row](url, rounds) if name.startswith("bare ") else ours(row, url, rounds)
+
+    async def main() -> None:
+        for _ in range(runs):
+            await run()
+
+    asyncio.run(main())
+
+
 async def main(options: argparse.Namespace) -> None:
     with server_process() as url:
         if options.quick:
@@ -227,6 +273,8 @@ async def main(options: argparse.Namespace) -> None:
             await cancel_to_closed(3)
             return
         await rounds_table(url, options.repeats, options.rounds)
+        if options.callgrind:
+            instructions(url, options.rounds, ("azure:", "azure-responses:", "vertex:"))
         await cancel_to_closed(options.repeats * 7)
 
 
@@ -235,5 +283,13 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="a smoke run")
-    print(f"python {sys.version.split()[0]}, httpx {httpx.__version__}")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--callgrind", action="store_true", help="also count instructions")
+    parser.add_argument("--instructions", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.instructions:
+        play(options.instructions, options.url, options.runs, options.rounds)
+    else:
+        print(f"python {sys.version.split()[0]}, httpx {httpx.__version__}")
+        asyncio.run(main(options))
