@@ -194,6 +194,11 @@ async def rounds_table(url: str, repeats: int, rounds: int) -> None:
               f"{cpu:>15.0f} {bare_cpu:>8.0f} {cpu / bare_cpu:>5.2f}x")
 
 
+#: The clients cancel_to_closed() measures: the doors, and the public wires beside them
+#: (on the same server and machine load).
+NAMES = ("openai:", "azure:", "azure-responses:", "vertex:", "gemini:")
+
+
 async def cancel_to_closed(repeats: int) -> None:
     """A streamed turn closed after its first chunk: ms until the server sees it go."""
     from aimu.testing.script import Turn
@@ -203,8 +208,7 @@ async def cancel_to_closed(repeats: int) -> None:
     print(f"\nCancel to closed: a streamed turn closed after its first chunk, ms until the "
           f"server sees the connection go, {repeats} tries")
     with LoopbackServer.in_thread(lambda request: Turn(text=words, delay=0.005)) as server:
-        # The public wires beside them, on the same server and machine load.
-        for name in ("openai:", "azure:", "azure-responses:", "vertex:", "gemini:"):
+        for name in NAMES:
             if name in ("openai:", "gemini:"):
                 model = wire_client(name[:-1], server.url)
             else:
