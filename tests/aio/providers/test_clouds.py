@@ -376,3 +376,29 @@ async def test_a_background_response_is_re_attached_and_cancelled_with_a_fresh_t
                      ("POST", f"/openai/v1/responses/{response_id}/cancel")]
     assert given == ["entra-1", "entra-2", "entra-3"]
     assert model.messages[-1].get("aimu_partial") is True
+
+
+@pytest.mark.parametrize("cloud", ["azure", "vertex"])
+async def test_cached_input_tokens_are_read_as_each_cloud_reports_them(cloud: str) -> None:
+    """Azure reports ``prompt_tokens_details.cached_tokens``, Vertex AI
+    ``cachedContentTokenCount``: both become ``cached_input_tokens``."""
+    if cloud == "azure":
+        events = [
+            {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 1,
+                                      "prompt_tokens_details": {"cached_tokens": 32}}},
+        ]
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    else:
+        event = {"candidates": [{"content": {"role": "model", "parts": [{"text": "ok"}]},
+                                 "finishReason": "STOP"}],
+                 "usageMetadata": {"promptTokenCount": 40, "candidatesTokenCount": 1,
+                                   "cachedContentTokenCount": 32}, "responseId": "r1"}
+        body = f"data: {json.dumps(event)}\n\n"
+    response = http_response(body.encode(), content_type="text/event-stream")
+    async with RawServer(response) as raw:
+        model = door(cloud, raw.url)
+        chunks = [chunk async for chunk in model.stream_turn([{"role": "user", "content": "hi"}])]
+        await model.aclose()
+    assert chunks[-1].usage == {  # type: ignore[union-attr]
+        "input_tokens": 40, "output_tokens": 1, "cached_input_tokens": 32}
