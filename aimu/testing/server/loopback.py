@@ -3,8 +3,9 @@
 A :class:`LoopbackServer` listens on 127.0.0.1 (a random port by default) and plays a
 script (:mod:`aimu.testing.script`) through each protocol's chat path (:mod:`.ollama`:
 ``/api/chat``, NDJSON; :mod:`.openai`: ``/v1/chat/completions``, SSE; :mod:`.gemini`:
-``/v1beta/models/M:streamGenerateContent``, SSE), with delays and
-injected faults (:mod:`.playback`). It records every request, and for every chat reply
+``/v1beta/models/M:streamGenerateContent``, SSE), also behind Azure OpenAI's and Vertex
+AI's paths and credentials (:mod:`.clouds`), with delays and injected faults
+(:mod:`.playback`). It records every request, and for every chat reply
 whether the client abandoned it and when: a closed client connection is noticed even
 while the server waits between chunks.
 """
