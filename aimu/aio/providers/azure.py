@@ -13,7 +13,6 @@ log record or an error.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from aimu.aio.providers._auth import ProviderFunction, TokenProvider
@@ -40,30 +39,21 @@ class _AzureService(OpenAIService):
     #: How this client authenticates: ``"api-key"``, ``"token"`` or ``"token provider"``.
     credential = "api-key"
 
-    @classmethod
-    def service_settings(
-        cls,
-        base_url: str | None,
-        api_key: str | None,
-        headers: Mapping[str, str] | None,
-        fixed: Mapping[str, str] | None = None,
-    ) -> tuple[str, dict[str, str], list[str]]:
-        if not (base_url or os.environ.get(cls.url_env)):
-            raise ValueError(
-                f"{cls.service} needs the resource's URL: base_url= or {cls.url_env} "
-                f"(e.g. {cls.url_example})"
-            )
-        return super().service_settings(base_url, api_key, headers, fixed)
-
-    def _azure_init(
+    def __init__(
         self,
         deployment: str,
-        options: dict[str, Any],
-        token: str | None,
-        azure_ad_token_provider: ProviderFunction | None,
+        *,
+        token: str | None = None,
+        azure_ad_token_provider: ProviderFunction | None = None,
+        **options: Any,
     ) -> None:
-        """Build the client (``options``: the wire's own settings) with the one credential
-        given: the API key, else the token, else the token provider."""
+        """The wire's client (``options``: its own settings) at the resource, with the one
+        credential given: the API key, else the token, else the token provider."""
+        if not (options.get("base_url") or os.environ.get(self.url_env)):
+            raise ValueError(
+                f"{self.service} needs the resource's URL: base_url= or {self.url_env} "
+                f"(e.g. {self.url_example})"
+            )
         api_key = options.pop("api_key", None)
         given = [name for name, value in (("api_key", api_key), ("token", token),
                  ("azure_ad_token_provider", azure_ad_token_provider)) if value is not None]
@@ -115,16 +105,6 @@ class AzureOpenAIClient(_AzureService, OpenAIClient):
     provider = "azure"
     service = "Azure OpenAI"
 
-    def __init__(
-        self,
-        deployment: str,
-        *,
-        token: str | None = None,
-        azure_ad_token_provider: ProviderFunction | None = None,
-        **options: Any,
-    ) -> None:
-        self._azure_init(deployment, options, token, azure_ad_token_provider)
-
 
 class AzureResponsesClient(_AzureService, OpenAIResponsesClient):
     """A deployment on Azure OpenAI over the Responses API
@@ -135,13 +115,3 @@ class AzureResponsesClient(_AzureService, OpenAIResponsesClient):
 
     provider = "azure-responses"
     service = "Azure OpenAI Responses"
-
-    def __init__(
-        self,
-        deployment: str,
-        *,
-        token: str | None = None,
-        azure_ad_token_provider: ProviderFunction | None = None,
-        **options: Any,
-    ) -> None:
-        self._azure_init(deployment, options, token, azure_ad_token_provider)
