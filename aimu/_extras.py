@@ -42,6 +42,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis",),
     "serve": ("fastapi", "starlette", "uvicorn", "fastapi_offline"),
     "temporal": ("temporalio",),
+    "vertex": ("google.auth", "requests"),
 }
 
 
@@ -74,8 +75,13 @@ def install_command(extra: str) -> str:
 
 
 def _belongs(module: str | None, extra: str) -> bool:
-    top = (module or "").partition(".")[0]
-    return top in EXTRAS[extra]
+    """``module`` is one of ``extra``'s, a submodule of one, or a package one lives in
+    (``google`` for ``google.auth``)."""
+    name = module or ""
+    return bool(name) and any(
+        name == mine or name.startswith(mine + ".") or mine.startswith(name + ".")
+        for mine in EXTRAS[extra]
+    )
 
 
 def has_extra(extra: str) -> bool:
@@ -88,7 +94,9 @@ def missing_extra(feature: str, extra: str, error: ImportError | None = None) ->
     """The error to raise when ``feature`` cannot run without ``extra`` (``error``: the
     failed import, if there was one; else the first module of the extra not found)."""
     if error is not None:
-        missing = (error.name or "").partition(".")[0]
+        name = error.name or ""
+        mine = (m for m in EXTRAS[extra] if name == m or name.startswith(m + "."))
+        missing = next(mine, name.partition(".")[0])
     else:
         absent = (m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None)
         missing = next(absent, "")

@@ -979,6 +979,63 @@ def test_a_piped_chat_on_the_responses_wire(server: LoopbackServer, tmp_path: Pa
                for r in server.requests)
 
 
+@pytest.mark.parametrize("spec", ["azure:my-deployment", "azure-responses:my-deployment",
+                                  "vertex:gemini-test"])
+def test_a_piped_chat_on_a_cloud(server: LoopbackServer, tmp_path: Path, spec: str) -> None:
+    """``--model azure:D`` / ``vertex:M`` reach the cloud's door from the environment alone
+    (Vertex: the application default credentials' token, issued by the server)."""
+    import json
+
+    from aimu.testing.server.clouds import AZURE_KEY, service_account_info
+
+    env = environment(tmp_path, "127.0.0.1:9")
+    adc = tmp_path / "adc.json"
+    adc.write_text(json.dumps(service_account_info(server.url + "/token")))
+    env.update(AZURE_OPENAI_BASE_URL=server.azure_base_url, AZURE_OPENAI_API_KEY=AZURE_KEY,
+               GOOGLE_CLOUD_PROJECT="proj-9", GOOGLE_CLOUD_LOCATION="us-east5",
+               GOOGLE_VERTEX_BASE_URL=server.url, GOOGLE_APPLICATION_CREDENTIALS=str(adc))
+    issued = len(server.clouds.issued)
+    done = subprocess.run(
+        [sys.executable, "-m", "aimu", "chat", "--model", spec],
+        input="hello\n", capture_output=True, text=True, timeout=WAIT, env=env, cwd=ROOT,
+    )
+    assert done.returncode == 0, done
+    assert "answer to hello" in done.stdout
+    shown = done.stdout + done.stderr
+    assert AZURE_KEY not in shown
+    assert not any(token in shown for token in server.clouds.issued)
+    last = server.requests[-1]
+    if spec.startswith("vertex"):
+        assert last.path == ("/v1/projects/proj-9/locations/us-east5/publishers/google/models/"
+                             "gemini-test:streamGenerateContent")
+        assert len(server.clouds.issued) == issued + 1
+    else:
+        assert last.path.startswith("/openai/v1/") and last.body["model"] == "my-deployment"
+
+
+@pytest.mark.parametrize(
+    ("spec", "variable", "options"),
+    [("azure:d", "AZURE_OPENAI_BASE_URL", {"api_key": "k"}),
+     ("azure-responses:d", "AZURE_OPENAI_BASE_URL", {"token": "t"}),
+     ("vertex:m", "GOOGLE_CLOUD_LOCATION", {"project": "p", "token": "t"})],
+)
+async def test_an_unreachable_cloud_gets_the_chats_hint(
+    spec: str, variable: str, options: dict[str, str]
+) -> None:
+    from aimu import aio
+    from aimu.assistant.client import error_line
+
+    model = aio.client(spec, base_url="http://127.0.0.1:9/v1", retries=0, **options)
+    try:
+        with pytest.raises(aio.ModelConnectionError) as caught:
+            await model.chat("hi")
+    finally:
+        await model.aclose()
+    line = error_line(caught.value, model)
+    assert f"set {variable}" in line and "or chat offline with --model test" in line
+    assert "base_url=" not in line
+
+
 @pytest.mark.parametrize(
     ("spec", "variable"),
     [("openai-responses:m", "OPENAI_BASE_URL"), ("anthropic:m", "ANTHROPIC_BASE_URL"),

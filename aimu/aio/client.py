@@ -73,6 +73,24 @@ def _anthropic(model: str, **options: Any) -> ModelClient:
     return AnthropicClient(model, **options)
 
 
+def _azure(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.azure import AzureOpenAIClient
+
+    return AzureOpenAIClient(model, **options)
+
+
+def _azure_responses(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.azure import AzureResponsesClient
+
+    return AzureResponsesClient(model, **options)
+
+
+def _vertex(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.vertex import VertexClient
+
+    return VertexClient(model, **options)
+
+
 def _test(model: str, **options: Any) -> ModelClient:
     from aimu.aio.providers.test import TestModelClient
 
@@ -86,10 +104,16 @@ _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
     "gemini": (_gemini, True),
     "openai-responses": (_openai_responses, True),
     "anthropic": (_anthropic, True),
+    "azure": (_azure, True),
+    "azure-responses": (_azure_responses, True),
+    "vertex": (_vertex, True),
     "test": (_test, False),
 }
 
-PROVIDERS = ("ollama:", "openai:", "openai-responses:", "gemini:", "anthropic:", "test")
+PROVIDERS = (
+    "ollama:", "openai:", "openai-responses:", "gemini:", "anthropic:",
+    "azure:", "azure-responses:", "vertex:", "test",
+)
 
 
 def register_provider(name: str, factory: ProviderFactory, *, needs_model: bool = True) -> None:
@@ -107,8 +131,12 @@ def client(spec: str, **options: Any) -> ModelClient:
     ``api_key=``/``OPENAI_API_KEY``), ``openai-responses:<model>`` (OpenAI's Responses
     API, the same settings, ``background=True`` for background responses),
     ``gemini:<model>`` (Google's Gemini API; ``api_key=``/``GEMINI_API_KEY``/
-    ``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``) and ``test`` (the embedded
-    offline model).
+    ``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``), ``azure:<deployment>`` and
+    ``azure-responses:<deployment>`` (Azure OpenAI's v1 API; ``base_url=``/
+    ``AZURE_OPENAI_BASE_URL``, ``api_key=``/``AZURE_OPENAI_API_KEY``, ``token=`` or
+    ``azure_ad_token_provider=``), ``vertex:<model>`` (Gemini on Vertex AI; ``project=``/
+    ``GOOGLE_CLOUD_PROJECT``, ``location=``/``GOOGLE_CLOUD_LOCATION``, ``token=``, else the
+    application default credentials) and ``test`` (the embedded offline model).
     """
     if not isinstance(spec, str):
         raise TypeError(f"client() takes a 'provider:model' string, got {type(spec).__name__}")

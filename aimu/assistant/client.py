@@ -31,6 +31,18 @@ _CLI_HINTS = {
     "gemini": (
         "is the server reachable? set GEMINI_BASE_URL, or chat offline with --model test"
     ),
+    "azure": (
+        "is the resource reachable? set AZURE_OPENAI_BASE_URL, or chat offline with "
+        "--model test"
+    ),
+    "azure-responses": (
+        "is the resource reachable? set AZURE_OPENAI_BASE_URL, or chat offline with "
+        "--model test"
+    ),
+    "vertex": (
+        "is the endpoint reachable? set GOOGLE_CLOUD_LOCATION (or GOOGLE_VERTEX_BASE_URL), "
+        "or chat offline with --model test"
+    ),
 }
 
 

@@ -66,6 +66,11 @@ environment variables:
   ANTHROPIC_BASE_URL  the server of anthropic: models, and ANTHROPIC_API_KEY its key
   GEMINI_BASE_URL  the server of gemini: models (default Google's), and GEMINI_API_KEY
                    (or GOOGLE_API_KEY) its key
+  AZURE_OPENAI_BASE_URL  the resource of azure: and azure-responses: models
+                   (https://RESOURCE.openai.azure.com/openai/v1), and
+                   AZURE_OPENAI_API_KEY its key
+  GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION  where vertex: models run; their token
+                   from the application default credentials (GOOGLE_APPLICATION_CREDENTIALS)
 """
 
 

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from aimu.aio.client import ModelClient
+from aimu.aio.client import client as aio_client
 from aimu.aio.providers.anthropic import AnthropicClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.clouds import AZURE_KEY, TOKEN
 
 
 @pytest.fixture
@@ -25,6 +27,8 @@ async def server() -> AsyncIterator[LoopbackServer]:
 
 @pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses", "anthropic"])
 def provider(request: pytest.FixtureRequest) -> str:
+    """The wire (a module may override this fixture with the clouds' doors, ``azure``,
+    ``azure-responses``, ``vertex``, which ``make_client`` builds too)."""
     return str(request.param)
 
 
@@ -47,6 +51,16 @@ async def make_client(
         elif provider == "openai-responses":
             made_client = OpenAIResponsesClient(
                 "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options
+            )
+        elif provider in ("azure", "azure-responses"):
+            made_client = aio_client(
+                f"{provider}:gpt-test", base_url=server.azure_base_url, api_key=AZURE_KEY,
+                **options,
+            )
+        elif provider == "vertex":
+            made_client = aio_client(
+                "vertex:gemini-test", project="loopback-project", location="us-central1",
+                base_url=server.url, token=TOKEN, **options,
             )
         elif provider == "gemini":
             made_client = GeminiClient(

@@ -7,6 +7,7 @@ for ``ollama:`` or ``openai:`` models run as written.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.clouds import AZURE_KEY, service_account_info
 from tests import services
 from tests.docs.runner import blocks, fenced
 
@@ -105,6 +107,15 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
+    # The clouds' doors of the loopback server: Azure's key; Vertex AI's project, host and
+    # application default credentials (a service account whose tokens the server issues).
+    env.update(AZURE_OPENAI_BASE_URL=server.azure_base_url, AZURE_OPENAI_API_KEY=AZURE_KEY,
+               GOOGLE_CLOUD_PROJECT="docs-project", GOOGLE_CLOUD_LOCATION="us-central1",
+               GOOGLE_VERTEX_BASE_URL=server.url)
+    if page.name == "vertex.md":
+        adc = tmp_path / "adc.json"
+        adc.write_text(json.dumps(service_account_info(server.url + "/token")))
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = str(adc)
     if page.name == "persist-and-resume.md":  # its PostgreSQL section needs a server
         env["DATABASE_URL"] = services.postgres_dsn()
     if page.name == "scale-out.md":  # its Redis, found (or skipped) as every Redis test's

@@ -143,7 +143,8 @@ def test_help_names_the_environment_and_the_log_levels_agree_with_chat(
     shown = capsys.readouterr().out
     for variable in ("AIMU_API_TOKEN", "AIMU_MODEL", "AIMU_HOME", "OPENAI_BASE_URL",
                      "OPENAI_API_KEY", "OLLAMA_HOST", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
-                     "GEMINI_BASE_URL", "GEMINI_API_KEY"):
+                     "GEMINI_BASE_URL", "GEMINI_API_KEY", "AZURE_OPENAI_BASE_URL",
+                     "AZURE_OPENAI_API_KEY", "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION"):
         assert variable in shown
 
 
@@ -242,6 +243,42 @@ async def test_serve_runs_on_a_vendor_wire_and_never_shows_the_key(
             assert model.requests[0].headers[header] == "***"
     assert f"  model  {spec}" in "\n".join(server.said)
     assert key not in "\n".join(server.said)
+
+
+@pytest.mark.parametrize("spec", ["azure:my-deployment", "vertex:gemini-test"])
+async def test_serve_runs_on_a_cloud_and_never_shows_the_credential(
+    tmp_path: Path, spec: str
+) -> None:
+    """``aimu serve --model azure:D`` / ``vertex:M``, configured by the environment alone,
+    at the debug log level: no key or token in anything it says."""
+    import json
+
+    from aimu.testing.server.clouds import AZURE_KEY, service_account_info
+
+    async with LoopbackServer() as model:
+        adc = tmp_path / "adc.json"
+        adc.write_text(json.dumps(service_account_info(model.url + "/token")))
+        env = {"AZURE_OPENAI_BASE_URL": model.azure_base_url, "AZURE_OPENAI_API_KEY": AZURE_KEY,
+               "GOOGLE_CLOUD_PROJECT": "proj-s", "GOOGLE_CLOUD_LOCATION": "europe-west1",
+               "GOOGLE_VERTEX_BASE_URL": model.url, "GOOGLE_APPLICATION_CREDENTIALS": str(adc)}
+        async with (
+            aimu_serve(tmp_path, "--model", spec, "--log-level", "debug", **env) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+        ):
+            events = await collect(http, await start(http, "cloud", "What time is it?"))
+            assert events[-1].data["status"] == "completed"
+            assert [e.data["name"] for e in events if e.type == "tool_call"]  # answered
+        chats = {r.path for r in model.requests} - {"/token"}
+        if spec.startswith("vertex"):
+            assert chats == {"/v1/projects/proj-s/locations/europe-west1/publishers/google/"
+                             "models/gemini-test:streamGenerateContent"}
+            assert model.clouds.issued
+        else:
+            assert chats == {"/openai/v1/chat/completions"}
+    said = "\n".join(server.said)
+    assert f"  model  {spec}" in said
+    assert AZURE_KEY not in said
+    assert not any(token in said for token in model.clouds.issued)
 
 
 async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(

@@ -23,7 +23,7 @@ import ssl
 import time
 import uuid
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Self, cast
+from typing import Any, ClassVar, Protocol, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpcore
@@ -49,6 +49,7 @@ from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
 
 __all__ = [
+    "AuthSource",
     "HTTPModelClient",
     "Pool",
     "Reporter",
@@ -297,6 +298,14 @@ class Reporter:
             ) from error
         if isinstance(error, httpx.DecodingError):
             raise self.protocol(f"sent a body that could not be decoded ({error})") from error
+
+
+class AuthSource(Protocol):
+    """Where a changing credential comes from (:mod:`aimu.aio.providers._auth`)."""
+
+    async def headers(self, reporter: Reporter) -> dict[str, str]:
+        """The auth headers of one request; each secret in them joins ``reporter``'s."""
+        ...
 
 
 class TurnDecoder(abc.ABC):
@@ -593,6 +602,9 @@ class HTTPModelClient(ModelClient):
 
     options: dict[str, Any]
     _owner: bool = True
+    #: Where a bearer token that changes comes from (an Entra ID provider, Google's
+    #: credentials), asked before every request; None: the headers are fixed.
+    _auth: AuthSource | None = None
 
     @classmethod
     def service_settings(
@@ -861,9 +873,10 @@ class HTTPModelClient(ModelClient):
     ) -> tuple[httpx.Response, int]:
         """The response to the request, its head read, and the retries made so far
         (``attempt`` before); retried while no byte came back."""
-        headers = _STREAM_HEADERS if stream else _WHOLE_HEADERS
+        fixed = _STREAM_HEADERS if stream else _WHOLE_HEADERS
         loading_since: float | None = None  # when the server first said it was loading
         while True:
+            headers = fixed if self._auth is None else await self.auth_headers(fixed, reporter)
             request = http.build_request(
                 "POST", _parsed_url(self.url_for(stream)), content=body, headers=headers
             )
@@ -894,6 +907,13 @@ class HTTPModelClient(ModelClient):
             if not await self.retry.wait(attempt, wait, failure, reporter, loading_for):
                 raise failure
             self._retried += 1
+
+    async def auth_headers(self, headers: Mapping[str, str], reporter: Reporter) -> dict[str, str]:
+        """``headers`` with the bearer token of :attr:`_auth` for one request."""
+        sent = dict(headers)
+        if self._auth is not None:
+            sent.update(await self._auth.headers(reporter))
+        return sent
 
     async def _http_error(self, response: httpx.Response, reporter: Reporter) -> ModelError:
         try:

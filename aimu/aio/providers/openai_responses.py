@@ -293,9 +293,8 @@ class OpenAIResponsesClient(OpenAIService):
         """The stream of a background response from its event after ``attach``'s."""
         url = f"{self.endpoint()}/{attach.response_id}"
         params = {"stream": "true", "starting_after": str(attach.sequence_number)}
-        request = http.build_request(
-            "GET", url, params=params, headers={"Accept": "text/event-stream"}
-        )
+        headers = await self.auth_headers({"Accept": "text/event-stream"}, reporter)
+        request = http.build_request("GET", url, params=params, headers=headers)
         with reporter:
             response = await http.send(request, stream=True)
         if response.status_code >= 400:
@@ -331,8 +330,9 @@ class OpenAIResponsesClient(OpenAIService):
         url = f"{self.endpoint()}/{response_id}/cancel"
         try:
             async with asyncio.timeout(_CANCEL_WAIT):
+                headers = await self.auth_headers({"Content-Type": "application/json"}, reporter)
                 with reporter:
-                    answer = await http.post(url, headers={"Content-Type": "application/json"})
+                    answer = await http.post(url, headers=headers)
             if answer.status_code >= 400:
                 log.warning("model %r at %s: cancelling background response %s answered "
                             "HTTP %d", self.model, self.host, response_id, answer.status_code)

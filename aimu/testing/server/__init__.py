@@ -12,7 +12,9 @@ Run ``python -m aimu.testing.server [--port N] [--delay S]`` to serve the embedd
 The package, one concept a module: :mod:`.loopback` (the server: lifecycle, routing,
 records, waiting), :mod:`._connection` (HTTP/1.1 over h11), :mod:`.playback` (a turn's
 delays and faults), :mod:`.wire` with :mod:`.ollama` and :mod:`.openai` (each protocol's
-framing and endpoints), :mod:`.model` (the embedded test model), :mod:`.command`.
+framing and endpoints), :mod:`.clouds` (Azure OpenAI's and Vertex AI's paths in front of
+those wires, their credentials checked; an OAuth token endpoint), :mod:`.model` (the
+embedded test model), :mod:`.command`.
 """
 
 from aimu.testing.server.command import main

@@ -3,8 +3,9 @@
 A :class:`LoopbackServer` listens on 127.0.0.1 (a random port by default) and plays a
 script (:mod:`aimu.testing.script`) through each protocol's chat path (:mod:`.ollama`:
 ``/api/chat``, NDJSON; :mod:`.openai`: ``/v1/chat/completions``, SSE; :mod:`.gemini`:
-``/v1beta/models/M:streamGenerateContent``, SSE), with delays and
-injected faults (:mod:`.playback`). It records every request, and for every chat reply
+``/v1beta/models/M:streamGenerateContent``, SSE), also behind Azure OpenAI's and Vertex
+AI's paths and credentials (:mod:`.clouds`), with delays and injected faults
+(:mod:`.playback`). It records every request, and for every chat reply
 whether the client abandoned it and when: a closed client connection is noticed even
 while the server waits between chunks.
 """
@@ -26,6 +27,7 @@ from aimu.aio._tasks import Background
 from aimu.testing.script import Script, Turn
 from aimu.testing.server._connection import BadRequest, Connection, Request
 from aimu.testing.server.anthropic import ANTHROPIC
+from aimu.testing.server.clouds import CloudAccess, is_cloud_path
 from aimu.testing.server.gemini import GEMINI, is_gemini_path
 from aimu.testing.server.model import default_script
 from aimu.testing.server.ollama import OLLAMA
@@ -144,6 +146,9 @@ class LoopbackServer:
         #: answers 404 until ``/api/pull`` fetches them.
         self.not_pulled: set[str] = set()
         self._serial = iter(range(1, sys.maxsize))
+        #: The credentials the clouds' doors accept (Azure OpenAI, Vertex AI; see
+        #: :mod:`.clouds`) and the tokens its ``POST /token`` issued.
+        self.clouds = CloudAccess()
         #: The Responses API's background responses (``background: true``), by id.
         self.background = BackgroundResponses(self._spawn, self._notify)
 
@@ -192,6 +197,11 @@ class LoopbackServer:
     @property
     def openai_base_url(self) -> str:
         return self.url + "/v1"
+
+    @property
+    def azure_base_url(self) -> str:
+        """Azure OpenAI's v1 API (``.../openai/v1``): ``client("azure:D", base_url=...)``."""
+        return self.url + "/openai/v1"
 
     @property
     def gemini_base_url(self) -> str:
@@ -380,7 +390,10 @@ class LoopbackServer:
             await connection.unwatch()
             await connection.close(abort=abort)
 
-    def _record(self, connection: Connection, request: Request, body: dict[str, Any]) -> None:
+    def _record(
+        self, connection: Connection, request: Request, body: dict[str, Any], shown: str
+    ) -> None:
+        """Keep the request (its path as sent, ``shown``; its wire by the path it maps to)."""
         if not self.keep_records:
             self._notify()
             return
@@ -392,7 +405,7 @@ class LoopbackServer:
         self.requests.append(
             RecordedRequest(
                 request.method,
-                request.path,
+                shown,
                 protocol,
                 body,
                 headers,
@@ -404,9 +417,17 @@ class LoopbackServer:
 
     async def _dispatch(self, connection: Connection, request: Request) -> bool:
         """Answer one request; False when the connection must close."""
+        shown = request.path
+        if is_cloud_path(shown):  # a cloud's door: its credential checked, its path mapped
+            request, answer = self.clouds.route(request)
+            if answer is not None:
+                self._record(connection, request, {}, shown)
+                return await connection.send_response(
+                    answer.status, answer.body, answer.content_type
+                )
         path = request.path
         body, error = _json_body(request)
-        self._record(connection, request, body)
+        self._record(connection, request, body, shown)
         protocol = _protocol(path)
         wire = protocol.make_wire(request.target, body, self._serial)
         model = wire.model
