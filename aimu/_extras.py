@@ -35,6 +35,7 @@ DISTRIBUTION = "aimu-agents"
 
 #: Each extra of pyproject.toml and the top-level modules it installs.
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "bedrock": ("botocore",),
     "chat": ("prompt_toolkit",),
     "mcp": ("mcp",),
     "otel": ("opentelemetry",),

@@ -71,6 +71,12 @@ def _anthropic(model: str, **options: Any) -> ModelClient:
     return AnthropicClient(model, **options)
 
 
+def _bedrock(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.bedrock import BedrockClient
+
+    return BedrockClient(model, **options)
+
+
 def _test(model: str, **options: Any) -> ModelClient:
     from aimu.aio.providers.test import TestModelClient
 
@@ -84,10 +90,13 @@ _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
     "gemini": (_gemini, True),
     "openai-responses": (_openai_responses, True),
     "anthropic": (_anthropic, True),
+    "bedrock": (_bedrock, True),
     "test": (_test, False),
 }
 
-PROVIDERS = ("ollama:", "openai:", "openai-responses:", "gemini:", "anthropic:", "test")
+PROVIDERS = (
+    "ollama:", "openai:", "openai-responses:", "gemini:", "anthropic:", "bedrock:", "test",
+)
 
 
 def register_provider(name: str, factory: ProviderFactory, *, needs_model: bool = True) -> None:
@@ -105,8 +114,10 @@ def client(spec: str, **options: Any) -> ModelClient:
     ``api_key=``/``OPENAI_API_KEY``), ``openai-responses:<model>`` (OpenAI's Responses
     API, the same settings, ``background=True`` for background responses),
     ``gemini:<model>`` (Google's Gemini API; ``api_key=``/``GEMINI_API_KEY``/
-    ``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``) and ``test`` (the embedded
-    offline model).
+    ``GOOGLE_API_KEY``, ``base_url=``/``GEMINI_BASE_URL``), ``bedrock:<modelId>`` (Amazon
+    Bedrock's Converse API, SigV4-signed; ``region=``/``AWS_REGION``, credentials from
+    botocore's standard chain; the ``bedrock`` extra) and ``test`` (the embedded offline
+    model).
     """
     if not isinstance(spec, str):
         raise TypeError(f"client() takes a 'provider:model' string, got {type(spec).__name__}")

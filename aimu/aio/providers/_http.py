@@ -275,6 +275,14 @@ class TurnDecoder(abc.ABC):
 
     #: True once the reply's final marker was read: what follows is only the body's end.
     finished: bool = False
+    #: The stream is binary messages, not lines: :meth:`split` cuts it into what
+    #: :meth:`line` reads (AWS's event stream).
+    framed: ClassVar[bool] = False
+
+    def split(self, data: bytes) -> tuple[list[bytes], bytes]:
+        """The whole units at the head of ``data`` and the rest (a framed decoder's)."""
+        units = data.split(b"\n")
+        return units, units.pop()
 
     @abc.abstractmethod
     def line(self, line: bytes) -> list[Chunk]:
@@ -553,6 +561,9 @@ class HTTPModelClient(ModelClient):
     #: The chat endpoint's path under the base URL (what a 404 says to check).
     chat_path: ClassVar[str] = ""
 
+    #: Each request is signed (:meth:`sign`) before it is sent.
+    signs: ClassVar[bool] = False
+
     options: dict[str, Any]
     _owner: bool = True
 
@@ -680,6 +691,10 @@ class HTTPModelClient(ModelClient):
         encoded = self._wire.messages(messages)
         return request_body(settings, encoded, self._wire.tools(tools) if tools else None)
 
+    async def sign(self, request: httpx.Request, reporter: Reporter) -> None:
+        """Sign ``request`` in place (for a client whose :attr:`signs`); raise a ModelError
+        when it cannot be (no credentials)."""
+
     def status_hint(self, status: int) -> str:
         """What to check after an HTTP error status (``"; ..."``), or ``""``."""
         if status in (401, 403) and self.key_envs:
@@ -716,9 +731,13 @@ class HTTPModelClient(ModelClient):
                                 yield chunk
                             return
                         rest = b""
+                        framed = decoder.framed
                         async for piece in pieces:
-                            lines = (rest + piece).split(b"\n")
-                            rest = lines.pop()
+                            if framed:
+                                lines, rest = decoder.split(rest + piece)
+                            else:
+                                lines = (rest + piece).split(b"\n")
+                                rest = lines.pop()
                             for line in lines:
                                 chunks, echo = _line_chunks(decoder, echo, line)
                                 if decoder.finished:  # the connection goes back to the pool
@@ -782,6 +801,8 @@ class HTTPModelClient(ModelClient):
             )
             wait: float | None = None
             try:
+                if self.signs:  # signed anew for each attempt (a signature has a time)
+                    await self.sign(request, reporter)
                 with reporter:
                     response = await http.send(request, stream=True)
             except ModelError as error:
