@@ -434,7 +434,7 @@ def chat_shape(body: Mapping[str, Any], model: str) -> dict[str, Any]:
         if text or not results:
             messages.append({"role": "user", "content": text})
     shaped_body: dict[str, Any] = {"model": model, "messages": messages}
-    config = body.get("toolConfig") if isinstance(body.get("toolConfig"), Mapping) else {}
+    config: Mapping[str, Any] = body.get("toolConfig") or {}
     tools = [
         {"type": "function", "function": {
             "name": spec.get("name"), "description": spec.get("description", ""),
