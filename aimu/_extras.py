@@ -35,7 +35,6 @@ DISTRIBUTION = "aimu-agents"
 
 #: Each extra of pyproject.toml and the top-level modules it installs.
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "bedrock": ("botocore",),
     "chat": ("prompt_toolkit",),
     "mcp": ("mcp",),
     "otel": ("opentelemetry",),
@@ -43,6 +42,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis",),
     "serve": ("fastapi", "starlette", "uvicorn", "fastapi_offline"),
     "temporal": ("temporalio",),
+    "bedrock": ("botocore",),
 }
 
 

@@ -10,11 +10,13 @@ import pytest
 
 from aimu.aio.client import ModelClient
 from aimu.aio.providers.anthropic import AnthropicClient
+from aimu.aio.providers.bedrock import BedrockClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
 
 
 @pytest.fixture
@@ -23,7 +25,7 @@ async def server() -> AsyncIterator[LoopbackServer]:
         yield loopback
 
 
-@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses", "anthropic"])
+@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses", "anthropic", "bedrock"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -47,6 +49,12 @@ async def make_client(
         elif provider == "openai-responses":
             made_client = OpenAIResponsesClient(
                 "gpt-test", base_url=server.openai_base_url, api_key="sk-test", **options
+            )
+        elif provider == "bedrock":
+            made_client = BedrockClient(
+                "anthropic.claude-test-v1:0", region=REGION, base_url=server.url,
+                aws_access_key_id=TEST_KEY_ID, aws_secret_access_key=CREDENTIALS[TEST_KEY_ID],
+                **options,
             )
         elif provider == "gemini":
             made_client = GeminiClient(

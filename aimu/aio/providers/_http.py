@@ -704,12 +704,8 @@ class HTTPModelClient(ModelClient):
         return ""
 
     async def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-        request: TurnRequest | None = None,
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None, *,
+        stream: bool = True, request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         body = self.body(messages, tools, stream, request)
         reporter = self.reporter()
@@ -730,8 +726,7 @@ class HTTPModelClient(ModelClient):
                             for chunk in _echoed(echo, decoder.whole(await response.aread())):
                                 yield chunk
                             return
-                        rest = b""
-                        framed = decoder.framed
+                        rest, framed = b"", decoder.framed
                         async for piece in pieces:
                             if framed:
                                 lines, rest = decoder.split(rest + piece)

@@ -416,13 +416,9 @@ class BedrockClient(HTTPModelClient):
         with needs_extra("the bedrock: provider", "bedrock"):
             from botocore.credentials import Credentials
         region = (region or next(filter(None, map(os.environ.get, REGION_ENVS)), "")).strip()
-        if not region:
-            raise ValueError(
-                f"bedrock:{model} needs an AWS region: region= or {' / '.join(REGION_ENVS)}"
-            )
         url = base_url or next(filter(None, map(os.environ.get, URL_ENVS)), None)
         url, sent, secrets = self.service_settings(
-            url or f"https://bedrock-runtime.{region}.amazonaws.com", None, headers
+            url or f"https://bedrock-runtime.{region or 'us-east-1'}.amazonaws.com", None, headers
         )
         given: Credentials | None = None
         if aws_access_key_id or aws_secret_access_key or aws_session_token:
@@ -439,6 +435,10 @@ class BedrockClient(HTTPModelClient):
             options=options, context_window=context_window,
         )
         del merge_roles  # always merged: Converse wants user and assistant to alternate
+        if not region:  # after the options every client checks, as the others do
+            raise ValueError(
+                f"bedrock:{model} needs an AWS region: region= or {' / '.join(REGION_ENVS)}"
+            )
         self.region = region
         self.cache = bool(cache)
         self.continues_partial = bool(continues_partial)
