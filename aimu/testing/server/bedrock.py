@@ -96,9 +96,8 @@ def frame(headers: Mapping[str, str], payload: bytes, *, corrupt: bool = False) 
     """One event stream message: string headers, the payload, both CRC32 checksums
     (``corrupt``: the message's checksum off by one)."""
     encoded = b"".join(
-        bytes([len(name)]) + name.encode() + b"\x07" + len(value.encode()).to_bytes(2, "big")
-        + value.encode()
-        for name, value in headers.items()
+        bytes([len(key)]) + key + b"\x07" + len(data).to_bytes(2, "big") + data
+        for key, data in ((name.encode(), value.encode()) for name, value in headers.items())
     )
     total = 12 + len(encoded) + len(payload) + 4
     prelude = total.to_bytes(4, "big") + len(encoded).to_bytes(4, "big")
