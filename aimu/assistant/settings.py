@@ -79,7 +79,8 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         default=None,
         help="the model: test (embedded, offline), ollama:NAME, openai:NAME or "
-        "openai-responses:NAME, anthropic:NAME (default: $AIMU_MODEL, else test)",
+        "openai-responses:NAME, anthropic:NAME, bedrock:MODEL_ID "
+        "(default: $AIMU_MODEL, else test)",
     )
     parser.add_argument(
         "--session",

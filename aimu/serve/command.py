@@ -64,6 +64,8 @@ environment variables:
   ANTHROPIC_BASE_URL  the server of anthropic: models, and ANTHROPIC_API_KEY its key
   GEMINI_BASE_URL  the server of gemini: models (default Google's), and GEMINI_API_KEY
                    (or GOOGLE_API_KEY) its key
+  AWS_REGION       the region of bedrock: models; their credentials from AWS's chain
+                   (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a role...)
 """
 
 
