@@ -487,3 +487,29 @@ async def test_a_cancel_mid_stream_closes_it_at_once_and_keeps_the_partial(
             "role": "assistant", "content": "one ", "aimu_partial": True,
             "aimu_model": f"bedrock:{MODEL}",
         }
+
+
+async def test_a_throttled_bedrock_falls_back_to_another_cloud_and_back(
+    server: LoopbackServer,
+) -> None:
+    """Bedrock still throttling once its retries are spent: the turn goes to Anthropic's
+    API; the other way round, an overloaded Anthropic hands it to Bedrock. Each message
+    records the model that wrote it, each wire takes the transcript."""
+    from aimu.aio.providers.anthropic import AnthropicClient
+
+    claude = AnthropicClient("claude-test", base_url=server.url, api_key="sk-ant-x", retries=0)
+    cloud = bedrock(server, retries=0)
+    server.script = [Turn(text="x", fault="http_429"), Turn(text="from anthropic"),
+                     Turn(text="x", fault="http_529"), Turn(text="from bedrock")]
+    async with aio.Agent(aio.FallbackModel(cloud, claude)) as first:
+        assert await first.run("one") == "from anthropic"
+    async with aio.Agent(aio.FallbackModel(claude.fork(), cloud.fork())) as second:
+        second.restore(first.model_client.messages)
+        assert await second.run("two") == "from bedrock"
+    writers = [m.get("aimu_model") for m in second.model_client.messages
+               if m["role"] == "assistant"]
+    assert writers == ["anthropic:claude-test", f"bedrock:{MODEL}"]
+    assert [r.protocol for r in server.requests] == ["bedrock", "anthropic", "anthropic",
+                                                     "bedrock"]
+    assert server.requests[-1].body["messages"][1] == {
+        "role": "assistant", "content": [{"text": "from anthropic"}]}
