@@ -186,18 +186,39 @@ def _trailing_prefill(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks
 
 
+class _Group:
+    """One Converse message being built: its role, its blocks, and its JSON once done."""
+
+    __slots__ = ("encoded", "rest", "results", "role")
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.results: list[bytes] = []
+        self.rest: list[bytes] = []
+        self.encoded: bytes | None = None
+
+    def encode(self) -> bytes:
+        if self.encoded is None:
+            content = b",".join(self.results + self.rest)
+            self.encoded = b'{"role":"' + self.role.encode() + b'","content":[' + content + b"]}"
+        return self.encoded
+
+
 class _Encoder:
     """The transcript as Converse messages, each transcript message's blocks encoded once
-    (the messages sent last time are checked to be the same objects with the same
-    content, as :func:`~aimu.aio.providers._wire.unchanged` does)."""
+    and each finished Converse message joined once (the messages sent last time are
+    checked to be the same objects with the same content, as
+    :func:`~aimu.aio.providers._wire.unchanged` does: a grown transcript costs only what
+    it added)."""
 
-    __slots__ = ("_contents", "_encoded", "_objects", "_tools", "uses_tools")
+    __slots__ = ("_contents", "_groups", "_objects", "_tools", "uses_tools")
 
     def __init__(self) -> None:
         self._objects: list[Message] = []
         self._contents: list[str] = []
-        # per message: its Converse role ("" for none), its blocks, and whether a tool's
-        self._encoded: list[tuple[str, list[bytes], bool]] = []
+        # per Converse message: its role, its toolResult blocks, its other blocks, and
+        # the message encoded (None while it may still grow)
+        self._groups: list[_Group] = []
         self._tools: tuple[object, bool, list[dict[str, Any]]] = (None, False, [])
         #: The names of the tools the transcript's calls used (toolConfig needs them).
         self.uses_tools: dict[str, None] = {}
@@ -207,36 +228,31 @@ class _Encoder:
         message goes as a prefill, its last text without trailing whitespace."""
         start = unchanged(self._objects, self._contents, messages)
         if not start:
-            self._objects, self._contents, self._encoded = [], [], []
+            self._objects, self._contents, self._groups = [], [], []
             self.uses_tools = {}
+        groups = self._groups
         for message in messages[start:]:
             self._objects.append(message)
             self._contents.append(message["content"])
             role: str = message["role"]
-            blocks = message_blocks(message)
             for call in cast("list[ToolCall]", message.get("tool_calls", [])):
                 self.uses_tools[call["function"]["name"]] = None
-            if role == "tool":
-                role = "user"
-            elif role not in ("user", "assistant") or not blocks:
-                role = ""
-            self._encoded.append((role, [dumps(b) for b in blocks], message["role"] == "tool"))
-        turns: list[tuple[str, list[bytes], list[bytes]]] = []
-        for role, encoded, result in self._encoded:
-            if not role:
+            blocks = [dumps(block) for block in message_blocks(message)]
+            side = "user" if role == "tool" else role
+            if side not in ("user", "assistant") or not blocks:
                 continue
-            if not turns or turns[-1][0] != role:
-                turns.append((role, [], []))
-            (turns[-1][1] if result else turns[-1][2]).extend(encoded)
-        if turns and turns[-1][0] == "assistant" and messages[-1]["role"] == "assistant":
+            if not groups or groups[-1].role != side:
+                groups.append(_Group(side))
+            group = groups[-1]
+            (group.results if role == "tool" else group.rest).extend(blocks)
+            group.encoded = None
+        encoded = [group.encode() for group in groups]
+        if groups and groups[-1].role == "assistant" and messages[-1]["role"] == "assistant":
             trailing = [b for m in _trailing(messages) for b in message_blocks(m)]
-            turns[-1] = ("assistant", [], [dumps(b) for b in _trailing_prefill(trailing)])
-            if not turns[-1][2]:
-                turns.pop()
-        return b"[" + b",".join(
-            b'{"role":"' + role.encode() + b'","content":[' + b",".join(results + rest) + b"]}"
-            for role, results, rest in turns
-        ) + b"]"
+            prefill = _Group("assistant")
+            prefill.rest = [dumps(b) for b in _trailing_prefill(trailing)]
+            encoded[-1:] = [prefill.encode()] if prefill.rest else []
+        return b"[" + b",".join(encoded) + b"]"
 
     def tools(self, tools: Sequence[ToolSpec] | None, cache: bool) -> list[dict[str, Any]]:
         """``toolConfig.tools``: those offered, else those the transcript used (Converse
