@@ -15,7 +15,7 @@ CRCs too), the tool input's fragments joined. Prints medians of interleaved repe
 - µs per round at 50 rounds, wall and client CPU, ours / bare (target <= 1.1x);
 - cancel to closed: a streamed turn closed after its first chunk, ms until the loopback
   server (in a thread of this process, one clock) sees the connection go (goal: median
-  under 1 ms).
+  under 1 ms), beside ``anthropic:`` tried in turn with it.
 """
 
 from __future__ import annotations
@@ -131,28 +131,33 @@ async def rounds_table(url: str, repeats: int, rounds: int) -> None:
 
 
 async def cancel_to_closed(repeats: int) -> None:
-    """A streamed turn closed after its first chunk: ms until the server sees it go."""
+    """A streamed turn closed after its first chunk: ms until the server sees it go, for
+    ``bedrock:`` and, tried in turn with it for the same machine's load, ``anthropic:``."""
     from aimu.testing.script import Turn
     from aimu.testing.server import LoopbackServer
 
     words = " ".join(f"w{i}" for i in range(200))
     with LoopbackServer.in_thread(lambda request: Turn(text=words, delay=0.005)) as server:
-        model = client(server.url)
-        times: list[float] = []
+        models = {"bedrock:": client(server.url),
+                  "anthropic:": aio.client("anthropic:bench", base_url=server.url, api_key="k")}
+        times: dict[str, list[float]] = {name: [] for name in models}
         for _ in range(repeats + 1):
-            before = len([s for s in server.streams if s.abandoned])
-            turn = model.stream_turn([{"role": "user", "content": "go"}])
-            await anext(turn)
-            closing = time.monotonic()
-            await turn.aclose()
-            records = await server.wait_abandoned(before + 1)
-            times.append((max(r.abandoned_at or 0.0 for r in records) - closing) * 1000)
-        await model.aclose()
-    times = sorted(times[1:])  # the first opened the connection pool: left out
-    p90 = times[min(len(times) - 1, int(len(times) * 0.9))]
-    print(f"\nCancel to closed, {repeats} tries: a streamed turn closed after its first chunk, "
-          f"until the server sees the connection go\nbedrock:   median "
-          f"{statistics.median(times):.2f} ms, p90 {p90:.2f} ms")
+            for name, model in models.items():
+                before = len([s for s in server.streams if s.abandoned])
+                turn = model.stream_turn([{"role": "user", "content": "go"}])
+                await anext(turn)
+                closing = time.monotonic()
+                await turn.aclose()
+                records = await server.wait_abandoned(before + 1)
+                times[name].append((max(r.abandoned_at or 0.0 for r in records) - closing) * 1000)
+        for model in models.values():
+            await model.aclose()
+    print(f"\nCancel to closed, {repeats} tries each, in turn: a streamed turn closed after its "
+          "first chunk, until the server sees the connection go")
+    for name, taken in times.items():
+        taken = sorted(taken[1:])  # the first opened the connection pool: left out
+        p90 = taken[min(len(taken) - 1, int(len(taken) * 0.9))]
+        print(f"{name:<11} median {statistics.median(taken):.2f} ms, p90 {p90:.2f} ms")
 
 
 async def main(options: argparse.Namespace) -> None:
