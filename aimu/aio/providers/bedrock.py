@@ -53,7 +53,7 @@ from aimu.aio.providers._http import (
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import decode_arguments, dumps, unchanged
-from aimu.aio.providers.anthropic import _after_prefill, prefill_space
+from aimu.aio.providers.anthropic import _after_prefill, _trailing, prefill_space
 from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
 
@@ -278,13 +278,6 @@ class _Encoder:
                 wire.append(_CACHE_POINT)
             self._tools = (tools, cache, wire)
         return wire
-
-
-def _trailing(messages: Sequence[Message]) -> list[Message]:
-    start = len(messages)
-    while start and messages[start - 1]["role"] == "assistant":
-        start -= 1
-    return list(messages[start:])
 
 
 def _tool_choice(choice: str | None) -> dict[str, Any] | None:
