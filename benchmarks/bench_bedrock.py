@@ -2,6 +2,7 @@
 signs with botocore, and how soon the server sees a cancelled stream closed.
 
     python benchmarks/bench_bedrock.py              # 50 rounds x 15 repeats, 105 cancels
+    python benchmarks/bench_bedrock.py --callgrind  # + instructions per round (valgrind)
     python benchmarks/bench_bedrock.py --quick      # a smoke run (CI)
 
 The loopback server (bench_wire.py's, in a process of its own) checks every request's
@@ -13,6 +14,7 @@ here), the event stream read with botocore's ``EventStreamBuffer`` (which checks
 CRCs too), the tool input's fragments joined. Prints medians of interleaved repeats:
 
 - µs per round at 50 rounds, wall and client CPU, ours / bare (target <= 1.1x);
+- with ``--callgrind``: instructions per round (2 runs - 1 run, so start-up cancels);
 - cancel to closed: a streamed turn closed after its first chunk, ms until the loopback
   server (in a thread of this process, one clock) sees the connection go (goal: median
   under 1 ms), beside ``anthropic:`` tried in turn with it.
@@ -23,8 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -160,9 +165,50 @@ async def cancel_to_closed(repeats: int) -> None:
         print(f"{name:<11} median {statistics.median(taken):.2f} ms, p90 {p90:.2f} ms")
 
 
+def count(url: str, name: str, runs: int, rounds: int) -> int:
+    """Instructions of this script doing ``runs`` runs of ``name`` under callgrind."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             __file__, "--instructions", name, "--url", url, "--runs", str(runs),
+             "--rounds", str(rounds)],
+            check=True, capture_output=True,
+        )
+        with open(out) as file:
+            for line in file:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no summary")
+
+
+def instructions(url: str, rounds: int) -> None:
+    """Instructions per round: (2 runs - 1 run) / rounds, so start-up and the first run's
+    one-time costs cancel; steady whatever else the machine runs."""
+    per = {name: (count(url, name, 2, rounds) - count(url, name, 1, rounds)) / rounds
+           for name in ("bare", "bedrock:")}
+    print(f"\nInstructions per round (callgrind), {rounds} rounds: (2 runs - 1 run)")
+    print(f"{'client':<11} {'ours':>12} {'bare httpx':>12} {'ratio':>7}")
+    print(f"{'bedrock:':<11} {per['bedrock:']:>12,.0f} {per['bare']:>12,.0f} "
+          f"{per['bedrock:'] / per['bare']:>6.2f}x")
+
+
+def play(name: str, url: str, runs: int, rounds: int) -> None:
+    """``--instructions``: ``runs`` runs of ``name`` (the callgrind child)."""
+    run = bare(url, rounds) if name == "bare" else ours(url, rounds)
+
+    async def main() -> None:
+        for _ in range(runs):
+            await run()
+
+    asyncio.run(main())
+
+
 async def main(options: argparse.Namespace) -> None:
     with server_process() as url:
         await rounds_table(url, options.repeats, options.rounds)
+        if options.callgrind:
+            instructions(url, options.rounds)
     await cancel_to_closed(options.cancels)
 
 
@@ -172,7 +218,14 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--cancels", type=int, default=105)
     parser.add_argument("--quick", action="store_true", help="a smoke run")
+    parser.add_argument("--callgrind", action="store_true", help="also count instructions")
+    parser.add_argument("--instructions", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.instructions:
+        play(options.instructions, options.url, options.runs, options.rounds)
+        sys.exit()
     if options.quick:
         options.repeats, options.rounds, options.cancels = 1, 5, 3
     print(f"python {sys.version.split()[0]}, httpx {httpx.__version__}")
