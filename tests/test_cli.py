@@ -1008,3 +1008,20 @@ async def test_an_unreachable_responses_server_gets_the_chats_hint(
     line = error_line(caught.value, model)
     assert f"set {variable}, or chat offline with --model test" in line
     assert "base_url=" not in line
+
+
+async def test_an_unreachable_bedrock_endpoint_gets_the_chats_hint() -> None:
+    from aimu import aio
+    from aimu.assistant.client import error_line
+
+    model = aio.client("bedrock:m", region=BEDROCK_REGION, base_url="http://127.0.0.1:9",
+                       aws_access_key_id=BEDROCK_KEY_ID, aws_secret_access_key=BEDROCK_SECRET,
+                       retries=0)
+    try:
+        with pytest.raises(aio.ModelConnectionError) as caught:
+            await model.chat("hi")
+    finally:
+        await model.aclose()
+    line = error_line(caught.value, model)
+    assert "set AWS_REGION (or AWS_ENDPOINT_URL_BEDROCK_RUNTIME), or chat offline" in line
+    assert "base_url=" not in line and BEDROCK_SECRET not in line

@@ -31,6 +31,10 @@ _CLI_HINTS = {
     "gemini": (
         "is the server reachable? set GEMINI_BASE_URL, or chat offline with --model test"
     ),
+    "bedrock": (
+        "is Bedrock reachable there? set AWS_REGION (or AWS_ENDPOINT_URL_BEDROCK_RUNTIME), "
+        "or chat offline with --model test"
+    ),
 }
 
 

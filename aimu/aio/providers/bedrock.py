@@ -24,13 +24,15 @@ key, session token or signature reaches a message, repr or log record.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import json
 import logging
 import os
 import threading
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast, overload
 from urllib.parse import quote
 
 import httpx
@@ -364,9 +366,28 @@ class _Signer:
         return str(signed.headers["Authorization"]).rpartition("Signature=")[2]
 
 
-class _Redacted(list[str]):
+class _Redacted(Sequence[str]):
     """The strings a request's errors must not show: the client's fixed secrets, the
-    credentials' secret key, session token and key id, and the latest signatures."""
+    credentials' secret key, session token and key id, and the latest signatures. One
+    object for a client and its forks; its repr shows none of them."""
+
+    def __init__(self, fixed: Sequence[str]) -> None:
+        self.fixed = tuple(fixed)
+        self.credentials: tuple[str, ...] = ()
+        self.signatures: collections.deque[str] = collections.deque(maxlen=_KEPT_SIGNATURES)
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain(self.fixed, self.credentials, self.signatures)
+
+    def __len__(self) -> int:
+        return len(self.fixed) + len(self.credentials) + len(self.signatures)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return list(self)[index]
 
     def __repr__(self) -> str:
         return f"<{len(self)} secrets>"
@@ -453,7 +474,6 @@ class BedrockClient(HTTPModelClient):
         self.continues_partial = bool(continues_partial)
         self._signer = _Signer(region, profile, given)
         self._redacted = _Redacted(self._secrets)
-        self._fixed = len(self._redacted)  # the secrets before the credentials' own
         self._path = f"{self.url}/model/{quote(self.model, safe='-._~')}"
         self._turns = _Encoder()
 
@@ -475,14 +495,13 @@ class BedrockClient(HTTPModelClient):
     async def sign(self, request: httpx.Request, reporter: Reporter) -> None:
         frozen = await self._signer.credentials(reporter)
         redacted = self._redacted
-        if frozen.secret_key not in redacted:  # new credentials: redact them from now on
-            kept = [s for s in (frozen.secret_key, frozen.token, frozen.access_key) if s]
-            redacted[self._fixed:] = kept
+        if frozen.secret_key not in redacted.credentials:  # new ones: redacted from now on
+            redacted.credentials = tuple(
+                s for s in (frozen.secret_key, frozen.token, frozen.access_key) if s
+            )
         if request.url.path.endswith("-stream"):
             request.headers["Accept"] = "application/vnd.amazon.eventstream"
-        redacted.append(self._signer.sign(frozen, request))
-        if len(redacted) > self._fixed + 3 + _KEPT_SIGNATURES:
-            del redacted[self._fixed + 3]
+        redacted.signatures.append(self._signer.sign(frozen, request))
 
     def body(
         self,
