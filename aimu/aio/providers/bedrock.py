@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import json
 import logging
@@ -124,16 +123,11 @@ class _DropWhileSigning(logging.Filter):
 _QUIET = _DropWhileSigning()
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def _quiet_botocore() -> None:
+    """Put the filter on ``botocore.auth`` (once)."""
     logger = logging.getLogger("botocore.auth")
     if _QUIET not in logger.filters:
         logger.addFilter(_QUIET)
-    _signing.active = True
-    try:
-        yield
-    finally:
-        _signing.active = False
 
 
 # -- the transcript in Converse's shape ------------------------------------------------------
@@ -302,13 +296,22 @@ class _Signer:
     roles), resolved in a worker thread the first time, and refreshed there when botocore
     says they need it. Its repr shows nothing of them."""
 
-    __slots__ = ("_credentials", "_frozen", "profile", "region")
+    __slots__ = ("_auth", "_credentials", "_failure", "_refreshable", "_request", "profile",
+                 "region")
 
     def __init__(self, region: str, profile: str | None, credentials: Credentials | None) -> None:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import RefreshableCredentials
+        from botocore.exceptions import BotoCoreError
+
         self.region = region
         self.profile = profile
         self._credentials = credentials
-        self._frozen: ReadOnlyCredentials | None = None
+        # botocore's parts, looked up once (not on every request)
+        self._auth, self._request = SigV4Auth, AWSRequest
+        self._refreshable, self._failure = RefreshableCredentials, BotoCoreError
+        _quiet_botocore()
 
     def _resolve(self) -> Credentials | None:
         import botocore.session
@@ -318,9 +321,6 @@ class _Signer:
     async def credentials(self, reporter: Reporter) -> ReadOnlyCredentials:
         """The credentials to sign with now (never read on the event loop's thread when
         that could wait on a file or the network)."""
-        from botocore.credentials import RefreshableCredentials
-        from botocore.exceptions import BotoCoreError
-
         try:
             credentials = self._credentials
             if credentials is None:
@@ -331,11 +331,11 @@ class _Signer:
                         f"{_CREDENTIALS_HINT} (botocore's standard chain)", host=reporter.host,
                     )
                 self._credentials = credentials
-            if isinstance(credentials, RefreshableCredentials) and credentials.refresh_needed():
+            if isinstance(credentials, self._refreshable) and credentials.refresh_needed():
                 frozen = await asyncio.to_thread(credentials.get_frozen_credentials)
             else:
                 frozen = credentials.get_frozen_credentials()
-        except BotoCoreError as error:
+        except self._failure as error:
             raise ModelError(
                 reporter.redact(
                     f"could not get AWS credentials for Amazon Bedrock at {reporter.host} "
@@ -343,22 +343,21 @@ class _Signer:
                 ),
                 host=reporter.host,
             ) from None
-        self._frozen = frozen
         return frozen
 
     def sign(self, frozen: ReadOnlyCredentials, request: httpx.Request) -> str:
         """Add ``X-Amz-Date``, ``Authorization`` (and ``X-Amz-Security-Token``) to
         ``request``; the signature made."""
-        from botocore.auth import SigV4Auth
-        from botocore.awsrequest import AWSRequest
-
         headers = request.headers
-        signed = AWSRequest(
+        signed = self._request(
             method=request.method, url=str(request.url), data=request.content,
             headers={"Content-Type": headers["content-type"], "Host": headers["host"]},
         )
-        with _quiet():
-            SigV4Auth(frozen, SERVICE, self.region).add_auth(signed)
+        _signing.active = True
+        try:
+            self._auth(frozen, SERVICE, self.region).add_auth(signed)
+        finally:
+            _signing.active = False
         for name in ("X-Amz-Date", "X-Amz-Security-Token", "Authorization"):
             value = signed.headers.get(name)
             if value is not None:
