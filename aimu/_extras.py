@@ -43,6 +43,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "serve": ("fastapi", "starlette", "uvicorn", "fastapi_offline"),
     "temporal": ("temporalio",),
     "vertex": ("google.auth", "requests"),
+    "bedrock": ("botocore",),
 }
 
 

@@ -22,6 +22,7 @@ SMOKE = {
     "bench_tools.py": ["--repeats", "1", "--calls", "100"],
     "bench_wire.py": ["--quick"],
     "bench_clouds.py": ["--quick"],
+    "bench_bedrock.py": ["--quick"],
     "bench_serve.py": ["--quick"],
     "bench_protocols.py": ["--repeats", "1"],
     "bench_control.py": ["--quick", "--workers", "2"],

@@ -30,7 +30,12 @@ import pytest
 from aimu.cli import main
 from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS as BEDROCK_CREDENTIALS
+from aimu.testing.server.bedrock import REGION as BEDROCK_REGION
+from aimu.testing.server.bedrock import TEST_KEY_ID as BEDROCK_KEY_ID
 from tests.http_stub import stub_server
+
+BEDROCK_SECRET = BEDROCK_CREDENTIALS[BEDROCK_KEY_ID]
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = " ".join(f"w{i}" for i in range(2000))
@@ -284,13 +289,17 @@ def roles_and_contents(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- piped stdin
 
 
-@pytest.mark.parametrize("model", ["ollama:test", "anthropic:claude-test", "gemini:gemini-test"])
+@pytest.mark.parametrize(
+    "model", ["ollama:test", "anthropic:claude-test", "gemini:gemini-test", "bedrock:claude-test"]
+)
 def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_partial(
     server: LoopbackServer, tmp_path: Path, chats: list[Chat], model: str
 ) -> None:
     env = environment(tmp_path, server.url)
     env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-ant-cli-secret")
     env.update(GEMINI_BASE_URL=server.url, GEMINI_API_KEY="AIza-cli-secret")
+    env.update(AWS_REGION=BEDROCK_REGION, AWS_ENDPOINT_URL_BEDROCK_RUNTIME=server.url,
+               AWS_ACCESS_KEY_ID=BEDROCK_KEY_ID, AWS_SECRET_ACCESS_KEY=BEDROCK_SECRET)
     streams_before = len(server.streams)
     chat = start(chats, "--model", model, env=env)
     chat.send("long story")
@@ -313,7 +322,7 @@ def test_stop_mid_stream_abandons_the_stream_and_the_next_request_carries_the_pa
     chat.close_input()
     assert chat.wait() == 0
     assert "Traceback" not in chat.errors
-    for key in ("sk-ant-cli-secret", "AIza-cli-secret"):
+    for key in ("sk-ant-cli-secret", "AIza-cli-secret", BEDROCK_SECRET):
         assert key not in chat.errors + shown  # the key is never shown
 
 
@@ -1056,3 +1065,20 @@ async def test_an_unreachable_responses_server_gets_the_chats_hint(
     line = error_line(caught.value, model)
     assert f"set {variable}, or chat offline with --model test" in line
     assert "base_url=" not in line
+
+
+async def test_an_unreachable_bedrock_endpoint_gets_the_chats_hint() -> None:
+    from aimu import aio
+    from aimu.assistant.client import error_line
+
+    model = aio.client("bedrock:m", region=BEDROCK_REGION, base_url="http://127.0.0.1:9",
+                       aws_access_key_id=BEDROCK_KEY_ID, aws_secret_access_key=BEDROCK_SECRET,
+                       retries=0)
+    try:
+        with pytest.raises(aio.ModelConnectionError) as caught:
+            await model.chat("hi")
+    finally:
+        await model.aclose()
+    line = error_line(caught.value, model)
+    assert "set AWS_REGION (or AWS_ENDPOINT_URL_BEDROCK_RUNTIME), or chat offline" in line
+    assert "base_url=" not in line and BEDROCK_SECRET not in line

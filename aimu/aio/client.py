@@ -89,6 +89,10 @@ def _vertex(model: str, **options: Any) -> ModelClient:
     from aimu.aio.providers.vertex import VertexClient
 
     return VertexClient(model, **options)
+def _bedrock(model: str, **options: Any) -> ModelClient:
+    from aimu.aio.providers.bedrock import BedrockClient
+
+    return BedrockClient(model, **options)
 
 
 def _test(model: str, **options: Any) -> ModelClient:
@@ -107,12 +111,13 @@ _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
     "azure": (_azure, True),
     "azure-responses": (_azure_responses, True),
     "vertex": (_vertex, True),
+    "bedrock": (_bedrock, True),
     "test": (_test, False),
 }
 
 PROVIDERS = (
     "ollama:", "openai:", "openai-responses:", "gemini:", "anthropic:",
-    "azure:", "azure-responses:", "vertex:", "test",
+    "azure:", "azure-responses:", "vertex:", "bedrock:", "test",
 )
 
 
@@ -136,7 +141,9 @@ def client(spec: str, **options: Any) -> ModelClient:
     ``AZURE_OPENAI_BASE_URL``, ``api_key=``/``AZURE_OPENAI_API_KEY``, ``token=`` or
     ``azure_ad_token_provider=``), ``vertex:<model>`` (Gemini on Vertex AI; ``project=``/
     ``GOOGLE_CLOUD_PROJECT``, ``location=``/``GOOGLE_CLOUD_LOCATION``, ``token=``, else the
-    application default credentials) and ``test`` (the embedded offline model).
+    application default credentials), ``bedrock:<modelId>`` (Amazon Bedrock's Converse
+    API, SigV4-signed; ``region=``/``AWS_REGION``, credentials from botocore's standard
+    chain; the ``bedrock`` extra) and ``test`` (the embedded offline model).
     """
     if not isinstance(spec, str):
         raise TypeError(f"client() takes a 'provider:model' string, got {type(spec).__name__}")

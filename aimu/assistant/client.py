@@ -43,6 +43,10 @@ _CLI_HINTS = {
         "is the endpoint reachable? set GOOGLE_CLOUD_LOCATION (or GOOGLE_VERTEX_BASE_URL), "
         "or chat offline with --model test"
     ),
+    "bedrock": (
+        "is Bedrock reachable there? set AWS_REGION (or AWS_ENDPOINT_URL_BEDROCK_RUNTIME), "
+        "or chat offline with --model test"
+    ),
 }
 
 

@@ -80,7 +80,8 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the model: test (embedded, offline), ollama:NAME, openai:NAME or "
         "openai-responses:NAME, anthropic:NAME, gemini:NAME, azure:DEPLOYMENT or "
-        "azure-responses:DEPLOYMENT, vertex:NAME (default: $AIMU_MODEL, else test)",
+        "azure-responses:DEPLOYMENT, vertex:NAME, bedrock:MODEL_ID (default: $AIMU_MODEL, "
+        "else test)",
     )
     parser.add_argument(
         "--session",

@@ -71,6 +71,8 @@ environment variables:
                    AZURE_OPENAI_API_KEY its key
   GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION  where vertex: models run; their token
                    from the application default credentials (GOOGLE_APPLICATION_CREDENTIALS)
+  AWS_REGION       the region of bedrock: models; their credentials from AWS's chain
+                   (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a role...)
 """
 
 

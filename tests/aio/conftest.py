@@ -11,11 +11,13 @@ import pytest
 from aimu.aio.client import ModelClient
 from aimu.aio.client import client as aio_client
 from aimu.aio.providers.anthropic import AnthropicClient
+from aimu.aio.providers.bedrock import BedrockClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
 from aimu.testing.server.clouds import AZURE_KEY, TOKEN
 
 
@@ -25,7 +27,7 @@ async def server() -> AsyncIterator[LoopbackServer]:
         yield loopback
 
 
-@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses", "anthropic"])
+@pytest.fixture(params=["ollama", "openai", "gemini", "openai-responses", "anthropic", "bedrock"])
 def provider(request: pytest.FixtureRequest) -> str:
     """The wire (a module may override this fixture with the clouds' doors, ``azure``,
     ``azure-responses``, ``vertex``, which ``make_client`` builds too)."""
@@ -61,6 +63,12 @@ async def make_client(
             made_client = aio_client(
                 "vertex:gemini-test", project="loopback-project", location="us-central1",
                 base_url=server.url, token=TOKEN, **options,
+            )
+        elif provider == "bedrock":
+            made_client = BedrockClient(
+                "anthropic.claude-test-v1:0", region=REGION, base_url=server.url,
+                aws_access_key_id=TEST_KEY_ID, aws_secret_access_key=CREDENTIALS[TEST_KEY_ID],
+                **options,
             )
         elif provider == "gemini":
             made_client = GeminiClient(

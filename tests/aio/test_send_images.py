@@ -79,6 +79,13 @@ async def test_an_image_sent_during_a_tool_call_goes_as_each_wire_takes_it(
     wire = server.requests[-1].body["messages"][-1]
     if provider == "ollama":
         assert wire["images"] == [PNG_URL.split(",")[1], JPEG_URL.split(",")[1]]
+    elif provider == "bedrock":  # the tool's result first, then the images and the text
+        assert "toolResult" in wire["content"][0]
+        assert [p["image"] for p in wire["content"][1:3]] == [
+            {"format": "png", "source": {"bytes": PNG_URL.split(",")[1]}},
+            {"format": "jpeg", "source": {"bytes": JPEG_URL.split(",")[1]}},
+        ]
+        assert wire["content"][3] == {"text": "and this photo?"}
     elif provider == "anthropic":  # the tool's result first, then the images and the text
         assert wire["content"][0]["type"] == "tool_result"
         assert [p["source"]["data"] for p in wire["content"][1:3]] == [

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS as BEDROCK_CREDENTIALS
+from aimu.testing.server.bedrock import REGION as BEDROCK_REGION
+from aimu.testing.server.bedrock import TEST_KEY_ID as BEDROCK_KEY_ID
 from aimu.testing.server.clouds import AZURE_KEY, service_account_info
 from tests import services
 from tests.docs.runner import blocks, fenced
@@ -103,6 +106,11 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         "ANTHROPIC_API_KEY": "sk-ant-docs-test",
         "GEMINI_BASE_URL": server.url,
         "GEMINI_API_KEY": "AIza-docs-test",
+        # bedrock: signed with the test key the loopback server knows
+        "AWS_REGION": BEDROCK_REGION,
+        "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.url,
+        "AWS_ACCESS_KEY_ID": BEDROCK_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": BEDROCK_CREDENTIALS[BEDROCK_KEY_ID],
         "AIMU_HOME": str(tmp_path / "aimu-home"),
         "PYTHONPATH": str(ROOT),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -23,6 +23,7 @@ from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.assistant import DEMO_TOOLS
 from aimu.cli import build_parser
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS, REGION, SESSION_TOKEN, TEMPORARY_KEY_ID
 from tests.serve.harness import ROOT, clean_env, collect, postgres_database, start
 from tests.services import redis_url
 
@@ -279,6 +280,33 @@ async def test_serve_runs_on_a_cloud_and_never_shows_the_credential(
     assert f"  model  {spec}" in said
     assert AZURE_KEY not in said
     assert not any(token in said for token in model.clouds.issued)
+
+
+async def test_serve_runs_on_bedrock_signed_and_never_shows_a_secret(tmp_path: Path) -> None:
+    """``--model bedrock:...`` with credentials from the environment (botocore's chain):
+    every request is signed (the loopback server checks each signature), and neither the
+    secret key nor the session token reaches a line serve prints, at debug level."""
+    secret = CREDENTIALS[TEMPORARY_KEY_ID]
+    env = {"AWS_REGION": REGION, "AWS_ACCESS_KEY_ID": TEMPORARY_KEY_ID,
+           "AWS_SECRET_ACCESS_KEY": secret, "AWS_SESSION_TOKEN": SESSION_TOKEN,
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    async with LoopbackServer() as model:
+        env["AWS_ENDPOINT_URL_BEDROCK_RUNTIME"] = model.url
+        async with (
+            aimu_serve(tmp_path, "--model", "bedrock:anthropic.claude-test-v1:0",
+                       "--log-level", "debug", **env) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+        ):
+            events = await collect(http, await start(http, "cloud", "What time is it?"))
+            assert events[-1].data["status"] == "completed"
+            assert [e.data["name"] for e in events if e.type == "tool_call"]  # answered
+            assert {r.path for r in model.requests} == {
+                "/model/anthropic.claude-test-v1%3A0/converse-stream"
+            }
+            assert all(r.headers["authorization"] == "***" for r in model.requests)
+    said = "\n".join(server.said)
+    assert "  model  bedrock:anthropic.claude-test-v1:0" in said
+    assert secret not in said and SESSION_TOKEN not in said
 
 
 async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(

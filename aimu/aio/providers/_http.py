@@ -313,6 +313,14 @@ class TurnDecoder(abc.ABC):
 
     #: True once the reply's final marker was read: what follows is only the body's end.
     finished: bool = False
+    #: The stream is binary messages, not lines: :meth:`split` cuts it into what
+    #: :meth:`line` reads (AWS's event stream).
+    framed: ClassVar[bool] = False
+
+    def split(self, data: bytes) -> tuple[list[bytes], bytes]:
+        """The whole units at the head of ``data`` and the rest (a framed decoder's)."""
+        units = data.split(b"\n")
+        return units, units.pop()
 
     @abc.abstractmethod
     def line(self, line: bytes) -> list[Chunk]:
@@ -600,6 +608,9 @@ class HTTPModelClient(ModelClient):
     #: The chat endpoint's path under the base URL (what a 404 says to check).
     chat_path: ClassVar[str] = ""
 
+    #: Each request is signed (:meth:`sign`) before it is sent.
+    signs: ClassVar[bool] = False
+
     options: dict[str, Any]
     _owner: bool = True
     #: Where a bearer token that changes comes from (an Entra ID provider, Google's
@@ -737,6 +748,10 @@ class HTTPModelClient(ModelClient):
         :attr:`url` (the request is sent there); no by default."""
         return False
 
+    async def sign(self, request: httpx.Request, reporter: Reporter) -> None:
+        """Sign ``request`` in place (for a client whose :attr:`signs`); raise a ModelError
+        when it cannot be (no credentials)."""
+
     def status_hint(self, status: int) -> str:
         """What to check after an HTTP error status (``"; ..."``), or ``""``."""
         if status in (401, 403) and self.key_envs:
@@ -756,12 +771,8 @@ class HTTPModelClient(ModelClient):
         return None
 
     async def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-        request: TurnRequest | None = None,
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None, *,
+        stream: bool = True, request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         """The turn, asked again (see :mod:`._resume`) when its stream breaks, within the
         client's retries."""
@@ -882,6 +893,8 @@ class HTTPModelClient(ModelClient):
             )
             wait: float | None = None
             try:
+                if self.signs:  # signed anew for each attempt (a signature has a time)
+                    await self.sign(request, reporter)
                 with reporter:
                     response = await http.send(request, stream=True)
             except ModelError as error:

@@ -56,6 +56,11 @@ class TurnDecoder(Protocol):
 
     finished: bool
 
+    @property
+    def framed(self) -> bool: ...
+
+    def split(self, data: bytes) -> tuple[list[bytes], bytes]: ...
+
     def line(self, line: bytes) -> list[Chunk]: ...
 
     def end(self) -> list[Chunk]: ...
@@ -91,9 +96,12 @@ class Reading:
         """The chunks of the lines ``piece`` completes (none after the final marker)."""
         if self.failed is not None:
             raise self.failed
-        lines = (self.rest + piece).split(b"\n")
-        self.rest = lines.pop()
         decoder = self.decoder
+        if decoder.framed:  # a binary stream of frames (Bedrock's), not lines
+            lines, self.rest = decoder.split(self.rest + piece)
+        else:
+            lines = (self.rest + piece).split(b"\n")
+            self.rest = lines.pop()
         if len(lines) == 1:  # most pieces are one event's line
             chunks = decoder.line(lines[0])
         else:

@@ -27,6 +27,7 @@ from aimu.aio._tasks import Background
 from aimu.testing.script import Script, Turn
 from aimu.testing.server._connection import BadRequest, Connection, Request
 from aimu.testing.server.anthropic import ANTHROPIC
+from aimu.testing.server.bedrock import BEDROCK
 from aimu.testing.server.clouds import CloudAccess, is_cloud_path
 from aimu.testing.server.gemini import GEMINI, is_gemini_path
 from aimu.testing.server.model import default_script
@@ -51,7 +52,8 @@ __all__ = ["LoopbackServer"]
 _REDACTED = "***"
 _BACKLOG = 4096
 _SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key",
+     "x-amz-security-token"}
 )
 
 
@@ -62,6 +64,8 @@ def _protocol(path: str) -> Protocol:
         return RESPONSES
     if path == ANTHROPIC.chat_path:
         return ANTHROPIC
+    if path.startswith("/model/"):
+        return BEDROCK
     return OPENAI if path == "/v1" or path.startswith("/v1/") else OLLAMA
 
 
@@ -435,7 +439,14 @@ class LoopbackServer:
             self.requests[-1].view = dict(wire.script_body())
 
         async def reply(status: int, payload: bytes, content_type: str = JSON) -> bool:
-            return await connection.send_response(status, payload, content_type)
+            extra = wire.error_headers(status) if status >= 400 else []
+            return await connection.send_response(status, payload, content_type, extra)
+
+        denied = protocol.authorize(request.method, request.target, request.headers, request.body)
+        if denied is not None:
+            return await connection.send_response(
+                denied.status, denied.body, denied.content_type, denied.headers
+            )
 
         if isinstance(wire, ResponsesWire) and path != protocol.chat_path:
             streams = self.streams if self.keep_records else []

@@ -99,6 +99,7 @@ class _Player:
         body = self.wire.error_body(status, words)
         retry_after = turn.retry_after or ("1" if status == 429 else None)
         extra = [("Retry-After", retry_after)] if retry_after is not None else []
+        extra += self.wire.error_headers(status)
         if not await self.connection.send_response(status, body, JSON, extra):
             return self._gone()
         self.record.chunks_sent = 1

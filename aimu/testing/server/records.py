@@ -9,7 +9,9 @@ from aimu.testing.server.gemini_chat import chat_view
 
 __all__ = ["Headers", "RecordedRequest", "StreamRecord", "WireProtocol"]
 
-WireProtocol: TypeAlias = Literal["ollama", "openai", "gemini", "openai-responses", "anthropic"]
+WireProtocol: TypeAlias = Literal[
+    "ollama", "openai", "gemini", "openai-responses", "anthropic", "bedrock"
+]
 
 _T = TypeVar("_T")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aimu.testing.script import Turn, split_text
-from aimu.testing.server.records import WireProtocol
+from aimu.testing.server.records import Headers, WireProtocol
 
 __all__ = [
     "JSON",
@@ -82,6 +82,10 @@ class Wire(abc.ABC):
     @abc.abstractmethod
     def error_body(self, status: int, message: str) -> bytes: ...
 
+    def error_headers(self, status: int) -> list[tuple[str, str]]:
+        """Headers an error reply of ``status`` carries (AWS's ``x-amzn-ErrorType``)."""
+        return []
+
     @abc.abstractmethod
     def chunks(self, turn: Turn) -> list[bytes]:
         """The framed content lines/events of a streamed turn, without the final marker."""
@@ -135,6 +139,7 @@ class Reply:
     body: bytes
     status: int = 200
     content_type: str = JSON
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 #: An endpoint other than chat: the server's view and the request's JSON body to a reply.
@@ -159,6 +164,10 @@ class Protocol:
         """The framing of one request to ``target`` (its path and query): for the model
         its body names."""
         return self.wire(str(body.get("model") or "test"), body, call_ids)
+
+    def authorize(self, method: str, target: str, headers: Headers, body: bytes) -> Reply | None:
+        """The refusal a request gets before anything else (a bad signature), or None."""
+        return None
 
     def method(self, path: str) -> str | None:
         """The method ``path`` takes, or None if this protocol has no such endpoint."""

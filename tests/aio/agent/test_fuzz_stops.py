@@ -30,12 +30,17 @@ from aimu.aio.transcript import dangling_calls, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS as BEDROCK_CREDENTIALS
+from aimu.testing.server.bedrock import REGION as BEDROCK_REGION
+from aimu.testing.server.bedrock import TEST_KEY_ID as BEDROCK_KEY_ID
 
 FINAL = "all done here"
 FOLLOW_UP = "follow-up done"
 INNER_BREAK = "the consumer stopped reading"
 
-PROVIDERS = ("openai", "ollama", "scripted", "openai-responses", "gemini", "anthropic")
+PROVIDERS = (
+    "openai", "ollama", "scripted", "openai-responses", "gemini", "anthropic", "bedrock"
+)
 TOOL_KINDS = (
     "sync_fast", "sync_slow", "sync_ctx", "sync_check",
     "async_fast", "async_slow", "async_ctx", "async_cleanup", "boom",
@@ -303,6 +308,10 @@ def make_client(sc: Scenario, server: LoopbackServer) -> aio.ModelClient:
         return aio.client(
             "openai-responses:m", base_url=server.openai_base_url, api_key="sk-test"
         )
+    if sc.provider == "bedrock":  # signed with the key the loopback server checks against
+        return aio.client("bedrock:m", region=BEDROCK_REGION, base_url=server.url,
+                          aws_access_key_id=BEDROCK_KEY_ID,
+                          aws_secret_access_key=BEDROCK_CREDENTIALS[BEDROCK_KEY_ID])
     return ScriptedModel(script_for(sc))
 
 

@@ -12,11 +12,13 @@ from typing import Any
 from aimu.aio.client import ModelClient
 from aimu.aio.providers.anthropic import AnthropicClient
 from aimu.aio.providers.base import Chunk
+from aimu.aio.providers.bedrock import BedrockClient
 from aimu.aio.providers.gemini import GeminiClient
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.aio.transcript import Message
+from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
 
 MakeClient = Callable[..., ModelClient]
 
@@ -33,6 +35,12 @@ def client_at(provider: str, url: str, key: str = "sk-test", **options: Any) -> 
         return OpenAIResponsesClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
     if provider == "openai":
         return OpenAIClient("gpt-test", base_url=url + "/v1", api_key=key, **options)
+    if provider == "bedrock":  # signed with the loopback server's test key (not ``key``)
+        return BedrockClient(
+            "anthropic.claude-test-v1:0", region=REGION, base_url=url,
+            aws_access_key_id=TEST_KEY_ID, aws_secret_access_key=CREDENTIALS[TEST_KEY_ID],
+            **options,
+        )
     raise ValueError(f"client_at: no client for provider {provider!r}")
 
 

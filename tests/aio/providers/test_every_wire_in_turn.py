@@ -1,5 +1,5 @@
 """One session through every wire in turn: ollama -> openai -> anthropic -> gemini ->
-openai-responses -> ollama. Each leg adds a tool round and a reply cut by a cancel; the
+openai-responses -> bedrock -> ollama. Each leg adds a tool round and a reply cut by a cancel; the
 next wire gets the whole transcript in its own shape (calls, results, cut text; native
 data only on its own wire), and each loopback endpoint refuses what the real API refuses,
 so every leg's request is one that provider accepts."""
@@ -16,8 +16,9 @@ from aimu.aio.events import TextChunk
 from aimu.aio.transcript import validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
+from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
 
-WIRES = ("ollama", "openai", "anthropic", "gemini", "openai-responses", "ollama")
+WIRES = ("ollama", "openai", "anthropic", "gemini", "openai-responses", "bedrock", "ollama")
 LONG = " ".join(f"w{n}" for n in range(60))
 
 
@@ -33,6 +34,10 @@ def make(wire: str, server: LoopbackServer) -> aio.ModelClient:
         return aio.client("anthropic:m", base_url=server.url, api_key="sk-ant")
     if wire == "gemini":
         return aio.client("gemini:m", base_url=server.gemini_base_url, api_key="AIza")
+    if wire == "bedrock":
+        return aio.client("bedrock:m", region=REGION, base_url=server.url,
+                          aws_access_key_id=TEST_KEY_ID,
+                          aws_secret_access_key=CREDENTIALS[TEST_KEY_ID])
     return aio.client(f"{wire}:m", base_url=server.openai_base_url, api_key="sk")
 
 

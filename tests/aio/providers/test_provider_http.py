@@ -48,9 +48,12 @@ LONG = " ".join(f"word{n}" for n in range(40))
 
 
 def asked_stream(request: RecordedRequest) -> bool:
-    """Whether a chat request asked for a streamed reply (Gemini says so in its path)."""
+    """Whether a chat request asked for a streamed reply (Gemini and Bedrock say so in
+    its path)."""
     if request.protocol == "gemini":
         return request.path.endswith(":streamGenerateContent")
+    if request.protocol == "bedrock":
+        return request.path.endswith("/converse-stream")
     return bool(request.body["stream"])
 
 
@@ -133,6 +136,15 @@ async def test_tool_call_round_trip(
             {"functionResponse": {"name": "weather", "response": {"output": "snow, -3 C"}}}
         ]
         return
+    if provider == "bedrock":  # a toolUse block, answered by a toolResult block
+        assert [t["toolSpec"]["name"] for t in first["toolConfig"]["tools"]] == ["weather"]
+        assert second["messages"][1:] == [
+            {"role": "assistant", "content": [{"toolUse": {
+                "toolUseId": call["id"], "name": "weather", "input": {"city": "Oslo"}}}]},
+            {"role": "user", "content": [{"toolResult": {
+                "toolUseId": call["id"], "content": [{"text": "snow, -3 C"}]}}]},
+        ]
+        return
     if provider == "anthropic":  # a tool_use block, answered by a tool_result block
         assert [tool["name"] for tool in first["tools"]] == ["weather"]
         assert second["messages"][1:] == [
@@ -198,7 +210,12 @@ async def test_a_partial_turn_is_sent_without_our_marker(
         assert "aimu_" not in json.dumps(body)
         return
     sent = body["messages"] if "messages" in body else body["input"]  # Responses: input items
-    if "messages" in body and isinstance(sent[0]["content"], list):  # Anthropic's blocks
+    blocks = "messages" in body and isinstance(sent[0]["content"], list)
+    if blocks and "type" not in sent[0]["content"][0]:  # Bedrock's blocks
+        assert sent[1] == {"role": "assistant", "content": [{"text": "I was cut"}]}
+        assert "aimu_" not in json.dumps(body)
+        return
+    if blocks:  # Anthropic's blocks
         assert sent[1] == {"role": "assistant", "content": [{"type": "text", "text": "I was cut"}]}
         assert "aimu_" not in json.dumps(body)
         return
@@ -241,7 +258,9 @@ async def test_a_malformed_json_line_is_a_protocol_error(
 ) -> None:
     server.script = [Turn(text="a b c", fault="bad_json", fault_after=1)]
     model = make_client()
-    with pytest.raises(ModelProtocolError, match=r"not JSON|could not be understood") as caught:
+    # Bedrock's binary wire: the fault is a message whose CRC32 does not match.
+    words = r"not JSON|could not be understood|CRC32"
+    with pytest.raises(ModelProtocolError, match=words) as caught:
         await collect(model.stream_turn([{"role": "user", "content": "x"}], stream=stream))
     assert model.host in str(caught.value)
 
