@@ -316,7 +316,8 @@ async def test_throttling_is_retried_before_the_turn_and_not_after(
     server: LoopbackServer,
 ) -> None:
     """A 429 ThrottlingException and a throttlingException message before any byte of
-    the turn are retried (re-signed: a retry is a new request); one after it is not."""
+    the turn are retried (re-signed: a retry is a new request); one mid-reply too, the
+    turn then restarted (Converse continues a partial only with continues_partial)."""
     server.script = [Turn(text="x", fault="http_429", retry_after="0"), Turn(text="hello"),
                      Turn(text="x", fault="overloaded_event"), Turn(text="again")]
     async with bedrock(server, retry_delay=0) as model:
@@ -326,16 +327,14 @@ async def test_throttling_is_retried_before_the_turn_and_not_after(
     assert len(server.requests) == 4
     assert len({r.headers["x-amz-date"] + str(r.connection) for r in server.requests}) >= 2
     server.script = [Turn(text="one two three", fault="overloaded_event", fault_after=1),
-                     Turn(text="never asked")]
+                     Turn(text="all three")]
     async with aio.Agent(bedrock(server, retry_delay=0)) as agent:
-        with pytest.raises(ModelHTTPError, match="throttlingException") as caught:
-            await agent.run("x")
-    assert caught.value.status_code == 429
-    assert agent.model_client.messages[-1] == {
-        "role": "assistant", "content": "one ", "aimu_partial": True,
-        "aimu_model": f"bedrock:{MODEL}",
+        assert await agent.run("x") == "all three"  # cut mid-reply: asked again (issue 44)
+    assert agent.model_client.messages[-1] == {  # the partial replaced, not glued on
+        "role": "assistant", "content": "all three", "aimu_model": f"bedrock:{MODEL}",
     }
-    assert len(server.requests) == 5  # the cut reply was not asked again
+    assert agent.last_run.retries == 1
+    assert len(server.requests) == 6
 
 
 async def test_a_cut_answer_is_continued_without_its_trailing_space(
