@@ -7,6 +7,7 @@ for ``ollama:`` or ``openai:`` models run as written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -80,13 +81,21 @@ SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
 TWICE_PAGES = {ROOT / "docs" / "tutorial.md"}
 
 
+@pytest.fixture
+def exit_stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
 @pytest.mark.parametrize("page", [
     pytest.param(
         p, id=str(p.relative_to(ROOT)), marks=pytest.mark.slow if p in SLOW_PAGES else ()
     )
     for p in [*PAGES, ROOT / "README.md"]
 ])
-def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
+def test_page_runs(
+    page: Path, server: LoopbackServer, tmp_path: Path, exit_stack: contextlib.ExitStack
+) -> None:
     # The README's shell commands are the fresh-machine commands CI itself runs; its
     # Python runs as plain scripts, the way a reader saves and runs the quick start.
     extra = ["--python-only"] if page.name == "README.md" else []
@@ -106,7 +115,7 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     if page.name == "persist-and-resume.md":  # its PostgreSQL section needs a server
-        env["DATABASE_URL"] = services.postgres_dsn()
+        env["DATABASE_URL"] = exit_stack.enter_context(services.postgres_database())
     if page.name == "scale-out.md":  # its Redis, found (or skipped) as every Redis test's
         env["REDIS_URL"] = services.redis_url()
     if page.name == "temporal.md":  # its Temporal dev server, as the Temporal tests'
