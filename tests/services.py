@@ -24,10 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -38,6 +38,7 @@ __all__ = [
     "browser_endpoint",
     "chromium_path",
     "free_port",
+    "postgres_database",
     "postgres_dsn",
     "redis_url",
     "temporal_address",
@@ -45,7 +46,9 @@ __all__ = [
 ]
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+#: The maintenance database every PostgreSQL has: tests make schemas and databases of
+#: their own from it, all named ``aimu_test_*``, and drop them.
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 _STARTUP_SECONDS = 20.0
 
 
@@ -306,6 +309,32 @@ def postgres_dsn() -> str:
     return _find("AIMU_TEST_POSTGRES_DSN", LOCAL_POSTGRES, _postgres_answers, _PrivatePostgres)
 
 
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """The URL of a database made for the caller (``aimu_test_*``) on the tests'
+    PostgreSQL, dropped afterwards: for code that uses a database's default schema."""
+    import asyncio
+    import secrets
+
+    import asyncpg
+
+    admin = postgres_dsn()
+    name = f"aimu_test_{secrets.token_hex(4)}"
+
+    async def execute(statement: str) -> None:
+        connection = await asyncpg.connect(admin)
+        try:
+            await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(execute(f'CREATE DATABASE "{name}"'))
+    try:
+        yield urlunsplit(urlsplit(admin)._replace(path=f"/{name}"))
+    finally:
+        asyncio.run(execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 def temporal_address() -> str:
     """The Temporal frontend (HOST:PORT) the Temporal tests use: the variable, else a
     dev server this test process starts (there is no shared local default to trust)."""
@@ -331,8 +360,9 @@ def npm_clients() -> Path:
     for package, version in NPM_CLIENTS.items():
         manifest = prefix / "node_modules" / package / "package.json"
         if not manifest.exists() or json.loads(manifest.read_text())["version"] != version:
-            unavailable(f"{package}@{version} is not installed in {prefix}: run .ci/run, or "
-                        f"npm install --prefix {prefix} {package}@{version}")
+            every = " ".join(f"{name}@{wanted}" for name, wanted in NPM_CLIENTS.items())
+            unavailable(f"{package}@{version} is not installed in {prefix}; install the "
+                        f"protocol clients with: npm install --prefix {prefix} {every}")
     return prefix
 
 

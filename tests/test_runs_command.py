@@ -159,7 +159,7 @@ def test_list_and_show_with_live_state_from_redis(
     from aimu.aio.control import RedisControl
     from tests.services import redis_url
 
-    url, redis, prefix = str(tmp_path / "s.db"), redis_url(), f"t{secrets.token_hex(4)}"
+    url, redis, prefix = str(tmp_path / "s.db"), redis_url(), f"aimu_test_{secrets.token_hex(4)}"
     asyncio.run(_fill(aio.SQLiteStore(url)))
 
     async def reserve() -> None:

@@ -7,6 +7,7 @@ for ``ollama:`` or ``openai:`` models run as written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -85,13 +86,21 @@ SLOW_PAGES = {ROOT / "docs" / "tutorial.md"}
 TWICE_PAGES = {ROOT / "docs" / "tutorial.md"}
 
 
+@pytest.fixture
+def exit_stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
 @pytest.mark.parametrize("page", [
     pytest.param(
         p, id=str(p.relative_to(ROOT)), marks=pytest.mark.slow if p in SLOW_PAGES else ()
     )
     for p in [*PAGES, ROOT / "README.md"]
 ])
-def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
+def test_page_runs(
+    page: Path, server: LoopbackServer, tmp_path: Path, exit_stack: contextlib.ExitStack
+) -> None:
     # The README's shell commands are the fresh-machine commands CI itself runs; its
     # Python runs as plain scripts, the way a reader saves and runs the quick start.
     extra = ["--python-only"] if page.name == "README.md" else []
@@ -125,7 +134,7 @@ def test_page_runs(page: Path, server: LoopbackServer, tmp_path: Path) -> None:
         adc.write_text(json.dumps(service_account_info(server.url + "/token")))
         env["GOOGLE_APPLICATION_CREDENTIALS"] = str(adc)
     if page.name == "persist-and-resume.md":  # its PostgreSQL section needs a server
-        env["DATABASE_URL"] = services.postgres_dsn()
+        env["DATABASE_URL"] = exit_stack.enter_context(services.postgres_database())
     if page.name == "scale-out.md":  # its Redis, found (or skipped) as every Redis test's
         env["REDIS_URL"] = services.redis_url()
     if page.name == "temporal.md":  # its Temporal dev server, as the Temporal tests'

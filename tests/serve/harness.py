@@ -376,7 +376,7 @@ async def postgres_database() -> AsyncIterator[str]:
     from tests.services import postgres_dsn
 
     admin_dsn = postgres_dsn()
-    database = f"aimu_serve_{secrets.token_hex(4)}"
+    database = f"aimu_test_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(admin_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{database}"')

@@ -26,7 +26,7 @@ from aimu import aio, serve
 from tests.serve.harness import uvicorn_serving
 
 SEED = int(os.environ.get("AIMU_A2A_FUZZ_SEED", "4242"))
-EXAMPLES = 150
+EXAMPLES = 100
 METHODS = ["SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
            "SubscribeToTask", "CreateTaskPushNotificationConfig", "GetExtendedAgentCard"]
 CONTEXTS = ["fz-a", "fz-b", "a2a-fz"]

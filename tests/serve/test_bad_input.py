@@ -119,7 +119,8 @@ async def test_bogus_event_ids_with_redis_are_400(
     model_server: LoopbackServer, tmp_path: Path, redis_url: str
 ) -> None:
     shared = make_app(
-        model_server, tmp_path / "s.db", redis=redis_url, redis_prefix=f"ids-{secrets.token_hex(4)}"
+        model_server, tmp_path / "s.db", redis=redis_url,
+        redis_prefix=f"aimu_test_ids-{secrets.token_hex(4)}",
     )
     with uvicorn_serving(shared) as url:
         async with httpx.AsyncClient(base_url=url, timeout=20) as http:

@@ -357,7 +357,7 @@ async def test_aimu_warnings_reach_the_server_log(tmp_path: Path) -> None:
 
 async def test_with_redis_it_says_where_the_runs_are_shared(tmp_path: Path) -> None:
     url = redis_url()
-    async with aimu_serve(tmp_path, "--redis", url, "--redis-prefix", "cmdtest") as server:
+    async with aimu_serve(tmp_path, "--redis", url, "--redis-prefix", "aimu_test_cmd") as server:
         assert f"  redis  {redact(url)}" in server.said
         assert "  runs   in this process, reachable from every server on Redis" in server.said
 

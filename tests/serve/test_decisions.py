@@ -62,7 +62,7 @@ async def test_the_last_two_decisions_at_once_on_two_servers_resume_the_run_once
     model_server: LoopbackServer, redis_url: str, store: Path | str
 ) -> None:
     MAILED.clear()
-    options = {"redis": redis_url, "redis_prefix": f"aimu-race-{secrets.token_hex(4)}"}
+    options = {"redis": redis_url, "redis_prefix": f"aimu_test_race-{secrets.token_hex(4)}"}
     a_app = make_app(model_server, store, **options)
     b_app = make_app(model_server, store, **options)
     with uvicorn_serving(a_app) as a_url, uvicorn_serving(b_app) as b_url:
@@ -129,7 +129,7 @@ async def test_a_decision_never_runs_the_call_that_replaced_the_one_shown(
     left it, its call undecided."""
     MAILED.clear()
     path = tmp_path / "sessions.db"
-    options = {"redis": redis_url, "redis_prefix": f"aimu-stale-{secrets.token_hex(4)}"}
+    options = {"redis": redis_url, "redis_prefix": f"aimu_test_stale-{secrets.token_hex(4)}"}
     with uvicorn_serving(make_app(model_server, path, **(options if shared else {}))) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             run_id = await start(http, "mail", "mailto Alice")

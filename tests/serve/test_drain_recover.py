@@ -487,7 +487,7 @@ async def test_a_run_is_started_only_once_its_record_is_stored(
     options: dict[str, Any] = {}
     if backend == "redis":
         options = {"redis": request.getfixturevalue("redis_url"),
-                   "redis_prefix": f"aimu-accept-{secrets.token_hex(4)}"}
+                   "redis_prefix": f"aimu_test_accept-{secrets.token_hex(4)}"}
     application = _held_app(tmp_path / "s.db", held, **options)
     store = application.runs.store
     try:

@@ -38,7 +38,8 @@ def base_url(
     store: Path = tmp_path_factory.mktemp("openapi") / "sessions.db"
     shared: dict[str, str] = {}
     if request.param == "redis":
-        shared = {"redis": services.redis_url(), "redis_prefix": f"oa-{secrets.token_hex(4)}"}
+        shared = {"redis": services.redis_url(),
+                  "redis_prefix": f"aimu_test_oa-{secrets.token_hex(4)}"}
     application = serve.app(aio.client("test"), store=store, **shared)
     with uvicorn_serving(application) as url:
         yield url

@@ -39,7 +39,7 @@ async def shared(
 ) -> AsyncIterator[list[str]]:
     """Options of servers sharing one Redis prefix and one store: SQLite by default,
     or (``indirect`` "postgres") a PostgreSQL database made for the test and dropped."""
-    prefix = f"aimu-serve-test-{secrets.token_hex(4)}"
+    prefix = f"aimu_test_serve-{secrets.token_hex(4)}"
     options = ["--redis", redis_url, "--redis-prefix", prefix]
     if getattr(request, "param", "sqlite") == "sqlite":
         yield [*options, "--store", str(tmp_path / "s.db")]

@@ -80,7 +80,7 @@ async def test_a_start_while_redis_is_down_fails_at_once_and_runs_nothing(
         GATE.reset()
         application = make_app(
             model_server, tmp_path / "s.db", redis=redis.url,
-            redis_prefix=f"down-{secrets.token_hex(4)}",
+            redis_prefix=f"aimu_test_down-{secrets.token_hex(4)}",
         )
         with uvicorn_serving(application) as url:
             async with httpx.AsyncClient(base_url=url, timeout=60) as http:
@@ -105,7 +105,7 @@ async def test_a_damaged_run_record_and_a_long_runs_list_break_no_listing(
     model_server: LoopbackServer, tmp_path: Path
 ) -> None:
     redis = PrivateRedis()  # its own: the command counts below are this server's alone
-    prefix = f"holes-{secrets.token_hex(4)}"
+    prefix = f"aimu_test_holes-{secrets.token_hex(4)}"
     application = make_app(model_server, tmp_path / "s.db", redis=redis.url, redis_prefix=prefix)
     async with aio.RedisControl(redis.url, prefix) as control:
         client = control._client

@@ -35,7 +35,7 @@ async def test_an_interrupt_lands_through_redis_between_two_reads_of_the_control
     model_server.script = [Turn(tool_calls=(ScriptedCall("work", {}),)), Turn("never")]
     agents, close = agent_factory(aio.client("ollama:test", host=model_server.url), store,
                                   tools=[aio.tool(work)])
-    async with aio.RedisControl(redis_url(), f"aimu-t-{queue}") as control:
+    async with aio.RedisControl(redis_url(), f"aimu_test_t-{queue}") as control:
         # The turn reads its controls as it starts, then 60 s later: only Redis is quick.
         worker = AgentWorker(agents, store, temporal=temporal, task_queue=queue,
                              redis=control, heartbeat=60)
@@ -107,7 +107,7 @@ async def test_a_cancel_goes_to_redis_before_anything_goes_to_temporal(
         sent.append("temporal")
         return False  # ended: nothing more is sent to Temporal
 
-    async with aio.RedisControl(redis_url(), f"aimu-t-{runs.task_queue}") as control:
+    async with aio.RedisControl(redis_url(), f"aimu_test_t-{runs.task_queue}") as control:
         monkeypatch.setattr(control, "cancel", cancel)
         monkeypatch.setattr(runs, "redis", control)
         monkeypatch.setattr(runs, "_open", is_open)

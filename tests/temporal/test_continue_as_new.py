@@ -225,7 +225,7 @@ async def test_redis_shows_the_run_running_across_the_boundaries(
         return f"did {n}"
 
     model_server.script = rounds(2)
-    async with aio.RedisControl(redis_url(), f"aimu-t-{queue}") as control:
+    async with aio.RedisControl(redis_url(), f"aimu_test_t-{queue}") as control:
         await workers.start(tools=[aio.tool(step)], redis=control)
         run_id = await short.start("s1", "do the steps")
         started.set_result(run_id)

@@ -61,7 +61,7 @@ async def test_cancel_mid_stream_closes_the_stream_and_keeps_a_valid_transcript(
     model_server.script = [HELD, Turn("resumed")]
     control = None
     if through == "redis":
-        control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
+        control = aio.RedisControl(redis_url(), f"aimu_test_t-{queue}")
         await control.connect()
     try:
         runs = await RunsClient.connect(temporal, queue, redis=control, heartbeat_timeout=2.0)
@@ -357,7 +357,7 @@ async def test_a_run_cancelled_while_paused_is_cancelled_in_temporal_redis_and_t
 ) -> None:
     transfer, done = approval_tool()
     model_server.script = [PAY]
-    control = aio.RedisControl(redis_url(), f"aimu-t-{queue}") if with_redis else None
+    control = aio.RedisControl(redis_url(), f"aimu_test_t-{queue}") if with_redis else None
     if control is not None:
         await control.connect()
     try:
@@ -392,7 +392,7 @@ async def test_the_part_resumed_after_a_pause_is_cancelled_through_redis(
 ) -> None:
     transfer, done = approval_tool()
     model_server.script = [PAY, HELD]
-    control = aio.RedisControl(redis_url(), f"aimu-t-{queue}")
+    control = aio.RedisControl(redis_url(), f"aimu_test_t-{queue}")
     await control.connect()
     try:
         runs = await RunsClient.connect(temporal, queue, redis=control, heartbeat_timeout=2.0)

@@ -20,8 +20,10 @@ import ipaddress
 import json
 import os
 import ssl
+import sys
 import time
 import uuid
+import warnings
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, Self, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -174,12 +176,25 @@ _KEYLESS: set[tuple[str, str]] = set()
 
 
 def _warn_no_key(variable: str, host: str) -> None:
-    """Say once per process and host that requests to ``host`` go without an API key."""
+    """Say once per process and host that requests to ``host`` go without an API key: a
+    warning (shown by default, as a library's avoidable mistake is), and a log record."""
     if (variable, host) in _KEYLESS:
         return
     _KEYLESS.add((variable, host))
-    log.warning("no API key for %s: requests go without one (set %s, or pass api_key=)",
-                host, variable)
+    said = f"no API key for {host}: requests go without one (set {variable}, or pass api_key=)"
+    warnings.warn(said, UserWarning, stacklevel=_outside_aimu())  # the line that made it
+    log.warning("%s", said)
+
+
+_AIMU = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def _outside_aimu() -> int:
+    """The ``stacklevel`` of the first caller outside the aimu package (for its caller)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_AIMU):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def split_credentials(url: str) -> tuple[str, dict[str, str], list[str]]:

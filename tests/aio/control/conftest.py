@@ -19,7 +19,7 @@ from tests.aio.control.helpers import LEASE, DurableRedis
 @pytest.fixture
 async def prefix(redis_url: str) -> AsyncIterator[str]:
     """A key prefix of this test's own; its keys are deleted afterwards."""
-    name = f"t-{secrets.token_hex(4)}"
+    name = f"aimu_test_{secrets.token_hex(4)}"
     yield name
     async with aio.RedisControl(redis_url, name) as control:
         client = control._client

@@ -386,10 +386,16 @@ async def test_a_base_url_with_a_path_is_taken_as_given(server: LoopbackServer) 
 def test_no_api_key_is_said_once_naming_the_variable(
     spec: str, variable: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A warning (shown by default: a script with no logging set up sees it) and a log
+    record, once per process and server; none for a local server, none with a key."""
+    import warnings
+
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     remote = f"https://models-{spec.partition(':')[0]}.example"
-    with caplog.at_level(logging.WARNING, logger="aimu.aio.providers"):
+    with caplog.at_level(logging.WARNING, logger="aimu.aio.providers"), \
+            warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
         for _ in range(3):  # said once per process and server, not per client
             client(spec, base_url=remote)
         for local in ("http://127.0.0.1:8080", "http://localhost:11434", "http://[::1]:1",
@@ -398,3 +404,6 @@ def test_no_api_key_is_said_once_naming_the_variable(
         client(spec, base_url=remote + ":444", api_key=KEY)  # a key: nothing to say
     said = [r.getMessage() for r in caplog.records if "API key" in r.getMessage()]
     assert len(said) == 1 and variable in said[0] and remote in said[0], said
+    (warning,) = [w for w in warned if "API key" in str(w.message)]
+    assert str(warning.message) == said[0] and warning.category is UserWarning
+    assert warning.filename == __file__  # it points at the line that made the client

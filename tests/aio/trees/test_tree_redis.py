@@ -18,7 +18,7 @@ from tests.aio.trees.tree_support import Tree, check_valid, tool_results
 @pytest.fixture
 async def controls(redis_url: str) -> AsyncIterator[tuple[aio.RedisControl, aio.RedisControl]]:
     """A worker's control and a controller's, on a key prefix of this test's own."""
-    prefix = f"t-{secrets.token_hex(4)}"
+    prefix = f"aimu_test_{secrets.token_hex(4)}"
     async with aio.RedisControl(redis_url, prefix) as worker, \
             aio.RedisControl(redis_url, prefix) as control:
         yield worker, control

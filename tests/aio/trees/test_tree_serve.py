@@ -90,7 +90,7 @@ async def test_a_deep_pause_is_listed_decided_and_resumed_through_the_api(
         return "charged"
 
     options = {} if backend == "local" else {
-        "redis": services.redis_url(), "redis_prefix": f"aimu-tree-{secrets.token_hex(4)}"
+        "redis": services.redis_url(), "redis_prefix": f"aimu_test_tree-{secrets.token_hex(4)}"
     }
     application, _ = served_tree(tmp_path, aio.tool(charge, approval=True), **options)
     with uvicorn_serving(application) as url:  # type: ignore[arg-type]
