@@ -42,7 +42,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[P
     effects.mkdir()
     store = where / "sessions.db"
     args = [*serve_args(store), "--redis", redis_url,
-            "--redis-prefix", f"aimu-crossing-{secrets.token_hex(4)}"]
+            "--redis-prefix", f"aimu_test_crossing_{secrets.token_hex(4)}"]
     with LoopbackServer.in_thread(serve_tools.script) as model:
         url = model.openai_base_url
         with (serving(url, where, effects, *args, name="a") as a,

@@ -256,7 +256,7 @@ async def test_a_send_answered_202_survives_a_kill_9_and_joins_once(
     common: tuple[str, ...] = ("--store", str(store))
     if shared == "redis":
         common += ("--redis", request.getfixturevalue("redis_url"),
-                   "--redis-prefix", f"aimu-send-{secrets.token_hex(4)}")
+                   "--redis-prefix", f"aimu_test_send_{secrets.token_hex(4)}")
     async with contextlib.AsyncExitStack() as servers:
         one = await servers.enter_async_context(aimu_serve(model, tmp_path, *common))
         to = one
@@ -295,7 +295,7 @@ async def test_a_decision_answered_202_survives_a_kill_9(
     call run once. (Decisions were kept so before issue 42; this pins it.)"""
     store = tmp_path / "sessions.db"
     shared = ("--store", str(store), "--redis", redis_url,
-              "--redis-prefix", f"aimu-decide-{secrets.token_hex(4)}", *TOOLS)
+              "--redis-prefix", f"aimu_test_decide_{secrets.token_hex(4)}", *TOOLS)
     (held / "open").touch()  # the approved calls end at once
     async with aimu_serve(model, tmp_path, *shared) as one:
         async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:

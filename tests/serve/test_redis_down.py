@@ -49,7 +49,7 @@ class Pair:
 async def pair(model_server: LoopbackServer, tmp_path: Path) -> AsyncIterator[Pair]:
     store = tmp_path / "s.db"
     redis = DurableRedis()
-    options = ["--redis", redis.url, "--redis-prefix", f"down-{secrets.token_hex(4)}",
+    options = ["--redis", redis.url, "--redis-prefix", f"aimu_test_down_{secrets.token_hex(4)}",
                "--store", str(store)]
     async with (
         aimu_serve(model_server, tmp_path, *options, name="a") as a,

@@ -83,7 +83,7 @@ async def fleet(
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "aimu", "serve", "--port", str(port), "--model", "openai:loop",
             "--log-level", "warning", "--workers", "2", "--redis", redis_url, "--redis-prefix",
-            f"aimu-fleet-test-{secrets.token_hex(4)}", "--store", str(tmp_path / "s.db"),
+            f"aimu_test_fleet_{secrets.token_hex(4)}", "--store", str(tmp_path / "s.db"),
             "--tool", "tests.serve.test_workers:serving_pid", cwd=ROOT,
             env=clean_env(OPENAI_BASE_URL=pid_model.openai_base_url, OPENAI_API_KEY="sk-test"),
             stdin=subprocess.DEVNULL, stdout=out, stderr=out,
