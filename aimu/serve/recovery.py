@@ -12,9 +12,11 @@ session can be opened is a dead process's. Under the lock the server checks that
 run is still its session's latest (else another server went on with it already),
 writes the run's end, and starts the resume, which records a new run, all before the
 lock is let go: two servers never resume one run. A run whose process died three times
-in a row with no progress (no message added between) is left ``failed`` with the
-reason. Calls in doubt go as after any crash: an idempotent tool's runs again, another's
-is answered "outcome unknown", an approval tool's is asked again (the run pauses).
+in a row with no progress (no message added between, in its session or those of the
+agents it called) is left ``failed`` with the reason. A run of an agent called as a tool
+(its record has a ``parent``) goes on only inside its top-level run. Calls in doubt go
+as after any crash: an idempotent tool's runs again, another's is answered "outcome
+unknown", an approval tool's is asked again (the run pauses).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import dataclasses
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
-from aimu.aio.tree import DIED
+from aimu.aio.transcript import Message, dangling_calls
+from aimu.aio.tree import DIED, nested_session_name
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, open_agent
 
@@ -153,7 +157,8 @@ class Recovery:
         wait for a decision."""
         now = time.time()
         if current.status == "running":
-            streak = _streak(latest, len(agent.messages))
+            size = await _tree_size(self._runs.store, current.session, agent.messages)
+            streak = _streak(latest, size)
             if streak >= self.max_crashes:
                 await writer.record_run(dataclasses.replace(
                     current, status="failed", ended=now, recover=False,
@@ -165,7 +170,7 @@ class Recovery:
             # Still marked: if this server dies before the resume starts, another resumes.
             current = dataclasses.replace(
                 current, status="failed", ended=now, recover=True,
-                reason=f"{CRASHED} ({streak} in a row, at message {len(agent.messages)}); "
+                reason=f"{CRASHED} ({streak} in a row, at message {size}); "
                 "a recovering server resumed it",
             )
             await writer.record_run(current)
@@ -203,6 +208,18 @@ def _streak(latest: list[RunRecord], messages: int) -> int:
             break
         streak += 1
     return streak
+
+
+async def _tree_size(store: Store, session: str, messages: Sequence[Message]) -> int:
+    """How many messages ``session`` holds with the sessions of the agents its open calls
+    run (agent trees), in all: a tree that died while an agent it called went on made
+    progress, though the top's transcript still waits on the call."""
+    size = len(messages)
+    for turn, call in dangling_calls(messages):
+        name = nested_session_name(session, turn, call["id"])
+        if await store.info(name) is not None:
+            size += await _tree_size(store, name, await store.load(name))
+    return size
 
 
 async def _every_running(store: Store) -> list[RunRecord]:

@@ -55,22 +55,33 @@ async def held_asked(query: str) -> str:
     return await _hold(query)
 
 
+#: The steps the helper takes for ``step Q`` (tests.serve.tree_tools.step).
+STEPS = 3
+
+
 def script(request: dict[str, object]) -> Turn:
     """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked, ``tree Q`` the
-    agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then each
-    says it is done; ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
+    agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q`` (``steps Q``:
+    ``step Q``, which calls ``step`` STEPS times, one a turn), then each says it is done;
+    ``slow Q``: a slow reply; anything else: ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
     )
-    if messages and messages[-1].get("role") == "tool":
+    if messages and messages[-1].get("role") == "tool" and not said.startswith("step "):
         return Turn(text=f"done: {messages[-1].get('content')}")
     word, _, query = said.partition(" ")
     names = {"hold": "held", "once": "held_once", "ask": "held_asked"}
     if word == "slow":  # a reply that streams for about 8 s
         return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)
-    if word == "tree":
-        return Turn(text="asking ", tool_calls=(ScriptedCall("helper", {"task": f"once {query}"}),))
+    if word in ("tree", "steps"):  # the agent helper, called to do `once Q` or `step Q`
+        task = f"{'once' if word == 'tree' else 'step'} {query}"
+        return Turn(text="asking ", tool_calls=(ScriptedCall("helper", {"task": task}),))
+    if word == "step":  # three steps, one a turn, then the answer
+        taken = sum(1 for m in messages if m.get("role") == "tool")
+        if taken < STEPS:
+            return Turn(text="stepping ", tool_calls=(ScriptedCall("step", {"n": taken}),))
+        return Turn(text=f"took {taken} steps")
     if word in names:
         name = names[word]
         return Turn(text="calling ", tool_calls=(ScriptedCall(name, {"query": query}),))

@@ -23,6 +23,7 @@ from aimu.serve.recovery import CRASHED
 from aimu.testing.server import LoopbackServer
 from tests.serve import recover_tools
 from tests.serve.harness import aimu_serve, last_user, start
+from tests.serve.recover_tools import STEPS
 from tests.serve.test_drain_recover import ran, until
 from tests.serve.tree_tools import HELPER_SYSTEM
 
@@ -110,9 +111,49 @@ async def test_a_served_tree_killed_in_the_childs_tool_recovers_once_through_its
     later = model.requests[asked_before:]
     helper_turns = [r.body for r in later if last_user(r.body) == "once q"]
     assert len(helper_turns) == 1, [tool_names(b) for b in helper_turns]
-    assert tool_names(helper_turns[0]) == ["held", "held_once"]
+    assert tool_names(helper_turns[0]) == ["held", "held_once", "step"]
     assert helper_turns[0]["messages"][0] == {"role": "system", "content": HELPER_SYSTEM}
     assert "outcome unknown" in str(helper_turns[0]["messages"][-1]["content"])
     top_turns = [r.body for r in later if last_user(r.body) == "tree q"]
     assert len(top_turns) == 1 and tool_names(top_turns[0]) == ["helper"]
 
+
+
+@pytest.mark.slow
+async def test_a_tree_that_dies_while_its_child_goes_on_is_not_a_crash_loop(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """Killed three times in a row, each time one step further inside the agent it
+    called: the tree made progress (below its top, whose transcript waits on the call),
+    so recovery goes on with it rather than leaving it failed as a crash loop."""
+    store = tmp_path / "sessions.db"
+    for n in range(STEPS):
+        first = n == 0
+        options = () if first else ("--recover",)
+        if not first:
+            (held / f"gate-{n - 1}").touch()  # the step the kill cut is taken again, now
+        async with aimu_serve(model, tmp_path, "--store", str(store), *TREE, *options,
+                              name=f"serve-{n}") as server:
+            if first:
+                async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                    await start(http, "s", "steps q")
+            await until(f"step {n} is taken", (held / f"entered-step-{n}").exists)
+            server.process.kill()
+            await server.process.wait()
+    (held / f"gate-{STEPS - 1}").touch()
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TREE, "--recover",
+                          name="serve-last"):
+        await until("the tree goes on, or is given up", lambda: _settled(store, "s"))
+    records = await every_record(store)
+    top = records["s"]
+    assert [r.status for r in top] == ["completed", "failed", "failed", "failed"], top
+    assert all((r.reason or "").startswith(f"{CRASHED} (1 in a row") for r in top[1:]), top
+    [child] = [name for name in records if name != "s"]
+    assert [r.status for r in records[child]] == ["completed", "failed", "failed", "failed"]
+    assert [r.parent for r in records[child]] == [r.id for r in top]
+
+
+async def _settled(store_path: Path, session: str) -> bool:
+    """The session's latest run completed, or was left failed as a crash loop."""
+    latest = (await every_record(store_path)).get(session, [])[:1]
+    return any(r.status == "completed" or "times in a row" in (r.reason or "") for r in latest)
