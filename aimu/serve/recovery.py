@@ -46,6 +46,8 @@ CRASHED: Final = DIED
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
 _AT: Final = re.compile(r"at message (\d+)\)")
+#: The session of an agent called as a tool: ``<caller>--<turn>.<call id or digest>``.
+_NESTED: Final = re.compile(r"(?P<caller>.+)--(?P<turn>\d{1,9})\.[A-Za-z0-9._-]+")
 #: Seconds between two looks for runs to recover.
 RECOVER_EVERY: Final = 5.0
 #: The runs one query of a look reads.
@@ -95,8 +97,9 @@ class Recovery:
         # A marked run's mark is cleared as it goes on: the next look takes the rest.
         running = await _every_running(store)
         for record in [*running, *await store.runs(recover=True, limit=_PAGE)]:
-            if record.parent is None:  # a child run goes on with its parent's resume
-                found.setdefault(record.id, record)
+            # A run of an agent called as a tool goes on inside its top-level run's resume.
+            if record.id not in found and not await _inside_a_tree(store, record):
+                found[record.id] = record
         started: list[str] = []
         for record in found.values():
             if self._runs.draining:
@@ -208,6 +211,26 @@ def _streak(latest: list[RunRecord], messages: int) -> int:
             break
         streak += 1
     return streak
+
+
+async def _inside_a_tree(store: Store, record: RunRecord) -> bool:
+    """True for a run of an agent called as a tool: its record names its parent run, or
+    (a record of an aimu that did not) its session is named from a caller's session
+    whose transcript holds that call (:func:`~aimu.aio.tree.nested_session_name`)."""
+    if record.parent is not None:
+        return True
+    named = _NESTED.fullmatch(record.session)
+    if named is None:
+        return False
+    caller, turn = named["caller"], int(named["turn"])
+    if await store.info(caller) is None:
+        return False
+    messages = await store.load(caller)
+    message = messages[turn] if turn < len(messages) else None
+    return message is not None and message["role"] == "assistant" and any(
+        nested_session_name(caller, turn, call["id"]) == record.session
+        for call in message.get("tool_calls", ())
+    )
 
 
 async def _tree_size(store: Store, session: str, messages: Sequence[Message]) -> int:

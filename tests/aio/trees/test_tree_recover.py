@@ -157,3 +157,67 @@ async def _settled(store_path: Path, session: str) -> bool:
     """The session's latest run completed, or was left failed as a crash loop."""
     latest = (await every_record(store_path)).get(session, [])[:1]
     return any(r.status == "completed" or "times in a row" in (r.reason or "") for r in latest)
+
+
+async def test_a_child_record_without_its_parent_is_not_resumed_on_its_own(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """Records an older aimu wrote name no parent: a dead child's session, named from its
+    caller's and the call its transcript holds, still goes on only through its top."""
+    import time
+
+    from aimu import aio
+    from aimu.serve import app
+    from aimu.serve.recovery import Recovery
+    from tests.serve.recover_tools import held as held_tool
+    from tests.serve.recover_tools import held_once
+
+    (held / "open").touch()
+    client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+    helper = aio.Agent(client.fork(), [held_tool, held_once], name="helper")
+    application = app(client, store=tmp_path / "s.db", tools=[helper.as_tool(name="helper")])
+    store = application.runs.store
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "helper", "arguments": {"task": "once q"}}}
+    sessions = {
+        "t": [{"role": "user", "content": "tree q"},
+              {"role": "assistant", "content": "asking ", "tool_calls": [call]}],
+        "t--1.c1": [{"role": "user", "content": "once q"},
+                    {"role": "assistant", "content": "calling ", "tool_calls": [
+                        {"id": "c2", "type": "function",
+                         "function": {"name": "held_once", "arguments": {"query": "q"}}}]}],
+        "lone--1.c9": [{"role": "user", "content": "plain"}],  # named so, but no caller
+    }
+    try:
+        for n, (name, messages) in enumerate(sessions.items()):
+            writer = await store.open_session(name)
+            try:
+                for message in messages:  # as a kill -9 in the calls leaves them
+                    await writer.append(message)  # type: ignore[arg-type]
+                    for started in message.get("tool_calls", ()):
+                        function = started["function"]
+                        await writer.record_tool_start(
+                            started["id"], function["name"], function["arguments"])
+                await writer.set_status("in_progress")
+                await writer.record_run(RunRecord(
+                    id=f"dead-{n}", session=name, agent="agent", started=time.time() - 60 + n,
+                    status="running", messages_from=0,
+                ))
+            finally:
+                await writer.aclose()
+        resumed = await Recovery(application.runs).look()
+        assert len(resumed) == 2  # the top, and the session named so with no caller
+
+        async def both_completed() -> bool:
+            latest = [(await store.runs(session=name, limit=1))[0] for name in ("t", "lone--1.c9")]
+            return all(record.status == "completed" for record in latest)
+
+        await until("both go on", both_completed)
+        top_new, _ = await store.runs(session="t")
+        assert top_new.id in resumed
+        child = await store.runs(session="t--1.c1")
+        assert [(r.agent, r.parent, r.status) for r in child] == [
+            ("helper", top_new.id, "completed"), ("agent", None, "failed")]
+    finally:
+        await application.aclose()
+        await client.aclose()
