@@ -10,7 +10,6 @@ runs once, every model turn after the kill is asked once, and no record is left
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +20,16 @@ from aimu.aio.store import RunRecord
 from aimu.serve.agents import open_store
 from aimu.serve.recovery import CRASHED
 from aimu.testing.server import LoopbackServer
-from tests.serve import recover_tools
+from tests.serve import test_drain_recover
 from tests.serve.harness import aimu_serve, last_user, start
 from tests.serve.recover_tools import STEPS
 from tests.serve.test_drain_recover import ran, until
 from tests.serve.tree_tools import HELPER_SYSTEM
 
 TREE = ("--tool", "tests.serve.tree_tools:helper")
-
-
-@pytest.fixture
-def model() -> Iterator[LoopbackServer]:
-    with LoopbackServer.in_thread(recover_tools.script) as server:
-        yield server
-
-
-@pytest.fixture
-def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    where = tmp_path / "held"
-    where.mkdir()
-    monkeypatch.setenv("AIMU_TEST_HELD", str(where))  # the servers inherit it
-    return where
+#: The drain and recovery tests' fixtures: the loopback model on their script, and the
+#: directory the held tools report into.
+model, held = test_drain_recover.model, test_drain_recover.held
 
 
 async def every_record(store_path: Path) -> dict[str, list[RunRecord]]:
