@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_DEPTH", "DIED", "AgentTool", "CallScope", "Held", "check_tree", "held_pending",
-    "open_held", "route_decision",
+    "nested_session_name", "open_held", "route_decision",
 ]
 
 #: How the record of a run whose process died says so (its reason starts so).

@@ -12,9 +12,11 @@ session can be opened is a dead process's. Under the lock the server checks that
 run is still its session's latest (else another server went on with it already),
 writes the run's end, and starts the resume, which records a new run, all before the
 lock is let go: two servers never resume one run. A run whose process died three times
-in a row with no progress (no message added between) is left ``failed`` with the
-reason. Calls in doubt go as after any crash: an idempotent tool's runs again, another's
-is answered "outcome unknown", an approval tool's is asked again (the run pauses).
+in a row with no progress (no message added between, in its session or those of the
+agents it called) is left ``failed`` with the reason. A run of an agent called as a tool
+(its record has a ``parent``) goes on only inside its top-level run. Calls in doubt go
+as after any crash: an idempotent tool's runs again, another's is answered "outcome
+unknown", an approval tool's is asked again (the run pauses).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import dataclasses
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
-from aimu.aio.tree import DIED
+from aimu.aio.transcript import Message, dangling_calls
+from aimu.aio.tree import DIED, nested_session_name
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, open_agent
 
@@ -42,6 +46,8 @@ CRASHED: Final = DIED
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
 _AT: Final = re.compile(r"at message ([0-9]{1,12})\)")
+#: The session of an agent called as a tool: ``<caller>--<turn>.<call id or digest>``.
+_NESTED: Final = re.compile(r"(?P<caller>.+)--(?P<turn>[0-9]{1,9})\.[A-Za-z0-9._-]+")
 #: Seconds between two looks for runs to recover.
 RECOVER_EVERY: Final = 5.0
 #: The runs one query of a look reads.
@@ -91,8 +97,9 @@ class Recovery:
         # A marked run's mark is cleared as it goes on: the next look takes the rest.
         running = await _every_running(store)
         for record in [*running, *await store.runs(recover=True, limit=_PAGE)]:
-            if record.parent is None:  # a child run goes on with its parent's resume
-                found.setdefault(record.id, record)
+            # A run of an agent called as a tool goes on inside its top-level run's resume.
+            if record.id not in found and not await _inside_a_tree(store, record):
+                found[record.id] = record
         started: list[str] = []
         for record in found.values():
             if self._runs.draining:
@@ -156,7 +163,8 @@ class Recovery:
             # The models that wrote what the run added before it died, as a run's end
             # records them (its record said none: it never reached its end).
             current = dataclasses.replace(current, models=_models_of(agent, current))
-            streak = _streak(latest, len(agent.messages))
+            size = await _tree_size(self._runs.store, current.session, agent.messages)
+            streak = _streak(latest, size)
             if streak >= self.max_crashes:
                 await writer.record_run(dataclasses.replace(
                     current, status="failed", ended=now, recover=False,
@@ -168,7 +176,7 @@ class Recovery:
             # Still marked: if this server dies before the resume starts, another resumes.
             current = dataclasses.replace(
                 current, status="failed", ended=now, recover=True,
-                reason=f"{CRASHED} ({streak} in a row, at message {len(agent.messages)}); "
+                reason=f"{CRASHED} ({streak} in a row, at message {size}); "
                 "a recovering server resumed it",
             )
             await writer.record_run(current)
@@ -216,6 +224,38 @@ def _streak(latest: list[RunRecord], messages: int) -> int:
             break
         streak += 1
     return streak
+
+
+async def _inside_a_tree(store: Store, record: RunRecord) -> bool:
+    """True for a run of an agent called as a tool: its record names its parent run, or
+    (a record of an aimu that did not) its session is named from a caller's session
+    whose transcript holds that call (:func:`~aimu.aio.tree.nested_session_name`)."""
+    if record.parent is not None:
+        return True
+    named = _NESTED.fullmatch(record.session)
+    if named is None:
+        return False
+    caller, turn = named["caller"], int(named["turn"])
+    if await store.info(caller) is None:
+        return False
+    messages = await store.load(caller)
+    message = messages[turn] if turn < len(messages) else None
+    return message is not None and message["role"] == "assistant" and any(
+        nested_session_name(caller, turn, call["id"]) == record.session
+        for call in message.get("tool_calls", ())
+    )
+
+
+async def _tree_size(store: Store, session: str, messages: Sequence[Message]) -> int:
+    """How many messages ``session`` holds with the sessions of the agents its open calls
+    run (agent trees), in all: a tree that died while an agent it called went on made
+    progress, though the top's transcript still waits on the call."""
+    size = len(messages)
+    for turn, call in dangling_calls(messages):
+        name = nested_session_name(session, turn, call["id"])
+        if await store.info(name) is not None:
+            size += await _tree_size(store, name, await store.load(name))
+    return size
 
 
 async def _every_running(store: Store) -> list[RunRecord]:

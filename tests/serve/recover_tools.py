@@ -93,13 +93,17 @@ def tick() -> str:
 LOOP_FAST = threading.Event()
 
 
+#: The steps the helper takes for ``step Q`` (tests.serve.tree_tools.step).
+STEPS = 3
+
+
 def script(request: dict[str, object]) -> Turn:
     """``hold Q`` calls held, ``once Q`` held_once, ``ask Q`` held_asked (``asks Q``:
     held_asked twice, on Q1 and Q2), ``block Q`` blocking, ``stub Q`` stubborn, ``tree Q``
-    the agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q``, then
-    each says it is done; ``slow Q``: a slow reply; ``loop``: every turn calls tick, for
-    ever (each streams for about 8 s until LOOP_FAST is set); anything else:
-    ``answer to <it>``."""
+    the agent ``helper`` (:mod:`tests.serve.tree_tools`) with the task ``once Q``
+    (``steps Q``: ``step Q``, which calls ``step`` STEPS times, one a turn), then each says
+    it is done; ``slow Q``: a slow reply; ``loop``: every turn calls tick, for ever (each
+    streams for about 8 s until LOOP_FAST is set); anything else: ``answer to <it>``."""
     messages = list(request.get("messages") or [])  # type: ignore[call-overload]
     said = next(
         (str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -108,7 +112,7 @@ def script(request: dict[str, object]) -> Turn:
         slow = not LOOP_FAST.is_set()
         return Turn(text=" ".join(f"w{i}" for i in range(400 if slow else 3)),
                     tool_calls=(ScriptedCall("tick", {}),), delay=0.02 if slow else 0)
-    if messages and messages[-1].get("role") == "tool":
+    if messages and messages[-1].get("role") == "tool" and not said.startswith("step "):
         return Turn(text=f"done: {messages[-1].get('content')}")
     word, _, query = said.partition(" ")
     if word == "asks":  # two calls, each waiting for a person's decision
@@ -118,8 +122,14 @@ def script(request: dict[str, object]) -> Turn:
              "stub": "stubborn"}
     if word == "slow":  # a reply that streams for about 8 s
         return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)
-    if word == "tree":
-        return Turn(text="asking ", tool_calls=(ScriptedCall("helper", {"task": f"once {query}"}),))
+    if word in ("tree", "steps"):  # the agent helper, called to do `once Q` or `step Q`
+        task = f"{'once' if word == 'tree' else 'step'} {query}"
+        return Turn(text="asking ", tool_calls=(ScriptedCall("helper", {"task": task}),))
+    if word == "step":  # three steps, one a turn, then the answer
+        taken = sum(1 for m in messages if m.get("role") == "tool")
+        if taken < STEPS:
+            return Turn(text="stepping ", tool_calls=(ScriptedCall("step", {"n": taken}),))
+        return Turn(text=f"took {taken} steps")
     if word in names:
         name = names[word]
         return Turn(text="calling ", tool_calls=(ScriptedCall(name, {"query": query}),))

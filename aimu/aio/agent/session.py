@@ -36,7 +36,6 @@ from aimu.aio.transcript import (
     validate,
     zero_usage,
 )
-from aimu.aio.tree import CallScope
 
 from .config import Config
 from .state import FINAL_TURN_PROMPT
@@ -467,7 +466,7 @@ class StoredSession(Session):
 
     async def start_run(self, run: RunState) -> None:
         around = run.scope.parent  # an agent called as a tool: its caller's run is the parent
-        parent = around.record if isinstance(around, CallScope) else None
+        parent = None if around is None else around.record
         await self.durable.start_run(self.agent_name, run.scope, run.first, parent)
 
     async def end_run(self, run: RunState, stop: Stop) -> None:

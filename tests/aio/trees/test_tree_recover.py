@@ -10,7 +10,6 @@ runs once, every model turn after the kill is asked once, and no record is left
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +20,16 @@ from aimu.aio.store import RunRecord
 from aimu.serve.agents import open_store
 from aimu.serve.recovery import CRASHED
 from aimu.testing.server import LoopbackServer
-from tests.serve import recover_tools
+from tests.serve import test_drain_recover
 from tests.serve.harness import aimu_serve, last_user, start
+from tests.serve.recover_tools import STEPS
 from tests.serve.test_drain_recover import ran, until
 from tests.serve.tree_tools import HELPER_SYSTEM
 
 TREE = ("--tool", "tests.serve.tree_tools:helper")
-
-
-@pytest.fixture
-def model() -> Iterator[LoopbackServer]:
-    with LoopbackServer.in_thread(recover_tools.script) as server:
-        yield server
-
-
-@pytest.fixture
-def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    where = tmp_path / "held"
-    where.mkdir()
-    monkeypatch.setenv("AIMU_TEST_HELD", str(where))  # the servers inherit it
-    return where
+#: The drain and recovery tests' fixtures: the loopback model on their script, and the
+#: directory the held tools report into.
+model, held = test_drain_recover.model, test_drain_recover.held
 
 
 async def every_record(store_path: Path) -> dict[str, list[RunRecord]]:
@@ -110,9 +99,113 @@ async def test_a_served_tree_killed_in_the_childs_tool_recovers_once_through_its
     later = model.requests[asked_before:]
     helper_turns = [r.body for r in later if last_user(r.body) == "once q"]
     assert len(helper_turns) == 1, [tool_names(b) for b in helper_turns]
-    assert tool_names(helper_turns[0]) == ["held", "held_once"]
+    assert tool_names(helper_turns[0]) == ["held", "held_once", "step"]
     assert helper_turns[0]["messages"][0] == {"role": "system", "content": HELPER_SYSTEM}
     assert "outcome unknown" in str(helper_turns[0]["messages"][-1]["content"])
     top_turns = [r.body for r in later if last_user(r.body) == "tree q"]
     assert len(top_turns) == 1 and tool_names(top_turns[0]) == ["helper"]
 
+
+
+@pytest.mark.slow
+async def test_a_tree_that_dies_while_its_child_goes_on_is_not_a_crash_loop(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """Killed three times in a row, each time one step further inside the agent it
+    called: the tree made progress (below its top, whose transcript waits on the call),
+    so recovery goes on with it rather than leaving it failed as a crash loop."""
+    store = tmp_path / "sessions.db"
+    for n in range(STEPS):
+        first = n == 0
+        options = () if first else ("--recover",)
+        if not first:
+            (held / f"gate-{n - 1}").touch()  # the step the kill cut is taken again, now
+        async with aimu_serve(model, tmp_path, "--store", str(store), *TREE, *options,
+                              name=f"serve-{n}") as server:
+            if first:
+                async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                    await start(http, "s", "steps q")
+            await until(f"step {n} is taken", (held / f"entered-step-{n}").exists)
+            server.process.kill()
+            await server.process.wait()
+    (held / f"gate-{STEPS - 1}").touch()
+    async with aimu_serve(model, tmp_path, "--store", str(store), *TREE, "--recover",
+                          name="serve-last"):
+        await until("the tree goes on, or is given up", lambda: _settled(store, "s"))
+    records = await every_record(store)
+    top = records["s"]
+    assert [r.status for r in top] == ["completed", "failed", "failed", "failed"], top
+    assert all((r.reason or "").startswith(f"{CRASHED} (1 in a row") for r in top[1:]), top
+    [child] = [name for name in records if name != "s"]
+    assert [r.status for r in records[child]] == ["completed", "failed", "failed", "failed"]
+    assert [r.parent for r in records[child]] == [r.id for r in top]
+
+
+async def _settled(store_path: Path, session: str) -> bool:
+    """The session's latest run completed, or was left failed as a crash loop."""
+    latest = (await every_record(store_path)).get(session, [])[:1]
+    return any(r.status == "completed" or "times in a row" in (r.reason or "") for r in latest)
+
+
+async def test_a_child_record_without_its_parent_is_not_resumed_on_its_own(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    """Records an older aimu wrote name no parent: a dead child's session, named from its
+    caller's and the call its transcript holds, still goes on only through its top."""
+    import time
+
+    from aimu import aio
+    from aimu.serve import app
+    from aimu.serve.recovery import Recovery
+    from tests.serve.recover_tools import held as held_tool
+    from tests.serve.recover_tools import held_once
+
+    (held / "open").touch()
+    client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+    helper = aio.Agent(client.fork(), [held_tool, held_once], name="helper")
+    application = app(client, store=tmp_path / "s.db", tools=[helper.as_tool(name="helper")])
+    store = application.runs.store
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "helper", "arguments": {"task": "once q"}}}
+    sessions = {
+        "t": [{"role": "user", "content": "tree q"},
+              {"role": "assistant", "content": "asking ", "tool_calls": [call]}],
+        "t--1.c1": [{"role": "user", "content": "once q"},
+                    {"role": "assistant", "content": "calling ", "tool_calls": [
+                        {"id": "c2", "type": "function",
+                         "function": {"name": "held_once", "arguments": {"query": "q"}}}]}],
+        "lone--1.c9": [{"role": "user", "content": "plain"}],  # named so, but no caller
+    }
+    try:
+        for n, (name, messages) in enumerate(sessions.items()):
+            writer = await store.open_session(name)
+            try:
+                for message in messages:  # as a kill -9 in the calls leaves them
+                    await writer.append(message)  # type: ignore[arg-type]
+                    for started in message.get("tool_calls", ()):
+                        function = started["function"]
+                        await writer.record_tool_start(
+                            started["id"], function["name"], function["arguments"])
+                await writer.set_status("in_progress")
+                await writer.record_run(RunRecord(
+                    id=f"dead-{n}", session=name, agent="agent", started=time.time() - 60 + n,
+                    status="running", messages_from=0,
+                ))
+            finally:
+                await writer.aclose()
+        resumed = await Recovery(application.runs).look()
+        assert len(resumed) == 2  # the top, and the session named so with no caller
+
+        async def both_completed() -> bool:
+            latest = [(await store.runs(session=name, limit=1))[0] for name in ("t", "lone--1.c9")]
+            return all(record.status == "completed" for record in latest)
+
+        await until("both go on", both_completed)
+        top_new, _ = await store.runs(session="t")
+        assert top_new.id in resumed
+        child = await store.runs(session="t--1.c1")
+        assert [(r.agent, r.parent, r.status) for r in child] == [
+            ("helper", top_new.id, "completed"), ("agent", None, "failed")]
+    finally:
+        await application.aclose()
+        await client.aclose()

@@ -64,7 +64,8 @@ async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Pat
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             run_id = await start(http, "s", "go")
             await asyncio.to_thread(started.wait, 20)
-            assert (await http.post(f"/runs/{run_id}/cancel", json={})).status_code == 202
+            cancelled = await http.post(f"/runs/{run_id}/cancel", json={"reason": "no more"})
+            assert cancelled.status_code == 202
             events = await collect(http, run_id)
             assert events[-1].type == "handle_finished"
             assert events[-1].data["status"] == "cancelled"
@@ -74,6 +75,14 @@ async def test_sse_carries_the_path_and_a_cancel_stops_every_level(tmp_path: Pat
             finished = [e.data for e in events if e.type == "run_finished"]
             assert [f["status"] for f in finished] == ["cancelled"] * 3
             await every_level_cancelled(tmp_path / "sessions.db")
+            # Each level's record: cancelled, why, and inside which run (the API lists them).
+            records = {r["session"].count("--"): r
+                       for r in (await http.get("/runs")).json()["runs"]}
+            assert [(records[n]["status"], records[n]["reason"]) for n in range(3)] == [
+                ("cancelled", "no more")] * 3
+            assert [records[n]["parent"] for n in range(3)] == [
+                None, run_id, records[1]["id"]]
+            assert [records[n]["agent"] for n in range(3)] == ["agent", "mid", "leaf"]
             top = (await http.get("/sessions/s")).json()["messages"]
             assert top[-1]["content"].startswith("[cancelled: agent 'mid' was stopped")
 
