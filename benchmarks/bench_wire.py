@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -133,9 +133,14 @@ def server_process() -> Iterator[str]:
 # -- one run each way ----------------------------------------------------------------
 
 
-def ours(provider: str, url: str, rounds: int) -> Run:
+def ours(
+    provider: str, url: str, rounds: int,
+    make: Callable[[str, str], aio.ModelClient] | None = None,
+) -> Run:
+    """Our run (``make``: the client of a row, else :func:`client`'s)."""
+
     async def run() -> None:
-        model = client(provider, url)
+        model = (make or client)(provider, url)
         agent = aio.Agent(model, tools=[noop], max_rounds=rounds + 1)
         await agent.run(f"rounds={rounds}")
         await model.aclose()
@@ -212,9 +217,9 @@ async def _bare_responses_turn(
     return "".join(text), calls
 
 
-def _bare_responses(url: str, rounds: int) -> Run:
+def _bare_responses(url: str, rounds: int, headers: Mapping[str, str] | None = None) -> Run:
     async def run() -> None:
-        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30, headers=headers) as http:
             items: list[dict[str, Any]] = [{"role": "user", "content": f"rounds={rounds}"}]
             while True:
                 text, calls = await _bare_responses_turn(http, url, items)
@@ -233,13 +238,14 @@ def _bare_responses(url: str, rounds: int) -> Run:
 
 
 async def _bare_gemini_turn(
-    http: httpx.AsyncClient, url: str, contents: list[dict[str, Any]]
+    http: httpx.AsyncClient, url: str, contents: list[dict[str, Any]], endpoint: str = ""
 ) -> list[dict[str, Any]]:
-    """streamGenerateContent SSE: the reply's parts as they came (signatures included)."""
+    """streamGenerateContent SSE: the reply's parts as they came (signatures included).
+    ``endpoint``: another URL (Vertex AI's), whose credential the client carries."""
     parts: list[dict[str, Any]] = []
     body = {"contents": contents, "tools": GEMINI_TOOLS}
-    endpoint = url + "/v1beta/models/bench:streamGenerateContent?alt=sse"
-    headers = {"x-goog-api-key": "AIza-bench"}
+    headers = None if endpoint else {"x-goog-api-key": "AIza-bench"}
+    endpoint = endpoint or url + "/v1beta/models/bench:streamGenerateContent?alt=sse"
     async with http.stream("POST", endpoint, json=body, headers=headers) as response:
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
@@ -249,13 +255,15 @@ async def _bare_gemini_turn(
     return parts
 
 
-def _bare_gemini(url: str, rounds: int) -> Run:
+def _bare_gemini(
+    url: str, rounds: int, headers: Mapping[str, str] | None = None, endpoint: str = ""
+) -> Run:
     async def run() -> None:
-        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30, headers=headers) as http:
             contents: list[dict[str, Any]] = [
                 {"role": "user", "parts": [{"text": f"rounds={rounds}"}]}]
             while True:
-                parts = await _bare_gemini_turn(http, url, contents)
+                parts = await _bare_gemini_turn(http, url, contents, endpoint)
                 contents.append({"role": "model", "parts": parts})
                 calls = [p["functionCall"] for p in parts if "functionCall" in p]
                 if not calls:
@@ -311,16 +319,24 @@ async def _bare_turn(
     return "".join(text), list(calls.values())
 
 
-def bare(provider: str, url: str, rounds: int) -> Run:
+def bare(
+    provider: str,
+    url: str,
+    rounds: int,
+    headers: Mapping[str, str] | None = None,
+    endpoint: str = "",
+) -> Run:
+    """The bare twin of ``provider`` (``headers``: a credential every request carries;
+    ``endpoint``: gemini's URL elsewhere, as bench_clouds.py's doors need)."""
     if provider == "openai-responses":
-        return _bare_responses(url, rounds)
+        return _bare_responses(url, rounds, headers)
     if provider == "anthropic":
         return _bare_anthropic(url, rounds)
     if provider == "gemini":
-        return _bare_gemini(url, rounds)
+        return _bare_gemini(url, rounds, headers, endpoint)
 
     async def run() -> None:
-        async with httpx.AsyncClient(verify=ssl_context(), timeout=30) as http:
+        async with httpx.AsyncClient(verify=ssl_context(), timeout=30, headers=headers) as http:
             messages: list[dict[str, Any]] = [{"role": "user", "content": f"rounds={rounds}"}]
             while True:
                 text, calls = await _bare_turn(http, provider, url, messages)
@@ -412,13 +428,14 @@ async def growth(url: str, repeats: int, sizes: tuple[int, ...]) -> None:
 # -- instructions ----------------------------------------------------------------------
 
 
-def count(url: str, name: str, runs: int, rounds: int) -> int:
-    """Instructions of this script doing ``runs`` runs of ``name`` under callgrind."""
+def count(url: str, name: str, runs: int, rounds: int, script: str = __file__) -> int:
+    """Instructions of ``script`` (this one) doing ``runs`` runs of ``name`` under
+    callgrind."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             sys.executable, __file__, "--instructions", name, "--url", url,
+             sys.executable, script, "--instructions", name, "--url", url,
              "--runs", str(runs), "--rounds", str(rounds)],
             check=True, capture_output=True,
         )
@@ -429,17 +446,21 @@ def count(url: str, name: str, runs: int, rounds: int) -> int:
     raise RuntimeError("callgrind wrote no summary")
 
 
-def instructions(url: str, rounds: int) -> None:
+def instructions(
+    url: str, rounds: int, rows: Sequence[str] = PROVIDERS, script: str = __file__
+) -> None:
+    """Per row (``bench_clouds.py`` passes its own, and itself as ``script``)."""
     print(f"\nInstructions per round (callgrind), {rounds} rounds: (2 runs - 1 run)")
     per: dict[str, float] = {}
-    for provider in PROVIDERS:
+    for provider in rows:
         for name in (f"bare {provider}", f"{provider}:"):
-            one, two = count(url, name, 1, rounds), count(url, name, 2, rounds)
-            per[name] = (two - one) / rounds
+            one = count(url, name, 1, rounds, script)
+            per[name] = (count(url, name, 2, rounds, script) - one) / rounds
     print(f"{'client':<11} {'ours':>12} {'bare httpx':>12} {'ratio':>7}")
-    for provider in PROVIDERS:
+    for provider in rows:
         mine, base = per[f"{provider}:"], per[f"bare {provider}"]
-        print(f"{provider + ':':<11} {mine:>12,.0f} {base:>12,.0f} {mine / base:>6.2f}x")
+        print(f"{provider + ':':<11} {mine:>12,.0f} {base:>12,.0f} {mine / base:>6.2f}x",
+              flush=True)
 
 
 def play(name: str, url: str, runs: int, rounds: int) -> None:
@@ -516,8 +537,13 @@ async def concurrency(url: str, sizes: tuple[int, ...]) -> None:
 # -- cancel to closed --------------------------------------------------------------------
 
 
-async def cancel_to_closed(repeats: int) -> None:
-    """A streamed turn cancelled after its first chunk: ms until the server sees it go."""
+async def cancel_to_closed(
+    repeats: int,
+    rows: Sequence[str] = PROVIDERS,
+    make: Callable[[str, str], aio.ModelClient] | None = None,
+) -> None:
+    """A streamed turn cancelled after its first chunk: ms until the server sees it go
+    (each row's client from ``make``, else :func:`client`)."""
     from aimu.testing.script import Turn
     from aimu.testing.server import LoopbackServer
 
@@ -525,8 +551,8 @@ async def cancel_to_closed(repeats: int) -> None:
     print(f"\nCancel to closed: a streamed turn closed after its first chunk, ms until the "
           f"server sees the connection go, {repeats} tries")
     with LoopbackServer.in_thread(lambda request: Turn(text=words, delay=0.005)) as server:
-        for provider in PROVIDERS:
-            model = client(provider, server.url)
+        for provider in rows:
+            model = (make or client)(provider, server.url)
             times: list[float] = []
             for _ in range(repeats + 1):
                 before = len([s for s in server.streams if s.abandoned])

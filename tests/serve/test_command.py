@@ -246,6 +246,14 @@ async def test_serve_runs_on_a_vendor_wire_and_never_shows_the_key(
     assert key not in "\n".join(server.said)
 
 
+async def answered(url: str) -> None:
+    """A run through the server at ``url`` completes, its tools called."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        events = await collect(http, await start(http, "cloud", "What time is it?"))
+    assert events[-1].data["status"] == "completed"
+    assert [e.data["name"] for e in events if e.type == "tool_call"]
+
+
 @pytest.mark.parametrize("spec", ["azure:my-deployment", "vertex:gemini-test"])
 async def test_serve_runs_on_a_cloud_and_never_shows_the_credential(
     tmp_path: Path, spec: str
@@ -262,13 +270,9 @@ async def test_serve_runs_on_a_cloud_and_never_shows_the_credential(
         env = {"AZURE_OPENAI_BASE_URL": model.azure_base_url, "AZURE_OPENAI_API_KEY": AZURE_KEY,
                "GOOGLE_CLOUD_PROJECT": "proj-s", "GOOGLE_CLOUD_LOCATION": "europe-west1",
                "GOOGLE_VERTEX_BASE_URL": model.url, "GOOGLE_APPLICATION_CREDENTIALS": str(adc)}
-        async with (
-            aimu_serve(tmp_path, "--model", spec, "--log-level", "debug", **env) as server,
-            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-        ):
-            events = await collect(http, await start(http, "cloud", "What time is it?"))
-            assert events[-1].data["status"] == "completed"
-            assert [e.data["name"] for e in events if e.type == "tool_call"]  # answered
+        async with aimu_serve(tmp_path, "--model", spec, "--log-level", "debug",
+                              **env) as server:
+            await answered(server.url)
         chats = {r.path for r in model.requests} - {"/token"}
         if spec.startswith("vertex"):
             assert chats == {"/v1/projects/proj-s/locations/europe-west1/publishers/google/"

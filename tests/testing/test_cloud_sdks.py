@@ -110,13 +110,9 @@ async def test_azure_responses_with_a_token_provider_background_and_cancel() -> 
         assert events[-1].response.output_text == "hello from azure"  # type: ignore[union-attr]
         background = await client.responses.create(
             model="my-deployment", input="go", background=True, stream=True)
-        seen = []
-        async for event in background:
-            seen.append(event)
-            if event.type == "response.output_text.delta":
-                break
-        await background.close()
-        response_id = seen[0].response.id  # type: ignore[union-attr]
+        created = await anext(aiter(background))  # response.created: its id
+        response_id = created.response.id  # type: ignore[union-attr]
+        await background.close()  # the stream goes; the response is still being made
         cancelled = await client.responses.cancel(response_id)
         assert cancelled.status == "cancelled"
         assert server.background.cancelled == [response_id]

@@ -116,6 +116,15 @@ class GoogleCredentials(TokenSource):
             return str(credentials.token)
         return await asyncio.to_thread(self._refreshed)
 
+    async def headers(self, reporter: Reporter) -> dict[str, str]:
+        """The bearer token, and the credentials' quota project (``x-goog-user-project``,
+        as Google's SDKs send it: user credentials bill their quota there)."""
+        headers = await super().headers(reporter)
+        quota = getattr(self.credentials, "quota_project_id", None)
+        if isinstance(quota, str) and quota:
+            headers["x-goog-user-project"] = quota
+        return headers
+
     def _refreshed(self) -> str:
         with self._lock:  # a refresh another request started is waited for, not repeated
             if self.credentials is None:

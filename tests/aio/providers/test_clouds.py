@@ -402,3 +402,16 @@ async def test_cached_input_tokens_are_read_as_each_cloud_reports_them(cloud: st
         await model.aclose()
     assert chunks[-1].usage == {  # type: ignore[union-attr]
         "input_tokens": 40, "output_tokens": 1, "cached_input_tokens": 32}
+
+
+async def test_the_credentials_quota_project_goes_as_google_s_sdks_send_it() -> None:
+    async with LoopbackServer([Turn(text="ok"), Turn(text="ok")]) as server:
+        billed = door("vertex", server, token=None,
+                      credentials=Credentials(TOKEN, quota_project_id="billing-project"))
+        plain = door("vertex", server, token=None, credentials=Credentials(TOKEN))
+        await billed.chat("a")
+        await plain.chat("b")
+        await billed.aclose()
+        await plain.aclose()
+    assert [r.headers.get("x-goog-user-project") for r in server.requests] == [
+        "billing-project", None]
