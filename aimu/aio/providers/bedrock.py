@@ -409,8 +409,8 @@ class BedrockClient(HTTPModelClient):
     (``inferenceConfig``, ``additionalModelRequestFields`` for a model's own settings such
     as Claude's ``thinking``, ``guardrailConfig``...). ``cache=True`` puts a cache point
     after the system prompt and the tools. ``continues_partial=True`` sends a cut answer
-    as a trailing assistant message for the model to continue (Claude models do; most
-    others refuse one). ``timeout``, ``connect_timeout``, ``retries``, ``retry_delay``,
+    as a trailing assistant message for the model to continue (Claude models do; others
+    may not). ``timeout``, ``connect_timeout``, ``retries``, ``retry_delay``,
     ``concurrency`` and ``context_window`` are as for every HTTP client.
     """
 

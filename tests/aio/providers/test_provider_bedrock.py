@@ -512,3 +512,19 @@ async def test_a_throttled_bedrock_falls_back_to_another_cloud_and_back(
                                                      "bedrock"]
     assert server.requests[-1].body["messages"][1] == {
         "role": "assistant", "content": [{"text": "from anthropic"}]}
+
+
+async def test_a_fork_redacts_what_its_client_signed_with(server: LoopbackServer) -> None:
+    """Forks share the client's credentials and what its errors redact: a fork's 403
+    hides the session token, and no repr of either shows it or a signature."""
+    wrong = "wrong/secret/for/the/fork/EXAMPLE0123456789"
+    async with bedrock(server, aws_access_key_id=TEMPORARY_KEY_ID, aws_secret_access_key=wrong,
+                       aws_session_token=SESSION_TOKEN) as model:
+        fork = model.fork()
+        with pytest.raises(ModelHTTPError) as caught:
+            await turn(fork, USER)
+        assert "x-amz-security-token:***" in caught.value.body
+        signature = model._redacted.signatures[-1]  # what the fork signed with
+        for shown in (repr(model), repr(vars(model)), repr(fork), repr(vars(fork)),
+                      str(caught.value), caught.value.body):
+            assert SESSION_TOKEN not in shown and wrong not in shown and signature not in shown
