@@ -74,3 +74,19 @@ async def test_a_pending_input_must_be_a_sent_user_message(store: Store) -> None
     with pytest.raises(ValueError, match="input id"):
         await store.add_input("s", sent("../x", "bad id"))
     assert await store.inputs("s") == []
+
+
+async def test_a_delete_refused_while_a_writer_holds_the_session_keeps_its_inputs(
+    store: Store,
+) -> None:
+    from aimu.aio.errors import SessionLockedError
+
+    writer = await store.open_session("s")
+    try:
+        await writer.append({"role": "user", "content": "task"})
+        await store.add_input("s", sent("i1", "kept"))
+        with pytest.raises(SessionLockedError):
+            await store.delete("s")
+        assert [p.id for p in await store.inputs("s")] == ["i1"]
+    finally:
+        await writer.aclose()
