@@ -4,29 +4,14 @@ and atomically, taken back only while still pending (issue 42 item 3)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from aimu.aio.store import Store
 from aimu.aio.transcript import UserMessage
-from tests.aio.store.store_backends import KINDS, Backend, backend
+from tests.aio.store.store_backends import Backend
+from tests.aio.store.test_store_runs import store, where
 
-
-@pytest.fixture(params=KINDS)
-async def where(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    async with backend(str(request.param), tmp_path) as location:
-        yield location
-
-
-@pytest.fixture
-async def store(where: Backend) -> AsyncIterator[Store]:
-    made = where.make()
-    try:
-        yield made
-    finally:
-        await made.aclose()
+__all__ = ["store", "where"]  # the fixtures: each backend, a store on it
 
 
 def sent(input_id: str, text: str) -> UserMessage:
