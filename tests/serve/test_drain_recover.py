@@ -217,6 +217,10 @@ async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
     assert ran(held) == ["ran-w-1", "ran-x-1"]  # y, z never re-ran
 
 
+async def _two(pending: Any) -> bool:
+    return len(await pending) == 2
+
+
 def _asked(model: LoopbackServer, task: str) -> int:
     """How many requests the model server received whose last user message is ``task``."""
     return sum(1 for r in model.requests if last_user(r.body) == task)
@@ -300,8 +304,13 @@ async def test_a_decision_answered_202_survives_a_kill_9(
     async with aimu_serve(model, tmp_path, *shared) as one:
         async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
             run_id = await start(http, "a1", "asks z")
-            await until("the run pauses", lambda: latest_is(store, "a1", "paused"))
-            first, second = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            async def waiting() -> list[dict[str, Any]]:
+                pending: list[dict[str, Any]] = (await http.get(f"/runs/{run_id}")).json()[
+                    "pending"]
+                return pending
+
+            await until("the run pauses on both calls", lambda: _two(waiting()))
+            first, second = await waiting()
             decided = await http.post(f"/runs/{run_id}/approvals/{first['call_id']}",
                                       json={"approve": True})
             assert decided.status_code == 202, decided.text
