@@ -112,6 +112,7 @@ def _makers(directory: Path, dsn: str | None, schema: str) -> dict[str, Maker]:
 async def _timed_run(
     model: Any, rounds: int, store: Store | None, session: str,
     session_limits: UsageLimits | None = None,
+    limits: UsageLimits | None = None,
 ) -> float:
     """One run of ``rounds`` tool rounds; the session is opened before the clock starts."""
     agent = Agent(
@@ -121,6 +122,7 @@ async def _timed_run(
         store=store,
         session=session if store is not None else None,
         session_limits=session_limits,
+        limits=limits,
     )
     try:
         await agent.open()
@@ -170,34 +172,37 @@ async def _compare(
 
 
 async def bench_budget(makers: dict[str, Maker], rounds: int, repeats: int) -> None:
-    """Each store with and without ``session_limits`` (never reached), interleaved: the
-    cost of keeping the session's spend before each model request."""
+    """Each store with no limit, with ``session_limits`` and with ``limits`` (never
+    reached), interleaved: the cost of keeping the spend before each model request (the
+    session's state and the run's record; the run's record only)."""
     limits = UsageLimits(requests=10**9)
     labels = [label for label in makers if label != "no store"]
-    print(f"\nthe session's spend kept before each request (session_limits), {rounds} tool "
-          f"rounds, median of {repeats}")
+    print(f"\nthe spend kept before each request, {rounds} tool rounds, median of {repeats}: "
+          "no limit -> session_limits / limits")
     stores = {label: makers[label]() for label in labels}
-    times: dict[tuple[str, bool], list[float]] = {
-        (label, kept): [] for label in labels for kept in (False, True)
+    kinds = ("none", "session", "run")
+    times: dict[tuple[str, str], list[float]] = {
+        (label, kind): [] for label in labels for kind in kinds
     }
     try:
         for repeat in range(repeats):
             for label, store in stores.items():
-                for kept in (False, True):
+                for kind in kinds:
                     session = f"budget-{uuid.uuid4().hex[:8]}-{repeat}"
                     model = ScriptedModel(_script(rounds), record=False)
-                    times[(label, kept)].append(await _timed_run(
-                        model, rounds, store, session, limits if kept else None
+                    times[(label, kind)].append(await _timed_run(
+                        model, rounds, store, session,
+                        limits if kind == "session" else None, limits if kind == "run" else None,
                     ))
     finally:
         for store in stores.values():
             if store is not None:
                 await store.aclose()
     for label in labels:
-        plain = statistics.median(times[(label, False)]) / rounds
-        kept_ = statistics.median(times[(label, True)]) / rounds
-        print(f"  {label:<42} {plain * 1e6:8.1f} -> {kept_ * 1e6:8.1f} us/round   "
-              f"(+{(kept_ - plain) * 1e6:.1f} us a request, {kept_ / plain:.2f}x)")
+        plain, session_, run_ = (statistics.median(times[(label, k)]) / rounds for k in kinds)
+        print(f"  {label:<42} {plain * 1e6:8.1f} -> {session_ * 1e6:8.1f} / {run_ * 1e6:8.1f} "
+              f"us/round   (+{(session_ - plain) * 1e6:.1f} / +{(run_ - plain) * 1e6:.1f} us "
+              "a request)")
 
 
 def _messages(count: int) -> list[Message]:

@@ -170,7 +170,8 @@ class RunsBackend(Protocol):
         ...
 
     async def request(self, run_id: str, request: Steer) -> None:
-        """Deliver ``request`` to the live run; ``Conflict`` if it ended or refused it."""
+        """Deliver ``request`` to the live run; ``Conflict`` if it ended or refused it. A
+        send is durable when this returns (DESIGN invariant 6)."""
         ...
 
     async def decide(self, view: RunView, verdict: Verdict) -> Decided:
@@ -375,7 +376,9 @@ class Runs:
         self, run_id: str, text: str, images: tuple[str, ...] = ()
     ) -> dict[str, Any]:
         """Give ``text`` (and ``images``, checked ``data:`` URLs) to the run: they join as
-        a user message at its next step boundary."""
+        a user message at its next step boundary. Answered once kept in the session's
+        store (the local and Redis backends, ``steering.send_kept``) or in Temporal's
+        history (a signal): a server that dies before that boundary loses none of it."""
         return await self._request(run_id, Steer("send", text=text, images=images))
 
     # -- decisions -------------------------------------------------------------------

@@ -18,6 +18,7 @@ from aimu.aio.events import TextChunk
 from aimu.aio.limits import Budget, Spend
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
+from aimu.aio.store import RunRecord
 from aimu.aio.transcript import dangling_calls, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
@@ -313,6 +314,54 @@ async def test_a_session_budget_holds_across_processes(tmp_path: Path) -> None:
         assert again.last_run is not None and again.last_run.stop_reason == "limit:requests"
         assert again.spend.requests == 4 and again.spend.tool_calls == 3
         assert again.last_run.limit is not None and "session's requests" in again.last_run.limit
+    await store.aclose()
+
+
+async def _died_after(store: aio.SQLiteStore, requests: int, **mark: Any) -> None:
+    """The session of a run whose process died after ``requests`` requests: its task
+    stored, its record as a kill -9 leaves it (running, its spend counted before each
+    request), or as ``mark`` says (a drain's, a recovery's)."""
+    writer = await store.open_session("s")
+    try:
+        await writer.append({"role": "user", "content": "weather?"})
+        spend = Spend()
+        spend.requests = requests
+        fields: dict[str, Any] = {"status": "running", **mark}
+        await writer.record_run(RunRecord(
+            id="dead", session="s", agent="agent", started=1.0, spend=spend.dump(),
+            messages_from=0, **fields,
+        ))
+    finally:
+        await writer.aclose()
+
+
+@pytest.mark.parametrize("mark", [{}, {"status": "failed", "recover": True}])
+async def test_a_resume_of_a_run_that_died_goes_on_with_its_budget(
+    tmp_path: Path, mark: dict[str, Any]
+) -> None:
+    """Issue 42 item 8: the run died after 3 of its 4 requests (its record says running,
+    or a recovering server marked it to go on): its resume may send 1 more, not 4."""
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    await _died_after(store, 3, **mark)
+    model = ScriptedModel(three_rounds())
+    async with aio.Agent(model, tools=[lookup], store=store, session="s",
+                         limits=aio.UsageLimits(requests=4)) as agent:
+        assert await agent.resume() == LIMITED
+        assert model.turns_served == 1
+        assert agent.last_run is not None and agent.last_run.requests == 1
+        [latest, _] = await store.runs(session="s")
+        assert latest.spend is not None and latest.spend["requests"] == 4
+    await store.aclose()
+
+
+async def test_a_resume_of_a_run_that_ended_has_a_new_budget(tmp_path: Path) -> None:
+    store = aio.SQLiteStore(tmp_path / "s.db")
+    await _died_after(store, 3, status="interrupted")
+    model = ScriptedModel(three_rounds())
+    async with aio.Agent(model, tools=[lookup], store=store, session="s",
+                         limits=aio.UsageLimits(requests=4)) as agent:
+        assert await agent.resume() == "both are sunny"
+        assert model.turns_served == 3
     await store.aclose()
 
 

@@ -89,7 +89,8 @@ def tick() -> str:
     return "tick"
 
 
-#: Set (in the test's process, where the model server runs): ``loop`` turns stream fast.
+#: Set (in the test's process, where the model server runs): ``loop`` and ``slow`` turns
+#: stream fast.
 LOOP_FAST = threading.Event()
 
 
@@ -120,8 +121,9 @@ def script(request: dict[str, object]) -> Turn:
             ScriptedCall("held_asked", {"query": f"{query}{n}"}) for n in (1, 2)))
     names = {"hold": "held", "once": "held_once", "ask": "held_asked", "block": "blocking",
              "stub": "stubborn"}
-    if word == "slow":  # a reply that streams for about 8 s
-        return Turn(text=" ".join(f"w{i}" for i in range(400)), delay=0.02)
+    if word == "slow":  # a reply that streams for about 8 s (at once with LOOP_FAST)
+        return Turn(text=" ".join(f"w{i}" for i in range(400)),
+                    delay=0 if LOOP_FAST.is_set() else 0.02)
     if word in ("tree", "steps"):  # the agent helper, called to do `once Q` or `step Q`
         task = f"{'once' if word == 'tree' else 'step'} {query}"
         return Turn(text="asking ", tool_calls=(ScriptedCall("helper", {"task": task}),))

@@ -217,6 +217,10 @@ async def test_kill_9_then_recover_resumes_and_in_doubt_calls_go_as_today(
     assert ran(held) == ["ran-w-1", "ran-x-1"]  # y, z never re-ran
 
 
+async def _two(pending: Any) -> bool:
+    return len(await pending) == 2
+
+
 def _asked(model: LoopbackServer, task: str) -> int:
     """How many requests the model server received whose last user message is ``task``."""
     return sum(1 for r in model.requests if last_user(r.body) == task)
@@ -253,6 +257,7 @@ async def test_a_send_answered_202_survives_a_kill_9_and_joins_once(
     run killed before its next step boundary, ``--recover`` joins the text to the run
     exactly once (it was lost before). With --redis the send goes to the other server."""
     store = tmp_path / "sessions.db"
+    session, task = f"s-{shared}", f"slow {shared}"  # the model server is the module's
     common: tuple[str, ...] = ("--store", str(store))
     if shared == "redis":
         common += ("--redis", request.getfixturevalue("redis_url"),
@@ -264,23 +269,27 @@ async def test_a_send_answered_202_survives_a_kill_9_and_joins_once(
             to = await servers.enter_async_context(
                 aimu_serve(model, tmp_path, *common, name="other"))
         async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
-            run_id = await start(http, "s1", "slow s")
-        await until("the model streams the reply", lambda: _asked(model, "slow s") == 1)
+            run_id = await start(http, session, task)
+        await until("the model streams the reply", lambda: _asked(model, task) == 1)
         async with httpx.AsyncClient(base_url=to.url, timeout=30) as http:
             sent = await http.post(f"/runs/{run_id}/send", json={"text": "and this"})
         assert sent.status_code == 202, sent.text
         one.process.kill()  # mid-reply: the run never reached its next step boundary
         await one.process.wait()
-        async with aimu_serve(model, tmp_path, *common, "--recover", name="recovering"):
-            await until("the run goes on", lambda: latest_is(store, "s1", "completed"))
-    transcript = await _transcript(store, "s1")
+        recover_tools.LOOP_FAST.set()  # the resumed run's reply need not crawl
+        try:
+            async with aimu_serve(model, tmp_path, *common, "--recover", name="recovering"):
+                await until("the run goes on", lambda: latest_is(store, session, "completed"))
+        finally:
+            recover_tools.LOOP_FAST.clear()
+    transcript = await _transcript(store, session)
     users = [m["content"] for m in transcript if m["role"] == "user"]
-    assert users == ["slow s", "and this"]
+    assert users == [task, "and this"]
     assert transcript[-1]["role"] == "assistant"
     assert "and this" in json.dumps(model.requests[-1].body["messages"])  # the model saw it
     opened, close = open_store(store)
     try:
-        assert await opened.inputs("s1") == []  # joined: no longer pending
+        assert await opened.inputs(session) == []  # joined: no longer pending
     finally:
         assert close is not None
         await close()
@@ -300,8 +309,13 @@ async def test_a_decision_answered_202_survives_a_kill_9(
     async with aimu_serve(model, tmp_path, *shared) as one:
         async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
             run_id = await start(http, "a1", "asks z")
-            await until("the run pauses", lambda: latest_is(store, "a1", "paused"))
-            first, second = (await http.get(f"/runs/{run_id}")).json()["pending"]
+            async def waiting() -> list[dict[str, Any]]:
+                pending: list[dict[str, Any]] = (await http.get(f"/runs/{run_id}")).json()[
+                    "pending"]
+                return pending
+
+            await until("the run pauses on both calls", lambda: _two(waiting()))
+            first, second = await waiting()
             decided = await http.post(f"/runs/{run_id}/approvals/{first['call_id']}",
                                       json={"approve": True})
             assert decided.status_code == 202, decided.text

@@ -133,6 +133,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
         session.reruns = NO_RERUNS
         session.approvals.clear()
         session.durable.forget()
+        await session.drop_inputs()
     session.place_system()
     await session.before_run()
     run.first = len(messages)

@@ -181,6 +181,9 @@ class Session:
         """Store what the run has spent (and, with session limits, the session), before
         a request."""
 
+    async def drop_inputs(self) -> None:
+        """A reset: the text sent to earlier runs and not joined goes (from the store)."""
+
     async def continued_spend(self) -> Spend | None:
         """What the run a resume goes on with spent, when that run did not end (its
         process died: its record still says ``running``; or it is marked to be
@@ -442,6 +445,11 @@ class StoredSession(Session):
             if budget.session_limits_set:
                 await self.durable.save_state(self.approvals)
             await self.durable.keep_run_spend(budget.run)
+
+    async def drop_inputs(self) -> None:
+        if self.durable.writer is not None and self.store is not None and self.name is not None:
+            for pending in await self.store.inputs(self.name):
+                await self.store.drop_input(self.name, pending.id)
 
     async def continued_spend(self) -> Spend | None:
         if self.durable.writer is None or self.store is None or self.name is None:

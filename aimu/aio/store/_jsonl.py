@@ -425,12 +425,12 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
 
     async def delete(self, session: str) -> bool:
         path = self._path(session)
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / f"{session}.inputs").unlink()
         with self._mutex:
             self._check_open(f"delete session {session!r}")
             lock = SessionLock(self.directory, session)
             try:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / f"{session}.inputs").unlink()
                 try:
                     path.unlink()
                 except FileNotFoundError:

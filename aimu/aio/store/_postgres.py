@@ -29,9 +29,9 @@ from aimu.aio.errors import (
     TranscriptError,
 )
 from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
+from aimu.aio.store._postgres_inputs import StoreInputs, WriterInputs
 from aimu.aio.store._protocol import (
     RUN_COLUMNS,
-    PendingInput,
     RunRecord,
     SessionInfo,
     SessionStatus,
@@ -39,7 +39,6 @@ from aimu.aio.store._protocol import (
     check_run_id,
     check_run_of,
     check_status,
-    input_message,
     run_record,
     run_row,
     runs_page,
@@ -49,7 +48,7 @@ from aimu.aio.store._protocol import (
     validate_session_name,
 )
 from aimu.aio.store._report import note_locked, note_unfinished
-from aimu.aio.transcript import Message, UserMessage, validate
+from aimu.aio.transcript import Message, validate
 
 try:
     import asyncpg
@@ -187,7 +186,7 @@ def _holder(application: str | None) -> str:
     return f"process {pid} on host {host}"
 
 
-class PostgresStore:
+class PostgresStore(StoreInputs):
     """Sessions in PostgreSQL: one database (and schema) shared by many hosts.
 
     ``dsn`` is a ``postgresql://user:password@host:port/database`` URL; ``schema`` holds
@@ -524,42 +523,6 @@ class PostgresStore:
             "first. Reading the session with store.load() is always allowed."
         )
 
-    async def add_input(self, session: str, message: UserMessage) -> None:
-        validate_session_name(session)
-        input_id = str(message.get("aimu_sent"))
-        body = encode(input_message(input_id, message), session, 0)
-        await self._read(
-            f"keep an input of session {session!r}",
-            lambda conn: conn.execute(
-                f"INSERT INTO {self._s}.inputs (session, id, at, body) VALUES ($1, $2, $3, $4) "
-                "ON CONFLICT (session, id) DO NOTHING",
-                session, input_id, time.time(), body,
-            ),
-        )
-
-    async def inputs(self, session: str) -> list[PendingInput]:
-        validate_session_name(session)
-        rows = await self._read(
-            f"read the inputs of session {session!r}",
-            lambda conn: conn.fetch(
-                f"SELECT id, at, body FROM {self._s}.inputs WHERE session = $1 "
-                "ORDER BY at, id",
-                session,
-            ),
-        )
-        return [PendingInput(row[0], json.loads(row[2]), row[1]) for row in rows]
-
-    async def drop_input(self, session: str, input_id: str) -> bool:
-        validate_session_name(session)
-        status = await self._read(
-            f"take back an input of session {session!r}",
-            lambda conn: conn.execute(
-                f"DELETE FROM {self._s}.inputs WHERE session = $1 AND id = $2",
-                session, input_id,
-            ),
-        )
-        return bool(status != "DELETE 0")
-
     async def delete(self, session: str) -> bool:
         validate_session_name(session)
 
@@ -602,7 +565,7 @@ class PostgresStore:
         await self.aclose()
 
 
-class _PostgresWriter:
+class _PostgresWriter(WriterInputs):
     """The writer of one session: its own connection, holding the advisory lock.
 
     Writes run one at a time in call order, each as a task the caller waits for even
@@ -729,43 +692,6 @@ class _PostgresWriter:
             if self._next_seq == seq + 1:
                 self._next_seq = seq  # nothing was written
             raise
-
-    async def join_input(self, message: UserMessage) -> bool:
-        self._live("join an input")
-        input_id = str(message.get("aimu_sent"))
-        seq = self._next_seq
-        body = encode(input_message(input_id, message), self.session, seq)
-        joined = False
-
-        async def run(conn: asyncpg.Connection) -> None:
-            nonlocal joined
-            async with conn.transaction():
-                status = await conn.execute(
-                    f"DELETE FROM {self._s}.inputs WHERE session = $1 AND id = $2",
-                    self.session, input_id,
-                )
-                if status == "DELETE 0":
-                    return
-                await self._upsert_session(conn, time.time())
-                await conn.execute(
-                    f"INSERT INTO {self._s}.messages (session, seq, at, body) "
-                    "VALUES ($1, $2, $3, $4)",
-                    self.session, seq, time.time(), body,
-                )
-            joined = True
-
-        self._next_seq = seq + 1  # before any await, as append
-        try:
-            await self._write("join an input to", run)
-        except StoreError:
-            if self._next_seq == seq + 1:
-                self._next_seq = seq
-            raise
-        if joined:
-            self._has_row = True
-        elif self._next_seq == seq + 1:
-            self._next_seq = seq  # nothing appended
-        return joined
 
     async def replace(self, messages: Sequence[Message]) -> None:
         self._live("replace")

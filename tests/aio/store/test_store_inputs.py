@@ -4,29 +4,14 @@ and atomically, taken back only while still pending (issue 42 item 3)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from aimu.aio.store import Store
 from aimu.aio.transcript import UserMessage
-from tests.aio.store.store_backends import KINDS, Backend, backend
+from tests.aio.store.store_backends import Backend
+from tests.aio.store.test_store_runs import store, where
 
-
-@pytest.fixture(params=KINDS)
-async def where(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    async with backend(str(request.param), tmp_path) as location:
-        yield location
-
-
-@pytest.fixture
-async def store(where: Backend) -> AsyncIterator[Store]:
-    made = where.make()
-    try:
-        yield made
-    finally:
-        await made.aclose()
+__all__ = ["store", "where"]  # the fixtures: each backend, a store on it
 
 
 def sent(input_id: str, text: str) -> UserMessage:
@@ -74,3 +59,19 @@ async def test_a_pending_input_must_be_a_sent_user_message(store: Store) -> None
     with pytest.raises(ValueError, match="input id"):
         await store.add_input("s", sent("../x", "bad id"))
     assert await store.inputs("s") == []
+
+
+async def test_a_delete_refused_while_a_writer_holds_the_session_keeps_its_inputs(
+    store: Store,
+) -> None:
+    from aimu.aio.errors import SessionLockedError
+
+    writer = await store.open_session("s")
+    try:
+        await writer.append({"role": "user", "content": "task"})
+        await store.add_input("s", sent("i1", "kept"))
+        with pytest.raises(SessionLockedError):
+            await store.delete("s")
+        assert [p.id for p in await store.inputs("s")] == ["i1"]
+    finally:
+        await writer.aclose()
