@@ -82,6 +82,10 @@ class LocalRuns:
         self._handles[run_id] = handle
         handle.add_done_callback(lambda done: self._handles.pop(run_id, None))
 
+    def holds(self, run_id: str) -> bool:
+        """True while run ``run_id`` is one of these (it has not ended)."""
+        return run_id in self._handles
+
     async def request(self, run_id: str, request: Steer) -> bool:
         handle = self._handles.get(run_id)
         if handle is None:

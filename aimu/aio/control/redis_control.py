@@ -463,20 +463,32 @@ class RedisControl:
         await self._request(run_id, "stop", {"grace": grace})
         return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
 
-    async def request(self, run_id: str, request: Steer) -> bool:
+    async def request(self, run_id: str, request: Steer, *, taken: bool = False) -> bool:
         """Deliver ``request`` (see :mod:`aimu.aio.steering`) to the run wherever it runs;
-        False if it had finished. A stop is recorded and not waited for here."""
-        if request.kind == "cancel":
-            return await self.cancel(run_id, request.reason)
-        if request.kind == "interrupt":
-            return await self.interrupt(run_id)
-        if request.kind == "send":
+        False if it had finished. A stop is recorded and not waited for here.
+
+        ``taken``: a cancel, interrupt or stop is answered True only once the run took
+        it (or, with no live worker, once it is stored for the run that starts or
+        resumes), as a send always is; ControlError if Redis goes away first. So an
+        "accepted" holds even if Redis then restarts empty (it forgets what it stored)."""
+        kind = request.kind
+        if kind == "cancel":
+            if request.reason is not None and not isinstance(request.reason, str):
+                raise TypeError(
+                    f"cancel(reason=...) takes a string, got {type(request.reason).__name__}"
+                )
+            return await self._request(run_id, "cancel", {"reason": request.reason}, taken)
+        if kind == "interrupt":
+            return await self._request(run_id, "interrupt", {}, taken)
+        if kind == "send":
             return await self.send(run_id, request.text, images=request.images)
         if not finite(request.grace) or request.grace < 0:
             raise ValueError(f"stop(grace={echo(request.grace)}): give seconds, 0 or more")
-        return await self._request(run_id, "stop", {"grace": request.grace})
+        return await self._request(run_id, "stop", {"grace": request.grace}, taken)
 
-    async def _request(self, run_id: str, kind: str, data: dict[str, Any]) -> bool:
+    async def _request(
+        self, run_id: str, kind: str, data: dict[str, Any], taken: bool = False
+    ) -> bool:
         check_run_id(run_id, self.prefix)
         answer = await self._record_request(run_id, kind, data)
         if answer.tag == "unknown" and await self._reappeared(run_id):
@@ -485,7 +497,9 @@ class RedisControl:
             self._unknown(run_id)
         if answer.tag != "ok":
             return False
-        return kind != "send" or await self._taken(run_id, answer.values[0])
+        if kind != "send" and not taken:
+            return True
+        return await self._taken(run_id, answer.values[0], kind)
 
     async def _record_request(self, run_id: str, kind: str, data: dict[str, Any]) -> scripts.Reply:
         keys = self._keys
@@ -513,22 +527,23 @@ class RedisControl:
                 await asyncio.sleep(_REAPPEAR_POLL)
         return True
 
-    async def _taken(self, run_id: str, request_id: str) -> bool:
+    async def _taken(self, run_id: str, request_id: str, kind: str = "send") -> bool:
         """Wait until the run took request ``request_id`` (True) or ended without it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.lease + self.timeout
         delay = 0.002
         keys = self._keys
+        what = "the text" if kind == "send" else f"the {kind}"
         while True:
-            with self._errors("send", run_id):
+            with self._errors(kind, run_id):
                 async with self._client.pipeline(transaction=True) as pipe:
                     pipe.hmget(keys.run(run_id), ["status", "requests_seen"])
                     pipe.exists(keys.lease(run_id))
                     (status, seen), leased = await pipe.execute()
             if status is None:
                 raise ControlError(
-                    f"run {run_id!r}: its record vanished while a send waited for it "
-                    "(Redis restarted empty?): the text may not have joined",
+                    f"run {run_id!r}: its record vanished while a {kind} waited for it "
+                    f"(Redis restarted empty?): {what} may not have reached the run",
                     url=self.url,
                 )
             if _passed(seen, request_id):
@@ -539,8 +554,8 @@ class RedisControl:
                 return False  # it ended before taking the text
             if loop.time() >= deadline:
                 raise ControlError(
-                    f"run {run_id!r}: its worker did not take the text within "
-                    f"{self.lease + self.timeout:g} s; it is stored and may still join",
+                    f"run {run_id!r}: its worker did not take {what} within "
+                    f"{self.lease + self.timeout:g} s; it is stored and may still land",
                     url=self.url,
                 )
             await asyncio.sleep(delay)

@@ -7,21 +7,27 @@ fails at once and the run never starts). Everything else goes through the contro
 the runs of this process as for any other's: a run's record, a session's latest run (one
 key per session, so no listing scans the runs kept), following (event ids are the Redis
 stream's, the same in every process, so a follower can reconnect to any of them with
-``Last-Event-ID``), cancel, interrupt, stop and send.
+``Last-Event-ID``), cancel, interrupt, stop and send; but a request for a run this
+process executes is applied here, without Redis: a Stop pressed while Redis is away
+still lands (Redis learns how the run ended when it is back), while a request for
+another process's run, and any start, answer 503 at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.steering import Steer, Steering
+from aimu.aio.steering import LocalRuns, Steer
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
@@ -43,6 +49,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisBackend"]
 
+#: Runs started here that this process can still report while Redis is away.
+_KEEP_HERE = 1000
+
 
 class RedisBackend:
     """Runs executing here and registered with ``control``; any run on the same Redis
@@ -50,6 +59,10 @@ class RedisBackend:
 
     def __init__(self, agents: AgentFactory, store: Store, control: RedisControl) -> None:
         self._launcher = Launcher(agents, store)
+        self._runs_here = LocalRuns(self._launcher.spawn)
+        """The runs this process executes, steered here (Redis or not)."""
+        self._started_here: OrderedDict[str, tuple[RunView, RunHandle[str]]] = OrderedDict()
+        """The latest runs started here, reported from their handles while Redis is away."""
         self._decisions = StoreDecisions(store, agents, self)
         self.control = control
         self._closing = asyncio.Event()
@@ -85,6 +98,8 @@ class RedisBackend:
             return RunHandle.start(run, control=tagged)
 
         handle = await self._launcher.launch(session, task, agent, start)
+        self._runs_here.add(handle)
+        self._remember(handle, session, task)
         # Every process must find the run before its id is handed out.
         try:
             with self._errors("start the run"):
@@ -95,6 +110,22 @@ class RedisBackend:
         await self._launcher.accepted(handle)
         return await self.view(run_id)
 
+    def _remember(self, handle: RunHandle[str], session: str, task: str | None) -> None:
+        run_id = handle.run_id
+        assert run_id is not None
+        self._started_here[run_id] = (RunView(run_id, session, task, created_at=time.time()),
+                                      handle)
+        while len(self._started_here) > _KEEP_HERE:
+            self._started_here.popitem(last=False)
+
+    def _view_here(self, run_id: str) -> RunView | None:
+        """Run ``run_id`` as this process knows it (started here), without Redis."""
+        here = self._started_here.get(run_id)
+        if here is None:
+            return None
+        view, handle = here
+        return dataclasses.replace(view, status=handle.status, reason=handle.reason)
+
     async def _latest_live(self, session: str) -> RunView | None:
         latest = (await self.latest([session])).get(session)
         return latest if latest is not None and latest.live else None
@@ -102,8 +133,14 @@ class RedisBackend:
     # -- reading ---------------------------------------------------------------------
 
     async def view(self, run_id: str) -> RunView:
-        with self._errors("read the run", run_id):
-            return _view(await self.control.status(run_id))
+        try:
+            with self._errors("read the run", run_id):
+                return _view(await self.control.status(run_id))
+        except ServiceUnavailable:
+            here = self._view_here(run_id)  # Redis away: a run of this process is known
+            if here is None:
+                raise
+            return here
 
     async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
         with self._errors("read the sessions' runs"):
@@ -171,9 +208,15 @@ class RedisBackend:
 
     async def request(self, run_id: str, request: Steer) -> None:
         what = "send to" if request.kind == "send" else request.kind
+        if self._runs_here.holds(run_id):  # this process runs it: no Redis needed
+            accepted = await self._runs_here.request(run_id, request)
+            if not accepted:
+                raise Conflict(f"run {run_id} is ending (being cancelled): nothing to {what}")
+            return
         with self._errors(what, run_id):
-            steering: Steering = self.control
-            accepted = await steering.request(run_id, request)
+            # Answered once the run took it: a Redis that dies (and comes back empty)
+            # right after cannot lose an accepted Stop.
+            accepted = await self.control.request(run_id, request, taken=True)
         if not accepted:
             view = await self.view(run_id)
             raise Conflict(f"run {run_id} already ended ({view.status}): nothing to {what}")

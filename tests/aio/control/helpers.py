@@ -129,6 +129,17 @@ class DurableRedis:
             process.kill()
             process.wait()
 
+    @property
+    def running(self) -> bool:
+        return self._process is not None
+
+    def forget(self) -> None:
+        """Kill it and delete what it kept: the next :meth:`start` comes back empty, as
+        a Redis without persistence does."""
+        self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        os.makedirs(self._dir)
+
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self._dir, ignore_errors=True)
