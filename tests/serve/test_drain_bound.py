@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,46 +16,47 @@ import pytest
 
 from aimu.serve.recovery import CRASHED
 from aimu.testing.server import LoopbackServer
-from tests.serve import recover_tools
+from tests.serve import test_drain_recover as drain_recover
 from tests.serve.harness import aimu_serve, start
 from tests.serve.test_drain_recover import latest_is, ran, runs_of, said, until
+
+# The loopback model and the held tools' directory, as the drain and recovery tests have.
+model = drain_recover.model
+held = drain_recover.held
 
 #: Far above --drain 2 plus its margin, far below the tool's 60 s: only a hang guard.
 HANG_GUARD = 15
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[LoopbackServer]:
-    with LoopbackServer.in_thread(recover_tools.script) as server:
-        yield server
-
-
-@pytest.fixture
-def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    where = tmp_path / "held"
-    where.mkdir()
-    monkeypatch.setenv("AIMU_TEST_HELD", str(where))  # the servers inherit it
-    return where
+async def _sigterm_mid_call(
+    model: LoopbackServer, tmp_path: Path, held: Path, tool: str, session: str, task: str
+) -> tuple[str, int, str]:
+    """``aimu serve --drain 2`` with ``tool``, a run of ``task`` on ``session`` held in
+    its call (query ``a``), then SIGTERM: the run's id, the exit status and the log,
+    once the process exited (a hang fails at HANG_GUARD)."""
+    store = tmp_path / "sessions.db"
+    options = ("--store", str(store), "--tool", f"tests.serve.recover_tools:{tool}")
+    async with aimu_serve(model, tmp_path, *options, "--drain", "2") as one:
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
+            run_id = await start(http, session, task)
+        await until("the tool runs", (held / "entered-a").exists)
+        one.process.send_signal(signal.SIGTERM)
+        await until("the drain begins", lambda: said(one.log, "aimu serve: draining"))
+        code = await asyncio.wait_for(one.process.wait(), HANG_GUARD)
+    return run_id, code, one.log.read_text()
 
 
 async def test_a_sync_tool_blocking_in_a_thread_cannot_hold_the_exit(
     tmp_path: Path, model: LoopbackServer, held: Path
 ) -> None:
-    store = tmp_path / "sessions.db"
-    tool = ("--tool", "tests.serve.recover_tools:blocking")
-    async with aimu_serve(model, tmp_path, "--store", str(store), *tool, "--drain", "2") as one:
-        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
-            run_id = await start(http, "t1", "block a")
-        await until("the tool blocks in its thread", (held / "entered-a").exists)
-        one.process.send_signal(signal.SIGTERM)
-        await until("the drain begins", lambda: said(one.log, "aimu serve: draining"))
-        try:
-            code = await asyncio.wait_for(one.process.wait(), HANG_GUARD)
-        finally:
-            (held / "open").touch()  # a process that hung lets its thread go
-        assert code == 0, one.log.read_text()
-    assert said(one.log, "exiting with a tool's thread still running")
-    [record] = await runs_of(store, "t1")
+    try:
+        run_id, code, log = await _sigterm_mid_call(
+            model, tmp_path, held, "blocking", "t1", "block a")
+    finally:
+        (held / "open").touch()  # a process that hung lets its thread go
+    assert code == 0, log
+    assert "exiting with a tool's thread still running" in log
+    [record] = await runs_of(tmp_path / "sessions.db", "t1")
     assert (record.id, record.status, record.recover) == (run_id, "cancelled", True)
     assert "into its drain" in (record.reason or ""), record.reason
     assert ran(held) == []  # the thread never finished: the process left it behind
@@ -71,14 +71,9 @@ async def test_a_run_that_does_not_settle_cannot_hold_the_exit_and_is_recovered(
     and ``--recover`` goes on with it as a run whose process died."""
     store = tmp_path / "sessions.db"
     tool = ("--tool", "tests.serve.recover_tools:stubborn")
-    async with aimu_serve(model, tmp_path, "--store", str(store), *tool, "--drain", "2") as one:
-        async with httpx.AsyncClient(base_url=one.url, timeout=30) as http:
-            run_id = await start(http, "u1", "stub a")
-        await until("the tool runs", (held / "entered-a").exists)
-        one.process.send_signal(signal.SIGTERM)
-        await until("the drain begins", lambda: said(one.log, "aimu serve: draining"))
-        assert await asyncio.wait_for(one.process.wait(), HANG_GUARD) == 0
-        assert said(one.log, "still shutting down 7 s after the drain began: exiting now")
+    run_id, code, log = await _sigterm_mid_call(model, tmp_path, held, "stubborn", "u1", "stub a")
+    assert code == 0, log
+    assert "still shutting down 7 s after the drain began: exiting now" in log
     [record] = await runs_of(store, "u1")
     assert (record.id, record.status) == (run_id, "running")  # left for --recover
     (held / "open").touch()

@@ -17,6 +17,7 @@ from aimu.aio.instructions import RunContext
 from aimu.aio.transcript import dangling_calls, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.scripted import ScriptedModel
+from tests.aio.guardrails.test_guardrails import Gate
 
 
 async def _awaits_a_cancelled_future(ctx: RunContext[Any], value: object) -> None:
@@ -140,25 +141,6 @@ async def test_a_tool_guardrail_that_ends_cancelled_fails_the_run(
     assert _other_tasks() == set()
 
 
-class Gate:
-    """A guardrail that says it was entered and waits; ``own_cancel`` then makes it
-    end cancelled by itself (it awaits a cancelled future)."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.go = asyncio.Event()
-        self.cancelled = False
-
-    async def __call__(self, ctx: RunContext[Any], value: object) -> None:
-        self.entered.set()
-        try:
-            await self.go.wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-        await _awaits_a_cancelled_future(ctx, value)
-
-
 def _agent_guarded_by(kind: str, gate: Gate, effects: Effects) -> aio.Agent[Any]:
     model = ScriptedModel([
         Turn(text="thinking", chunks=2, fault="hang", fault_after=2) if kind == "input"
@@ -204,7 +186,7 @@ async def test_a_cancel_and_a_guardrail_ending_cancelled_in_one_moment_is_a_canc
     agent = _agent_guarded_by(kind, gate, effects)
     handle = aio.RunHandle.start(agent.run("do it"))
     await gate.entered.wait()
-    gate.go.set()  # the gate wakes up next step, to end cancelled by itself...
+    gate.decide(asyncio.CancelledError())  # next step it ends cancelled by itself...
     handle.cancel()  # ...and the run is cancelled in the same step
     with pytest.raises(asyncio.CancelledError):
         await handle
