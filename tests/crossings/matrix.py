@@ -283,6 +283,27 @@ def sample(all_cells: Iterable[Cell], count: int, seed: int) -> list[Cell]:
     return sorted(chosen, key=lambda c: c.id)
 
 
+def stratified(all_cells: Iterable[Cell], per_capability: int, seed: int) -> list[Cell]:
+    """``per_capability`` cells of each capability, their endings taken in turn (from a
+    place chosen by ``seed``), so that every capability and every ending is in."""
+    pool = list(all_cells)
+    endings = [e.name for e in ENDINGS if any(c.ending == e.name for c in pool)]
+    turn = random.Random(seed).randrange(len(endings)) if endings else 0
+    chosen: list[Cell] = []
+    for capability in CAPABILITIES:
+        mine = {c.ending: c for c in pool if c.capability == capability.name}
+        taken = 0
+        for step in range(len(endings)):
+            if taken == per_capability:
+                break
+            cell = mine.get(endings[(turn + step) % len(endings)])
+            if cell is not None:
+                chosen.append(cell)
+                taken += 1
+        turn += per_capability
+    return chosen
+
+
 def chosen_cell() -> Cell | None:
     """The one cell ``AIMU_CROSSING=cap:ending:place:seed`` asks for, if set."""
     text = os.environ.get("AIMU_CROSSING")
