@@ -226,10 +226,6 @@ KNOWN_DEFECTS: tuple[tuple[str, str, str, str, str], ...] = (
      "defect: a run paused before its server went away (here a drain; a restart does the "
      "same) cannot be decided on the next server without Redis: GET /sessions/{s} says "
      "'paused' with paused_run_id null and pending [], and the run is unknown to it"),
-    ("external", "leave", "library", "0",
-     "defect: a client result given to a paused run is lost (the call is settled "
-     "'[cancelled before it finished]') when the consumer leaves the resumed run's "
-     "stream at its first event"),
 )
 
 
@@ -242,6 +238,10 @@ def _defect_matches(row: tuple[str, str, str, str, str], cell: Cell) -> bool:
 #: Cells that found a defect fixed on this branch: they always run in the sample of their
 #: place, as its regression test ("cap:ending:place:seed" -> the defect).
 REGRESSIONS: dict[str, str] = {
+    "external:leave:library:0":
+        "a client result given to a paused run (answer()) was lost, the call settled "
+        "'[cancelled before it finished]', when the consumer left the resumed run's "
+        "stream at its first event (before the resume used the result)",
     "tools:kill9:serve:0":
         "the record of a run whose process died, marked failed by --recover, had no "
         "models although its messages were written by one",

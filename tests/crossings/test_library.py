@@ -9,12 +9,14 @@ import pytest
 
 from tests.crossings.capabilities import shared_mcp
 from tests.crossings.library import run_cell
-from tests.crossings.matrix import Cell, cells, params, stratified
+from tests.crossings.matrix import REGRESSIONS, Cell, cells, params, stratified
 
 SEEDS = (0, 1)
 SAMPLE_SEED = 42
 
-LIBRARY = [c for c in cells(["library"], SEEDS) if c.ending != "kill9"]
+#: The MCP server's cells (a child process each: seconds on a busy machine) with seed 0
+#: only; the serve place has more.
+LIBRARY = [c for c in cells(["library"], SEEDS) if c.capability != "mcp" or c.seed == 0]
 #: Two cells of each capability, the endings in turn, seed 1: every capability and ending.
 #: It leaves out the MCP server's cells (a child process to start: seconds on a busy
 #: machine); the serve place's sample has them.
@@ -30,6 +32,15 @@ async def run(cell: Cell, tmp_path: Path, strict: str, *, sweep: bool) -> None:
 @pytest.mark.parametrize("cell", params(QUICK, "library", full=False))
 async def test_sample(cell: Cell, tmp_path: Path, strict: str) -> None:
     await run(cell, tmp_path, strict, sweep=False)
+
+
+@pytest.mark.parametrize(
+    "cell", params([Cell.parse(c) for c in REGRESSIONS if ":library:" in c], "library",
+                   full=False),
+)
+async def test_regression(cell: Cell, tmp_path: Path, strict: str) -> None:
+    """The cells that found a defect fixed here, swept over every event index."""
+    await run(cell, tmp_path, strict, sweep=True)
 
 
 @pytest.mark.slow
