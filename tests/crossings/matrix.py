@@ -218,10 +218,6 @@ KNOWN_DEFECTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("send", "kill9", "serve", "*",
      "issue 42 item 3: a send answered 202 waits in memory until the step boundary, so a "
      "kill -9 before it loses the send"),
-    ("approvals", "*", "temporal", "*",
-     "defect: on Temporal a decision sent as soon as the run's events end with "
-     "handle_finished 'paused' (and GET /sessions shows it paused) is refused 409 'running, "
-     "not paused': the workflow's state lags the worker's events"),
     ("approvals", "drain", "serve", "0",
      "defect: a run paused before its server went away (here a drain; a restart does the "
      "same) cannot be decided on the next server without Redis: GET /sessions/{s} says "
@@ -238,6 +234,10 @@ def _defect_matches(row: tuple[str, str, str, str, str], cell: Cell) -> bool:
 #: Cells that found a defect fixed on this branch: they always run in the sample of their
 #: place, as its regression test ("cap:ending:place:seed" -> the defect).
 REGRESSIONS: dict[str, str] = {
+    "approvals:stop:temporal:0":
+        "on Temporal a decision sent as soon as the run's events ended handle_finished "
+        "'paused' was refused 409 'running, not paused': the workflow's state lags the "
+        "worker's events by a workflow task",
     "external:leave:library:0":
         "a client result given to a paused run (answer()) was lost, the call settled "
         "'[cancelled before it finished]', when the consumer left the resumed run's "

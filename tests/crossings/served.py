@@ -45,6 +45,8 @@ class Place:
     idempotent: frozenset[str] = frozenset({"look", "add"})
     crash: Callable[[], None] | None = None
     """What the kill9 and drain endings do to the process running the run."""
+    pause_continues_run: bool = False
+    """Temporal: a paused run and its resume after the decisions are one run record."""
 
 
 @dataclass
@@ -183,6 +185,7 @@ async def outcome_of(case: ServedCase) -> Outcome:
         top=case.session, agent=case.place.agent, levels=levels, records=records,
         terminals=case.terminals, inputs=case.inputs, effects=dict(counts),
         idempotent=case.place.idempotent,
+        pause_continues_run=case.place.pause_continues_run,
     )
 
 
