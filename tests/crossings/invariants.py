@@ -20,15 +20,15 @@ from aimu.aio.providers.openai import to_wire
 from aimu.aio.store import RunRecord
 from aimu.aio.transcript import Message, dangling_calls, validate
 from aimu.testing.script import Turn
-from aimu.testing.server import LoopbackServer
 
 #: What the strict provider answers a transcript it accepts.
 ACCEPTED_REPLY = "accepted"
 
 
-def strict_server() -> LoopbackServer:
-    """The strict provider: one loopback server that answers every valid chat."""
-    return LoopbackServer(lambda body: Turn(text=ACCEPTED_REPLY), keep_records=False)
+def strict_script(body: Mapping[str, Any]) -> Turn:
+    """The strict provider's model: the loopback server refuses an invalid transcript
+    (400) before asking it; every valid one is answered so."""
+    return Turn(text=ACCEPTED_REPLY)
 
 
 @dataclass
