@@ -307,15 +307,26 @@ def stratified(all_cells: Iterable[Cell], per_capability: int, seed: int) -> lis
 def chosen_cell() -> Cell | None:
     """The one cell ``AIMU_CROSSING=cap:ending:place:seed`` asks for, if set."""
     text = os.environ.get("AIMU_CROSSING")
-    return Cell.parse(text) if text else None
+    if not text:
+        return None
+    cell = Cell.parse(text)
+    why = why_not(cell.capability, cell.ending, cell.place)
+    if why is not None:
+        raise ValueError(f"AIMU_CROSSING={text}: the cell does not apply: {why}")
+    return cell
 
 
-def params(selected: Iterable[Cell], place: str, *, full: bool = True) -> list[object]:
+def params(
+    selected: Iterable[Cell], place: str, *, full: bool = True,
+    endings: Iterable[str] | None = None,
+) -> list[object]:
     """pytest params of ``selected`` (or of the one ``AIMU_CROSSING`` cell, given to the
-    ``full`` matrix of its place), each with its xfail mark when a known defect applies."""
+    ``full`` matrix of its place that runs its ending: one of ``endings``, None: any),
+    each with its xfail mark when a known defect applies."""
     chosen = chosen_cell()
     if chosen is not None:
-        selected = [chosen] if chosen.place == place and full else []
+        runs_it = endings is None or chosen.ending in set(endings)
+        selected = [chosen] if chosen.place == place and full and runs_it else []
     out: list[object] = []
     for cell in selected:
         defect = known_defect(cell)
