@@ -188,41 +188,37 @@ def handoff(kit: Kit) -> Built:
     return Built(built, [model, billing_model], kit.effects)
 
 
-async def _checked(kit: Kit, what: str) -> None:
-    for _ in range(3):  # a few awaits: a stop can land inside the check
-        await asyncio.sleep(0)
-    kit.effects.order.append(what)
+def _check(kit: Kit, what: str) -> Callable[[RunContext[Any], object], Any]:
+    """A guardrail that passes after a few awaits (a stop can land inside it), noting
+    ``what`` in the order of effects when it passed."""
+
+    async def check(ctx: RunContext[Any], value: object) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        kit.effects.order.append(what)
+
+    return check
+
+
+def _guarded(kit: Kit, **guardrails: Any) -> Built:
+    """The tools capability with ``guardrails`` (the Agent's options) on its agent."""
+    built = tools(kit)
+    built.agent = agent(kit, built.models[0], built.agent.tools, **guardrails)
+    return built
 
 
 def input_guardrail(kit: Kit) -> Built:
-    async def checked(ctx: RunContext[Any], task: str) -> None:
-        await _checked(kit, "guardrail:input")
-
-    built = tools(kit)
-    built.agent = agent(kit, built.models[0], built.agent.tools, input_guardrails=[checked])
-    return built
+    return _guarded(kit, input_guardrails=[_check(kit, "guardrail:input")])
 
 
 def output_guardrail(kit: Kit) -> Built:
-    async def checked(ctx: RunContext[Any], answer: object) -> None:
-        await _checked(kit, "guardrail:output")
-
-    built = tools(kit)
-    built.agent = agent(kit, built.models[0], built.agent.tools, output_guardrails=[checked])
-    return built
+    return _guarded(kit, output_guardrails=[_check(kit, "guardrail:output")])
 
 
 def tool_guardrail(kit: Kit) -> Built:
-    async def before(ctx: RunContext[Any], call: object) -> None:
-        await _checked(kit, "guardrail:before")
-
-    async def after(ctx: RunContext[Any], call: object) -> None:
-        await _checked(kit, "guardrail:after")
-
-    built = tools(kit)
-    guard = aio.ToolGuardrail(before=before, after=after)
-    built.agent = agent(kit, built.models[0], built.agent.tools, tool_guardrails=[guard])
-    return built
+    guard = aio.ToolGuardrail(before=_check(kit, "guardrail:before"),
+                              after=_check(kit, "guardrail:after"))
+    return _guarded(kit, tool_guardrails=[guard])
 
 
 def fallback(kit: Kit) -> Built:

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import pytest
 
 from aimu.testing.server import LoopbackServer
-from tests.crossings.invariants import strict_server
+from tests.crossings.invariants import strict_script
 
 
 @pytest.fixture(scope="module")
 def strict() -> Iterator[str]:
     """The strict provider's base URL (one loopback server for a module's cells)."""
-    with LoopbackServer.in_thread(strict_server().script) as server:
+    with LoopbackServer.in_thread(strict_script) as server:
         server.keep_records = False
         yield server.url

@@ -173,6 +173,11 @@ async def run_case(
         await built.agent.aclose()
         outcome = await outcome_of(case, store, session)
         check(outcome, strict_url)
+        order = built.effects.order
+        if cell.capability == "input_guardrail" and any(o.startswith("tool:") for o in order):
+            # No tool runs on a task the input guardrail has not passed.
+            first_tool = next(i for i, o in enumerate(order) if o.startswith("tool:"))
+            assert "guardrail:input" in order[:first_tool], order
         if built.output_type is not None:
             assert isinstance(built.agent.last_run.output, built.output_type)  # type: ignore[union-attr]
         return case.seen

@@ -9,7 +9,9 @@ other process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,8 @@ class Place:
     idempotent: frozenset[str] = frozenset({"look", "add"})
     crash: Callable[[], None] | None = None
     """What the kill9 and drain endings do to the process running the run."""
+    pause_continues_run: bool = False
+    """Temporal: a paused run and its resume after the decisions are one run record."""
 
 
 @dataclass
@@ -176,13 +180,18 @@ async def outcome_of(case: ServedCase) -> Outcome:
     def still_open() -> list[object]:
         return [s for s in model.streams if not (s.completed or s.abandoned or s.fault)]
 
-    await model.wait_until(lambda: not still_open(), 10,
-                           lambda: f"model streams still open: {still_open()}")
+    # Polled: a reply's last flag is set after the server's last notice (a state
+    # reached, bounded; never a time measured).
+    deadline = time.monotonic() + 30
+    while still_open():
+        assert time.monotonic() < deadline, f"model streams still open: {still_open()}"
+        await asyncio.sleep(0.02)
     counts = effects(case.place.effects)
     return Outcome(
         top=case.session, agent=case.place.agent, levels=levels, records=records,
         terminals=case.terminals, inputs=case.inputs, effects=dict(counts),
         idempotent=case.place.idempotent,
+        pause_continues_run=case.place.pause_continues_run,
     )
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from aimu.aio.transcript import Message
+from tests.crossings.invariants import strict_accepts
 from tests.crossings.matrix import (
     CAPABILITIES,
     ENDINGS,
@@ -49,3 +51,16 @@ def test_every_cell_applies_or_says_why_not() -> None:
     for cell in applying:
         assert why_not(cell.capability, cell.ending, cell.place) is None
     assert why_not("tree", "cancel", "serve") is not None
+
+
+def test_the_strict_provider_refuses_a_dangling_call(strict: str) -> None:
+    """The transcript check is not vacuous: a call with no result is a 400 there."""
+    dangling: list[Message] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]},
+    ]
+    with pytest.raises(AssertionError, match="no response: c1"):
+        strict_accepts(strict, {"top": dangling})
+    strict_accepts(strict, {"top": [*dangling, {"role": "tool", "content": "ok",
+                                                "tool_call_id": "c1", "name": "f"}]})

@@ -38,6 +38,6 @@ async def ground(model: LoopbackServer, tmp_path: Path) -> AsyncIterator[Ground]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell", params(RECOVERY, "serve"))
+@pytest.mark.parametrize("cell", params(RECOVERY, "serve", endings=("kill9", "drain")))
 async def test_cell(cell: Cell, ground: Ground, strict: str) -> None:
     await run_recovery_cell(cell, ground, strict)

@@ -17,14 +17,17 @@ from aimu.serve import app
 from aimu.testing.server import LoopbackServer
 from tests.crossings import serve_tools
 from tests.crossings.capabilities import mcp_server
-from tests.crossings.matrix import Cell, cells, params, sample
+from tests.crossings.matrix import ENDINGS, Cell, cells, params, stratified
 from tests.crossings.served import Place, run_served_cell
 from tests.serve.harness import uvicorn_serving
 
 SEEDS = (0, 1)
 SAMPLE_SEED = 42
-SERVE = [c for c in cells(["serve"], SEEDS) if c.ending not in ("kill9", "drain")]
-QUICK = sample([c for c in SERVE if c.seed != 0], 6, SAMPLE_SEED)
+#: kill9 and drain are tests/crossings/test_recovery.py's (processes of their own).
+SERVED_ENDINGS = [e.name for e in ENDINGS if e.name not in ("kill9", "drain")]
+SERVE = [c for c in cells(["serve"], SEEDS) if c.ending in SERVED_ENDINGS]
+#: One cell of each capability, the endings in turn (seed 1).
+QUICK = stratified([c for c in SERVE if c.seed == 1], 1, SAMPLE_SEED)
 
 
 @dataclass
@@ -65,6 +68,6 @@ async def test_sample(cell: Cell, place: Place, strict: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell", params(SERVE, "serve"))
+@pytest.mark.parametrize("cell", params(SERVE, "serve", endings=SERVED_ENDINGS))
 async def test_cell(cell: Cell, place: Place, strict: str) -> None:
     assert await run_served_cell(cell, place, strict, sweep=False) >= 1

@@ -115,7 +115,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 async def place(deployment: Deployment) -> AsyncIterator[Place]:
     async with (httpx.AsyncClient(base_url=deployment.url, timeout=60) as http,
                 aio.SQLiteStore(deployment.store) as store):
-        yield Place(http, http, store, deployment.model, deployment.effects)
+        yield Place(http, http, store, deployment.model, deployment.effects,
+                    pause_continues_run=True)
 
 
 @pytest.mark.slow

@@ -339,14 +339,31 @@ class Session:
         return self.close_open_calls(start=max(last_assistant, 0))
 
     def close_open_calls(self, start: int = 0) -> list[ToolMessage]:
-        """Answer the open calls in memory: "cancelled", or IN_DOUBT_RESULT for a call
-        a crash left in doubt that is now not run again; return the results."""
+        """Answer the open calls in memory: an external tool's call with the result
+        given from outside (``answer()``: accepted, so never lost to a stop that lands
+        before the resume used it), else "cancelled", or IN_DOUBT_RESULT for a call a
+        crash left in doubt that is now not run again; return the results."""
         reruns, self.reruns = self.reruns, NO_RERUNS
+        given = self.given_results()
         return answer_open_calls(
             self.messages,
-            lambda _index, call: IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT,
+            lambda _index, call: given.get(call["id"])
+            or (IN_DOUBT_RESULT if call["id"] in reruns else CANCELLED_RESULT),
             start=start,
         )
+
+    def given_results(self) -> dict[str, str]:
+        """The results given from outside for the waiting calls of external tools, by
+        call id (a decision bound to the pause that still waits)."""
+        approvals = self.approvals
+        given: dict[str, str] = {}
+        for call_id, decision in approvals.decisions.items():
+            pending = approvals.pending.get(call_id)
+            if (pending is not None and pending.external and decision.approved
+                    and decision.result is not None
+                    and decision.pause_id in (None, pending.pause_id)):
+                given[call_id] = decision.result
+        return given
 
     async def store_settled(self, unstored: list[Message], status: RunStatus | None) -> None:
         """Store what the settling added, the session's spend and ``status`` (None: the

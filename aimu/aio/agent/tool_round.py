@@ -39,8 +39,11 @@ async def tool_round(
     if run.budget is not None:
         run.budget.count_tools(len(calls))
     for call, given in answered:
+        # Recorded before its start is told: a result given from outside (or a denial)
+        # is accepted input, so a consumer leaving at the start event must not lose it.
+        answer = await _call_tool(session, call, run, given, False)
         yield _call_started(name, call)
-        if (answer := await _call_tool(session, call, run, given, False)) is not None:
+        if answer is not None:
             yield answer
     try:
         if config.concurrent_tools and len(calls) > 1:

@@ -46,6 +46,8 @@ _log = logging.getLogger("aimu.serve")
 _RETRY_SECONDS: Final = 0.5
 #: How long a run another server started may take to catch up here before it is shown.
 _CATCH_UP_SECONDS: Final = 10.0
+#: How long a decision waits for the workflow to say "paused" after its events did.
+_PAUSE_LAG_SECONDS: Final = 10.0
 
 
 class TemporalBackend(RunLog):
@@ -219,6 +221,7 @@ class TemporalBackend(RunLog):
         workflow, _ = self._workflow[view.run_id]
         call_id, pause_id = verdict.call_id, verdict.pause_id
         await self._check_stored(view, call_id, pause_id)
+        await self._paused_in_workflow(workflow)
         with self._errors("record the decision"):
             if verdict.result is not None:
                 waiting = await self.client.answer(
@@ -240,6 +243,21 @@ class TemporalBackend(RunLog):
         stored = await self._store.load(view.session)
         self._follow(later, workflow, count, len(stored))
         return Decided([], later.run_id)
+
+    async def _paused_in_workflow(self, workflow: str) -> None:
+        """Until the workflow's own state leaves ``running`` (bounded): the worker's
+        events say "paused" a workflow task before the workflow does, and a decision sent
+        on that event was refused (409 "running, not paused"). A state that cannot be
+        read is left to the decision's own check."""
+        deadline = time.monotonic() + _PAUSE_LAG_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                state = await self.client.status(workflow, after=1 << 30)
+            except (ControlError, UnknownRunError):
+                return
+            if state.get("status") != "running":
+                return
+            await asyncio.sleep(0.02)
 
     async def _check_stored(self, view: RunView, call_id: str, pause_id: str | None) -> None:
         """``Conflict`` if the store's session no longer waits on ``call_id`` for this run
