@@ -260,3 +260,16 @@ async def test_a_handles_events_tell_of_the_retry(provider: str) -> None:
     # Ollama's client continues a trailing assistant message by default.
     assert retried.mode == ("continued" if provider == "ollama" else "restarted")
     assert retried.attempt == 1 and shown(events) == TEXT.text
+
+
+async def test_a_background_response_is_re_attached_and_says_continued() -> None:
+    async with LoopbackServer([Turn(text=TEXT.text, fault="drop", fault_after=4)]) as server:
+        client = model("openai-responses", server, background=True)
+        async with aio.Agent(client) as agent:
+            events = [e async for e in agent.run("count", stream=True)]
+            assert [m["content"] for m in assistants(agent.model_client.messages)] == [TEXT.text]
+    (retried,) = [e for e in events if isinstance(e, TurnRetried)]
+    assert (retried.mode, retried.kept) == ("continued", "one two three four ")
+    assert shown(events) == TEXT.text
+    assert agent.last_run is not None and agent.last_run.retries == 1
+    assert [r.method for r in server.requests] == ["POST", "GET"]  # re-attached: not asked
