@@ -179,6 +179,10 @@ class TurnSoFar:
                 self.output += len(chunk.text)  # type: ignore[union-attr]
             elif kind is ToolCallDelta:
                 self.calls = True
+            elif kind is TurnRetry:  # an inner client's own retry (a FallbackModel's model)
+                self.text = [chunk.kept] if chunk.kept else []  # type: ignore[union-attr]
+                if not chunk.continued:  # type: ignore[union-attr]
+                    self.thinking = self.calls = False
         self.given = True
         return chunks
 
