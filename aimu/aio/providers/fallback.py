@@ -5,10 +5,10 @@ A turn goes to the next model on a connection error, a 5xx, or a 429 that outlas
 model's own retries; never on a cancel, an interrupt, a deadline or a limit. After part
 of the reply came, the next model continues it if it can (``continues_partial``), else
 starts the turn over (a :class:`~aimu.aio.providers.base.TurnRetry` tells the reader).
-When every model fails, the error names each and its failure. Each model translates the transcript for its own wire (thinking and native
-data that cannot cross stay home); the message a turn writes records the model that
-answered (``aimu_model``), and :attr:`FallbackModel.usage_by_model` counts each model's
-tokens.
+When every model fails, the error names each and its failure. Each model translates
+the transcript for its own wire (thinking and native data that cannot cross stay home);
+the message a turn writes records the model that answered (``aimu_model``), and
+:attr:`FallbackModel.usage_by_model` counts each model's tokens.
 """
 
 from __future__ import annotations
