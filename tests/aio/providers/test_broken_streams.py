@@ -273,3 +273,23 @@ async def test_a_background_response_is_re_attached_and_says_continued() -> None
     assert shown(events) == TEXT.text
     assert agent.last_run is not None and agent.last_run.retries == 1
     assert [r.method for r in server.requests] == ["POST", "GET"]  # re-attached: not asked
+
+
+@pytest.mark.parametrize("wire", CONTINUING)
+async def test_a_continued_reply_is_whole_wherever_the_cut_lands(wire: str) -> None:
+    """Pieces of uneven length: cuts land mid-word and right after a space (which
+    Anthropic's prefill leaves off and the continuation brings back once)."""
+    reply = Turn(text="Lighthouses guided ships with fire, then lamps and lenses.", chunks=9)
+    count = await pieces_of(wire, reply)
+    continued = 0
+    for cut in range(count):
+        async with (
+            LoopbackServer(cut_once(reply, fault_after=cut)) as server,
+            aio.Agent(model(wire, server, continues_partial=True)) as agent,
+        ):
+            events = [e async for e in agent.run("tell me", stream=True)]
+            answers = [m["content"] for m in assistants(agent.model_client.messages)]
+        where = f"{wire}, cut in chunk {cut} of {count}"
+        assert answers == [reply.text] and shown(events) == reply.text, where
+        continued += any(isinstance(e, TurnRetried) and e.mode == "continued" for e in events)
+    assert continued >= count // 2
