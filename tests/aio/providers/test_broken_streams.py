@@ -293,3 +293,18 @@ async def test_a_continued_reply_is_whole_wherever_the_cut_lands(wire: str) -> N
         assert answers == [reply.text] and shown(events) == reply.text, where
         continued += any(isinstance(e, TurnRetried) and e.mode == "continued" for e in events)
     assert continued >= count // 2
+
+
+async def test_a_wall_limit_reached_while_the_retry_waits_ends_the_run_limited(
+    provider: str,
+) -> None:
+    limits = aio.UsageLimits(wall=1.0)  # the retry would wait 15 to 30 s
+    async with (
+        LoopbackServer(cut_once(TEXT, fault_after=3)) as server,
+        aio.Agent(model(provider, server, retry_delay=30.0), limits=limits) as agent,
+    ):
+        async with asyncio.timeout(20):  # a guard against a hang, not a timing bet
+            reply = await agent.run("count")
+        last = kept_partial(agent)
+    assert agent.last_run is not None and agent.last_run.status == "limited"
+    assert reply == last["content"] and len(server.requests) == 1
