@@ -5,6 +5,7 @@ What aimu does on such a cut is tested in tests/aio/providers/test_broken_stream
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anthropic
@@ -38,52 +39,52 @@ def incomplete(error: BaseException) -> None:
     assert "incomplete chunked read" in " ".join(map(str, chain)), repr(chain)
 
 
+async def read_to_the_cut(
+    start: Callable[[], Awaitable[AsyncIterator[Any]]], text_of: Callable[[Any], str]
+) -> None:
+    """Open the SDK's stream and read it: the text before the cut, then its error."""
+    seen = ""
+    with pytest.raises(Exception) as caught:  # which one: the point
+        async for item in await start():
+            seen += text_of(item)
+    cut_short(seen)
+    incomplete(caught.value)
+
+
 async def test_the_openai_sdk_sees_a_cut_chat_completion() -> None:
     async with LoopbackServer([CUT]) as server:
         client = openai.AsyncOpenAI(base_url=server.openai_base_url, api_key="k", max_retries=0)
-        seen = ""
-        with pytest.raises(Exception) as caught:  # which one: the point
-            stream = await client.chat.completions.create(
+        await read_to_the_cut(
+            lambda: client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "x"}], stream=True
-            )
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    seen += chunk.choices[0].delta.content
+            ),
+            lambda chunk: (chunk.choices[0].delta.content or "") if chunk.choices else "",
+        )
         await client.close()
-    cut_short(seen)
-    incomplete(caught.value)
 
 
 async def test_the_openai_sdk_sees_a_cut_response() -> None:
     async with LoopbackServer([CUT]) as server:
         client = openai.AsyncOpenAI(base_url=server.openai_base_url, api_key="k", max_retries=0)
-        seen = ""
-        with pytest.raises(Exception) as caught:
-            stream = await client.responses.create(model="m", input="x", stream=True)
-            async for event in stream:
-                if event.type == "response.output_text.delta":
-                    seen += event.delta
+        await read_to_the_cut(
+            lambda: client.responses.create(model="m", input="x", stream=True),
+            lambda event: event.delta if event.type == "response.output_text.delta" else "",
+        )
         await client.close()
-    cut_short(seen)
-    incomplete(caught.value)
 
 
 async def test_the_anthropic_sdk_sees_a_cut_message() -> None:
     async with LoopbackServer([CUT]) as server:
         client = anthropic.AsyncAnthropic(base_url=server.url, api_key="k", max_retries=0)
-        seen = ""
-        with pytest.raises(Exception) as caught:
-            stream = await client.messages.create(
+        await read_to_the_cut(
+            lambda: client.messages.create(
                 model="m", max_tokens=100, messages=[{"role": "user", "content": "x"}],
                 stream=True,
-            )
-            async for event in stream:
-                delta: Any = getattr(event, "delta", None)
-                if event.type == "content_block_delta" and delta.type == "text_delta":
-                    seen += delta.text
+            ),
+            lambda event: event.delta.text if event.type == "content_block_delta"
+            and event.delta.type == "text_delta" else "",
+        )
         await client.close()
-    cut_short(seen)
-    incomplete(caught.value)
 
 
 async def test_the_google_genai_sdk_sees_a_cut_stream() -> None:
@@ -91,14 +92,9 @@ async def test_the_google_genai_sdk_sees_a_cut_stream() -> None:
         options = types.HttpOptions(base_url=server.url, api_version="v1beta",
                                     retry_options=types.HttpRetryOptions(attempts=1))
         client = genai.Client(api_key="AIza-test", http_options=options)
-        seen = ""
-        with pytest.raises(Exception) as caught:
-            stream = await client.aio.models.generate_content_stream(
-                model="gemini-test", contents="x"
-            )
-            async for response in stream:
-                seen += response.text or ""
+        await read_to_the_cut(
+            lambda: client.aio.models.generate_content_stream(model="gemini-test", contents="x"),
+            lambda response: response.text or "",
+        )
         await client.aio.aclose()
         client.close()
-    cut_short(seen)
-    incomplete(caught.value)

@@ -62,6 +62,7 @@ __all__ = [
     "as_list",
     "call_id",
     "display_url",
+    "in_scope",
     "split_credentials",
     "ssl_context",
     "tail",
@@ -801,7 +802,7 @@ class HTTPModelClient(ModelClient):
                 sent = turn.sent
                 decoder = self.decoder(reporter)
                 reading = self._reading(decoder, sent)
-                with _current(scope):  # its retry waits see the run's stops
+                with in_scope(scope):  # its retry waits see the run's stops
                     response, attempt = await self._send(shard.http, body, stream, reporter,
                                                          attempt)
                 pieces = cast(AsyncGenerator[bytes, None], response.aiter_bytes())  # closed below
@@ -863,7 +864,7 @@ class HTTPModelClient(ModelClient):
         if salvaged is not None:  # only the reply's end was lost
             return attempt, turn.chunks(salvaged)
         try:
-            with _current(scope):
+            with in_scope(scope):
                 attempt = await self._next_attempt(attempt, failure, reporter)
         except ModelError:
             if not isinstance(failure, ModelHTTPError):
@@ -971,7 +972,7 @@ def _parsed_url(url: str) -> httpx.URL:
 
 
 @contextlib.contextmanager
-def _current(scope: RunScope | None) -> Iterator[None]:
+def in_scope(scope: RunScope | None) -> Iterator[None]:
     """``scope`` current for a few lines that do not yield to the stream's reader."""
     token = current_scope.set(scope)
     try:

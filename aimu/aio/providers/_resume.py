@@ -75,22 +75,19 @@ class Reading:
     whitespace: the continuation's text loses that space if it starts with it, since
     the transcript keeps it already)."""
 
-    __slots__ = ("at_end", "decoder", "echo", "failed", "rest", "space")
+    __slots__ = ("at_end", "decoder", "echo", "failed", "plain", "rest", "space")
 
     def __init__(self, decoder: TurnDecoder, prefix: str, space: str) -> None:
         self.decoder = decoder
         self.echo = PrefillEcho(prefix) if prefix else None
         self.space = space
+        #: True once nothing is left to take out: chunks pass as they come.
+        self.plain = self.echo is None and not space
         self.rest = b""
         #: A line's error, raised once the chunks of the lines before it went out.
         self.failed: ModelError | None = None
         #: The body ended (a failure now is the reply's end missing).
         self.at_end = False
-
-    @property
-    def plain(self) -> bool:
-        """True once nothing is left to take out: chunks pass as they come."""
-        return self.echo is None and not self.space
 
     def lines(self, piece: bytes) -> list[Chunk]:
         """The chunks of the lines ``piece`` completes (none after the final marker)."""
@@ -143,6 +140,7 @@ class Reading:
                         chunks = list(chunks)
                         chunks[position: position + 1] = [TextDelta(text)] if text else []
                     break
+        self.plain = self.echo is None and not self.space
         return chunks
 
 
@@ -157,37 +155,25 @@ def tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
 class TurnSoFar:
     """What a turn's stream gave its reader so far, over every attempt, and the
     messages the next attempt sends (``sent``: the turn's, or with the text so far as a
-    trailing assistant message to continue)."""
+    trailing assistant message to continue). The chunks are only kept as they go (one
+    list extend a piece); they are read when the stream breaks."""
 
-    __slots__ = ("calls", "given", "messages", "output", "sent", "text", "thinking")
+    __slots__ = ("given", "kept", "messages", "sent")
 
     def __init__(self, messages: Sequence[Message]) -> None:
         self.messages = messages
         self.sent = messages
-        #: The reply's text given to the reader (what a continuation keeps).
-        self.text: list[str] = []
-        self.thinking = False
-        self.calls = False
+        #: The chunks given to the reader since the turn's start or its last retry
+        #: (after a continued one, the text kept first, as one TextDelta).
+        self.kept: list[Chunk] = []
         #: Anything of the turn went out (in any attempt).
         self.given = False
-        #: Characters of output this attempt gave (its output tokens, estimated).
-        self.output = 0
 
     def chunks(self, chunks: list[Chunk]) -> list[Chunk]:
         """``chunks``, noted as given to the reader."""
-        if not chunks:
-            return chunks
-        for chunk in chunks:
-            kind = type(chunk)
-            if kind is TextDelta:
-                self.text.append(chunk.text)  # type: ignore[union-attr]
-                self.output += len(chunk.text)  # type: ignore[union-attr]
-            elif kind is ThinkingDelta:
-                self.thinking = True
-                self.output += len(chunk.text)  # type: ignore[union-attr]
-            elif kind is ToolCallDelta:
-                self.calls = True
-        self.given = True
+        if chunks:
+            self.kept += chunks
+            self.given = True
         return chunks
 
     def broke(
@@ -197,21 +183,40 @@ class TurnSoFar:
         ``attempt``): continued when ``continues`` and the turn so far is text only,
         else restarted. ``counted_input``: the broken request's tokens as its server
         counted them, if it did. Returns what the reader is told."""
+        text, output, plain = _read(self.kept, self.sent is not self.messages)
         inputs = counted_input
         if inputs is None:
             inputs = estimate_tokens(transcript_chars(self.sent, 0))
-        spent: Usage = {"input_tokens": inputs, "output_tokens": estimate_tokens(self.output)}
-        self.output = 0
-        text = "".join(self.text)
-        continued = continues and bool(text) and not self.thinking and not self.calls
-        if not continued:
-            text = ""
-            self.text, self.thinking, self.calls = [], False, False
-            self.sent = self.messages
-        else:
-            self.text = [text]
+        spent: Usage = {"input_tokens": inputs, "output_tokens": estimate_tokens(output)}
+        continued = continues and bool(text) and plain
+        if continued:
+            self.kept = [TextDelta(text)]
             self.sent = _with_prefill(self.messages, text)
+        else:
+            text, self.kept, self.sent = "", [], self.messages
         return TurnRetry(continued, text, spent, str(error), attempt)
+
+
+def _read(chunks: list[Chunk], carried: bool) -> tuple[str, int, bool]:
+    """The text of ``chunks``, the characters of output the last attempt made (the text
+    ``carried`` over from a continued attempt, the first chunk, not counted), and True
+    when they are text only (no thinking, no tool call). A TurnRetry among them (an
+    inner client's own: a FallbackModel's model) keeps its text and drops the rest."""
+    text: list[str] = []
+    output, plain = 0, True
+    for position, chunk in enumerate(chunks):
+        if isinstance(chunk, TextDelta):
+            text.append(chunk.text)
+            output += 0 if carried and position == 0 else len(chunk.text)
+        elif isinstance(chunk, ThinkingDelta):
+            plain = False
+            output += len(chunk.text)
+        elif isinstance(chunk, ToolCallDelta):
+            plain = False
+        elif isinstance(chunk, TurnRetry):
+            text, output = ([chunk.kept] if chunk.kept else []), 0
+            plain = plain if chunk.continued else True
+    return "".join(text), output, plain
 
 
 def _with_prefill(messages: Sequence[Message], text: str) -> list[Message]:

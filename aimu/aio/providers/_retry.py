@@ -1,4 +1,5 @@
-"""Retrying a model request that failed before any byte of its reply arrived.
+"""Retrying a model request that failed before any byte of its reply arrived (and, with
+the same policy and budget, one whose stream broke mid-reply: see :mod:`._resume`).
 
 A 429 (its ``Retry-After`` honoured), a 502/503/504/529 (Anthropic's overloaded), or a
 connection refused or reset before the response head (or an error event standing for one

@@ -2,12 +2,13 @@
 when the one it asked cannot answer.
 
 A turn goes to the next model on a connection error, a 5xx, or a 429 that outlasted the
-model's own retries, all before the first chunk of the reply; never on a cancel, an
-interrupt, a deadline or a limit, and never once a reply has begun (its text is already
-the run's). Each model translates the transcript for its own wire (thinking and native
-data that cannot cross stay home); the message a turn writes records the model that
-answered (``aimu_model``), and :attr:`FallbackModel.usage_by_model` counts each model's
-tokens.
+model's own retries; never on a cancel, an interrupt, a deadline or a limit. After part
+of the reply came, the next model continues it if it can (``continues_partial``), else
+starts the turn over (a :class:`~aimu.aio.providers.base.TurnRetry` tells the reader).
+When every model fails, the error names each and its failure. Each model translates
+the transcript for its own wire (thinking and native data that cannot cross stay home);
+the message a turn writes records the model that answered (``aimu_model``), and
+:attr:`FallbackModel.usage_by_model` counts each model's tokens.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Self
 
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
+from aimu.aio.providers._resume import TurnSoFar
 from aimu.aio.providers._retry import log
 from aimu.aio.providers.base import Chunk, ModelClient, TurnDone, TurnRequest
-from aimu.aio.scope import current_scope
+from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, ToolSpec, Usage, add_usage, zero_usage
 
 __all__ = ["FallbackModel", "falls_over"]
@@ -96,41 +98,39 @@ class FallbackModel(ModelClient):
         stream: bool = True,
         request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        last = len(self.models) - 1
+        turn, failures = TurnSoFar(messages), list[tuple[ModelClient, ModelError]]()
+        scope = current_scope.get()  # the run's (current at the first step)
         for position, model in enumerate(self.models):
             chunks = (
-                model.stream_turn(messages, tools, stream=stream)
+                model.stream_turn(turn.sent, tools, stream=stream)
                 if request is None
-                else model.stream_turn(messages, tools, stream=stream, request=request)
+                else model.stream_turn(turn.sent, tools, stream=stream, request=request)
             )
             try:
-                first = await anext(chunks)
-            except StopAsyncIteration:
+                async for chunk in chunks:
+                    self._answered = model
+                    self._count(chunk)
+                    turn.chunks([chunk])
+                    yield chunk
                 return
             except ModelError as error:
-                await chunks.aclose()
-                if position == last or not falls_over(error) or _stopping():
-                    raise
+                failures.append((model, error))
+                last = position == len(self.models) - 1
+                if last or not falls_over(error) or _stopping(scope):
+                    if len(failures) == 1:
+                        raise
+                    raise _every_failure(failures) from error
                 nxt = self.models[position + 1]
                 log.warning(
-                    "model %s:%s at %s failed before its reply (%s); the turn goes to %s:%s",
-                    model.provider, model.model, model.host, type(error).__name__,
+                    "model %s:%s at %s failed %s (%s); the turn goes to %s:%s",
+                    model.provider, model.model, model.host,
+                    "mid-reply" if turn.given else "before its reply", type(error).__name__,
                     nxt.provider, nxt.model,
                 )
-                continue
-            except BaseException:
-                await chunks.aclose()
-                raise
-            self._answered = model
-            try:
-                self._count(first)
-                yield first
-                async for chunk in chunks:
-                    self._count(chunk)
-                    yield chunk
+                if turn.given:  # its text so far: continued by the next, or replaced
+                    yield turn.broke(error, len(failures), nxt.continues_partial, None)
             finally:
                 await chunks.aclose()
-            return
 
     def _count(self, chunk: Chunk) -> None:
         if isinstance(chunk, TurnDone):
@@ -138,14 +138,27 @@ class FallbackModel(ModelClient):
             add_usage(spent, chunk.usage)
 
 
-def _stopping() -> bool:
+def _every_failure(failures: list[tuple[ModelClient, ModelError]]) -> ModelError:
+    """The error a turn ends with when no model answered it: the last model's, of the
+    same kind (a caller's ``except`` still catches it), its message naming each model
+    tried and how it failed."""
+    last = failures[-1][1]
+    said = "; ".join(
+        f"{model.provider}:{model.model} at {model.host}: {type(error).__name__}: {error}"
+        for model, error in failures
+    )
+    whole = BaseException.__new__(type(last))
+    whole.__dict__.update(last.__dict__)  # host, status_code, body: the last model's
+    whole.args = (f"every model of the FallbackModel failed the turn: {said}",)
+    return whole
+
+
+def _stopping(scope: RunScope | None) -> bool:
     """True when the run is being stopped (an interrupt asked, or its deadline reached):
     a failure then ends the turn, it is not handed on."""
-    scope = current_scope.get()
     if scope is None:
         return False
     if scope.interrupt_requested:
         return True
     deadline = scope.deadline
     return deadline is not None and asyncio.get_running_loop().time() >= deadline
-

@@ -32,6 +32,7 @@ from aimu.aio.providers._http import (
     Reporter,
     SSETurnDecoder,
     as_dict,
+    in_scope,
     tail,
     tool_call,
     unique_id,
@@ -40,9 +41,18 @@ from aimu.aio.providers._http import (
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
-from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.base import (
+    Chunk,
+    NativeData,
+    TextDelta,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+    TurnRetry,
+)
 from aimu.aio.providers.openai import OpenAIService
-from aimu.aio.transcript import Message, ToolSpec, Usage, native_data
+from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.transcript import Message, ToolSpec, Usage, native_data, zero_usage
 
 __all__ = ["WIRE", "BackgroundResponse", "OpenAIResponsesClient", "input_items"]
 
@@ -233,7 +243,8 @@ class OpenAIResponsesClient(OpenAIService):
         reporter = self.reporter()
         decoder = self.decoder(reporter)
         attach, self._attach = self._attach, None
-        drops = 0
+        drops, text = 0, list[str]()  # text: the reply's so far (what a re-attach keeps)
+        scope = current_scope.get()  # the run's: current for a re-attach's wait
         http = await self._pool.bind()
         try:
             while True:
@@ -255,6 +266,8 @@ class OpenAIResponsesClient(OpenAIService):
                                 self.in_flight = BackgroundResponse(
                                     decoder.response_id or "", decoder.sequence
                                 )
+                                if type(chunk) is TextDelta:
+                                    text.append(chunk.text)
                                 yield chunk
                     finally:
                         self._pool.release(shard)
@@ -268,17 +281,35 @@ class OpenAIResponsesClient(OpenAIService):
                     attach = None
                     decoder = self.decoder(reporter)
                 except ModelConnectionError as error:
-                    # The stream broke, not the response: the server is still making it.
-                    if decoder.response_id is None or drops >= max(1, self.retry.retries):
-                        raise
                     drops += 1
-                    log.info("model %r at %s: background response stream dropped (%s); "
-                             "re-attaching", self.model, self.host, type(error).__name__)
-                    attach = BackgroundResponse(decoder.response_id, decoder.sequence)
+                    attach = await self._reattach_after(error, decoder, drops, reporter, scope)
+                    # Read on from the next event: nothing is generated or paid twice.
+                    yield TurnRetry(True, "".join(text), zero_usage(), str(error), drops)
         finally:
             if not decoder.finished and decoder.response_id is not None:
                 await self._cancel_remote(http, decoder.response_id, reporter)
             self.in_flight = None
+
+    async def _reattach_after(
+        self,
+        error: ModelConnectionError,
+        decoder: _ResponsesTurn,
+        drops: int,
+        reporter: Reporter,
+        scope: RunScope | None,
+    ) -> BackgroundResponse:
+        """Where to read the response on from after its stream broke (``drops`` times),
+        once the retry's wait is over; ``error`` raised when no retry is left, a stop cut
+        the wait, or the response was never created (nothing to re-attach to)."""
+        if decoder.response_id is None:
+            raise error
+        with in_scope(scope):  # the stream broke, not the response: the server goes on
+            if not await self.retry.wait(drops, None, error, reporter):
+                raise error
+        self._retried += 1
+        log.info("model %r at %s: background response stream dropped (%s); re-attaching",
+                 self.model, self.host, type(error).__name__)
+        return BackgroundResponse(decoder.response_id, decoder.sequence)
 
     async def _started(self, decoder: _ResponsesTurn) -> None:
         """The response exists on the server: hand its handle to whoever keeps it."""

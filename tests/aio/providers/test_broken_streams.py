@@ -214,23 +214,16 @@ async def test_a_stop_while_the_retry_waits_ends_the_run_at_once(provider: str, 
             agent, handle = await start_and_wait_for_retry(provider, server)
             handle.cancel() if stop == "cancel" else handle.interrupt()
         async with asyncio.timeout(10):  # a guard against a hang: the stop lands at once
-            with pytest.raises((asyncio.CancelledError, ModelConnectionError)) if (
-                stop != "interrupt"
-            ) else _nothing():
+            if stop == "interrupt":
                 await handle
+            else:
+                with pytest.raises((asyncio.CancelledError, ModelConnectionError)):
+                    await handle
         kept_partial(agent)
         expected = {"cancel": "cancelled", "interrupt": "interrupted", "deadline": "failed"}
         assert agent.last_run is not None and agent.last_run.status == expected[stop]
         assert len(server.requests) == 1  # the request was not sent again
         await agent.aclose()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 async def test_a_budget_the_broken_attempt_crosses_ends_the_run_limited(provider: str) -> None:
@@ -260,3 +253,51 @@ async def test_a_handles_events_tell_of_the_retry(provider: str) -> None:
     # Ollama's client continues a trailing assistant message by default.
     assert retried.mode == ("continued" if provider == "ollama" else "restarted")
     assert retried.attempt == 1 and shown(events) == TEXT.text
+
+
+async def test_a_background_response_is_re_attached_and_says_continued() -> None:
+    async with LoopbackServer([Turn(text=TEXT.text, fault="drop", fault_after=4)]) as server:
+        client = model("openai-responses", server, background=True)
+        async with aio.Agent(client) as agent:
+            events = [e async for e in agent.run("count", stream=True)]
+            assert [m["content"] for m in assistants(agent.model_client.messages)] == [TEXT.text]
+    (retried,) = [e for e in events if isinstance(e, TurnRetried)]
+    assert (retried.mode, retried.kept) == ("continued", "one two three four ")
+    assert shown(events) == TEXT.text
+    assert agent.last_run is not None and agent.last_run.retries == 1
+    assert [r.method for r in server.requests] == ["POST", "GET"]  # re-attached: not asked
+
+
+@pytest.mark.parametrize("wire", CONTINUING)
+async def test_a_continued_reply_is_whole_wherever_the_cut_lands(wire: str) -> None:
+    """Pieces of uneven length: cuts land mid-word and right after a space (which
+    Anthropic's prefill leaves off and the continuation brings back once)."""
+    reply = Turn(text="Lighthouses guided ships with fire, then lamps and lenses.", chunks=9)
+    count = await pieces_of(wire, reply)
+    continued = 0
+    for cut in range(count):
+        async with (
+            LoopbackServer(cut_once(reply, fault_after=cut)) as server,
+            aio.Agent(model(wire, server, continues_partial=True)) as agent,
+        ):
+            events = [e async for e in agent.run("tell me", stream=True)]
+            answers = [m["content"] for m in assistants(agent.model_client.messages)]
+        where = f"{wire}, cut in chunk {cut} of {count}"
+        assert answers == [reply.text] and shown(events) == reply.text, where
+        continued += any(isinstance(e, TurnRetried) and e.mode == "continued" for e in events)
+    assert continued >= count // 2
+
+
+async def test_a_wall_limit_reached_while_the_retry_waits_ends_the_run_limited(
+    provider: str,
+) -> None:
+    limits = aio.UsageLimits(wall=1.0)  # the retry would wait 15 to 30 s
+    async with (
+        LoopbackServer(cut_once(TEXT, fault_after=3)) as server,
+        aio.Agent(model(provider, server, retry_delay=30.0), limits=limits) as agent,
+    ):
+        async with asyncio.timeout(20):  # a guard against a hang, not a timing bet
+            reply = await agent.run("count")
+        last = kept_partial(agent)
+    assert agent.last_run is not None and agent.last_run.status == "limited"
+    assert reply == last["content"] and len(server.requests) == 1

@@ -12,9 +12,9 @@ import pytest
 from provider_support import assert_only_current_task, closed_port
 
 from aimu import aio
-from aimu.aio.errors import ModelConnectionError, ModelHTTPError
+from aimu.aio.errors import ModelHTTPError
 from aimu.aio.transcript import validate
-from aimu.testing.script import ScriptedCall, Turn
+from aimu.testing.script import ScriptedCall, Turn, cut_once
 from aimu.testing.server import LoopbackServer
 
 
@@ -77,17 +77,59 @@ async def test_a_bad_request_is_not_handed_on() -> None:
         await model.aclose()
 
 
-async def test_a_reply_already_begun_is_not_asked_again() -> None:
-    async with LoopbackServer([Turn(text="a b c d", fault="drop", fault_after=2)]) as server:
+async def test_a_reply_broken_mid_stream_is_restarted_by_the_next_model() -> None:
+    """Issue 44 item 6: the primary's stream breaks after text (its retries spent): the
+    next model, which cannot continue a reply, takes the turn from the start; the cut
+    text is replaced, never kept beside the new answer."""
+    script = [Turn(text="a b c d", fault="drop", fault_after=2), Turn(text="from b")]
+    async with LoopbackServer(script) as server:
         model = aio.FallbackModel(chat(server), responses(server))
         agent = aio.Agent(model)
-        with pytest.raises(ModelConnectionError):
-            await agent.run("go")
-        assert len(server.requests) == 1
-        partial = model.messages[-1]
-        assert partial["aimu_partial"] is True  # type: ignore[typeddict-item]
-        assert partial["aimu_model"] == "openai:gpt-a"  # type: ignore[typeddict-item]
+        events = [e async for e in agent.run("go", stream=True)]
+        assert [r.path for r in server.requests] == ["/v1/chat/completions", "/v1/responses"]
+        answers = [m for m in model.messages if m["role"] == "assistant"]
+        assert [(m["content"], m.get("aimu_model")) for m in answers] == [
+            ("from b", "openai-responses:gpt-b")]
+        assert "aimu_partial" not in answers[0]
+        (retried,) = [e for e in events if isinstance(e, aio.TurnRetried)]
+        assert (retried.mode, retried.kept) == ("restarted", "")
+        assert "dropped mid-reply" in retried.error
+        validate(model.messages)
         await model.aclose()
+
+
+async def test_a_reply_broken_mid_stream_is_continued_by_a_next_model_that_can() -> None:
+    reply = Turn(text="one two three four five six")
+    async with LoopbackServer(cut_once(reply, fault_after=3)) as server:
+        nxt = aio.client("ollama:llama", host=server.url)  # continues a trailing answer
+        model = aio.FallbackModel(chat(server), nxt)
+        agent = aio.Agent(model)
+        events = [e async for e in agent.run("go", stream=True)]
+        (retried,) = [e for e in events if isinstance(e, aio.TurnRetried)]
+        assert (retried.mode, retried.kept) == ("continued", "one two three ")
+        sent = server.requests[1].body["messages"][-1]
+        assert sent == {"role": "assistant", "content": "one two three "}
+        answers = [m for m in model.messages if m["role"] == "assistant"]
+        assert [(m["content"], m.get("aimu_model")) for m in answers] == [
+            (reply.text, "ollama:llama")]
+        await model.aclose()
+
+
+async def test_when_every_model_fails_the_error_names_each_and_its_failure() -> None:
+    """Issue 42 item 10: not only the last model's failure (the first's was a log line)."""
+    async with LoopbackServer([Turn(fault="http_503"), Turn(fault="http_502")]) as server:
+        model = aio.FallbackModel(chat(server), responses(server, retries=0))
+        with pytest.raises(ModelHTTPError) as caught:
+            await aio.Agent(model).run("go")
+        await model.aclose()
+        host = server.openai_base_url
+    message = str(caught.value)
+    assert message.startswith("every model of the FallbackModel failed the turn: ")
+    first, second = message.split("; ")
+    assert "openai:gpt-a at " in first and "ModelHTTPError" in first and "HTTP 503" in first
+    assert "openai-responses:gpt-b at " in second and "HTTP 502" in second
+    assert caught.value.status_code == 502 and caught.value.host == host
+    assert "sk-a" not in message and "sk-b" not in message
 
 
 async def test_a_cancel_during_the_primary_request_never_reaches_the_next_model() -> None:
