@@ -615,7 +615,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
+    """The tables; exit status 1 if a server failed at the smallest N (a setup that does
+    not work, not a limit reached)."""
     model = Model()
     rows: list[dict[str, Any]] = []
     failed: set[str] = set()
@@ -640,6 +642,8 @@ async def main(args: argparse.Namespace) -> None:
                           flush=True)
     finally:
         model.close()
+    smallest = min(args.n)
+    return int(any("error" in row for row in rows if row["n"] == smallest))
 
 
 if __name__ == "__main__":
@@ -653,4 +657,4 @@ if __name__ == "__main__":
                         type=lambda s: [x for x in s.split(",") if x])
     parser.add_argument("--stops", type=int, default=20, help="single Stops at each N")
     parser.add_argument("--kill", action="store_true", help="also kill -9 each server mid-run")
-    asyncio.run(main(parser.parse_args()))
+    sys.exit(asyncio.run(main(parser.parse_args())))

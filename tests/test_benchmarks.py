@@ -37,6 +37,7 @@ SMOKE = {
     "bench_mcp.py": ["--quick"],
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
     "bench_serve_scale.py": ["--quick", "--scenarios", "local,rest-sqlite"],
+    "bench_served.py": ["--servers", "aimu", "--n", "1", "--stops", "1"],  # peers: own venv
     "bench_tree.py": ["--quick"],
     "bench_guardrails.py": ["--repeats", "1", "--runs", "20"],
 }
