@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -358,10 +359,15 @@ class LangGraph(Served):
     ready_path = "/ok"
 
     def command(self) -> tuple[list[str], str, dict[str, str]]:
+        # Its own copy of the graph's folder: the dev server keeps its runs and threads
+        # there (.langgraph_api) and takes them up again when it starts.
+        folder = os.path.join(self.workdir, "langgraph")
+        if not os.path.isdir(folder):
+            shutil.copytree(os.path.join(PEERS, "langgraph"), folder)
         binary = os.path.join(os.path.dirname(sys.executable), "langgraph")
         return ([binary, "dev", "--no-browser", "--no-reload", "--port", str(self.port),
                  "--n-jobs-per-worker", "2000", "--server-log-level", "WARNING"],
-                os.path.join(PEERS, "langgraph"),
+                folder,
                 {"LANGGRAPH_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false"})
 
     async def follow(self, tag: str, first: Callable[[], None]) -> None:
@@ -406,7 +412,14 @@ class Adk(Served):
         db = os.path.join(self.workdir, "adk.db")
         return ([binary, "api_server", "--port", str(self.port), "--no-reload",
                  "--log_level", "warning", "--session_service_uri", f"sqlite:///{db}", "."],
-                os.path.join(PEERS, "adk"), {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+                self._agents(), {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+
+    def _agents(self) -> str:
+        """Its own copy of the agents' folder (ADK keeps artifacts beside the agent)."""
+        folder = os.path.join(self.workdir, "adk")
+        if not os.path.isdir(folder):
+            shutil.copytree(os.path.join(PEERS, "adk"), folder)
+        return folder
 
     async def follow(self, tag: str, first: Callable[[], None]) -> None:
         session = f"s{tag}"
