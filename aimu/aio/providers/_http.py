@@ -651,7 +651,9 @@ class HTTPModelClient(ModelClient):
         key = api_key
         if key is None:
             key = next((os.environ[name] for name in cls.key_envs if os.environ.get(name)), None)
-        if not key and cls.key_envs and cls.key_header is not None and not is_local(url):
+        # api_key="" is a client that authenticates another way (a token, a signature).
+        if (api_key is None and not key and cls.key_envs and cls.key_header is not None
+                and not is_local(url)):
             _warn_no_key(cls.key_envs[0], display_url(url))
         sent = {"Accept": "application/json", **(fixed or {}), **(headers or {})}
         if key and cls.key_header is not None:

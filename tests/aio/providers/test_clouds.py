@@ -415,3 +415,31 @@ async def test_the_credentials_quota_project_goes_as_google_s_sdks_send_it() -> 
         await plain.aclose()
     assert [r.headers.get("x-goog-user-project") for r in server.requests] == [
         "billing-project", None]
+
+
+@pytest.mark.parametrize(("spec", "options"), [
+    ("azure:d", {"token": "t"}),
+    ("azure:d", {"azure_ad_token_provider": lambda: "t"}),
+    ("azure-responses:d", {"token": "t"}),
+    ("vertex:m", {"project": "p", "token": "t"}),
+    ("vertex:m", {"project": "p", "credentials": Credentials("t")}),
+])
+def test_a_cloud_credential_other_than_a_key_gets_no_missing_key_warning(
+    spec: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The no-key warning (a keyed wire sending no key) is not for a client that
+    authenticates another way: Azure with a token warned 'set AZURE_OPENAI_API_KEY', and
+    Vertex 'set GEMINI_API_KEY'."""
+    import warnings
+
+    from aimu.aio.providers import _http
+
+    monkeypatch.setattr(_http, "_KEYLESS", set())  # each case its own first time
+    monkeypatch.delenv("AZURE_OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+    host = {"base_url": "https://r.openai.azure.com/openai/v1"} if spec.startswith("azure") \
+        else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        aio.client(spec, **host, **options)
