@@ -59,6 +59,22 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+_REFUSING: list[socket.socket] = []
+
+
+def refused_port() -> int:
+    """A port on 127.0.0.1 that refuses connections until this test process ends.
+
+    Bound and never listening, and held: a port only released after probing (as
+    ``free_port`` gives) can be taken by another test's server before the test connects,
+    and the "unreachable" server then answers (seen in CI).
+    """
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _REFUSING.append(sock)
+    return int(sock.getsockname()[1])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as probe:

@@ -12,7 +12,6 @@ import fcntl
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from aimu.testing.server.bedrock import CREDENTIALS as BEDROCK_CREDENTIALS
 from aimu.testing.server.bedrock import REGION as BEDROCK_REGION
 from aimu.testing.server.bedrock import TEST_KEY_ID as BEDROCK_KEY_ID
 from tests.http_stub import stub_server
+from tests.services import refused_port
 
 BEDROCK_SECRET = BEDROCK_CREDENTIALS[BEDROCK_KEY_ID]
 
@@ -398,9 +398,7 @@ def error_after_retries(chat: Chat) -> tuple[list[str], str]:
 def test_unreachable_server_says_it_retries_prints_one_line_and_keeps_serving(
     tmp_path: Path, chats: list[Chat]
 ) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = refused_port()
     chat = start(chats, "--model", "ollama:llama3", env=environment(tmp_path, f"127.0.0.1:{port}"))
     chat.send("hello")
     # A server coming up is waited for, and the chat says so, in one line per retry.
@@ -859,9 +857,7 @@ def test_on_a_terminal_a_stop_leaves_the_streaming_line_on_the_screen_once(
 def test_on_a_terminal_the_bar_and_a_line_say_a_request_is_retried(
     tmp_path: Path, chats: list[Chat]
 ) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = refused_port()
     chat = editor_chat(chats, tmp_path, f"127.0.0.1:{port}")
     chat.expect(" Enter sends")
     chat.press("hello\r")

@@ -15,7 +15,7 @@ from aimu import cli
 from aimu.testing.server import LoopbackServer
 from aimu.testing.server.ollama import CONTEXT_LENGTH
 from tests.http_stub import stub_server
-from tests.services import free_port
+from tests.services import refused_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_a_pull_from_a_server_that_is_not_ollama_is_one_line_naming_it(
 def test_a_server_that_is_down_is_one_clear_line(
     command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    host = f"http://127.0.0.1:{free_port()}"
+    host = f"http://127.0.0.1:{refused_port()}"
     assert cli.main([*command, "--host", host]) == 1
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"cannot reach Ollama at {host}: is it running? (--host or "

@@ -26,7 +26,7 @@ from tests.serve.harness import (
     start,
     uvicorn_serving,
 )
-from tests.services import free_port
+from tests.services import free_port, refused_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok-7f3a9c"
@@ -114,7 +114,7 @@ def test_binding_elsewhere_without_a_token_refuses_to_start(host: str) -> None:
 
 
 def test_an_unreachable_redis_stops_the_start_naming_it(tmp_path: Path) -> None:
-    dead = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    dead = f"redis://:hunter2@127.0.0.1:{refused_port()}/0"
     done = aimu("--redis", dead, "--store", str(tmp_path / "s.db"), "--port", str(free_port()),
                 env=clean_env())
     assert done.returncode != 0

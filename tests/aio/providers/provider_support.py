@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from aimu.aio.providers.openai import OpenAIClient
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.aio.transcript import Message
 from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
+from tests.services import refused_port
 
 MakeClient = Callable[..., ModelClient]
 
@@ -62,11 +62,8 @@ def assert_key_hidden(errors: list[Exception], key: str) -> None:
 
 
 def closed_port() -> int:
-    """A local port that nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+    """A local port that refuses connections for the rest of the test process."""
+    return refused_port()
 
 
 class RawServer:

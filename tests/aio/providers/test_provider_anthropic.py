@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -19,7 +20,14 @@ from provider_support import RawServer, http_response, lookup, turn
 from pydantic import BaseModel
 
 from aimu import aio
-from aimu.aio.client import TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.client import (
+    ModelClient,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+)
 from aimu.aio.errors import ModelHTTPError, ModelProtocolError
 from aimu.aio.events import TextChunk
 from aimu.aio.providers.anthropic import DEFAULT_BASE_URL, AnthropicClient
@@ -34,7 +42,21 @@ USER: list[Message] = [{"role": "user", "content": "x"}]
 
 def claude(server: LoopbackServer, **options: Any) -> AnthropicClient:
     options.setdefault("api_key", KEY)
-    return AnthropicClient("claude-test", base_url=server.url, **options)
+    made = AnthropicClient("claude-test", base_url=server.url, **options)
+    _MADE.append(made)
+    return made
+
+
+_MADE: list[ModelClient] = []
+
+
+@pytest.fixture(autouse=True)
+async def _clients_closed() -> AsyncIterator[None]:
+    """Every client a test made is closed when it ends: a pooled connection left open
+    is a ResourceWarning at whichever later test the garbage collector runs in."""
+    yield
+    while _MADE:
+        await _MADE.pop().aclose()
 
 
 @pytest.fixture

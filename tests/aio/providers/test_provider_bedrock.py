@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,14 @@ from pydantic import BaseModel
 
 from aimu import aio
 from aimu._extras import MissingExtra
-from aimu.aio.client import TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.client import (
+    ModelClient,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    TurnDone,
+    TurnRequest,
+)
 from aimu.aio.errors import ModelError, ModelHTTPError
 from aimu.aio.events import TextChunk
 from aimu.aio.providers.base import NativeData
@@ -51,7 +59,21 @@ def bedrock(server: LoopbackServer, **options: Any) -> BedrockClient:
     options.setdefault("aws_access_key_id", TEST_KEY_ID)
     options.setdefault("aws_secret_access_key", SECRET)
     options.setdefault("region", REGION)
-    return BedrockClient(MODEL, base_url=server.url, **options)
+    made = BedrockClient(MODEL, base_url=server.url, **options)
+    _MADE.append(made)
+    return made
+
+
+_MADE: list[ModelClient] = []
+
+
+@pytest.fixture(autouse=True)
+async def _clients_closed() -> AsyncIterator[None]:
+    """Every client a test made is closed when it ends: a pooled connection left open
+    is a ResourceWarning at whichever later test the garbage collector runs in."""
+    yield
+    while _MADE:
+        await _MADE.pop().aclose()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from provider_support import assert_only_current_task, client_at, closed_port
+from provider_support import assert_only_current_task, client_at
 
 from aimu import aio
 from aimu.aio.client import ModelClient
@@ -20,6 +20,7 @@ from aimu.aio.events import Event, ModelRetry
 from aimu.aio.scope import RunScope, current_scope
 from aimu.testing.script import Fault, Turn
 from aimu.testing.server import LoopbackServer
+from tests.services import free_port
 
 KEY = "sk-retry-secret-987654321"
 
@@ -161,7 +162,7 @@ async def test_retries_0_disables_retrying(provider: str) -> None:
 
 
 async def test_a_refused_connection_is_retried_until_the_server_is_up(provider: str) -> None:
-    port = closed_port()
+    port = free_port()  # released: a server starts on it before the retry
     with contextlib.ExitStack() as stack:
         started: list[LoopbackServer] = []
 
