@@ -231,6 +231,20 @@ def test_the_agents_rooms_import_in_one_direction() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
+def test_temporal_never_imports_serve() -> None:
+    """``aimu worker`` runs without the serve extra's modules: what the worker and the
+    server share (the agent options, the store and agent factory, the bounded exit)
+    lives in modules of their own, and serve uses Temporal, never the other way."""
+    wrong = {
+        f"{module} imports {dependency}"
+        for module in MODULES
+        if module == "aimu.temporal" or module.startswith("aimu.temporal.")
+        for dependency in dependencies(module, typing_too=True)
+        if dependency == "aimu.serve" or dependency.startswith("aimu.serve.")
+    }
+    assert wrong == set()
+
+
 def test_no_function_in_aimu_aio_is_over_60_lines() -> None:
     """A function longer than a screen does more than one job: split it."""
     long = []

@@ -68,6 +68,21 @@ class PendingApproval:
     """A call of an external tool (:func:`~aimu.aio.external_tool`): it waits for its
     result (``answer()``), not for a yes or no."""
 
+    def as_json(self) -> dict[str, Any]:
+        """The call as the runs API, ``aimu worker`` and the web page show it (``name``
+        is the tool's; ``path`` only for a call down an agent tree)."""
+        shown = {
+            "call_id": self.call_id,
+            "name": self.tool,
+            "arguments": self.arguments,
+            "in_doubt": self.in_doubt,
+            "pause_id": self.pause_id,
+            "external": self.external,
+        }
+        if self.path:
+            shown["path"] = list(self.path)
+        return shown
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

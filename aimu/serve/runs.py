@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
+from aimu._hosting import AgentFactory
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
 from aimu.aio.agent import Agent
@@ -41,7 +42,6 @@ __all__ = [
 ]
 
 #: Builds the agent for one run of ``session``, writing to that session in the store.
-AgentFactory: TypeAlias = Callable[[str], Agent]
 JSONEvent: TypeAlias = dict[str, Any]
 #: Events in order, each with its id; empty: nothing happened for a while (keep-alive).
 Batch: TypeAlias = list[tuple[str, JSONEvent]]
@@ -236,22 +236,6 @@ def check_fits(
                          "for a result")
 
 
-def pending_json(pending: PendingApproval) -> dict[str, Any]:
-    """A waiting tool call as JSON (``name`` is the tool's, as the page shows it; ``path``,
-    for a call an agent called as a tool waits on, the calls that lead down to it)."""
-    shown = {
-        "call_id": pending.call_id,
-        "name": pending.tool,
-        "arguments": pending.arguments,
-        "in_doubt": pending.in_doubt,
-        "pause_id": pending.pause_id,
-        "external": pending.external,
-    }
-    if pending.path:
-        shown["path"] = list(pending.path)
-    return shown
-
-
 class Runs:
     """The runs API over ``backend``: checks, waiting calls, decisions, shutdown."""
 
@@ -343,7 +327,7 @@ class Runs:
         except ValueError:
             return []
         waiting = [*approvals.waiting(), *await stored_pending(self.store, view.session)]
-        return [pending_json(p) for p in waiting if view.waits_on(p)]
+        return [p.as_json() for p in waiting if view.waits_on(p)]
 
     async def _went_on(self, view: RunView) -> RunView | None:
         """The run the session went on with after ``view``, if any."""

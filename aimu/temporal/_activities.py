@@ -28,6 +28,7 @@ from temporalio import activity
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from aimu._hosting import AgentFactory
 from aimu.aio._event_tap import EventTap
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
@@ -38,7 +39,6 @@ from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
-from aimu.serve.runs import AgentFactory, pending_json
 from aimu.temporal._workflow import (
     BEGIN,
     CANCELLED,
@@ -582,7 +582,7 @@ class _TurnAttempt:
             error=final.error,
             usage={"input_tokens": final.usage["input_tokens"],
                    "output_tokens": final.usage["output_tokens"]},
-            pending=[pending_json(p) for p in self.agent.pending_approvals],
+            pending=[p.as_json() for p in self.agent.pending_approvals],
             applied=self.applied,
         )
 

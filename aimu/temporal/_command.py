@@ -10,15 +10,15 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from aimu._agent_options import add_agent_options, add_drain_options, agent_tools, seconds
+from aimu._bounded_exit import DRAIN_MARGIN, exit_deadline, owning_the_exit
 from aimu._extras import has_extra, missing_extra
+from aimu._hosting import AgentFactory, Closer, agent_factory, open_store
 from aimu._limit_options import add_session_limit_options, limits_from, session_limits_from
 from aimu._logs import logging_to
 from aimu._mcp_options import mcp_servers, open_all
 from aimu.aio.errors import ControlConnectionError, MCPServerError
 from aimu.aio.tools import Toolset
-from aimu.serve._bounded_exit import DRAIN_MARGIN, exit_deadline, owning_the_exit
-from aimu.serve.agents import AgentFactory, Closer, agent_factory, open_store
-from aimu.serve.command import add_agent_options, add_drain_options, agent_tools, seconds
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store

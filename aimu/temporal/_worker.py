@@ -17,8 +17,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from aimu._hosting import AgentFactory
 from aimu.aio._numbers import finite
-from aimu.serve.runs import AgentFactory
 from aimu.temporal._activities import Activities
 from aimu.temporal._connect import connect
 from aimu.temporal._workflow import RunWorkflow

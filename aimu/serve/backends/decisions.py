@@ -22,7 +22,7 @@ from aimu.aio.approvals import Approvals
 from aimu.aio.errors import SessionLockedError
 from aimu.aio.store import Store
 from aimu.serve.errors import BadRequest, Conflict, NotFound
-from aimu.serve.runs import AgentFactory, Decided, RunView, Verdict, open_agent, pending_json
+from aimu.serve.runs import AgentFactory, Decided, RunView, Verdict, open_agent
 
 __all__ = ["DECISION_WAIT_SECONDS", "StoreDecisions"]
 
@@ -58,7 +58,7 @@ class StoreDecisions:
             raise
         if waiting:
             await agent.aclose()  # saves the decision in the session's state
-            return Decided([pending_json(p) for p in waiting], None)
+            return Decided([p.as_json() for p in waiting], None)
         resumed = await self._backend.start(view.session, None, agent)
         return Decided([], resumed.run_id)
 
