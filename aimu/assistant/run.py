@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from aimu._extras import has_extra, missing_extra
 from aimu._logs import logging_to
 from aimu._mcp_options import loaded, mcp_servers, open_all
+from aimu.aio.client import ModelClient
 from aimu.aio.errors import AimuError
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.store import SQLiteStore, validate_session_name
@@ -79,17 +80,12 @@ async def _run_chat(
     *,
     history: Path | None,
 ) -> int:
-    def fail(error: BaseException, status: int) -> int:
-        err.write(f"error: {error_line(error)}\n")
-        err.flush()
-        return status
-
     try:
         validate_session_name(settings.session)
         servers = mcp_servers(settings.mcp, settings.mcp_urls)
         client = make_client(settings.model)
     except ValueError as error:
-        return fail(error, 2)
+        return _failed(err, error, 2)
     chosen: list[Callable[..., Any] | Tool | Toolset] = [
         *((tools if tools is not None else DEMO_TOOLS) if settings.tools else ()), *servers
     ]
@@ -105,34 +101,9 @@ async def _run_chat(
             settings.home.mkdir(parents=True, exist_ok=True)
             store = SQLiteStore(settings.store_path)
         except (AimuError, OSError) as error:
-            return fail(error, 1)
+            return _failed(err, error, 1)
         try:
-            try:
-                assistant = Assistant(
-                    client,
-                    store,
-                    session=settings.session,
-                    system=settings.system,
-                    tools=chosen,
-                    out=out,
-                    err=err,
-                    prompt=history is None and is_tty(sys.stdin) and is_tty(out),
-                    colour=history is not None,
-                    join=settings.join,
-                    plain=settings.plain,
-                    limits=settings.limits,
-                )
-            except AimuError as error:
-                return fail(error, 1)
-            try:
-                try:
-                    await assistant.open()
-                except AimuError as error:
-                    return fail(error, 1)
-                sigint = threading.current_thread() is threading.main_thread()
-                return await assistant.serve(stdin=True, sigint=sigint, terminal=history)
-            finally:
-                await assistant.aclose()
+            return await _chat(client, store, chosen, settings, out, err, history)
         finally:
             await store.aclose()
     finally:
@@ -141,6 +112,51 @@ async def _run_chat(
                 await server.aclose()
         finally:
             await client.aclose()
+
+
+async def _chat(
+    client: ModelClient,
+    store: SQLiteStore,
+    tools: list[Callable[..., Any] | Tool | Toolset],
+    settings: ChatSettings,
+    out: TextIO,
+    err: TextIO,
+    history: Path | None,
+) -> int:
+    """The assistant on ``store``, serving stdin until it ends; the exit status."""
+    try:
+        assistant = Assistant(
+            client,
+            store,
+            session=settings.session,
+            system=settings.system,
+            tools=tools,
+            out=out,
+            err=err,
+            prompt=history is None and is_tty(sys.stdin) and is_tty(out),
+            colour=history is not None,
+            join=settings.join,
+            plain=settings.plain,
+            limits=settings.limits,
+        )
+    except AimuError as error:
+        return _failed(err, error, 1)
+    try:
+        try:
+            await assistant.open()
+        except AimuError as error:
+            return _failed(err, error, 1)
+        sigint = threading.current_thread() is threading.main_thread()
+        return await assistant.serve(stdin=True, sigint=sigint, terminal=history)
+    finally:
+        await assistant.aclose()
+
+
+def _failed(err: TextIO, error: BaseException, status: int) -> int:
+    """Say ``error`` in one line on ``err``; ``status``."""
+    err.write(f"error: {error_line(error)}\n")
+    err.flush()
+    return status
 
 
 async def _offer_pull(client: OllamaClient, out: TextIO, err: TextIO) -> int | None:

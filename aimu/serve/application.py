@@ -82,6 +82,10 @@ class ServeApp(FastAPI):
     _looking: asyncio.Task[None] | None = None
 
     max_crashes: int = MAX_CRASHES
+    _control: RedisControl | None = None
+    _toolsets: list[Toolset]
+    _mcp: MCPServer | None = None
+    _recover_every: float | None = None
 
     def start_recovery(self, every: float) -> None:
         """Look for runs to go on with now and every ``every`` seconds (``recover=``)."""
@@ -116,37 +120,30 @@ class ServeApp(FastAPI):
 
 def app(
     model: str | ModelClient = "test",
-    *,
-    store: str | os.PathLike[str] | Store | None = None,
-    tools: Sequence[Callable[..., Any] | Tool | Toolset] = (),
-    system: str | None = None,
-    max_rounds: int = 10,
-    limits: UsageLimits | None = None,
+    *,  # the agent and its sessions:
+    store: str | os.PathLike[str] | Store | None = None, agents: AgentFactory | None = None,
+    tools: Sequence[Callable[..., Any] | Tool | Toolset] = (), system: str | None = None,
+    max_rounds: int = 10, limits: UsageLimits | None = None,
     session_limits: UsageLimits | None = None,
-    token: str | EllipsisType | None = ...,
-    cors_origins: Sequence[str] = (),
-    allowed_hosts: Sequence[str] | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
-    agents: AgentFactory | None = None,
-    redis: str | RedisControl | None = None,
-    redis_prefix: str = "aimu",
-    temporal: str | None = None,
-    task_queue: str | None = None,
-    recover: float | None = None,
-    max_crashes: int = MAX_CRASHES,
+    # who may call it:
+    token: str | EllipsisType | None = ..., cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None, max_body: int = DEFAULT_MAX_BODY,
+    # where its runs execute, and how they go on after a crash:
+    redis: str | RedisControl | None = None, redis_prefix: str = "aimu",
+    temporal: str | None = None, task_queue: str | None = None,
+    recover: float | None = None, max_crashes: int = MAX_CRASHES,
 ) -> ServeApp:
     """The runs API and the chat page as an ASGI application.
 
     ``model`` is a spec for :func:`aimu.aio.client` or a client (closed with the app);
     ``store`` a SQLite path, a ``postgresql://`` URL, or a store (default
-    ``$AIMU_HOME/sessions.db``). ``token`` (default: the
-    ``AIMU_API_TOKEN`` variable) guards every route but ``/health`` and the page shell;
-    ``cors_origins`` allows those browser origins (none by default). ``allowed_hosts``
+    ``$AIMU_HOME/sessions.db``); ``agents`` replaces how a session's agent is built;
+    ``limits`` bound each run and ``session_limits`` all of a session's runs, across
+    restarts and recoveries (:class:`~aimu.aio.UsageLimits`). ``token`` (default:
+    ``AIMU_API_TOKEN``) guards every route but ``/health`` and the page shell;
+    ``cors_origins`` allows those browser origins (none by default); ``allowed_hosts``
     are the host names served besides loopback ones (default: none without a token, any
-    with one; see :class:`~aimu.serve.guards.RequestGuard`). ``agents`` replaces
-    how the agent of a session's run is built; ``limits`` bound each run and
-    ``session_limits`` all the runs of a session together, across restarts and
-    recoveries (see :class:`~aimu.aio.UsageLimits`). ``redis`` (a URL or a control) shares
+    with one; :class:`~aimu.serve.guards.RequestGuard`). ``redis`` (a URL or a control) shares
     the runs with every server on the same Redis and store; the app checks that Redis
     answers when it starts. ``temporal`` (``HOST:PORT``) with ``task_queue`` hands every
     run to ``aimu worker`` processes instead (``redis`` then makes their cancels land at
@@ -155,84 +152,47 @@ def app(
     often, and resumes each exactly once (:mod:`aimu.serve.recovery`); a run whose
     process died ``max_crashes`` times in a row with no progress is left failed.
     """
-    if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
-        raise ValueError(f"max_crashes= takes a count, 1 or more; got {max_crashes!r}")
-    if recover is not None and not (finite(recover) and recover > 0):
-        raise ValueError(f"recover= takes seconds between looks, above 0; got {recover!r}")
-    closers: list[Callable[[], Awaitable[None]]] = []
+    _check(max_crashes, recover, temporal, task_queue)
     if token is ...:
         token = os.environ.get("AIMU_API_TOKEN") or None
     opened, close_store = open_store(store)
-    if close_store is not None:
-        closers.append(close_store)
+    closers = [] if close_store is None else [close_store]
     if agents is None:
         agents, close_model = agent_factory(
             model, opened, tools=tools, system=system, max_rounds=max_rounds, limits=limits,
             session_limits=session_limits,
         )
         closers.append(close_model)
-
     # Toolsets (aio.MCPServer) open when the app starts and close with it.
     toolsets = [t for t in tools if isinstance(t, Toolset)]
-    for toolset in toolsets:
-        closers.insert(0, toolset.aclose)
-
-    backend: RunsBackend
-    control: RedisControl | None = None
-    connect: Callable[[], Awaitable[None]] | None = None
-    if redis is not None:
-        from aimu.aio.control import RedisControl
-
-        control = redis if isinstance(redis, RedisControl) else RedisControl(redis, redis_prefix)
+    closers[:0] = [toolset.aclose for toolset in toolsets]
+    control = _control(redis, redis_prefix)
+    if control is not None:
         closers.insert(0, control.aclose)
-    if temporal is not None:
-        if task_queue is None:
-            raise ValueError("app(temporal=...) needs task_queue=: the queue the workers take")
-        from aimu.serve.backends.temporal import TemporalBackend  # the aimu-agents[temporal] extra
+    backend = _backend(agents, opened, control, temporal, task_queue)
+    application = _new_app(_middleware(allowed_hosts, token, cors_origins, max_body))
+    application.runs = Runs(backend, opened, agents)
+    application._mcp = _add_mcp(application, application.runs)
+    application._control, application._toolsets = control, toolsets
+    application._recover_every, application.max_crashes = recover, max_crashes
+    application.needs_token = bool(token)
+    application._closers = closers
+    return application
 
-        temporal_backend = TemporalBackend(temporal, task_queue, opened, redis=control)
-        backend, connect = temporal_backend, temporal_backend.connect
-    elif control is None:
-        backend = LocalBackend(agents, opened)
-    else:
-        from aimu.serve.backends.redis import RedisBackend
 
-        backend = RedisBackend(agents, opened, control)
-    runs = Runs(backend, opened, agents)
-    middleware = [
-        Middleware(
-            RequestGuard, allowed_hosts=allowed_hosts, token=bool(token), origins=cors_origins
-        )
-    ]
-    if cors_origins:
-        middleware.append(
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(cors_origins),
-                allow_methods=["GET", "POST", "DELETE"],
-                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
-            )
-        )
-    if token:
-        middleware.append(Middleware(BearerAuth, token=token))
-    middleware.append(Middleware(BodyLimit, limit=max_body))
+def _check(
+    max_crashes: int, recover: float | None, temporal: str | None, task_queue: str | None
+) -> None:
+    if isinstance(max_crashes, bool) or not isinstance(max_crashes, int) or max_crashes < 1:
+        raise ValueError(f"max_crashes= takes a count, 1 or more; got {max_crashes!r}")
+    if recover is not None and not (finite(recover) and recover > 0):
+        raise ValueError(f"recover= takes seconds between looks, above 0; got {recover!r}")
+    if temporal is not None and task_queue is None:
+        raise ValueError("app(temporal=...) needs task_queue=: the queue the workers take")
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if control is not None:
-            await control.connect()  # a clear error naming the URL, before serving
-        if connect is not None:
-            await connect()  # Temporal: the same
-        for toolset in toolsets:
-            await toolset.open()  # an MCP server that cannot start: an error naming it
-        async with contextlib.AsyncExitStack() as mcp_running:
-            if mcp_endpoint is not None:
-                await mcp_running.enter_async_context(mcp_endpoint.session_manager.run())
-            if recover is not None:
-                application.start_recovery(recover)
-            yield
-            await application.aclose()
 
+def _new_app(middleware: list[Middleware]) -> ServeApp:
+    """The FastAPI application with its routes, before its runs are set."""
     application = ServeApp(
         title=_TITLE,
         version=__version__,
@@ -250,15 +210,87 @@ def app(
             ClientDisconnect: _client_gone,
             Exception: _error,
         },
-        lifespan=lifespan,
+        lifespan=_lifespan,
     )
     _add_routes(application)
-    mcp_endpoint = _add_mcp(application, runs)
-    application.runs = runs
-    application.max_crashes = max_crashes
-    application.needs_token = bool(token)
-    application._closers = closers
     return application
+
+
+def _control(redis: str | RedisControl | None, prefix: str) -> RedisControl | None:
+    """The Redis control of ``redis=`` (a URL or one made already), or None."""
+    if redis is None:
+        return None
+    from aimu.aio.control import RedisControl  # the aimu-agents[redis] extra
+
+    return redis if isinstance(redis, RedisControl) else RedisControl(redis, prefix)
+
+
+def _backend(
+    agents: AgentFactory,
+    store: Store,
+    control: RedisControl | None,
+    temporal: str | None,
+    task_queue: str | None,
+) -> RunsBackend:
+    """Where runs execute: Temporal's workers, this process with Redis control, or this
+    process alone."""
+    if temporal is not None and task_queue is not None:
+        from aimu.serve.backends.temporal import TemporalBackend  # the aimu-agents[temporal] extra
+
+        return TemporalBackend(temporal, task_queue, store, redis=control)
+    if control is None:
+        return LocalBackend(agents, store)
+    from aimu.serve.backends.redis import RedisBackend
+
+    return RedisBackend(agents, store, control)
+
+
+def _middleware(
+    allowed_hosts: Sequence[str] | None,
+    token: str | None,
+    cors_origins: Sequence[str],
+    max_body: int,
+) -> list[Middleware]:
+    """The request guard (Host, Origin, cross-site), CORS, the bearer token, the body limit."""
+    middleware = [
+        Middleware(
+            RequestGuard, allowed_hosts=allowed_hosts, token=bool(token), origins=cors_origins
+        )
+    ]
+    if cors_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            )
+        )
+    if token:
+        middleware.append(Middleware(BearerAuth, token=token))
+    middleware.append(Middleware(BodyLimit, limit=max_body))
+    return middleware
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(application: FastAPI) -> AsyncIterator[None]:
+    """Connect to Redis and Temporal and open the MCP servers (each failure an error
+    naming it, before serving), serve ``/mcp``, look for runs to recover; then close."""
+    assert isinstance(application, ServeApp)
+    if application._control is not None:
+        await application._control.connect()
+    connect = getattr(application.runs.backend, "connect", None)  # --temporal
+    if connect is not None:
+        await connect()
+    for toolset in application._toolsets:
+        await toolset.open()
+    async with contextlib.AsyncExitStack() as mcp_running:
+        if application._mcp is not None:
+            await mcp_running.enter_async_context(application._mcp.session_manager.run())
+        if application._recover_every is not None:
+            application.start_recovery(application._recover_every)
+        yield
+        await application.aclose()
 
 
 def _add_mcp(application: FastAPI, runs: Runs) -> MCPServer | None:

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
-import logging
 import os
-import signal
 import socket
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -27,7 +23,7 @@ from aimu._agent_options import (
     agent_tools,
     import_tool,
 )
-from aimu._bounded_exit import DRAIN_MARGIN, exit_deadline, owning_the_exit
+from aimu._bounded_exit import owning_the_exit
 from aimu._extras import MissingExtra, needs_extra
 from aimu._limit_options import (
     add_session_limit_options,
@@ -36,7 +32,6 @@ from aimu._limit_options import (
 )
 from aimu._logs import logging_to
 from aimu._mcp_options import mcp_servers, open_all
-from aimu.aio._signals import SignalHandlers
 from aimu.aio.errors import AimuError
 from aimu.aio.providers.test import WHAT_IT_DOES
 from aimu.aio.tools import Toolset, as_tool
@@ -156,6 +151,42 @@ class _Refused(Exception):
 
 def _serve(options: argparse.Namespace) -> int:
     token = os.environ.get("AIMU_API_TOKEN") or None
+    _check(options, token)
+    try:  # the options are checked first: a usage error is one, extra or not
+        with needs_extra("aimu serve", "serve"):
+            from aimu.serve._uvicorn import serve_until_stopped
+    except MissingExtra as missing:
+        raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
+    try:
+        tools: list[Callable[..., Any] | Toolset] = [*agent_tools(options)]
+        tools += mcp_servers(options.mcp, options.mcp_url)
+    except ValueError as error:
+        raise _Refused(str(error), 2) from None
+    store = options.store or str(default_home() / "sessions.db")
+    if getattr(options, "workers", 1) > 1:
+        return run_fleet(options, _listen)
+
+    async def serve() -> int:
+        application, control = await _built(options, tools, store, token)
+        sock = await _reached(application, control, tools, options)
+        banner = _banner(options, store, control, tools, token, sock)
+        try:
+            return await serve_until_stopped(
+                application, sock, log_level=options.log_level, drain=options.drain,
+                banner=banner,
+            )
+        except SystemExit as exit_:  # uvicorn's way to say the lifespan failed to start
+            raise _Refused("the application failed to start; see the log above") from exit_
+
+    try:
+        # A sync tool's thread still running once the server is done holds no exit.
+        return asyncio.run(owning_the_exit(serve(), "aimu serve"))
+    except KeyboardInterrupt:  # Ctrl+C before Uvicorn was listening for it
+        return 130
+
+
+def _check(options: argparse.Namespace, token: str | None) -> None:
+    """Refuse (status 2) options that cannot go together, before anything is opened."""
     if not is_loopback(options.host) and token is None:
         raise _Refused(
             f"refusing to bind {options.host}: other machines could reach it and "
@@ -185,38 +216,17 @@ def _serve(options: argparse.Namespace) -> int:
     if workers > 1 and options.redis is None and options.temporal is None:
         raise _Refused("--workers N needs --redis (or --temporal): each process holds its "
                        "own runs, and Redis is how any of them answers for the others'", 2)
-    try:  # the options are checked first: a usage error is one, extra or not
-        with needs_extra("aimu serve", "serve"):
-            import uvicorn
-
-            from aimu.serve.application import app
-    except MissingExtra as missing:
-        raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
-    try:
-        tools: list[Callable[..., Any] | Toolset] = [*agent_tools(options)]
-        tools += mcp_servers(options.mcp, options.mcp_url)
-    except ValueError as error:
-        raise _Refused(str(error), 2) from None
-    store = options.store or str(default_home() / "sessions.db")
-    if workers > 1:
-        return run_fleet(options, _listen)
-    try:
-        # A sync tool's thread still running once the server is done holds no exit.
-        return asyncio.run(owning_the_exit(_run(options, uvicorn, app, tools, store, token),
-                                           "aimu serve"))
-    except KeyboardInterrupt:  # Ctrl+C before Uvicorn was listening for it
-        return 130
 
 
-async def _run(
+async def _built(
     options: argparse.Namespace,
-    uvicorn: Any,
-    make_app: Callable[..., ServeApp],
     tools: list[Callable[..., Any] | Toolset],
     store: str,
     token: str | None,
-) -> int:
-    from aimu.serve.recovery import MAX_CRASHES, RECOVER_EVERY  # the serve extra is there
+) -> tuple[ServeApp, RedisControl | None]:
+    """The application of ``options`` and its Redis control; _Refused naming what is wrong."""
+    from aimu.serve.application import app  # the serve extra is there
+    from aimu.serve.recovery import MAX_CRASHES, RECOVER_EVERY
 
     control: RedisControl | None = None
     if options.redis is not None:
@@ -229,7 +239,7 @@ async def _run(
         except ValueError as error:
             raise _Refused(f"--redis: {error}", 2) from None
     try:
-        application = make_app(
+        return app(
             options.model,
             store=store,
             tools=tools,
@@ -244,7 +254,7 @@ async def _run(
             task_queue=options.task_queue,
             recover=(options.recover_every or RECOVER_EVERY) if options.recover else None,
             max_crashes=options.max_crashes or MAX_CRASHES,
-        )
+        ), control
     except ImportError as missing:  # the store's extra (asyncpg for postgresql://)
         if control is not None:
             await control.aclose()
@@ -253,9 +263,18 @@ async def _run(
         if control is not None:
             await control.aclose()
         raise _Refused(_store_or_model(error, store)) from None
+
+
+async def _reached(
+    application: ServeApp,
+    control: RedisControl | None,
+    tools: list[Callable[..., Any] | Toolset],
+    options: argparse.Namespace,
+) -> socket.socket:
+    """Reach the store, Redis, Temporal and the MCP servers now, and bind the port: a
+    server that cannot would answer 500 to every request (or fail in its lifespan with
+    a traceback). The listening socket; _Refused (the application closed) if not."""
     try:
-        # Reach the store and Redis now: a server that cannot would answer 500 to every
-        # request (or fail in its lifespan with a traceback).
         await application.runs.store.sessions()
         if control is not None:
             await control.connect()
@@ -263,104 +282,28 @@ async def _run(
         if connect is not None:
             await connect()
         await open_all([t for t in tools if isinstance(t, Toolset)])  # --mcp, --mcp-url
-        sock = _listen(options.host, options.port, reuse_port=_member(options) is not None)
+        return _listen(options.host, options.port, reuse_port=_member(options) is not None)
     except (AimuError, OSError) as error:
         await application.aclose()
         raise _Refused(str(error)) from None
+
+
+def _banner(
+    options: argparse.Namespace,
+    store: str,
+    control: RedisControl | None,
+    tools: list[Callable[..., Any] | Toolset],
+    token: str | None,
+    sock: socket.socket,
+) -> str:
+    """What the server serves, printed once it listens (of ``--workers N``, by the
+    first process only)."""
     url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
     what = _serving(options, store, control, tools, token, url)
     if _member(options) is not None:  # one of --workers N: the first says what is served
         fleet = f"  workers {options.fleet_size} processes on this port\n"
         what = fleet + what if _member(options) == 1 else ""
-    from aimu.serve.slow_clients import DeadlineH11Protocol  # uvicorn's, imported above
-
-    config = uvicorn.Config(
-        application,
-        log_level=options.log_level,
-        timeout_graceful_shutdown=10,
-        http=DeadlineH11Protocol,  # slow clients time out
-    )
-
-    class Server(uvicorn.Server):  # type: ignore[misc]
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            if not self.should_exit and what:
-                print(what, file=sys.stderr, flush=True)
-
-        draining: asyncio.Task[None] | None = None
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            # A first SIGTERM drains: the server answers on (503 to new runs) while its
-            # runs stop at a step boundary, then shuts down. Ctrl+C, a second signal, or
-            # a drain of 0: shut down now (the lifespan cancels what runs).
-            first = self.draining is None and not self.should_exit
-            if first and sig == signal.SIGTERM and options.drain > 0:
-                loop.call_soon_threadsafe(self._drain)
-                return
-            loop.call_soon_threadsafe(self._exit_now, sig, frame)
-
-        def _drain(self) -> None:
-            if self.draining is None and not self.should_exit:
-                self.draining = asyncio.ensure_future(self._drained())
-
-        async def _drained(self) -> None:
-            print(f"aimu serve: draining: no new runs; the runs in progress stop within "
-                  f"{options.drain:g} s", file=sys.stderr, flush=True)
-            # Whatever holds it then (a run that does not settle), the process exits.
-            exit_deadline(options.drain + DRAIN_MARGIN, "aimu serve")
-            with contextlib.suppress(asyncio.CancelledError):
-                await application.drain(options.drain)
-            self._exit_now(signal.SIGTERM, None)
-
-        def _exit_now(self, sig: int, frame: Any) -> None:
-            # Event streams would hold the shutdown open until their runs end: end them
-            # now (clients reconnect with Last-Event-ID); the lifespan then stops the runs.
-            application.runs.begin_shutdown()
-            if self.draining is not None and not self.draining.done():
-                self.draining.cancel()  # a second signal: the runs are cancelled at once
-            super().handle_exit(sig, frame)
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            # Uvicorn raises the signal again once it has shut down (exit -15 on SIGTERM):
-            # here a stop asked for and carried out is a clean exit (see _run's return).
-            if threading.current_thread() is not threading.main_thread():
-                yield  # signals reach the main thread only: its owner handles them
-                return
-            with SignalHandlers(self.handle_exit, (signal.SIGINT, signal.SIGTERM)):
-                yield
-
-    loop = asyncio.get_running_loop()
-    server = Server(config)
-    uvicorn_log = logging.getLogger("uvicorn.error")
-    uvicorn_log.addFilter(_not_a_start_line)  # after Config, which sets up its logging
-    try:
-        await server.serve(sockets=[sock])
-    except SystemExit as exit_:  # uvicorn's way to say the lifespan failed to start
-        await application.aclose()
-        raise _Refused("the application failed to start; see the log above") from exit_
-    finally:
-        uvicorn_log.removeFilter(_not_a_start_line)
-        sock.close()
-    # A second Ctrl+C skips the lifespan's shutdown: the runs are stopped here then.
-    await application.aclose()
-    # SIGTERM or Ctrl+C: the runs were stopped and their transcripts kept, so the server
-    # did what it was asked: 0 (a second Ctrl+C, which cut the wait for clients short: 130).
-    return 130 if server.force_exit else 0
-
-
-#: Uvicorn's own start-up lines, which came before the banner and say less (one names
-#: an address it does not listen on: the socket is ours): the banner replaces them.
-_START_LINES: Final = (
-    "Started server process",
-    "Waiting for application startup",
-    "Application startup complete",
-    "Uvicorn running on",
-)
-
-
-def _not_a_start_line(record: logging.LogRecord) -> bool:
-    return not (isinstance(record.msg, str) and record.msg.startswith(_START_LINES))
+    return what
 
 
 def _member(options: argparse.Namespace) -> int | None:
