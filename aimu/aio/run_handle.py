@@ -88,6 +88,7 @@ from aimu.aio.ends import error_text
 from aimu.aio.errors import NoOutputError
 from aimu.aio.events import HandleFinished, HandleStatus
 from aimu.aio.scope import RunScope, current_scope, sent_message
+from aimu.aio.status import HANDLE_STATUSES, LIVE, STOPPED
 from aimu.aio.transcript import UserMessage
 
 __all__ = ["EventStream", "EventTap", "RunControl", "RunHandle", "on_sigint"]
@@ -99,9 +100,11 @@ DoneCallback = Callable[["RunHandle[Any]"], object]
 
 
 class _HandleState:
-    """The states of the diagram above. Plain strings, not an ``enum.Enum``: loading an
-    Enum member goes through its metaclass and costs four times a class attribute, and
-    the hot path of every run loads several."""
+    """The states of the diagram above: each :data:`~aimu.aio.status.HandleStatus` by its
+    name (a test holds them equal), and two of a run ending by a cancel or deadline.
+    Plain strings, not an ``enum.Enum``: loading an Enum member goes through its
+    metaclass and costs four times a class attribute, and the hot path of every run
+    loads several."""
 
     PENDING: Final = "pending"
     RUNNING: Final = "running"
@@ -118,13 +121,10 @@ class _HandleState:
     FAILED: Final = "failed"
 
 
-_LIVE = frozenset({
-    _HandleState.PENDING, _HandleState.RUNNING, _HandleState.CANCELLING, _HandleState.EXPIRING,
-})
-_RETURNED = frozenset({
-    _HandleState.COMPLETED, _HandleState.INCOMPLETE, _HandleState.INTERRUPTED,
-    _HandleState.PAUSED, _HandleState.LIMITED, _HandleState.BLOCKED,
-})
+#: Not ended: live (see :data:`~aimu.aio.status.LIVE`), or ending by a cancel or deadline.
+_LIVE: Final[frozenset[str]] = LIVE | {_HandleState.CANCELLING, _HandleState.EXPIRING}
+#: Ended with the run's value (not by an exception).
+_RETURNED: Final[frozenset[str]] = HANDLE_STATUSES - LIVE - STOPPED
 
 
 def _startable(

@@ -35,6 +35,7 @@ from aimu.aio.errors import ControlError, SessionLockedError, StoreError, Unknow
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished, RunStarted, StepFinished
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.status import BY_CANCEL, RECOVERABLE
 from aimu.aio.steering import Spawn, Steer, steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
@@ -561,7 +562,7 @@ class _TurnAttempt:
             raise ApplicationError(SUPERSEDED, type="AimuSuperseded")
         if self._handed_off(status):
             return await self._handoff_outcome(status)
-        if status in ("cancelled", "timed_out"):
+        if status in BY_CANCEL:
             # Stopped from outside Temporal (Redis, or a stop's grace ran out): cancel the
             # workflow too, so it ends cancelled and is not retried.
             reason = handle.reason or "cancelled"
@@ -616,14 +617,14 @@ async def _reopened(control: Any, run_id: str) -> bool:
     it is (already, or now from how that turn ended there)."""
     status = (await control.status(run_id)).status
     return bool(status == "pending" or (
-        status in ("interrupted", "cancelled") and await control.reopen(run_id, was=status)
+        status in RECOVERABLE and await control.reopen(run_id, was=status)
     ))
 
 
 async def _mark_drained(store: Store, request: TurnRequest, handle: RunHandle[Any]) -> None:
     """Mark the record of the run a drain stopped to be recovered (the workflow goes on
     with it on another worker, whose turn records it ``running`` again)."""
-    if handle.status not in ("interrupted", "cancelled"):
+    if handle.status not in RECOVERABLE:
         return  # it ended on its own meanwhile
     try:
         writer = await store.open_session(request.session)

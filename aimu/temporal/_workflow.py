@@ -29,6 +29,7 @@ from temporalio.workflow import ActivityCancellationType
 
 from aimu.aio.ends import FINAL, error_text
 from aimu.aio.images import is_data_url
+from aimu.aio.status import LIVE
 
 __all__ = [
     "BEGIN",
@@ -525,7 +526,7 @@ class RunWorkflow:
 
     @send.validator
     def _check_send(self, text: str, images: list[str] | None = None) -> None:
-        if self._status not in ("pending", "running"):
+        if self._status not in LIVE:
             raise ApplicationError(
                 f"run {workflow.info().workflow_id} is {self._status}: the text was not sent; "
                 "start a new run with it",

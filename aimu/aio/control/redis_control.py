@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from aimu._extras import missing_extra
 from aimu.aio._echo import echo
@@ -37,8 +37,9 @@ from aimu.aio.control.keys import (
 )
 from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
 from aimu.aio.event_json import decode_event
-from aimu.aio.events import Event, HandleStatus
+from aimu.aio.events import Event
 from aimu.aio.scope import sent_message
+from aimu.aio.status import CONTROL_STATUSES, ENDED, ControlStatus
 from aimu.aio.steering import Steer
 
 try:
@@ -59,11 +60,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlStatus", "RedisControl", "RunEvent", "RunInfo"]
 
-#: A handle's status, or ``lost``: registered, but its worker's lease expired.
-ControlStatus: TypeAlias = HandleStatus | Literal["lost"]
-_STATUSES: Final = frozenset({*get_args(HandleStatus), "lost"})
-#: The statuses of a run that ended (a paused run ended too: its decisions go to the store).
-FINAL: Final = _STATUSES - {"pending", "running", "lost"}
 _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
 #: How long a follower waits in one XREAD BLOCK before it checks that its run is still
@@ -126,7 +122,7 @@ class RunInfo:
     @property
     def done(self) -> bool:
         """True once the run ended, whatever ended it (a lost run is not done)."""
-        return self.status in FINAL
+        return self.status in ENDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -705,7 +701,7 @@ class RedisControl:
             self._unknown(run_id)
         info = _info(run_id, fields, bool(leased))
         cursor: str = last[0][0] if last else "0-0"
-        while info.status not in FINAL and info.status != "lost":
+        while info.status not in ENDED and info.status != "lost":
             block = _FOLLOW_BLOCK_MS
             if deadline is not None:
                 left = deadline - loop.time()
@@ -782,7 +778,7 @@ class RedisControl:
                     "claim() it to resume from its store",
                     url=self.url,
                 )
-            if status in FINAL:
+            if status in ENDED:
                 if idle_checks:  # read once more without blocking: its end was not there
                     raise ControlError(
                         f"run {run_id!r} ended {status} but its events after {cursor} "
@@ -883,11 +879,11 @@ def _info(run_id: str, fields: dict[str, str], leased: bool) -> RunInfo:
 
 def _status(status: str, leased: bool) -> ControlStatus:
     """A run's status field as a status (``lost``: running without its lease)."""
-    if status not in _STATUSES:
+    if status not in CONTROL_STATUSES:
         return "failed"
     if status == "running" and not leased:
         return "lost"
-    return status  # type: ignore[return-value]
+    return status
 
 
 def _json(text: str | None, kind: type[Any], default: Any) -> Any:
