@@ -310,3 +310,42 @@ def test_only_the_session_knows_about_the_store_writer() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "writer"
     ]
     assert branching == [], branching
+
+
+#: Functions that still read a request's kind for their own answers (serve's backends:
+#: their conflict messages; being reworked in issue 43's item 7, they can ask the Steer:
+#: ``must_be_taken``, ``what``).
+_KIND_READERS = {"aimu.serve.backends.local.request"}
+
+
+def _kinds_compared(function: ast.AST, kinds: frozenset[str]) -> set[str]:
+    """The request kinds ``function`` compares a ``kind`` (or ``x.kind``) with."""
+    found: set[str] = set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if any((isinstance(s, ast.Name) and s.id == "kind")
+               or (isinstance(s, ast.Attribute) and s.attr == "kind") for s in sides):
+            found.update(c.value for s in sides for c in ast.walk(s)
+                         if isinstance(c, ast.Constant) and c.value in kinds)
+    return found
+
+
+def test_a_requests_kind_is_dispatched_in_one_place() -> None:
+    """A Steer's kind is dispatched by aimu.aio.steering alone (``steer()`` applies it;
+    the Steer says what a carrier needs: ``must_be_taken``, ``what``, its JSON). A carrier
+    has one ``request(run_id, steer)`` and its verbs call it. (Before: RedisControl, its
+    worker, RunsClient and the Temporal turn each dispatched the kind again.)"""
+    from aimu.aio.steering import STEER_KINDS
+
+    dispatching = []
+    for module, path in MODULES.items():
+        if module == "aimu.aio.steering":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                kinds = _kinds_compared(node, STEER_KINDS)
+                if len(kinds) >= 2 and f"{module}.{node.name}" not in _KIND_READERS:
+                    dispatching.append(f"{module}.{node.name} reads {sorted(kinds)}")
+    assert dispatching == [], "\n".join(dispatching)

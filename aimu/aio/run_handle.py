@@ -82,7 +82,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
 
 from aimu.aio._echo import echo
 from aimu.aio._event_tap import EventTap
-from aimu.aio._numbers import finite
+from aimu.aio._numbers import finite, grace_seconds
 from aimu.aio._signals import SignalHandlers
 from aimu.aio.ends import error_text
 from aimu.aio.errors import NoOutputError
@@ -664,10 +664,7 @@ class RunHandle(RunScope, Generic[T]):
         stops the waiting. A ``grace`` that is not a finite number, 0 or more, raises
         ``ValueError`` and stops nothing.
         """
-        if not finite(grace) or grace < 0:
-            raise ValueError(
-                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
-            )
+        grace = grace_seconds(grace)
         loop = self._loop
         if not _on_loop(loop):
             future = asyncio.run_coroutine_threadsafe(self._stop(grace), loop)

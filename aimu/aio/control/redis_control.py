@@ -38,7 +38,6 @@ from aimu.aio.control.keys import (
 from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
 from aimu.aio.event_json import decode_event
 from aimu.aio.events import Event
-from aimu.aio.scope import sent_message
 from aimu.aio.status import CONTROL_STATUSES, ENDED, ControlStatus
 from aimu.aio.steering import Steer
 
@@ -418,13 +417,11 @@ class RedisControl:
         Recorded in Redis before it is published: a worker that is reconnecting, or a
         reserved run that has not started, gets it too. Repeating it is harmless.
         """
-        if reason is not None and not isinstance(reason, str):
-            raise TypeError(f"cancel(reason=...) takes a string, got {type(reason).__name__}")
-        return await self._request(run_id, "cancel", {"reason": reason})
+        return await self.request(run_id, Steer("cancel", reason=reason))
 
     async def interrupt(self, run_id: str) -> bool:
         """Ask the run to stop at its next step boundary; False if it had finished."""
-        return await self._request(run_id, "interrupt", {})
+        return await self.request(run_id, Steer("interrupt"))
 
     async def send(
         self, run_id: str, text: str, *, images: Sequence[object] = (),
@@ -441,10 +438,7 @@ class RedisControl:
         ``lease`` seconds (the text is stored and may still join). ``input_id``: the
         id the text is kept under in the run's session store (``steering.send_kept``),
         with which the run joins it."""
-        message = sent_message(text, images)  # TypeError/ValueError: nothing recorded
-        if input_id is not None:
-            message["aimu_sent"] = input_id
-        return await self._request(run_id, "send", dict(message))
+        return await self.request(run_id, Steer.sending(text, images, input_id))
 
     async def stop(
         self,
@@ -458,12 +452,9 @@ class RedisControl:
         Waits up to ``timeout`` (default: ``grace`` plus ``lease``) for the run to end,
         then raises TimeoutError; a run whose worker died comes back ``lost``.
         """
-        if not finite(grace) or grace < 0:
-            raise ValueError(
-                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
-            )
+        request = Steer("stop", grace=grace)
         _check_timeout("stop", timeout)
-        await self._request(run_id, "stop", {"grace": grace})
+        await self.request(run_id, request)
         return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
 
     async def request(self, run_id: str, request: Steer, *, taken: bool = False) -> bool:
@@ -474,39 +465,25 @@ class RedisControl:
         it (or, with no live worker, once it is stored for the run that starts or
         resumes), as a send always is; ControlError if Redis goes away first. So an
         "accepted" holds even if Redis then restarts empty (it forgets what it stored)."""
-        kind = request.kind
-        if kind == "cancel":
-            if request.reason is not None and not isinstance(request.reason, str):
-                raise TypeError(
-                    f"cancel(reason=...) takes a string, got {type(request.reason).__name__}"
-                )
-            return await self._request(run_id, "cancel", {"reason": request.reason}, taken)
-        if kind == "interrupt":
-            return await self._request(run_id, "interrupt", {}, taken)
-        if kind == "send":
-            return await self.send(run_id, request.text, images=request.images,
-                                   input_id=request.input_id)
-        if not finite(request.grace) or request.grace < 0:
-            raise ValueError(f"stop(grace={echo(request.grace)}): give seconds, 0 or more")
-        return await self._request(run_id, "stop", {"grace": request.grace}, taken)
-
-    async def _request(
-        self, run_id: str, kind: str, data: dict[str, Any], taken: bool = False
-    ) -> bool:
         check_run_id(run_id, self.prefix)
-        answer = await self._record_request(run_id, kind, data)
+        request.check()  # TypeError/ValueError: nothing recorded
+        answer = await self._record_request(run_id, request)
         if answer.tag == "unknown" and await self._reappeared(run_id):
-            answer = await self._record_request(run_id, kind, data)
+            answer = await self._record_request(run_id, request)
         if answer.tag == "unknown":
             self._unknown(run_id)
         if answer.tag != "ok":
             return False
-        if kind != "send" and not taken:
+        if not (taken or request.must_be_taken):
             return True
-        return await self._taken(run_id, answer.values[0], kind)
+        return await self._taken(run_id, answer.values[0], request)
 
-    async def _record_request(self, run_id: str, kind: str, data: dict[str, Any]) -> scripts.Reply:
+    async def _record_request(self, run_id: str, request: Steer) -> scripts.Reply:
+        """Add ``request`` to the run's request stream (as its ``kind`` and the JSON of
+        the rest of :meth:`Steer.to_json`, the form every aimu's worker reads)."""
         keys = self._keys
+        data = request.to_json()
+        kind = data.pop("kind")
         with self._errors(kind, run_id):
             result = await self._scripts.request(
                 keys=[keys.run(run_id), keys.requests(run_id)],
@@ -531,13 +508,13 @@ class RedisControl:
                 await asyncio.sleep(_REAPPEAR_POLL)
         return True
 
-    async def _taken(self, run_id: str, request_id: str, kind: str = "send") -> bool:
+    async def _taken(self, run_id: str, request_id: str, request: Steer) -> bool:
         """Wait until the run took request ``request_id`` (True) or ended without it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.lease + self.timeout
         delay = 0.002
         keys = self._keys
-        what = "the text" if kind == "send" else f"the {kind}"
+        kind, what = request.kind, request.what
         while True:
             with self._errors(kind, run_id):
                 async with self._client.pipeline(transaction=True) as pipe:
