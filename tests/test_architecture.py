@@ -250,9 +250,9 @@ def test_a_runs_status_words_are_spelled_in_one_module() -> None:
 def test_the_handle_states_are_the_handle_statuses() -> None:
     """A RunHandle's states (plain strings, for its hot path) are the handle statuses
     by their own names, and two of its own for a run that is being stopped."""
-    from aimu.aio import run_handle, status
+    from aimu.aio import _handle_states, status
 
-    states = {v for k, v in vars(run_handle._HandleState).items() if k.isupper()}
+    states = {v for k, v in vars(_handle_states.HandleState).items() if k.isupper()}
     assert states == status.HANDLE_STATUSES | {"cancelling", "expiring"}
 
 
