@@ -186,6 +186,8 @@ class RunResult(Generic[_Output]):
 
     Set when the run ends, before its :class:`RunFinished` is emitted, on every outcome:
     a run that raised (failed, cancelled) has its result too, then the error propagates.
+    The authoritative shape of a run's result (:class:`RunFinished` is it as an event;
+    see :mod:`aimu.aio.status` for the record and the live view).
     """
 
     source: str

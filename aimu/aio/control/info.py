@@ -17,7 +17,8 @@ __all__ = ["RunEvent", "RunInfo", "control_status", "run_info"]
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
-    """A run as Redis knows it. ``lost``: registered, but its worker's lease expired."""
+    """A run as Redis knows it: the live view of a run, whatever process holds it (see
+    :mod:`aimu.aio.status`). ``lost``: registered, but its worker's lease expired."""
 
     run_id: str
     status: ControlStatus
