@@ -177,30 +177,83 @@ def _string_sets(tree: ast.AST) -> Iterator[tuple[int, frozenset[str]]]:
 
 
 def test_how_a_run_ends_is_spelled_once() -> None:
-    """The status sets and reply texts of aimu.aio.ends are defined there only: every
-    other module imports them (a copy drifts: two Temporal sets once lacked limited)."""
+    """The reply texts of aimu.aio.ends are defined there only: every other module
+    imports them (a copy drifts: two Temporal sets once lacked limited)."""
     from aimu.aio import ends
 
-    sets = {
-        name: value for name, value in vars(ends).items()
-        if name.isupper() and isinstance(value, frozenset)
-    }
     texts = {
         name: value for name, value in vars(ends).items()
         if name.isupper() and isinstance(value, str)
     }
-    assert {"ANSWERED", "STOPPED", "FINAL"} <= set(sets) and "INTERRUPTED" in texts
+    assert "INTERRUPTED" in texts
     copies = []
     for module, path in MODULES.items():
         if module == "aimu.aio.ends":
             continue
-        tree = ast.parse(path.read_text())
-        for line, found in _string_sets(tree):
-            copies += [f"{module}:{line} spells {n}" for n, s in sets.items() if found == s]
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in texts.values():
                 copies.append(f"{module}:{node.lineno} spells {node.value!r}")
     assert copies == [], "\n".join(copies)
+
+
+#: The vocabulary module; the words of every status type aimu has.
+_VOCABULARY = "aimu.aio.status"
+#: Modules that speak other protocols' statuses (OpenAI Responses' ``completed``...).
+_OTHER_WORDS = ("aimu.aio.providers.", "aimu.testing.")
+
+
+def _status_words() -> frozenset[str]:
+    from aimu.aio import status
+
+    found: set[str] = set()
+    for value in vars(status).values():
+        if getattr(value, "__module__", None) == "typing" or type(value).__name__ in (
+            "UnionType", "_UnionGenericAlias", "_LiteralGenericAlias"
+        ):
+            found.update(status.words(value))
+    return frozenset(found)
+
+
+def _literal_words(tree: ast.AST) -> Iterator[tuple[int, frozenset[str]]]:
+    """Each ``Literal[...]`` subscript's strings in ``tree``, with its line."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and (
+            (isinstance(node.value, ast.Name) and node.value.id == "Literal")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "Literal")
+        ):
+            inner = ast.walk(node.slice)
+            values = {n.value for n in inner if isinstance(n, ast.Constant)}
+            yield node.lineno, frozenset(v for v in values if isinstance(v, str))
+
+
+def test_a_runs_status_words_are_spelled_in_one_module() -> None:
+    """Every status type and every set of statuses is aimu.aio.status's: a type elsewhere
+    is a union of its types, a grouping one of its sets (``FINAL``, ``RECOVERABLE``...).
+    Code elsewhere compares a typed status with one word, which mypy checks. (Before:
+    nine modules spelled a status type or set, and ``FINAL`` meant two things.)"""
+    words = _status_words()
+    assert {"pending", "completed", "paused", "lost", "in_progress", "idle"} <= words
+    spelled = []
+    for module, path in MODULES.items():
+        if module == _VOCABULARY or module.startswith(_OTHER_WORDS):
+            continue
+        tree = ast.parse(path.read_text())
+        for line, found in _literal_words(tree):
+            if len(found & words) >= 2:
+                spelled.append(f"{module}:{line} Literal of {sorted(found & words)}")
+        for line, found in _string_sets(tree):
+            if found <= words:
+                spelled.append(f"{module}:{line} a set of {sorted(found)}")
+    assert spelled == [], "\n".join(spelled)
+
+
+def test_the_handle_states_are_the_handle_statuses() -> None:
+    """A RunHandle's states (plain strings, for its hot path) are the handle statuses
+    by their own names, and two of its own for a run that is being stopped."""
+    from aimu.aio import _handle_states, status
+
+    states = {v for k, v in vars(_handle_states.HandleState).items() if k.isupper()}
+    assert states == status.HANDLE_STATUSES | {"cancelling", "expiring"}
 
 
 #: The agent's rooms (aimu/aio/agent/) that never import each other, nor the package
@@ -269,3 +322,42 @@ def test_only_the_session_knows_about_the_store_writer() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "writer"
     ]
     assert branching == [], branching
+
+
+#: Functions that still read a request's kind for their own answers (serve's backends:
+#: their conflict messages; being reworked in issue 43's item 7, they can ask the Steer:
+#: ``must_be_taken``, ``what``).
+_KIND_READERS = {"aimu.serve.backends.local.request"}
+
+
+def _kinds_compared(function: ast.AST, kinds: frozenset[str]) -> set[str]:
+    """The request kinds ``function`` compares a ``kind`` (or ``x.kind``) with."""
+    found: set[str] = set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if any((isinstance(s, ast.Name) and s.id == "kind")
+               or (isinstance(s, ast.Attribute) and s.attr == "kind") for s in sides):
+            found.update(c.value for s in sides for c in ast.walk(s)
+                         if isinstance(c, ast.Constant) and c.value in kinds)
+    return found
+
+
+def test_a_requests_kind_is_dispatched_in_one_place() -> None:
+    """A Steer's kind is dispatched by aimu.aio.steering alone (``steer()`` applies it;
+    the Steer says what a carrier needs: ``must_be_taken``, ``what``, its JSON). A carrier
+    has one ``request(run_id, steer)`` and its verbs call it. (Before: RedisControl, its
+    worker, RunsClient and the Temporal turn each dispatched the kind again.)"""
+    from aimu.aio.steering import STEER_KINDS
+
+    dispatching = []
+    for module, path in MODULES.items():
+        if module == "aimu.aio.steering":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                kinds = _kinds_compared(node, STEER_KINDS)
+                if len(kinds) >= 2 and f"{module}.{node.name}" not in _KIND_READERS:
+                    dispatching.append(f"{module}.{node.name} reads {sorted(kinds)}")
+    assert dispatching == [], "\n".join(dispatching)

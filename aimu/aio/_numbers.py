@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Final, TypeGuard
 
-__all__ = ["MAX_COUNT", "finite", "is_count", "is_number"]
+from aimu.aio._echo import echo
+
+__all__ = ["MAX_COUNT", "finite", "grace_seconds", "is_count", "is_number"]
 
 #: The largest count a limit or a usage may hold: what a store's integer column takes.
 MAX_COUNT: Final = 2**63 - 1
@@ -36,3 +38,11 @@ def finite(value: object) -> TypeGuard[int | float]:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+def grace_seconds(grace: object) -> float:
+    """``grace`` (a stop's seconds from its interrupt to its cancel) if it is a finite
+    number, 0 or more; else ``ValueError``. Every stop checks its grace here."""
+    if not finite(grace) or grace < 0:
+        raise ValueError(f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more")
+    return float(grace)

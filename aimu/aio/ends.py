@@ -1,39 +1,32 @@
-"""How a run ends: the one home of the outcome statuses, the reply texts, the rule that
-says what an error made of a run, and the run's terminal event.
+"""How a run ends: the reply texts, the rule that says what an error made of a run, and
+the run's terminal event.
 
 The agent, workflows, run handles, serve, Redis control and Temporal import these
-rather than spelling them again.
+rather than spelling them again. The outcome statuses and their groupings are
+:mod:`aimu.aio.status`'s (re-exported here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final
 
-from aimu.aio.events import RunFinished, RunResult, RunStatus
+from aimu.aio.events import RunFinished, RunResult
+from aimu.aio.status import (
+    ANSWERED,
+    BLOCKED,
+    FINAL,
+    HALTED,
+    STOPPED,
+    HaltStatus,
+    RunStatus,
+)
 from aimu.aio.transcript import Usage
 
 __all__ = [
     "ANSWERED", "BLOCKED", "BLOCKED_REPLY", "FINAL", "HALTED", "INTERRUPTED", "LIMITED",
     "PAUSED", "STOPPED", "Halt", "HaltStatus", "error_text", "run_finished", "stopped_status",
 ]
-
-#: The run answered: its reply is the model's (cut off, for ``incomplete``; the last
-#: turn ``max_rounds`` allowed, for ``max_rounds``). A typed run has its output.
-ANSWERED: Final[frozenset[RunStatus]] = frozenset({"completed", "incomplete", "max_rounds"})
-#: Something outside the loop stopped the run mid-step (a cancel, its deadline, an
-#: error): its open calls got results, it returns nothing.
-STOPPED: Final[frozenset[RunStatus]] = frozenset({"cancelled", "timed_out", "failed"})
-#: The run stopped at a step boundary and ``resume()`` goes on from there.
-HALTED: Final[frozenset[RunStatus]] = frozenset({"interrupted", "paused", "limited"})
-#: The run is over: every status but ``paused`` (a paused run waits for a person's
-#: decision and goes on in the same run, on Temporal in the same workflow).
-#: A guardrail's tripwire ended the run: the input or the answer was refused (the
-#: reply says which guardrail and why; ``stop_reason`` is ``"guardrail:<name>"``).
-BLOCKED: Final[frozenset[RunStatus]] = frozenset({"blocked"})
-FINAL: Final[frozenset[RunStatus]] = (
-    ANSWERED | STOPPED | BLOCKED | frozenset({"interrupted", "limited"})
-)
 
 #: What a run returns when ``interrupt()`` stopped it at a step boundary.
 INTERRUPTED: Final = "Run interrupted."
@@ -45,7 +38,6 @@ LIMITED: Final = "Run stopped by a usage limit."
 #: What a run returns when a guardrail blocked it (a run's own reply names the guardrail).
 BLOCKED_REPLY: Final = "Run blocked by a guardrail."
 
-HaltStatus: TypeAlias = Literal["interrupted", "limited", "paused", "blocked"]
 #: Which halt a scope keeps when loops in it halted differently: a guardrail's block (the
 #: run is refused) over the one a person must act on first (a pause waits for
 #: decisions) over a limit over an interrupt.

@@ -17,6 +17,7 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from aimu.aio._frozen import quick_init
 from aimu.aio.limits import Spend
+from aimu.aio.status import HandleStatus, RunStatus
 from aimu.aio.transcript import Message, Usage
 
 __all__ = [
@@ -39,20 +40,6 @@ __all__ = [
     "TurnRetried",
 ]
 
-#: How a run ended. ``incomplete``: it answered, but the model's reply was cut off (by
-#: its length limit or a content filter; ``stop_reason`` says which). ``limited``: a
-#: usage limit stopped it (``stop_reason`` is ``"limit:<name>"``); resume() goes on.
-#: ``blocked``: a guardrail's tripwire refused the input or the answer (``stop_reason``
-#: is ``"guardrail:<name>"``, the reply gives the reason).
-RunStatus: TypeAlias = Literal[
-    "completed", "incomplete", "interrupted", "cancelled", "timed_out", "failed", "max_rounds",
-    "paused", "limited", "blocked",
-]
-HandleStatus: TypeAlias = Literal[
-    "pending", "running", "completed", "incomplete", "interrupted", "paused", "limited",
-    "blocked",
-    "cancelled", "timed_out", "failed",
-]
 #: Safety stops with their reason: a reply withheld or cut for its content (Gemini's
 #: finish reasons, lowercased), or a prompt refused (``prompt_`` + its block reason).
 SAFETY_STOP_REASONS = frozenset({
@@ -199,6 +186,8 @@ class RunResult(Generic[_Output]):
 
     Set when the run ends, before its :class:`RunFinished` is emitted, on every outcome:
     a run that raised (failed, cancelled) has its result too, then the error propagates.
+    The authoritative shape of a run's result (:class:`RunFinished` is it as an event;
+    see :mod:`aimu.aio.status` for the record and the live view).
     """
 
     source: str

@@ -6,36 +6,7 @@
 when asked to (``interrupt()``) and emits its events there (``events()``). ``cancel()``
 is the hard stop; a deadline cancels on its own.
 
-The state machine (``_HandleState``)::
-
-    PENDING ──first step──▶ RUNNING ──the run returns──▶ COMPLETED, INCOMPLETE,
-       │                      │                          INTERRUPTED or PAUSED
-       │                      │     ──the run raises───▶ FAILED
-       │                      │     ──CancelledError───▶ CANCELLED
-       ├──cancel()────────────┴──▶ CANCELLING ──the run ends──▶ CANCELLED (COMPLETED or
-       │                      │        ▲                        FAILED if it returned or
-       │                      │        │ cancel()               raised instead)
-       └──deadline────────────┴──▶ EXPIRING ──the run ends──▶ TIMED_OUT, or CANCELLED
-                                                              if another cancel came too
-
-The seven on the right are final. Moves the diagram lacks are refused: ``cancel()`` and
-``interrupt()`` answer False on a final handle, and a second finish raises
-``RuntimeError`` naming the state it found. A cancel (or deadline)
-that comes while PENDING is delivered at the task's first step, so it lands at the
-run's first ``await``: its opening lines (an agent recording the task) still run.
-``interrupt()`` is a request, not a state: it sets the scope's ``interrupt_requested``
-while PENDING or RUNNING. A run that returns ends INTERRUPTED when a loop in its scope
-honoured an interrupt (``scope.halt``: agents and workflows record it, a
-loop of your own calls ``scope.note_interrupted()``), PAUSED when one paused for
-approvals (``scope.halt`` too), INCOMPLETE when the agent or workflow run it ran
-answered with a reply cut off (by the model's length limit or a filter; see
-``handle.last_run``), else COMPLETED, even if an interrupt was asked for. A typed agent
-run (``output_type=``) stopped that way has no value to return: it raises
-``NoOutputError``, and the handle ends INTERRUPTED (PAUSED) with that error. A
-paused run has ended: cancelling its handle does nothing. The deadline counts its
-cancel as ``asyncio.timeout`` does: TIMED_OUT only when its cancel is the task's only
-one (``task.cancelling()``), so a cancel from anywhere else, even in the same loop
-iteration, is reported as CANCELLED.
+The state machine is :mod:`aimu.aio._handle_states`'s (``HandleState``).
 
 Handles nest, as tasks do in a ``TaskGroup``: a handle started inside another handle's
 run belongs to that run. Its scope is inside the outer one (the outer deadline bounds
@@ -66,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import threading
 import time
 import types
@@ -78,11 +48,19 @@ from collections.abc import (
     Generator,
     Sequence,
 )
-from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
+from typing import Any, Generic, Protocol, TypeVar, cast, final
 
-from aimu.aio._echo import echo
 from aimu.aio._event_tap import EventTap
-from aimu.aio._numbers import finite
+from aimu.aio._handle_states import LIVE_STATES, RETURNED_STATES, HandleState
+from aimu.aio._numbers import grace_seconds
+from aimu.aio._run_task import (
+    close_unstarted,
+    first_step,
+    noop,
+    on_loop,
+    retrieve,
+    startable,
+)
 from aimu.aio._signals import SignalHandlers
 from aimu.aio.ends import error_text
 from aimu.aio.errors import NoOutputError
@@ -98,69 +76,13 @@ EventStream = EventTap
 DoneCallback = Callable[["RunHandle[Any]"], object]
 
 
-class _HandleState:
-    """The states of the diagram above. Plain strings, not an ``enum.Enum``: loading an
-    Enum member goes through its metaclass and costs four times a class attribute, and
-    the hot path of every run loads several."""
-
-    PENDING: Final = "pending"
-    RUNNING: Final = "running"
-    CANCELLING: Final = "cancelling"
-    EXPIRING: Final = "expiring"
-    COMPLETED: Final = "completed"
-    INCOMPLETE: Final = "incomplete"
-    INTERRUPTED: Final = "interrupted"
-    PAUSED: Final = "paused"
-    LIMITED: Final = "limited"
-    BLOCKED: Final = "blocked"
-    CANCELLED: Final = "cancelled"
-    TIMED_OUT: Final = "timed_out"
-    FAILED: Final = "failed"
-
-
-_LIVE = frozenset({
-    _HandleState.PENDING, _HandleState.RUNNING, _HandleState.CANCELLING, _HandleState.EXPIRING,
-})
-_RETURNED = frozenset({
-    _HandleState.COMPLETED, _HandleState.INCOMPLETE, _HandleState.INTERRUPTED,
-    _HandleState.PAUSED, _HandleState.LIMITED, _HandleState.BLOCKED,
-})
-
-
-def _startable(
-    coro: Awaitable[T], name: str | None, timeout: float | None, deadline: float | None
-) -> tuple[Coroutine[Any, Any, T], str, asyncio.AbstractEventLoop]:
-    """What :meth:`RunHandle.start` runs (``coro`` as a coroutine), its name and the
-    running loop; ``coro`` closed, not run, when an argument is refused."""
-    run: Coroutine[Any, Any, T]
-    if isinstance(coro, types.CoroutineType):
-        run, name = coro, name or coro.__qualname__
-    else:
-        run, name = _as_coroutine(coro, name)
-    for what, seconds in (("timeout", timeout), ("deadline", deadline)):
-        if seconds is not None and not finite(seconds):
-            run.close()
-            raise ValueError(
-                f"RunHandle.start({what}={echo(seconds)}): give a finite number of "
-                "seconds, or None"
-            )
-    try:
-        return run, name, asyncio.get_running_loop()
-    except RuntimeError:
-        run.close()  # no "coroutine was never awaited" warning
-        raise RuntimeError(
-            "RunHandle.start() needs a running event loop: call it from async code "
-            "(for example inside asyncio.run())"
-        ) from None
-
-
 def _owner_of(scope: RunScope | None) -> RunHandle[Any] | None:
     """The live handle nearest around ``scope`` (itself included): the run it belongs to.
     From inside an agent called as a tool, the caller's run's (its call scope's
     ``caller``: the chain of events stops there, the run's ownership does not)."""
     while scope is not None:
         if isinstance(scope, RunHandle):
-            return scope if scope._state in _LIVE else None
+            return scope if scope._state in LIVE_STATES else None
         scope = scope.parent or scope.caller
     return None
 
@@ -177,53 +99,6 @@ class _Observers:
         self.callbacks: list[tuple[DoneCallback, contextvars.Context]] = []
         self.taps: list[EventTap] = []
         self.terminal: HandleFinished | None = None
-
-
-@types.coroutine
-def _first_step() -> Generator[None, None, None]:
-    """Suspend once. ``start()`` runs the driver up to here before its task exists, so
-    that a cancel reaching the task before its first step still finds the driver's
-    handlers (which settle the handle and close the run's coroutine)."""
-    yield
-
-
-def _noop() -> None:
-    pass
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    """True when called on the thread running ``loop`` (where a handle acts directly)."""
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
-def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
-    """Close a run coroutine that a stop reached before it began (no "never awaited")."""
-    if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-        coro.close()
-
-
-def _retrieve(task: Task[Any]) -> None:
-    """Mark a finished task's exception as seen: its handle reports it to its awaiters,
-    so a handle nobody awaits never logs "Task exception was never retrieved"."""
-    if not task.cancelled():
-        task.exception()
-
-
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
-def _as_coroutine(run: Awaitable[T], name: str | None) -> tuple[Coroutine[Any, Any, T], str]:
-    """``run`` (an awaitable, not a coroutine) as a coroutine, and the handle's name."""
-    if inspect.isawaitable(run):
-        default = getattr(run, "__qualname__", None) or type(run).__qualname__
-        return _await(run), name or default
-    raise TypeError(
-        f"RunHandle.start() needs a coroutine or another awaitable, not {type(run).__name__}"
-    )
 
 
 class RunControl(Protocol):
@@ -271,7 +146,7 @@ class RunHandle(RunScope, Generic[T]):
     _loop: asyncio.AbstractEventLoop
     _task: Task[T]
     _run_id: str | None
-    _state: str  # one of _HandleState
+    _state: str  # one of HandleState
     _started_at: float  # time.monotonic(), for the age in repr()
     _reason: str | None  # why it was cancelled ("deadline passed" for a timeout)
     _timer: asyncio.TimerHandle | None  # the deadline's
@@ -311,7 +186,7 @@ class RunHandle(RunScope, Generic[T]):
         (made when None). A ``timeout`` or ``deadline`` that is not a finite number raises
         ``ValueError`` (and ``coro`` is closed, not run).
         """
-        run, name, loop = _startable(coro, name, timeout, deadline)
+        run, name, loop = startable(coro, name, timeout, deadline)
         if control is not None:
             try:
                 run_id = control.run_id(run_id)
@@ -325,7 +200,7 @@ class RunHandle(RunScope, Generic[T]):
         RunScope.__init__(self, name, None if detached else current_scope.get(), deadline)
         self._run_id = run_id
         self._loop = loop
-        self._state = _HandleState.PENDING
+        self._state = HandleState.PENDING
         self._started_at = time.monotonic()
         self._reason = None
         self._timer = None
@@ -334,7 +209,7 @@ class RunHandle(RunScope, Generic[T]):
         self._owner = None if self.parent is None else _owner_of(self.parent)
         self._children = None
         driver = self._drive(run)
-        driver.send(None)  # up to _first_step
+        driver.send(None)  # up to first_step
         # What loop.create_task() does when no task factory is set, one call shorter.
         if loop.get_task_factory() is None:
             self._task = Task(driver, loop=loop)
@@ -351,26 +226,26 @@ class RunHandle(RunScope, Generic[T]):
 
     async def _drive(self, run: Coroutine[Any, Any, T]) -> T:
         try:
-            await _first_step()
+            await first_step()
             current_scope.set(self)
-            if self._state is _HandleState.PENDING:
-                self._state = _HandleState.RUNNING
+            if self._state is HandleState.PENDING:
+                self._state = HandleState.RUNNING
             else:
                 self._deliver_early_stop()
             if self._admission is not None:
                 await self._admission  # the control's go-ahead; a cancel here: never started
             result = await run
         except CancelledError as stop:
-            _close_unstarted(run)
+            close_unstarted(run)
             # Past our deadline, the inner runs are past theirs (see _expire): they time out.
-            await self._join_children(cancel=self._state is not _HandleState.EXPIRING)
+            await self._join_children(cancel=self._state is not HandleState.EXPIRING)
             error = self._cancelled(stop)
             if error is stop:
                 raise
             raise error from stop
         except GeneratorExit:
             # The task was destroyed unfinished (its loop closed): nothing to report to.
-            _close_unstarted(run)
+            close_unstarted(run)
             raise
         except (KeyboardInterrupt, SystemExit) as error:
             self._failed(error)
@@ -386,19 +261,19 @@ class RunHandle(RunScope, Generic[T]):
         self._result = result
         halt = None if self.halt is None else self.halt.status
         if halt == "paused":
-            self._state, self._error = _HandleState.PAUSED, None
+            self._state, self._error = HandleState.PAUSED, None
         elif halt == "interrupted":
-            self._state, self._error = _HandleState.INTERRUPTED, None
+            self._state, self._error = HandleState.INTERRUPTED, None
         else:
             last = self.last_run
             if last is not None and last.status == "incomplete":
-                self._state, self._error = _HandleState.INCOMPLETE, None
+                self._state, self._error = HandleState.INCOMPLETE, None
             elif last is not None and last.status == "limited":
-                self._state, self._error = _HandleState.LIMITED, None
+                self._state, self._error = HandleState.LIMITED, None
             elif last is not None and last.status == "blocked":
-                self._state, self._error = _HandleState.BLOCKED, None
+                self._state, self._error = HandleState.BLOCKED, None
             else:
-                self._state = _HandleState.COMPLETED
+                self._state = HandleState.COMPLETED
         self._finish()
         return result
 
@@ -407,38 +282,38 @@ class RunHandle(RunScope, Generic[T]):
         lands at the run's first await (its opening lines still run)."""
         self._started = True
         self._deadline_cancels = self._task.cancelling()
-        self._task.cancel(self._reason if self._state is _HandleState.CANCELLING else None)
+        self._task.cancel(self._reason if self._state is HandleState.CANCELLING else None)
 
     def _failed(self, error: BaseException) -> None:
         self._check_live()
         self._error = error
-        self._state = _HandleState.FAILED
+        self._state = HandleState.FAILED
         if isinstance(error, NoOutputError):  # a typed run that stopped before its answer
             halt = None if self.halt is None else self.halt.status
             if halt == "paused":
-                self._state = _HandleState.PAUSED
+                self._state = HandleState.PAUSED
             elif halt == "interrupted":
-                self._state = _HandleState.INTERRUPTED
+                self._state = HandleState.INTERRUPTED
             elif error.status == "limited":
-                self._state = _HandleState.LIMITED
+                self._state = HandleState.LIMITED
             elif error.status == "blocked":
-                self._state = _HandleState.BLOCKED
-        self._task.add_done_callback(_retrieve)
+                self._state = HandleState.BLOCKED
+        self._task.add_done_callback(retrieve)
         self._finish()
 
     def _cancelled(self, stop: CancelledError) -> BaseException:
         """End as cancelled, or timed out; return what the task raises (``stop``, or a
         TimeoutError when the deadline's cancel was the only one)."""
         state = self._check_live()
-        if state is _HandleState.EXPIRING and self._task.uncancel() <= self._deadline_cancels:
-            self._state = _HandleState.TIMED_OUT
+        if state is HandleState.EXPIRING and self._task.uncancel() <= self._deadline_cancels:
+            self._state = HandleState.TIMED_OUT
             self._reason = self._reason or "deadline passed"
             self._error = TimeoutError(f"run {self.name!r} passed its deadline")
-            self._task.add_done_callback(_retrieve)
+            self._task.add_done_callback(retrieve)
         else:
-            self._state = _HandleState.CANCELLED
+            self._state = HandleState.CANCELLED
             self._error = None
-            if state is not _HandleState.CANCELLING and stop.args and isinstance(stop.args[0], str):
+            if state is not HandleState.CANCELLING and stop.args and isinstance(stop.args[0], str):
                 self._reason = stop.args[0]  # a cancel from outside, with a message
         self._finish()
         return stop if self._error is None else self._error
@@ -446,11 +321,11 @@ class RunHandle(RunScope, Generic[T]):
     def _returned(self) -> bool:
         """The run returned a value (a typed run stopped without one has ``_error``)."""
         state = self._state
-        return state is _HandleState.COMPLETED or (state in _RETURNED and self._error is None)
+        return state is HandleState.COMPLETED or (state in RETURNED_STATES and self._error is None)
 
     def _check_live(self) -> str:
         state = self._state
-        if state not in _LIVE:
+        if state not in LIVE_STATES:
             raise RuntimeError(f"RunHandle {self.name!r} is already {state}")
         return state
 
@@ -491,7 +366,7 @@ class RunHandle(RunScope, Generic[T]):
             return
         if self._returned():
             waiter.set_result(self._result)
-        elif self._state is _HandleState.CANCELLED:
+        elif self._state is HandleState.CANCELLED:
             waiter.cancel(self._reason)
         else:
             assert self._error is not None
@@ -518,10 +393,10 @@ class RunHandle(RunScope, Generic[T]):
 
     def _expire(self) -> None:
         state = self._state
-        if state is _HandleState.PENDING or state is _HandleState.RUNNING:
+        if state is HandleState.PENDING or state is HandleState.RUNNING:
             self._timer = None
-            self._state = _HandleState.EXPIRING
-            if state is _HandleState.RUNNING:
+            self._state = HandleState.EXPIRING
+            if state is HandleState.RUNNING:
                 self._started = True
                 self._deadline_cancels = self._task.cancelling()
                 self._task.cancel()
@@ -536,7 +411,7 @@ class RunHandle(RunScope, Generic[T]):
         if self._children is None:
             self._children = set()
         self._children.add(child)
-        if self._state is _HandleState.CANCELLING:
+        if self._state is HandleState.CANCELLING:
             child._cancel(self._reason)
 
     async def _join_children(self, *, cancel: bool) -> CancelledError | None:
@@ -565,26 +440,26 @@ class RunHandle(RunScope, Generic[T]):
         finished when asked, False that it had (or that its loop is closed).
         """
         loop = self._loop
-        if not _on_loop(loop):
+        if not on_loop(loop):
             return self._queue(self._cancel, reason)
         accepted = self._cancel(reason)
         if accepted and asyncio.current_task(loop) is None:
             # Called from a plain callback, or from a signal handler while the loop
             # sleeps in select(): wake it so the cancel is seen now.
-            loop.call_soon_threadsafe(_noop)
+            loop.call_soon_threadsafe(noop)
         return accepted
 
     def _cancel(self, reason: str | None) -> bool:
         state = self._state
-        if state is _HandleState.CANCELLING:
+        if state is HandleState.CANCELLING:
             return True
-        if state not in _LIVE:
+        if state not in LIVE_STATES:
             return False
         self._reason = reason
-        self._state = _HandleState.CANCELLING
-        if state is _HandleState.PENDING:
+        self._state = HandleState.CANCELLING
+        if state is HandleState.PENDING:
             self._started = False  # delivered at the task's first step
-        elif state is _HandleState.RUNNING:
+        elif state is HandleState.RUNNING:
             self._started = True
             self._task.cancel(reason)
         # EXPIRING: the deadline's cancel is on its way; this one only changes the verdict.
@@ -603,7 +478,7 @@ class RunHandle(RunScope, Generic[T]):
         it, and handles started inside before the call keep theirs. Call it on the
         loop's thread while the run is pending or running, else ``RuntimeError``.
         """
-        if self._state is not _HandleState.PENDING and self._state is not _HandleState.RUNNING:
+        if self._state is not HandleState.PENDING and self._state is not HandleState.RUNNING:
             raise RuntimeError(f"cannot reschedule run {self.name!r}: it is {self.status}")
         if self._timer is not None:
             self._timer.cancel()
@@ -621,7 +496,7 @@ class RunHandle(RunScope, Generic[T]):
         True if asked; False if the run had finished or is being cancelled. Off the
         loop's thread it is queued as for :meth:`cancel`, with the same return values.
         """
-        if not _on_loop(self._loop):
+        if not on_loop(self._loop):
             return self._queue(self._interrupt)
         return self._interrupt()
 
@@ -636,19 +511,19 @@ class RunHandle(RunScope, Generic[T]):
         """:meth:`send` for a message already checked (``sent_message``); False if the
         run has ended or is being cancelled."""
         state = self._state
-        if state is not _HandleState.PENDING and state is not _HandleState.RUNNING:
+        if state is not HandleState.PENDING and state is not HandleState.RUNNING:
             return False
         return super().post(message)
 
     def _interrupt(self) -> bool:
         state = self._state
-        if state is _HandleState.PENDING or state is _HandleState.RUNNING:
+        if state is HandleState.PENDING or state is HandleState.RUNNING:
             self.request_interrupt()
             return True
         return False
 
     def _queue(self, request: Callable[..., bool], *args: object) -> bool:
-        if self._state not in _LIVE:
+        if self._state not in LIVE_STATES:
             return False
         try:
             self._loop.call_soon_threadsafe(request, *args)
@@ -664,18 +539,15 @@ class RunHandle(RunScope, Generic[T]):
         stops the waiting. A ``grace`` that is not a finite number, 0 or more, raises
         ``ValueError`` and stops nothing.
         """
-        if not finite(grace) or grace < 0:
-            raise ValueError(
-                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
-            )
+        grace = grace_seconds(grace)
         loop = self._loop
-        if not _on_loop(loop):
+        if not on_loop(loop):
             future = asyncio.run_coroutine_threadsafe(self._stop(grace), loop)
             return await asyncio.wrap_future(future)
         return await self._stop(grace)
 
     async def _stop(self, grace: float) -> HandleStatus:
-        if self._state in _LIVE:
+        if self._state in LIVE_STATES:
             self._interrupt()
             if not await self._wait_done(grace):
                 self._cancel(f"stop(): still running {grace:g} s after the interrupt")
@@ -690,7 +562,7 @@ class RunHandle(RunScope, Generic[T]):
         the waiting. Safe from another thread's event loop, as :meth:`stop`.
         """
         loop = self._loop
-        if not _on_loop(loop):
+        if not on_loop(loop):
             future = asyncio.run_coroutine_threadsafe(self._wait_final(), loop)
             return await asyncio.wrap_future(future)
         return await self._wait_final()
@@ -703,11 +575,11 @@ class RunHandle(RunScope, Generic[T]):
     def final(self) -> HandleFinished | None:
         """The run's terminal event once it has ended (the one :meth:`events` ends with:
         status, reason, result, error), else None."""
-        return None if self._state in _LIVE else self._terminal_event()
+        return None if self._state in LIVE_STATES else self._terminal_event()
 
     async def _wait_done(self, seconds: float | None) -> bool:
         """Wait until the run ends or ``seconds`` pass; True if it ended."""
-        if self._state not in _LIVE:
+        if self._state not in LIVE_STATES:
             return True
         if seconds is not None and seconds <= 0:
             return False
@@ -727,7 +599,7 @@ class RunHandle(RunScope, Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         # Our own future, settled when the run ends: cancelling the awaiter cancels only it.
         waiter: Future[T] = Future(loop=self._loop)
-        if self._state not in _LIVE:
+        if self._state not in LIVE_STATES:
             self._resolve(waiter)
         elif self._waiter is None:
             self._waiter = waiter
@@ -746,9 +618,9 @@ class RunHandle(RunScope, Generic[T]):
         ``asyncio.InvalidStateError`` while it runs.
         """
         state = self._state
-        if state in _LIVE:
+        if state in LIVE_STATES:
             raise asyncio.InvalidStateError(f"run {self.name!r} is still {self.status}")
-        if state is _HandleState.CANCELLED:
+        if state is HandleState.CANCELLED:
             raise CancelledError(self._reason)
         return None if self._returned() else self._error
 
@@ -778,12 +650,12 @@ class RunHandle(RunScope, Generic[T]):
     def expiring(self) -> bool:
         """True from the deadline's cancel until the run has settled, unless a cancel()
         came first or meanwhile: the run is ending ``timed_out``."""
-        return self._state is _HandleState.EXPIRING
+        return self._state is HandleState.EXPIRING
 
     @property
     def done(self) -> bool:
         """True once the run has ended, whatever ended it."""
-        return self._state not in _LIVE
+        return self._state not in LIVE_STATES
 
     @property
     def cancelled(self) -> bool:
@@ -791,14 +663,14 @@ class RunHandle(RunScope, Generic[T]):
 
         A run stopped by its deadline is ``timed_out``, not cancelled.
         """
-        return self._state is _HandleState.CANCELLED
+        return self._state is HandleState.CANCELLED
 
     @property
     def status(self) -> HandleStatus:
         """pending, running, completed, incomplete, interrupted, paused, cancelled,
         timed_out or failed."""
         state = self._state
-        if state is _HandleState.CANCELLING or state is _HandleState.EXPIRING:
+        if state is HandleState.CANCELLING or state is HandleState.EXPIRING:
             return "running" if self._started else "pending"
         return cast(HandleStatus, state)  # the other states are named as the statuses
 
@@ -813,7 +685,7 @@ class RunHandle(RunScope, Generic[T]):
         Callbacks run before the handle's waiters resume; call it on the loop's thread.
         """
         context = contextvars.copy_context()
-        if self._state not in _LIVE:
+        if self._state not in LIVE_STATES:
             self._loop.call_soon(fn, self, context=context)
             return
         self._observing().callbacks.append((fn, context))
@@ -845,7 +717,7 @@ class RunHandle(RunScope, Generic[T]):
         ``notify()`` (which must not raise) is called on the loop after each event held
         and at the end; the tap of a run that has ended holds its terminal at once."""
         tap = EventTap(self._loop, maxsize)
-        if self._state not in _LIVE:
+        if self._state not in LIVE_STATES:
             tap._end(self._terminal_event())
             return tap
         tap._notify = notify
@@ -878,12 +750,12 @@ def on_sigint(handle: RunHandle[Any]) -> Callable[[], None]:
     """
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("on_sigint() must be called from the main thread (signal.signal)")
-    if not _on_loop(handle._loop):
+    if not on_loop(handle._loop):
         raise RuntimeError(
             f"on_sigint({handle!r}) must be called on the thread running the handle's loop"
         )
     if handle.done:
-        return _noop
+        return noop
     loop = handle._loop
     presses = 0
 

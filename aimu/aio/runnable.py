@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequen
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any, ClassVar, Generic, Literal, TypeAlias, cast, overload
+from typing import Any, ClassVar, Generic, Literal, cast, overload
 
 from typing_extensions import TypeVar
 
@@ -27,6 +27,7 @@ from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.images import image_urls
 from aimu.aio.limits import SharedBudget, UsageLimits
 from aimu.aio.scope import RunScope, current_scope, sent_message
+from aimu.aio.status import RunnerStatus
 from aimu.aio.transcript import Usage, check_text, zero_usage
 
 __all__ = [
@@ -37,8 +38,6 @@ __all__ = [
 #: What ``run()`` returns: the answer's text, or an agent's ``output_type``.
 OutputT = TypeVar("OutputT", covariant=True, default=str)
 
-#: How a runnable stands: ``idle`` before its first run, ``running``, or how the last ended.
-RunnerStatus: TypeAlias = Literal["idle", "running"] | RunStatus
 
 
 class _NoDeps:

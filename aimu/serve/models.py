@@ -8,12 +8,12 @@ surrogates, which no store can write.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from aimu.aio._ids import RUN_ID_PATTERN
-from aimu.aio.events import HandleStatus
+from aimu.aio.status import ControlStatus, RunRecordStatus, words
 
 __all__ = [
     "CancelBody",
@@ -34,7 +34,9 @@ __all__ = [
 ]
 
 #: A run's status: its handle's, or ``lost`` (its server died; with --redis).
-STATUSES = (*get_args(HandleStatus), "lost")
+STATUSES = words(ControlStatus)
+#: A run record's status: ``running``, or how the run ended.
+RECORD_STATUSES = words(RunRecordStatus)
 RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
 
 
@@ -133,6 +135,10 @@ class Pending(BaseModel):
 
 
 class Run(BaseModel):
+    """The live view of a run (``serve.runs.RunView``, whatever backend holds it), its
+    status one of :data:`aimu.aio.status.ControlStatus`. The durable shape is
+    :class:`RunRecord`; the result, the terminal event in its events."""
+
     run_id: RunId
     session: str
     task: str | None
@@ -179,7 +185,7 @@ class RunRecord(BaseModel):
     parent: str | None
     started: float
     ended: float | None
-    status: str
+    status: str = Field(json_schema_extra={"enum": list(RECORD_STATUSES)})
     reason: str | None
     stop_reason: str | None
     usage: dict[str, int] | None

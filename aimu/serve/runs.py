@@ -19,6 +19,7 @@ from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals, PendingApproval
+from aimu.aio.status import LIVE
 from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage
@@ -49,7 +50,6 @@ Batch: TypeAlias = list[tuple[str, JSONEvent]]
 #: A follower with nothing to read hears a comment this often, so proxies keep it open.
 KEEPALIVE_SECONDS: Final = 15.0
 MAX_GRACE_SECONDS: Final = 3600.0
-LIVE: Final = frozenset({"pending", "running"})
 
 
 def no_cancel_error(event: JSONEvent) -> JSONEvent:

@@ -36,7 +36,8 @@ from aimu.aio.errors import ControlError, SessionLockedError, StoreError, Unknow
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished, RunStarted, StepFinished
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.steering import Spawn, Steer, steer
+from aimu.aio.status import BY_CANCEL, RECOVERABLE
+from aimu.aio.steering import steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Message
 from aimu.temporal._workflow import (
@@ -359,7 +360,7 @@ class _TurnAttempt:
         if self.here is not None:  # asked before the run started
             self.end_here(*self.here)
         for sent in self.request.sends:
-            _send(handle, sent.text or "", sent.images, self._spawn)
+            self._obey(handle, sent)
         self.background.spawn(self._tick())
         try:
             await ended(handle)
@@ -533,23 +534,27 @@ class _TurnAttempt:
                 and handle.reason == DRAINED)
 
     def _obey(self, handle: RunHandle[Any], control: Control) -> bool:
-        """Apply ``control`` to the run; False for text the ending run did not take."""
-        if control.kind == "cancel":  # its reason is the caller's
-            self.cancel_reason = control.text or self.cancel_reason
-            handle.cancel(self.cancel_reason)
-        elif control.kind == HANDOFF:
+        """Apply ``control`` to the run; False for text the ending run did not take. One
+        that does not check out (the workflow checks what it takes, but its history may
+        come from an older aimu) is logged and dropped, never read as a path on this
+        worker's disk, never a failed activity."""
+        if control.kind == HANDOFF:
             self.handoff = True  # the run stops at the end of its tool round (see _step)
-        elif control.kind == "interrupt":
-            self.stopped = True
-            steer(handle, Steer("interrupt"), self._spawn)
-        elif control.kind == "stop":
-            self.stopped = True
-            steer(handle, Steer("stop", grace=control.grace or 0.0), self._spawn)
-        elif (control.kind == "send" and control.text is not None
-              and not _send(handle, control.text, control.images, self._spawn)):
-            _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
-            return False
-        return True
+            return True
+        try:
+            request = control.steer()
+            if request.reason is not None:  # a cancel: its reason is the caller's
+                self.cancel_reason = request.reason or self.cancel_reason
+                request = dataclasses.replace(request, reason=self.cancel_reason)
+            if not request.must_be_taken:
+                self.stopped = True  # by a caller: not a handoff
+            if steer(handle, request, self._spawn) or not request.must_be_taken:
+                return True
+        except (TypeError, ValueError) as error:
+            _log.warning("a request that does not check out was dropped: %s", error)
+            return True
+        _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
+        return False
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         self.background.spawn(work)
@@ -561,7 +566,7 @@ class _TurnAttempt:
             raise ApplicationError(SUPERSEDED, type="AimuSuperseded")
         if self._handed_off(status):
             return await self._handoff_outcome(status)
-        if status in ("cancelled", "timed_out"):
+        if status in BY_CANCEL:
             # Stopped from outside Temporal (Redis, or a stop's grace ran out): cancel the
             # workflow too, so it ends cancelled and is not retried.
             reason = handle.reason or "cancelled"
@@ -616,14 +621,14 @@ async def _reopened(control: Any, run_id: str) -> bool:
     it is (already, or now from how that turn ended there)."""
     status = (await control.status(run_id)).status
     return bool(status == "pending" or (
-        status in ("interrupted", "cancelled") and await control.reopen(run_id, was=status)
+        status in RECOVERABLE and await control.reopen(run_id, was=status)
     ))
 
 
 async def _mark_drained(store: Store, request: TurnRequest, handle: RunHandle[Any]) -> None:
     """Mark the record of the run a drain stopped to be recovered (the workflow goes on
     with it on another worker, whose turn records it ``running`` again)."""
-    if handle.status not in ("interrupted", "cancelled"):
+    if handle.status not in RECOVERABLE:
         return  # it ended on its own meanwhile
     try:
         writer = await store.open_session(request.session)
@@ -657,15 +662,3 @@ async def _uncancellable(work: Any) -> None:
             cancelled = True
     if cancelled:
         raise asyncio.CancelledError
-
-
-
-def _send(handle: RunHandle[Any], text: str, images: list[str], spawn: Spawn) -> bool:
-    """Give a recorded send to the run; one that does not check out (the workflow takes
-    only data: URLs, but its history may come from an older aimu) is logged and dropped,
-    never read as a path on this worker's disk, never a failed activity."""
-    try:
-        return steer(handle, Steer("send", text=text, images=tuple(images)), spawn)
-    except (TypeError, ValueError) as error:
-        _log.warning("a send that does not check out was dropped: %s", error)
-        return True

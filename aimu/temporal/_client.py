@@ -26,12 +26,9 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from aimu.aio._echo import echo
 from aimu.aio._ids import new_run_id
-from aimu.aio._numbers import finite
 from aimu.aio.ends import FINAL
 from aimu.aio.errors import ControlError, UnknownRunError
-from aimu.aio.scope import sent_message
 from aimu.aio.steering import Steer
 from aimu.temporal._connect import connect
 from aimu.temporal._workflow import (
@@ -175,7 +172,54 @@ class RunsClient:
     async def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel the run wherever it is (its ``finally`` runs, its transcript is kept);
         False if it had ended already."""
-        reason = reason or "cancelled"
+        return await self.request(run_id, Steer("cancel", reason=reason))
+
+    async def interrupt(self, run_id: str) -> bool:
+        """Ask the run to stop at its next step boundary; False if it had ended."""
+        return await self.request(run_id, Steer("interrupt"))
+
+    async def stop(self, run_id: str, grace: float = 5.0) -> dict[str, Any]:
+        """Interrupt now, cancel ``grace`` seconds later if still running; its final state."""
+        if await self.request_stop(run_id, grace):
+            return await self.wait(run_id)
+        return await self.status(run_id)
+
+    async def request_stop(self, run_id: str, grace: float = 5.0) -> bool:
+        """Ask for :meth:`stop` without waiting for the run's end; False if it had ended."""
+        return await self.request(run_id, Steer("stop", grace=grace))
+
+    async def send(self, run_id: str, text: str, *, images: Sequence[object] = ()) -> None:
+        """Give ``text`` (and ``images``: bytes, paths or ``data:`` URLs, checked here as
+        ``run(images=)`` checks them) to the running run: they join at the next step
+        boundary, once. ``RequestRefused`` if the run is not running, or if the images sent
+        in its turn would come to more than :data:`MAX_SENT_IMAGE_CHARS` (1 MB as ``data:``
+        URLs: they travel in Temporal's payloads); ValueError for a send past it alone."""
+        await self.request(run_id, Steer.sending(text, images))
+
+    async def request(self, run_id: str, request: Steer) -> bool:
+        """Deliver ``request`` (see :mod:`aimu.aio.steering`) to the run; False if it had
+        ended. A stop is asked for and not waited for; a send the run refuses raises
+        ``RequestRefused`` (ValueError for images past what Temporal carries).
+
+        Temporal's own cancel carries a cancel (with Redis first, where the run is
+        registered there: it lands at once); a send goes as an update (the workflow
+        answers whether it took it), an interrupt or a stop as the ``aimu.steer``
+        signal (recorded with no worker up) and through Redis too."""
+        request.check()  # TypeError/ValueError: nothing sent
+        if request.kind == "cancel":
+            return await self._cancel(run_id, request.reason or "cancelled")
+        if request.must_be_taken:
+            await self._send(run_id, request)
+            return True
+        if not await self._open(run_id):
+            return False
+        recorded = await self._rpc(
+            run_id, self._handle(run_id).signal("aimu.steer", request.to_json())
+        )
+        await self._redis_too(run_id, request)
+        return recorded
+
+    async def _cancel(self, run_id: str, reason: str) -> bool:
         if self.redis is not None:  # lands first; Temporal's cancel makes it final
             await self._redis_cancel(run_id, reason)
         if not await self._open(run_id):
@@ -200,14 +244,6 @@ class RunsClient:
             async with asyncio.timeout(QUERY_SECONDS):
                 await self.redis.cancel(run_id, reason)
 
-    async def interrupt(self, run_id: str) -> bool:
-        """Ask the run to stop at its next step boundary; False if it had ended."""
-        if not await self._open(run_id):
-            return False
-        recorded = await self._rpc(run_id, self._handle(run_id).signal("aimu.interrupt"))
-        await self._redis_too(run_id, Steer("interrupt"))
-        return recorded
-
     async def _redis_too(self, run_id: str, request: Steer) -> None:
         """Deliver a request the workflow recorded through Redis too, so the running turn
         takes it at once rather than at its next read of its controls (an interrupt or a
@@ -216,53 +252,16 @@ class RunsClient:
             with contextlib.suppress(ControlError):
                 await self.redis.request(run_id, request)
 
-    async def stop(self, run_id: str, grace: float = 5.0) -> dict[str, Any]:
-        """Interrupt now, cancel ``grace`` seconds later if still running; its final state."""
-        if await self.request_stop(run_id, grace):
-            return await self.wait(run_id)
-        return await self.status(run_id)
-
-    async def request_stop(self, run_id: str, grace: float = 5.0) -> bool:
-        """Ask for :meth:`stop` without waiting for the run's end; False if it had ended."""
-        if not finite(grace) or grace < 0:
-            raise ValueError(
-                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
-            )
-        if not await self._open(run_id):
-            return False
-        recorded = await self._rpc(run_id, self._handle(run_id).signal("aimu.stop", grace))
-        await self._redis_too(run_id, Steer("stop", grace=grace))
-        return recorded
-
-    async def send(self, run_id: str, text: str, *, images: Sequence[object] = ()) -> None:
-        """Give ``text`` (and ``images``: bytes, paths or ``data:`` URLs, checked here as
-        ``run(images=)`` checks them) to the running run: they join at the next step
-        boundary, once. ``RequestRefused`` if the run is not running, or if the images sent
-        in its turn would come to more than :data:`MAX_SENT_IMAGE_CHARS` (1 MB as ``data:``
-        URLs: they travel in Temporal's payloads); ValueError for a send past it alone."""
-        message = sent_message(text, images)  # TypeError/ValueError: nothing sent
-        urls = message.get("images", [])
-        size = sum(map(len, urls))
+    async def _send(self, run_id: str, request: Steer) -> None:
+        size = sum(map(len, request.images))
         if size > MAX_SENT_IMAGE_CHARS:
             raise ValueError(
                 f"the images are {size / 1e6:.1f} MB as data: URLs, more than the "
                 f"{MAX_SENT_IMAGE_CHARS / 1e6:.0f} MB a run on Temporal may be sent in one "
                 "turn (they travel in Temporal's payloads): send smaller images"
             )
-        await self._update(run_id, "aimu.send", text, urls)
-
-    async def request(self, run_id: str, request: Steer) -> bool:
-        """Deliver ``request`` (see :mod:`aimu.aio.steering`) to the run; False if it had
-        ended. A stop is asked for and not waited for; a send the run refuses raises
-        ``RequestRefused`` (ValueError for images past what Temporal carries)."""
-        if request.kind == "cancel":
-            return await self.cancel(run_id, request.reason)
-        if request.kind == "interrupt":
-            return await self.interrupt(run_id)
-        if request.kind == "stop":
-            return await self.request_stop(run_id, request.grace)
-        await self.send(run_id, request.text, images=request.images)
-        return True
+        kept = () if request.input_id is None else (request.input_id,)  # as an older aimu
+        await self._update(run_id, "aimu.send", request.text, list(request.images), *kept)
 
     async def approve(
         self, run_id: str, call_id: str, *, pause_id: str | None = None

@@ -29,6 +29,8 @@ from temporalio.workflow import ActivityCancellationType
 
 from aimu.aio.ends import FINAL, error_text
 from aimu.aio.images import is_data_url
+from aimu.aio.status import LIVE
+from aimu.aio.steering import Steer
 
 __all__ = [
     "BEGIN",
@@ -114,17 +116,39 @@ class Decision:
 
 @dataclass
 class Control:
-    """A request for the running turn, numbered from 1 in the order it was accepted."""
+    """A request for the running turn, numbered from 1 in the order it was accepted: a
+    :class:`~aimu.aio.steering.Steer` (:meth:`of`, :meth:`steer`), or the workflow's own
+    ``handoff`` (end at the next step boundary to continue as new). A cancel through
+    Temporal is numbered 0.
+
+    Its fields are the shape histories hold (every aimu's: a cancel's reason in
+    ``text``), kept so that a run's history, its continued-as-new input and a turn
+    reading its controls outlive an upgrade."""
 
     seq: int
     kind: str
-    """``interrupt``, ``stop`` (with ``grace``), ``send`` (with ``text``, ``images``),
-    ``handoff`` (end at the next step boundary to continue as new), or ``cancel`` (numbered
-    0, its reason in ``text``: the run is being cancelled through Temporal)."""
     text: str | None = None
     grace: float | None = None
     images: list[str] = field(default_factory=list)
     """A send's images, as ``data:`` URLs."""
+    input_id: str | None = None
+    """The id a send's message is kept under in the session's store (``send_kept``)."""
+
+    @classmethod
+    def of(cls, seq: int, request: Steer) -> Control:
+        """``request`` numbered ``seq`` (its reason or text as ``text``: a request has
+        one of them at most)."""
+        text = request.reason if request.reason is not None else request.text or None
+        return cls(seq, request.kind, text, request.grace, list(request.images),
+                   request.input_id)
+
+    def steer(self) -> Steer:
+        """The request this control records (ValueError for a ``handoff``, or a control
+        that does not check out)."""
+        return Steer.from_json({
+            "kind": self.kind, "text": self.text, "grace": self.grace, "images": self.images,
+            "aimu_sent": self.input_id,
+        })
 
 
 @dataclass
@@ -479,7 +503,7 @@ class RunWorkflow:
         controls = self._controls_from(after)
         reason = workflow.cancellation_reason()
         if reason is not None:
-            controls = [*controls, Control(0, "cancel", reason)]
+            controls = [*controls, Control.of(0, Steer("cancel", reason=reason))]
         return controls
 
     # -- what the activity and clients send ---------------------------------------------
@@ -494,38 +518,53 @@ class RunWorkflow:
             # The running turn ends at its next step boundary; the run goes on from there
             # in a new execution (see _turns).
             self._handing_off = True
-            self._control(HANDOFF)
+            self._record(None)
+
+    @workflow.signal(name="aimu.steer")
+    def steer(self, request: dict[str, Any]) -> None:
+        """Record a request (:meth:`Steer.to_json`'s form) for the running turn: an
+        interrupt or a stop (a no-op once the run has ended). One that does not check
+        out is dropped (a signal that raised would fail the workflow's task)."""
+        try:
+            self._record(Steer.from_json(request))
+        except (TypeError, ValueError) as error:
+            workflow.logger.warning("a request that does not check out was dropped: %s", error)
 
     @workflow.signal(name="aimu.interrupt")
     def interrupt(self) -> None:
-        """Stop at the next step boundary (a no-op once the run has ended)."""
-        self._control("interrupt")
+        """An older client's interrupt (``aimu.steer`` since)."""
+        self.steer({"kind": "interrupt"})
 
     @workflow.signal(name="aimu.stop")
     def stop(self, grace: float) -> None:
-        """Interrupt now; the turn cancels itself ``grace`` seconds later if still running."""
-        self._control("stop", grace=grace)
+        """An older client's stop (``aimu.steer`` since)."""
+        self.steer({"kind": "stop", "grace": grace})
 
-    def _control(
-        self,
-        kind: str,
-        text: str | None = None,
-        grace: float | None = None,
-        images: list[str] | None = None,
-    ) -> int:
+    def _record(self, request: Steer | None) -> int:
+        """Number ``request`` (None: a handoff) after the others; its number."""
         seq = self._control_count() + 1
-        self._controls.append(Control(seq, kind, text, grace, images or []))
+        control = Control(seq, HANDOFF) if request is None else Control.of(seq, request)
+        self._controls.append(control)
         return seq
 
     @workflow.update(name="aimu.send")
-    def send(self, text: str, images: list[str] | None = None) -> int:
+    def send(
+        self, text: str, images: list[str] | None = None, input_id: str | None = None
+    ) -> int:
         """Give ``text`` (and ``images``, ``data:`` URLs checked by the client) to the run;
         they join at the next step boundary. Its number."""
-        return self._control("send", text=text, images=images)
+        return self._record(Steer("send", text=text, images=tuple(images or ()),
+                                  input_id=input_id))
 
     @send.validator
-    def _check_send(self, text: str, images: list[str] | None = None) -> None:
-        if self._status not in ("pending", "running"):
+    def _check_send(
+        self, text: str, images: list[str] | None = None, input_id: str | None = None
+    ) -> None:
+        try:  # the handler makes it: one that raised would fail the workflow's task
+            Steer("send", text=text, images=tuple(images or ()), input_id=input_id)
+        except (TypeError, ValueError) as error:
+            raise ApplicationError(str(error), type="AimuBadInput") from None
+        if self._status not in LIVE:
             raise ApplicationError(
                 f"run {workflow.info().workflow_id} is {self._status}: the text was not sent; "
                 "start a new run with it",

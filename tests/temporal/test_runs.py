@@ -283,11 +283,15 @@ async def test_a_second_server_reports_and_stops_a_run_the_first_started(
         await second.aclose()
 
 
-@pytest.mark.parametrize("how", ["interrupt", "stop"])
+@pytest.mark.parametrize("how", ["interrupt", "stop", "older interrupt", "older stop"])
 async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_grace(
     how: str, runs: RunsClient, workers: Workers, model_server: LoopbackServer,
     store: SQLiteStore,
 ) -> None:
+    """``older``: as an aimu before Steer traveled as itself asked (the signals
+    ``aimu.interrupt`` and ``aimu.stop``, which a run's history may hold too)."""
+    older, how = how.startswith("older "), how.removeprefix("older ")
+
     async def lookup(ctx: aio.ToolContext, query: str) -> str:
         """Look it up; with an interrupt to land, only once the turn has it (the step it
         ends is provably this one, however late the control arrives)."""
@@ -305,15 +309,23 @@ async def test_interrupt_ends_at_the_step_boundary_and_stop_cancels_after_its_gr
     async for _, event in runs.events(run_id):
         if event["type"] == "text":
             break  # mid-stream on the worker
+    workflow = runs.client.get_workflow_handle(run_id)
     if how == "interrupt":
-        assert await runs.interrupt(run_id)
+        if older:
+            await workflow.signal("aimu.interrupt")
+        else:
+            assert await runs.interrupt(run_id)
         state = await runs.wait(run_id, timeout=60)
         assert state["status"] == "interrupted"
         assert len(model_server.streams) == 1  # the step finished, no second turn began
         assert model_server.streams[0].completed
         assert [m["role"] for m in await store.load("s1")][-1] == "tool"  # its tool round
     else:
-        state = await runs.stop(run_id, grace=0)
+        if older:
+            await workflow.signal("aimu.stop", 0.0)
+            state = await runs.wait(run_id, timeout=60)
+        else:
+            state = await runs.stop(run_id, grace=0)
         assert state["status"] == "cancelled"  # the grace ran out: cancelled, not retried
         await model_server.wait_abandoned(1, timeout=30)
         assert (await store.info("s1")).status == "cancelled"  # type: ignore[union-attr]

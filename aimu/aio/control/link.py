@@ -1,4 +1,5 @@
-"""What a control's worker needs of Redis: one small handle, not the control's insides.
+"""What a control's worker needs of Redis: one small handle, not the control's insides,
+and the connection pools a control's clients use (:func:`pooled`).
 
 :class:`Link` holds the client, the keys under the prefix, the registered scripts and
 the settings (lease, retention, the events kept) of one :class:`RedisControl`; the
@@ -7,7 +8,9 @@ worker reads nothing else of the control.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as redis
 from redis.commands.core import AsyncScript
@@ -15,7 +18,7 @@ from redis.commands.core import AsyncScript
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import Keys
 
-__all__ = ["Link", "Scripts"]
+__all__ = ["Link", "Scripts", "pooled"]
 
 
 class Scripts:
@@ -64,3 +67,37 @@ class Link:
     def retention_s(self) -> int:
         """``retention`` in whole seconds, at least 1 (what EXPIRE takes)."""
         return max(1, round(self.retention))
+
+
+class _Pool(redis.ConnectionPool):
+    """A pool whose new connections connect a few at a time (``connecting``, shared by a
+    control's pools): the others wait their turn before their connect timeout starts."""
+
+    connecting: asyncio.Semaphore
+
+    async def ensure_connection(self, connection: Any) -> None:
+        if connection.is_connected:
+            await super().ensure_connection(connection)
+            return
+        async with self.connecting:
+            await super().ensure_connection(connection)
+
+
+class _BlockingPool(_Pool, redis.BlockingConnectionPool):
+    """A :class:`_Pool` where a command waits for a free connection past ``size``."""
+
+
+def pooled(url: str, size: int, options: dict[str, Any], connecting: asyncio.Semaphore,
+            *, blocking: bool = True) -> redis.Redis:
+    """A client of ``size`` connections to ``url``; ``blocking``: a command waits for a
+    free one (up to six socket timeouts: a Redis that takes no connection fails them)
+    rather than opening one more."""
+    pool: _Pool
+    if blocking:
+        pool = _BlockingPool.from_url(
+            url, max_connections=size, timeout=6 * options["socket_timeout"], **options
+        )
+    else:
+        pool = _Pool.from_url(url, max_connections=size, **options)
+    pool.connecting = connecting
+    return redis.Redis.from_pool(pool)

@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, get_args
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from aimu._extras import missing_extra
 from aimu.aio._echo import echo
@@ -37,12 +35,10 @@ from aimu.aio.control.keys import (
 )
 from aimu.aio.errors import ControlConnectionError, ControlError, RunLostError, UnknownRunError
 from aimu.aio.event_json import decode_event
-from aimu.aio.events import Event, HandleStatus
-from aimu.aio.scope import sent_message
+from aimu.aio.status import ENDED, ControlStatus
 from aimu.aio.steering import Steer
 
 try:
-    import redis.asyncio as redis
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import AuthenticationError, RedisError
@@ -51,7 +47,8 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise missing_extra("aio.RedisControl", "redis", error) from error
 
-from aimu.aio.control.link import Link, Scripts
+from aimu.aio.control.info import RunEvent, RunInfo, control_status, run_info
+from aimu.aio.control.link import Link, Scripts, pooled
 from aimu.aio.control.worker import Worker, reraise_cancel, stream_id
 
 if TYPE_CHECKING:
@@ -59,11 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlStatus", "RedisControl", "RunEvent", "RunInfo"]
 
-#: A handle's status, or ``lost``: registered, but its worker's lease expired.
-ControlStatus: TypeAlias = HandleStatus | Literal["lost"]
-_STATUSES: Final = frozenset({*get_args(HandleStatus), "lost"})
-#: The statuses of a run that ended (a paused run ended too: its decisions go to the store).
-FINAL: Final = _STATUSES - {"pending", "running", "lost"}
 _SCHEMES: Final = ("redis", "rediss", "unix")
 _FOLLOW_BLOCK_MS = 1000
 #: How long a follower waits in one XREAD BLOCK before it checks that its run is still
@@ -96,49 +88,6 @@ WORKER_CONNECTIONS = 3
 _FOLLOW_COUNT = 512
 _CLAIM_WINDOW = 30.0
 _REAPPEAR_POLL = 0.02
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """A run as Redis knows it. ``lost``: registered, but its worker's lease expired."""
-
-    run_id: str
-    status: ControlStatus
-    name: str | None
-    worker: str | None
-    """The worker that holds (or last held) the run."""
-    attempt: int
-    """1 for the first start, 2 after one claim and resume, and so on (0: reserved)."""
-    reason: str | None
-    error: str | None
-    created_at: float | None
-    started_at: float | None
-    ended_at: float | None
-    events: int
-    """Events published so far."""
-    info: dict[str, str] = field(default_factory=dict)
-    """What the worker attached with ``control.with_info(...)``, e.g. the session."""
-    result: object = None
-    """What the run returned, as JSON data, once it ended (None before)."""
-    usage: dict[str, int] | None = None
-    """The tokens its model calls used, once it ended (None if it reported none)."""
-
-    @property
-    def done(self) -> bool:
-        """True once the run ended, whatever ended it (a lost run is not done)."""
-        return self.status in FINAL
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One event of a run as a follower sees it: ``id`` resumes following after it."""
-
-    id: str
-    seq: int
-    """1 for the run's first event, counting on across a claim and resume."""
-    event: Event
-    data: str
-    """The event as JSON (what ``id`` names), ready to forward."""
 
 
 class RedisControl:
@@ -193,12 +142,12 @@ class RedisControl:
         }
         connecting = asyncio.Semaphore(CONNECTING)
         try:
-            self._client = _pooled(url, COMMAND_CONNECTIONS, options, connecting)
+            self._client = pooled(url, COMMAND_CONNECTIONS, options, connecting)
             """Commands: each waits for one of a few connections (opened once, reused)."""
-            self._reads = _pooled(url, MAX_CONNECTIONS, options, connecting, blocking=False)
+            self._reads = pooled(url, MAX_CONNECTIONS, options, connecting, blocking=False)
             """Reads that wait (a follower's XREAD BLOCK, the worker's pub/sub): each holds
             a connection of its own while it waits."""
-            own = _pooled(url, WORKER_CONNECTIONS, options, connecting)
+            own = pooled(url, WORKER_CONNECTIONS, options, connecting)
         except ValueError:
             raise ValueError(f"cannot use Redis URL {self.url!r}: it is malformed") from None
         self._keys = Keys(self.prefix)
@@ -422,13 +371,11 @@ class RedisControl:
         Recorded in Redis before it is published: a worker that is reconnecting, or a
         reserved run that has not started, gets it too. Repeating it is harmless.
         """
-        if reason is not None and not isinstance(reason, str):
-            raise TypeError(f"cancel(reason=...) takes a string, got {type(reason).__name__}")
-        return await self._request(run_id, "cancel", {"reason": reason})
+        return await self.request(run_id, Steer("cancel", reason=reason))
 
     async def interrupt(self, run_id: str) -> bool:
         """Ask the run to stop at its next step boundary; False if it had finished."""
-        return await self._request(run_id, "interrupt", {})
+        return await self.request(run_id, Steer("interrupt"))
 
     async def send(
         self, run_id: str, text: str, *, images: Sequence[object] = (),
@@ -445,10 +392,7 @@ class RedisControl:
         ``lease`` seconds (the text is stored and may still join). ``input_id``: the
         id the text is kept under in the run's session store (``steering.send_kept``),
         with which the run joins it."""
-        message = sent_message(text, images)  # TypeError/ValueError: nothing recorded
-        if input_id is not None:
-            message["aimu_sent"] = input_id
-        return await self._request(run_id, "send", dict(message))
+        return await self.request(run_id, Steer.sending(text, images, input_id))
 
     async def stop(
         self,
@@ -462,12 +406,9 @@ class RedisControl:
         Waits up to ``timeout`` (default: ``grace`` plus ``lease``) for the run to end,
         then raises TimeoutError; a run whose worker died comes back ``lost``.
         """
-        if not finite(grace) or grace < 0:
-            raise ValueError(
-                f"stop(grace={echo(grace)}): give a finite number of seconds, 0 or more"
-            )
+        request = Steer("stop", grace=grace)
         _check_timeout("stop", timeout)
-        await self._request(run_id, "stop", {"grace": grace})
+        await self.request(run_id, request)
         return await self.wait(run_id, timeout=grace + self.lease if timeout is None else timeout)
 
     async def request(self, run_id: str, request: Steer, *, taken: bool = False) -> bool:
@@ -478,39 +419,25 @@ class RedisControl:
         it (or, with no live worker, once it is stored for the run that starts or
         resumes), as a send always is; ControlError if Redis goes away first. So an
         "accepted" holds even if Redis then restarts empty (it forgets what it stored)."""
-        kind = request.kind
-        if kind == "cancel":
-            if request.reason is not None and not isinstance(request.reason, str):
-                raise TypeError(
-                    f"cancel(reason=...) takes a string, got {type(request.reason).__name__}"
-                )
-            return await self._request(run_id, "cancel", {"reason": request.reason}, taken)
-        if kind == "interrupt":
-            return await self._request(run_id, "interrupt", {}, taken)
-        if kind == "send":
-            return await self.send(run_id, request.text, images=request.images,
-                                   input_id=request.input_id)
-        if not finite(request.grace) or request.grace < 0:
-            raise ValueError(f"stop(grace={echo(request.grace)}): give seconds, 0 or more")
-        return await self._request(run_id, "stop", {"grace": request.grace}, taken)
-
-    async def _request(
-        self, run_id: str, kind: str, data: dict[str, Any], taken: bool = False
-    ) -> bool:
         check_run_id(run_id, self.prefix)
-        answer = await self._record_request(run_id, kind, data)
+        request.check()  # TypeError/ValueError: nothing recorded
+        answer = await self._record_request(run_id, request)
         if answer.tag == "unknown" and await self._reappeared(run_id):
-            answer = await self._record_request(run_id, kind, data)
+            answer = await self._record_request(run_id, request)
         if answer.tag == "unknown":
             self._unknown(run_id)
         if answer.tag != "ok":
             return False
-        if kind != "send" and not taken:
+        if not (taken or request.must_be_taken):
             return True
-        return await self._taken(run_id, answer.values[0], kind)
+        return await self._taken(run_id, answer.values[0], request)
 
-    async def _record_request(self, run_id: str, kind: str, data: dict[str, Any]) -> scripts.Reply:
+    async def _record_request(self, run_id: str, request: Steer) -> scripts.Reply:
+        """Add ``request`` to the run's request stream (as its ``kind`` and the JSON of
+        the rest of :meth:`Steer.to_json`, the form every aimu's worker reads)."""
         keys = self._keys
+        data = request.to_json()
+        kind = data.pop("kind")
         with self._errors(kind, run_id):
             result = await self._scripts.request(
                 keys=[keys.run(run_id), keys.requests(run_id)],
@@ -535,13 +462,13 @@ class RedisControl:
                 await asyncio.sleep(_REAPPEAR_POLL)
         return True
 
-    async def _taken(self, run_id: str, request_id: str, kind: str = "send") -> bool:
+    async def _taken(self, run_id: str, request_id: str, request: Steer) -> bool:
         """Wait until the run took request ``request_id`` (True) or ended without it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.lease + self.timeout
         delay = 0.002
         keys = self._keys
-        what = "the text" if kind == "send" else f"the {kind}"
+        kind, what = request.kind, request.what
         while True:
             with self._errors(kind, run_id):
                 async with self._client.pipeline(transaction=True) as pipe:
@@ -586,7 +513,7 @@ class RedisControl:
                 fields, leased = await pipe.execute()
         if not fields:
             self._unknown(run_id)
-        return _info(run_id, fields, bool(leased))
+        return run_info(run_id, fields, bool(leased))
 
     def _running_here(self, run_id: str) -> bool:
         """True if ``run_id`` runs in this process (attached to this control, not ended)."""
@@ -622,7 +549,7 @@ class RedisControl:
             )
         if not status:
             self._unknown(run_id)
-        return _status(status, bool(leased)), worker or None
+        return control_status(status, bool(leased)), worker or None
 
     async def latest(self, sessions: Iterable[str]) -> dict[str, RunInfo]:
         """The latest run of each of ``sessions`` (``info["session"]``) that has one.
@@ -648,7 +575,7 @@ class RedisControl:
         for i, (name, run_id) in enumerate(found):
             fields, leased = replies[2 * i], replies[2 * i + 1]
             if fields:
-                latest[name] = _info(run_id, fields, bool(leased))
+                latest[name] = run_info(run_id, fields, bool(leased))
         return latest
 
     async def last_event_id(self, run_id: str) -> str | None:
@@ -675,7 +602,7 @@ class RedisControl:
             for i, run_id in enumerate(ids):
                 fields, leased = replies[2 * i], replies[2 * i + 1]
                 if fields:
-                    found.append(_info(run_id, fields, bool(leased)))
+                    found.append(run_info(run_id, fields, bool(leased)))
                 else:
                     gone.append(run_id)
             if gone:
@@ -703,9 +630,9 @@ class RedisControl:
                 last, fields, leased = await pipe.execute()
         if not fields:
             self._unknown(run_id)
-        info = _info(run_id, fields, bool(leased))
+        info = run_info(run_id, fields, bool(leased))
         cursor: str = last[0][0] if last else "0-0"
-        while info.status not in FINAL and info.status != "lost":
+        while info.status not in ENDED and info.status != "lost":
             block = _FOLLOW_BLOCK_MS
             if deadline is not None:
                 left = deadline - loop.time()
@@ -782,7 +709,7 @@ class RedisControl:
                     "claim() it to resume from its store",
                     url=self.url,
                 )
-            if status in FINAL:
+            if status in ENDED:
                 if idle_checks:  # read once more without blocking: its end was not there
                     raise ControlError(
                         f"run {run_id!r} ended {status} but its events after {cursor} "
@@ -811,40 +738,6 @@ class _Tagged:
         return self._control._attach(handle, self._info, required=self._required)
 
 
-class _Pool(redis.ConnectionPool):
-    """A pool whose new connections connect a few at a time (``connecting``, shared by a
-    control's pools): the others wait their turn before their connect timeout starts."""
-
-    connecting: asyncio.Semaphore
-
-    async def ensure_connection(self, connection: Any) -> None:
-        if connection.is_connected:
-            await super().ensure_connection(connection)
-            return
-        async with self.connecting:
-            await super().ensure_connection(connection)
-
-
-class _BlockingPool(_Pool, redis.BlockingConnectionPool):
-    """A :class:`_Pool` where a command waits for a free connection past ``size``."""
-
-
-def _pooled(url: str, size: int, options: dict[str, Any], connecting: asyncio.Semaphore,
-            *, blocking: bool = True) -> redis.Redis:
-    """A client of ``size`` connections to ``url``; ``blocking``: a command waits for a
-    free one (up to six socket timeouts: a Redis that takes no connection fails them)
-    rather than opening one more."""
-    pool: _Pool
-    if blocking:
-        pool = _BlockingPool.from_url(
-            url, max_connections=size, timeout=6 * options["socket_timeout"], **options
-        )
-    else:
-        pool = _Pool.from_url(url, max_connections=size, **options)
-    pool.connecting = connecting
-    return redis.Redis.from_pool(pool)
-
-
 def _info_json(info: dict[str, str], what: str) -> str:
     for key, value in info.items():
         if not isinstance(value, str):
@@ -860,65 +753,10 @@ def _passed(seen: str | None, request_id: str) -> bool:
         return False
 
 
-def _info(run_id: str, fields: dict[str, str], leased: bool) -> RunInfo:
-    """A run's hash as a RunInfo; a field that is not what aimu writes reads as unknown
-    (None, 0, {}), so one damaged record never breaks a listing."""
-    return RunInfo(
-        run_id=run_id,
-        status=_status(fields.get("status", "pending"), leased),
-        name=fields.get("name") or None,
-        worker=fields.get("worker") or None,
-        attempt=_int(fields.get("attempt")),
-        reason=fields.get("reason") or None,
-        error=fields.get("error") or None,
-        created_at=_float(fields.get("created_at")),
-        started_at=_float(fields.get("started_at")),
-        ended_at=_float(fields.get("ended_at")),
-        events=_int(fields.get("seq")),
-        info={str(k): str(v) for k, v in _json(fields.get("info"), dict, {}).items()},
-        result=_json(fields.get("result"), object, None),
-        usage=_json(fields.get("usage"), dict, None),
-    )
-
-
-def _status(status: str, leased: bool) -> ControlStatus:
-    """A run's status field as a status (``lost``: running without its lease)."""
-    if status not in _STATUSES:
-        return "failed"
-    if status == "running" and not leased:
-        return "lost"
-    return status  # type: ignore[return-value]
-
-
-def _json(text: str | None, kind: type[Any], default: Any) -> Any:
-    if not text:
-        return default
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return default
-    return value if isinstance(value, kind) else default
-
-
 def _check_timeout(method: str, timeout: object) -> None:
     """A ``timeout=`` is None or a finite number of seconds, 0 or more; else ValueError."""
     if timeout is not None and (not finite(timeout) or timeout < 0):
         raise ValueError(f"{method}(timeout={echo(timeout)}): give a finite number of seconds")
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        value = float(text) if text else None
-    except ValueError:
-        return None
-    return value if value is None or math.isfinite(value) else None
-
-
-def _int(text: str | None) -> int:
-    try:
-        return int(text) if text else 0
-    except ValueError:
-        return 0
 
 
 def _describe(error: BaseException) -> str:

@@ -26,14 +26,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from aimu.aio._ids import is_run_id
-from aimu.aio._numbers import finite
 from aimu.aio._tasks import Background, cancel_and_wait
 from aimu.aio.control import scripts
 from aimu.aio.control.keys import check_run_id
 from aimu.aio.event_json import encode_event, event_data
 from aimu.aio.events import HandleFinished, RunFinished
-from aimu.aio.steering import Steer, steer
+from aimu.aio.steering import STEER_KINDS, Steer, steer
 
 if TYPE_CHECKING:
     from aimu.aio._event_tap import EventTap
@@ -58,33 +56,11 @@ def stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _steer(kind: str, data: dict[str, Any]) -> Steer | None:
-    """The request a control message of ``kind`` carries; None: not one this aimu can
-    read (a kind from a newer aimu is None too). Its values were checked by the sender;
-    another writer's are taken with care."""
-    if kind == "cancel":
-        reason = data.get("reason")
-        return Steer("cancel", reason=reason if isinstance(reason, str) else None)
-    if kind == "interrupt":
-        return Steer("interrupt")
-    if kind == "stop":
-        grace = data.get("grace")
-        return Steer("stop", grace=float(grace) if finite(grace) and grace >= 0 else 5.0)
-    if kind == "send":
-        # "text" from an aimu before images could be sent; "content" (a user message) since.
-        text, images = data.get("content", data.get("text")), data.get("images", [])
-        kept = data.get("aimu_sent")  # the id it is kept under in the session's store
-        if isinstance(text, str) and isinstance(images, list):
-            return Steer("send", text=text, images=tuple(images),
-                         input_id=kept if is_run_id(kept) else None)
-    return None
-
-
 #: The kinds of request a run takes from Redis (:mod:`aimu.aio.steering` applies them).
 #: Each is applied once (the run's cursor skips what it saw), so a send joins the run
 #: exactly once. Approvals are not here: a paused run has ended, and a decision goes to
 #: its session through the store.
-REQUESTS: Final = frozenset({"cancel", "interrupt", "stop", "send"})
+REQUESTS: Final = STEER_KINDS
 
 
 class _Standing(enum.Enum):
@@ -246,15 +222,12 @@ class Worker:
             return True
         try:
             data = json.loads(text)
-        except ValueError:
-            data = {}
-        request = _steer(kind, data if isinstance(data, dict) else {})
-        if request is None:
-            return True  # not a request this aimu can read: dropped, as applied
-        try:
+            request = Steer.from_json({**(data if isinstance(data, dict) else {}), "kind": kind})
             # Only text the ending run did not take stays unapplied (its sender is told).
-            return steer(run.handle, request, self.spawn) or request.kind != "send"
-        except (TypeError, ValueError):  # a send that does not check out: dropped, as applied
+            return steer(run.handle, request, self.spawn) or not request.must_be_taken
+        except (TypeError, ValueError) as error:  # another writer's: dropped, as applied
+            logger.warning("run %s: skipped a %s request that does not check out: %s",
+                           run.run_id, kind, error)
             return True
 
     def _reject(self, run: _AttachedRun, why: str, *, down: bool = False) -> None:

@@ -13,8 +13,14 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, TypeAlias, cast, get_args, runtime_checkable
+from typing import Any, Final, Protocol, cast, runtime_checkable
 
+from aimu.aio.status import (
+    RUN_RECORD_STATUSES,
+    SESSION_STATUSES,
+    RunRecordStatus,
+    SessionStatus,
+)
 from aimu.aio.transcript import Message, UserMessage
 
 __all__ = [
@@ -41,19 +47,13 @@ __all__ = [
     "validate_session_name",
 ]
 
-SessionStatus: TypeAlias = Literal[
-    "in_progress", "completed", "incomplete", "interrupted", "cancelled", "timed_out",
-    "failed", "max_rounds", "paused", "limited", "blocked",
-]
-STATUSES: Final = frozenset(get_args(SessionStatus))
+#: Every :data:`SessionStatus`.
+STATUSES: Final = SESSION_STATUSES
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
-RunRecordStatus: TypeAlias = Literal[
-    "running", "completed", "incomplete", "interrupted", "cancelled", "timed_out", "failed",
-    "max_rounds", "paused", "limited", "blocked",
-]
-RUN_STATUSES: Final = frozenset(get_args(RunRecordStatus))
+#: Every :data:`RunRecordStatus`.
+RUN_STATUSES: Final = RUN_RECORD_STATUSES
 #: The most runs one call of :meth:`Store.runs` returns.
 MAX_RUNS_PAGE: Final = 1000
 

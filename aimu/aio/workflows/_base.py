@@ -34,6 +34,7 @@ from aimu.aio.events import Event, RunFinished, RunResult, RunStarted, RunStatus
 from aimu.aio.limits import SharedBudget
 from aimu.aio.runnable import NO_OPTIONS, RunClock, Runnable, RunOptions
 from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.status import NAMED_HALTS
 from aimu.aio.transcript import Message, Usage, add_usage, check_text, zero_usage
 
 __all__ = ["INTERRUPTED", "STATE_VERSION", "Resumable", "SlotStatus", "Step", "Workflow"]
@@ -560,7 +561,7 @@ class Workflow(Runnable):
             reply=reply,
             stop_reason=(
                 scope.halt.stop_reason
-                if status in ("limited", "blocked") and scope.halt is not None
+                if status in NAMED_HALTS and scope.halt is not None
                 else cut[0].stop_reason if cut and status in ANSWERED else None
             ),
             usage=usage,

@@ -19,6 +19,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.events import Event, RunStarted
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.status import RECOVERABLE
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
 from aimu.serve.runs import AgentFactory, open_agent
@@ -118,9 +119,7 @@ class Launcher:
             return
         try:
             latest = await store.runs(session=session, limit=1)
-            if latest and latest[0].id == run_id and latest[0].status in (
-                "interrupted", "cancelled"
-            ):
+            if latest and latest[0].id == run_id and latest[0].status in RECOVERABLE:
                 await writer.record_run(dataclasses.replace(latest[0], recover=True))
         except StoreError as error:
             _log.warning("run %s: cannot mark it to be recovered: %s", run_id, error)

@@ -14,7 +14,6 @@ import pytest
 
 from aimu import aio
 from aimu.aio import steering
-from aimu.aio.control import worker as control_worker
 from aimu.aio.events import ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
@@ -114,14 +113,13 @@ async def test_a_worker_takes_images_only_as_data_urls(tmp_path: Path) -> None:
     handle = aio.RunHandle.start(waiting.wait())
     try:
         url = "data:image/png;base64," + base64.b64encode(png()).decode()
-        bad = control_worker._steer("send", {"content": "look",
-                                             "images": [str(tmp_path / "secret.png")]})
-        assert bad is not None
+        bad = steering.Steer.from_json({"kind": "send", "content": "look",
+                                        "images": [str(tmp_path / "secret.png")]})
         with pytest.raises(ValueError, match="image 0: send it as a data:"):
             steering.steer(handle, bad, asyncio.ensure_future)  # the worker drops it
         assert handle.take_sent() == []  # nothing joins the run
-        good = control_worker._steer("send", {"content": "look", "images": [url]})
-        assert good is not None and steering.steer(handle, good, asyncio.ensure_future)
+        good = steering.Steer.from_json({"kind": "send", "content": "look", "images": [url]})
+        assert steering.steer(handle, good, asyncio.ensure_future)
         assert handle.take_sent() == [
             {"role": "user", "content": "look", "images": [url], "aimu_sent": True}
         ]
