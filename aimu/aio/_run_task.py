@@ -31,13 +31,14 @@ def startable(
         run, name = coro, name or coro.__qualname__
     else:
         run, name = as_coroutine(coro, name)
-    for what, seconds in (("timeout", timeout), ("deadline", deadline)):
-        if seconds is not None and not finite(seconds):
-            run.close()
-            raise ValueError(
-                f"RunHandle.start({what}={echo(seconds)}): give a finite number of "
-                "seconds, or None"
-            )
+    if timeout is not None or deadline is not None:
+        for what, seconds in (("timeout", timeout), ("deadline", deadline)):
+            if seconds is not None and not finite(seconds):
+                run.close()
+                raise ValueError(
+                    f"RunHandle.start({what}={echo(seconds)}): give a finite number of "
+                    "seconds, or None"
+                )
     try:
         return run, name, asyncio.get_running_loop()
     except RuntimeError:
