@@ -1,14 +1,25 @@
 """Runs executing in this process, found and controlled from it (``aimu serve``):
 :class:`LocalBackend` launches runs (:mod:`.launcher`), keeps their numbered events
 (:mod:`.run_log`) and records decisions in the store (:mod:`.decisions`).
+
+A run this process did not start (its server drained or died, and this one serves the
+same store) is *adopted* from its record in the store the first time it is asked about:
+``GET /runs/{id}``, its session's latest run, a follow, a decision, a send or a stop find
+it as the server that ran it would have, ended as its record says (one
+``handle_finished`` event: the events before it lived in that process's memory). A
+paused run so adopted is decided and resumed here exactly once, whichever servers sharing
+the store are asked: a decision takes the session's write lock and checks, under it, that
+the call still waits (:mod:`.decisions`), so of two servers racing, one resumes the run and
+the other answers 409 "decided already". A record still ``running`` that no process here
+runs is followed from the store until it ends (its process died: ``--recover`` ends it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import AsyncGenerator, Coroutine, Sequence
+from typing import Any, Final
 
 from aimu.aio._event_tap import EventTap
 from aimu.aio._ids import new_run_id
@@ -18,13 +29,16 @@ from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import LocalRuns, Steer, Steering, send_kept
+from aimu.aio.store import RunRecord as StoredRun
 from aimu.aio.store import Store
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
 from aimu.serve.backends.run_log import RunLog, RunRecord
-from aimu.serve.errors import Conflict
+from aimu.serve.errors import Conflict, NotFound
 from aimu.serve.runs import (
+    LIVE,
     AgentFactory,
+    Batch,
     Decided,
     RunView,
     Verdict,
@@ -33,6 +47,9 @@ from aimu.serve.runs import (
 
 __all__ = ["LocalBackend"]
 
+#: Seconds between two reads of the record of a run followed here that no process here
+#: runs, until it ends.
+STORE_POLL_SECONDS: Final = 0.25
 
 
 class LocalBackend(RunLog):
@@ -68,6 +85,82 @@ class LocalBackend(RunLog):
         await self._launcher.accepted(handle)
         return view
 
+    # -- runs known from the store -------------------------------------------------------
+
+    async def view(self, run_id: str) -> RunView:
+        return (await self._known(run_id)).view
+
+    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+        """Each session's latest run here, else as the store records it (a run still
+        ``running`` there and not here is left out: its process died, or runs it)."""
+        found: dict[str, RunView] = {}
+        for name in sessions:
+            here = self.here(name)
+            if here is not None:
+                found[name] = here.view
+                continue
+            stored = await self._store.runs(session=name, limit=1)
+            if stored and stored[0].status != "running":
+                found[name] = (await self._adopted(stored[0])).view
+        return found
+
+    async def _known(self, run_id: str) -> RunRecord:
+        """The run here, or adopted from (and brought up to date with) its record."""
+        known = self._runs.get(run_id)
+        if known is not None and not known.adopted:
+            return known
+        try:
+            stored = await self._store.run(run_id)
+        except ValueError:
+            stored = None
+        if stored is None:
+            if known is not None:
+                return known
+            raise NotFound(f"no run {run_id!r} on this server nor in its store")
+        return await self._adopted(stored)
+
+    async def _adopted(self, stored: StoredRun) -> RunRecord:
+        """The record of run ``stored`` here, adopted now if it was not, ended if its
+        record says it ended since."""
+        known = self._runs.get(stored.id)
+        if known is None:
+            latest = await self._store.runs(session=stored.session, limit=1)
+            known = self._runs.get(stored.id)  # adopted meanwhile
+            if known is None:
+                is_latest = (self.here(stored.session) is None and bool(latest)
+                             and latest[0].id == stored.id)
+                return self.adopt(_stored_view(stored), latest=is_latest)
+        if known.adopted and not known.ended and stored.status not in LIVE:
+            view = known.view
+            view.usage = stored.usage  # type: ignore[assignment]
+            known.end(stored.status, stored.reason)
+        return known
+
+    async def check_follow(self, run_id: str, after: str | None) -> None:
+        await self._known(run_id)
+        await super().check_follow(run_id, after)
+
+    async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
+        """As :meth:`RunLog.follow`; a run adopted while its record says ``running`` is
+        read from the store until it ends."""
+        record = await self._known(run_id)
+        watch = None
+        if record.adopted and not record.ended:
+            watch = self._launcher.spawn(self._watch(record))
+        try:
+            async for batch in super().follow(run_id, after):
+                yield batch
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _watch(self, record: RunRecord) -> None:
+        while not record.ended:
+            await asyncio.sleep(STORE_POLL_SECONDS)
+            await self._known(record.view.run_id)
+
+    # -- the runs executing here -------------------------------------------------------
+
     def _log(self, record: RunRecord, handle: RunHandle[str], tap: EventTap) -> None:
         """Add what the run's tap holds to its log; its end after the handle's done
         callbacks (the launcher's release of the session among them)."""
@@ -94,7 +187,7 @@ class LocalBackend(RunLog):
         record.end(handle.status, handle.reason, error)
 
     async def request(self, run_id: str, request: Steer) -> None:
-        record = self.record(run_id)
+        record = await self._known(run_id)
         kind = request.kind
         what = "send to" if kind == "send" else kind
         if record.ended or record.handle is None:
@@ -124,3 +217,14 @@ class LocalBackend(RunLog):
         self.begin_shutdown()
         await self._launcher.aclose()
 
+
+
+def _stored_view(stored: StoredRun) -> RunView:
+    """A run as its record in the store tells it (its task and reply are in its
+    session's transcript, not in the record)."""
+    return RunView(
+        stored.id, stored.session, None, status=stored.status, created_at=stored.started,
+        finished_at=stored.ended, reason=stored.reason,
+        usage=None if stored.usage is None else dict(stored.usage),  # type: ignore[arg-type]
+        messages_from=stored.messages_from or 0,
+    )
