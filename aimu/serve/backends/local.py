@@ -34,12 +34,16 @@ from aimu.aio.store import Store
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
 from aimu.serve.backends.run_log import RunLog, RunRecord
-from aimu.serve.errors import Conflict, NotFound
+from aimu.serve.errors import BadRequest, Conflict, NotFound
+from aimu.serve.ids import event_number
+from aimu.serve.recovery import resumed_here
 from aimu.serve.runs import (
+    KEEPALIVE_SECONDS,
     LIVE,
     AgentFactory,
     Batch,
     Decided,
+    JSONEvent,
     RunView,
     Verdict,
     no_cancel_error,
@@ -47,6 +51,10 @@ from aimu.serve.runs import (
 
 __all__ = ["LocalBackend"]
 
+#: The ids of the events of the n-th run continuing a run begin at n * GENERATION.
+GENERATION: Final = 10**9
+_LAST_ID: Final = 10**12 - 1
+_PAGE: Final = 100
 #: Seconds between two reads of the record of a run followed here that no process here
 #: runs, until it ends.
 STORE_POLL_SECONDS: Final = 0.25
@@ -136,23 +144,138 @@ class LocalBackend(RunLog):
             known.end(stored.status, stored.reason)
         return known
 
+    # -- following, across a death of the process that ran the run -----------------------
+
     async def check_follow(self, run_id: str, after: str | None) -> None:
-        await self._known(run_id)
-        await super().check_follow(run_id, after)
+        generation, seen = divmod(event_number(after), GENERATION)
+        record = await self._generation(await self._known(run_id), generation, after)
+        if not record.adopted and generation == 0:
+            await super().check_follow(run_id, after)
+        elif not record.adopted and record.ended and seen > len(record.events):
+            raise BadRequest(f"Last-Event-ID {after!r} is past the last event of run {run_id}")
+
+    async def _generation(
+        self, record: RunRecord, generation: int, after: str | None
+    ) -> RunRecord:
+        """The run ``generation`` continuations after ``record``'s (0: itself);
+        ``BadRequest`` if the chain is shorter (an id this run's stream never sent)."""
+        for _ in range(generation):
+            later = await self._continuation(record)
+            if later is None:
+                raise BadRequest(
+                    f"Last-Event-ID {after!r} is not an event of run {record.view.run_id}'s "
+                    "stream (no run continues it that far)"
+                )
+            record = later
+        return record
+
+    async def _continuation(self, record: RunRecord) -> RunRecord | None:
+        """The run that continues ``record``'s after its process died (a recovering
+        server resumed its session: the session's next run), or None: it did not die so,
+        or that run is not recorded yet."""
+        view = record.view
+        if not record.ended or not resumed_here(view.status, view.reason):
+            return None
+        newer: StoredRun | None = None
+        before: str | None = None
+        while True:  # the session's runs, newest first, until this one
+            page = await self._store.runs(session=view.session, limit=_PAGE, before=before)
+            for stored in page:
+                if stored.id == view.run_id:
+                    return None if newer is None else await self._known(newer.id)
+                newer = stored
+            if len(page) < _PAGE:
+                return None
+            before = page[-1].id
 
     async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
-        """As :meth:`RunLog.follow`; a run adopted while its record says ``running`` is
-        read from the store until it ends."""
-        record = await self._known(run_id)
-        watch = None
-        if record.adopted and not record.ended:
-            watch = self._launcher.spawn(self._watch(record))
+        """The run's events after ``after``, as :meth:`RunLog.follow`; then, if its
+        process died and a recovering server resumed its session, a ``run_continued``
+        event and the events of the run that continues it (and so on).
+
+        The ids of a chain stay increasing, so a follower reconnects from its last one
+        to any event of the chain: the run's own events are numbered 1, 2, ... as always;
+        the n-th run continuing it has ids ``n * GENERATION + i`` (``i``: its own event
+        number; 0, the ``run_continued`` that introduces it). A run adopted from the store
+        (its process is gone) has no events here but its end, given the id
+        ``(n + 1) * GENERATION - 1``: after any id its process sent."""
+        generation, seen = divmod(event_number(after), GENERATION)
+        record = await self._generation(await self._known(run_id), generation, after)
+        while True:
+            base = generation * GENERATION
+            if record.adopted:
+                ended = await self._adopted_end(record)
+                if ended is None:
+                    return  # the server shuts down
+                if ended:
+                    yield ended
+                    seen = GENERATION - 1
+            else:
+                async for batch in self._own(record, seen):
+                    if not batch:
+                        yield []
+                        continue
+                    last = int(batch[-1][0])
+                    finished = batch[-1][1].get("type") == "handle_finished"
+                    if finished and resumed_here(str(batch[-1][1].get("status")),
+                                                 batch[-1][1].get("reason")):
+                        batch = batch[:-1]  # its end is told by run_continued below
+                    if batch:
+                        yield [(str(base + int(i)), event) for i, event in batch]
+                    seen = last
+            if seen < GENERATION - 1 and not record.ended:
+                return  # the server shuts down
+            later = await self._await_continuation(record)
+            if later is None:
+                return  # it ended without one (or the server shuts down)
+            if isinstance(later, list):
+                yield later
+                continue
+            generation += 1
+            if generation * GENERATION > _LAST_ID:
+                return  # ids would pass what a follower may send back
+            yield [(str(generation * GENERATION), _continued(record, later))]
+            record, seen = later, 0
+
+    async def _own(self, record: RunRecord, seen: int) -> AsyncGenerator[Batch, None]:
+        """The events of a run of this process after ``seen``, each with its number."""
+        async for batch in super().follow(record.view.run_id, str(seen) if seen else None):
+            yield batch
+
+    async def _adopted_end(self, record: RunRecord) -> Batch | None:
+        """The end of an adopted run, once its record says it ended (polled), unless it
+        continues (then ``[]``); None if the server shuts down first."""
+        record.followers += 1
+        watch = None if record.ended else self._launcher.spawn(self._watch(record))
         try:
-            async for batch in super().follow(run_id, after):
-                yield batch
+            while not record.ended:
+                if self._closing.is_set():
+                    return None
+                await record.changed(STORE_POLL_SECONDS)
         finally:
+            record.followers -= 1
             if watch is not None:
                 watch.cancel()
+        view = record.view
+        if resumed_here(view.status, view.reason):
+            return []
+        return [(str(GENERATION - 1), record.events[-1])]
+
+    async def _await_continuation(self, record: RunRecord) -> RunRecord | Batch | None:
+        """The run continuing ``record``'s; a keep-alive (``[]``) after a quiet while;
+        None if there is none to wait for (or the server shuts down)."""
+        if not resumed_here(record.view.status, record.view.reason):
+            return None
+        waited = 0.0
+        while not self._closing.is_set():
+            later = await self._continuation(record)
+            if later is not None:
+                return later
+            if waited >= KEEPALIVE_SECONDS:
+                return []
+            await asyncio.sleep(STORE_POLL_SECONDS)
+            waited += STORE_POLL_SECONDS
+        return None
 
     async def _watch(self, record: RunRecord) -> None:
         while not record.ended:
@@ -228,3 +351,14 @@ def _stored_view(stored: StoredRun) -> RunView:
         usage=None if stored.usage is None else dict(stored.usage),  # type: ignore[arg-type]
         messages_from=stored.messages_from or 0,
     )
+
+
+def _continued(record: RunRecord, later: RunRecord) -> JSONEvent:
+    """The event that says ``record``'s run goes on as ``later``'s."""
+    return {
+        "type": "run_continued",
+        "run_id": record.view.run_id,
+        "continued_as": later.view.run_id,
+        "reason": record.view.reason,
+        "messages_from": later.view.messages_from,
+    }

@@ -1,0 +1,125 @@
+"""A follower of a run whose ``aimu serve`` was killed (kill -9) reconnects with its last
+event id and is carried to the run that continues it after ``--recover`` (issue 44 item
+7): a ``run_continued`` event, then every event of the continuing run exactly once, ids
+increasing, so its next reconnect works too; no GET starts or revives a run.
+
+The run calls ``held`` (an idempotent tool that waits for the file ``open``): the
+follower sees its ``tool_call`` (the provable point), the server is killed; a
+server without ``--recover`` answers the reconnect with the run and starts nothing; a
+recovering server resumes the session (``held`` runs again and waits), and the
+reconnected follower gets the bridge and the continuing run's events as they happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aimu.aio.store import RunRecord
+from aimu.serve.backends.local import GENERATION
+from aimu.serve.recovery import resumed_here
+from aimu.testing.server import LoopbackServer
+from tests.serve import recover_tools
+from tests.serve.harness import SSE, aimu_serve, sse_events, start
+from tests.serve.test_drain_recover import runs_of, until
+
+TOOLS = ("--tool", "tests.serve.recover_tools:held")
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LoopbackServer]:
+    with LoopbackServer.in_thread(recover_tools.script) as server:
+        yield server
+
+
+@pytest.fixture
+def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "held"
+    where.mkdir()
+    monkeypatch.setenv("AIMU_TEST_HELD", str(where))  # the servers inherit it
+    return where
+
+
+async def follow_until(
+    http: httpx.AsyncClient, run_id: str, last: str | None, stop_at: str | None
+) -> list[SSE]:
+    """The events of ``run_id``'s stream after ``last`` until one of type ``stop_at``
+    (then the stream is left) or its end."""
+    seen: list[SSE] = []
+    headers = {"Last-Event-ID": last} if last else None
+    events = sse_events(http, f"/runs/{run_id}/events", headers)
+    async with contextlib.aclosing(events):
+        async for event in events:
+            seen.append(event)
+            if event.type == stop_at:
+                break
+    return seen
+
+
+def numbers(events: list[SSE]) -> list[int]:
+    return [int(event.id) for event in events]
+
+
+async def test_a_follower_is_carried_to_the_recovered_run_exactly_once(
+    tmp_path: Path, model: LoopbackServer, held: Path
+) -> None:
+    store = tmp_path / "sessions.db"
+    common = ("--store", str(store), *TOOLS)
+    async with (aimu_serve(model, tmp_path, *common, name="dies") as dies,
+                httpx.AsyncClient(base_url=dies.url, timeout=30) as http):
+        run_id = await start(http, "s", "hold q")
+        before = await follow_until(http, run_id, None, "tool_call")
+        dies.process.kill()  # the follower saw the call start: the tool waits on
+        await dies.process.wait()
+    assert numbers(before) == list(range(1, len(before) + 1))
+    last = before[-1].id
+    (record,) = await runs_of(store, "s")
+    assert (record.id, record.status) == (run_id, "running")
+
+    # A GET only reads: a server without --recover shows the run, starts nothing.
+    async with (aimu_serve(model, tmp_path, *common, name="reads") as reads,
+                httpx.AsyncClient(base_url=reads.url, timeout=30) as http):
+        shown = (await http.get(f"/runs/{run_id}")).json()
+        assert (shown["run_id"], shown["status"]) == (run_id, "running")
+        async with http.stream("GET", f"/runs/{run_id}/events",
+                               headers={"Last-Event-ID": last}) as answer:
+            assert answer.status_code == 200  # the handler is following: it returned
+        assert [r.status for r in await runs_of(store, "s")] == ["running"]
+    assert (held / "entries-q").read_text() == "entered\n"  # ran in the dead server only
+
+    async with (aimu_serve(model, tmp_path, *common, "--recover", "--recover-every", "0.1",
+                           name="recovers") as recovers,
+                httpx.AsyncClient(base_url=recovers.url, timeout=30) as http):
+        after = await follow_until(http, run_id, last, "tool_call")
+        bridge = after[0]
+        assert bridge.type == "run_continued" and int(bridge.id) == GENERATION
+        continued = bridge.data["continued_as"]
+        assert (bridge.data["run_id"], continued != run_id) == (run_id, True)
+        await until("held runs again", lambda: (held / "entries-q").read_text().count(
+            "entered") == 2)
+        (held / "open").touch()
+        # Reconnect again from the last id seen: the rest, once.
+        rest = await follow_until(http, run_id, after[-1].id, None)
+        records: list[RunRecord] = await runs_of(store, "s")
+        whole = await follow_until(http, continued, None, None)  # its own stream, from 1
+        # A reconnect with the final id: nothing more.
+        assert await follow_until(http, run_id, whole and f"{GENERATION + int(whole[-1].id)}",
+                                  None) == []
+
+    # The continuing run's events, each exactly once, in order, ids increasing.
+    got = after[1:] + rest
+    assert [(e.type, e.data) for e in got] == [(e.type, e.data) for e in whole]
+    assert numbers(got) == [GENERATION + n for n in numbers(whole)]
+    ids = numbers(before) + numbers(after) + numbers(rest)
+    assert ids == sorted(set(ids))
+    assert [e.type for e in got].count("handle_finished") == 1
+    assert got[-1].type == "handle_finished" and got[-1].data["status"] == "completed"
+    assert [e.type for e in before + after + rest].count("run_continued") == 1
+    # The store: the dead run left failed, continued once by the recovered run.
+    assert [r.id for r in records] == [continued, run_id]
+    assert records[0].status == "completed"
+    assert resumed_here(records[1].status, records[1].reason)
