@@ -12,6 +12,16 @@ the store are asked: a decision takes the session's write lock and checks, under
 the call still waits (:mod:`.decisions`), so of two servers racing, one resumes the run and
 the other answers 409 "decided already". A record still ``running`` that no process here
 runs is followed from the store until it ends (its process died: ``--recover`` ends it).
+
+A follower of a run whose process died is carried to the run that goes on with it
+(:meth:`LocalBackend.follow`): a ``run_continued`` event, then that run's events, their
+ids going on increasing. Why a chain of runs and not one run id kept across the death:
+the dead run and the one going on are two executions, each with its record (started,
+``messages_from``, models, usage, how it ended), and recovery counts deaths in a row by
+those records; one id would rewrite the dead run's record and lose them. The link needs
+no new field: a recovering server records the dead run's end (:func:`resumed_here`) and
+starts the next run of its session under the same lock, so the session's next record is
+the run that continues it.
 """
 
 from __future__ import annotations
