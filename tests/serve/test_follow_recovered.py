@@ -89,6 +89,8 @@ async def test_a_follower_is_carried_to_the_recovered_run_exactly_once(
         async with http.stream("GET", f"/runs/{run_id}/events",
                                headers={"Last-Event-ID": last}) as answer:
             assert answer.status_code == 200  # the handler is following: it returned
+        refused = await http.post(f"/runs/{run_id}/cancel", json={})
+        assert refused.status_code == 409 and "not run by this server" in refused.text
         assert [r.status for r in await runs_of(store, "s")] == ["running"]
     assert (held / "entries-q").read_text() == "entered\n"  # ran in the dead server only
 

@@ -323,6 +323,12 @@ class LocalBackend(RunLog):
         record = await self._known(run_id)
         kind = request.kind
         what = "send to" if kind == "send" else kind
+        if record.adopted and not record.ended:
+            raise Conflict(
+                f"run {run_id} is not run by this server: its record says running (its "
+                "server died, and --recover goes on with it; or a server sharing the store "
+                f"without Redis runs it): nothing to {what} here"
+            )
         if record.ended or record.handle is None:
             raise Conflict(
                 f"run {run_id} already ended ({record.view.status}): nothing to {what}"
