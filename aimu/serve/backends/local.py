@@ -108,14 +108,19 @@ class LocalBackend(RunLog):
     async def view(self, run_id: str) -> RunView:
         return (await self._known(run_id)).view
 
-    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+    async def latest(
+        self, sessions: Sequence[str], *, live: bool = False
+    ) -> dict[str, RunView]:
         """Each session's latest run here, else as the store records it (a run still
-        ``running`` there and not here is left out: its process died, or runs it)."""
+        ``running`` there and not here is left out: its process died, or runs it; so
+        with ``live`` the store is not read: a run in progress is one of this process)."""
         found: dict[str, RunView] = {}
         for name in sessions:
             here = self.here(name)
             if here is not None:
                 found[name] = here.view
+                continue
+            if live:
                 continue
             stored = await self._store.runs(session=name, limit=1)
             if stored and stored[0].status != "running":

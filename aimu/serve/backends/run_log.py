@@ -145,7 +145,9 @@ class RunLog:
     async def view(self, run_id: str) -> RunView:
         return self.record(run_id).view
 
-    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+    async def latest(
+        self, sessions: Sequence[str], *, live: bool = False
+    ) -> dict[str, RunView]:
         return {name: self._latest[name].view for name in sessions if name in self._latest}
 
     async def check_follow(self, run_id: str, after: str | None) -> None:
