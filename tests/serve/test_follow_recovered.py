@@ -5,9 +5,10 @@ increasing, so its next reconnect works too; no GET starts or revives a run.
 
 The run calls ``held`` (an idempotent tool that waits for the file ``open``): the
 follower sees its ``tool_call`` (the provable point), the server is killed; a
-server without ``--recover`` answers the reconnect with the run and starts nothing; a
-recovering server resumes the session (``held`` runs again and waits), and the
-reconnected follower gets the bridge and the continuing run's events as they happen.
+server without ``--recover`` shows the run, answers the reconnect 404 (it died, nobody
+went on with it yet) and starts nothing; a recovering server resumes the session
+(``held`` runs again and waits), and the reconnected follower gets the bridge and the
+continuing run's events as they happen.
 """
 
 from __future__ import annotations
@@ -86,9 +87,8 @@ async def test_a_follower_is_carried_to_the_recovered_run_exactly_once(
                 httpx.AsyncClient(base_url=reads.url, timeout=30) as http):
         shown = (await http.get(f"/runs/{run_id}")).json()
         assert (shown["run_id"], shown["status"]) == (run_id, "running")
-        async with http.stream("GET", f"/runs/{run_id}/events",
-                               headers={"Last-Event-ID": last}) as answer:
-            assert answer.status_code == 200  # the handler is following: it returned
+        answer = await http.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": last})
+        assert answer.status_code == 404 and "no server has gone on" in answer.text
         refused = await http.post(f"/runs/{run_id}/cancel", json={})
         assert refused.status_code == 409 and "not run by this server" in refused.text
         assert [r.status for r in await runs_of(store, "s")] == ["running"]
@@ -97,6 +97,7 @@ async def test_a_follower_is_carried_to_the_recovered_run_exactly_once(
     async with (aimu_serve(model, tmp_path, *common, "--recover", "--recover-every", "0.1",
                            name="recovers") as recovers,
                 httpx.AsyncClient(base_url=recovers.url, timeout=30) as http):
+        await recovered(tmp_path, model, store, "s", run_id)
         after = await follow_until(http, run_id, last, "tool_call")
         bridge = after[0]
         assert bridge.type == "run_continued" and int(bridge.id) == GENERATION

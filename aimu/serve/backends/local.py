@@ -11,7 +11,10 @@ paused run so adopted is decided and resumed here exactly once, whichever server
 the store are asked: a decision takes the session's write lock and checks, under it, that
 the call still waits (:mod:`.decisions`), so of two servers racing, one resumes the run and
 the other answers 409 "decided already". A record still ``running`` that no process here
-runs is followed from the store until it ends (its process died: ``--recover`` ends it).
+runs is followed from the store until it ends while a process holds its session (it runs
+elsewhere, or recovery goes on with it); while none does, it died with its server and no
+server went on with it yet: following it answers 404 (the web chat's cue to resume it by a
+POST; a GET never revives a run).
 
 A follower of a run whose process died is carried to the run that goes on with it
 (:meth:`LocalBackend.follow`): a ``run_continued`` event, then that run's events, their
@@ -35,6 +38,7 @@ from aimu.aio._event_tap import EventTap
 from aimu.aio._ids import new_run_id
 from aimu.aio.agent import Agent
 from aimu.aio.ends import error_text
+from aimu.aio.errors import SessionLockedError
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished
 from aimu.aio.run_handle import RunHandle
@@ -161,9 +165,32 @@ class LocalBackend(RunLog):
 
     # -- following, across a death of the process that ran the run -----------------------
 
+    async def _followable(self, run_id: str) -> RunRecord:
+        """The run ``run_id`` to follow; ``NotFound`` for one whose record says running
+        while no process holds its session: it died with its server and none went on with
+        it yet (a page then resumes it by a POST; a follower reconnects once a
+        ``--recover`` server went on with it). Its session is opened and released at once
+        to tell: the lock is let go by a process that dies, held by one that runs it."""
+        record = await self._known(run_id)
+        if not record.adopted or record.ended:
+            return record
+        try:
+            writer = await self._store.open_session(record.view.session)
+        except SessionLockedError:
+            return record  # a process runs it (or recovery goes on with it now)
+        await writer.aclose()
+        record = await self._known(run_id)
+        if record.ended:
+            return record
+        raise NotFound(
+            f"run {run_id} died with its server and no server has gone on with it yet: "
+            "reconnect once one has (aimu serve --recover), or resume its session (POST "
+            f"/sessions/{record.view.session}/resume)"
+        )
+
     async def check_follow(self, run_id: str, after: str | None) -> None:
         generation, seen = divmod(event_number(after), GENERATION)
-        record = await self._generation(await self._known(run_id), generation, after)
+        record = await self._generation(await self._followable(run_id), generation, after)
         if not record.adopted and generation == 0:
             await super().check_follow(run_id, after)
         elif not record.adopted and record.ended and seen > len(record.events):
@@ -197,7 +224,7 @@ class LocalBackend(RunLog):
             page = await self._store.runs(session=view.session, limit=_PAGE, before=before)
             for stored in page:
                 if stored.id == view.run_id:
-                    return None if newer is None else await self._known(newer.id)
+                    return None if newer is None else await self._followable(newer.id)
                 newer = stored
             if len(page) < _PAGE:
                 return None
@@ -215,7 +242,7 @@ class LocalBackend(RunLog):
         (its process is gone) has no events here but its end, given the id
         ``(n + 1) * GENERATION - 1``: after any id its process sent."""
         generation, seen = divmod(event_number(after), GENERATION)
-        record = await self._generation(await self._known(run_id), generation, after)
+        record = await self._generation(await self._followable(run_id), generation, after)
         while True:
             base = generation * GENERATION
             if record.adopted:
@@ -283,7 +310,10 @@ class LocalBackend(RunLog):
             return None
         waited = 0.0
         while not self._closing.is_set():
-            later = await self._continuation(record)
+            try:
+                later = await self._continuation(record)
+            except NotFound:  # that run died too, not gone on with yet: wait for it
+                later = None
             if later is not None:
                 return later
             if waited >= KEEPALIVE_SECONDS:
