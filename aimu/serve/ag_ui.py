@@ -287,7 +287,9 @@ async def _events(
         if follower is None:
             end = await _latest_end(runs, session)
         else:
-            translator = _Translator(run_id, begun.answered, begun.shown)
+            # A call the snapshot holds is not started again (a run that resumed after its
+            # server died asks an idempotent call in doubt again, under the same id).
+            translator = _Translator(run_id, begun.answered, frozenset(seen))
             async for event in follower.events():
                 for out in translator.feed(event):
                     yield out

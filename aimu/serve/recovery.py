@@ -37,12 +37,15 @@ from aimu.aio.tree import DIED, nested_session_name
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, open_agent
 
-__all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "Recovery"]
+__all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "RESUMED", "Recovery", "resumed_here"]
 
 _log = logging.getLogger("aimu.serve")
 
 #: How a run whose process died is recorded (its reason starts so).
 CRASHED: Final = DIED
+#: How the reason of a run whose process died ends once a recovering server resumed its
+#: session: the next run of the session continues it (:func:`resumed_here`).
+RESUMED: Final = "a recovering server resumed it"
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
 _AT: Final = re.compile(r"at message ([0-9]{1,12})\)")
@@ -176,8 +179,7 @@ class Recovery:
             # Still marked: if this server dies before the resume starts, another resumes.
             current = dataclasses.replace(
                 current, status="failed", ended=now, recover=True,
-                reason=f"{CRASHED} ({streak} in a row, at message {size}); "
-                "a recovering server resumed it",
+                reason=f"{CRASHED} ({streak} in a row, at message {size}); {RESUMED}",
             )
             await writer.record_run(current)
         waiting = agent.pending_approvals
@@ -199,6 +201,15 @@ class Recovery:
             except (StoreError, ServeError) as error:
                 _log.warning("cannot look for runs to recover: %s", error)
             await asyncio.sleep(every)
+
+def resumed_here(status: str, reason: str | None) -> bool:
+    """True for the end of a run whose process died and whose session a recovering
+    server resumed: the session's next run continues it. Recovery writes this end, under
+    the session's lock, just before it starts that run (a server that dies between
+    leaves the record marked, and the next recovering server starts it)."""
+    return status == "failed" and (reason or "").startswith(CRASHED) and (
+        reason or "").endswith(RESUMED)
+
 
 def _models_of(agent: Agent, record: RunRecord) -> tuple[str, ...]:
     """The models (``aimu_model``) of the assistant messages ``record``'s run added."""

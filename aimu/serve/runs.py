@@ -155,9 +155,12 @@ class RunsBackend(Protocol):
         """The run, wherever it executes; ``NotFound`` if unknown."""
         ...
 
-    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+    async def latest(
+        self, sessions: Sequence[str], *, live: bool = False
+    ) -> dict[str, RunView]:
         """The latest run of each session that has one, in time independent of how many
-        runs are kept."""
+        runs are kept; ``live``: only those in progress are wanted (a backend may leave
+        out the others without reading them)."""
         ...
 
     async def check_follow(self, run_id: str, after: str | None) -> None:
@@ -302,12 +305,12 @@ class Runs:
 
     async def session_run(self, session: str) -> RunView | None:
         """The run in progress on ``session``, if any."""
-        latest = (await self.backend.latest([session])).get(session)
+        latest = (await self.backend.latest([session], live=True)).get(session)
         return latest if latest is not None and latest.live else None
 
     async def session_runs(self, sessions: Sequence[str]) -> dict[str, str]:
         """session -> the id of its run in progress, for those of ``sessions`` with one."""
-        latest = await self.backend.latest(sessions)
+        latest = await self.backend.latest(sessions, live=True)
         return {name: view.run_id for name, view in latest.items() if view.live}
 
     async def paused_on(self, session: str) -> tuple[str | None, list[dict[str, Any]]]:

@@ -91,6 +91,10 @@ class RunFollower:
                         return
                     if event.get("path"):
                         continue  # an agent called as a tool: a protocol shows the top's own
+                    if kind == "run_continued":  # its server died; recovery went on with it
+                        self.view = await self.runs.backend.view(str(event["continued_as"]))
+                        reply = usage = None
+                        event = _restarted(event)
                     if kind == "run_finished":
                         reply, usage = event.get("reply"), event.get("usage")
                     yield event
@@ -106,6 +110,18 @@ class RunFollower:
             # ServeError: it ended meanwhile, or the control is gone: nothing to stop.
             with contextlib.suppress(ServeError):
                 await self.runs.cancel(self.view.run_id, LEFT)
+
+
+def _restarted(continued: dict[str, Any]) -> dict[str, Any]:
+    """A protocol's view of ``run_continued``: the turn in progress when the server died
+    starts again in the run that continues it (a reader drops its text, as for any
+    restarted turn); what the dead run stored before it is in the session."""
+    return {
+        "type": "turn_retried", "source": "agent", "mode": "restarted", "kept": "",
+        "error": f"the server running run {continued['run_id']} died; run "
+                 f"{continued['continued_as']} goes on with it",
+        "attempt": 1,
+    }
 
 
 class ClosingStreamingResponse(StreamingResponse):

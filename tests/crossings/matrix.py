@@ -210,12 +210,7 @@ def why_not(capability: str, ending: str, place: str) -> str | None:
 #: (capability, ending, place, seed) patterns -> "issue 42 item N: <what>" (xfail, strict:
 #: once the fix is merged the cell XPASSes and fails, and the row goes). The seed is "*" when
 #: every seed fails (the run without a stop that starts each cell fails already).
-KNOWN_DEFECTS: tuple[tuple[str, str, str, str, str], ...] = (
-    ("approvals", "drain", "serve", "0",
-     "defect: a run paused before its server went away (here a drain; a restart does the "
-     "same) cannot be decided on the next server without Redis: GET /sessions/{s} says "
-     "'paused' with paused_run_id null and pending [], and the run is unknown to it"),
-)
+KNOWN_DEFECTS: tuple[tuple[str, str, str, str, str], ...] = ()
 
 
 def _defect_matches(row: tuple[str, str, str, str, str], cell: Cell) -> bool:
@@ -242,6 +237,10 @@ REGRESSIONS: dict[str, str] = {
         "issue 42 item 1: an agent-tree child's run record had no parent",
     "handoff:completes:library:0":
         "issue 42 item 2: a handoff emptied the run record's models",
+    "approvals:drain:serve:0":
+        "a run paused before its server went away (a drain; a restart the same) could not "
+        "be decided on the next server without Redis: GET /sessions/{s} said 'paused' "
+        "with paused_run_id null and pending [], and the run was unknown to it",
     "send:kill9:serve:0":
         "issue 42 item 3: a send answered 202 waited in memory until the step boundary, so "
         "a kill -9 before it lost the send",

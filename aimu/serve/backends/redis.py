@@ -144,7 +144,9 @@ class RedisBackend:
                 raise
             return here
 
-    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+    async def latest(
+        self, sessions: Sequence[str], *, live: bool = False
+    ) -> dict[str, RunView]:
         with self._errors("read the sessions' runs"):
             found = await self.control.latest(sessions)
         return {name: _view(info) for name, info in found.items()}

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Sequence
 from aimu.aio.run_handle import RunHandle
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.ids import event_number
-from aimu.serve.runs import KEEPALIVE_SECONDS, Batch, JSONEvent, RunView, no_cancel_error
+from aimu.serve.runs import KEEPALIVE_SECONDS, LIVE, Batch, JSONEvent, RunView, no_cancel_error
 
 __all__ = ["RunLog", "RunRecord"]
 
@@ -32,6 +32,9 @@ class RunRecord:
     ended: bool = False
     followers: int = 0
     """How many follow it now."""
+    adopted: bool = False
+    """Known from the store, not run here: a run of a process before this one (or of
+    another process sharing the store), its end read from its record."""
     _waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list)
 
     def add(self, event: JSONEvent) -> None:
@@ -100,7 +103,7 @@ class RunLog:
 
     def check_free(self, session: str) -> None:
         """``Conflict`` if ``session``'s latest run here is still going."""
-        busy = self._latest.get(session)
+        busy = self.here(session)
         if busy is not None and not busy.ended:
             raise Conflict(
                 f"session {session!r} has a run in progress ({busy.view.run_id}); stop it or wait"
@@ -116,6 +119,23 @@ class RunLog:
             del self._runs[forgotten.view.run_id]
         return record
 
+    def adopt(self, view: RunView, *, latest: bool) -> RunRecord:
+        """Keep ``view``, a run known from the store (not run here), as its session's
+        latest run if ``latest``; its record, ended (with its ``handle_finished``) unless
+        it still runs."""
+        record = RunRecord(view, adopted=True)
+        self._runs[view.run_id] = record
+        if latest:
+            self._latest[view.session] = record
+        if view.status not in LIVE:
+            record.end(view.status, view.reason, view.error)
+        return record
+
+    def here(self, session: str) -> RunRecord | None:
+        """``session``'s latest run known here, unless it was only read from the store."""
+        record = self._latest.get(session)
+        return None if record is None or record.adopted else record
+
     def record(self, run_id: str) -> RunRecord:
         record = self._runs.get(run_id)
         if record is None:
@@ -125,7 +145,9 @@ class RunLog:
     async def view(self, run_id: str) -> RunView:
         return self.record(run_id).view
 
-    async def latest(self, sessions: Sequence[str]) -> dict[str, RunView]:
+    async def latest(
+        self, sessions: Sequence[str], *, live: bool = False
+    ) -> dict[str, RunView]:
         return {name: self._latest[name].view for name in sessions if name in self._latest}
 
     async def check_follow(self, run_id: str, after: str | None) -> None:
