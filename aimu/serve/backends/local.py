@@ -42,6 +42,7 @@ from aimu.aio.errors import SessionLockedError
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.status import LIVE
 from aimu.aio.steering import LocalRuns, Steer, Steering, send_kept
 from aimu.aio.store import RunRecord as StoredRun
 from aimu.aio.store import Store
@@ -53,7 +54,6 @@ from aimu.serve.ids import event_number
 from aimu.serve.recovery import resumed_here
 from aimu.serve.runs import (
     KEEPALIVE_SECONDS,
-    LIVE,
     AgentFactory,
     Batch,
     Decided,

@@ -14,9 +14,10 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 
 from aimu.aio.run_handle import RunHandle
+from aimu.aio.status import LIVE
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.ids import event_number
-from aimu.serve.runs import KEEPALIVE_SECONDS, LIVE, Batch, JSONEvent, RunView, no_cancel_error
+from aimu.serve.runs import KEEPALIVE_SECONDS, Batch, JSONEvent, RunView, no_cancel_error
 
 __all__ = ["RunLog", "RunRecord"]
 
