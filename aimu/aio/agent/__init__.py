@@ -30,7 +30,6 @@ from aimu.aio.context import ContextPolicy, Summary
 from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.guardrails import Guardrail, ToolGuardrail
-from aimu.aio.handoffs import Handoff
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
 from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
@@ -39,7 +38,13 @@ from aimu.aio.steering import Steer, send_kept
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, Toolset
 from aimu.aio.transcript import Message, Usage, zero_usage
-from aimu.aio.tree import (
+
+from .config import AgentOptions, Config, make_config
+from .handoffs import Handoff
+from .loop import run_events
+from .session import Session, StoredSession
+from .state import FINAL_TURN_PROMPT, Ended, NeedsModel, NeedsTools, Next
+from .tree import (
     DEFAULT_MAX_DEPTH,
     AgentTool,
     check_tree,
@@ -48,11 +53,6 @@ from aimu.aio.tree import (
     open_held,
     route_decision,
 )
-
-from .config import AgentOptions, Config, make_config
-from .loop import run_events
-from .session import Session, StoredSession
-from .state import FINAL_TURN_PROMPT, Ended, NeedsModel, NeedsTools, Next
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store
@@ -90,7 +90,7 @@ class Agent(Runnable[OutputT]):
     (beside the first turn), the final answer and tool calls; a tripwire ends the run
     ``blocked`` (see :mod:`aimu.aio.guardrails`). ``handoffs`` (agents, or
     :class:`~aimu.aio.Handoff`) offers the model a transfer tool per target: the target
-    answers the user from then on in this session (see :mod:`aimu.aio.handoffs`).
+    answers the user from then on in this session (see :mod:`aimu.aio.agent.handoffs`).
     """
 
     kind = "agent"
@@ -419,7 +419,7 @@ class Agent(Runnable[OutputT]):
         Each call runs this agent in a session of its own nested under the caller's (a
         store's session beside the caller's, named from it and the call id), with the
         caller's deps unless ``deps=`` is given. One stop, pause, budget and crash
-        covers the tree: see :mod:`aimu.aio.tree`. ``max_depth``: how many agents deep
+        covers the tree: see :mod:`aimu.aio.agent.tree`. ``max_depth``: how many agents deep
         a call of this tool may be (the top agent's calls are 1 deep)."""
         return AgentTool.of(self, name, description, deps, max_depth)
 

@@ -16,18 +16,18 @@ from typing import Any
 from aimu.aio._tracing import RunSpans
 from aimu.aio.events import Event, RunResult, RunStarted
 from aimu.aio.guardrails import InputGuard, run_guardrails
-from aimu.aio.handoffs import pick_up_speaker, take_handoff
 from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
 from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
 from aimu.aio.scope import RunScope
 from aimu.aio.transcript import UserMessage, dangling_calls
-from aimu.aio.tree import close_held
 
+from .handoffs import pick_up_speaker, take_handoff
 from .session import NO_RERUNS, Session
 from .settle import settle
 from .state import NEEDS_MODEL, Ended, NeedsModel, NeedsTools, Phase, RunState
 from .tool_round import tool_round
+from .tree import close_held
 from .turn import answer_passes, context_hit, model_turn, output_checked
 from .wall import WallTimer
 

@@ -87,7 +87,7 @@ class Session:
         self.reruns: frozenset[str] = NO_RERUNS
         self.approvals = Approvals()
         #: The sessions of agents called as tools whose calls are held open (paused
-        #: inside), by call id: a resume continues them (see aimu.aio.tree).
+        #: inside), by call id: a resume continues them (see aimu.aio.agent.tree).
         self.held: dict[str, Any] = {}
         #: Memory holds the session: no store, or its session loaded (open()) or replaced
         #: (restore()). Until then the transcript and approvals are not known.
@@ -99,7 +99,7 @@ class Session:
         #: the tokens the server counted for it, so a request's size is estimated from
         #: what was added since.
         self.known = (0, 0)
-        #: With handoffs: who has the conversation (aimu.aio.handoffs.Speaker), else None.
+        #: With handoffs: who has the conversation (aimu.aio.agent.handoffs.Speaker), else None.
         self.handoff: Any = None
 
     @property
