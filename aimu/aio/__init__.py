@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
-    from aimu.aio.agent.handoffs import Handoff
+    from aimu.aio.agent.transfer import Handoff
     from aimu.aio.approvals import PendingApproval
     from aimu.aio.context import ContextPolicy, KeepLastTurns, SummarizeOlderTurns
     from aimu.aio.control import RedisControl, RunEvent, RunInfo
@@ -193,7 +193,7 @@ _WHERE = {
     "Spend": "limits",
     "UsageLimits": "limits",
     "GuardrailError": "guardrails",
-    "Handoff": "agent.handoffs",
+    "Handoff": "agent.transfer",
     "ToolGuardrail": "guardrails",
     "Tripwire": "guardrails",
 }

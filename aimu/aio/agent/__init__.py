@@ -32,18 +32,19 @@ from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.guardrails import Guardrail, ToolGuardrail
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
-from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
+from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, RunOptions, load_usage
 from aimu.aio.scope import RunScope, sent_message
 from aimu.aio.steering import Steer, send_kept
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, Toolset
 from aimu.aio.transcript import Message, Usage, zero_usage
 
+from .base import AgentBase
 from .config import AgentOptions, Config, make_config
-from .handoffs import Handoff
 from .loop import run_events
 from .session import Session, StoredSession
 from .state import FINAL_TURN_PROMPT, Ended, NeedsModel, NeedsTools, Next
+from .transfer import Handoff
 from .tree import (
     DEFAULT_MAX_DEPTH,
     AgentTool,
@@ -64,7 +65,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-class Agent(Runnable[OutputT]):
+class Agent(AgentBase[OutputT]):
     """A model client, tools and a system prompt, running a tool loop on one transcript.
 
     ``agent.start()`` makes another session of the same agent with its own transcript.
@@ -191,6 +192,17 @@ class Agent(Runnable[OutputT]):
     @property
     def name(self) -> str:
         return self._config.name
+
+    @property
+    def config(self) -> Config:
+        """The agent's configuration: frozen, shared by every session of it."""
+        return self._config
+
+    @property
+    def loaded(self) -> bool:
+        """The session is in memory: no store, or its stored session opened (or
+        restored); until then its transcript and waiting calls are not known."""
+        return self._session.loaded
 
     @property
     def system(self) -> str | None:
@@ -423,11 +435,17 @@ class Agent(Runnable[OutputT]):
         a call of this tool may be (the top agent's calls are 1 deep)."""
         return AgentTool.of(self, name, description, deps, max_depth)
 
-    def _nested_session(self, store: Store | None, session: str | None) -> Agent[OutputT]:
-        """A session of this agent for one call of it as a tool (see as_tool)."""
+    def nested(self, store: Store | None, session: str | None) -> Agent[OutputT]:
+        """A session of this agent for one call of it as a tool (see :meth:`as_tool`): in
+        ``store`` under ``session`` (both None: in memory)."""
         fresh: Agent[OutputT] = Agent.__new__(type(self))
         fresh._setup(self._config, self.model_client.fork(), store, session, owns_client=False)
         return fresh
+
+    async def end_dead_run(self, reason: str) -> None:
+        """Record this session's last run ``failed`` (with ``reason``) when its record
+        still says ``running`` (its process died) and this process holds the session."""
+        await self._session.end_dead_run(reason)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "idle"

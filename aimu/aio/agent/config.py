@@ -17,7 +17,7 @@ from aimu.aio.limits import UsageLimits
 from aimu.aio.output import OutputSpec, check_tool_choice
 from aimu.aio.tools import Tool, Toolset
 
-from .handoffs import Handoff, check_handoffs, handoff_tools
+from .transfer import Handoff, check_handoffs, handoff_tools
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store

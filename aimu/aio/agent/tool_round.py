@@ -17,8 +17,7 @@ from aimu.aio.tools import Tool, ToolContext, ToolOutcome, invoke
 from aimu.aio.transcript import ToolCall
 
 from .session import Session, tool_message
-from .state import NEEDS_MODEL, NeedsTools, Phase, RunState
-from .tree import Held
+from .state import NEEDS_MODEL, Held, NeedsTools, Phase, RunState
 from .wall import WallReached
 
 __all__ = ["tool_round"]
