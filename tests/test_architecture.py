@@ -312,3 +312,32 @@ def test_only_the_session_knows_about_the_store_writer() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "writer"
     ]
     assert branching == [], branching
+
+
+def _transport_reads(path: Path) -> Iterator[int]:
+    """The lines of ``path`` reading a model client's ``messages`` (``client.messages``,
+    ``agent.model_client.messages``, ``session.client.messages``...)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Attribute) and node.attr == "messages"):
+            continue
+        owner = node.value
+        name = owner.id if isinstance(owner, ast.Name) else (
+            owner.attr if isinstance(owner, ast.Attribute) else "")
+        if name.endswith("client") or name in ("model", "models"):
+            yield node.lineno
+
+
+def test_nothing_reads_a_transports_messages() -> None:
+    """The session owns the transcript and a model client holds no conversation: its
+    ``messages`` is the user's view (``agent.model_client.messages``), which nothing in
+    aimu reads but the session taking over what a client's chat() said, once, and chat()."""
+    allowed = {"aimu.aio.providers.base", "aimu.aio.agent.session"}
+    reads = [
+        f"{module}:{line}"
+        for module, path in MODULES.items()
+        if module not in allowed
+        for line in _transport_reads(path)
+    ]
+    assert reads == [], "\n".join(reads)
+    session = list(_transport_reads(MODULES["aimu.aio.agent.session"]))
+    assert len(session) == 1, session  # the hand-over, in Session.__init__

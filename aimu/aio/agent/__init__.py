@@ -274,9 +274,9 @@ class Agent(AgentBase[OutputT]):
 
     @property
     def messages(self) -> list[Message]:
-        """This session's transcript: the session owns it (``model_client.messages`` is
-        the same list, a read view kept for compatibility: change it through
-        :meth:`restore`).
+        """This session's transcript: the session owns it. ``model_client.messages`` is
+        the same list: the user's view of it through the client (the client itself holds
+        no conversation and never reads it); change it through :meth:`restore` and runs.
 
         With a store, ``RuntimeError`` until the session is opened: an unopened session
         is not empty, its transcript is not loaded yet."""

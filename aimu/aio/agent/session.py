@@ -90,9 +90,10 @@ class Session:
         #: The model client: what the session's turns are asked of (it holds no state
         #: of the session's; any number of sessions may share one).
         self.client = client
-        #: The transcript: this session owns it. The client's ``messages`` is the same
-        #: list (a read view, for compatibility: a client given to an agent hands over
-        #: the conversation it had), never written by the client during a run.
+        #: The transcript: this session owns it, and is the only one to change it. A
+        #: client given to the agent hands over the conversation it showed (its
+        #: ``chat()``'s), then shows this list as its ``messages``: the user's view
+        #: (``agent.model_client.messages``); the client never reads it.
         self.messages: list[Message] = client.messages
         self.store = store
         #: The store session's name (None without a store).
