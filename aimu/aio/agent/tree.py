@@ -62,8 +62,8 @@ if TYPE_CHECKING:
     from .session import Session
     from .state import RunState
 
-#: An agent, as a tree sees it (the seam: see .base).
-Agent = AgentBase[Any]
+#: Any agent, as a tree sees it (the seam: see .base).
+AnyAgent = AgentBase[Any]
 
 __all__ = [
     "DEFAULT_MAX_DEPTH", "DIED", "AgentTool", "CallScope", "check_tree", "held_pending",
@@ -180,7 +180,7 @@ class AgentTool(Tool):
 
     __slots__ = ("agent", "max_depth", "task_deps")
     resumes = True
-    agent: Agent
+    agent: AnyAgent
     #: The deps its runs get (NO_DEPS: the caller's run's, else the agent's own).
     task_deps: object
     max_depth: int
@@ -188,7 +188,7 @@ class AgentTool(Tool):
     @classmethod
     def of(
         cls,
-        agent: Agent,
+        agent: AnyAgent,
         name: str | None,
         description: str | None,
         deps: object,
@@ -302,7 +302,7 @@ def _refused(
     return None
 
 
-async def _run_child(child: Agent, task: str) -> RunFinished | None:
+async def _run_child(child: AnyAgent, task: str) -> RunFinished | None:
     """The called agent's run: continued where it stopped if its session holds this
     task unfinished (a pause, a crash), else the task from the start; None when it
     still waits for a decision (the call stays held)."""
@@ -315,7 +315,7 @@ async def _run_child(child: Agent, task: str) -> RunFinished | None:
     return await child.finish(task, reset=True)
 
 
-async def _end_dead_run(child: Agent) -> None:
+async def _end_dead_run(child: AnyAgent) -> None:
     """A crash left the called agent's last run ``running`` (its record says so while a
     writer holds the session, and this process holds it now): record it failed, as
     recovery records a top-level run that died. Its call goes on as a new run."""
@@ -359,7 +359,7 @@ def nested_session_name(caller: str, turn: int, call_id: str) -> str:
     return f"{caller[:90]}--{turn}.{digest}"
 
 
-def _answer(child: Agent, final: RunFinished) -> str | ToolOutcome:
+def _answer(child: AnyAgent, final: RunFinished) -> str | ToolOutcome:
     """The call's result: the agent's answer, or how it stopped and what it produced."""
     if final.status in ANSWERED:
         output = child.last_run.output if child.last_run is not None else None
@@ -380,7 +380,7 @@ def _plain(output: object) -> object:
     return output
 
 
-def _produced(child: Agent) -> str:
+def _produced(child: AnyAgent) -> str:
     """What the agent's last run produced, in a few words and its last text."""
     result = child.last_run
     messages = [] if result is None else result.messages
@@ -396,7 +396,7 @@ def _produced(child: Agent) -> str:
     return f"{said}; its last text{partial}: {last}"
 
 
-async def _record_stop(session: Session, run: RunState, ctx: ToolContext, child: Agent
+async def _record_stop(session: Session, run: RunState, ctx: ToolContext, child: AnyAgent
                        ) -> None:
     """A cancel reached the call: the caller's transcript records that the agent was
     cancelled and what it had produced (the cancel goes on)."""
@@ -422,11 +422,11 @@ def _agent_tools(tools: tuple[Tool, ...]) -> Iterator[AgentTool]:
     return (tool for tool in tools if isinstance(tool, AgentTool))
 
 
-def check_tree(agent: Agent) -> None:
+def check_tree(agent: AnyAgent) -> None:
     """ValueError when ``agent``'s tools call agents in a cycle (``agent`` itself
     among them), or deeper than a tool's ``max_depth``."""
 
-    def walk(tools: tuple[Tool, ...], path: tuple[Agent, ...]) -> None:
+    def walk(tools: tuple[Tool, ...], path: tuple[AnyAgent, ...]) -> None:
         for tool in _agent_tools(tools):
             callee = tool.agent
             if any(callee is seen or callee.config is seen.config for seen in path):
@@ -457,7 +457,7 @@ def held_pending(session: Session) -> list[PendingApproval]:
 
 def route_decision(
     session: Session, call: str | PendingApproval
-) -> tuple[Agent, str | PendingApproval] | None:
+) -> tuple[AnyAgent, str | PendingApproval] | None:
     """The held agent a decision on ``call`` goes to, and the call as it knows it; None
     when the call is the session's own (or nobody's: the session says so)."""
     if isinstance(call, PendingApproval):
