@@ -259,22 +259,36 @@ def test_the_handle_states_are_the_handle_statuses() -> None:
 #: The agent's rooms (aimu/aio/agent/) that never import each other, nor the package
 #: (the Agent class): each is a function of the session and the run's state.
 _STEPS = ("turn", "tool_round", "settle")
-_ROOMS = ("config", "state", "session", "turn", "tool_round", "settle", "loop", "wall")
+_ROOMS = (
+    "config", "transfer", "base", "state", "session", "turn", "tool_round", "settle", "tree",
+    "handoffs", "loop", "wall",
+)
+#: Each room and the rooms it may import (type-only imports too), lowest first.
+_BELOW = {
+    "wall": set(), "state": {"wall"}, "transfer": set(), "config": {"transfer"},
+    "base": {"config"}, "session": {"config", "state", "transfer", "base"},
+    "turn": {"session", "state", "wall"}, "tool_round": {"session", "state", "wall"},
+    "settle": {"session", "state"},
+    # the steps that hold other agents: through the seam (base), never the Agent class
+    "tree": {"base", "config", "session", "state"},
+    "handoffs": {"base", "config", "session", "transfer"},
+    "loop": {*_ROOMS} - {"loop"},
+}
 
 
 def test_the_agents_rooms_import_in_one_direction() -> None:
-    """wall <- state <- session <- turn, tool_round, settle <- loop <- the Agent class:
-    a step never reaches another step, the driver, or the Agent."""
+    """wall <- state <- session <- turn, tool_round, settle <- loop <- the Agent class;
+    transfer <- config <- base (the seam) <- session, and tree and handoffs hold other
+    agents through the seam: a step never reaches another step, the driver, or the Agent.
+    Every module of the package is a room (a new one says where it stands)."""
     package = "aimu.aio.agent"
     rooms = {f"{package}.{name}" for name in _ROOMS}
     assert rooms <= set(MODULES), sorted(rooms - set(MODULES))
-    below = {
-        "wall": set(), "config": set(), "state": {"wall"}, "session": {"config", "state"},
-        "turn": {"session", "state", "wall"}, "tool_round": {"session", "state", "wall"},
-        "settle": {"session", "state"}, "loop": {*_ROOMS} - {"loop"},
-    }
+    inside = {m for m in MODULES if m.startswith(package + ".")}
+    assert inside == rooms, f"rooms without a place in _BELOW: {sorted(inside - rooms)}"
+    assert set(_BELOW) == set(_ROOMS)
     wrong = []
-    for name, allowed in below.items():
+    for name, allowed in _BELOW.items():
         module = f"{package}.{name}"
         found = {t.rpartition(".")[2] for t in TYPING_GRAPH[module] if t.startswith(package)}
         found.discard("agent")  # the package itself, as aimu.aio.agent
@@ -296,6 +310,47 @@ def test_temporal_never_imports_serve() -> None:
         if dependency == "aimu.serve" or dependency.startswith("aimu.serve.")
     }
     assert wrong == set()
+
+
+def _private_names(path: Path) -> set[str]:
+    """The private names the classes of ``path`` define (methods, ``self._x``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (
+            node.value.id == "self"
+        ):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_the_steps_holding_agents_use_the_seam() -> None:
+    """A tree's calls and handoffs reach other agents through AgentBase's public names:
+    no private name of an agent (``_config``, ``_session``, ``_finish``...), no ``Any``
+    stand-in for the package's own types, no look-alike Protocol, no ``object.__new__``."""
+    package = ROOT / "aimu" / "aio" / "agent"
+    private = _private_names(package / "__init__.py") | _private_names(
+        ROOT / "aimu" / "aio" / "runnable.py"
+    )
+    assert {"_config", "_session", "_finish", "_setup"} <= private
+    found = []
+    for name in ("tree", "handoffs", "transfer"):
+        source = (package / f"{name}.py").read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                found.append(f"{name}.py:{node.lineno} reads the agent's .{node.attr}")
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and (
+                node.value.id == "Any"
+            ):
+                found.append(f"{name}.py:{node.lineno} aliases Any")
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(b, ast.Name) and b.id == "Protocol" for b in node.bases
+            ):
+                found.append(f"{name}.py:{node.lineno} declares a look-alike Protocol")
+        if "object.__new__" in source:
+            found.append(f"{name}.py uses object.__new__")
+    assert found == [], "\n".join(found)
 
 
 def test_no_function_in_aimu_is_over_60_lines() -> None:
@@ -361,3 +416,32 @@ def test_a_requests_kind_is_dispatched_in_one_place() -> None:
                 if len(kinds) >= 2 and f"{module}.{node.name}" not in _KIND_READERS:
                     dispatching.append(f"{module}.{node.name} reads {sorted(kinds)}")
     assert dispatching == [], "\n".join(dispatching)
+
+
+def _transport_reads(path: Path) -> Iterator[int]:
+    """The lines of ``path`` reading a model client's ``messages`` (``client.messages``,
+    ``agent.model_client.messages``, ``session.client.messages``...)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Attribute) and node.attr == "messages"):
+            continue
+        owner = node.value
+        name = owner.id if isinstance(owner, ast.Name) else (
+            owner.attr if isinstance(owner, ast.Attribute) else "")
+        if name.endswith("client") or name in ("model", "models"):
+            yield node.lineno
+
+
+def test_nothing_reads_a_transports_messages() -> None:
+    """The session owns the transcript and a model client holds no conversation: its
+    ``messages`` is the user's view (``agent.model_client.messages``), which nothing in
+    aimu reads but the session taking over what a client's chat() said, once, and chat()."""
+    allowed = {"aimu.aio.providers.base", "aimu.aio.agent.session"}
+    reads = [
+        f"{module}:{line}"
+        for module, path in MODULES.items()
+        if module not in allowed
+        for line in _transport_reads(path)
+    ]
+    assert reads == [], "\n".join(reads)
+    session = list(_transport_reads(MODULES["aimu.aio.agent.session"]))
+    assert len(session) == 1, session  # the hand-over, in Session.__init__

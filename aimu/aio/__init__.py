@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
+    from aimu.aio.agent.transfer import Handoff
     from aimu.aio.approvals import PendingApproval
     from aimu.aio.context import ContextPolicy, KeepLastTurns, SummarizeOlderTurns
     from aimu.aio.control import RedisControl, RunEvent, RunInfo
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
         TurnRetried,
     )
     from aimu.aio.guardrails import GuardrailError, ToolGuardrail, Tripwire
-    from aimu.aio.handoffs import Handoff
     from aimu.aio.instructions import RunContext
     from aimu.aio.limits import ModelPrice, Spend, UsageLimits
     from aimu.aio.mcp import MCPServer
@@ -193,7 +193,7 @@ _WHERE = {
     "Spend": "limits",
     "UsageLimits": "limits",
     "GuardrailError": "guardrails",
-    "Handoff": "handoffs",
+    "Handoff": "agent.transfer",
     "ToolGuardrail": "guardrails",
     "Tripwire": "guardrails",
 }

@@ -60,10 +60,10 @@ class RunScope:
     )
 
     #: The scope of the run that called this one's agent as a tool, for a scope that ends
-    #: the chain of events but not that of ownership (``aimu.aio.tree.CallScope``).
+    #: the chain of events but not that of ownership (``aimu.aio.agent.tree.CallScope``).
     caller: RunScope | None = None
     #: For the runs opened in this scope: the id of the run record they run inside (the
-    #: caller's, for an agent called as a tool: ``aimu.aio.tree.CallScope``), else None.
+    #: caller's, for an agent called as a tool: ``aimu.aio.agent.tree.CallScope``), else None.
     record: str | None = None
 
     def __init__(

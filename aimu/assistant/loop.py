@@ -484,7 +484,7 @@ class Assistant:
 
     def _banner(self) -> None:
         client = self._agent.model_client
-        count = sum(1 for m in client.messages if m["role"] != "system")
+        count = sum(1 for m in self._agent.messages if m["role"] != "system")
         plural = "" if count == 1 else "s"
         known = f"{count} message{plural}; /history shows them" if count else "new"
         spec = f"{client.provider}:{client.model}"
@@ -537,7 +537,7 @@ class Assistant:
         self._line(f"(lines typed during a turn now {mode})")
 
     async def _history_command(self, rest: str) -> None:
-        show_history(self._screen, self.session, self._agent.model_client.messages)
+        show_history(self._screen, self.session, self._agent.messages)
 
     async def _sessions_command(self, rest: str) -> None:
         await show_sessions(self._screen, self._store, self.session)
@@ -619,7 +619,7 @@ class Assistant:
     # -- commands --------------------------------------------------------------------
 
     def _resume(self) -> None:
-        reason = nothing_to_resume(self._agent.model_client.messages)
+        reason = nothing_to_resume(self._agent.messages)
         if reason is not None:
             self._line(reason)
             return
@@ -690,7 +690,7 @@ class Assistant:
             return
         previous, self._agent = self._agent, agent
         await previous.aclose()
-        count = len(agent.model_client.messages)
+        count = len(agent.messages)
         if count:
             self._line(f"(switched to session {name!r}: {count} messages)")
         else:

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from typing import Final
 
 from aimu.aio.agent import Agent
+from aimu.aio.agent.tree import DIED, nested_session_name
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
 from aimu.aio.transcript import Message, dangling_calls
-from aimu.aio.tree import DIED, nested_session_name
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs, open_agent
 
@@ -240,7 +240,7 @@ def _streak(latest: list[RunRecord], messages: int) -> int:
 async def _inside_a_tree(store: Store, record: RunRecord) -> bool:
     """True for a run of an agent called as a tool: its record names its parent run, or
     (a record of an aimu that did not) its session is named from a caller's session
-    whose transcript holds that call (:func:`~aimu.aio.tree.nested_session_name`)."""
+    whose transcript holds that call (:func:`~aimu.aio.agent.tree.nested_session_name`)."""
     if record.parent is not None:
         return True
     named = _NESTED.fullmatch(record.session)

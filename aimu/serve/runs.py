@@ -18,12 +18,12 @@ from aimu._hosting import AgentFactory
 from aimu.aio._echo import echo
 from aimu.aio._numbers import finite
 from aimu.aio.agent import Agent
+from aimu.aio.agent.tree import stored_pending
 from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.status import LIVE
 from aimu.aio.steering import Steer
 from aimu.aio.store import Store, validate_session_name
 from aimu.aio.transcript import Usage
-from aimu.aio.tree import stored_pending
 from aimu.serve.errors import BadRequest, Conflict, Draining
 from aimu.serve.ids import check_run_id
 

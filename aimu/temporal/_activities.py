@@ -385,7 +385,7 @@ class _TurnAttempt:
     async def _start(self) -> RunHandle[Any]:
         request, agent = self.request, self.agent
         if request.task is not None and not _stored(
-            agent.model_client.messages, request.messages_from, request.task
+            agent.messages, request.messages_from, request.task
         ):
             run = agent.run(request.task)
         else:

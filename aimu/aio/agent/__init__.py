@@ -30,16 +30,22 @@ from aimu.aio.context import ContextPolicy, Summary
 from aimu.aio.ends import INTERRUPTED
 from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.guardrails import Guardrail, ToolGuardrail
-from aimu.aio.handoffs import Handoff
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
-from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, Runnable, RunOptions, load_usage
+from aimu.aio.runnable import NO_DEPS, NO_OPTIONS, OutputT, RunOptions, load_usage
 from aimu.aio.scope import RunScope, sent_message
 from aimu.aio.steering import Steer, send_kept
 from aimu.aio.store import validate_session_name
 from aimu.aio.tools import Tool, Toolset
 from aimu.aio.transcript import Message, Usage, zero_usage
-from aimu.aio.tree import (
+
+from .base import AgentBase
+from .config import AgentOptions, Config, make_config
+from .loop import run_events
+from .session import Session, StoredSession
+from .state import FINAL_TURN_PROMPT, Ended, NeedsModel, NeedsTools, Next
+from .transfer import Handoff
+from .tree import (
     DEFAULT_MAX_DEPTH,
     AgentTool,
     check_tree,
@@ -48,11 +54,6 @@ from aimu.aio.tree import (
     open_held,
     route_decision,
 )
-
-from .config import AgentOptions, Config, make_config
-from .loop import run_events
-from .session import Session, StoredSession
-from .state import FINAL_TURN_PROMPT, Ended, NeedsModel, NeedsTools, Next
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store
@@ -64,7 +65,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-class Agent(Runnable[OutputT]):
+class Agent(AgentBase[OutputT]):
     """A model client, tools and a system prompt, running a tool loop on one transcript.
 
     ``agent.start()`` makes another session of the same agent with its own transcript.
@@ -90,7 +91,7 @@ class Agent(Runnable[OutputT]):
     (beside the first turn), the final answer and tool calls; a tripwire ends the run
     ``blocked`` (see :mod:`aimu.aio.guardrails`). ``handoffs`` (agents, or
     :class:`~aimu.aio.Handoff`) offers the model a transfer tool per target: the target
-    answers the user from then on in this session (see :mod:`aimu.aio.handoffs`).
+    answers the user from then on in this session (see :mod:`aimu.aio.agent.handoffs`).
     """
 
     kind = "agent"
@@ -193,6 +194,17 @@ class Agent(Runnable[OutputT]):
         return self._config.name
 
     @property
+    def config(self) -> Config:
+        """The agent's configuration: frozen, shared by every session of it."""
+        return self._config
+
+    @property
+    def loaded(self) -> bool:
+        """The session is in memory: no store, or its stored session opened (or
+        restored); until then its transcript and waiting calls are not known."""
+        return self._session.loaded
+
+    @property
     def system(self) -> str | None:
         """The system prompt: the text given, or the one a ``system=`` function gave
         for the last run (None before its first)."""
@@ -262,9 +274,9 @@ class Agent(Runnable[OutputT]):
 
     @property
     def messages(self) -> list[Message]:
-        """This session's transcript: the session owns it (``model_client.messages`` is
-        the same list, a read view kept for compatibility: change it through
-        :meth:`restore`).
+        """This session's transcript: the session owns it. ``model_client.messages`` is
+        the same list: the user's view of it through the client (the client itself holds
+        no conversation and never reads it); change it through :meth:`restore` and runs.
 
         With a store, ``RuntimeError`` until the session is opened: an unopened session
         is not empty, its transcript is not loaded yet."""
@@ -419,15 +431,21 @@ class Agent(Runnable[OutputT]):
         Each call runs this agent in a session of its own nested under the caller's (a
         store's session beside the caller's, named from it and the call id), with the
         caller's deps unless ``deps=`` is given. One stop, pause, budget and crash
-        covers the tree: see :mod:`aimu.aio.tree`. ``max_depth``: how many agents deep
+        covers the tree: see :mod:`aimu.aio.agent.tree`. ``max_depth``: how many agents deep
         a call of this tool may be (the top agent's calls are 1 deep)."""
         return AgentTool.of(self, name, description, deps, max_depth)
 
-    def _nested_session(self, store: Store | None, session: str | None) -> Agent[OutputT]:
-        """A session of this agent for one call of it as a tool (see as_tool)."""
+    def nested(self, store: Store | None, session: str | None) -> Agent[OutputT]:
+        """A session of this agent for one call of it as a tool (see :meth:`as_tool`): in
+        ``store`` under ``session`` (both None: in memory)."""
         fresh: Agent[OutputT] = Agent.__new__(type(self))
         fresh._setup(self._config, self.model_client.fork(), store, session, owns_client=False)
         return fresh
+
+    async def end_dead_run(self, reason: str) -> None:
+        """Record this session's last run ``failed`` (with ``reason``) when its record
+        still says ``running`` (its process died) and this process holds the session."""
+        await self._session.end_dead_run(reason)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "idle"

@@ -12,11 +12,12 @@ from aimu.aio.approvals import ApprovalPolicy
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy
 from aimu.aio.guardrails import Guardrail, ToolGuardrail, check_guardrails
-from aimu.aio.handoffs import Handoff, check_handoffs, handoff_tools
 from aimu.aio.instructions import Instructions, check_instructions
 from aimu.aio.limits import UsageLimits
 from aimu.aio.output import OutputSpec, check_tool_choice
 from aimu.aio.tools import Tool, Toolset
+
+from .transfer import Handoff, check_handoffs, handoff_tools
 
 if TYPE_CHECKING:
     from aimu.aio.store import Store
@@ -77,7 +78,7 @@ class Config:
     input_guardrails: tuple[Guardrail, ...] = ()
     output_guardrails: tuple[Guardrail, ...] = ()
     tool_guardrails: tuple[ToolGuardrail, ...] = ()
-    #: The agents this one may hand the conversation to (see aimu.aio.handoffs).
+    #: The agents this one may hand the conversation to (see aimu.aio.agent.handoffs).
     handoffs: tuple[Handoff, ...] = ()
 
 

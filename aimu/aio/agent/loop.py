@@ -16,18 +16,18 @@ from typing import Any
 from aimu.aio._tracing import RunSpans
 from aimu.aio.events import Event, RunResult, RunStarted
 from aimu.aio.guardrails import InputGuard, run_guardrails
-from aimu.aio.handoffs import pick_up_speaker, take_handoff
 from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
 from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
 from aimu.aio.scope import RunScope
 from aimu.aio.transcript import UserMessage, dangling_calls
-from aimu.aio.tree import close_held
 
+from .handoffs import follow_speaker
 from .session import NO_RERUNS, Session
 from .settle import settle
 from .state import NEEDS_MODEL, Ended, NeedsModel, NeedsTools, Phase, RunState
 from .tool_round import tool_round
+from .tree import close_held
 from .turn import answer_passes, context_hit, model_turn, output_checked
 from .wall import WallTimer
 
@@ -105,7 +105,7 @@ async def _open(session: Session, run: RunState, task: str | None, reset: bool) 
     await config.table.ready()
     await session.open()
     if config.handoffs or session.handoff is not None:  # who has the conversation
-        await pick_up_speaker(session, reset)
+        await follow_speaker(session, reset)
         config = session.config
     if config.system is not None and not isinstance(config.system, str):
         context = session.run_context(task, run.deps)
@@ -226,6 +226,6 @@ async def _next_step(session: Session, run: RunState) -> AsyncGenerator[Event, N
     if hit is not None:
         run.limited(hit)
         return None
-    if session.handoff is not None and session.handoff.pending is not None:
-        await take_handoff(session)  # a transfer taken in the last round
+    if session.handoff is not None:
+        await follow_speaker(session)  # a transfer taken in the last round
     return model_turn(session, run)

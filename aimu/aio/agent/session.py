@@ -8,7 +8,9 @@ each message the moment it exists, answering open calls.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from aimu.aio._session import SessionRecord, input_id
@@ -39,19 +41,34 @@ from aimu.aio.transcript import (
 
 from .config import Config
 from .state import FINAL_TURN_PROMPT
+from .transfer import Handoff
 
 if TYPE_CHECKING:
     from aimu.aio._stops import Stop
     from aimu.aio.events import RunStatus
     from aimu.aio.store import SessionStatus, SessionWriter, Store, ToolStart
 
+    from .base import AgentBase
     from .state import RunState
 
-__all__ = ["NO_RERUNS", "Session", "StoredSession", "joined", "tool_message"]
+__all__ = ["NO_RERUNS", "Session", "Speaker", "StoredSession", "joined", "tool_message"]
 
 #: No call a crash left in doubt: one empty set shared by every session (an empty
 #: ``set()`` is 216 bytes a session).
 NO_RERUNS: frozenset[str] = frozenset()
+
+
+class Speaker:
+    """Who may have a session's conversation, with handoffs (see :mod:`.handoffs`): the
+    home agent (the session's own configuration and client) and every agent reachable by
+    handoffs, by name, with the handoff that reaches it."""
+
+    __slots__ = ("client", "config", "known")
+
+    def __init__(self, config: Config, client: ModelClient, known: dict[str, Handoff]) -> None:
+        self.config = config
+        self.client = client
+        self.known = known
 
 
 class Session:
@@ -73,9 +90,10 @@ class Session:
         #: The model client: what the session's turns are asked of (it holds no state
         #: of the session's; any number of sessions may share one).
         self.client = client
-        #: The transcript: this session owns it. The client's ``messages`` is the same
-        #: list (a read view, for compatibility: a client given to an agent hands over
-        #: the conversation it had), never written by the client during a run.
+        #: The transcript: this session owns it, and is the only one to change it. A
+        #: client given to the agent hands over the conversation it showed (its
+        #: ``chat()``'s), then shows this list as its ``messages``: the user's view
+        #: (``agent.model_client.messages``); the client never reads it.
         self.messages: list[Message] = client.messages
         self.store = store
         #: The store session's name (None without a store).
@@ -87,8 +105,8 @@ class Session:
         self.reruns: frozenset[str] = NO_RERUNS
         self.approvals = Approvals()
         #: The sessions of agents called as tools whose calls are held open (paused
-        #: inside), by call id: a resume continues them (see aimu.aio.tree).
-        self.held: dict[str, Any] = {}
+        #: inside), by call id: a resume continues them (see aimu.aio.agent.tree).
+        self.held: dict[str, AgentBase[Any]] = {}
         #: Memory holds the session: no store, or its session loaded (open()) or replaced
         #: (restore()). Until then the transcript and approvals are not known.
         self.loaded = store is None
@@ -99,15 +117,15 @@ class Session:
         #: the tokens the server counted for it, so a request's size is estimated from
         #: what was added since.
         self.known = (0, 0)
-        #: With handoffs: who has the conversation (aimu.aio.handoffs.Speaker), else None.
-        self.handoff: Any = None
+        #: With handoffs: who may have the conversation (see .handoffs), else None.
+        self.handoff: Speaker | None = None
 
     @property
     def agent_name(self) -> str:
         """The name of the agent this session is of: its runs' (their records and their
         start and end events), whichever agent has the conversation (handoffs)."""
         speaker = self.handoff
-        return self.config.name if speaker is None else str(speaker.config.name)
+        return self.config.name if speaker is None else speaker.config.name
 
     # -- checks ------------------------------------------------------------------------
 
@@ -207,6 +225,10 @@ class Session:
 
     async def end_run(self, run: RunState, stop: Stop) -> None:
         """Store how the run started by :meth:`start_run` ended (``stop``)."""
+
+    async def end_dead_run(self, reason: str) -> None:
+        """Record the session's last run ``failed`` (``reason``) if its record still says
+        ``running``: its process died (this one holds the session now)."""
 
     # -- the transcript ----------------------------------------------------------------
 
@@ -503,6 +525,16 @@ class StoredSession(Session):
             spend=None if run.budget is None else run.budget.run.dump(),
             limit=None if run.limit is None else run.limit.message,
         )
+
+    async def end_dead_run(self, reason: str) -> None:
+        writer, store, name = self.durable.writer, self.store, self.name
+        if writer is None or store is None or name is None:
+            return
+        latest = await store.runs(session=name, limit=1)
+        if latest and latest[0].status == "running":
+            await writer.record_run(replace(
+                latest[0], status="failed", ended=time.time(), reason=reason
+            ))
 
     async def journal_start(self, call: ToolCall) -> None:
         """With the store open, durably note that ``call`` starts: if the process dies

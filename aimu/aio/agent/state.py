@@ -23,15 +23,14 @@ from aimu.aio.guardrails import InputGuard, Tripped
 from aimu.aio.limits import Budget, LimitHit, estimate_tokens, transcript_chars
 from aimu.aio.runnable import NO_OPTIONS, RunClock, RunOptions, options_in
 from aimu.aio.scope import RunScope
-from aimu.aio.tools import ToolContext
+from aimu.aio.tools import ToolContext, ToolOutcome
 from aimu.aio.transcript import AssistantMessage, Message, ToolCall, Usage, add_usage, zero_usage
 
 from .wall import WallTimer
 
 __all__ = [
-    "FINAL_TURN_PROMPT", "NEEDS_MODEL", "Ended", "NeedsModel", "NeedsTools", "Next", "Phase",
-    "RunState",
-    "TurnInFlight",
+    "FINAL_TURN_PROMPT", "NEEDS_MODEL", "Ended", "Held", "NeedsModel", "NeedsTools", "Next",
+    "Phase", "RunState", "TurnInFlight",
 ]
 
 #: The user message that opens the last turn once ``max_rounds`` model turns were made.
@@ -87,6 +86,13 @@ class Ended:
 
     status: RunStatus
     reply: str
+
+
+@dataclass(frozen=True, slots=True)
+class Held(ToolOutcome):
+    """A tool call's outcome: the agent it called (``agent.as_tool()``) paused, so there is
+    no result yet; the calling run pauses, and its resume runs the call again, which
+    continues the agent (see :mod:`.tree`)."""
 
 
 #: What a step decided comes next: a model turn, a tool round, or the end.

@@ -15,10 +15,9 @@ from aimu.aio.guardrails import guarded_call
 from aimu.aio.journal import RERUN_NOTE
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome, invoke
 from aimu.aio.transcript import ToolCall
-from aimu.aio.tree import Held
 
 from .session import Session, tool_message
-from .state import NEEDS_MODEL, NeedsTools, Phase, RunState
+from .state import NEEDS_MODEL, Held, NeedsTools, Phase, RunState
 from .wall import WallReached
 
 __all__ = ["tool_round"]

@@ -713,7 +713,6 @@ class HTTPModelClient(ModelClient):
 
     def fork(self) -> Self:
         twin = copy.copy(self)
-        ModelClient.__init__(twin, self.model)  # a transcript of its own
         twin.options = dict(self.options)
         twin._wire = WireEncoder(self._wire._to_wire, self._wire.merge_roles)
         twin._owner = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import warnings
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -248,13 +249,19 @@ class TurnAssembler:
         return message
 
 
+#: What each client shows as :attr:`ModelClient.messages` (the user's view of a
+#: conversation; see there), kept beside the clients: a client holds no conversation,
+#: and a fork (a copy) shows none.
+_SHOWN: weakref.WeakKeyDictionary[ModelClient, list[Message]] = weakref.WeakKeyDictionary()
+
+
 class ModelClient(abc.ABC):
     """An async model client: :meth:`stream_turn` asks the model for one turn.
 
-    :meth:`chat` keeps a conversation of its own in :attr:`messages`. Given to an agent,
-    the client hands that list over: the agent's session owns it from then on, and
-    ``client.messages`` is a read view of the session's transcript (change it through
-    the agent: ``restore()``, runs). The client holds no other state of a run."""
+    A client is a transport: it holds no conversation and no state of a run (any number
+    of sessions may share one). :attr:`messages` is the user's view of a conversation:
+    given to an agent, that agent session's transcript (the session owns it); otherwise
+    what the one-shot :meth:`chat` said."""
 
     #: The prefix of ``client()`` specs for this provider.
     provider: str = ""
@@ -302,8 +309,22 @@ class ModelClient(abc.ABC):
 
     def __init__(self, model: str) -> None:
         self.model = model
-        #: The conversation: plain JSON-serialisable dicts in the chat shape.
-        self.messages: list[Message] = []
+
+    @property
+    def messages(self) -> list[Message]:
+        """The user's view of a conversation (the client itself never reads it): for a
+        client given to an agent, that agent session's transcript, the same list as
+        ``agent.messages`` (``agent.model_client.messages``: the session owns it; change
+        it through the agent: ``restore()``, runs); otherwise the conversation of
+        :meth:`chat`, which an agent given this client goes on with."""
+        shown = _SHOWN.get(self)
+        if shown is None:
+            shown = _SHOWN[self] = []
+        return shown
+
+    @messages.setter
+    def messages(self, messages: list[Message]) -> None:
+        _SHOWN[self] = messages
 
     @property
     @abc.abstractmethod
@@ -325,12 +346,13 @@ class ModelClient(abc.ABC):
         chunks are then produced from it). ``request`` asks for more (an output schema,
         tool options); the agent passes it only when it has something to ask. Closing
         the generator or cancelling its task closes the HTTP response at once. Does not
-        touch :attr:`messages`.
+        read or touch :attr:`messages`.
         """
 
     @abc.abstractmethod
     def fork(self) -> Self:
-        """A client with the same model, settings and connection pool; empty transcript."""
+        """A client with the same model, settings and connection pool (showing no
+        conversation: :attr:`messages` is not the client's)."""
 
     async def aclose(self) -> None:  # noqa: B027 - a client without resources has nothing to do
         """Close network resources. Forks share them: close the client you created."""
@@ -392,7 +414,8 @@ class ModelClient(abc.ABC):
         tools: Sequence[ToolSpec] | None = None,
         stream: bool = False,
     ) -> AssistantMessage | AsyncIterator[Chunk]:
-        """One model turn: append ``message`` and the reply to :attr:`messages`.
+        """One model turn: append ``message`` and the reply to :attr:`messages` (a
+        one-shot helper over :meth:`stream_turn`; an agent keeps a conversation itself).
 
         With ``stream=True`` this returns an async iterator of chunks; the reply is
         appended when the stream ends (a stream abandoned half-way leaves the text so

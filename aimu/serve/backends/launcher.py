@@ -83,7 +83,7 @@ class Launcher:
 
         body = closing()
         try:
-            handle = start(body, len(agent.model_client.messages))
+            handle = start(body, len(agent.messages))
         except BaseException:  # never started: release the session here
             body.close()
             run.close()

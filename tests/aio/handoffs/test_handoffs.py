@@ -274,3 +274,23 @@ async def test_every_record_field_stays_right_across_a_handoff(tmp_path: Path) -
     finally:
         await triage.aclose()
         await store.aclose()
+
+
+async def test_no_client_holds_the_conversation_across_a_handoff() -> None:
+    """The session owns the transcript: the home client, the target's client and the fork
+    that speaks for the target hold none (a fork once emptied a list of its own, and the
+    run's record read the emptied one); ``model_client.messages`` is the user's view."""
+    triage, model = _agents([_transfer("billing"), Turn(text="billing here")])
+    billing = triage.config.handoffs[0].agent
+    assert await triage.run("my invoice") == "billing here"
+    speaking = triage._session.client  # the fork of billing's client
+    assert speaking is not model and isinstance(speaking, ScriptedModel)
+    for client in (model, billing.model_client, speaking):
+        assert "messages" not in vars(client), client
+    assert triage.model_client.messages is triage.messages
+    assert billing.model_client.messages is billing.messages  # its own session's: unused
+    assert billing.messages == [{"role": "system", "content": "You are billing."}]
+    assert speaking.messages == []  # given to no session
+    assert triage.last_run is not None
+    assert [m.get("aimu_agent") for m in triage.last_run.messages
+            if m["role"] == "assistant"] == ["triage", "billing"]

@@ -31,10 +31,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from aimu.aio._stops import past_deadline
 from aimu.aio.approvals import Approvals, PendingApproval
@@ -52,17 +51,22 @@ from aimu.aio.transcript import (
     is_correction,
 )
 
+from .base import AgentBase
+from .state import FINAL_TURN_PROMPT, Held, Phase
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from aimu.aio.agent.config import Config
-    from aimu.aio.agent.session import Session
-    from aimu.aio.agent.state import RunState
-    from aimu.aio.events import RunResult
     from aimu.aio.store import Store
 
+    from .session import Session
+    from .state import RunState
+
+#: Any agent, as a tree sees it (the seam: see .base).
+AnyAgent = AgentBase[Any]
+
 __all__ = [
-    "DEFAULT_MAX_DEPTH", "DIED", "AgentTool", "CallScope", "Held", "check_tree", "held_pending",
+    "DEFAULT_MAX_DEPTH", "DIED", "AgentTool", "CallScope", "check_tree", "held_pending",
     "nested_session_name", "open_held", "route_decision",
 ]
 
@@ -81,39 +85,6 @@ _TASK_SCHEMA: Final[dict[str, Any]] = {
 _SAFE = re.compile(r"[A-Za-z0-9._-]+")
 #: The most of an agent's text a stopped call's result repeats.
 _SHOWN = 2000
-
-
-class Agent(Protocol):
-    """What this module needs of an :class:`~aimu.aio.Agent` (which imports it)."""
-
-    _config: Config
-    _session: Session
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def last_run(self) -> RunResult[Any] | None: ...
-    @property
-    def resumable(self) -> bool: ...
-    @property
-    def messages(self) -> list[Message]: ...
-    @property
-    def pending_approvals(self) -> list[PendingApproval]: ...
-    async def open(self) -> None: ...
-    async def aclose(self) -> None: ...
-    async def finish(self, task: str | None) -> RunFinished: ...
-    async def _finish(self, task: str | None, reset: bool) -> RunFinished: ...
-    def start(self) -> Agent: ...
-    def approve(self, call: str | PendingApproval) -> None: ...
-    def deny(self, call: str | PendingApproval, reason: str | None = None) -> None: ...
-    def answer(self, call: str | PendingApproval, result: str) -> None: ...
-    def _nested_session(self, store: Store | None, session: str | None) -> Agent: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Held(ToolOutcome):
-    """A call whose agent paused: no result yet; the calling run pauses, and its resume
-    runs the call again, which continues the agent."""
 
 
 class CallScope(RunScope):
@@ -151,7 +122,7 @@ class CallScope(RunScope):
 
             def forward(event: Event) -> None:
                 if not isinstance(event, HandleFinished | ModelRetry):
-                    event = _with_path(event, above + event.path)
+                    event = replace(event, path=above + event.path)
                 relay(event)
 
             self.add_listener(forward)
@@ -184,23 +155,6 @@ class CallScope(RunScope):
         return self.around.run_id
 
 
-_FIELDS: dict[type[Any], tuple[str, ...]] = {}
-
-
-def _with_path(event: Any, path: tuple[str, ...]) -> Any:
-    """``event`` with ``path`` (what ``dataclasses.replace`` does, a sixth of the cost:
-    every event of an agent called is copied once per level above it)."""
-    kind = type(event)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = _FIELDS[kind] = tuple(f.name for f in fields(kind) if f.name != "path")
-    copy = object.__new__(kind)
-    for name in names:
-        object.__setattr__(copy, name, getattr(event, name))
-    object.__setattr__(copy, "path", path)
-    return copy
-
-
 class _Waiters(list[Any]):
     """What a CallScope shows as its interrupt waiters: entries go to its caller's."""
 
@@ -226,7 +180,7 @@ class AgentTool(Tool):
 
     __slots__ = ("agent", "max_depth", "task_deps")
     resumes = True
-    agent: Agent
+    agent: AnyAgent
     #: The deps its runs get (NO_DEPS: the caller's run's, else the agent's own).
     task_deps: object
     max_depth: int
@@ -234,7 +188,7 @@ class AgentTool(Tool):
     @classmethod
     def of(
         cls,
-        agent: Agent,
+        agent: AnyAgent,
         name: str | None,
         description: str | None,
         deps: object,
@@ -280,7 +234,7 @@ class _Call:
             return ToolOutcome("the argument 'task' must be a non-empty string", True)
         caller = ctx.caller
         if not isinstance(caller, tuple):  # called by hand, outside an agent's run
-            fresh = self.tool.agent.start()
+            fresh = self.tool.agent.nested(None, None)
             return _answer(fresh, await fresh.finish(task))
         session, run, relay = caller
         return await _nested(self.tool, session, run, relay, ctx, task)
@@ -304,12 +258,12 @@ async def _nested(
     assert run.budget is not None
     deps = tool.task_deps
     if deps is NO_DEPS:
-        deps = run.deps if run.deps is not None else tool.agent._config.deps
+        deps = run.deps if run.deps is not None else tool.agent.config.deps
     options = RunOptions(deps=deps, shared=run.budget.for_callee())
     record = session.durable.run
     scope = CallScope(run.scope, path, configs, relay, options,
                       None if record is None else record.id)
-    child = session.held.pop(ctx.call_id, None) or tool.agent._nested_session(
+    child = session.held.pop(ctx.call_id, None) or tool.agent.nested(
         session.store, _session_name(session, ctx.call_id)
     )
     token = current_scope.set(scope)
@@ -336,7 +290,7 @@ def _refused(
     tool: AgentTool, path: tuple[str, ...], configs: tuple[object, ...]
 ) -> ToolOutcome | None:
     """The result of a call that must not run: a cycle, or past the depth limit."""
-    if tool.agent._config in configs:
+    if tool.agent.config in configs:
         chain = " -> ".join((*path, tool.agent.name))
         return ToolOutcome(f"[not run: agent {tool.agent.name!r} is already running above "
                            f"this call ({chain}); an agent cannot call itself]", True)
@@ -348,7 +302,7 @@ def _refused(
     return None
 
 
-async def _run_child(child: Agent, task: str) -> RunFinished | None:
+async def _run_child(child: AnyAgent, task: str) -> RunFinished | None:
     """The called agent's run: continued where it stopped if its session holds this
     task unfinished (a pause, a crash), else the task from the start; None when it
     still waits for a decision (the call stays held)."""
@@ -358,29 +312,20 @@ async def _run_child(child: Agent, task: str) -> RunFinished | None:
         if child.pending_approvals:
             return None
         return await child.finish(None)
-    return await child._finish(task, True)
+    return await child.finish(task, reset=True)
 
 
-async def _end_dead_run(child: Agent) -> None:
+async def _end_dead_run(child: AnyAgent) -> None:
     """A crash left the called agent's last run ``running`` (its record says so while a
     writer holds the session, and this process holds it now): record it failed, as
     recovery records a top-level run that died. Its call goes on as a new run."""
-    session = child._session
-    writer, store, name = session.durable.writer, session.store, session.name
-    if writer is None or store is None or name is None:
-        return
-    latest = await store.runs(session=name, limit=1)
-    if latest and latest[0].status == "running":
-        await writer.record_run(replace(
-            latest[0], status="failed", ended=time.time(),
-            reason=f"{DIED} (at message {len(child.messages)}); it went on inside the "
-            "run that called it",
-        ))
+    await child.end_dead_run(
+        f"{DIED} (at message {len(child.messages)}); it went on inside the run that "
+        "called it"
+    )
 
 
 def _last_task(messages: list[Message]) -> str | None:
-    from aimu.aio.agent.state import FINAL_TURN_PROMPT  # the agent imports this module
-
     for message in reversed(messages):
         if message["role"] != "user" or message.get("aimu_sent") or is_correction(message):
             continue
@@ -414,11 +359,11 @@ def nested_session_name(caller: str, turn: int, call_id: str) -> str:
     return f"{caller[:90]}--{turn}.{digest}"
 
 
-def _answer(child: Agent, final: RunFinished) -> str | ToolOutcome:
+def _answer(child: AnyAgent, final: RunFinished) -> str | ToolOutcome:
     """The call's result: the agent's answer, or how it stopped and what it produced."""
     if final.status in ANSWERED:
         output = child.last_run.output if child.last_run is not None else None
-        if child._config.output is not None and output is not None:
+        if child.config.output is not None and output is not None:
             return to_text(_plain(output))
         return final.reply
     what = {
@@ -435,7 +380,7 @@ def _plain(output: object) -> object:
     return output
 
 
-def _produced(child: Agent) -> str:
+def _produced(child: AnyAgent) -> str:
     """What the agent's last run produced, in a few words and its last text."""
     result = child.last_run
     messages = [] if result is None else result.messages
@@ -451,12 +396,10 @@ def _produced(child: Agent) -> str:
     return f"{said}; its last text{partial}: {last}"
 
 
-async def _record_stop(session: Session, run: RunState, ctx: ToolContext, child: Agent
+async def _record_stop(session: Session, run: RunState, ctx: ToolContext, child: AnyAgent
                        ) -> None:
     """A cancel reached the call: the caller's transcript records that the agent was
     cancelled and what it had produced (the cancel goes on)."""
-    from aimu.aio.agent.state import Phase  # the agent package imports this module
-
     if run.phase is Phase.SETTLED:
         return
     result: ToolMessage = {
@@ -479,14 +422,14 @@ def _agent_tools(tools: tuple[Tool, ...]) -> Iterator[AgentTool]:
     return (tool for tool in tools if isinstance(tool, AgentTool))
 
 
-def check_tree(agent: Agent) -> None:
+def check_tree(agent: AnyAgent) -> None:
     """ValueError when ``agent``'s tools call agents in a cycle (``agent`` itself
     among them), or deeper than a tool's ``max_depth``."""
 
-    def walk(tools: tuple[Tool, ...], path: tuple[Agent, ...]) -> None:
+    def walk(tools: tuple[Tool, ...], path: tuple[AnyAgent, ...]) -> None:
         for tool in _agent_tools(tools):
             callee = tool.agent
-            if any(callee is seen or callee._config is seen._config for seen in path):
+            if any(callee is seen or callee.config is seen.config for seen in path):
                 chain = " -> ".join(a.name for a in (*path, callee))
                 raise ValueError(
                     f"agent {agent.name!r}: its tools call agents in a cycle ({chain}); an "
@@ -497,9 +440,9 @@ def check_tree(agent: Agent) -> None:
                     f"agent {agent.name!r}: agent {callee.name!r} is called {len(path)} "
                     f"agents deep, past its tool's max_depth of {tool.max_depth}"
                 )
-            walk(callee._config.table.local, (*path, callee))
+            walk(callee.config.table.local, (*path, callee))
 
-    walk(agent._config.table.local, (agent,))
+    walk(agent.config.table.local, (agent,))
 
 
 def held_pending(session: Session) -> list[PendingApproval]:
@@ -507,14 +450,14 @@ def held_pending(session: Session) -> list[PendingApproval]:
     return [
         replace(pending, path=(call_id, *pending.path))
         for call_id, child in session.held.items()
-        if child._session.loaded
+        if child.loaded
         for pending in child.pending_approvals
     ]
 
 
 def route_decision(
     session: Session, call: str | PendingApproval
-) -> tuple[Agent, str | PendingApproval] | None:
+) -> tuple[AnyAgent, str | PendingApproval] | None:
     """The held agent a decision on ``call`` goes to, and the call as it knows it; None
     when the call is the session's own (or nobody's: the session says so)."""
     if isinstance(call, PendingApproval):
@@ -527,7 +470,7 @@ def route_decision(
     if call in session.approvals.pending:
         return None
     for child in session.held.values():
-        if child._session.loaded and any(p.call_id == call for p in child.pending_approvals):
+        if child.loaded and any(p.call_id == call for p in child.pending_approvals):
             return child, call
     return None
 
@@ -541,7 +484,7 @@ async def open_held(session: Session) -> None:
         tool = session.config.table.by_name.get(call["function"]["name"])
         if not isinstance(tool, AgentTool) or call["id"] in session.held:
             continue
-        child = tool.agent._nested_session(session.store, _session_name(session, call["id"]))
+        child = tool.agent.nested(session.store, _session_name(session, call["id"]))
         await child.open()
         if child.pending_approvals:
             session.held[call["id"]] = child
