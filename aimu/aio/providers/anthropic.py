@@ -20,11 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
@@ -32,6 +28,10 @@ from aimu.aio.providers._http import (
     unique_id,
     with_cached,
 )
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY
+from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unchanged

@@ -39,11 +39,7 @@ import httpx
 from aimu._extras import needs_extra
 from aimu.aio.errors import ModelError
 from aimu.aio.providers import _eventstream as frames
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     TurnDecoder,
     as_dict,
     as_list,
@@ -51,6 +47,10 @@ from aimu.aio.providers._http import (
     unique_id,
     with_cached,
 )
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY
+from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import decode_arguments, dumps, unchanged

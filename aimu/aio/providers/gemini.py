@@ -24,11 +24,7 @@ from operator import is_, itemgetter
 from typing import Any, Self, cast
 from urllib.parse import quote
 
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
@@ -37,6 +33,10 @@ from aimu.aio.providers._http import (
     tool_call,
     with_cached,
 )
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY
+from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import clean, clean_json
 from aimu.aio.providers._wire import dumps

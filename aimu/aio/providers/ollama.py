@@ -17,14 +17,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from aimu.aio._numbers import is_count
+from aimu.aio.providers._decoder import TurnDecoder, call_id
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
-    TurnDecoder,
-    call_id,
-)
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY
+from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
 from aimu.aio.providers._unicode import TurnText, clean, clean_json
 from aimu.aio.providers._wire import decode_arguments

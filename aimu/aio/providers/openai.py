@@ -16,20 +16,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aimu.aio._numbers import is_count
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
     as_list,
-    display_url,
     tool_call,
     unique_id,
     with_cached,
 )
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY
+from aimu.aio.providers._report import Reporter, display_url
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps_text

@@ -26,18 +26,12 @@ from typing import Any, Self, cast
 import httpx
 
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
+from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, tool_call, unique_id, with_cached
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    Reporter,
-    SSETurnDecoder,
-    as_dict,
-    in_scope,
-    tail,
-    tool_call,
-    unique_id,
-    with_cached,
-)
+from aimu.aio.providers._http import in_scope
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY
+from aimu.aio.providers._report import Reporter
+from aimu.aio.providers._resume import tail
 from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
