@@ -7,21 +7,24 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpcore
 
-if TYPE_CHECKING:
-    from aimu.aio.providers._pool import Pool
-
 __all__: list[str] = []
+
+
+class _Connecting(Protocol):
+    """What the backend needs of its pool: the slots to open a connection (its loop's)."""
+
+    connecting: asyncio.Semaphore
 
 
 class _Paced(httpcore.AsyncNetworkBackend):
     """A network backend that opens a TCP connection only with a slot of its pool's
     :data:`MAX_CONNECTING` (the pool's semaphore for its running loop)."""
 
-    def __init__(self, inner: httpcore.AsyncNetworkBackend, pool: Pool) -> None:
+    def __init__(self, inner: httpcore.AsyncNetworkBackend, pool: _Connecting) -> None:
         self.inner = inner
         self.pool = pool
 
