@@ -45,6 +45,7 @@ from aimu.aio.providers._report import (
 )
 from aimu.aio.providers._resume import Reading, TurnSoFar, broken_stream
 from aimu.aio.providers._retry import Retry, loading_model, log, retry_after
+from aimu.aio.providers._settings import ClientSettings
 from aimu.aio.providers._wire import WireEncoder, prefill, request_body
 from aimu.aio.providers.base import (
     Chunk,
@@ -123,19 +124,16 @@ class HTTPModelClient(ModelClient):
         self,
         model: str,
         url: str,
+        settings: ClientSettings,
         *,
         headers: dict[str, str],
         secrets: Sequence[str],
-        timeout: float,
-        connect_timeout: float,
-        retries: int,
-        retry_delay: float,
-        merge_roles: bool,
-        concurrency: int | None,
         to_wire: Any,
-        options: Mapping[str, Any] | None = None,
-        context_window: int | None = None,
     ) -> None:
+        """``settings`` as the provider took them (its ``merge_roles`` the wire's own where
+        the wire decides); ``url``, ``headers`` and ``secrets`` as :meth:`service_settings`
+        made them."""
+        timeout, connect_timeout = settings.timeout, settings.connect_timeout
         for what, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if not finite(seconds) or seconds <= 0:
                 raise ValueError(
@@ -144,13 +142,15 @@ class HTTPModelClient(ModelClient):
         super().__init__(model)
         bare, auth, url_secrets = split_credentials(url.strip().rstrip("/"))
         self.url = bare
+        self.settings = settings
         self._secrets = Secrets((*secrets, *url_secrets))
-        self.retry = Retry(retries, retry_delay)
+        self.retry = Retry(settings.retries, settings.retry_delay)
         self._pool = Pool({**headers, **auth}, httpx.Timeout(timeout, connect=connect_timeout),
-                          concurrency)
-        self._wire = WireEncoder(to_wire, merge_roles)
-        self.options = dict(options or {})
-        self.context_window = check_context_window(context_window)
+                          settings.concurrency)
+        self._wire = WireEncoder(to_wire, settings.merge_roles)
+        self.options = dict(settings.options or {})
+        self.context_window = check_context_window(settings.context_window)
+        self.continues_partial = bool(settings.continues_partial)
 
     @property
     def host(self) -> str:
