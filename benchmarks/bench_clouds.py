@@ -251,6 +251,29 @@ async def fin_costs(repeats: int) -> None:
               f"{statistics.median(seen):>6.2f} ms ({p90:.2f})")
 
 
+def cancel_runs(row: str, url: str, runs: int) -> None:
+    """``--cancels WIRE:WAY --url URL --runs N`` (under callgrind, against ``--serve-held``):
+    ``runs`` turns of WIRE, each cancelled after its first chunk WAY (``aclose``, ``task``)."""
+    wire, _, way = row.partition(":")
+
+    async def main() -> None:
+        model = any_client(wire, url)
+        for _ in range(runs):
+            turn = cast(AsyncGenerator[Any, None],
+                        model.stream_turn([{"role": "user", "content": "go"}]))
+            await anext(turn)
+            if way == "task":
+                reading = asyncio.ensure_future(anext(turn))
+                await asyncio.sleep(0)
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+            await turn.aclose()
+        await model.aclose()
+
+    asyncio.run(main())
+
+
 def play(name: str, url: str, runs: int, rounds: int) -> None:
     """``--instructions`` (``bare azure`` or ``azure:``...): ``runs`` runs."""
     row = name.removeprefix("bare ").rstrip(":")
@@ -283,12 +306,15 @@ if __name__ == "__main__":
     parser.add_argument("--callgrind", action="store_true", help="also count instructions")
     parser.add_argument("--fin", action="store_true", help="what a cancel runs before its FIN")
     parser.add_argument("--serve-held", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cancels", help=argparse.SUPPRESS)
     parser.add_argument("--instructions", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.instructions:
         play(options.instructions, options.url, options.runs, options.rounds)
+    elif options.cancels:
+        cancel_runs(options.cancels, options.url, options.runs)
     elif options.serve_held:
         serve_held()
     elif options.fin:
