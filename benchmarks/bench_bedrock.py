@@ -41,7 +41,7 @@ from botocore.credentials import ReadOnlyCredentials
 from botocore.eventstream import EventStreamBuffer
 
 from aimu import aio
-from aimu.aio.providers._http import ssl_context
+from aimu.aio.providers._pool import ssl_context
 from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
 
 Run = Any

@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 
 from aimu import aio
-from aimu.aio.providers._http import DEFAULT_CONCURRENCY, ssl_context
+from aimu.aio.providers._pool import DEFAULT_CONCURRENCY, ssl_context
 
 Run = Callable[[], Awaitable[None]]
 PROVIDERS = ("ollama", "openai", "anthropic", "openai-responses", "gemini")

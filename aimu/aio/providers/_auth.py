@@ -19,7 +19,7 @@ from typing import Any
 from aimu._extras import needs_extra
 from aimu.aio.errors import ModelConnectionError
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import Reporter, Secrets
+from aimu.aio.providers._report import Reporter, Secrets
 
 __all__ = ["CLOUD_PLATFORM", "GoogleCredentials", "TokenProvider", "TokenSource"]
 

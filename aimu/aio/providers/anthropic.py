@@ -16,15 +16,12 @@ key goes in the ``x-api-key`` header and appears in no repr, log or error messag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
@@ -32,7 +29,10 @@ from aimu.aio.providers._http import (
     unique_id,
     with_cached,
 )
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._report import Reporter
+from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unchanged
 from aimu.aio.providers.base import (
@@ -274,41 +274,17 @@ class AnthropicClient(HTTPModelClient):
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
         cache: bool = False,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        headers: Mapping[str, str] | None = None,
-        retries: int = DEFAULT_RETRIES,
-        retry_delay: float = DEFAULT_DELAY,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        context_window: int | None = None,
-        continues_partial: bool = False,
-        merge_roles: bool = True,
+        **settings: Unpack[ServiceTurnKeywords],
     ) -> None:
+        given = ClientSettings.of(type(self).__name__, ServiceTurnKeywords, settings)
         url, sent, secrets = self.service_settings(
-            base_url, api_key, headers, {"anthropic-version": API_VERSION}
+            given.base_url, given.api_key, given.headers, {"anthropic-version": API_VERSION}
         )
-        super().__init__(
-            model,
-            url,
-            headers=sent,
-            secrets=secrets,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            retries=retries,
-            retry_delay=retry_delay,
-            merge_roles=False,
-            concurrency=concurrency,
-            to_wire=message_blocks,
-            options=options,
-            context_window=context_window,
-        )
-        del merge_roles  # always merged (see above)
+        given = dataclasses.replace(given, merge_roles=False)  # always merged (see above)
+        super().__init__(model, url, given, headers=sent, secrets=secrets,
+                         to_wire=message_blocks)
         self.cache = bool(cache)
-        self.continues_partial = bool(continues_partial)
         self._turns = _Encoder()
 
     def fork(self) -> Self:

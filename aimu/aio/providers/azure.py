@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from aimu.aio.providers._auth import ProviderFunction, TokenProvider
-from aimu.aio.providers._http import Secrets
+from aimu.aio.providers._report import Secrets
 from aimu.aio.providers.openai import OpenAIClient, OpenAIService
 from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import json
 import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self, cast, overload
+from typing import TYPE_CHECKING, Any, Self, Unpack, cast, overload
 from urllib.parse import quote
 
 import httpx
@@ -39,11 +40,7 @@ import httpx
 from aimu._extras import needs_extra
 from aimu.aio.errors import ModelError
 from aimu.aio.providers import _eventstream as frames
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     TurnDecoder,
     as_dict,
     as_list,
@@ -51,7 +48,10 @@ from aimu.aio.providers._http import (
     unique_id,
     with_cached,
 )
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._report import Reporter
+from aimu.aio.providers._settings import ClientSettings, TurnKeywords
 from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import decode_arguments, dumps, unchanged
 from aimu.aio.providers.anthropic import _trailing, prefill_space
@@ -430,18 +430,11 @@ class BedrockClient(HTTPModelClient):
         aws_access_key_id: str | None = None,
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
-        options: Mapping[str, Any] | None = None,
         cache: bool = False,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
         headers: Mapping[str, str] | None = None,
-        retries: int = DEFAULT_RETRIES,
-        retry_delay: float = DEFAULT_DELAY,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        context_window: int | None = None,
-        continues_partial: bool = False,
-        merge_roles: bool = True,
+        **settings: Unpack[TurnKeywords],
     ) -> None:
+        settled = ClientSettings.of(type(self).__name__, TurnKeywords, settings)
         with needs_extra("the bedrock: provider", "bedrock"):
             from botocore.credentials import Credentials
         region = (region or next(filter(None, map(os.environ.get, REGION_ENVS)), "")).strip()
@@ -457,20 +450,17 @@ class BedrockClient(HTTPModelClient):
                 )
             given = Credentials(aws_access_key_id, aws_secret_access_key, aws_session_token)
             secrets += [s for s in (aws_secret_access_key, aws_session_token) if s]
-        super().__init__(
-            model, url, headers=sent, secrets=secrets, timeout=timeout,
-            connect_timeout=connect_timeout, retries=retries, retry_delay=retry_delay,
-            merge_roles=False, concurrency=concurrency, to_wire=message_blocks,
-            options=options, context_window=context_window,
-        )
-        del merge_roles  # always merged: Converse wants user and assistant to alternate
+        # Always merged: Converse wants user and assistant to alternate.
+        settled = dataclasses.replace(settled, merge_roles=False, base_url=base_url,
+                                      headers=headers)
+        super().__init__(model, url, settled, headers=sent, secrets=secrets,
+                         to_wire=message_blocks)
         if not region:  # after the options every client checks, as the others do
             raise ValueError(
                 f"bedrock:{model} needs an AWS region: region= or {' / '.join(REGION_ENVS)}"
             )
         self.region = region
         self.cache = bool(cache)
-        self.continues_partial = bool(continues_partial)
         self._signer = _Signer(region, profile, given)
         self._redacted = _Redacted(self._secrets)
         self._path = f"{self.url}/model/{quote(self.model, safe='-._~')}"

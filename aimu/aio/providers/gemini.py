@@ -18,17 +18,14 @@ header, never in the URL, and appears in no repr, log or error message.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from operator import is_, itemgetter
-from typing import Any, Self, cast
+from typing import Any, Self, Unpack, cast
 from urllib.parse import quote
 
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
@@ -37,7 +34,10 @@ from aimu.aio.providers._http import (
     tool_call,
     with_cached,
 )
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._report import Reporter
+from aimu.aio.providers._settings import ClientSettings, ServiceKeywords
 from aimu.aio.providers._unicode import clean, clean_json
 from aimu.aio.providers._wire import dumps
 from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
@@ -293,35 +293,16 @@ class GeminiClient(HTTPModelClient):
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
         safety_settings: Sequence[Mapping[str, Any]] | None = None,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        headers: Mapping[str, str] | None = None,
-        retries: int = DEFAULT_RETRIES,
-        retry_delay: float = DEFAULT_DELAY,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        context_window: int | None = None,
+        **settings: Unpack[ServiceKeywords],
     ) -> None:
-        url, sent, secrets = self.service_settings(base_url, api_key, headers)
+        given = ClientSettings.of(type(self).__name__, ServiceKeywords, settings)
+        url, sent, secrets = self.service_settings(given.base_url, given.api_key, given.headers)
         if not _VERSION.fullmatch(url.rstrip("/").rpartition("/")[2]):
             url = url.rstrip("/") + "/v1beta"  # a root URL, as Google's SDK takes it
         super().__init__(
-            model.removeprefix("models/"),
-            url,
-            headers=sent,
-            secrets=secrets,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            retries=retries,
-            retry_delay=retry_delay,
-            merge_roles=False,
-            concurrency=concurrency,
-            to_wire=_unused,
-            options=options,
-            context_window=context_window,
+            model.removeprefix("models/"), url, dataclasses.replace(given, merge_roles=False),
+            headers=sent, secrets=secrets, to_wire=_unused,
         )
         self.safety_settings = [dict(setting) for setting in safety_settings or ()]
         self._path = f"{self.url}/models/{quote(self.model, safe='-._~')}"

@@ -10,22 +10,18 @@ listing and pulling models.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Unpack
 from urllib.parse import urlsplit
 
 import httpx
 
 from aimu.aio._numbers import is_count
+from aimu.aio.providers._decoder import TurnDecoder, call_id
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
-    TurnDecoder,
-    call_id,
-)
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._report import Reporter
+from aimu.aio.providers._settings import ClientSettings, TurnKeywords
 from aimu.aio.providers._unicode import TurnText, clean, clean_json
 from aimu.aio.providers._wire import decode_arguments
 from aimu.aio.providers.base import (
@@ -123,34 +119,14 @@ class OllamaClient(HTTPModelClient):
         model: str,
         *,
         host: str | None = None,
-        options: Mapping[str, Any] | None = None,
         think: Think | None = None,
         keep_alive: float | str | None = None,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        retries: int = DEFAULT_RETRIES,
-        retry_delay: float = DEFAULT_DELAY,
-        merge_roles: bool = True,
-        concurrency: int | None = DEFAULT_CONCURRENCY,
-        context_window: int | None = None,
-        continues_partial: bool = True,
+        **settings: Unpack[TurnKeywords],
     ) -> None:
-        super().__init__(
-            model,
-            resolve_host(host),
-            headers={"Accept": "application/json"},
-            secrets=(),
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            retries=retries,
-            retry_delay=retry_delay,
-            merge_roles=merge_roles,
-            concurrency=concurrency,
-            to_wire=to_wire,
-            options=options,
-            context_window=context_window,
-        )
-        self.continues_partial = bool(continues_partial)
+        settings.setdefault("continues_partial", True)  # Ollama continues a cut answer
+        given = ClientSettings.of(type(self).__name__, TurnKeywords, settings)
+        super().__init__(model, resolve_host(host), given,
+                         headers={"Accept": "application/json"}, secrets=(), to_wire=to_wire)
         self.think = think
         self.keep_alive = keep_alive
 

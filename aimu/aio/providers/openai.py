@@ -12,25 +12,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit
 
 from aimu.aio._numbers import is_count
-from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    HTTPModelClient,
-    Reporter,
+from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
     as_list,
-    display_url,
     tool_call,
     unique_id,
     with_cached,
 )
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
+from aimu.aio.providers._errors import clip
+from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._report import Reporter, display_url
+from aimu.aio.providers._retry import log
+from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps_text
 from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
@@ -116,40 +115,10 @@ class OpenAIClient(OpenAIService):
     service = "the OpenAI-compatible server"
     chat_path = "/chat/completions"
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        headers: Mapping[str, str] | None = None,
-        retries: int = DEFAULT_RETRIES,
-        retry_delay: float = DEFAULT_DELAY,
-        merge_roles: bool = True,
-        concurrency: int | None = DEFAULT_CONCURRENCY,
-        context_window: int | None = None,
-        continues_partial: bool = False,
-    ) -> None:
-        url, sent, secrets = self.service_settings(base_url, api_key, headers)
-        super().__init__(
-            model,
-            url,
-            headers=sent,
-            secrets=secrets,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            retries=retries,
-            retry_delay=retry_delay,
-            merge_roles=merge_roles,
-            concurrency=concurrency,
-            to_wire=to_wire,
-            options=options,
-            context_window=context_window,
-        )
-        self.continues_partial = bool(continues_partial)
+    def __init__(self, model: str, **settings: Unpack[ServiceTurnKeywords]) -> None:
+        given = ClientSettings.of(type(self).__name__, ServiceTurnKeywords, settings)
+        url, sent, secrets = self.service_settings(given.base_url, given.api_key, given.headers)
+        super().__init__(model, url, given, headers=sent, secrets=secrets, to_wire=to_wire)
 
     def body(
         self,

@@ -17,28 +17,23 @@ left. The API key is sent as a Bearer header and appears in no repr, log or erro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, Self, cast
+from typing import Any, Self, Unpack, cast
 
 import httpx
 
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
+from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, tool_call, unique_id, with_cached
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import (
-    DEFAULT_CONCURRENCY,
-    Reporter,
-    SSETurnDecoder,
-    as_dict,
-    in_scope,
-    tail,
-    tool_call,
-    unique_id,
-    with_cached,
-)
-from aimu.aio.providers._retry import DEFAULT_DELAY, DEFAULT_RETRIES, log
+from aimu.aio.providers._http import in_scope
+from aimu.aio.providers._report import Reporter
+from aimu.aio.providers._resume import tail
+from aimu.aio.providers._retry import log
+from aimu.aio.providers._settings import ClientSettings, ServiceKeywords
 from aimu.aio.providers._unicode import clean
 from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
 from aimu.aio.providers.base import (
@@ -136,27 +131,15 @@ class OpenAIResponsesClient(OpenAIService):
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        headers: Mapping[str, str] | None = None,
-        retries: int = DEFAULT_RETRIES,
-        retry_delay: float = DEFAULT_DELAY,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        context_window: int | None = None,
         background: bool = False,
         store: bool | None = None,
         encrypted_reasoning: bool | None = None,
+        **settings: Unpack[ServiceKeywords],
     ) -> None:
-        url, sent, secrets = self.service_settings(base_url, api_key, headers)
-        super().__init__(
-            model, url, headers=sent, secrets=secrets, timeout=timeout,
-            connect_timeout=connect_timeout, retries=retries, retry_delay=retry_delay,
-            merge_roles=False, concurrency=concurrency, to_wire=dict, options=options,
-            context_window=context_window,
-        )
+        given = ClientSettings.of(type(self).__name__, ServiceKeywords, settings)
+        url, sent, secrets = self.service_settings(given.base_url, given.api_key, given.headers)
+        super().__init__(model, url, dataclasses.replace(given, merge_roles=False),
+                         headers=sent, secrets=secrets, to_wire=dict)
         self.background = bool(background)
         if background and store is False:
             raise ValueError("background=True needs store=True: the server keeps the response")

@@ -432,9 +432,9 @@ def test_a_cloud_credential_other_than_a_key_gets_no_missing_key_warning(
     Vertex 'set GEMINI_API_KEY'."""
     import warnings
 
-    from aimu.aio.providers import _http
+    from aimu.aio.providers import _report
 
-    monkeypatch.setattr(_http, "_KEYLESS", set())  # each case its own first time
+    monkeypatch.setattr(_report, "_KEYLESS", set())  # each case its own first time
     monkeypatch.delenv("AZURE_OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
     monkeypatch.delenv("GOOGLE_API_KEY", raising=False)

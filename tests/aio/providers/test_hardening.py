@@ -202,7 +202,7 @@ def test_a_provider_loads_its_http_stack_when_its_client_is_built() -> None:
         "assert 'httpx' not in sys.modules and 'ollama' not in sys.modules\n"
         "model = aio.client('ollama:m')\n"
         "assert 'httpx' in sys.modules\n"
-        "from aimu.aio.providers._http import ssl_context\n"
+        "from aimu.aio.providers._pool import ssl_context\n"
         "assert ssl_context.cache_info().currsize == 1  # the TLS context exists already\n"
         "assert model._pool.http is None  # bound to a loop only when one uses it\n"
     )

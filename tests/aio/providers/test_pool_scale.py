@@ -21,8 +21,8 @@ from provider_support import MakeClient, assert_only_current_task, lookup, open_
 from aimu import aio
 from aimu.aio.client import TextDelta
 from aimu.aio.errors import ModelConnectionError
-from aimu.aio.providers import _http
-from aimu.aio.providers._http import KEEP_ALIVE, SHARD_SIZE
+from aimu.aio.providers import _pool
+from aimu.aio.providers._pool import KEEP_ALIVE, SHARD_SIZE
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
@@ -220,7 +220,7 @@ async def test_a_burst_opens_at_most_max_connecting_connections_at_once(
 ) -> None:
     # 5,000 runs at once started 5,000 TCP connects in one pass of the loop: the SYN queue
     # overflowed and connects timed out (4,738 runs failed). Now they take turns.
-    monkeypatch.setattr(_http, "MAX_CONNECTING", 2)
+    monkeypatch.setattr(_pool, "MAX_CONNECTING", 2)
     inflight = peak = 0
     two_in, gate = asyncio.Event(), asyncio.Event()
     connect = httpcore.AnyIOBackend.connect_tcp
