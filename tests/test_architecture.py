@@ -353,6 +353,16 @@ def test_the_steps_holding_agents_use_the_seam() -> None:
     assert found == [], "\n".join(found)
 
 
+def test_no_module_in_aimu_is_over_800_lines() -> None:
+    """A module past 800 lines holds more than one concept: give each its own."""
+    long = {
+        module: lines
+        for module, path in MODULES.items()
+        if (lines := len(path.read_text().splitlines())) > 800
+    }
+    assert long == {}
+
+
 def test_no_function_in_aimu_is_over_60_lines() -> None:
     """A function longer than a screen does more than one job: split it."""
     long = []
