@@ -50,8 +50,8 @@ from aimu.temporal._workflow import (
     STALE,
     TURN,
     Control,
+    TurnOrder,
     TurnOutcome,
-    TurnRequest,
 )
 
 __all__ = ["Activities"]
@@ -192,7 +192,7 @@ class Activities:
                 await self.control.cancel_paused(run_id, reason)
 
     @activity.defn(name=TURN)
-    async def turn(self, request: TurnRequest) -> TurnOutcome:
+    async def turn(self, request: TurnOrder) -> TurnOutcome:
         """Run (or resume) the turn on this worker until it ends, pauses or is stopped."""
         info = activity.info()
         taken: list[_Running] = []
@@ -207,7 +207,7 @@ class Activities:
             beat.cancel()
             await asyncio.wait([beat])
 
-    async def _beat(self, request: TurnRequest, taken: list[_Running]) -> None:
+    async def _beat(self, request: TurnOrder, taken: list[_Running]) -> None:
         timeout = activity.info().heartbeat_timeout
         while True:
             activity.heartbeat(_applied(request, taken))
@@ -232,7 +232,7 @@ class Activities:
         cancel, interrupt or stop lands through Redis at once; a send waits for this."""
         return max(self.tick, len(self._turns) / CONTROL_READS)
 
-    async def _turn(self, request: TurnRequest, running: _Running, attempt_number: int
+    async def _turn(self, request: TurnOrder, running: _Running, attempt_number: int
                     ) -> TurnOutcome:
         try:
             agent = self.agents(request.session)
@@ -300,7 +300,7 @@ class _Running:
 class _TurnAttempt:
     """One attempt of one turn: the run's handle, its event batches and control polls."""
 
-    def __init__(self, owner: Activities, agent: Agent, request: TurnRequest, attempt: int):
+    def __init__(self, owner: Activities, agent: Agent, request: TurnOrder, attempt: int):
         self.owner = owner
         self.agent = agent
         self.request = request
@@ -610,7 +610,7 @@ class _TurnAttempt:
         return TurnOutcome(HANDED_OFF, usage=usage, applied=self.applied, ended=status)
 
 
-def _applied(request: TurnRequest, taken: list[_Running]) -> int:
+def _applied(request: TurnOrder, taken: list[_Running]) -> int:
     """The number of the last control the turn took (its heartbeat's details)."""
     attempt = taken[0].attempt if taken else None
     return request.controls_after if attempt is None else attempt.applied
@@ -625,7 +625,7 @@ async def _reopened(control: Any, run_id: str) -> bool:
     ))
 
 
-async def _mark_drained(store: Store, request: TurnRequest, handle: RunHandle[Any]) -> None:
+async def _mark_drained(store: Store, request: TurnOrder, handle: RunHandle[Any]) -> None:
     """Mark the record of the run a drain stopped to be recovered (the workflow goes on
     with it on another worker, whose turn records it ``running`` again)."""
     if handle.status not in RECOVERABLE:

@@ -36,7 +36,7 @@ from aimu.temporal._workflow import (
     MAX_SENT_IMAGE_CHARS,
     STATE_QUERY,
     WORKFLOW,
-    Decision,
+    CallDecision,
     RunRequest,
 )
 
@@ -271,22 +271,22 @@ class RunsClient:
         run's ``pending``): the pause the person was shown; ``RequestRefused`` if another
         waits. Either way the worker runs the call only if the store's session still
         waits on the pause the run recorded (else the run fails, and nothing runs)."""
-        return await self._decide(run_id, Decision(call_id, True, None, pause_id))
+        return await self._decide(run_id, CallDecision(call_id, True, None, pause_id))
 
     async def deny(
         self, run_id: str, call_id: str, reason: str | None = None, *,
         pause_id: str | None = None,
     ) -> list[dict[str, Any]] | None:
         """Refuse the waiting call (the model reads ``reason``); the calls still waiting."""
-        return await self._decide(run_id, Decision(call_id, False, reason, pause_id))
+        return await self._decide(run_id, CallDecision(call_id, False, reason, pause_id))
 
     async def answer(
         self, run_id: str, call_id: str, result: str, *, pause_id: str | None = None
     ) -> list[dict[str, Any]] | None:
         """Give the result of an external tool's waiting call; the calls still waiting."""
-        return await self._decide(run_id, Decision(call_id, True, None, pause_id, result))
+        return await self._decide(run_id, CallDecision(call_id, True, None, pause_id, result))
 
-    async def _decide(self, run_id: str, decision: Decision) -> list[dict[str, Any]] | None:
+    async def _decide(self, run_id: str, decision: CallDecision) -> list[dict[str, Any]] | None:
         """Check the decision against the run when a worker answers (RequestRefused if
         it waits on no such call), then record it: a signal, durable with no worker up."""
         waiting: list[dict[str, Any]] | None = None

@@ -46,13 +46,13 @@ __all__ = [
     "STATE_QUERY",
     "TURN",
     "WORKFLOW",
-    "Carried",
+    "CallDecision",
+    "CarriedRun",
     "Control",
-    "Decision",
     "RunRequest",
     "RunWorkflow",
+    "TurnOrder",
     "TurnOutcome",
-    "TurnRequest",
 ]
 
 WORKFLOW: Final = "aimu.run"
@@ -97,12 +97,12 @@ class RunRequest:
     created_at: float = 0.0
     history_events: int = HISTORY_EVENTS
     """Continue as new once the history holds this many events (0: when Temporal says)."""
-    carried: Carried | None = None
+    carried: CarriedRun | None = None
     """Set when the run continued as new: where the execution before it stopped."""
 
 
 @dataclass
-class Decision:
+class CallDecision:
     """A person's decision on a tool call the paused run waits on."""
 
     call_id: str
@@ -152,7 +152,7 @@ class Control:
 
 
 @dataclass
-class TurnRequest:
+class TurnOrder:
     """What one ``aimu.turn`` activity does: run ``task`` (or resume) on ``session``."""
 
     run_id: str
@@ -162,7 +162,7 @@ class TurnRequest:
     """Messages stored before the run: a retried turn finds its task after them."""
     segment: int = 0
     """0 for the first turn of the run, then one more for each resume after a pause."""
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[CallDecision] = field(default_factory=list)
     sends: list[Control] = field(default_factory=list)
     """Sends accepted for the run after its turn had ended: they join the resumed turn."""
     controls_after: int = 0
@@ -172,12 +172,12 @@ class TurnRequest:
 
 
 @dataclass
-class Carried:
+class CarriedRun:
     """What a run that continues as new takes from the execution before it: the turn to
     run next, and the numbering of its events and controls (their earlier ones stay in
     the history of the execution before, which :data:`STATE_QUERY` answers for too)."""
 
-    turn: TurnRequest
+    turn: TurnOrder
     messages_from: int
     events_before: int
     controls_before: int
@@ -236,7 +236,7 @@ class RunWorkflow:
         self._usage: dict[str, int] = {"input_tokens": 0, "output_tokens": 0}
         self._messages_from: int | None = None
         self._pending: list[dict[str, Any]] = []
-        self._decisions: dict[str, Decision] = {}
+        self._decisions: dict[str, CallDecision] = {}
         self._controls: list[Control] = []
         self._controls_before = 0  # controls numbered before this execution's first
         self._events: list[dict[str, Any]] = []
@@ -267,7 +267,7 @@ class RunWorkflow:
                         non_retryable_error_types=list(NOT_RETRIED),
                     ),
                 )
-                turn = TurnRequest(request.run_id, request.session, request.task,
+                turn = TurnOrder(request.run_id, request.session, request.task,
                                    self._messages_from)
             await self._turns(request, turn)
         except GeneratorExit:
@@ -281,7 +281,7 @@ class RunWorkflow:
             raise
         return self._state(self._event_count())
 
-    def _carry(self, carried: Carried | None) -> TurnRequest | None:
+    def _carry(self, carried: CarriedRun | None) -> TurnOrder | None:
         """Take over from the execution before this one (None: this is the first)."""
         if carried is None:
             return None
@@ -294,7 +294,7 @@ class RunWorkflow:
         self._executions = carried.executions
         return carried.turn
 
-    async def _turns(self, request: RunRequest, turn: TurnRequest) -> None:
+    async def _turns(self, request: RunRequest, turn: TurnOrder) -> None:
         messages_from = turn.messages_from
         while True:
             if workflow.cancellation_reason() is not None:
@@ -305,7 +305,7 @@ class RunWorkflow:
             outcome = await self._turn(turn, request.heartbeat_timeout)
             self._take(outcome)
             if outcome.status == HANDED_OFF:
-                turn = TurnRequest(request.run_id, request.session, None, messages_from,
+                turn = TurnOrder(request.run_id, request.session, None, messages_from,
                                    turn.segment + 1, controls_after=outcome.applied,
                                    continued=True)
                 if workflow.cancellation_reason() is None:
@@ -339,7 +339,7 @@ class RunWorkflow:
                     self._finish(outcome.status)
                     return
                 turn.sends = sends
-            turn = TurnRequest(
+            turn = TurnOrder(
                 request.run_id,
                 request.session,
                 None,
@@ -351,13 +351,13 @@ class RunWorkflow:
             )
             self._continue_as_new(request, turn)
 
-    def _continue_as_new(self, request: RunRequest, turn: TurnRequest) -> None:
+    def _continue_as_new(self, request: RunRequest, turn: TurnOrder) -> None:
         """Go on in a new execution with ``turn`` if this one's history is long enough,
         and no cancel waits (that ends the run here, with its reason)."""
         if not self._history_full() or workflow.cancellation_reason() is not None:
             return
         after = turn.controls_after
-        carried = Carried(
+        carried = CarriedRun(
             turn,
             turn.messages_from,
             self._event_count(),
@@ -386,7 +386,7 @@ class RunWorkflow:
     def _event_count(self) -> int:
         return self._events_before + len(self._events)
 
-    async def _turn(self, turn: TurnRequest, heartbeat_timeout: float) -> TurnOutcome:
+    async def _turn(self, turn: TurnOrder, heartbeat_timeout: float) -> TurnOutcome:
         self._turn_from = turn.controls_after
         try:
             outcome: TurnOutcome = await workflow.execute_activity(
@@ -590,7 +590,7 @@ class RunWorkflow:
             )
 
     @workflow.signal(name="aimu.decide")
-    def decide(self, decision: Decision) -> None:
+    def decide(self, decision: CallDecision) -> None:
         """Record a decision on a call the paused run waits on (a signal: it is recorded
         with no worker up; one on a call the run does not wait on changes nothing)."""
         waiting = {p["call_id"]: p.get("pause_id") for p in self._pending}
@@ -600,11 +600,11 @@ class RunWorkflow:
             self._decisions.setdefault(decision.call_id, decision)
 
 
-def _bound(decision: Decision, pending: dict[str, Any]) -> Decision:
+def _bound(decision: CallDecision, pending: dict[str, Any]) -> CallDecision:
     """``decision`` bound to the pause the run recorded for its call (an older aimu's
     pending calls have no pause id: then to whichever waits)."""
     pause_id = pending.get("pause_id")
     if decision.pause_id is not None or not isinstance(pause_id, str):
         return decision
-    return Decision(decision.call_id, decision.approve, decision.reason, pause_id,
+    return CallDecision(decision.call_id, decision.approve, decision.reason, pause_id,
                     decision.result)

@@ -51,8 +51,8 @@ def broken_stream(error: ModelError, at_end: bool, began: bool) -> bool:
     return isinstance(error, ModelProtocolError) and at_end
 
 
-class TurnDecoder(Protocol):
-    """What reading needs of a reply's decoder (``_http.TurnDecoder``)."""
+class Decoding(Protocol):
+    """What reading needs of a reply's decoder (``_decoder.TurnDecoder``)."""
 
     finished: bool
 
@@ -77,7 +77,7 @@ class Reading:
 
     __slots__ = ("at_end", "decoder", "echo", "failed", "plain", "rest", "space")
 
-    def __init__(self, decoder: TurnDecoder, prefix: str, space: str) -> None:
+    def __init__(self, decoder: Decoding, prefix: str, space: str) -> None:
         self.decoder = decoder
         self.echo = PrefillEcho(prefix) if prefix else None
         self.space = space
@@ -144,7 +144,7 @@ class Reading:
         return chunks
 
 
-def tail(decoder: TurnDecoder, rest: bytes) -> list[Chunk]:
+def tail(decoder: Decoding, rest: bytes) -> list[Chunk]:
     """The chunks of what the stream left after its last newline, and its end's."""
     chunks = decoder.line(rest) if rest else []
     if not decoder.finished:

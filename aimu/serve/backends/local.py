@@ -48,7 +48,7 @@ from aimu.aio.store import RunRecord as StoredRun
 from aimu.aio.store import Store
 from aimu.serve.backends.decisions import StoreDecisions
 from aimu.serve.backends.launcher import Launcher
-from aimu.serve.backends.run_log import RunLog, RunRecord
+from aimu.serve.backends.run_log import LoggedRun, RunLog
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.ids import event_number
 from aimu.serve.recovery import resumed_here
@@ -131,7 +131,7 @@ class LocalBackend(RunLog):
                 found[name] = (await self._adopted(stored[0])).view
         return found
 
-    async def _known(self, run_id: str) -> RunRecord:
+    async def _known(self, run_id: str) -> LoggedRun:
         """The run here, or adopted from (and brought up to date with) its record."""
         known = self._runs.get(run_id)
         if known is not None and not known.adopted:
@@ -146,7 +146,7 @@ class LocalBackend(RunLog):
             raise NotFound(f"no run {run_id!r} on this server nor in its store")
         return await self._adopted(stored)
 
-    async def _adopted(self, stored: StoredRun) -> RunRecord:
+    async def _adopted(self, stored: StoredRun) -> LoggedRun:
         """The record of run ``stored`` here, adopted now if it was not, ended if its
         record says it ended since."""
         known = self._runs.get(stored.id)
@@ -165,7 +165,7 @@ class LocalBackend(RunLog):
 
     # -- following, across a death of the process that ran the run -----------------------
 
-    async def _followable(self, run_id: str) -> RunRecord:
+    async def _followable(self, run_id: str) -> LoggedRun:
         """The run ``run_id`` to follow; ``NotFound`` for one whose record says running
         while no process holds its session: it died with its server and none went on with
         it yet (a page then resumes it by a POST; a follower reconnects once a
@@ -197,8 +197,8 @@ class LocalBackend(RunLog):
             raise BadRequest(f"Last-Event-ID {after!r} is past the last event of run {run_id}")
 
     async def _generation(
-        self, record: RunRecord, generation: int, after: str | None
-    ) -> RunRecord:
+        self, record: LoggedRun, generation: int, after: str | None
+    ) -> LoggedRun:
         """The run ``generation`` continuations after ``record``'s (0: itself);
         ``BadRequest`` if the chain is shorter (an id this run's stream never sent)."""
         for _ in range(generation):
@@ -211,7 +211,7 @@ class LocalBackend(RunLog):
             record = later
         return record
 
-    async def _continuation(self, record: RunRecord) -> RunRecord | None:
+    async def _continuation(self, record: LoggedRun) -> LoggedRun | None:
         """The run that continues ``record``'s after its process died (a recovering
         server resumed its session: the session's next run), or None: it did not die so,
         or that run is not recorded yet."""
@@ -279,12 +279,12 @@ class LocalBackend(RunLog):
             yield [(str(generation * GENERATION), _continued(record, later))]
             record, seen = later, 0
 
-    async def _own(self, record: RunRecord, seen: int) -> AsyncGenerator[Batch, None]:
+    async def _own(self, record: LoggedRun, seen: int) -> AsyncGenerator[Batch, None]:
         """The events of a run of this process after ``seen``, each with its number."""
         async for batch in super().follow(record.view.run_id, str(seen) if seen else None):
             yield batch
 
-    async def _adopted_end(self, record: RunRecord) -> Batch | None:
+    async def _adopted_end(self, record: LoggedRun) -> Batch | None:
         """The end of an adopted run, once its record says it ended (polled), unless it
         continues (then ``[]``); None if the server shuts down first."""
         record.followers += 1
@@ -303,7 +303,7 @@ class LocalBackend(RunLog):
             return []
         return [(str(GENERATION - 1), record.events[-1])]
 
-    async def _await_continuation(self, record: RunRecord) -> RunRecord | Batch | None:
+    async def _await_continuation(self, record: LoggedRun) -> LoggedRun | Batch | None:
         """The run continuing ``record``'s; a keep-alive (``[]``) after a quiet while;
         None if there is none to wait for (or the server shuts down)."""
         if not resumed_here(record.view.status, record.view.reason):
@@ -322,14 +322,14 @@ class LocalBackend(RunLog):
             waited += STORE_POLL_SECONDS
         return None
 
-    async def _watch(self, record: RunRecord) -> None:
+    async def _watch(self, record: LoggedRun) -> None:
         while not record.ended:
             await asyncio.sleep(STORE_POLL_SECONDS)
             await self._known(record.view.run_id)
 
     # -- the runs executing here -------------------------------------------------------
 
-    def _log(self, record: RunRecord, handle: RunHandle[str], tap: EventTap) -> None:
+    def _log(self, record: LoggedRun, handle: RunHandle[str], tap: EventTap) -> None:
         """Add what the run's tap holds to its log; its end after the handle's done
         callbacks (the launcher's release of the session among them)."""
         for event in tap.take():
@@ -338,7 +338,7 @@ class LocalBackend(RunLog):
             else:
                 self._on_event(record, event)
 
-    def _on_event(self, record: RunRecord, event: Event) -> None:
+    def _on_event(self, record: LoggedRun, event: Event) -> None:
         view = record.view
         if view.status == "pending":
             view.status = "running"
@@ -347,7 +347,7 @@ class LocalBackend(RunLog):
             view.usage = dict(event.usage)  # type: ignore[assignment]
         record.add(no_cancel_error(event_data(event)))
 
-    def _finished(self, record: RunRecord, handle: RunHandle[str]) -> None:
+    def _finished(self, record: LoggedRun, handle: RunHandle[str]) -> None:
         error = None
         if record.view.error is None and handle.status == "failed":
             failure = handle.exception()
@@ -404,7 +404,7 @@ def _stored_view(stored: StoredRun) -> RunView:
     )
 
 
-def _continued(record: RunRecord, later: RunRecord) -> JSONEvent:
+def _continued(record: LoggedRun, later: LoggedRun) -> JSONEvent:
     """The event that says ``record``'s run goes on as ``later``'s."""
     return {
         "type": "run_continued",

@@ -1,5 +1,5 @@
 """The runs a server process follows: :class:`RunLog` keeps each run's view and its
-numbered events (:class:`RunRecord`). Every event a run emits is kept in order and
+numbered events (:class:`LoggedRun`). Every event a run emits is kept in order and
 numbered from 1 (its SSE id), ending with one ``handle_finished``, so a follower that
 connects late or reconnects with the last id it saw misses nothing and sees nothing
 twice; a follower going away never touches the run.
@@ -19,11 +19,11 @@ from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.ids import event_number
 from aimu.serve.runs import KEEPALIVE_SECONDS, Batch, JSONEvent, RunView, no_cancel_error
 
-__all__ = ["RunLog", "RunRecord"]
+__all__ = ["LoggedRun", "RunLog"]
 
 
 @dataclasses.dataclass(eq=False)
-class RunRecord:
+class LoggedRun:
     """A run of this process: what the API reports, and its numbered event log."""
 
     view: RunView
@@ -97,8 +97,8 @@ class RunLog:
 
     def __init__(self, *, keep_finished: int = 1000) -> None:
         self._keep_finished = keep_finished
-        self._runs: OrderedDict[str, RunRecord] = OrderedDict()
-        self._latest: dict[str, RunRecord] = {}
+        self._runs: OrderedDict[str, LoggedRun] = OrderedDict()
+        self._latest: dict[str, LoggedRun] = {}
         """session -> its latest run here."""
         self._closing = asyncio.Event()
 
@@ -110,9 +110,9 @@ class RunLog:
                 f"session {session!r} has a run in progress ({busy.view.run_id}); stop it or wait"
             )
 
-    def add(self, view: RunView) -> RunRecord:
+    def add(self, view: RunView) -> LoggedRun:
         """Keep ``view`` as its session's latest run; its record, to add events to."""
-        record = RunRecord(view)
+        record = LoggedRun(view)
         self._runs[view.run_id] = self._latest[view.session] = record
         latest = {id(r) for r in self._latest.values()}
         old = [r for r in self._runs.values() if r.ended and id(r) not in latest]
@@ -120,11 +120,11 @@ class RunLog:
             del self._runs[forgotten.view.run_id]
         return record
 
-    def adopt(self, view: RunView, *, latest: bool) -> RunRecord:
+    def adopt(self, view: RunView, *, latest: bool) -> LoggedRun:
         """Keep ``view``, a run known from the store (not run here), as its session's
         latest run if ``latest``; its record, ended (with its ``handle_finished``) unless
         it still runs."""
-        record = RunRecord(view, adopted=True)
+        record = LoggedRun(view, adopted=True)
         self._runs[view.run_id] = record
         if latest:
             self._latest[view.session] = record
@@ -132,12 +132,12 @@ class RunLog:
             record.end(view.status, view.reason, view.error)
         return record
 
-    def here(self, session: str) -> RunRecord | None:
+    def here(self, session: str) -> LoggedRun | None:
         """``session``'s latest run known here, unless it was only read from the store."""
         record = self._latest.get(session)
         return None if record is None or record.adopted else record
 
-    def record(self, run_id: str) -> RunRecord:
+    def record(self, run_id: str) -> LoggedRun:
         record = self._runs.get(run_id)
         if record is None:
             raise NotFound(f"no run {run_id!r} on this server (finished long ago, or never)")

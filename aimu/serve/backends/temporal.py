@@ -24,7 +24,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.steering import Steer, Steering
-from aimu.serve.backends.run_log import RunLog, RunRecord
+from aimu.serve.backends.run_log import LoggedRun, RunLog
 from aimu.serve.errors import (
     BadRequest,
     Conflict,
@@ -109,7 +109,7 @@ class TemporalBackend(RunLog):
         self._pumps.spawn(self._pump(record, workflow, offset))
         return view
 
-    async def _pump(self, record: RunRecord, workflow: str, offset: int) -> None:
+    async def _pump(self, record: LoggedRun, workflow: str, offset: int) -> None:
         """Copy the workflow's events into ``record`` until the run ends or pauses."""
         seen = offset
         while not record.ended:
@@ -125,7 +125,7 @@ class TemporalBackend(RunLog):
                 _log.warning("run %s: events not read from Temporal: %s", record.view.run_id, error)
                 await asyncio.sleep(_RETRY_SECONDS)
 
-    def _take(self, record: RunRecord, event: dict[str, Any]) -> None:
+    def _take(self, record: LoggedRun, event: dict[str, Any]) -> None:
         view = record.view
         if view.status == "pending":
             view.status = "running"
