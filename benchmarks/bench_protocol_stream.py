@@ -1,6 +1,6 @@
 """The served stream's cost per event in each protocol adapter, in instructions.
 
-    python benchmarks/bench_protocol_stream.py [--rounds 40]
+    python benchmarks/bench_protocol_stream.py [--rounds 20] [--only ag_ui ai_sdk a2a mcp]
 
 A recorded run (the JSON events a follower yields: reasoning, text, tool calls with
 progress and results, a retried turn, three steps, the run's end) is translated through
@@ -166,9 +166,11 @@ def count(adapter: str, rounds: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--one-run", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--adapter", choices=ADAPTERS, default="ag_ui")
+    parser.add_argument("--only", nargs="*", choices=ADAPTERS, default=list(ADAPTERS),
+                        help="the adapters to count (default: all)")
     args = parser.parse_args()
     events = recorded()
     if args.one_run is not None:
@@ -179,7 +181,7 @@ def main() -> None:
     low = max(1, args.rounds // 5)
     print(f"{len(events)} events a run; instructions per event (callgrind, "
           f"{args.rounds} - {low} runs)")
-    for adapter in ADAPTERS:
+    for adapter in args.only:
         per = (count(adapter, args.rounds) - count(adapter, low)) / (
             (args.rounds - low) * len(events))
         print(f"  {adapter:7} {per:8,.0f}")

@@ -19,7 +19,7 @@ its wire format.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, get_args
 
 from aimu.aio.events import (
     Event,
@@ -146,11 +146,8 @@ class EventStream(Generic[Out]):
 
     def feed(self, data: Mapping[str, Any]) -> list[Out]:
         """The protocol's events for one of aimu's, as JSON (decoded once, here)."""
-        decoder = _DECODERS.get(data.get("type"))
-        if decoder is None:
-            return []
-        event = decoder(data)
-        return _HANDLERS[type(event)](self, event)
+        feeder = _FEEDERS.get(data.get("type"))
+        return [] if feeder is None else feeder(self, data)
 
     def on(self, event: Event) -> list[Out]:
         """The protocol's events for one of aimu's typed events."""
@@ -308,4 +305,28 @@ _HANDLERS: Final[dict[type[Any], Callable[[EventStream[Any], Any], list[Any]]]] 
     TurnRetried: EventStream._turn_retried,
     StepFinished: EventStream._step_finished,
     RunFinished: EventStream._run_finished,
+}
+
+
+def _feed_text(stream: EventStream[Any], data: Mapping[str, Any]) -> list[Any]:
+    return stream._text(TextChunk(  # the most of a run's events: decoded without a detour
+        data["source"], data["text"], tuple(data["path"]) if "path" in data else ()
+    ))
+
+
+def _feeder(
+    decoder: Callable[[Mapping[str, Any]], Event],
+    handle: Callable[[EventStream[Any], Any], list[Any]],
+) -> Callable[[EventStream[Any], Mapping[str, Any]], list[Any]]:
+    def feed(stream: EventStream[Any], data: Mapping[str, Any]) -> list[Any]:
+        return handle(stream, decoder(data))
+
+    return feed
+
+
+_TAGGED: Final = {str(cls.__dataclass_fields__["type"].default): cls for cls in get_args(Event)}
+#: By ``type`` tag: decode the JSON event, then handle it.
+_FEEDERS: Final[dict[object, Callable[[EventStream[Any], Mapping[str, Any]], list[Any]]]] = {
+    **{tag: _feeder(decoder, _HANDLERS[_TAGGED[str(tag)]]) for tag, decoder in _DECODERS.items()},
+    "text": _feed_text,
 }
