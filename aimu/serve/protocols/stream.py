@@ -309,8 +309,13 @@ _HANDLERS: Final[dict[type[Any], Callable[[EventStream[Any], Any], list[Any]]]] 
 
 
 def _feed_text(stream: EventStream[Any], data: Mapping[str, Any]) -> list[Any]:
-    return stream._text(TextChunk(  # the most of a run's events: decoded without a detour
-        data["source"], data["text"], tuple(data["path"]) if "path" in data else ()
+    """A text chunk: the most of a run's events. A delta of the open part needs only its
+    text (no hook is given the event): it goes straight to ``text_delta``."""
+    text = data["text"]
+    if stream.text_id is not None and text:
+        return stream.text_delta(stream.text_id, text)
+    return stream._text(TextChunk(
+        data["source"], text, tuple(data["path"]) if "path" in data else ()
     ))
 
 
