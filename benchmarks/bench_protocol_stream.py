@@ -14,6 +14,13 @@ each adapter and every output encoded as the Server-Sent Event it is served as:
 Each count is ``valgrind --tool=callgrind`` of this script at two lengths (``--rounds``
 and a fifth of it); the difference per event removes start-up. Run it on two commits to
 compare (deterministic on a loaded host).
+
+Measured (Dec 2026, --rounds 20), before EventStream (6ddb52c) -> with it (ag_ui and
+all at the commit with the text fast path; the thinking fast path came after and is
+not counted): ag_ui 37,185 -> 36,556; ai_sdk 70,888 ->
+34,963; a2a 58,374 -> 61,945; mcp 4,944 -> 8,655 (MCP shows almost nothing, so the
+decoding of the events it skips is most of its cost). A text delta alone (the feed, no
+encoding): 5,851 -> 4,127.
 """
 
 from __future__ import annotations

@@ -319,6 +319,16 @@ def _feed_text(stream: EventStream[Any], data: Mapping[str, Any]) -> list[Any]:
     ))
 
 
+def _feed_thinking(stream: EventStream[Any], data: Mapping[str, Any]) -> list[Any]:
+    """A thinking chunk: a delta of the open reasoning part goes straight on, as text's."""
+    text = data["text"]
+    if stream.reasoning_id is not None and text:
+        return stream.reasoning_delta(stream.reasoning_id, text)
+    return stream._thinking(ThinkingChunk(
+        data["source"], text, tuple(data["path"]) if "path" in data else ()
+    ))
+
+
 def _feeder(
     decoder: Callable[[Mapping[str, Any]], Event],
     handle: Callable[[EventStream[Any], Any], list[Any]],
@@ -334,4 +344,5 @@ _TAGGED: Final = {str(cls.__dataclass_fields__["type"].default): cls for cls in 
 _FEEDERS: Final[dict[object, Callable[[EventStream[Any], Mapping[str, Any]], list[Any]]]] = {
     **{tag: _feeder(decoder, _HANDLERS[_TAGGED[str(tag)]]) for tag, decoder in _DECODERS.items()},
     "text": _feed_text,
+    "thinking": _feed_thinking,
 }
