@@ -44,9 +44,11 @@ from fastapi.responses import Response
 
 from aimu import __version__
 from aimu.aio._ids import is_event_number
+from aimu.aio.events import StepFinished, ToolCallStarted, ToolResult
 from aimu.aio.transcript import Message
 from aimu.serve.errors import ServeError
 from aimu.serve.http import JSON
+from aimu.serve.protocols import EventStream
 from aimu.serve.runs import Runs, RunView, validate_name
 from aimu.serve.stream_runs import RunFollower, decide_all, sse_response
 
@@ -441,42 +443,68 @@ async def _streamed(
     runs: Runs, call_id: object, task_id: str, follower: RunFollower
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The run's events as JSON-RPC stream responses; leaving only detaches."""
-
-    def answer(result: dict[str, Any]) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": call_id, "result": result}
-
     first = await _task(runs, task_id)
-    yield answer({"task": {**first.json(), "status": {"state": WORKING}}})
-    context = first.session
-    reply, sent = 0, 0  # the reply artifact of this turn, and the chunks sent of it
+    stream = _TaskStream(call_id, task_id, first.session)
+    yield stream.answer({"task": {**first.json(), "status": {"state": WORKING}}})
     try:
         async for event in follower.events():
-            kind = event.get("type")
-            if kind == "text" and event["text"]:
-                sent += 1
-                yield answer({"artifactUpdate": {
-                    "taskId": task_id, "contextId": context,
-                    "artifact": {"artifactId": f"reply-{reply}", "name": "reply",
-                                 "parts": [{"text": event["text"]}]},
-                    "append": sent > 1, "lastChunk": False,
-                }})
-            elif kind in ("tool_call", "tool_result", "step_finished"):
-                if sent:
-                    reply, sent = reply + 1, 0
-                if kind == "step_finished":
-                    continue
-                key = "toolCall" if kind == "tool_call" else "toolResult"
-                data = {k: event[k] for k in ("call_id", "name", "arguments", "content")
-                        if k in event}
-                yield answer({"statusUpdate": {
-                    "taskId": task_id, "contextId": context, "status": {
-                        "state": WORKING,
-                        "message": {"messageId": f"{task_id}:{kind}:{event['call_id']}",
-                                    "contextId": context, "taskId": task_id,
-                                    "role": "ROLE_AGENT", "parts": [{"data": {key: data}}]},
-                    }}})
+            for out in stream.feed(event):
+                yield out
     finally:
         await follower.aclose()
     last = await _task(runs, task_id)
-    yield answer({"statusUpdate": {"taskId": task_id, "contextId": context,
-                                   "status": last.json()["status"]}})
+    yield stream.answer({"statusUpdate": {"taskId": task_id, "contextId": first.session,
+                                          "status": last.json()["status"]}})
+
+
+class _TaskStream(EventStream[dict[str, Any]]):
+    """A task's run as A2A stream responses: its text as appends to a reply artifact
+    (a new one after each tool call, result or step that followed text), its tool calls
+    and results as ``working`` status updates."""
+
+    def __init__(self, call_id: object, task_id: str, context: str) -> None:
+        super().__init__(task_id)
+        self._call_id, self._task_id, self._context = call_id, task_id, context
+        self._reply = 0  # the reply artifact of this turn
+        self._sent = 0  # the chunks sent of it
+
+    def answer(self, result: dict[str, Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": self._call_id, "result": result}
+
+    def text_delta(self, part: str, text: str) -> list[dict[str, Any]]:
+        self._sent += 1
+        return [self.answer({"artifactUpdate": {
+            "taskId": self._task_id, "contextId": self._context,
+            "artifact": {"artifactId": f"reply-{self._reply}", "name": "reply",
+                         "parts": [{"text": text}]},
+            "append": self._sent > 1, "lastChunk": False,
+        }})]
+
+    def tool_call_start(
+        self, call: ToolCallStarted, parent: str | None
+    ) -> list[dict[str, Any]]:
+        self._next_reply()
+        data = {"call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+        return [self._status("tool_call", call.call_id, {"toolCall": data})]
+
+    def tool_result(self, result: ToolResult) -> list[dict[str, Any]]:
+        self._next_reply()
+        data = {"call_id": result.call_id, "name": result.name, "content": result.content}
+        return [self._status("tool_result", result.call_id, {"toolResult": data})]
+
+    def step_finished(self, step: StepFinished) -> list[dict[str, Any]]:
+        self._next_reply()
+        return []
+
+    def _next_reply(self) -> None:
+        if self._sent:
+            self._reply, self._sent = self._reply + 1, 0
+
+    def _status(self, what: str, call_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        return self.answer({"statusUpdate": {
+            "taskId": self._task_id, "contextId": self._context, "status": {
+                "state": WORKING,
+                "message": {"messageId": f"{self._task_id}:{what}:{call_id}",
+                            "contextId": self._context, "taskId": self._task_id,
+                            "role": "ROLE_AGENT", "parts": [{"data": data}]},
+            }}})

@@ -37,9 +37,11 @@ from pydantic.alias_generators import to_camel
 from aimu.aio import _sse as sse
 from aimu.aio._session import SHARED
 from aimu.aio.agent import Agent
+from aimu.aio.events import ToolCallStarted, ToolProgress, ToolResult, TurnRetried
 from aimu.aio.tools import Tool
 from aimu.aio.transcript import Message
 from aimu.serve.errors import BadRequest
+from aimu.serve.protocols import EventStream, text_parts
 from aimu.serve.routes import WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
@@ -227,10 +229,7 @@ def _text_of(content: object, message_id: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [
-            part.get("text") for part in content
-            if isinstance(part, Mapping) and part.get("type") == "text"
-        ]
+        texts = text_parts(content)
         if len(texts) == len(content) and all(isinstance(text, str) for text in texts):
             return "\n".join(str(text) for text in texts)
     raise BadRequest(
@@ -289,19 +288,20 @@ async def _events(
         else:
             # A call the snapshot holds is not started again (a run that resumed after its
             # server died asks an idempotent call in doubt again, under the same id).
-            translator = _Translator(run_id, begun.answered, frozenset(seen))
+            stream = AgUiStream(run_id, begun.answered, frozenset(seen))
             async for event in follower.events():
-                for out in translator.feed(event):
+                for out in stream.feed(event):
                     yield out
             end = follower.end
-            parent = translator.step_text
-            seen |= translator.started
-            for out in translator.close():
+            parent = stream.step_text
+            seen |= stream.calls
+            for out in stream.close():
                 yield out
         finished, waiting = await _finished(runs, session, thread, run_id, end)
         for call in waiting:  # each call the outcome names, started before it names it
             if str(call["call_id"]) not in seen:
-                for out in _call_events(call, parent):
+                for out in _call_events(str(call["call_id"]), call["name"],
+                                        call["arguments"], parent):
                     yield out
         shared = (await runs.store.load_state(session)).get(SHARED)
         if isinstance(shared, dict):
@@ -379,136 +379,84 @@ def _interrupts(pending: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _call_events(call: Mapping[str, Any], parent: str | None) -> list[dict[str, Any]]:
-    """The events of a call the run paused on: a client-side tool's, for the page to run,
-    or one waiting for approval, which the ``interrupt`` outcome then names."""
-    call_id = str(call["call_id"])
-    start = {"type": "TOOL_CALL_START", "toolCallId": call_id, "toolCallName": call["name"]}
+def _call_events(
+    call_id: str, name: str, arguments: object, parent: str | None
+) -> list[dict[str, Any]]:
+    """A tool call's events: streamed as the run made it, or, for a call the run paused
+    on (a client-side tool's, for the page to run, or one waiting for approval, which
+    the ``interrupt`` outcome then names), before the outcome."""
+    start = {"type": "TOOL_CALL_START", "toolCallId": call_id, "toolCallName": name}
     return [
         {**start, "parentMessageId": parent} if parent else start,
         {"type": "TOOL_CALL_ARGS", "toolCallId": call_id,
-         "delta": json.dumps(call["arguments"], ensure_ascii=False)},
+         "delta": json.dumps(arguments, ensure_ascii=False)},
         {"type": "TOOL_CALL_END", "toolCallId": call_id},
     ]
 
 
-class _Translator:
-    """aimu's run events (as JSON) to AG-UI events, keeping text and steps well nested.
-    The calls in ``answered`` (the client-side calls whose results the client sent) are
-    not streamed back to it; those in ``shown`` (it was shown them when the run paused)
-    are not started again, their results are streamed."""
+class AgUiStream(EventStream[dict[str, Any]]):
+    """aimu's run events as AG-UI events (the nesting is the base's). The calls in
+    ``answered`` (the client-side calls whose results the client sent) are not streamed
+    back to it; those in ``shown`` (it was shown them when the run paused) are not
+    started again, their results are streamed."""
 
     def __init__(self, run_id: str, answered: frozenset[str] = frozenset(),
                  shown: frozenset[str] = frozenset()) -> None:
-        self._run_id = run_id
-        self._answered = answered
-        self._shown = shown
-        #: The ids of the calls started (TOOL_CALL_START) in this stream.
-        self.started: set[str] = set()
-        self._messages = 0
-        #: The id of the text message of the step in progress (a client-side call's parent).
-        self.step_text: str | None = None
-        self._text: str | None = None  # the id of the open text message
-        self._reasoning: str | None = None
-        self._step: str | None = None
+        super().__init__(run_id, shown)
+        self.hidden_calls = answered | shown
+        self.hidden_results = answered
+        self._step_name = ""
 
-    def _next_id(self) -> str:
-        self._messages += 1
-        return f"{self._run_id}-{self._messages}"
+    def step_start(self) -> list[dict[str, Any]]:
+        self._step_name = f"step {self.next_id()}"
+        return [{"type": "STEP_STARTED", "stepName": self._step_name}]
 
-    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        kind = event.get("type")
-        out: list[dict[str, Any]] = []
-        if kind in ("tool_call", "tool_result") and str(event["call_id"]) in self._answered:
-            return out
-        if kind == "tool_call" and str(event["call_id"]) in self._shown:
-            return out
-        if kind in ("text", "thinking", "tool_call", "tool_result", "tool_progress"):
-            out += self._open_step()
-        if kind == "text" and event["text"]:
-            out += self._close_reasoning()
-            if self._text is None:
-                self._text = self.step_text = self._next_id()
-                out.append({"type": "TEXT_MESSAGE_START", "messageId": self._text,
-                            "role": "assistant"})
-            out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text,
-                        "delta": event["text"]})
-        elif kind == "thinking" and event["text"]:
-            out += self._close_text()
-            if self._reasoning is None:
-                self._reasoning = self._next_id()
-                out += [{"type": "REASONING_START", "messageId": self._reasoning},
-                        {"type": "REASONING_MESSAGE_START", "messageId": self._reasoning,
-                         "role": "reasoning"}]
-            out.append({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning,
-                        "delta": event["text"]})
-        elif kind == "tool_call":
-            parent = self._text
-            out += self._close_text() + self._close_reasoning()
-            call_id = str(event["call_id"])
-            self.started.add(call_id)
-            start = {"type": "TOOL_CALL_START", "toolCallId": call_id,
-                     "toolCallName": event["name"]}
-            out += [
-                {**start, "parentMessageId": parent} if parent else start,
-                {"type": "TOOL_CALL_ARGS", "toolCallId": call_id,
-                 "delta": json.dumps(event["arguments"], ensure_ascii=False)},
-                {"type": "TOOL_CALL_END", "toolCallId": call_id},
-            ]
-        elif kind == "tool_result":
-            out += self._close_text()
-            out.append({"type": "TOOL_CALL_RESULT", "messageId": self._next_id(),
-                        "toolCallId": str(event["call_id"]), "content": event["content"],
-                        "role": "tool"})
-        elif kind == "tool_progress":
-            out.append({"type": "CUSTOM", "name": "aimu.tool_progress", "value": {
-                key: event.get(key) for key in ("call_id", "name", "progress", "total", "message")
-            }})
-        elif kind == "turn_retried":
-            out += self._retried(event)
-        elif kind == "step_finished":
-            out += self.close()
-            self.step_text = None
-        return out
+    def step_end(self) -> list[dict[str, Any]]:
+        return [{"type": "STEP_FINISHED", "stepName": self._step_name}]
 
-    def _retried(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The reply's stream broke and was asked again: a CUSTOM event naming the text
-        message it concerns; a restarted reply's messages end here (the new text is a
-        new message; a client drops the one named, as the event's ``mode`` says)."""
-        value = {key: event.get(key) for key in ("mode", "kept", "error", "attempt")}
-        value["messageId"] = self._text
-        out = [{"type": "CUSTOM", "name": "aimu.turn_retried", "value": value}]
-        if event.get("mode") == "restarted":
-            out += self._close_text() + self._close_reasoning()
-        return out
+    def text_start(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "TEXT_MESSAGE_START", "messageId": part, "role": "assistant"}]
 
-    def _open_step(self) -> list[dict[str, Any]]:
-        if self._step is not None:
-            return []
-        self.step_text = None
-        self._step = f"step {self._next_id()}"
-        return [{"type": "STEP_STARTED", "stepName": self._step}]
+    def text_delta(self, part: str, text: str) -> list[dict[str, Any]]:
+        return [{"type": "TEXT_MESSAGE_CONTENT", "messageId": part, "delta": text}]
 
-    def _close_text(self) -> list[dict[str, Any]]:
-        if self._text is None:
-            return []
-        message_id, self._text = self._text, None
-        return [{"type": "TEXT_MESSAGE_END", "messageId": message_id}]
+    def text_end(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "TEXT_MESSAGE_END", "messageId": part}]
 
-    def _close_reasoning(self) -> list[dict[str, Any]]:
-        if self._reasoning is None:
-            return []
-        message_id, self._reasoning = self._reasoning, None
-        return [{"type": "REASONING_MESSAGE_END", "messageId": message_id},
-                {"type": "REASONING_END", "messageId": message_id}]
+    def reasoning_start(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "REASONING_START", "messageId": part},
+                {"type": "REASONING_MESSAGE_START", "messageId": part, "role": "reasoning"}]
 
-    def close(self) -> list[dict[str, Any]]:
-        """End whatever is open (a step's end, or the run's)."""
-        out = self._close_text() + self._close_reasoning()
-        if self._step is not None:
-            out.append({"type": "STEP_FINISHED", "stepName": self._step})
-            self._step = None
-        return out
+    def reasoning_delta(self, part: str, text: str) -> list[dict[str, Any]]:
+        return [{"type": "REASONING_MESSAGE_CONTENT", "messageId": part, "delta": text}]
+
+    def reasoning_end(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "REASONING_MESSAGE_END", "messageId": part},
+                {"type": "REASONING_END", "messageId": part}]
+
+    def tool_call_start(
+        self, call: ToolCallStarted, parent: str | None
+    ) -> list[dict[str, Any]]:
+        return _call_events(call.call_id, call.name, call.arguments, parent)
+
+    def tool_result(self, result: ToolResult) -> list[dict[str, Any]]:
+        return [{"type": "TOOL_CALL_RESULT", "messageId": self.next_id(),
+                 "toolCallId": result.call_id, "content": result.content, "role": "tool"}]
+
+    def tool_progress(self, progress: ToolProgress) -> list[dict[str, Any]]:
+        return [{"type": "CUSTOM", "name": "aimu.tool_progress", "value": {
+            "call_id": progress.call_id, "name": progress.name, "progress": progress.progress,
+            "total": progress.total, "message": progress.message,
+        }}]
+
+    def turn_retried(self, retried: TurnRetried, part: str | None) -> list[dict[str, Any]]:
+        """A CUSTOM event naming the text message the broken reply concerns; a restarted
+        reply's messages end after it (the new text is a new message; a client drops the
+        one named, as the event's ``mode`` says)."""
+        return [{"type": "CUSTOM", "name": "aimu.turn_retried", "value": {
+            "mode": retried.mode, "kept": retried.kept, "error": retried.error,
+            "attempt": retried.attempt, "messageId": part,
+        }}]
 
 
 def to_ag_ui_messages(messages: Iterable[Message], session: str) -> list[dict[str, Any]]:

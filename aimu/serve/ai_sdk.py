@@ -38,9 +38,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aimu.aio import _sse as sse
+from aimu.aio.events import ToolCallStarted, ToolResult, TurnRetried
 from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.http import JSON
 from aimu.serve.models import EmptyBody, Run
+from aimu.serve.protocols import EventStream, text_parts
 from aimu.serve.routes import READ, WRITE, errors
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
@@ -212,14 +214,14 @@ def _response(
 ) -> Response:
     """The run's UI message stream: a new message, or the one ``message_id`` names (the
     page's, which a resumed run continues)."""
-    translator = _Translator(follower.view.run_id, shown, denied)
+    stream = AiSdkStream(follower.view.run_id, shown, denied)
     message_id = message_id or f"{follower.view.run_id}-reply"
-    return sse_response(_chunks(runs, follower, translator, message_id),
+    return sse_response(_chunks(runs, follower, stream, message_id),
                         headers=STREAM_HEADER, last=_DONE)
 
 
 def _user_text(message: UIMessage) -> str:
-    texts = [part.get("text") for part in message.parts if part.get("type") == "text"]
+    texts = text_parts(message.parts)
     if not texts or not all(isinstance(text, str) for text in texts):
         raise BadRequest(f"message {message.id!r}: only text parts are supported")
     text = "\n".join(str(text) for text in texts)
@@ -273,143 +275,110 @@ async def _tool_outputs(runs: Runs, session: str, message: UIMessage) -> dict[st
 
 
 async def _chunks(
-    runs: Runs, follower: RunFollower, translator: _Translator, message_id: str
+    runs: Runs, follower: RunFollower, stream: AiSdkStream, message_id: str
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The run's UI message chunks; leaving early stops the run if the follower owns it."""
     try:
         yield {"type": "start", "messageId": message_id}
         async for event in follower.events():
-            for chunk in translator.feed(event):
+            for chunk in stream.feed(event):
                 yield chunk
-        for chunk in translator.close():
+        for chunk in stream.close():
             yield chunk
-        for chunk in await _ending(runs, follower.view.session, follower.end, translator):
+        for chunk in await _ending(runs, follower.view.session, follower.end, stream):
             yield chunk
     finally:
         await follower.aclose()
 
 
 async def _ending(
-    runs: Runs, session: str, end: RunEnd | None, translator: _Translator
+    runs: Runs, session: str, end: RunEnd | None, stream: AiSdkStream
 ) -> list[dict[str, Any]]:
     if end is None or end.status == "failed":
         error = "the run failed" if end is None or not end.error else end.error
         return [{"type": "error", "errorText": error}]
     metadata = {"aimuStatus": end.status, "aimuRunId": end.run_id, "usage": end.usage}
     if end.status == "completed":
-        reason = _FINISH.get(translator.stop_reason or "stop", "other")
+        reason = _FINISH.get(stream.stop_reason or "stop", "other")
         return [{"type": "finish", "finishReason": reason, "messageMetadata": metadata}]
     if end.status == "blocked":  # a guardrail refused the input or the answer
         metadata["aimuReason"] = end.reply or end.reason
-        return [*translator.close(), {"type": "finish", "finishReason": "content-filter",
+        return [*stream.close(), {"type": "finish", "finishReason": "content-filter",
                                       "messageMetadata": metadata}]
     if end.status == "paused":
         _, pending = await runs.paused_on(session)
         chunks = []
         for call in pending:
             call_id = str(call["call_id"])
-            if call_id not in translator.calls:  # asked before it was announced
-                chunks += translator.feed({"type": "tool_call", "call_id": call_id,
-                                           "name": call["name"], "arguments": call["arguments"]})
+            if call_id not in stream.calls:  # asked before it was announced
+                chunks += stream.on(ToolCallStarted(session, call_id, call["name"],
+                                                    call["arguments"]))
             if not call.get("external"):  # a client-side call: the page runs it
                 chunks.append({"type": "tool-approval-request",
                                "approvalId": shown_id(call), "toolCallId": call_id})
-        return [*chunks, *translator.close(),
+        return [*chunks, *stream.close(),
                 {"type": "finish", "finishReason": "tool-calls", "messageMetadata": metadata}]
     return [{"type": "abort", "reason": end.reason or end.status}]
 
 
-class _Translator:
-    """aimu's run events (as JSON) to UI message chunks, parts kept well nested. The
-    calls in ``shown`` (the page has their parts) are not started again; a result of one
-    in ``denied`` (the page's approval response denied it) is ``tool-output-denied``."""
+class AiSdkStream(EventStream[dict[str, Any]]):
+    """aimu's run events as UI message chunks (the nesting is the base's). The calls in
+    ``shown`` (the page has their parts) are not started again; a result of one in
+    ``denied`` (the page's approval response denied it) is ``tool-output-denied``."""
 
     def __init__(self, run_id: str, shown: frozenset[str] = frozenset(),
                  denied: frozenset[str] = frozenset()) -> None:
-        self._run_id = run_id
+        super().__init__(run_id, shown)
         self._denied = denied
-        self._parts = 0
-        self._text: str | None = None
-        self._reasoning: str | None = None
-        self._step = False
-        self.stop_reason: str | None = None
-        #: The ids of the tool calls announced so far (or before this stream).
-        self.calls: set[str] = set(shown)
 
-    def _next_id(self) -> str:
-        self._parts += 1
-        return f"{self._run_id}-{self._parts}"
+    def step_start(self) -> list[dict[str, Any]]:
+        return [{"type": "start-step"}]
 
-    def feed(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        kind = event.get("type")
-        out: list[dict[str, Any]] = []
-        if kind in ("text", "thinking", "tool_call", "tool_result") and not self._step:
-            self._step = True
-            out.append({"type": "start-step"})
-        if kind == "text" and event["text"]:
-            out += self._close("reasoning")
-            if self._text is None:
-                self._text = self._next_id()
-                out.append({"type": "text-start", "id": self._text})
-            out.append({"type": "text-delta", "id": self._text, "delta": event["text"]})
-        elif kind == "thinking" and event["text"]:
-            out += self._close("text")
-            if self._reasoning is None:
-                self._reasoning = self._next_id()
-                out.append({"type": "reasoning-start", "id": self._reasoning})
-            out.append({"type": "reasoning-delta", "id": self._reasoning, "delta": event["text"]})
-        elif kind == "tool_call" and str(event["call_id"]) in self.calls:
-            pass  # the page has its part (it was shown when the run paused)
-        elif kind == "tool_call":
-            out += self._close("text") + self._close("reasoning")
-            call = {"toolCallId": str(event["call_id"]), "toolName": event["name"],
-                    "dynamic": True}
-            self.calls.add(call["toolCallId"])
-            out += [{"type": "tool-input-start", **call},
-                    {"type": "tool-input-available", **call, "input": event["arguments"]}]
-        elif kind == "tool_result" and str(event["call_id"]) in self._denied:
-            out += self._close("text")
-            out.append({"type": "tool-output-denied", "toolCallId": str(event["call_id"])})
-        elif kind == "tool_result":
-            out += self._close("text")
-            key = "errorText" if event.get("is_error") else "output"
-            out.append({"type": "tool-output-error" if event.get("is_error")
-                        else "tool-output-available",
-                        "toolCallId": str(event["call_id"]), key: event["content"],
-                        "dynamic": True})
-        elif kind == "run_finished":
-            self.stop_reason = event.get("stop_reason")
-        elif kind == "turn_retried":
-            out += self._retried(event)
-        elif kind == "step_finished":
-            out += self.close()
-        return out
+    def step_end(self) -> list[dict[str, Any]]:
+        return [{"type": "finish-step"}]
 
-    def _retried(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The reply's stream broke and was asked again: a ``data-aimu-turn-retried``
-        part naming the text part it concerns; a restarted reply's parts end here (its
-        new text is a new part; a client drops the one named)."""
-        data = {key: event.get(key) for key in ("mode", "kept", "error", "attempt")}
-        data["textId"] = self._text
-        out = [{"type": "data-aimu-turn-retried", "data": data}]
-        if event.get("mode") == "restarted":
-            out += self._close("text") + self._close("reasoning")
-        return out
+    def text_start(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "text-start", "id": part}]
 
-    def _close(self, which: Literal["text", "reasoning"]) -> list[dict[str, Any]]:
-        part = self._text if which == "text" else self._reasoning
-        if part is None:
-            return []
-        if which == "text":
-            self._text = None
-        else:
-            self._reasoning = None
-        return [{"type": f"{which}-end", "id": part}]
+    def text_delta(self, part: str, text: str) -> list[dict[str, Any]]:
+        return [{"type": "text-delta", "id": part, "delta": text}]
 
-    def close(self) -> list[dict[str, Any]]:
-        """End the open parts and the step."""
-        out = self._close("text") + self._close("reasoning")
-        if self._step:
-            self._step = False
-            out.append({"type": "finish-step"})
-        return out
+    def text_end(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "text-end", "id": part}]
+
+    def reasoning_start(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "reasoning-start", "id": part}]
+
+    def reasoning_delta(self, part: str, text: str) -> list[dict[str, Any]]:
+        return [{"type": "reasoning-delta", "id": part, "delta": text}]
+
+    def reasoning_end(self, part: str) -> list[dict[str, Any]]:
+        return [{"type": "reasoning-end", "id": part}]
+
+    def tool_call_start(
+        self, call: ToolCallStarted, parent: str | None
+    ) -> list[dict[str, Any]]:
+        return [{"type": "tool-input-start", "toolCallId": call.call_id,
+                 "toolName": call.name, "dynamic": True}]
+
+    def tool_call_args(self, call: ToolCallStarted) -> list[dict[str, Any]]:
+        return [{"type": "tool-input-available", "toolCallId": call.call_id,
+                 "toolName": call.name, "dynamic": True, "input": call.arguments}]
+
+    def tool_result(self, result: ToolResult) -> list[dict[str, Any]]:
+        if result.call_id in self._denied:
+            return [{"type": "tool-output-denied", "toolCallId": result.call_id}]
+        if result.is_error:
+            return [{"type": "tool-output-error", "toolCallId": result.call_id,
+                     "errorText": result.content, "dynamic": True}]
+        return [{"type": "tool-output-available", "toolCallId": result.call_id,
+                 "output": result.content, "dynamic": True}]
+
+    def turn_retried(self, retried: TurnRetried, part: str | None) -> list[dict[str, Any]]:
+        """A ``data-aimu-turn-retried`` part naming the text part the broken reply
+        concerns; a restarted reply's parts end after it (its new text is a new part; a
+        client drops the one named)."""
+        return [{"type": "data-aimu-turn-retried", "data": {
+            "mode": retried.mode, "kept": retried.kept, "error": retried.error,
+            "attempt": retried.attempt, "textId": part,
+        }}]

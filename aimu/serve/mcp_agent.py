@@ -31,7 +31,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel, Field
 
+from aimu.aio.events import StepFinished, ToolCallStarted, ToolResult
 from aimu.serve.errors import ServeError
+from aimu.serve.protocols import EventStream
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import RunFollower, decide_all, shown_id
 
@@ -144,24 +146,36 @@ async def _begin(runs: Runs, session: str, task: str) -> RunFollower:
 async def _report(follower: RunFollower, ctx: Context) -> None:
     """Follow the run to its end, its steps reported as progress (and "writing" once a
     step's reply has begun: a client that cancels after it knows the partial is kept)."""
+    stream = _Progress(follower.view.run_id)
     done = 0
-    writing = False
     async for event in follower.events():
-        kind = event.get("type")
-        if kind == "text":
-            if writing:
-                continue
-            writing, message = True, "writing"
-        elif kind == "tool_call":
-            message = f"calling {event['name']}"
-        elif kind == "tool_result":
-            message = f"{event['name']} answered"
-        elif kind == "step_finished":
-            writing, message = False, f"step {event.get('step')} done"
-        else:
-            continue
-        done += 1
-        await ctx.report_progress(done, None, message)
+        for message in stream.feed(event):
+            done += 1
+            await ctx.report_progress(done, None, message)
+
+
+class _Progress(EventStream[str]):
+    """A run's events as the messages of MCP progress notifications."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self._writing = False  # this step's reply has begun
+
+    def text_delta(self, part: str, text: str) -> list[str]:
+        if self._writing:
+            return []
+        self._writing = True
+        return ["writing"]
+
+    def tool_call_start(self, call: ToolCallStarted, parent: str | None) -> list[str]:
+        return [f"calling {call.name}"]
+
+    def tool_result(self, result: ToolResult) -> list[str]:
+        return [f"{result.name} answered"]
+
+    def step_finished(self, step: StepFinished) -> list[str]:
+        self._writing = False
+        return [f"step {step.step} done"]
 
 
 #: The ``request_state`` of an ``input_required`` result that asked about approvals.
