@@ -5,8 +5,9 @@
 Runs this checkout's ``benchmarks/bench_agent.py`` (``--repeats 3``) once on each checkout
 (its ``PYTHONPATH``) per pair, alternating which goes first from pair to pair (on a shared
 host the second of two back-to-back runs was seen faster by up to 30 %, whichever it
-was), and prints the medians over all pairs of the agent's µs a round and its overhead
-over the bare loop, at 200 and 1,000 rounds, with this checkout / base.
+was), and prints the medians over all pairs of the agent's µs a round, its overhead over
+the bare loop, and its round over the bare loop's in the same process (the figure a
+drifting host speed moves least), at 200 and 1,000 rounds, with this checkout / base.
 """
 
 from __future__ import annotations
@@ -19,20 +20,24 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-ROW = re.compile(r"^\s+(200|1000)\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+([\d.]+)", re.M)
+ROW = re.compile(r"^\s+(200|1000)\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s+([\d.]+)", re.M)
 
 
 def one(checkout: Path) -> dict[tuple[str, str], float]:
-    """(rounds, "agent" or "overhead") -> µs a round, from one bench_agent run."""
+    """(rounds, measure) -> µs a round (``agent``, ``overhead``) or the agent's round over
+    the bare loop's in the same process (``/ bare``), from one bench_agent run."""
     done = subprocess.run(
         [sys.executable, str(HERE / "benchmarks" / "bench_agent.py"), "--repeats", "3"],
         capture_output=True, text=True, check=True, env={"PYTHONPATH": str(checkout)},
         cwd=checkout,
     )
     found = {}
-    for rounds, agent, overhead in ROW.findall(done.stdout):
+    for rounds, bare, agent, overhead in ROW.findall(done.stdout):
         found[(rounds, "agent")] = float(agent)
         found[(rounds, "overhead")] = float(overhead)
+        # The same process's bare loop: a host whose speed drifts between runs (seen:
+        # the bare loop, the same code on both checkouts, at 36-78 µs a round) drifts both.
+        found[(rounds, "/ bare")] = float(agent) / float(bare)
     return found
 
 
@@ -49,10 +54,10 @@ def main() -> None:
     print(f"medians of {options.pairs} interleaved pairs (the first of a pair alternating)")
     print(" rounds  measure   base µs  this µs  this / base")
     for rounds in ("200", "1000"):
-        for measure in ("agent", "overhead"):
+        for measure in ("agent", "overhead", "/ bare"):
             base = statistics.median(r[(rounds, measure)] for r in runs["base"])
             this = statistics.median(r[(rounds, measure)] for r in runs["this"])
-            print(f" {rounds:>6}  {measure:<8} {base:8.1f} {this:8.1f}  {this / base:10.3f}")
+            print(f" {rounds:>6}  {measure:<8} {base:8.2f} {this:8.2f}  {this / base:10.3f}")
 
 
 if __name__ == "__main__":
