@@ -23,11 +23,11 @@ HERE = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^\s+(200|1000)\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s+([\d.]+)", re.M)
 
 
-def one(checkout: Path) -> dict[tuple[str, str], float]:
+def one(checkout: Path, repeats: int) -> dict[tuple[str, str], float]:
     """(rounds, measure) -> µs a round (``agent``, ``overhead``) or the agent's round over
     the bare loop's in the same process (``/ bare``), from one bench_agent run."""
     done = subprocess.run(
-        [sys.executable, str(HERE / "benchmarks" / "bench_agent.py"), "--repeats", "3"],
+        [sys.executable, str(HERE / "benchmarks" / "bench_agent.py"), "--repeats", str(repeats)],
         capture_output=True, text=True, check=True, env={"PYTHONPATH": str(checkout)},
         cwd=checkout,
     )
@@ -45,12 +45,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("base", type=Path, help="the other checkout (e.g. a git worktree)")
     parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=3, help="bench_agent.py's (default 3)")
     options = parser.parse_args()
     runs: dict[str, list[dict[tuple[str, str], float]]] = {"base": [], "this": []}
     for pair in range(options.pairs):
         order = [("base", options.base), ("this", HERE)]
         for name, checkout in order if pair % 2 == 0 else reversed(order):
-            runs[name].append(one(checkout.resolve()))
+            runs[name].append(one(checkout.resolve(), options.repeats))
     print(f"medians of {options.pairs} interleaved pairs (the first of a pair alternating)")
     print(" rounds  measure   base µs  this µs  this / base")
     for rounds in ("200", "1000"):

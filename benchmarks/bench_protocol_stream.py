@@ -1,6 +1,7 @@
 """The served stream's cost per event in each protocol adapter, in instructions.
 
     python benchmarks/bench_protocol_stream.py [--rounds 20] [--only ag_ui ai_sdk a2a mcp]
+    python benchmarks/bench_protocol_stream.py --quick   # a smoke run (CI): no valgrind
 
 A recorded run (the JSON events a follower yields: reasoning, text, tool calls with
 progress and results, a retried turn, three steps, the run's end) is translated through
@@ -179,8 +180,14 @@ def main() -> None:
     parser.add_argument("--adapter", choices=ADAPTERS, default="ag_ui")
     parser.add_argument("--only", nargs="*", choices=ADAPTERS, default=list(ADAPTERS),
                         help="the adapters to count (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="translate the run once through each adapter, no figures")
     args = parser.parse_args()
     events = recorded()
+    if args.quick:
+        for adapter in args.only:
+            print(f"  {adapter:7} {runner(adapter)(events):8,} bytes served (smoke run)")
+        return
     if args.one_run is not None:
         run = runner(args.adapter)
         for _ in range(args.one_run):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE = {
     "bench_agent.py": ["--repeats", "1"],
-    "bench_agent_compare.py": [str(ROOT), "--pairs", "1"],  # this checkout against itself
+    "bench_agent_compare.py": [str(ROOT), "--pairs", "1", "--repeats", "1"],  # against itself
     "bench_run_handle.py": ["--quick"],
     "bench_store.py": ["--rounds", "20", "--repeats", "1", "--appends", "20", "--load", "200"],
     "bench_client.py": ["--repeats", "5"],
@@ -26,6 +26,7 @@ SMOKE = {
     "bench_bedrock.py": ["--quick"],
     "bench_serve.py": ["--quick"],
     "bench_protocols.py": ["--repeats", "1"],
+    "bench_protocol_stream.py": ["--quick"],
     "bench_control.py": ["--quick", "--workers", "2"],
     "bench_journal.py": ["--rounds", "10", "--repeats", "1"],
     "bench_output.py": ["--repeats", "1", "--count", "20"],
