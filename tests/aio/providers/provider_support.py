@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aimu.aio.client import ModelClient
 from aimu.aio.providers.anthropic import AnthropicClient
@@ -19,6 +19,8 @@ from aimu.aio.providers.openai_responses import OpenAIResponsesClient
 from aimu.aio.transcript import Message
 from aimu.testing.server.bedrock import CREDENTIALS, REGION, TEST_KEY_ID
 from tests.services import refused_port
+
+C = TypeVar("C", bound=ModelClient)
 
 MakeClient = Callable[..., ModelClient]
 
@@ -59,6 +61,18 @@ def assert_key_hidden(errors: list[Exception], key: str) -> None:
     for error in errors:
         assert key not in str(error) and key not in repr(error)
         assert key not in getattr(error, "body", "")
+
+
+#: Clients made by a test module's helper, closed when each test ends (conftest.py): a
+#: pooled connection left open is a ResourceWarning at whichever later test the garbage
+#: collector runs in.
+MADE: list[ModelClient] = []
+
+
+def closed_after_test(client: C) -> C:
+    """``client``, to be closed when the test that made it ends."""
+    MADE.append(client)
+    return client
 
 
 def closed_port() -> int:

@@ -11,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
 import pytest
-from provider_support import RawServer, http_response, lookup, turn
+from provider_support import RawServer, closed_after_test, http_response, lookup, turn
 from pydantic import BaseModel
 
 from aimu import aio
 from aimu.aio.client import (
-    ModelClient,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -42,21 +40,8 @@ USER: list[Message] = [{"role": "user", "content": "x"}]
 
 def claude(server: LoopbackServer, **options: Any) -> AnthropicClient:
     options.setdefault("api_key", KEY)
-    made = AnthropicClient("claude-test", base_url=server.url, **options)
-    _MADE.append(made)
-    return made
+    return closed_after_test(AnthropicClient("claude-test", base_url=server.url, **options))
 
-
-_MADE: list[ModelClient] = []
-
-
-@pytest.fixture(autouse=True)
-async def _clients_closed() -> AsyncIterator[None]:
-    """Every client a test made is closed when it ends: a pooled connection left open
-    is a ResourceWarning at whichever later test the garbage collector runs in."""
-    yield
-    while _MADE:
-        await _MADE.pop().aclose()
 
 
 @pytest.fixture

@@ -13,19 +13,17 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
-from provider_support import turn
+from provider_support import closed_after_test, turn
 from pydantic import BaseModel
 
 from aimu import aio
 from aimu._extras import MissingExtra
 from aimu.aio.client import (
-    ModelClient,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -59,21 +57,8 @@ def bedrock(server: LoopbackServer, **options: Any) -> BedrockClient:
     options.setdefault("aws_access_key_id", TEST_KEY_ID)
     options.setdefault("aws_secret_access_key", SECRET)
     options.setdefault("region", REGION)
-    made = BedrockClient(MODEL, base_url=server.url, **options)
-    _MADE.append(made)
-    return made
+    return closed_after_test(BedrockClient(MODEL, base_url=server.url, **options))
 
-
-_MADE: list[ModelClient] = []
-
-
-@pytest.fixture(autouse=True)
-async def _clients_closed() -> AsyncIterator[None]:
-    """Every client a test made is closed when it ends: a pooled connection left open
-    is a ResourceWarning at whichever later test the garbage collector runs in."""
-    yield
-    while _MADE:
-        await _MADE.pop().aclose()
 
 
 @pytest.fixture

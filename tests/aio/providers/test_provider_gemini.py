@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from provider_support import RawServer, assert_key_hidden, closed_port, http_response, lookup, turn
+from provider_support import (
+    RawServer,
+    assert_key_hidden,
+    closed_after_test,
+    closed_port,
+    http_response,
+    lookup,
+    turn,
+)
 
 from aimu import aio
 from aimu.aio.client import (
-    ModelClient,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -39,20 +45,8 @@ USER: list[Message] = [{"role": "user", "content": "x"}]
 def gemini(server: LoopbackServer, **options: Any) -> GeminiClient:
     options.setdefault("api_key", KEY)
     made = GeminiClient("gemini-test", base_url=server.gemini_base_url, **options)
-    _MADE.append(made)
-    return made
+    return closed_after_test(made)
 
-
-_MADE: list[ModelClient] = []
-
-
-@pytest.fixture(autouse=True)
-async def _clients_closed() -> AsyncIterator[None]:
-    """Every client a test made is closed when it ends: a pooled connection left open
-    is a ResourceWarning at whichever later test the garbage collector runs in."""
-    yield
-    while _MADE:
-        await _MADE.pop().aclose()
 
 
 def sse(*events: object) -> bytes:

@@ -18,11 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from provider_support import RawServer, assert_only_current_task, http_response
+from provider_support import RawServer, assert_only_current_task, closed_after_test, http_response
 from pydantic import BaseModel
 
 from aimu import aio
-from aimu.aio.client import ModelClient
 from aimu.aio.errors import ModelHTTPError
 from aimu.aio.events import RunFinished, TextChunk
 from aimu.aio.providers.openai_responses import BackgroundResponse, OpenAIResponsesClient
@@ -42,22 +41,10 @@ async def server() -> AsyncIterator[LoopbackServer]:
 
 
 def make(server: LoopbackServer, **options: Any) -> OpenAIResponsesClient:
-    made = OpenAIResponsesClient("gpt-test", base_url=server.openai_base_url, api_key="sk-x",
-                                 **options)
-    _MADE.append(made)
-    return made
+    return closed_after_test(OpenAIResponsesClient(
+        "gpt-test", base_url=server.openai_base_url, api_key="sk-x", **options
+    ))
 
-
-_MADE: list[ModelClient] = []
-
-
-@pytest.fixture(autouse=True)
-async def _clients_closed() -> AsyncIterator[None]:
-    """Every client a test made is closed when it ends: a pooled connection left open
-    is a ResourceWarning at whichever later test the garbage collector runs in."""
-    yield
-    while _MADE:
-        await _MADE.pop().aclose()
 
 
 def lookup(city: str) -> str:
