@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE = {
     "bench_agent.py": ["--repeats", "1"],
-    "bench_agent_compare.py": [str(ROOT), "--pairs", "1", "--repeats", "1"],  # against itself
+    "bench_agent_compare.py": [str(ROOT), "--pairs", "1"],  # this checkout against itself
     "bench_run_handle.py": ["--quick"],
     "bench_store.py": ["--rounds", "20", "--repeats", "1", "--appends", "20", "--load", "200"],
     "bench_client.py": ["--repeats", "5"],
