@@ -6,11 +6,16 @@ hold every connection open forever. :class:`DeadlineH11Protocol` gives each requ
 ``request_seconds`` from its first byte (or from the connection's start) until its last;
 past it the connection is closed, with a ``408`` when nothing was answered yet. A run's
 event stream is unaffected: its request (a GET) has arrived whole long before.
+
+A request too malformed to reach the application (a ``content-length`` that is not a
+number, a broken header line) is answered ``400`` with the JSON error body every other
+error has, not Uvicorn's plain-text one: clients parse one shape.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import ClassVar
 
 import h11
@@ -41,6 +46,15 @@ class DeadlineH11Protocol(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
             self._disarm()  # the request arrived whole (or the connection is ending)
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"error": msg, "status": 400}, separators=(",", ":")).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode())]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -9,6 +9,7 @@ stay in the log); a client that sends its request a byte at a time, or leaves mi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -263,6 +264,28 @@ async def test_a_client_leaving_mid_body_logs_no_error(served: Served, log: Reco
     async with httpx.AsyncClient(base_url=served.url) as http:
         assert (await http.get("/sessions/left")).status_code == 404
     assert log.errors() == []
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /runs/r HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: Ue~\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nx: \x00\r\n\r\n",
+], ids=["content-length not a number", "header without a colon", "a NUL in a header"])
+async def test_a_request_too_malformed_to_route_is_400_with_the_json_error_body(
+    served: Served, head: bytes
+) -> None:
+    address = ("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
+    with socket.create_connection(address) as client:
+        client.sendall(head)
+        answer = until_closed(client)
+    status, _, rest = answer.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status == b"HTTP/1.1 400 Bad Request", answer
+    assert b"content-type: application/json" in headers.lower(), answer
+    said = json.loads(body)
+    assert said["status"] == 400 and said["error"], said
+    async with httpx.AsyncClient(base_url=served.url) as http:  # the server goes on
+        assert (await http.get("/health")).status_code == 200
 
 
 # -- a store out of connections (item 16) -----------------------------------------------------
