@@ -534,7 +534,7 @@ class _TurnAttempt:
                 and handle.reason == DRAINED)
 
     def _obey(self, handle: RunHandle[Any], control: Control) -> bool:
-        """Apply ``control`` to the run; False for text the ending run did not take. One
+        """Apply ``control`` to the run; False for one the ending run did not take. One
         that does not check out (the workflow checks what it takes, but its history may
         come from an older aimu) is logged and dropped, never read as a path on this
         worker's disk, never a failed activity."""
@@ -546,14 +546,16 @@ class _TurnAttempt:
             if request.reason is not None:  # a cancel: its reason is the caller's
                 self.cancel_reason = request.reason or self.cancel_reason
                 request = dataclasses.replace(request, reason=self.cancel_reason)
-            if not request.must_be_taken:
-                self.stopped = True  # by a caller: not a handoff
-            if steer(handle, request, self._spawn) or not request.must_be_taken:
+            if steer(handle, request, self._spawn):
+                if not request.must_be_taken:
+                    self.stopped = True  # by a caller: not a handoff
                 return True
         except (TypeError, ValueError) as error:
             _log.warning("a request that does not check out was dropped: %s", error)
             return True
-        _log.info("run %s: sent text arrived as the run ended", self.request.run_id)
+        # Not taken: the run ended (or is being cancelled) as it came. A run that paused
+        # gives it to the turn resumed after the decisions (the workflow's CARRY_UNTAKEN).
+        _log.info("run %s: a %s arrived as the run ended", self.request.run_id, request.kind)
         return False
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:

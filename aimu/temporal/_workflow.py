@@ -58,6 +58,9 @@ __all__ = [
 WORKFLOW: Final = "aimu.run"
 BEGIN: Final = "aimu.begin"
 TURN: Final = "aimu.turn"
+#: The patch (``workflow.patched``) under which a run resumed after its pause takes the
+#: controls its paused turn did not: a history from before it replays as it ran.
+CARRY_UNTAKEN: Final = "aimu-carry-untaken-controls"
 #: The local activity that records a run cancelled while it was paused (no turn ran to).
 END_PAUSED: Final = "aimu.end_paused"
 STATE_QUERY: Final = "aimu.state"
@@ -164,7 +167,8 @@ class TurnOrder:
     """0 for the first turn of the run, then one more for each resume after a pause."""
     decisions: list[CallDecision] = field(default_factory=list)
     sends: list[Control] = field(default_factory=list)
-    """Sends accepted for the run after its turn had ended: they join the resumed turn."""
+    """Controls the turn takes as it starts: sends accepted after the turn before it had
+    ended, and (after a pause) the stops, interrupts and sends it did not take."""
     controls_after: int = 0
     """Controls up to this number were dealt with by an earlier turn."""
     continued: bool = False
@@ -315,21 +319,12 @@ class RunWorkflow:
                 await self._end_paused(request, outcome.ended or "interrupted")
                 raise asyncio.CancelledError(workflow.cancellation_reason())
             if outcome.status == "paused":
-                self._pending = outcome.pending
-                self._status = "paused"
-                try:
-                    # A cancel that came as the turn was pausing went to the turn, which
-                    # ended paused without it: it is not delivered again, so look.
-                    await workflow.wait_condition(
-                        lambda: self._all_decided() or workflow.cancellation_reason() is not None
-                    )
-                    if workflow.cancellation_reason() is not None:
-                        raise asyncio.CancelledError(workflow.cancellation_reason())
-                except asyncio.CancelledError:
-                    await self._end_paused(request)
-                    raise
-                decisions = [_bound(self._decisions[p["call_id"]], p) for p in self._pending]
-                self._pending, self._decisions = [], {}
+                decisions = await self._decided(request, outcome)
+                # A stop, interrupt or send that came as the turn was pausing (or while
+                # the run waited) was accepted: the resumed turn takes it as it starts.
+                untaken = (self._controls_from(outcome.applied)
+                           if workflow.patched(CARRY_UNTAKEN) else [])
+                turn.sends = [c for c in untaken if c.kind != HANDOFF]
             else:
                 decisions = []
                 sends = [c for c in self._controls_from(outcome.applied) if c.kind == "send"]
@@ -346,10 +341,30 @@ class RunWorkflow:
                 messages_from,
                 turn.segment + 1,
                 decisions,
-                turn.sends if not decisions else [],
+                turn.sends,
                 self._control_count(),
             )
             self._continue_as_new(request, turn)
+
+    async def _decided(self, request: RunRequest, outcome: TurnOutcome) -> list[CallDecision]:
+        """Wait paused until every call the run waits on is decided (or the run is
+        cancelled: its pause recorded cancelled); the decisions."""
+        self._pending = outcome.pending
+        self._status = "paused"
+        try:
+            # A cancel that came as the turn was pausing went to the turn, which ended
+            # paused without it: it is not delivered again, so look.
+            await workflow.wait_condition(
+                lambda: self._all_decided() or workflow.cancellation_reason() is not None
+            )
+            if workflow.cancellation_reason() is not None:
+                raise asyncio.CancelledError(workflow.cancellation_reason())
+        except asyncio.CancelledError:
+            await self._end_paused(request)
+            raise
+        decisions = [_bound(self._decisions[p["call_id"]], p) for p in self._pending]
+        self._pending, self._decisions = [], {}
+        return decisions
 
     def _continue_as_new(self, request: RunRequest, turn: TurnOrder) -> None:
         """Go on in a new execution with ``turn`` if this one's history is long enough,

@@ -9,12 +9,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from aimu import aio
 from aimu.aio.store import SQLiteStore
 from aimu.temporal import RunsClient
-from aimu.testing.script import Turn
+from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 from tests.temporal.conftest import Workers
-from tests.temporal.test_runs import PAY, approval_tool
+from tests.temporal.test_runs import PAY, approval_tool, paused, restorable
 
 
 class HeldStore(SQLiteStore):
@@ -80,3 +83,45 @@ async def test_a_cancel_as_the_turn_pauses_ends_the_run_cancelled(
         go.set()
         await workers.aclose()
         await store.aclose()
+
+
+@pytest.mark.parametrize(("kind", "ends"), [("stop", "cancelled"), ("interrupt", "interrupted")])
+async def test_a_stop_or_interrupt_while_the_run_waits_reaches_the_resumed_turn(
+    kind: str, ends: str, temporal: str, queue: str, runs: RunsClient, workers: Workers,
+    store: SQLiteStore, model_server: LoopbackServer,
+) -> None:
+    """Accepted means acted on: a stop or interrupt recorded while the run waits for its
+    decisions (no turn runs to take it; on a busy host, one that left the client before
+    the run paused lands here too) is taken by the turn the decisions resume, which
+    stops: the run ends stopped, not completed. (One the running turn took before the
+    run paused is done with: the run stopped, at its pause.)"""
+    transfer, _ = approval_tool()
+    looked: list[str] = []
+
+    @aio.tool
+    def look() -> str:
+        """Look around."""
+        looked.append("look")
+        return "nothing"
+
+    # After the decided call, a step with a tool call: an interrupt ends the run at its
+    # boundary (with no next step, a run that answers completes, interrupted or not).
+    model_server.script = [PAY, Turn("", tool_calls=(ScriptedCall("look", {}),)), Turn("done")]
+    await workers.start(tools=[transfer, look])
+    run_id = await runs.start("s1", "pay")
+    state = await paused(runs, run_id)
+    if kind == "stop":
+        assert await runs.request_stop(run_id, grace=0)
+    else:
+        assert await runs.interrupt(run_id)
+    pending = state["pending"]
+    assert isinstance(pending, list) and len(pending) == 1, state
+    await runs.approve(run_id, pending[0]["call_id"], pause_id=pending[0]["pause_id"])
+    state = await runs.wait(run_id, timeout=60)
+    assert state["status"] == ends, state
+    assert len(model_server.requests) <= 2, "no model turn after the stop"
+    record = await store.run(run_id)
+    assert record is not None and record.status == ends, record
+    info = await store.info("s1")
+    assert info is not None and info.status == ends, info
+    await restorable(store, "s1")
