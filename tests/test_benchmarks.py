@@ -36,6 +36,7 @@ SMOKE = {
                                "--delay", "0"],
     "bench_temporal.py": ["--quick"],
     "bench_temporal_stream.py": ["--quick"],
+    "bench_temporal_throughput.py": ["--quick"],
     "bench_mcp.py": ["--quick"],
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
     "bench_serve_scale.py": ["--quick", "--scenarios", "local,rest-sqlite"],
@@ -59,7 +60,8 @@ def test_benchmark_runs(script: str) -> None:
     options = SMOKE[script]
     if script in ("bench_control.py", "bench_temporal.py", "bench_temporal_stream.py"):
         options = [*options, "--redis", services.redis_url()]  # found (or skipped) as in tests
-    if script in ("bench_temporal.py", "bench_temporal_stream.py"):
+    if script in ("bench_temporal.py", "bench_temporal_stream.py",
+                  "bench_temporal_throughput.py"):
         options = [*options, "--temporal", services.temporal_address()]
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *options],

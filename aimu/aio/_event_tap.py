@@ -152,6 +152,11 @@ class EventTap(AsyncIterator[Event]):
             await self._woken(None)
         return True
 
+    def pace(self) -> None:
+        """Count the pacing of :meth:`ready` from now (not from a batch due long ago):
+        the first batch then gathers for ``every`` too."""
+        self._paced = self._loop.time()
+
     async def ready(self, most: int, *, every: float = 0.0) -> bool:
         """Wait until a batch is due: an event is held, and ``every`` seconds have passed
         since the last batch was due (sooner once ``most`` are held or the run ended).

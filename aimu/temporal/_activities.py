@@ -72,6 +72,10 @@ _SIGNAL_SECONDS: Final = 120.0
 #: one worker make per second at most, together; and heartbeats (each a call to
 #: Temporal) they send. At ``--heartbeat 1`` 1,000 turns read 1,000 times a second.
 CONTROL_READS: Final = 100.0
+#: Batches of events the turns running on one worker signal a second at most, together
+#: (each signal is a workflow task: at 40 short runs at once, one batch a run every
+#: 0.4 s, as often as serve's followers of 40 runs read them, aimu.temporal._client.EVENT_QUERIES).
+EVENT_SIGNALS: Final = 100.0
 HEARTBEATS: Final = 200.0
 #: How long a turn that hands its run off waits for Redis to show the run pending.
 _REDIS_SECONDS: Final = 5.0
@@ -226,6 +230,11 @@ class Activities:
             spread = third if redis else min(spread, third)
         return max(self.tick, spread)
 
+    def signal_every(self) -> float:
+        """Seconds a turn's events gather before they are signalled: _EVENT_BATCH_SECONDS,
+        or more while many turns run here (EVENT_SIGNALS batches a second at most)."""
+        return max(_EVENT_BATCH_SECONDS, len(self._turns) / EVENT_SIGNALS)
+
     def read_every(self) -> float:
         """Seconds between two reads of a turn's controls: ``tick``, or more while many
         turns run here (CONTROL_READS a second at most, together). With Redis control a
@@ -355,15 +364,23 @@ class _TurnAttempt:
 
     async def execute(self) -> TurnOutcome:
         handle = self.handle = await self._start()
-        flusher = asyncio.create_task(self._flush_batches(handle.tap()))
+        tap = handle.tap()
+        # The run's first events gather too: a run that ends within signal_every() is
+        # told to the workflow by its outcome alone (two workflow tasks, as a bare
+        # workflow's), and a reply's first text came no later for it: it seldom comes
+        # before the first batch would be due.
+        tap.pace()
+        flusher = asyncio.create_task(self._flush_batches(tap))
         handle.scope.add_listener(self._step)
         if self.here is not None:  # asked before the run started
             self.end_here(*self.here)
         for sent in self.request.sends:
             self._obey(handle, sent)
         self.background.spawn(self._tick())
+        returns = False
         try:
             await ended(handle)
+            returns = True
         except asyncio.CancelledError:
             # Temporal cancelled the activity: the run gets the cancel, settles, and the
             # activity ends cancelled (its transcript is in the store).
@@ -379,8 +396,26 @@ class _TurnAttempt:
             raise
         finally:
             await self.background.aclose()  # the ticker, and a stop's wait
-            await _uncancellable(flusher)  # it sends what is left (the run has ended)
-        return await self._outcome(handle)
+            await _uncancellable(flusher)  # every batch but the run's last
+            if not returns:
+                await _uncancellable(self._send_batch(tap))
+        return await self._returned(handle, tap)
+
+    async def _returned(self, handle: RunHandle[Any], tap: EventTap) -> TurnOutcome:
+        """The turn's outcome, with the run's last events in it: one signal (and one
+        workflow task) fewer a run than signalling them. Signalled instead when the
+        turn fails (an outcome that is raised carries nothing) or they are many."""
+        last = [event_data(event) for event in tap.peek() if self._signalled(event)]
+        try:
+            outcome = await self._outcome(handle)  # after _signalled: it reads self.final
+        except BaseException:
+            await _uncancellable(self._send_batch(tap))
+            raise
+        if len(last) > _BATCH_EVENTS:
+            await _uncancellable(self._send_batch(tap))
+            return outcome
+        tap.take()
+        return dataclasses.replace(outcome, events=last)
 
     async def _start(self) -> RunHandle[Any]:
         request, agent = self.request, self.agent
@@ -462,19 +497,35 @@ class _TurnAttempt:
         return not event.path and event.source == self.agent.name
 
     async def _flush_batches(self, tap: EventTap) -> None:
-        """Signal the events to the workflow: the first after a quiet while at once, those
-        after it gathered for at most _EVENT_BATCH_SECONDS, the rest as the run ends.
-        Never cancelled (a batch half-signalled would be lost): the run's end ends it."""
-        while await tap.ready(_BATCH_EVENTS, every=_EVENT_BATCH_SECONDS):
-            await self._send_batch(tap)
+        """Signal the events to the workflow, gathered for :meth:`Activities.signal_every`
+        (after a quiet while, at once); the run's end and those
+        after it are left for :meth:`_returned`. Never cancelled (a batch half-signalled
+        would be lost): the run's end ends it."""
+        while await tap.ready(_BATCH_EVENTS, every=self.owner.signal_every()):
+            if not await self._send_batch(tap, whole=False):
+                return
 
-    async def _send_batch(self, tap: EventTap) -> None:
-        """Signal the events held, in order, each batch taken once signalled; Temporal
-        away, keep trying (the events that come meanwhile join) for _SIGNAL_SECONDS."""
+    def _before_end(self, events: list[Event]) -> list[Event]:
+        """``events`` up to the run's own end (all of them if it is not among them)."""
+        for index, event in enumerate(events):
+            if isinstance(event, RunFinished) and self._own(event):
+                return events[:index]
+        return events
+
+    async def _send_batch(self, tap: EventTap, *, whole: bool = True) -> bool:
+        """Signal the events held, in order, each batch taken once signalled (not
+        ``whole``: one batch, of those before the run's own end); Temporal away, keep
+        trying (the events that come meanwhile join) for _SIGNAL_SECONDS. False once the
+        run's end is the next event held (or the tap has ended): the turn's outcome
+        carries the rest."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SIGNAL_SECONDS
         delay = 0.1
         while events := tap.peek(_BATCH_EVENTS):
+            if not whole:
+                events = self._before_end(events)
+                if not events:
+                    return False
             batch = [event_data(event) for event in events if self._signalled(event)]
             try:
                 if batch:
@@ -484,17 +535,23 @@ class _TurnAttempt:
                     lost = [e for e in tap.take() if self._signalled(e)]
                     _log.warning("run %s: %d events not delivered: %s",
                                  self.request.run_id, len(lost), error)
-                    return
+                    return not tap.ended
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
             tap.advance(len(events))
+            if not whole:
+                return True  # the next batch when it is due: the run may end before
+        return not tap.ended
 
     async def _tick(self) -> None:
-        """Take the controls the workflow accepted, every :meth:`Activities.read_every`."""
+        """Take the controls the workflow accepted, every :meth:`Activities.read_every`
+        from the turn's start: a run that ends sooner reads none (each read is a query
+        the dev server hands a worker: one a run was a tenth of a short run's cost)."""
         handle = self.handle
         assert handle is not None
         while True:
+            await asyncio.sleep(self.owner.read_every())
             try:
                 controls: list[Control] = await self.workflow.query(
                     CONTROLS_QUERY, self.applied, result_type=list[Control]
@@ -506,7 +563,6 @@ class _TurnAttempt:
                 if not self._obey(handle, control):
                     break  # the run is ending: the workflow gives it to a resumed turn
                 self.applied = max(self.applied, control.seq)
-            await asyncio.sleep(self.owner.read_every())
 
     async def _cancel_reason(self) -> str:
         """The reason the caller gave the workflow's cancel (asked of it, briefly)."""

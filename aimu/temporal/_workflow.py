@@ -207,6 +207,8 @@ class TurnOutcome:
     """The number of the last control the turn took."""
     ended: str | None = None
     """A handed-off turn's own end (``interrupted``, or ``cancelled`` by a drain)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """The run's last events, after those signalled (``aimu.events``)."""
 
 
 def report_unread(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -447,6 +449,7 @@ class RunWorkflow:
         return all(p["call_id"] in self._decisions for p in self._pending)
 
     def _take(self, outcome: TurnOutcome) -> None:
+        self._events.extend(outcome.events)
         self._reply, self._error = outcome.reply, outcome.error
         self._reason = outcome.reason
         for key, value in outcome.usage.items():
