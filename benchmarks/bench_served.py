@@ -12,6 +12,10 @@ so every run is still streaming when it is stopped.
 * ``aimu``: ``aimu serve``'s runs API (``POST /sessions/{s}/runs``, SSE from
   ``GET /runs/{id}/events``, ``POST /runs/{id}/cancel``), SQLite store
   (``benchmarks/peers/aimu_app.py``).
+* ``aimu-fleet`` (``--redis URL``): two such processes on one store and one Redis, each
+  run started on one and stopped through the other (the Stop crosses Redis to the
+  process that holds the run); the cancel-all is sent half to each. CPU and RSS are both
+  processes'.
 * ``langgraph``: the LangGraph API server, in-memory runtime (``langgraph dev``), a
   ``create_react_agent`` graph on ``ChatOpenAI`` (``benchmarks/peers/langgraph/``): runs
   created in the background (``POST /threads/{t}/runs``), followed with
@@ -63,6 +67,9 @@ DELAY = 0.05  # 20 tokens/s a stream
 TAG = "Peer #"  # the task names its run: the model server keys each stream by it
 WARM = "Warm #"  # a warm-up run: a short answer
 SERVERS = ("aimu", "langgraph", "adk", "agno")
+#: Kinds measured when asked (``--servers``), not by default.
+MORE = ("aimu-fleet",)
+REDIS = ""  # --redis: the fleet's control
 
 
 # -- the model server process -----------------------------------------------------------------
@@ -198,6 +205,12 @@ def usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
+def usage_of(pids: list[int]) -> tuple[float, int]:
+    """CPU seconds and RSS bytes of the process trees of ``pids``."""
+    each = [usage(pid) for pid in pids]
+    return sum(cpu for cpu, _ in each), sum(rss for _, rss in each)
+
+
 def free_port() -> int:
     import socket
 
@@ -262,6 +275,10 @@ class Served:
                     return
             await asyncio.sleep(0.2)
         raise RuntimeError(f"{self.name} did not answer in 120 s")
+
+    def pids(self) -> list[int]:
+        """The processes whose CPU and memory are the server's."""
+        return [] if self.process is None else [self.process.pid]
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -343,6 +360,57 @@ class Aimu(Served):
     async def after_crash(self, tag: str) -> str:
         records = (await self.http.get("/runs", params={"session": f"s{tag}"})).json()["runs"]
         return "record " + ",".join(str(r.get("status")) for r in records) + " (--recover)"
+
+
+class AimuFleet(Aimu):
+    """Two ``aimu serve`` processes on one store and Redis: a run started on one is
+    followed there and stopped through the other."""
+
+    name = "aimu-fleet"
+
+    def __init__(self, model_url: str, workdir: str) -> None:
+        super().__init__(model_url, workdir)
+        self.prefix = f"bench-fleet-{uuid.uuid4().hex[:8]}"
+        self.second = Aimu(model_url, workdir)
+        self.second.name = "aimu-fleet-2"
+        self.second.command = self.command  # type: ignore[method-assign]
+        self.members = (self.http, self.second.http)
+
+    def command(self) -> tuple[list[str], str, dict[str, str]]:
+        argv, cwd, env = super().command()
+        if not REDIS:
+            raise RuntimeError("aimu-fleet needs --redis URL")
+        return argv, cwd, {**env, "BENCH_REDIS": REDIS, "BENCH_PREFIX": self.prefix}
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in (self.process, self.second.process) if p is not None]
+
+    async def launch(self) -> None:
+        await asyncio.gather(super().launch(), self.second.launch())
+
+    def kill(self) -> None:
+        super().kill()
+        self.second.kill()
+
+    async def close(self) -> None:
+        await asyncio.gather(super().close(), self.second.close())
+
+    async def follow(self, tag: str, first: Callable[[], None]) -> None:
+        at = len(self.runs) % 2
+        http = self.members[at]
+        started = await http.post(f"/sessions/s{tag}/runs", json={"task": task(tag)})
+        started.raise_for_status()
+        run = started.json()["run_id"]
+        self.runs[tag] = {"run": run, "at": str(at)}
+        async with http.stream("GET", f"/runs/{run}/events") as response:
+            async for _event, data in sse(response):
+                if '"text"' in data and json.loads(data).get("type") == "text":
+                    first()
+                    first = _nothing
+
+    async def stop(self, tag: str) -> None:
+        other = self.members[1 - int(self.runs[tag]["at"])]  # not the process holding it
+        await other.post(f"/runs/{self.runs[tag]['run']}/cancel")
 
 
 def _nothing() -> None:
@@ -483,7 +551,8 @@ class Agno(Served):
             else "no run stored"
 
 
-KINDS: dict[str, type[Served]] = {"aimu": Aimu, "langgraph": LangGraph, "adk": Adk, "agno": Agno}
+KINDS: dict[str, type[Served]] = {"aimu": Aimu, "langgraph": LangGraph, "adk": Adk, "agno": Agno,
+                                  "aimu-fleet": AimuFleet}
 
 
 # -- one measurement ----------------------------------------------------------------------------
@@ -504,7 +573,7 @@ async def measure(kind: type[Served], model: Model, n: int, stops: int, workdir:
         await model.ask("reset")
         await asyncio.wait_for(server.follow("warm", _nothing), 120)  # a warm-up run
         server.runs.pop("warm", None)
-        cpu0, rss0 = usage(server.process.pid)
+        cpu0, rss0 = usage_of(server.pids())
         firsts: dict[str, float] = {}
         sent: dict[str, float] = {}
         tags = [uuid.uuid4().hex[:10] for _ in range(n)]
@@ -514,7 +583,7 @@ async def measure(kind: type[Served], model: Model, n: int, stops: int, workdir:
         answering = (await model.ask("answering", n, 60 + n * 0.2))["answering"]
         with contextlib.suppress(TimeoutError):  # the clients saw every first token
             await asyncio.wait_for(_until(lambda: len(firsts) >= answering), 30)
-        cpu1, rss1 = usage(server.process.pid)
+        cpu1, rss1 = usage_of(server.pids())
         row.update(streaming=answering, first_p50=1000 * percentile(
             [firsts[t] - sent[t] for t in firsts], 0.5), first_p99=1000 * percentile(
             [firsts[t] - sent[t] for t in firsts], 0.99),
@@ -649,7 +718,7 @@ async def main(args: argparse.Namespace) -> int:
         print(table(rows))
         if args.kill:
             print()
-            for name in args.servers:
+            for name in [s for s in args.servers if s not in MORE]:  # a fleet: not here
                 with tempfile.TemporaryDirectory(prefix=f"bench-served-{name}-") as workdir:
                     print(f"kill -9 mid-run, {name}: {await crash(KINDS[name], model, workdir)}",
                           flush=True)
@@ -670,4 +739,7 @@ if __name__ == "__main__":
                         type=lambda s: [x for x in s.split(",") if x])
     parser.add_argument("--stops", type=int, default=20, help="single Stops at each N")
     parser.add_argument("--kill", action="store_true", help="also kill -9 each server mid-run")
-    sys.exit(asyncio.run(main(parser.parse_args())))
+    parser.add_argument("--redis", default="", help="Redis URL: the aimu-fleet's control")
+    options = parser.parse_args()
+    REDIS = options.redis
+    sys.exit(asyncio.run(main(options)))

@@ -40,7 +40,8 @@ SMOKE = {
     "bench_mcp.py": ["--quick"],
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
     "bench_serve_scale.py": ["--quick", "--scenarios", "local,rest-sqlite"],
-    "bench_served.py": ["--servers", "aimu", "--n", "1", "--stops", "1"],  # peers: own venv
+    # The peers need a venv of their own: aimu alone, and its fleet of two on Redis.
+    "bench_served.py": ["--servers", "aimu,aimu-fleet", "--n", "1", "--stops", "1"],
     "bench_tree.py": ["--quick"],
     "bench_guardrails.py": ["--repeats", "1", "--runs", "20"],
 }
@@ -58,7 +59,8 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs(script: str) -> None:
     options = SMOKE[script]
-    if script in ("bench_control.py", "bench_temporal.py", "bench_temporal_stream.py"):
+    if script in ("bench_control.py", "bench_temporal.py", "bench_temporal_stream.py",
+                  "bench_served.py"):
         options = [*options, "--redis", services.redis_url()]  # found (or skipped) as in tests
     if script in ("bench_temporal.py", "bench_temporal_stream.py",
                   "bench_temporal_throughput.py"):
