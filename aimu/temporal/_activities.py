@@ -214,10 +214,12 @@ class Activities:
     async def _beat(self, request: TurnOrder, taken: list[_Running]) -> None:
         timeout = activity.info().heartbeat_timeout
         while True:
-            activity.heartbeat(_applied(request, taken))
+            # The first after beat_every() too: the heartbeat timeout counts from the
+            # turn's start, and a turn that ends sooner costs Temporal no heartbeat.
             attempt = taken[0].attempt if taken else None
             redis = attempt is not None and attempt.registered
             await asyncio.sleep(self.beat_every(timeout, redis=redis))
+            activity.heartbeat(_applied(request, taken))
 
     def beat_every(self, timeout: timedelta | None, *, redis: bool = False) -> float:
         """Seconds between two heartbeats of a turn: ``tick``, or more while many turns
