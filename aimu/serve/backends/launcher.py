@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from aimu._hosting import AgentFactory, open_agent
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
@@ -22,7 +23,6 @@ from aimu.aio.run_handle import RunHandle
 from aimu.aio.status import RECOVERABLE
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
-from aimu.serve.runs import AgentFactory, open_agent
 
 __all__ = ["Launcher", "StartHandle"]
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import Any, Final
 
+from aimu._hosting import AgentFactory
 from aimu.aio._event_tap import EventTap
 from aimu.aio._ids import new_run_id
 from aimu.aio.agent import Agent
@@ -46,22 +47,21 @@ from aimu.aio.status import LIVE
 from aimu.aio.steering import LocalRuns, Steer, Steering, send_kept
 from aimu.aio.store import RunRecord as StoredRun
 from aimu.aio.store import Store
-from aimu.serve.backends.decisions import StoreDecisions
-from aimu.serve.backends.launcher import Launcher
-from aimu.serve.backends.run_log import LoggedRun, RunLog
-from aimu.serve.errors import BadRequest, Conflict, NotFound
-from aimu.serve.ids import event_number
-from aimu.serve.recovery import resumed_here
-from aimu.serve.runs import (
+from aimu.serve.backends.base import (
     KEEPALIVE_SECONDS,
-    AgentFactory,
     Batch,
     Decided,
     JSONEvent,
     RunView,
     Verdict,
     no_cancel_error,
+    resumed_here,
 )
+from aimu.serve.backends.decisions import StoreDecisions
+from aimu.serve.backends.launcher import Launcher
+from aimu.serve.backends.run_log import LoggedRun, RunLog
+from aimu.serve.errors import BadRequest, Conflict, NotFound
+from aimu.serve.ids import event_number
 
 __all__ = ["LocalBackend"]
 

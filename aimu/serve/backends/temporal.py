@@ -24,6 +24,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.steering import Steer, Steering
+from aimu.serve.backends.base import Decided, RunView, Verdict, no_cancel_error
 from aimu.serve.backends.run_log import LoggedRun, RunLog
 from aimu.serve.errors import (
     BadRequest,
@@ -32,7 +33,6 @@ from aimu.serve.errors import (
     ServiceUnavailable,
     unavailable,
 )
-from aimu.serve.runs import Decided, RunView, Verdict, no_cancel_error
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
