@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
-from typing import Any, Final
+from collections.abc import AsyncGenerator, Sequence
+from typing import Final
 
 from aimu._hosting import AgentFactory
 from aimu.aio._event_tap import EventTap
@@ -93,12 +93,10 @@ class LocalBackend(RunLog):
                 await agent.aclose()
             raise
         view = RunView(new_run_id(), session, task, created_at=time.time())
-
-        def start(run: Coroutine[Any, Any, str], messages_from: int) -> RunHandle[str]:
-            view.messages_from = messages_from
-            return RunHandle.start(run, name=f"run {view.run_id}", run_id=view.run_id)
-
-        handle = await self._launcher.launch(session, task, agent, start)
+        launch = await self._launcher.open(session, task, agent)
+        view.messages_from = launch.messages_from
+        handle = await self._launcher.start(launch, name=f"run {view.run_id}",
+                                            run_id=view.run_id)
         record = self.add(view)
         record.handle = handle
         self._runs_here.add(handle)
