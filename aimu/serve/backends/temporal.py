@@ -1,6 +1,6 @@
 """Runs handed to Temporal workers (``aimu serve --temporal HOST:PORT --task-queue Q``).
 
-:class:`TemporalBackend` is a :class:`~aimu.serve.runs.RunsBackend` that executes
+:class:`TemporalBackend` is a :class:`~aimu.serve.backends.base.RunsBackend` that executes
 nothing here: each run is a workflow that an ``aimu worker`` executes (see
 :mod:`aimu.temporal`). A pump per run follows the workflow's events into this process's
 :class:`~aimu.serve.backends.run_log.RunLog`, so followers, ``Last-Event-ID`` and the web page work
