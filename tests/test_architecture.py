@@ -298,6 +298,27 @@ def test_the_agents_rooms_import_in_one_direction() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
+#: The agent's rooms that hold the Runnable class: the seam to other agents and runnables.
+_HOLD_THE_RUNNABLE = {"base", "transfer"}
+
+
+def test_the_agents_driver_never_imports_the_runnable() -> None:
+    """The loop and the steps it drives take a run's options, its clock and the scopes
+    from below (``aimu.aio._run_options``, ``aimu.aio.scope``); the Runnable class stands
+    above them, with the Agent class, and only the seam (base, transfer) names it.
+    (Before: loop, state and tree imported runnable.py for RunOptions and options_in.)"""
+    package = "aimu.aio.agent"
+    wrong = [
+        f"{package}.{name} imports aimu.aio.runnable"
+        for name in sorted(set(_ROOMS) - _HOLD_THE_RUNNABLE)
+        if "aimu.aio.runnable" in TYPING_GRAPH[f"{package}.{name}"]
+    ]
+    below = TYPING_GRAPH["aimu.aio._run_options"]
+    wrong += [f"aimu.aio._run_options imports {t}" for t in sorted(below)
+              if t == "aimu.aio.runnable" or t.startswith(package)]
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_temporal_never_imports_serve() -> None:
     """``aimu worker`` runs without the serve extra's modules: what the worker and the
     server share (the agent options, the store and agent factory, the bounded exit)
