@@ -19,7 +19,7 @@ from aimu.aio.limits import UsageLimits
 from aimu.aio.store import SQLiteStore, Store
 from aimu.aio.tools import Tool, Toolset, as_tool
 
-__all__ = ["AgentFactory", "Closer", "agent_factory", "open_store"]
+__all__ = ["AgentFactory", "Closer", "agent_factory", "open_agent", "open_store"]
 
 #: Builds the agent of a session's run from its session id.
 AgentFactory: TypeAlias = Callable[[str], Agent]
@@ -86,3 +86,15 @@ def agent_factory(
         )
 
     return agents, root.aclose
+
+
+async def open_agent(agents: AgentFactory, session: str) -> Agent:
+    """The agent of ``session``, its store session open (its write lock taken);
+    ``SessionLockedError`` if a writer holds it."""
+    agent = agents(session)
+    try:
+        await agent.open()
+    except BaseException:
+        await agent.aclose()
+        raise
+    return agent

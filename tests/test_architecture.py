@@ -298,6 +298,27 @@ def test_the_agents_rooms_import_in_one_direction() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
+#: The agent's rooms that hold the Runnable class: the seam to other agents and runnables.
+_HOLD_THE_RUNNABLE = {"base", "transfer"}
+
+
+def test_the_agents_driver_never_imports_the_runnable() -> None:
+    """The loop and the steps it drives take a run's options, its clock and the scopes
+    from below (``aimu.aio._run_options``, ``aimu.aio.scope``); the Runnable class stands
+    above them, with the Agent class, and only the seam (base, transfer) names it.
+    (Before: loop, state and tree imported runnable.py for RunOptions and options_in.)"""
+    package = "aimu.aio.agent"
+    wrong = [
+        f"{package}.{name} imports aimu.aio.runnable"
+        for name in sorted(set(_ROOMS) - _HOLD_THE_RUNNABLE)
+        if "aimu.aio.runnable" in TYPING_GRAPH[f"{package}.{name}"]
+    ]
+    below = TYPING_GRAPH["aimu.aio._run_options"]
+    wrong += [f"aimu.aio._run_options imports {t}" for t in sorted(below)
+              if t == "aimu.aio.runnable" or t.startswith(package)]
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_temporal_never_imports_serve() -> None:
     """``aimu worker`` runs without the serve extra's modules: what the worker and the
     server share (the agent options, the store and agent factory, the bounded exit)
@@ -310,6 +331,41 @@ def test_temporal_never_imports_serve() -> None:
         if dependency == "aimu.serve" or dependency.startswith("aimu.serve.")
     }
     assert wrong == set()
+
+
+#: What a backend of serve may import of serve outside its package.
+_BACKENDS_SEE = {"aimu.serve.errors", "aimu.serve.ids"}
+#: The backends' shared parts, each with the backend modules it may import: none imports
+#: a backend (local, redis, temporal), and the contract (base) nothing of the package.
+_BACKEND_PARTS = {
+    "base": set(), "launcher": set(), "run_log": {"base"}, "decisions": {"base"},
+}
+
+
+def test_a_served_run_travels_one_way() -> None:
+    """routes -> runs (the service) -> a backend -> launcher -> the agent: a backend
+    imports of serve its own package (its contract is ``backends/base.py``), serve's
+    errors and ids; never the runs service, recovery, the routes or the application (they
+    once held what the backends needed: ``open_agent``, ``RunView``, ``resumed_here``).
+    The service sees the backends through the contract only, and the backends' shared
+    parts import no backend. (Before: launcher.py imported runs.py, which the routes call.)"""
+    package = "aimu.serve.backends"
+    wrong = []
+    for module in sorted(MODULES):
+        if module != package and not module.startswith(package + "."):
+            continue
+        for target in sorted(TYPING_GRAPH[module]):
+            serve = target == "aimu.serve" or target.startswith("aimu.serve.")
+            ours = target == package or target.startswith(package + ".")
+            if serve and not ours and target not in _BACKENDS_SEE:
+                wrong.append(f"{module} imports {target}")
+    for name, allowed in _BACKEND_PARTS.items():
+        module = f"{package}.{name}"
+        found = {t.rpartition(".")[2] for t in TYPING_GRAPH[module] if t.startswith(package)}
+        wrong += [f"{module} imports {package}.{t}" for t in sorted(found - allowed)]
+    service = {t for t in TYPING_GRAPH["aimu.serve.runs"] if t.startswith(package)}
+    wrong += [f"aimu.serve.runs imports {t}" for t in sorted(service - {f"{package}.base"})]
+    assert wrong == [], "\n".join(wrong)
 
 
 def _private_names(path: Path) -> set[str]:

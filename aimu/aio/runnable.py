@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import time
 import warnings
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from types import CoroutineType
 from typing import Any, ClassVar, Generic, Literal, cast, overload
 
 from typing_extensions import TypeVar
 
+from aimu.aio._run_options import NO_DEPS, NO_OPTIONS, RunClock, RunOptions, options_in
 from aimu.aio._run_stream import RunStream
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.images import image_urls
-from aimu.aio.limits import SharedBudget, UsageLimits
+from aimu.aio.limits import UsageLimits
 from aimu.aio.scope import RunScope, current_scope, sent_message
 from aimu.aio.status import RunnerStatus
 from aimu.aio.transcript import Usage, check_text, zero_usage
@@ -37,48 +36,6 @@ __all__ = [
 
 #: What ``run()`` returns: the answer's text, or an agent's ``output_type``.
 OutputT = TypeVar("OutputT", covariant=True, default=str)
-
-
-
-class _NoDeps:
-    """The ``deps`` of a run given none: the agent's own apply."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NO_DEPS"
-
-
-NO_DEPS: Any = _NoDeps()
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """What one call of ``run()`` / ``resume()`` adds to the configuration: its limits
-    (for a workflow: the total of every agent run inside it), deps (for a workflow, every
-    agent run inside uses them), images beside the task, and whether a resume continues
-    a cut answer."""
-
-    limits: UsageLimits | None = None
-    deps: object = NO_DEPS
-    #: The images beside the task, checked, as ``data:`` URLs.
-    images: tuple[str, ...] = ()
-    continue_partial: bool = False
-    #: A workflow run's ``limits``, with what the agent runs inside spend together.
-    shared: SharedBudget | None = None
-
-
-NO_OPTIONS = RunOptions()
-
-
-def options_in(scope: RunScope | None) -> RunOptions:
-    """The options of the nearest run around ``scope`` that was given some."""
-    while scope is not None:
-        options = scope.options
-        if isinstance(options, RunOptions):
-            return options
-        scope = scope.parent
-    return NO_OPTIONS
 
 
 class Runnable(abc.ABC, Generic[OutputT]):
@@ -463,21 +420,6 @@ class Runnable(abc.ABC, Generic[OutputT]):
                     final = event  # the last one is the run's own
         assert final is not None, f"the run of {self.name!r} ended without its RunFinished"
         return final
-
-
-class RunClock:
-    """When a run started, on the monotonic clock and the wall clock."""
-
-    __slots__ = ("monotonic", "wall")
-
-    def __init__(self) -> None:
-        self.monotonic = time.monotonic()
-        self.wall = time.time()
-
-    def span(self) -> tuple[float, float, float]:
-        """``(duration, started_at, ended_at)`` as of now: seconds, then wall-clock times."""
-        duration = time.monotonic() - self.monotonic
-        return duration, self.wall, self.wall + duration
 
 
 def load_usage(value: object, where: str) -> Usage:

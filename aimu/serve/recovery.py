@@ -29,13 +29,15 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from aimu._hosting import open_agent
 from aimu.aio.agent import Agent
 from aimu.aio.agent.tree import DIED, nested_session_name
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
 from aimu.aio.transcript import Message, dangling_calls
+from aimu.serve.backends.base import RESUMED, resumed_here
 from aimu.serve.errors import ServeError
-from aimu.serve.runs import Runs, open_agent
+from aimu.serve.runs import Runs
 
 __all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "RESUMED", "Recovery", "resumed_here"]
 
@@ -43,9 +45,6 @@ _log = logging.getLogger("aimu.serve")
 
 #: How a run whose process died is recorded (its reason starts so).
 CRASHED: Final = DIED
-#: How the reason of a run whose process died ends once a recovering server resumed its
-#: session: the next run of the session continues it (:func:`resumed_here`).
-RESUMED: Final = "a recovering server resumed it"
 #: A run whose process died this many times in a row is left failed, not resumed.
 MAX_CRASHES: Final = 3
 _AT: Final = re.compile(r"at message ([0-9]{1,12})\)")
@@ -201,15 +200,6 @@ class Recovery:
             except (StoreError, ServeError) as error:
                 _log.warning("cannot look for runs to recover: %s", error)
             await asyncio.sleep(every)
-
-def resumed_here(status: str, reason: str | None) -> bool:
-    """True for the end of a run whose process died and whose session a recovering
-    server resumed: the session's next run continues it. Recovery writes this end, under
-    the session's lock, just before it starts that run (a server that dies between
-    leaves the record marked, and the next recovering server starts it)."""
-    return status == "failed" and (reason or "").startswith(CRASHED) and (
-        reason or "").endswith(RESUMED)
-
 
 def _models_of(agent: Agent, record: RunRecord) -> tuple[str, ...]:
     """The models (``aimu_model``) of the assistant messages ``record``'s run added."""

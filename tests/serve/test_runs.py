@@ -61,3 +61,26 @@ async def test_a_run_cancelled_before_it_began_releases_its_session(tmp_path: Pa
         writer = await store.open_session("s")  # released though the run never began
         await writer.aclose()
         await client.aclose()
+
+
+async def test_a_run_opened_then_started_is_the_backends_downward_call(tmp_path: Path) -> None:
+    """open() hands the backend the session's size before the run; start() runs it under
+    the handle it names; a cancel before it began releases the session."""
+    async with aio.SQLiteStore(tmp_path / "s.db") as store:
+        client = aio.client("test")
+        agents = lambda s: aio.Agent(client.fork(), store=store, session=s)  # noqa: E731
+        launcher = Launcher(agents)
+        done = await launcher.start(await launcher.open("s", "hello", None), run_id="r-1")
+        assert await done == "You said: hello"
+        await launcher.settled(done)
+        launch = await launcher.open("s", "again", None)
+        assert launch.messages_from == 2  # the first run's task and answer
+        handle = await launcher.start(launch, name="run r-2", run_id="r-2")
+        assert (handle.run_id, handle.name) == ("r-2", "run r-2")
+        handle.cancel("before it began")
+        await launcher.settled(handle)
+        assert handle.status == "cancelled"
+        writer = await store.open_session("s")  # released though the run never began
+        await writer.aclose()
+        await launcher.aclose()
+        await client.aclose()

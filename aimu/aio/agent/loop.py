@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from aimu.aio._run_options import NO_DEPS, RunOptions, options_in
 from aimu.aio._tracing import RunSpans
 from aimu.aio.events import Event, RunResult, RunStarted
 from aimu.aio.guardrails import InputGuard, run_guardrails
 from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
-from aimu.aio.runnable import NO_DEPS, RunOptions, options_in
 from aimu.aio.scope import RunScope
 from aimu.aio.transcript import UserMessage, dangling_calls
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Literal
 
 from aimu.aio._frozen import quick_init
+from aimu.aio._run_options import NO_OPTIONS, RunClock, RunOptions, options_in
 from aimu.aio._stops import past_deadline
 from aimu.aio._tracing import RunSpans
 from aimu.aio.client import TurnAssembler
@@ -21,7 +22,6 @@ from aimu.aio.errors import StoreError
 from aimu.aio.events import CUT_OFF_REASONS, Event, RunStatus
 from aimu.aio.guardrails import InputGuard, Tripped
 from aimu.aio.limits import Budget, LimitHit, estimate_tokens, transcript_chars
-from aimu.aio.runnable import NO_OPTIONS, RunClock, RunOptions, options_in
 from aimu.aio.scope import RunScope
 from aimu.aio.tools import ToolContext, ToolOutcome
 from aimu.aio.transcript import AssistantMessage, Message, ToolCall, Usage, add_usage, zero_usage

@@ -35,11 +35,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from aimu.aio._run_options import NO_DEPS, RunOptions
 from aimu.aio._stops import past_deadline
 from aimu.aio.approvals import Approvals, PendingApproval
 from aimu.aio.ends import ANSWERED
 from aimu.aio.events import Event, HandleFinished, ModelRetry, RunFinished
-from aimu.aio.runnable import NO_DEPS, RunOptions
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.tools import Tool, ToolContext, ToolOutcome
 from aimu.aio.tools._json_values import to_text

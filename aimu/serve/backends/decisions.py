@@ -17,12 +17,13 @@ import asyncio
 import logging
 from typing import Final, Protocol
 
+from aimu._hosting import AgentFactory, open_agent
 from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import SessionLockedError
 from aimu.aio.store import Store
+from aimu.serve.backends.base import Decided, RunView, Verdict
 from aimu.serve.errors import BadRequest, Conflict, NotFound
-from aimu.serve.runs import AgentFactory, Decided, RunView, Verdict, open_agent
 
 __all__ = ["DECISION_WAIT_SECONDS", "StoreDecisions"]
 

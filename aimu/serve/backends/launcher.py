@@ -4,6 +4,10 @@ run ends, so the next run on that session may execute in another process sharing
 store. The local and Redis backends both launch with it, and hand a run's id out only
 once it is :meth:`~Launcher.accepted`: its record stored, so a process that dies after
 answering "started" leaves the run for ``--recover``.
+
+A backend calls it downward: :meth:`~Launcher.open` the run (a :class:`Launch`, which
+says how many messages the session held before it), then :meth:`~Launcher.start` it
+under a handle. :meth:`~Launcher.launch` does both with a handle the caller makes.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from aimu._hosting import AgentFactory, open_agent
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
@@ -22,14 +27,31 @@ from aimu.aio.run_handle import RunHandle
 from aimu.aio.status import RECOVERABLE
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
-from aimu.serve.runs import AgentFactory, open_agent
 
-__all__ = ["Launcher", "StartHandle"]
+__all__ = ["Launch", "Launcher", "StartHandle"]
 
 _log = logging.getLogger("aimu.serve")
 
 #: Starts the run's coroutine under a handle, given how many messages the session held.
 StartHandle = Callable[[Coroutine[Any, Any, str], int], RunHandle[str]]
+
+
+class Launch:
+    """A run of a session opened by :meth:`Launcher.open` (its agent holds the
+    session's write lock), started by :meth:`Launcher.start`."""
+
+    __slots__ = ("agent", "began", "body", "handle", "messages_from", "run", "session")
+
+    def __init__(self, session: str, agent: Agent, run: Coroutine[Any, Any, str]) -> None:
+        self.session = session
+        self.agent = agent
+        self.run = run
+        self.messages_from = len(agent.messages)
+        """How many messages the session held before the run."""
+        self.body: Coroutine[Any, Any, str]
+        """The run's coroutine, releasing the session when it ends."""
+        self.began = False
+        self.handle: RunHandle[str] | None = None
 
 
 class Launcher:
@@ -45,12 +67,11 @@ class Launcher:
         self._releasing: dict[RunHandle[str], asyncio.Task[Any]] = {}
         self._recorded: dict[RunHandle[str], asyncio.Future[None]] = {}
 
-    async def launch(
-        self, session: str, task: str | None, agent: Agent | None, start: StartHandle
-    ) -> RunHandle[str]:
-        """Run ``task`` (None: resume) of ``session`` under ``start``'s handle; the session
-        is released when the run ends. ``SessionLockedError`` if a writer elsewhere holds
-        it (serve answers 409), ``Conflict`` if there is nothing to resume."""
+    async def open(self, session: str, task: str | None, agent: Agent | None) -> Launch:
+        """Open the run of ``task`` (None: resume) on ``session`` for :meth:`start`; its
+        session is released when the run ends. ``SessionLockedError`` if a writer
+        elsewhere holds it (serve answers 409), ``Conflict`` if there is nothing to
+        resume. ``agent``: the session's agent, already open; None: open it."""
         if agent is None:
             agent = await open_agent(self._agents, session)
         try:
@@ -61,39 +82,59 @@ class Launcher:
         except BaseException:
             await agent.aclose()
             raise
-        started = False
-        handles: list[RunHandle[str]] = []
+        launch = Launch(session, agent, run)
+        launch.body = self._closing(launch)
+        return launch
 
-        async def closing() -> str:
-            nonlocal started
-            started = True
-            try:
-                return await run
-            finally:
-                await agent.aclose()
-                if self.draining and handles:
-                    await self._mark_drained(session, handles[0].run_id)
+    async def start(
+        self, launch: Launch, *, name: str | None = None, run_id: str | None = None
+    ) -> RunHandle[str]:
+        """Start the run :meth:`open` gave under a new handle (``RunHandle.start``'s
+        ``name`` and ``run_id``)."""
+        return await self._begin(launch, lambda: RunHandle.start(
+            launch.body, name=name, run_id=run_id
+        ))
 
-        def on_done(handle: RunHandle[str]) -> None:
-            self._handles.discard(handle)
-            self._recorded.pop(handle, None)
-            if not started:  # cancelled before it began: release the session here
-                run.close()
-                self._releasing[handle] = self.spawn(agent.aclose())
+    async def launch(
+        self, session: str, task: str | None, agent: Agent | None, start: StartHandle
+    ) -> RunHandle[str]:
+        """:meth:`open`, then start the run under the handle ``start`` makes of its
+        coroutine, given how many messages the session held."""
+        launch = await self.open(session, task, agent)
+        return await self._begin(launch, lambda: start(launch.body, launch.messages_from))
 
-        body = closing()
+    async def _closing(self, launch: Launch) -> str:
+        launch.began = True
         try:
-            handle = start(body, len(agent.messages))
+            return await launch.run
+        finally:
+            await launch.agent.aclose()
+            if self.draining and launch.handle is not None:
+                await self._mark_drained(launch.session, launch.handle.run_id)
+
+    async def _begin(
+        self, launch: Launch, make: Callable[[], RunHandle[str]]
+    ) -> RunHandle[str]:
+        """The handle ``make`` starts ``launch``'s run under, kept until the run ends."""
+        try:
+            handle = make()
         except BaseException:  # never started: release the session here
-            body.close()
-            run.close()
-            await agent.aclose()
+            launch.body.close()
+            launch.run.close()
+            await launch.agent.aclose()
             raise
-        handles.append(handle)
+        launch.handle = handle
         self._handles.add(handle)
         self._recorded[handle] = _recorded(handle)
-        handle.add_done_callback(on_done)
+        handle.add_done_callback(lambda done: self._on_done(launch, done))
         return handle
+
+    def _on_done(self, launch: Launch, handle: RunHandle[str]) -> None:
+        self._handles.discard(handle)
+        self._recorded.pop(handle, None)
+        if not launch.began:  # cancelled before it began: release the session here
+            launch.run.close()
+            self._releasing[handle] = self.spawn(launch.agent.aclose())
 
     async def accepted(self, handle: RunHandle[str]) -> None:
         """Wait until the run of ``handle`` (from :meth:`launch`) stored its record

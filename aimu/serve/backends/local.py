@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
-from typing import Any, Final
+from collections.abc import AsyncGenerator, Sequence
+from typing import Final
 
+from aimu._hosting import AgentFactory
 from aimu.aio._event_tap import EventTap
 from aimu.aio._ids import new_run_id
 from aimu.aio.agent import Agent
@@ -46,22 +47,21 @@ from aimu.aio.status import LIVE
 from aimu.aio.steering import LocalRuns, Steer, Steering, send_kept
 from aimu.aio.store import RunRecord as StoredRun
 from aimu.aio.store import Store
-from aimu.serve.backends.decisions import StoreDecisions
-from aimu.serve.backends.launcher import Launcher
-from aimu.serve.backends.run_log import LoggedRun, RunLog
-from aimu.serve.errors import BadRequest, Conflict, NotFound
-from aimu.serve.ids import event_number
-from aimu.serve.recovery import resumed_here
-from aimu.serve.runs import (
+from aimu.serve.backends.base import (
     KEEPALIVE_SECONDS,
-    AgentFactory,
     Batch,
     Decided,
     JSONEvent,
     RunView,
     Verdict,
     no_cancel_error,
+    resumed_here,
 )
+from aimu.serve.backends.decisions import StoreDecisions
+from aimu.serve.backends.launcher import Launcher
+from aimu.serve.backends.run_log import LoggedRun, RunLog
+from aimu.serve.errors import BadRequest, Conflict, NotFound
+from aimu.serve.ids import event_number
 
 __all__ = ["LocalBackend"]
 
@@ -93,12 +93,10 @@ class LocalBackend(RunLog):
                 await agent.aclose()
             raise
         view = RunView(new_run_id(), session, task, created_at=time.time())
-
-        def start(run: Coroutine[Any, Any, str], messages_from: int) -> RunHandle[str]:
-            view.messages_from = messages_from
-            return RunHandle.start(run, name=f"run {view.run_id}", run_id=view.run_id)
-
-        handle = await self._launcher.launch(session, task, agent, start)
+        launch = await self._launcher.open(session, task, agent)
+        view.messages_from = launch.messages_from
+        handle = await self._launcher.start(launch, name=f"run {view.run_id}",
+                                            run_id=view.run_id)
         record = self.add(view)
         record.handle = handle
         self._runs_here.add(handle)

@@ -24,18 +24,14 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from aimu._hosting import AgentFactory
 from aimu.aio._ids import is_event_number
 from aimu.aio.agent import Agent
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.steering import LocalRuns, Steer, send_kept
-from aimu.serve.backends.decisions import StoreDecisions
-from aimu.serve.backends.launcher import Launcher
-from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
-from aimu.serve.ids import stream_id
-from aimu.serve.runs import (
+from aimu.serve.backends.base import (
     KEEPALIVE_SECONDS,
-    AgentFactory,
     Batch,
     Decided,
     JSONEvent,
@@ -43,6 +39,10 @@ from aimu.serve.runs import (
     Verdict,
     no_cancel_error,
 )
+from aimu.serve.backends.decisions import StoreDecisions
+from aimu.serve.backends.launcher import Launcher
+from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
+from aimu.serve.ids import stream_id
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl, RunInfo

@@ -15,9 +15,9 @@ from collections.abc import AsyncGenerator, Sequence
 
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.status import LIVE
+from aimu.serve.backends.base import KEEPALIVE_SECONDS, Batch, JSONEvent, RunView, no_cancel_error
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.ids import event_number
-from aimu.serve.runs import KEEPALIVE_SECONDS, Batch, JSONEvent, RunView, no_cancel_error
 
 __all__ = ["LoggedRun", "RunLog"]
 

@@ -1,6 +1,6 @@
 """Runs handed to Temporal workers (``aimu serve --temporal HOST:PORT --task-queue Q``).
 
-:class:`TemporalBackend` is a :class:`~aimu.serve.runs.RunsBackend` that executes
+:class:`TemporalBackend` is a :class:`~aimu.serve.backends.base.RunsBackend` that executes
 nothing here: each run is a workflow that an ``aimu worker`` executes (see
 :mod:`aimu.temporal`). A pump per run follows the workflow's events into this process's
 :class:`~aimu.serve.backends.run_log.RunLog`, so followers, ``Last-Event-ID`` and the web page work
@@ -24,6 +24,7 @@ from aimu.aio.agent import Agent
 from aimu.aio.approvals import Approvals
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.steering import Steer, Steering
+from aimu.serve.backends.base import Decided, RunView, Verdict, no_cancel_error
 from aimu.serve.backends.run_log import LoggedRun, RunLog
 from aimu.serve.errors import (
     BadRequest,
@@ -32,7 +33,6 @@ from aimu.serve.errors import (
     ServiceUnavailable,
     unavailable,
 )
-from aimu.serve.runs import Decided, RunView, Verdict, no_cancel_error
 
 if TYPE_CHECKING:
     from aimu.aio.control import RedisControl
