@@ -35,9 +35,12 @@ from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
 from aimu.aio.transcript import Message, dangling_calls
 from aimu.serve.errors import ServeError
-from aimu.serve.runs import Runs, open_agent
+from aimu.serve.runs import JSONEvent, Runs, open_agent
 
-__all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "RESUMED", "Recovery", "resumed_here"]
+__all__ = [
+    "CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "RESUMED", "Recovery", "continued_event",
+    "next_run", "resumed_here",
+]
 
 _log = logging.getLogger("aimu.serve")
 
@@ -209,6 +212,34 @@ def resumed_here(status: str, reason: str | None) -> bool:
     leaves the record marked, and the next recovering server starts it)."""
     return status == "failed" and (reason or "").startswith(CRASHED) and (
         reason or "").endswith(RESUMED)
+
+
+async def next_run(store: Store, session: str, run_id: str) -> RunRecord | None:
+    """The run ``session`` recorded after its run ``run_id`` (None: none yet, or no such
+    run). For a run that ended :func:`resumed_here`, it is the run that continues it: a
+    recovering server records that end and starts the next run under the session's lock."""
+    newer: RunRecord | None = None
+    before: str | None = None
+    while True:  # the session's runs, newest first, until this one
+        page = await store.runs(session=session, limit=_PAGE, before=before)
+        for stored in page:
+            if stored.id == run_id:
+                return newer
+            newer = stored
+        if len(page) < _PAGE:
+            return None
+        before = page[-1].id
+
+
+def continued_event(
+    run_id: str, reason: str | None, continued_as: str, messages_from: int
+) -> JSONEvent:
+    """The event that tells a follower run ``run_id`` (ended for ``reason``) goes on as
+    run ``continued_as``, whose messages begin at ``messages_from`` in the session."""
+    return {
+        "type": "run_continued", "run_id": run_id, "continued_as": continued_as,
+        "reason": reason, "messages_from": messages_from,
+    }
 
 
 def _models_of(agent: Agent, record: RunRecord) -> tuple[str, ...]:
