@@ -119,9 +119,9 @@ async def test_a_redis_follower_is_carried_to_the_run_another_replica_goes_on_wi
     assert [e.type for e in stayed].count("handle_finished") == 1
     assert stayed[-1].type == "handle_finished" and stayed[-1].data["status"] == "completed"
     assert (held / "entries-q").read_text() == "entered\nentered\n"  # once a life
-    final = await runs_of(store, "s")
-    assert [(r.id, r.status) for r in final][0] == (continued, "completed")
-    assert [r.id for r in final] == [continued, run_id]
+    latest, dead = await runs_of(store, "s")
+    assert (latest.id, latest.status, dead.id) == (continued, "completed", run_id)
+    assert resumed_here(dead.status, dead.reason)
 
 
 async def bad_ids_change_nothing(
