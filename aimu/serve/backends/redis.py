@@ -189,16 +189,13 @@ class RedisBackend:
 
     async def check_follow(self, run_id: str, after: str | None) -> None:
         generation, start = chained_stream_id(after)
-        view, _ = await self._chain(run_id, generation, after)
+        view = await self._chain(run_id, generation, after)
         await self._within(view, start, await self._continuation(view))
 
-    async def _chain(
-        self, run_id: str, generation: int, after: str | None
-    ) -> tuple[RunView, JSONEvent | None]:
-        """The run ``generation`` continuations after run ``run_id``'s (0: itself), with
-        the ``run_continued`` event that introduces it (None for the run itself);
+    async def _chain(self, run_id: str, generation: int, after: str | None) -> RunView:
+        """The run ``generation`` continuations after run ``run_id``'s (0: itself);
         ``BadRequest`` if the chain is shorter (an id this run's stream never sent)."""
-        view, bridge = await self.view(run_id), None
+        view = await self.view(run_id)
         for _ in range(generation):
             later = await self._continuation(view)
             if not isinstance(later, tuple):
@@ -206,8 +203,8 @@ class RedisBackend:
                     f"Last-Event-ID {after!r} is not an event of run {run_id}'s stream (no "
                     "run continues it that far)"
                 )
-            view, bridge = later
-        return view, bridge
+            view = later[0]
+        return view
 
     async def _continuation(self, view: RunView) -> tuple[RunView, JSONEvent] | bool:
         """The run that continues ``view``'s and the event that says so, if its process
@@ -250,7 +247,7 @@ class RedisBackend:
         event, then the events of the run that continues it (and so on): the module's
         docstring says how their ids go on."""
         generation, start = chained_stream_id(after)
-        view, _ = await self._chain(run_id, generation, after)
+        view = await self._chain(run_id, generation, after)
         while True:
             later: list[tuple[RunView, JSONEvent]] = []
             async for batch in self._run_events(view, start, later):
