@@ -283,9 +283,7 @@ class RedisBackend:
         async with contextlib.aclosing(paced):
             try:
                 async for event in paced:
-                    if event is None:  # a quiet while: did its process die?
-                        if await self._carried(view.run_id, start, later):
-                            return
+                    if event is None:  # a quiet while (a run that died raises, below)
                         yield []
                         continue
                     start = event.id
@@ -293,7 +291,9 @@ class RedisBackend:
                     if isinstance(continued, tuple) and event.id == final:
                         later.append(continued)
                         return
-            except ControlError as error:  # lost, ended without its end, expired
+            except ControlError as error:
+                # Lost a lease long, closed (its session went on) without its end, or
+                # expired: the reads of a quiet run's events find each within seconds.
                 failed = error
         if failed is not None:
             async for batch in self._carried_or_failed(view.run_id, start, later, failed):
@@ -336,41 +336,25 @@ class RedisBackend:
             if aclose is not None:
                 await aclose()
 
-    async def _carried(
-        self, run_id: str, seen: str | None, later: list[tuple[RunView, JSONEvent]]
-    ) -> bool | None:
-        """True (the continuing run put in ``later``) if run ``run_id`` died, another run
-        continues it and its follower saw every event its stream holds (``seen``: the
-        last); None while that may still come (the continuing run is not recorded yet, or
-        the run's last events are on their way); False if it did not die so, or Redis or
-        the store cannot say now (the read of its events tells the follower)."""
-        try:
-            continued = await self._continuation(await self.view(run_id))
-            if not isinstance(continued, tuple):
-                return None if continued else False
-            with self._errors("read the run's events", run_id):
-                last = await self.control.last_event_id(run_id)
-        except (NotFound, ServiceUnavailable):
-            return False
-        if last is not None and (seen is None or _stream_order(seen) < _stream_order(last)):
-            return None  # its last events are on their way to the follower
-        later.append(continued)
-        return True
-
     async def _carried_or_failed(
         self, run_id: str, seen: str | None, later: list[tuple[RunView, JSONEvent]],
         error: ControlError,
     ) -> AsyncGenerator[Batch, None]:
         """After reading run ``run_id``'s events failed with ``error``: if its process
         died, wait (keep-alives) while a recovering server goes on with it, until the run
-        that continues it is recorded (put in ``later``); else, or if none is going on
-        with it, an ``error`` event (a reconnect once one has is carried on)."""
+        that continues it is recorded (put in ``later``: the follower saw every event of
+        the dead run, ``seen`` the last); else, or if none is going on with it, an
+        ``error`` event (a reconnect once one has is carried on)."""
         quiet = 0.0
         while not self._closing.is_set():
-            carried = await self._carried(run_id, seen, later)
-            if carried:
-                return
-            if carried is False:
+            try:
+                continued = await self._continuation(await self.view(run_id))
+                if isinstance(continued, tuple) and await self._seen_all(run_id, seen):
+                    later.append(continued)
+                    return
+            except (NotFound, ServiceUnavailable):
+                continued = False
+            if continued is not True:  # not to come: it did not die so, or events are gone
                 yield [("", {"type": "error", "error": str(error)})]
                 return
             if quiet >= KEEPALIVE_SECONDS:
@@ -378,6 +362,13 @@ class RedisBackend:
                 quiet = 0.0
             await asyncio.sleep(CHAIN_POLL_SECONDS)
             quiet += CHAIN_POLL_SECONDS
+
+    async def _seen_all(self, run_id: str, seen: str | None) -> bool:
+        """True if ``seen`` is the last event run ``run_id``'s stream holds (or it holds
+        none)."""
+        with self._errors("read the run's events", run_id):
+            last = await self.control.last_event_id(run_id)
+        return last is None or (seen is not None and _stream_order(seen) >= _stream_order(last))
 
     # -- control ---------------------------------------------------------------------
 
