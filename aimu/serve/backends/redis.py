@@ -18,14 +18,15 @@ a ``--recover`` server goes on with, as with the local backend (why a chain of r
 the continuing run's events, and so on. The link is the store's, as locally: a
 recovering server records the dead run's end (:func:`~aimu.serve.recovery.resumed_here`)
 and starts the session's next run under the session's lock, so that next record is the
-continuation; Redis needs no pointer of its own, which a server dying between the two
-writes could leave half made. The store is read only for a run Redis says died: its
-lease lapsed (``lost``), or it was closed ``cancelled`` as its session went on in another
-run (Redis notes that; it is not told whether that run continues this one or starts a
-new task). A server does not start the next run of a session whose latest run Redis
-still says is live, so no continuation exists before; and a dead run's stream grows no
-more (its process is gone; recovery needs the session lock that process held), so once
-the follower has its last event the bridge loses nothing.
+continuation. No pointer is written in Redis (a server dying between it and the store's
+writes would leave the two disagreeing); the store is read only for a run Redis says
+died: its lease lapsed (``lost``), or Redis closed it ``cancelled`` as its session went
+on in another run (Redis notes that run, but cannot tell whether it continues this one
+or starts a new task: the store's record of how this one ended does). A server does
+not start the next run of a session whose latest run Redis still says is live, so no
+continuation exists before; and a dead run's stream grows no more (its process is gone;
+recovery needs the session lock that process held), so once the follower has its last
+event the bridge loses nothing.
 
 Ids: a run's own events keep their Redis stream ids (``MS-SEQ``, every existing id
 unchanged); an event of the G-th run continuing it is ``G:MS-SEQ`` (its id in that run's
