@@ -1,9 +1,11 @@
 """The one rule for run ids and event ids, wherever they arrive (Python, Redis, HTTP).
 
 A run id is 1-128 ASCII letters, digits, ``_`` or ``-`` (safe in a URL path and a Redis
-key). An event id is ``N`` (a run's own numbering, from 1) or ``MS-SEQ`` (a Redis
-stream's, each part a 64-bit unsigned number). The patterns are ASCII-only on purpose:
-``str.isdigit()`` accepts ``'²'``, which ``int()`` then refuses.
+key). An event id is ``N`` (a run's own numbering, from 1), ``MS-SEQ`` (a Redis
+stream's, each part a 64-bit unsigned number) or ``G:MS-SEQ`` (the Redis stream's id
+of an event of the G-th run continuing a run whose server died, G from 1). The patterns
+are ASCII-only on purpose: ``str.isdigit()`` accepts ``'²'``, which ``int()`` then
+refuses.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import secrets
 from typing import Final, TypeGuard
 
 __all__ = [
+    "CHAINED_STREAM_ID_PATTERN",
     "EVENT_NUMBER_PATTERN",
     "RUN_ID_PATTERN",
     "STREAM_ID_PATTERN",
@@ -28,6 +31,8 @@ RUN_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,128}$"
 EVENT_NUMBER_PATTERN: Final = "^[0-9]{1,12}$"
 #: A Redis stream entry id, as servers sharing Redis number events.
 STREAM_ID_PATTERN: Final = "^[0-9]{1,20}-[0-9]{1,20}$"
+#: An event of the G-th run continuing a run (serve's Redis backend): ``G:MS-SEQ``.
+CHAINED_STREAM_ID_PATTERN: Final = "^[1-9][0-9]{0,8}:[0-9]{1,20}-[0-9]{1,20}$"
 _U64: Final = (1 << 64) - 1
 _RUN_ID = re.compile(RUN_ID_PATTERN, re.ASCII)
 _EVENT_NUMBER = re.compile(EVENT_NUMBER_PATTERN, re.ASCII)

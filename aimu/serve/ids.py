@@ -11,7 +11,7 @@ from __future__ import annotations
 from aimu.aio._ids import is_event_number, is_run_id, is_stream_id
 from aimu.serve.errors import BadRequest, NotFound
 
-__all__ = ["check_run_id", "event_number", "stream_id"]
+__all__ = ["chained_stream_id", "check_run_id", "event_number", "stream_id"]
 
 
 def check_run_id(run_id: str) -> str:
@@ -39,6 +39,23 @@ def stream_id(after: str | None) -> str | None:
     if not is_stream_id(after):
         raise _bad_event_id(after, "like '1712345678901-0'")
     return after
+
+
+def chained_stream_id(after: str | None) -> tuple[int, str | None]:
+    """A follower's event id on a chain of runs shared through Redis: how many runs
+    continue the followed one up to the event's (0: the followed run's own event, a bare
+    ``MS-SEQ``; G: ``G:MS-SEQ``) and the event's id in that run's stream (None: from the
+    start)."""
+    if after is None or after == "":
+        return 0, None
+    generation, colon, rest = after.partition(":")
+    if not colon:
+        return 0, stream_id(after)
+    if not (generation.isascii() and generation.isdigit() and len(generation) <= 9
+            and generation[0] != "0" and is_stream_id(rest)):
+        raise _bad_event_id(after, "like '1712345678901-0', or '2:1712345678901-0' after "
+                            "a run_continued event")
+    return int(generation), rest
 
 
 def _bad_event_id(after: str, like: str) -> BadRequest:

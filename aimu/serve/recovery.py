@@ -35,11 +35,14 @@ from aimu.aio.agent.tree import DIED, nested_session_name
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.store import RunRecord, SessionWriter, Store
 from aimu.aio.transcript import Message, dangling_calls
-from aimu.serve.backends.base import RESUMED, resumed_here
+from aimu.serve.backends.base import RESUMED, continued_event, next_run, resumed_here
 from aimu.serve.errors import ServeError
 from aimu.serve.runs import Runs
 
-__all__ = ["CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "RESUMED", "Recovery", "resumed_here"]
+__all__ = [
+    "CRASHED", "MAX_CRASHES", "RECOVER_EVERY", "RESUMED", "Recovery", "continued_event",
+    "next_run", "resumed_here",
+]
 
 _log = logging.getLogger("aimu.serve")
 

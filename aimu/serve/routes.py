@@ -17,7 +17,12 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from aimu.aio import _sse as sse
-from aimu.aio._ids import EVENT_NUMBER_PATTERN, RUN_ID_PATTERN, STREAM_ID_PATTERN
+from aimu.aio._ids import (
+    CHAINED_STREAM_ID_PATTERN,
+    EVENT_NUMBER_PATTERN,
+    RUN_ID_PATTERN,
+    STREAM_ID_PATTERN,
+)
 from aimu.aio.images import image_urls, received_images
 from aimu.aio.store._protocol import MAX_RUNS_PAGE
 from aimu.serve.errors import BadRequest, Conflict, NotFound
@@ -77,6 +82,7 @@ _EVENT_ID: Final = {
         {"type": "string", "maxLength": 0},
         {"type": "string", "pattern": EVENT_NUMBER_PATTERN},
         {"type": "string", "pattern": STREAM_ID_PATTERN},
+        {"type": "string", "pattern": CHAINED_STREAM_ID_PATTERN},
     ]
 }
 

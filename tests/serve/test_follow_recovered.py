@@ -8,12 +8,15 @@ follower sees its ``tool_call`` (the provable point), the server is killed; a
 server without ``--recover`` shows the run, answers the reconnect 404 (it died, nobody
 went on with it yet) and starts nothing; a recovering server resumes the session
 (``held`` runs again and waits), and the reconnected follower gets the bridge and the
-continuing run's events as they happen.
+continuing run's events as they happen. The AI SDK and AG-UI cases run with ``--redis``
+too (the restarted server goes on once Redis finds the run lost); the Redis follower
+over SSE, carried across replicas, is tests/serve/test_follow_recovered_redis.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,8 +146,21 @@ async def recovered(
     return await runs_of(store, session)
 
 
+def options(store: Path, shared: str, request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The servers' options: the store, the held tool and, for ``shared`` "redis", a
+    Redis prefix of the test's own (the restarted server goes on with the run once Redis
+    finds it lost)."""
+    common = ("--store", str(store), *TOOLS)
+    if shared == "redis":
+        common += ("--redis", request.getfixturevalue("redis_url"),
+                   "--redis-prefix", f"aimu_test_follow_{secrets.token_hex(4)}")
+    return common
+
+
+@pytest.mark.parametrize("shared", ["local", "redis"])
 async def test_an_ai_sdk_reconnect_is_carried_to_the_recovered_run(
-    tmp_path: Path, model: LoopbackServer, held: Path
+    tmp_path: Path, model: LoopbackServer, held: Path, shared: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The AI SDK's own client (``reconnectToStream``, a GET) after a kill -9 and
     ``--recover``: the run that continues the chat's run, from its start, every chunk once
@@ -152,7 +168,7 @@ async def test_an_ai_sdk_reconnect_is_carried_to_the_recovered_run(
     from tests.serve.test_ai_sdk import CLIENT, chat_body, chunks, user
 
     store = tmp_path / "sessions.db"
-    common = ("--store", str(store), *TOOLS)
+    common = options(store, shared, request)
     async with (aimu_serve(model, tmp_path, *common, name="dies") as dies,
                 httpx.AsyncClient(base_url=dies.url, timeout=30) as http):
         body = chat_body("chat", user("hold q"), resumable=True)
@@ -180,8 +196,10 @@ async def test_an_ai_sdk_reconnect_is_carried_to_the_recovered_run(
     assert (held / "entries-q").read_text() == "entered\nentered\n"  # once a life
 
 
+@pytest.mark.parametrize("shared", ["local", "redis"])
 async def test_an_ag_ui_page_that_comes_back_is_carried_to_the_recovered_run(
-    tmp_path: Path, model: LoopbackServer, held: Path
+    tmp_path: Path, model: LoopbackServer, held: Path, shared: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """AG-UI has no GET: a page that comes back POSTs its thread (no new message) under
     the request guard. After a kill -9 and ``--recover``: a MESSAGES_SNAPSHOT of what the
@@ -191,7 +209,7 @@ async def test_an_ag_ui_page_that_comes_back_is_carried_to_the_recovered_run(
     from tests.serve.test_ag_ui import ag_ui_events, run_input, user
 
     store = tmp_path / "sessions.db"
-    common = ("--store", str(store), *TOOLS)
+    common = options(store, shared, request)
     async with (aimu_serve(model, tmp_path, *common, name="dies") as dies,
                 httpx.AsyncClient(base_url=dies.url, timeout=30) as http):
         first = await ag_ui_events(http, run_input("page", "r1", user("hold q")),

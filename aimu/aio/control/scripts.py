@@ -23,12 +23,16 @@ attempt), requests_seen (the last request the worker applied), result and usage
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 __all__ = [
-    "CLAIM", "PAUSED", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "STANDING", "Reply",
-    "reply",
+    "CLAIM", "PAUSED", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "STANDING",
+    "WENT_ON", "Reply", "reply",
 ]
+
+#: How the reason of a lost run closed because its session went on begins (the new
+#: run's id follows).
+WENT_ON: Final = "lost: its worker stopped, and the session went on in run "
 
 #: How many runs of the runs list each registration checks, dropping those whose record
 #: expired. A cursor walks the whole list round and round, so a run that lives long at
@@ -36,7 +40,7 @@ __all__ = [
 PRUNE = 32
 
 #: The Lua that a lost run of the session is closed with, and the latest run noted.
-_SESSION = """
+_SESSION = f"""
 local function note_latest(session_key, run_id, now, retention, prefix)
   if session_key == '' then return end
   local previous = redis.call('GET', session_key)
@@ -45,7 +49,7 @@ local function note_latest(session_key, run_id, now, retention, prefix)
     if redis.call('HGET', old, 'status') == 'running'
        and redis.call('EXISTS', old .. ':lease') == 0 then
       redis.call('HSET', old, 'status', 'cancelled', 'ended_at', now, 'reason',
-                 'lost: its worker stopped, and the session went on in run ' .. run_id)
+                 '{WENT_ON}' .. run_id)
       redis.call('EXPIRE', old, retention)
     end
   end

@@ -18,6 +18,7 @@ from aimu.aio.agent.tree import DIED
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.status import LIVE
 from aimu.aio.steering import Steer
+from aimu.aio.store import RunRecord, Store
 from aimu.aio.transcript import Usage
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "RunView",
     "RunsBackend",
     "Verdict",
+    "continued_event",
+    "next_run",
     "no_cancel_error",
     "resumed_here",
 ]
@@ -188,6 +191,8 @@ class RunsBackend(Protocol):
         ...
 
 
+#: Run records read a page at a time (:func:`next_run`).
+_RUNS_PAGE: Final = 1000
 #: How the reason of a run whose process died ends once a recovering server resumed its
 #: session: the next run of the session continues it (:func:`resumed_here`).
 RESUMED: Final = "a recovering server resumed it"
@@ -200,3 +205,31 @@ def resumed_here(status: str, reason: str | None) -> bool:
     leaves the record marked, and the next recovering server starts it)."""
     return status == "failed" and (reason or "").startswith(DIED) and (
         reason or "").endswith(RESUMED)
+
+
+async def next_run(store: Store, session: str, run_id: str) -> RunRecord | None:
+    """The run ``session`` recorded after its run ``run_id`` (None: none yet, or no such
+    run). For a run that ended :func:`resumed_here`, it is the run that continues it: a
+    recovering server records that end and starts the next run under the session's lock."""
+    newer: RunRecord | None = None
+    before: str | None = None
+    while True:  # the session's runs, newest first, until this one
+        page = await store.runs(session=session, limit=_RUNS_PAGE, before=before)
+        for stored in page:
+            if stored.id == run_id:
+                return newer
+            newer = stored
+        if len(page) < _RUNS_PAGE:
+            return None
+        before = page[-1].id
+
+
+def continued_event(
+    run_id: str, reason: str | None, continued_as: str, messages_from: int
+) -> JSONEvent:
+    """The event that tells a follower run ``run_id`` (ended for ``reason``) goes on as
+    run ``continued_as``, whose messages begin at ``messages_from`` in the session."""
+    return {
+        "type": "run_continued", "run_id": run_id, "continued_as": continued_as,
+        "reason": reason, "messages_from": messages_from,
+    }

@@ -51,9 +51,10 @@ from aimu.serve.backends.base import (
     KEEPALIVE_SECONDS,
     Batch,
     Decided,
-    JSONEvent,
     RunView,
     Verdict,
+    continued_event,
+    next_run,
     no_cancel_error,
     resumed_here,
 )
@@ -68,7 +69,6 @@ __all__ = ["LocalBackend"]
 #: The ids of the events of the n-th run continuing a run begin at n * GENERATION.
 GENERATION: Final = 10**9
 _LAST_ID: Final = 10**12 - 1
-_PAGE: Final = 100
 #: Seconds between two reads of the record of a run followed here that no process here
 #: runs, until it ends.
 STORE_POLL_SECONDS: Final = 0.25
@@ -216,17 +216,8 @@ class LocalBackend(RunLog):
         view = record.view
         if not record.ended or not resumed_here(view.status, view.reason):
             return None
-        newer: StoredRun | None = None
-        before: str | None = None
-        while True:  # the session's runs, newest first, until this one
-            page = await self._store.runs(session=view.session, limit=_PAGE, before=before)
-            for stored in page:
-                if stored.id == view.run_id:
-                    return None if newer is None else await self._followable(newer.id)
-                newer = stored
-            if len(page) < _PAGE:
-                return None
-            before = page[-1].id
+        newer = await next_run(self._store, view.session, view.run_id)
+        return None if newer is None else await self._followable(newer.id)
 
     async def follow(self, run_id: str, after: str | None) -> AsyncGenerator[Batch, None]:
         """The run's events after ``after``, as :meth:`RunLog.follow`; then, if its
@@ -274,7 +265,9 @@ class LocalBackend(RunLog):
             generation += 1
             if generation * GENERATION > _LAST_ID:
                 return  # ids would pass what a follower may send back
-            yield [(str(generation * GENERATION), _continued(record, later))]
+            bridge = continued_event(record.view.run_id, record.view.reason,
+                                     later.view.run_id, later.view.messages_from)
+            yield [(str(generation * GENERATION), bridge)]
             record, seen = later, 0
 
     async def _own(self, record: LoggedRun, seen: int) -> AsyncGenerator[Batch, None]:
@@ -390,7 +383,6 @@ class LocalBackend(RunLog):
         await self._launcher.aclose()
 
 
-
 def _stored_view(stored: StoredRun) -> RunView:
     """A run as its record in the store tells it (its task and reply are in its
     session's transcript, not in the record)."""
@@ -400,14 +392,3 @@ def _stored_view(stored: StoredRun) -> RunView:
         usage=None if stored.usage is None else dict(stored.usage),  # type: ignore[arg-type]
         messages_from=stored.messages_from or 0,
     )
-
-
-def _continued(record: LoggedRun, later: LoggedRun) -> JSONEvent:
-    """The event that says ``record``'s run goes on as ``later``'s."""
-    return {
-        "type": "run_continued",
-        "run_id": record.view.run_id,
-        "continued_as": later.view.run_id,
-        "reason": record.view.reason,
-        "messages_from": later.view.messages_from,
-    }
