@@ -23,7 +23,7 @@ from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
 from aimu.aio.errors import SessionLockedError, StoreError
 from aimu.aio.events import Event, RunStarted
-from aimu.aio.run_handle import RunHandle
+from aimu.aio.run_handle import RunControl, RunHandle
 from aimu.aio.status import RECOVERABLE
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
@@ -87,12 +87,13 @@ class Launcher:
         return launch
 
     async def start(
-        self, launch: Launch, *, name: str | None = None, run_id: str | None = None
+        self, launch: Launch, *, name: str | None = None, run_id: str | None = None,
+        control: RunControl | None = None,
     ) -> RunHandle[str]:
         """Start the run :meth:`open` gave under a new handle (``RunHandle.start``'s
-        ``name`` and ``run_id``)."""
+        ``name``, ``run_id`` and ``control``)."""
         return await self._begin(launch, lambda: RunHandle.start(
-            launch.body, name=name, run_id=run_id
+            launch.body, name=name, run_id=run_id, control=control
         ))
 
     async def launch(

@@ -128,17 +128,14 @@ class RedisBackend:
                 f"session {session!r} has a run in progress ({busy.run_id}); stop it or wait"
             )
         control = self.control
-
-        def start(run: Any, messages_from: int) -> RunHandle[str]:
-            tagged = control.required(
-                session=session,
-                task="" if task is None else task,
-                resume="1" if task is None else "",
-                messages_from=str(messages_from),
-            )
-            return RunHandle.start(run, control=tagged)
-
-        handle = await self._launcher.launch(session, task, agent, start)
+        launch = await self._launcher.open(session, task, agent)
+        tagged = control.required(
+            session=session,
+            task="" if task is None else task,
+            resume="1" if task is None else "",
+            messages_from=str(launch.messages_from),
+        )
+        handle = await self._launcher.start(launch, control=tagged)
         self._runs_here.add(handle)
         self._remember(handle, session, task)
         # Every process must find the run before its id is handed out.
