@@ -25,15 +25,15 @@ from aimu.serve.http import JSON
 from aimu.serve.ids import check_run_id
 from aimu.serve.models import (
     CancelBody,
-    Decision,
     DecisionBody,
+    DecisionSchema,
     EmptyBody,
     Error,
     Run,
     RunRecordList,
     SendBody,
-    Session,
     SessionList,
+    SessionSchema,
     StartBody,
     Started,
 )
@@ -122,7 +122,7 @@ async def sessions(request: Request) -> dict[str, Any]:
 
 
 @router.get(
-    "/sessions/{session}", response_model=Session, summary="A session's transcript",
+    "/sessions/{session}", response_model=SessionSchema, summary="A session's transcript",
     responses=errors(*READ),
 )
 async def session(request: Request, session: SessionName) -> dict[str, Any]:
@@ -335,12 +335,12 @@ def _images(images: list[str]) -> tuple[str, ...]:
 
 
 @router.post(
-    "/runs/{run_id}/approvals/{call_id}", status_code=202, response_model=Decision,
+    "/runs/{run_id}/approvals/{call_id}", status_code=202, response_model=DecisionSchema,
     summary="Approve or deny a tool call the paused run waits on; the last decision "
     "resumes it (404: the run waits on no such call; 409: not paused, decided already, or "
     "the call that waits now is not the one shown: another pause_id)",
     responses={
-        202: {"model": Decision, "description": "Decided; after the last decision the run "
+        202: {"model": DecisionSchema, "description": "Decided; after the last decision the run "
               "resumed as resumed_run_id"},
         **errors(*WRITE),
     },
