@@ -455,3 +455,22 @@ def test_nothing_reads_a_transports_messages() -> None:
     assert reads == [], "\n".join(reads)
     session = list(_transport_reads(MODULES["aimu.aio.agent.session"]))
     assert len(session) == 1, session  # the hand-over, in Session.__init__
+
+
+def _is_public(module: str) -> bool:
+    return not any(part.startswith("_") for part in module.split("."))
+
+
+def test_no_public_class_name_is_defined_twice() -> None:
+    """One name per concept: a public class (in a public module) named like another
+    means two things at the next crossing (``serve.models`` names its schemas
+    ``RunRecordSchema``, not a second ``RunRecord``)."""
+    where: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if not _is_public(module):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(module)
+    twice = {name: modules for name, modules in where.items() if len(modules) > 1}
+    assert twice == {}
