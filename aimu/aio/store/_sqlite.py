@@ -25,6 +25,7 @@ from aimu.aio.store._codec import (
 )
 from aimu.aio.store._files import make_private_dirs, open_private
 from aimu.aio.store._lock import SessionLock
+from aimu.aio.store._pages import RunPages, RunsPage, runs_query, unknown_run
 from aimu.aio.store._protocol import (
     RUN_COLUMNS,
     PendingInput,
@@ -38,10 +39,7 @@ from aimu.aio.store._protocol import (
     input_message,
     run_record,
     run_row,
-    runs_page,
-    runs_query,
     session_info,
-    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
@@ -180,7 +178,7 @@ class _Checkpointer:
             self._thread.join()
 
 
-class SQLiteStore(StoreBase["_SQLiteWriter"]):
+class SQLiteStore(StoreBase["_SQLiteWriter"], RunPages):
     """Sessions in one SQLite file (stdlib ``sqlite3``), one row per message.
 
     WAL mode with ``synchronous=NORMAL``: a committed message survives the process
@@ -415,24 +413,13 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     async def sessions(self) -> list[SessionInfo]:
         return [session_info(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
 
-    async def runs(
-        self,
-        session: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
-        before: str | None = None,
-        *,
-        recover: bool | None = None,
-    ) -> list[RunRecord]:
-        session, status, limit, before = runs_page(session, status, limit, before)
+    async def _runs(self, page: RunsPage) -> list[RunRecord]:
         with self._mutex:
-            if before is not None and not self._query(
-                "SELECT 1 FROM runs WHERE id = ?", (before,), "read the runs"
+            if page.before is not None and not self._query(
+                "SELECT 1 FROM runs WHERE id = ?", (page.before,), "read the runs"
             ):
-                raise unknown_run(before)
-            sql, parameters = runs_query(
-                "runs", session, status, before, limit, lambda _: "?", recover
-            )
+                raise unknown_run(page.before)
+            sql, parameters = runs_query("runs", page, lambda _: "?")
             return [run_record(row) for row in self._query(sql, parameters, "read the runs")]
 
     async def run(self, run_id: str) -> RunRecord | None:
