@@ -44,6 +44,12 @@ def _add_worker_options(parser: argparse.ArgumentParser) -> None:
     add_worker_options(parser)
 
 
+def _run_worker(options: argparse.Namespace) -> int:
+    from aimu.temporal._command import run_worker
+
+    return run_worker(options)
+
+
 #: Each command: its name, its line in ``aimu --help``, its description, its options.
 _COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
     (
@@ -95,6 +101,17 @@ _COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None]]
 )
 
 
+#: What runs each command but ``chat`` (which :func:`main` runs with its ``tools``).
+_RUNS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": run_serve,
+    "mcp": run_mcp,
+    "worker": _run_worker,
+    "models": run_models,
+    "pull": run_pull,
+    "runs": run_runs,
+}
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -112,20 +129,9 @@ def main(
     if options.command is None:  # bare `aimu`: say what it can do
         parser.print_help()
         return 0
-    if options.command == "serve":
-        return run_serve(options)
-    if options.command == "mcp":
-        return run_mcp(options)
-    if options.command == "models":
-        return run_models(options)
-    if options.command == "pull":
-        return run_pull(options)
-    if options.command == "runs":
-        return run_runs(options)
-    if options.command == "worker":
-        from aimu.temporal._command import run_worker
-
-        return run_worker(options)
+    run = _RUNS.get(options.command)
+    if run is not None:
+        return run(options)
     settings = ChatSettings.from_options(options)
     try:
         return asyncio.run(run_chat(settings, tools=tools))
