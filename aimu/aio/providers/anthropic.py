@@ -30,7 +30,7 @@ from aimu.aio.providers._decoder import (
     with_cached,
 )
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
 from aimu.aio.providers._unicode import clean
@@ -292,27 +292,22 @@ class AnthropicClient(HTTPModelClient):
         twin._turns = _Encoder()
         return twin
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
+    def body(self, turn: TurnInput) -> bytes:
         settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **self.options}
         settings["model"] = self.model
-        settings["stream"] = stream
+        settings["stream"] = turn.stream
+        messages = turn.messages
         if messages and messages[0]["role"] == "system" and messages[0]["content"]:
             system = messages[0]["content"]
             settings["system"] = (
                 [{"type": "text", "text": system, "cache_control": _CACHE}] if self.cache
                 else system
             )
-        if request is not None:
-            settings.update(_request_fields(request, bool(tools)))
+        if turn.request is not None:
+            settings.update(_request_fields(turn.request, bool(turn.tools)))
         encoded = self._turns.messages(messages)
         return request_body(
-            settings, encoded, self._turns.tools(tools, self.cache) if tools else None
+            settings, encoded, self._turns.tools(turn.tools, self.cache) if turn.tools else None
         )
 
     def status_hint(self, status: int) -> str:

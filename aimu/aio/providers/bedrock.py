@@ -49,13 +49,13 @@ from aimu.aio.providers._decoder import (
     with_cached,
 )
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, TurnKeywords
 from aimu.aio.providers._unicode import TurnText, clean
 from aimu.aio.providers._wire import decode_arguments, dumps, unchanged
 from aimu.aio.providers.anthropic import _trailing, prefill_space
-from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
 
 if TYPE_CHECKING:
@@ -492,22 +492,17 @@ class BedrockClient(HTTPModelClient):
             request.headers["Accept"] = "application/vnd.amazon.eventstream"
         redacted.signatures.append(self._signer.sign(frozen, request))
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
+    def body(self, turn: TurnInput) -> bytes:
+        messages, request = turn.messages, turn.request
         encoded = self._turns.messages(messages)
         settings: dict[str, Any] = {}
         if messages and messages[0]["role"] == "system" and messages[0]["content"]:
             system: list[dict[str, Any]] = [{"text": messages[0]["content"]}]
             settings["system"] = [*system, _CACHE_POINT] if self.cache else system
-        offered = self._turns.tools(tools, self.cache)
+        offered = self._turns.tools(turn.tools, self.cache)
         if offered:
             config: dict[str, Any] = {"tools": offered}
-            choice = _tool_choice(request.tool_choice) if request and tools else None
+            choice = _tool_choice(request.tool_choice) if request and turn.tools else None
             if choice is not None:
                 config["toolChoice"] = choice
             settings["toolConfig"] = config

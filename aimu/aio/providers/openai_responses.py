@@ -29,7 +29,7 @@ import httpx
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
 from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, tool_call, unique_id, with_cached
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import in_scope
+from aimu.aio.providers._http import TurnInput, in_scope
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._resume import tail
 from aimu.aio.providers._retry import log
@@ -157,27 +157,21 @@ class OpenAIResponsesClient(OpenAIService):
     def decoder(self, reporter: Reporter) -> _ResponsesTurn:
         return _ResponsesTurn(reporter)
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
-        body: dict[str, Any] = {"model": self.model, "stream": stream, "store": self.store}
-        if self.background and stream:
+    def body(self, turn: TurnInput) -> bytes:
+        body: dict[str, Any] = {"model": self.model, "stream": turn.stream, "store": self.store}
+        if self.background and turn.stream:
             body["background"] = True
         if self.encrypted_reasoning:
             body["include"] = ["reasoning.encrypted_content"]
-        if messages and messages[0]["role"] == "system":
-            body["instructions"] = messages[0]["content"]
-        if request is not None:
-            body.update(_request_fields(request, bool(tools)))
+        if turn.messages and turn.messages[0]["role"] == "system":
+            body["instructions"] = turn.messages[0]["content"]
+        if turn.request is not None:
+            body.update(_request_fields(turn.request, bool(turn.tools)))
         body.update(self.options)
         head = dumps(body)[:-1]  # the object left open for the tools and the input
-        if tools:
-            head += b',"tools":' + self._inputs.tools(tools)
-        return head + b',"input":' + self._inputs.items(messages) + b"}"
+        if turn.tools:
+            head += b',"tools":' + self._inputs.tools(turn.tools)
+        return head + b',"input":' + self._inputs.items(turn.messages) + b"}"
 
     def fork(self) -> Self:
         twin = super().fork()
@@ -239,7 +233,7 @@ class OpenAIResponsesClient(OpenAIService):
                             decoder.sequence = attach.sequence_number
                             response = await self._open_get(shard.http, attach, reporter)
                         else:
-                            body = self.body(messages, tools, True, request)
+                            body = self.body(TurnInput(messages, tools, True, request))
                             response = await self._open(shard.http, body, True, reporter)
                         # Closed before the cancel below is sent: the stream goes first.
                         async with aclosing(self._read(response, decoder, reporter)) as chunks:
