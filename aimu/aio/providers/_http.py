@@ -253,14 +253,16 @@ class HTTPModelClient(ModelClient):
         them before the reply broke off (None: it had not)."""
         return None
 
-    async def stream_turn(
+    def stream_turn(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None, *,
         stream: bool = True, request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
+        return self._run_turn(TurnInput(messages, tools, stream, request))
+
+    async def _run_turn(self, asked: TurnInput) -> AsyncGenerator[Chunk, None]:
         """The turn, asked again (see :mod:`._resume`) when its stream breaks, within the
         client's retries."""
-        asked = TurnInput(messages, tools, stream, request)
-        body, reporter, turn = self.body(asked), self.reporter(), TurnSoFar(messages)
+        body, reporter, turn = self.body(asked), self.reporter(), TurnSoFar(asked.messages)
         # The run's (current at the first step): current again for a retry's waits.
         scope = current_scope.get()
         shard, attempt = await self._pool.acquire(reporter), 0
@@ -270,13 +272,13 @@ class HTTPModelClient(ModelClient):
                 decoder = self.decoder(reporter)
                 reading = self._reading(decoder, sent)
                 with in_scope(scope):  # its retry waits see the run's stops
-                    response, attempt = await self._send(shard.http, body, stream, reporter,
-                                                         attempt)
+                    response, attempt = await self._send(shard.http, body, asked.stream,
+                                                         reporter, attempt)
                 pieces = _pieces(response)  # closed below
                 closed = False
                 try:
                     with reporter:
-                        if stream:
+                        if asked.stream:
                             async for piece in pieces:
                                 chunks = reading.lines(piece)
                                 if decoder.finished:  # the connection goes back to the pool

@@ -197,24 +197,12 @@ class OpenAIResponsesClient(OpenAIService):
         self._attach = BackgroundResponse(response_id, after)
         return True
 
-    def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-        request: TurnRequest | None = None,
-    ) -> AsyncGenerator[Chunk, None]:
-        if self.background and stream:
-            return self._background_turn(messages, tools, request)
-        return super().stream_turn(messages, tools, stream=stream, request=request)
+    def _run_turn(self, asked: TurnInput) -> AsyncGenerator[Chunk, None]:
+        if self.background and asked.stream:
+            return self._background_turn(asked)
+        return super()._run_turn(asked)
 
-    async def _background_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        request: TurnRequest | None,
-    ) -> AsyncGenerator[Chunk, None]:
+    async def _background_turn(self, asked: TurnInput) -> AsyncGenerator[Chunk, None]:
         """A streamed background response: re-attached after a drop, cancelled on the
         server when the turn is stopped (closed, cancelled or failed) before its end."""
         reporter = self.reporter()
@@ -233,7 +221,7 @@ class OpenAIResponsesClient(OpenAIService):
                             decoder.sequence = attach.sequence_number
                             response = await self._open_get(shard.http, attach, reporter)
                         else:
-                            body = self.body(TurnInput(messages, tools, True, request))
+                            body = self.body(asked)
                             response = await self._open(shard.http, body, True, reporter)
                         # Closed before the cancel below is sent: the stream goes first.
                         async with aclosing(self._read(response, decoder, reporter)) as chunks:
