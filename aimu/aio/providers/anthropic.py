@@ -25,8 +25,7 @@ from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
-    tool_call,
-    unique_id,
+    decoded_call,
     with_cached,
 )
 from aimu.aio.providers._errors import clip
@@ -34,7 +33,7 @@ from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
 from aimu.aio.providers._unicode import clean
-from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unchanged
+from aimu.aio.providers._wire import dumps, request_body, unchanged
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
@@ -488,13 +487,12 @@ class _AnthropicTurn(SSETurnDecoder):
         name = data.get("name")
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol("sent a tool_use block without a name")
-        name = clean(name)
-        identifier = unique_id(data.get("id"), self.seen)
-        arguments, error = decode_arguments(raw, name)
-        self.done_blocks.append(
-            {"type": "tool_use", "id": identifier, "name": name, "input": arguments}
-        )
-        return tool_call(identifier, name, arguments, error)
+        delta = decoded_call(data.get("id"), name, raw, self.seen)
+        call = delta.call
+        self.done_blocks.append({"type": "tool_use", "id": call["id"],
+                                 "name": call["function"]["name"],
+                                 "input": call["function"]["arguments"]})
+        return delta
 
     def _count(self, usage: Mapping[str, Any]) -> None:
         """Usage from message_start, then message_delta's cumulative counts; the input

@@ -21,8 +21,7 @@ from aimu.aio.providers._decoder import (
     TurnDecoder,
     as_dict,
     as_list,
-    tool_call,
-    unique_id,
+    decoded_call,
     with_cached,
 )
 from aimu.aio.providers._errors import clip
@@ -30,8 +29,7 @@ from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter, display_url
 from aimu.aio.providers._retry import log
 from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
-from aimu.aio.providers._unicode import clean
-from aimu.aio.providers._wire import decode_arguments, dumps_text
+from aimu.aio.providers._wire import dumps_text
 from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
 from aimu.aio.transcript import Message, Usage
 
@@ -285,10 +283,7 @@ def _complete(pending: Iterable[_PendingCall]) -> list[ToolCallDelta]:
     deltas: list[ToolCallDelta] = []
     seen: set[str] = set()
     for call in pending:
-        identifier = unique_id(call.id, seen)
-        name = clean(call.name)
-        arguments, error = decode_arguments("".join(call.arguments), name)
-        deltas.append(tool_call(identifier, name, arguments, error))
+        deltas.append(decoded_call(call.id, call.name, "".join(call.arguments), seen))
     return deltas
 
 

@@ -27,15 +27,14 @@ from typing import Any, Self, Unpack, cast
 import httpx
 
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
-from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, tool_call, unique_id, with_cached
+from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, decoded_call, with_cached
 from aimu.aio.providers._errors import clip
 from aimu.aio.providers._http import TurnInput, in_scope
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._resume import tail
 from aimu.aio.providers._retry import log
 from aimu.aio.providers._settings import ClientSettings, ServiceKeywords
-from aimu.aio.providers._unicode import clean
-from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
+from aimu.aio.providers._wire import dumps, dumps_text, unchanged
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
@@ -465,11 +464,9 @@ class _ResponsesTurn(SSETurnDecoder):
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol(f"sent function call {self.calls} without a name")
         self.calls += 1
-        identifier = unique_id(item.get("call_id"), self.seen)
-        name = clean(name)
         arguments = item.get("arguments")
-        decoded, error = decode_arguments(arguments if isinstance(arguments, str) else "", name)
-        return tool_call(identifier, name, decoded, error)
+        raw = arguments if isinstance(arguments, str) else ""
+        return decoded_call(item.get("call_id"), name, raw, self.seen)
 
     def _finish(self, response: dict[str, Any]) -> list[Chunk]:
         chunks = self.text.flush()
