@@ -136,6 +136,18 @@ _CHECKPOINT_EVERY: Final = 256
 _IDLE_SECONDS: Final = 0.2
 
 
+@contextlib.contextmanager
+def _committed(conn: sqlite3.Connection) -> Iterator[None]:
+    """The transaction the block began, committed when it ends, rolled back if it raised."""
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.rollback()
+        raise
+
+
 class _Checkpointer:
     """Copies the WAL into the database on a background thread, with its own connection.
 
@@ -235,17 +247,12 @@ class SQLiteStore(StoreBase["_SQLiteWriter"], RunPages):
                 conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             if version < _SCHEMA_VERSION:
                 # Several processes may create the schema at once: IF NOT EXISTS, one step.
-                try:
+                with _committed(conn):
                     conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}")
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
                     if "messages_from" not in columns:  # a version 3 file
                         conn.execute("ALTER TABLE runs ADD COLUMN messages_from INTEGER")
                     conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.rollback()
-                    raise
         except sqlite3.DatabaseError as error:
             if isinstance(error, sqlite3.OperationalError):
                 raise StoreError(f"cannot open SQLite store {self.path}: {error}") from error
@@ -323,13 +330,8 @@ class SQLiteStore(StoreBase["_SQLiteWriter"], RunPages):
             conn = self._connection(what)
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                try:
+                with _committed(conn):
                     yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.rollback()
-                    raise
             except sqlite3.Error as error:
                 raise self._fail(error, what) from error
             self._committed()
