@@ -6,10 +6,10 @@ CancelledError, and a cut that the awaited code swallowed is still reported."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["Cut"]
+__all__ = ["Cut", "cut_steps"]
 
 _T = TypeVar("_T")
 
@@ -47,3 +47,19 @@ class Cut:
         if self._fired and task.uncancel() <= cancelling:  # the cut was swallowed below
             cut()
         return result
+
+
+async def cut_steps(
+    chunks: AsyncGenerator[_T, None], guard: Callable[[Awaitable[_T]], Awaitable[_T]]
+) -> AsyncGenerator[_T, None]:
+    """``chunks``, each step awaited through ``guard`` (a :meth:`Cut.run` that raises in
+    the step's place); ``chunks`` closed however the stream ends."""
+    try:
+        while True:
+            try:
+                chunk = await guard(anext(chunks))
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        await chunks.aclose()

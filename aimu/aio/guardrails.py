@@ -32,7 +32,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
-from aimu.aio._cut import Cut
+from aimu.aio._cut import Cut, cut_steps
 from aimu.aio.errors import AimuError
 from aimu.aio.instructions import RunContext
 from aimu.aio.tools import ToolOutcome
@@ -295,20 +295,10 @@ class InputGuard:
             task.exception()  # retrieved: never "Task exception was never retrieved"
 
 
-async def guarded(
-    chunks: AsyncGenerator[_T, None], guard: InputGuard
-) -> AsyncGenerator[_T, None]:
+def guarded(chunks: AsyncGenerator[_T, None], guard: InputGuard) -> AsyncGenerator[_T, None]:
     """``chunks``, each step cut when the input guardrails decide against the input.
     Only a run's first turn with input guardrails pays for this frame."""
-    try:
-        while True:
-            try:
-                chunk = await guard.guard(anext(chunks))
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        await chunks.aclose()
+    return cut_steps(chunks, guard.guard)
 
 
 async def guarded_call(

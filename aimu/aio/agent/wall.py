@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Coroutine
 from typing import NoReturn, TypeVar
 
-from aimu.aio._cut import Cut
+from aimu.aio._cut import Cut, cut_steps
 
 __all__ = ["WallReached", "WallTimer", "walled"]
 
@@ -57,15 +57,7 @@ def _reached() -> NoReturn:
     raise WallReached from None  # not "during handling" of the cut's own cancel
 
 
-async def walled(chunks: AsyncGenerator[_T, None], wall: WallTimer) -> AsyncGenerator[_T, None]:
+def walled(chunks: AsyncGenerator[_T, None], wall: WallTimer) -> AsyncGenerator[_T, None]:
     """``chunks``, each step cut (WallReached, ``chunks`` closed) when the wall limit
     comes. Only runs with a ``wall`` limit pay for this frame."""
-    try:
-        while True:
-            try:
-                chunk = await wall.guard(anext(chunks))
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        await chunks.aclose()
+    return cut_steps(chunks, wall.guard)
