@@ -39,7 +39,7 @@ from aimu.serve.models import (
 )
 from aimu.serve.runs import Runs, RunView, validate_name
 
-__all__ = ["READ", "WRITE", "errors", "router"]
+__all__ = ["READ", "WRITE", "errors", "router", "streamed"]
 
 _WHY: Final = {
     400: "Malformed request: bad JSON, a bad session name, event id or grace, or a host "
@@ -61,6 +61,11 @@ WRITE: Final = (*READ, 403, 409, 413, 415)
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Error, "description": _WHY[status]} for status in statuses}
+
+
+def streamed(description: str) -> dict[int | str, dict[str, Any]]:
+    """The 200 answer of a route that streams Server-Sent Events: ``description``."""
+    return {200: {"description": description, "content": {sse.CONTENT_TYPE: {}}}}
 
 
 _NAME: Final = "^[A-Za-z0-9._-]{1,128}$"
