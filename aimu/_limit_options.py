@@ -4,6 +4,7 @@ and ``aimu serve``'s ``--session-max-requests`` and kin."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from aimu.aio._numbers import MAX_COUNT
 from aimu.aio.limits import UsageLimits
@@ -36,20 +37,28 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: Each budget: its option (``--max-`` or ``--session-max-`` before it), its
+#: :class:`UsageLimits` field, its type and metavar, its help for a run and for a session.
+_BUDGETS: tuple[tuple[str, str, Callable[[str], float], str, str, str], ...] = (
+    ("requests", "requests", _count, "N", "model requests a run may make",
+     "model requests a session may make in all its runs"),
+    ("tool-calls", "tool_calls", _count, "N", "tool calls a run may make",
+     "tool calls a session may make in all its runs"),
+    ("tokens", "total_tokens", _count, "N", "input and output tokens a run may use",
+     "input and output tokens a session may use in all its runs"),
+    ("seconds", "wall", _seconds, "S", "seconds a run may take: reached mid-reply or "
+     "mid-tool-call, it stops the run at once (the partial reply kept)",
+     "seconds a session's runs may take in all"),
+)
+
+
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
     """Add the per-run budget options (see aio.UsageLimits) to ``parser``."""
     group = parser.add_argument_group(
         "budgets", "limits of each run: one reached ends the run 'limited'; resume goes on"
     )
-    group.add_argument("--max-requests", type=_count, metavar="N",
-                       help="model requests a run may make")
-    group.add_argument("--max-tool-calls", type=_count, metavar="N",
-                       help="tool calls a run may make")
-    group.add_argument("--max-tokens", type=_count, metavar="N",
-                       help="input and output tokens a run may use")
-    group.add_argument("--max-seconds", type=_seconds, metavar="S",
-                       help="seconds a run may take: reached mid-reply or mid-tool-call, "
-                       "it stops the run at once (the partial reply kept)")
+    for option, _, kind, metavar, run_help, _ in _BUDGETS:
+        group.add_argument(f"--max-{option}", type=kind, metavar=metavar, help=run_help)
 
 
 def add_session_limit_options(parser: argparse.ArgumentParser) -> None:
@@ -60,14 +69,10 @@ def add_session_limit_options(parser: argparse.ArgumentParser) -> None:
         "before each model request, so restarts, crashes and --recover cannot pass them; "
         "one reached ends the run 'limited'",
     )
-    group.add_argument("--session-max-requests", type=_count, metavar="N",
-                       help="model requests a session may make in all its runs")
-    group.add_argument("--session-max-tool-calls", type=_count, metavar="N",
-                       help="tool calls a session may make in all its runs")
-    group.add_argument("--session-max-tokens", type=_count, metavar="N",
-                       help="input and output tokens a session may use in all its runs")
-    group.add_argument("--session-max-seconds", type=_seconds, metavar="S",
-                       help="seconds a session's runs may take in all")
+    for option, _, kind, metavar, _, session_help in _BUDGETS:
+        group.add_argument(
+            f"--session-max-{option}", type=kind, metavar=metavar, help=session_help
+        )
 
 
 def limits_from(options: argparse.Namespace) -> UsageLimits | None:
@@ -82,10 +87,8 @@ def session_limits_from(options: argparse.Namespace) -> UsageLimits | None:
 
 def _limits(options: argparse.Namespace, prefix: str) -> UsageLimits | None:
     values = {
-        "requests": getattr(options, f"{prefix}requests", None),
-        "tool_calls": getattr(options, f"{prefix}tool_calls", None),
-        "total_tokens": getattr(options, f"{prefix}tokens", None),
-        "wall": getattr(options, f"{prefix}seconds", None),
+        field: getattr(options, prefix + option.replace("-", "_"), None)
+        for option, field, *_ in _BUDGETS
     }
     given = {name: value for name, value in values.items() if value is not None}
     return UsageLimits(**given) if given else None

@@ -26,61 +26,15 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser(prog: str = "aimu") -> argparse.ArgumentParser:
-    """The parser for ``aimu``: ``chat`` and ``serve``."""
+    """The parser for ``aimu``: ``chat``, ``serve`` and the commands of :data:`_COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Agent runs you can stop, interrupt and resume.",
     )
     parser.add_argument("--version", action="version", version=f"aimu {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chat = commands.add_parser(
-        "chat",
-        help="chat with an assistant (offline on the embedded test model by default)",
-        description=(
-            "Chat with an assistant whose turns you can /stop, /interrupt and /resume. "
-            "Type /help once it runs. Ctrl+C interrupts the running turn (twice: stops "
-            "it now), or exits when idle; Ctrl+D exits. On a terminal, with "
-            "aimu-agents[chat] installed, lines can be edited and recalled (Up, Ctrl+R)."
-        ),
-    )
-    add_chat_options(chat)
-    serve = commands.add_parser(
-        "serve",
-        help="serve the runs API and the web chat over HTTP (needs the serve extra)",
-        description="Serve the runs API and the web chat at http://HOST:PORT/.",
-    )
-    add_serve_options(serve)
-    mcp = commands.add_parser(
-        "mcp",
-        help="serve the agent as an MCP server on stdin/stdout (needs the mcp extra)",
-        description="Serve the agent as an MCP server over stdio: one tool, run_agent (a "
-        "task in, the agent's answer out); cancelling the call stops the run.",
-    )
-    add_mcp_command_options(mcp)
-    worker = commands.add_parser(
-        "worker",
-        help="execute the runs of a Temporal task queue (needs the temporal extra)",
-        description="Take aimu runs from a Temporal task queue and execute them here.",
-    )
-    _add_worker_options(worker)
-    models = commands.add_parser(
-        "models",
-        help="list the Ollama server's models, with size and context length",
-        description="List the models of the Ollama server (OLLAMA_HOST, or --host).",
-    )
-    add_models_options(models)
-    pulling = commands.add_parser(
-        "pull",
-        help="pull a model onto the Ollama server, showing its progress",
-        description="Pull MODEL onto the Ollama server; Ctrl+C stops (a later pull resumes).",
-    )
-    add_pull_options(pulling)
-    runs = commands.add_parser(
-        "runs",
-        help="the run records of a store: list them, show one",
-        description="The runs a store recorded (aimu chat's, aimu serve's, any agent's).",
-    )
-    add_runs_options(runs)
+    for name, summary, description, add_options in _COMMANDS:
+        add_options(commands.add_parser(name, help=summary, description=description))
     return parser
 
 
@@ -88,6 +42,74 @@ def _add_worker_options(parser: argparse.ArgumentParser) -> None:
     from aimu.temporal._command import add_worker_options  # temporalio only once it runs
 
     add_worker_options(parser)
+
+
+def _run_worker(options: argparse.Namespace) -> int:
+    from aimu.temporal._command import run_worker
+
+    return run_worker(options)
+
+
+#: Each command: its name, its line in ``aimu --help``, its description, its options.
+_COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    (
+        "chat",
+        "chat with an assistant (offline on the embedded test model by default)",
+        "Chat with an assistant whose turns you can /stop, /interrupt and /resume. "
+        "Type /help once it runs. Ctrl+C interrupts the running turn (twice: stops "
+        "it now), or exits when idle; Ctrl+D exits. On a terminal, with "
+        "aimu-agents[chat] installed, lines can be edited and recalled (Up, Ctrl+R).",
+        add_chat_options,
+    ),
+    (
+        "serve",
+        "serve the runs API and the web chat over HTTP (needs the serve extra)",
+        "Serve the runs API and the web chat at http://HOST:PORT/.",
+        add_serve_options,
+    ),
+    (
+        "mcp",
+        "serve the agent as an MCP server on stdin/stdout (needs the mcp extra)",
+        "Serve the agent as an MCP server over stdio: one tool, run_agent (a "
+        "task in, the agent's answer out); cancelling the call stops the run.",
+        add_mcp_command_options,
+    ),
+    (
+        "worker",
+        "execute the runs of a Temporal task queue (needs the temporal extra)",
+        "Take aimu runs from a Temporal task queue and execute them here.",
+        _add_worker_options,
+    ),
+    (
+        "models",
+        "list the Ollama server's models, with size and context length",
+        "List the models of the Ollama server (OLLAMA_HOST, or --host).",
+        add_models_options,
+    ),
+    (
+        "pull",
+        "pull a model onto the Ollama server, showing its progress",
+        "Pull MODEL onto the Ollama server; Ctrl+C stops (a later pull resumes).",
+        add_pull_options,
+    ),
+    (
+        "runs",
+        "the run records of a store: list them, show one",
+        "The runs a store recorded (aimu chat's, aimu serve's, any agent's).",
+        add_runs_options,
+    ),
+)
+
+
+#: What runs each command but ``chat`` (which :func:`main` runs with its ``tools``).
+_RUNS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": run_serve,
+    "mcp": run_mcp,
+    "worker": _run_worker,
+    "models": run_models,
+    "pull": run_pull,
+    "runs": run_runs,
+}
 
 
 def main(
@@ -107,20 +129,9 @@ def main(
     if options.command is None:  # bare `aimu`: say what it can do
         parser.print_help()
         return 0
-    if options.command == "serve":
-        return run_serve(options)
-    if options.command == "mcp":
-        return run_mcp(options)
-    if options.command == "models":
-        return run_models(options)
-    if options.command == "pull":
-        return run_pull(options)
-    if options.command == "runs":
-        return run_runs(options)
-    if options.command == "worker":
-        from aimu.temporal._command import run_worker
-
-        return run_worker(options)
+    run = _RUNS.get(options.command)
+    if run is not None:
+        return run(options)
     settings = ChatSettings.from_options(options)
     try:
         return asyncio.run(run_chat(settings, tools=tools))

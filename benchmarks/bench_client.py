@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from aimu.aio.client import ModelClient
+from aimu.aio.providers._http import TurnInput
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.ollama import to_wire as ollama_wire
 from aimu.aio.providers.openai import OpenAIClient
@@ -161,8 +162,10 @@ def preparation_us(model: OllamaClient | OpenAIClient, messages: list[Message],
                    repeats: int) -> float:
     """CPU time to turn ``messages`` into the request bytes (each message's wire form is
     cached, so this is what a request costs once the transcript was sent before)."""
+    sent = TurnInput(messages)
+
     def prepare() -> None:
-        model.body(messages, None, True)
+        model.body(sent)
 
     samples = []
     for _ in range(repeats):

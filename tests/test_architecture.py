@@ -511,3 +511,50 @@ def test_nothing_reads_a_transports_messages() -> None:
     assert reads == [], "\n".join(reads)
     session = list(_transport_reads(MODULES["aimu.aio.agent.session"]))
     assert len(session) == 1, session  # the hand-over, in Session.__init__
+
+
+
+def _is_public(module: str) -> bool:
+    return not any(part.startswith("_") for part in module.split("."))
+
+
+def _imported_from(module: str, node: ast.ImportFrom) -> str:
+    """The module ``node`` (in ``module``) imports from, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def test_no_public_class_name_is_defined_twice() -> None:
+    """One name per concept: a public class (one of a public module, or one a public
+    module exports) named like another means two things at the next crossing
+    (``serve.models`` names its schemas ``RunRecordSchema``, not a second ``RunRecord``)."""
+    trees = {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+    classes = {
+        module: {node.name for node in tree.body
+                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_")}
+        for module, tree in trees.items()
+    }
+    where: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        if not _is_public(module):
+            continue
+        for name in classes[module]:
+            where.setdefault(name, set()).add(module)
+        exported: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+            ):
+                exported = set(ast.literal_eval(node.value))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _imported_from(module, node)
+                for alias in node.names:
+                    if alias.name in exported and alias.name in classes.get(source, ()):
+                        where.setdefault(alias.name, set()).add(source)
+    twice = {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
+    assert twice == {}

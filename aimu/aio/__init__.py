@@ -6,8 +6,9 @@ provider SDK is loaded until a client for it is made.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from aimu.aio._lazy import lazy_names
 
 if TYPE_CHECKING:
     from aimu.aio.agent import Agent
@@ -218,14 +219,7 @@ _WHERE.update(dict.fromkeys(_EVENTS, "events"))
 # the `client()` function with the module of the same name.
 from aimu.aio.client import ModelClient, client  # noqa: E402
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aimu.aio' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"aimu.aio.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)
 
 
 def __dir__() -> list[str]:

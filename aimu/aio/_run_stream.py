@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Protocol, cast, overload
 
+from aimu.aio._tasks import wait_through_cancels
 from aimu.aio.events import Event
 
 __all__ = ["RunStream"]
@@ -79,12 +80,7 @@ class RunStream(AsyncGenerator[Event, None]):
         if closing is None:
             await self._events.aclose()
             return
-        again: asyncio.CancelledError | None = None
-        while not closing.done():
-            try:
-                await asyncio.wait((closing,))
-            except asyncio.CancelledError as cancel:
-                again = cancel
+        again = await wait_through_cancels(closing)
         closing.result()
         if again is not None:
             raise again

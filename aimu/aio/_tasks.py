@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from aimu.aio.run_handle import RunHandle
 
-__all__ = ["Background", "cancel_and_wait", "ended"]
+__all__ = ["Background", "cancel_and_wait", "ended", "wait_through_cancels"]
 
 T = TypeVar("T")
 _log = logging.getLogger("aimu")
@@ -71,6 +71,18 @@ async def cancel_and_wait(
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: a task that failed is not reported again at exit
     return pending
+
+
+async def wait_through_cancels(task: asyncio.Future[Any]) -> asyncio.CancelledError | None:
+    """Wait until ``task`` is done, however often the waiter is cancelled meanwhile (as a
+    TaskGroup does); the last such cancel, for the caller to raise once it is done."""
+    again: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as cancel:
+            again = cancel
+    return again
 
 
 async def ended(handle: RunHandle[Any]) -> None:

@@ -8,8 +8,9 @@ outside any event loop turn that matters. The base types live in
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aimu.aio._echo import echo
 from aimu.aio.providers.base import (
@@ -43,56 +44,15 @@ __all__ = [
 ProviderFactory = Callable[..., ModelClient]
 
 
-def _ollama(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.ollama import OllamaClient
+def _imported(module: str, name: str) -> ProviderFactory:
+    """A factory building ``name`` of ``aimu.aio.providers.<module>``, imported when it
+    builds its first client."""
 
-    return OllamaClient(model, **options)
+    def build(model: str, **options: Any) -> ModelClient:
+        provider = getattr(importlib.import_module(f"aimu.aio.providers.{module}"), name)
+        return cast(ModelClient, provider(model, **options))
 
-
-def _openai(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.openai import OpenAIClient
-
-    return OpenAIClient(model, **options)
-
-
-def _gemini(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.gemini import GeminiClient
-
-    return GeminiClient(model, **options)
-
-
-def _openai_responses(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.openai_responses import OpenAIResponsesClient
-
-    return OpenAIResponsesClient(model, **options)
-
-
-def _anthropic(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.anthropic import AnthropicClient
-
-    return AnthropicClient(model, **options)
-
-
-def _azure(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.azure import AzureOpenAIClient
-
-    return AzureOpenAIClient(model, **options)
-
-
-def _azure_responses(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.azure import AzureResponsesClient
-
-    return AzureResponsesClient(model, **options)
-
-
-def _vertex(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.vertex import VertexClient
-
-    return VertexClient(model, **options)
-def _bedrock(model: str, **options: Any) -> ModelClient:
-    from aimu.aio.providers.bedrock import BedrockClient
-
-    return BedrockClient(model, **options)
+    return build
 
 
 def _test(model: str, **options: Any) -> ModelClient:
@@ -103,15 +63,15 @@ def _test(model: str, **options: Any) -> ModelClient:
 
 # provider name -> (factory, whether a model name is required)
 _REGISTRY: dict[str, tuple[ProviderFactory, bool]] = {
-    "ollama": (_ollama, True),
-    "openai": (_openai, True),
-    "gemini": (_gemini, True),
-    "openai-responses": (_openai_responses, True),
-    "anthropic": (_anthropic, True),
-    "azure": (_azure, True),
-    "azure-responses": (_azure_responses, True),
-    "vertex": (_vertex, True),
-    "bedrock": (_bedrock, True),
+    "ollama": (_imported("ollama", "OllamaClient"), True),
+    "openai": (_imported("openai", "OpenAIClient"), True),
+    "gemini": (_imported("gemini", "GeminiClient"), True),
+    "openai-responses": (_imported("openai_responses", "OpenAIResponsesClient"), True),
+    "anthropic": (_imported("anthropic", "AnthropicClient"), True),
+    "azure": (_imported("azure", "AzureOpenAIClient"), True),
+    "azure-responses": (_imported("azure", "AzureResponsesClient"), True),
+    "vertex": (_imported("vertex", "VertexClient"), True),
+    "bedrock": (_imported("bedrock", "BedrockClient"), True),
     "test": (_test, False),
 }
 

@@ -32,6 +32,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
+from aimu.aio._cut import Cut, cut_steps
 from aimu.aio.errors import AimuError
 from aimu.aio.instructions import RunContext
 from aimu.aio.tools import ToolOutcome
@@ -191,7 +192,7 @@ class InputGuard:
     CancelledError (the run ends one way)."""
 
     __slots__ = (
-        "_checking", "_fired", "_stopping", "_taken", "_task", "_waiter", "error", "tripped",
+        "_checking", "_cut", "_stopping", "_taken", "_task", "error", "tripped",
     )
 
     def __init__(
@@ -199,8 +200,7 @@ class InputGuard:
     ) -> None:
         self.tripped: Tripped | None = None
         self.error: GuardrailError | None = None
-        self._waiter: asyncio.Task[Any] | None = None
-        self._fired = False
+        self._cut = Cut()  # of the step waiting in guard()
         self._taken = False  # the task's outcome read (once, by _take)
         self._stopping = False  # the run cancelled the task (its end, a stop)
         self._checking = "?"  # the guardrail running now: named if its task ends cancelled
@@ -231,9 +231,8 @@ class InputGuard:
         if self._taken:  # read already (a guard or decision came before this callback)
             return
         self._take()
-        if (self.tripped is not None or self.error is not None) and self._waiter is not None:
-            self._fired = True
-            self._waiter.cancel()
+        if self.tripped is not None or self.error is not None:
+            self._cut.fire()
 
     def _take(self) -> None:
         """Read the task's outcome once it is done: from the task itself, since its done
@@ -270,21 +269,7 @@ class InputGuard:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()
             self._raise()
-        waiter = asyncio.current_task()
-        assert waiter is not None
-        cancelling = waiter.cancelling()
-        self._waiter, self._fired = waiter, False
-        try:
-            result = await awaitable
-        except asyncio.CancelledError:
-            if self._fired and waiter.uncancel() <= cancelling:
-                self._raise()
-            raise
-        finally:
-            self._waiter = None
-        if self._fired and waiter.uncancel() <= cancelling:  # the cut was swallowed below
-            self._raise()
-        return result
+        return await self._cut.run(awaitable, self._raise)
 
     async def decision(self) -> None:
         """Wait for the guardrails (a turn ended before they decided): GuardCut on a
@@ -310,20 +295,10 @@ class InputGuard:
             task.exception()  # retrieved: never "Task exception was never retrieved"
 
 
-async def guarded(
-    chunks: AsyncGenerator[_T, None], guard: InputGuard
-) -> AsyncGenerator[_T, None]:
+def guarded(chunks: AsyncGenerator[_T, None], guard: InputGuard) -> AsyncGenerator[_T, None]:
     """``chunks``, each step cut when the input guardrails decide against the input.
     Only a run's first turn with input guardrails pays for this frame."""
-    try:
-        while True:
-            try:
-                chunk = await guard.guard(anext(chunks))
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        await chunks.aclose()
+    return cut_steps(chunks, guard.guard)
 
 
 async def guarded_call(

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -103,12 +103,7 @@ class RunScope:
     @property
     def interrupt_requested(self) -> bool:
         """True once this scope, or one around it, was asked to stop gracefully."""
-        scope: RunScope | None = self
-        while scope is not None:
-            if scope._interrupt_requested:
-                return True
-            scope = scope.parent
-        return False
+        return any(scope._interrupt_requested for scope in self._outward())
 
     def request_interrupt(self) -> None:
         """Ask every loop in this scope to stop at its next step boundary; wakes the
@@ -150,23 +145,23 @@ class RunScope:
                     if scope._interrupt_waiters is not None:
                         scope._interrupt_waiters.remove(entry)
 
-    def _chain(self) -> list[RunScope]:
+    def _outward(self) -> Iterator[RunScope]:
         """This scope and those around it, innermost first."""
-        chain: list[RunScope] = []
         scope: RunScope | None = self
         while scope is not None:
-            chain.append(scope)
+            yield scope
             scope = scope.parent
-        return chain
+
+    def _chain(self) -> list[RunScope]:
+        """:meth:`_outward`, taken once (to be walked under a lock)."""
+        return list(self._outward())
 
     def note_halt(self, halt: Halt) -> None:
         """Record that a loop in this scope stopped at a step boundary, here and in the
         scopes around (each keeps the halt that outranks the others)."""
-        scope: RunScope | None = self
-        while scope is not None:
+        for scope in self._outward():
             if halt.outranks(scope.halt):
                 scope.halt = halt
-            scope = scope.parent
 
     def note_interrupted(self) -> None:
         """Record that a loop stopped at a step boundary because of an interrupt."""
@@ -205,12 +200,7 @@ class RunScope:
         Read without the lock (every boundary of most runs finds nothing): a send()
         racing this read lands in an inbox and is taken at the next boundary, as it
         would be had it come just after."""
-        scope: RunScope | None = self
-        while scope is not None:
-            if scope._inbox:
-                return True
-            scope = scope.parent
-        return False
+        return any(scope._inbox for scope in self._outward())
 
     def take_sent(self, *, close: bool = False) -> list[UserMessage]:
         """The user messages sent to this scope and those around it, oldest first, taken.

@@ -255,23 +255,26 @@ def _check_string(message: Mapping[str, Any], key: str, index: int, role: str) -
     return value
 
 
+def _check_non_empty(mapping: Mapping[str, Any], key: str, index: int, where: str) -> str:
+    """``mapping[key]``, checked to be a non-empty string of valid text."""
+    value = mapping.get(key)
+    if not isinstance(value, str) or not value:
+        raise _fail(index, f"{where} needs a non-empty string {key!r}, got {echo(value)}")
+    _check_text(value, index, f"{where}.{key}")
+    return value
+
+
 def _check_tool_call(call: object, index: int, position: int) -> str:
     where = f"tool_calls[{position}]"
     if not isinstance(call, Mapping):
         raise _fail(index, f"{where} must be a dict, got {type(call).__name__}")
-    call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise _fail(index, f"{where} needs a non-empty string 'id', got {echo(call_id)}")
-    _check_text(call_id, index, f"{where}.id")
+    call_id = _check_non_empty(call, "id", index, where)
     if call.get("type", "function") != "function":
         raise _fail(index, f"{where} has type {echo(call.get('type'))}; only 'function' exists")
     function = call.get("function")
     if not isinstance(function, Mapping):
         raise _fail(index, f"{where} needs a 'function' dict with 'name' and 'arguments'")
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise _fail(index, f"{where}.function needs a non-empty string 'name', got {echo(name)}")
-    _check_text(name, index, f"{where}.function.name")
+    _check_non_empty(function, "name", index, f"{where}.function")
     arguments = function.get("arguments")
     if not isinstance(arguments, dict):
         raise _fail(

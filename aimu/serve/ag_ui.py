@@ -34,7 +34,6 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from aimu.aio import _sse as sse
 from aimu.aio._session import SHARED
 from aimu.aio.agent import Agent
 from aimu.aio.events import ToolCallStarted, ToolProgress, ToolResult, TurnRetried
@@ -42,7 +41,7 @@ from aimu.aio.tools import Tool
 from aimu.aio.transcript import Message
 from aimu.serve.errors import BadRequest
 from aimu.serve.protocols import EventStream, text_parts
-from aimu.serve.routes import WRITE, errors
+from aimu.serve.routes import WRITE, errors, streamed
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
     ClosingStreamingResponse,
@@ -124,10 +123,7 @@ router = APIRouter()
     "entries: the decisions on the paused run's approvals; neither: a MESSAGES_SNAPSHOT and "
     "the run in progress. Closing the stream cancels the run (its partial reply is kept).",
     response_class=ClosingStreamingResponse,
-    responses={
-        200: {"description": "AG-UI events", "content": {sse.CONTENT_TYPE: {}}},
-        **errors(*WRITE),
-    },
+    responses={**streamed("AG-UI events"), **errors(*WRITE)},
 )
 async def ag_ui(request: Request, body: RunAgentInput) -> Response:
     runs: Runs = request.app.runs

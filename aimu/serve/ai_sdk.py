@@ -37,13 +37,12 @@ from fastapi import APIRouter, Body, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from aimu.aio import _sse as sse
 from aimu.aio.events import ToolCallStarted, ToolResult, TurnRetried
 from aimu.serve.errors import BadRequest, Conflict, ServeError
 from aimu.serve.http import JSON
 from aimu.serve.models import EmptyBody, Run
 from aimu.serve.protocols import EventStream, text_parts
-from aimu.serve.routes import READ, WRITE, errors
+from aimu.serve.routes import READ, WRITE, errors, streamed
 from aimu.serve.runs import Runs, validate_name
 from aimu.serve.stream_runs import (
     ClosingStreamingResponse,
@@ -106,7 +105,7 @@ router = APIRouter()
     "approval responses decide the paused run",
     response_class=ClosingStreamingResponse,
     responses={
-        200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
+        **streamed("A UI message stream"),
         **errors(*WRITE),
     },
 )
@@ -158,7 +157,7 @@ async def _answer(runs: Runs, session: str, last: UIMessage, resumable: bool) ->
     summary="Reattach to the chat's run in progress, from its start (204: none)",
     response_class=ClosingStreamingResponse,
     responses={
-        200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
+        **streamed("A UI message stream"),
         204: {"description": "The chat has no run in progress"},
         **errors(*READ),
     },
@@ -177,7 +176,7 @@ async def reconnect(request: Request, id: ChatId) -> Response:
     "its server is resumed first (204: none)",
     response_class=ClosingStreamingResponse,
     responses={
-        200: {"description": "A UI message stream", "content": {sse.CONTENT_TYPE: {}}},
+        **streamed("A UI message stream"),
         204: {"description": "The chat has no run in progress, nor one to resume"},
         **errors(*WRITE),
     },

@@ -44,7 +44,7 @@ from aimu.serve.docs import add_docs
 from aimu.serve.errors import answer
 from aimu.serve.guards import RequestGuard
 from aimu.serve.http import JSON, BearerAuth, BodyLimit, error_response, validation_answer
-from aimu.serve.models import Error, Health
+from aimu.serve.models import Error, Health, name_schemas_by_title
 from aimu.serve.recovery import MAX_CRASHES, Recovery
 from aimu.serve.routes import router
 from aimu.serve.runs import AgentFactory, Runs, RunsBackend
@@ -346,7 +346,8 @@ async def _health() -> dict[str, str]:
 
 
 def _document(application: FastAPI) -> dict[str, Any]:
-    """The OpenAPI document FastAPI writes from the routes, with the bearer scheme."""
+    """The OpenAPI document FastAPI writes from the routes, with the bearer scheme and
+    the schemas named by their titles."""
     if application.openapi_schema is None:
         document = get_openapi(
             title=application.title,
@@ -358,6 +359,7 @@ def _document(application: FastAPI) -> dict[str, Any]:
             "bearer": {"type": "http", "scheme": "bearer"}
         }
         document["security"] = [{"bearer": []}]
+        name_schemas_by_title(document)
         application.openapi_schema = document
     return application.openapi_schema
 

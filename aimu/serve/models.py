@@ -4,6 +4,10 @@ FastAPI validates each request body against its model and writes the OpenAPI doc
 from these, so the contract and the checks cannot drift. Bodies are strict (no ``"yes"``
 for ``true``, no ``3`` for a string) and refuse unknown fields; text refuses lone
 surrogates, which no store can write.
+
+A model whose Python name would repeat a name of :mod:`aimu.aio` (``RunRecordSchema``)
+keeps its wire name as its title; :func:`name_schemas_by_title` names the document's
+schemas by title, so the API's schema names stay as they were.
 """
 
 from __future__ import annotations
@@ -17,20 +21,21 @@ from aimu.aio.status import ControlStatus, RunRecordStatus, words
 
 __all__ = [
     "CancelBody",
-    "Decision",
     "DecisionBody",
+    "DecisionSchema",
     "EmptyBody",
     "Error",
     "Health",
     "Run",
-    "RunRecord",
     "RunRecordList",
+    "RunRecordSchema",
     "SendBody",
-    "Session",
-    "SessionInfo",
+    "SessionInfoSchema",
     "SessionList",
+    "SessionSchema",
     "StartBody",
     "Started",
+    "name_schemas_by_title",
 ]
 
 #: A run's status: its handle's, or ``lost`` (its server died; with --redis).
@@ -110,7 +115,9 @@ class Started(BaseModel):
     status: str = Field(json_schema_extra={"enum": list(STATUSES)})
 
 
-class Usage(BaseModel):
+class UsageSchema(BaseModel):
+    model_config = ConfigDict(title="Usage")
+
     input_tokens: int
     output_tokens: int
 
@@ -146,7 +153,7 @@ class Run(BaseModel):
     reason: str | None
     reply: str | None
     error: str | None
-    usage: Usage | None
+    usage: UsageSchema | None
     created_at: float
     finished_at: float | None
     duration: float | None
@@ -154,7 +161,9 @@ class Run(BaseModel):
     pending: list[Pending]
 
 
-class Decision(BaseModel):
+class DecisionSchema(BaseModel):
+    model_config = ConfigDict(title="Decision")
+
     run_id: RunId
     call_id: str
     approve: bool
@@ -162,7 +171,9 @@ class Decision(BaseModel):
     resumed_run_id: RunId | None
 
 
-class SessionInfo(BaseModel):
+class SessionInfoSchema(BaseModel):
+    model_config = ConfigDict(title="SessionInfo")
+
     name: str
     created: float
     updated: float
@@ -172,12 +183,14 @@ class SessionInfo(BaseModel):
 
 
 class SessionList(BaseModel):
-    sessions: list[SessionInfo]
+    sessions: list[SessionInfoSchema]
 
 
-class RunRecord(BaseModel):
+class RunRecordSchema(BaseModel):
     """A run as its store keeps it (``aimu.aio.store.RunRecord``): ``running`` from its
     start until it ends; a run whose process died stays ``running``."""
+
+    model_config = ConfigDict(title="RunRecord")
 
     id: str
     session: str
@@ -200,13 +213,15 @@ class RunRecord(BaseModel):
 
 
 class RunRecordList(BaseModel):
-    runs: list[RunRecord]
+    runs: list[RunRecordSchema]
     next_before: str | None = Field(
         description="Pass as before= for the next page; null on the last page"
     )
 
 
-class Session(BaseModel):
+class SessionSchema(BaseModel):
+    model_config = ConfigDict(title="Session")
+
     name: str
     status: str | None
     run_id: str | None
@@ -214,3 +229,30 @@ class Session(BaseModel):
     paused_run_id: RunId | None
     pending: list[Pending]
     messages: list[dict[str, Any]]
+
+
+def name_schemas_by_title(document: dict[str, Any]) -> None:
+    """Key each schema of the OpenAPI ``document`` by its title (FastAPI keys it by its
+    class name), its references with it; the order stays alphabetical, as FastAPI's."""
+    schemas: dict[str, Any] = document.get("components", {}).get("schemas", {})
+    names = {name: schema.get("title", name) for name, schema in schemas.items()}
+    if all(name == title for name, title in names.items()):
+        return
+    document["components"]["schemas"] = {
+        names[name]: schemas[name] for name in sorted(schemas, key=names.__getitem__)
+    }
+    refs = {f"#/components/schemas/{name}": f"#/components/schemas/{title}"
+            for name, title in names.items()}
+    _rename_refs(document, refs)
+
+
+def _rename_refs(node: object, refs: dict[str, str]) -> None:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in refs:
+            node["$ref"] = refs[ref]
+        for value in node.values():
+            _rename_refs(value, refs)
+    elif isinstance(node, list):
+        for value in node:
+            _rename_refs(value, refs)

@@ -30,21 +30,21 @@ from aimu.serve.http import JSON
 from aimu.serve.ids import check_run_id
 from aimu.serve.models import (
     CancelBody,
-    Decision,
     DecisionBody,
+    DecisionSchema,
     EmptyBody,
     Error,
     Run,
     RunRecordList,
     SendBody,
-    Session,
     SessionList,
+    SessionSchema,
     StartBody,
     Started,
 )
 from aimu.serve.runs import Runs, RunView, validate_name
 
-__all__ = ["READ", "WRITE", "errors", "router"]
+__all__ = ["READ", "WRITE", "errors", "router", "streamed"]
 
 _WHY: Final = {
     400: "Malformed request: bad JSON, a bad session name, event id or grace, or a host "
@@ -66,6 +66,11 @@ WRITE: Final = (*READ, 403, 409, 413, 415)
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Error, "description": _WHY[status]} for status in statuses}
+
+
+def streamed(description: str) -> dict[int | str, dict[str, Any]]:
+    """The 200 answer of a route that streams Server-Sent Events: ``description``."""
+    return {200: {"description": description, "content": {sse.CONTENT_TYPE: {}}}}
 
 
 _NAME: Final = "^[A-Za-z0-9._-]{1,128}$"
@@ -128,7 +133,7 @@ async def sessions(request: Request) -> dict[str, Any]:
 
 
 @router.get(
-    "/sessions/{session}", response_model=Session, summary="A session's transcript",
+    "/sessions/{session}", response_model=SessionSchema, summary="A session's transcript",
     responses=errors(*READ),
 )
 async def session(request: Request, session: SessionName) -> dict[str, Any]:
@@ -341,12 +346,12 @@ def _images(images: list[str]) -> tuple[str, ...]:
 
 
 @router.post(
-    "/runs/{run_id}/approvals/{call_id}", status_code=202, response_model=Decision,
+    "/runs/{run_id}/approvals/{call_id}", status_code=202, response_model=DecisionSchema,
     summary="Approve or deny a tool call the paused run waits on; the last decision "
     "resumes it (404: the run waits on no such call; 409: not paused, decided already, or "
     "the call that waits now is not the one shown: another pause_id)",
     responses={
-        202: {"model": Decision, "description": "Decided; after the last decision the run "
+        202: {"model": DecisionSchema, "description": "Decided; after the last decision the run "
               "resumed as resumed_run_id"},
         **errors(*WRITE),
     },

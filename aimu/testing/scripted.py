@@ -144,16 +144,8 @@ async def _pause(seconds: float) -> None:
 async def _play(turn: Turn, serial: int) -> AsyncGenerator[Chunk, None]:
     if turn.first_byte_delay:
         await _pause(turn.first_byte_delay)
-    if turn.fault == "http_500":
-        raise ModelHTTPError(
-            "in-process model answered HTTP 500: scripted failure",
-            host="in-process", status_code=500, body="scripted failure",
-        )
-    if turn.fault == "http_429":
-        raise ModelHTTPError(
-            "in-process model answered HTTP 429: rate limited",
-            host="in-process", status_code=429, body="rate limited",
-        )
+    if turn.fault in ("http_500", "http_429"):
+        raise _http_error(turn.fault)
     pieces: list[Chunk] = []
     if turn.thinking:
         pieces.append(ThinkingDelta(turn.thinking))
@@ -184,15 +176,26 @@ async def _play(turn: Turn, serial: int) -> AsyncGenerator[Chunk, None]:
 
 _MID_STREAM = ("bad_json", "drop", "hang", "error_event")
 
+#: The faults that are an HTTP error: its status, its body, what the error says.
+_HTTP_ERRORS = {
+    "http_500": (500, "scripted failure", "answered HTTP 500: scripted failure"),
+    "http_429": (429, "rate limited", "answered HTTP 429: rate limited"),
+    "error_event": (200, "internal error", "reported an error mid-reply: internal error"),
+}
+
+
+def _http_error(fault: str) -> ModelHTTPError:
+    status, body, what = _HTTP_ERRORS[fault]
+    return ModelHTTPError(
+        f"in-process model {what}", host="in-process", status_code=status, body=body
+    )
+
 
 async def _fault(turn: Turn) -> None:
     if turn.fault == "hang":
         await asyncio.Event().wait()
     if turn.fault == "error_event":
-        raise ModelHTTPError(
-            "in-process model reported an error mid-reply: internal error",
-            host="in-process", status_code=200, body="internal error",
-        )
+        raise _http_error(turn.fault)
     if turn.fault == "drop":
         raise ModelConnectionError(
             "in-process model dropped the connection mid-stream", host="in-process"

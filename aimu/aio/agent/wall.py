@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Coroutine
-from typing import Any, TypeVar
+from typing import NoReturn, TypeVar
+
+from aimu.aio._cut import Cut, cut_steps
 
 __all__ = ["WallReached", "WallTimer", "walled"]
 
@@ -26,19 +28,16 @@ class WallTimer:
     once. The cancel accounting is asyncio.timeout's: a cancel from elsewhere in the same
     moment stays a CancelledError."""
 
-    __slots__ = ("_fired", "_handle", "_task", "reached")
+    __slots__ = ("_cut", "_handle", "reached")
 
     def __init__(self, deadline: float) -> None:
         self.reached = False
-        self._task: asyncio.Task[Any] | None = None
-        self._fired = False
+        self._cut = Cut()
         self._handle = asyncio.get_running_loop().call_at(deadline, self._fire)
 
     def _fire(self) -> None:
         self.reached = True
-        if self._task is not None:
-            self._fired = True
-            self._task.cancel()
+        self._cut.fire()
 
     async def guard(self, awaitable: Awaitable[_T]) -> _T:
         """``awaitable``'s value, or WallReached (``awaitable`` cancelled) if the limit
@@ -47,36 +46,18 @@ class WallTimer:
             if isinstance(awaitable, Coroutine):
                 awaitable.close()
             raise WallReached
-        task = asyncio.current_task()
-        assert task is not None
-        cancelling = task.cancelling()
-        self._task, self._fired = task, False
-        try:
-            result = await awaitable
-        except asyncio.CancelledError:
-            if self._fired and task.uncancel() <= cancelling:
-                raise WallReached from None
-            raise
-        finally:
-            self._task = None
-        if self._fired and task.uncancel() <= cancelling:  # the cut was swallowed below
-            raise WallReached
-        return result
+        return await self._cut.run(awaitable, _reached)
 
     def close(self) -> None:
         """The run has ended: the timer goes."""
         self._handle.cancel()
 
 
-async def walled(chunks: AsyncGenerator[_T, None], wall: WallTimer) -> AsyncGenerator[_T, None]:
+def _reached() -> NoReturn:
+    raise WallReached from None  # not "during handling" of the cut's own cancel
+
+
+def walled(chunks: AsyncGenerator[_T, None], wall: WallTimer) -> AsyncGenerator[_T, None]:
     """``chunks``, each step cut (WallReached, ``chunks`` closed) when the wall limit
     comes. Only runs with a ``wall`` limit pay for this frame."""
-    try:
-        while True:
-            try:
-                chunk = await wall.guard(anext(chunks))
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        await chunks.aclose()
+    return cut_steps(chunks, wall.guard)

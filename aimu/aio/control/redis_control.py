@@ -432,7 +432,7 @@ class RedisControl:
             return True
         return await self._taken(run_id, answer.values[0], request)
 
-    async def _record_request(self, run_id: str, request: Steer) -> scripts.Reply:
+    async def _record_request(self, run_id: str, request: Steer) -> scripts.ScriptReply:
         """Add ``request`` to the run's request stream (as its ``kind`` and the JSON of
         the rest of :meth:`Steer.to_json`, the form every aimu's worker reads)."""
         keys = self._keys

@@ -8,7 +8,7 @@ ambiguous failure is appended once.
 
 Every script answers the same way: a list whose first item is a tag (``ok``, or what
 went otherwise: ``busy``, ``finished``, ``gone``, ``not_ours``, ``ended``, ``unknown``,
-``alive``, ``not_lost``, ``exists``), then that outcome's values (see :class:`Reply`).
+``alive``, ``not_lost``, ``exists``), then that outcome's values (see :class:`ScriptReply`).
 
 A run's record and streams expire ``retention`` seconds after the last sign of life:
 its end, or (while it runs) its worker's last heartbeat, so a lost run expires too. The
@@ -27,7 +27,7 @@ from typing import Any, Final, NamedTuple
 
 __all__ = [
     "CLAIM", "PAUSED", "PUBLISH", "REGISTER", "RENEW", "REQUEST", "RESERVE", "STANDING",
-    "WENT_ON", "Reply", "reply",
+    "WENT_ON", "ScriptReply", "reply",
 ]
 
 #: How the reason of a lost run closed because its session went on begins (the new
@@ -230,15 +230,15 @@ return {'ok'}
 """
 
 
-class Reply(NamedTuple):
+class ScriptReply(NamedTuple):
     """A script's answer: its tag, then the outcome's values."""
 
     tag: str
     values: tuple[Any, ...]
 
 
-def reply(raw: object) -> Reply:
-    """A script's raw answer as a :class:`Reply`; ValueError if it is not one."""
+def reply(raw: object) -> ScriptReply:
+    """A script's raw answer as a :class:`ScriptReply`; ValueError if it is not one."""
     if not isinstance(raw, list) or not raw or not isinstance(raw[0], str):
         raise ValueError(f"a control script answered {raw!r:.100}, not [tag, ...]")
-    return Reply(raw[0], tuple(raw[1:]))
+    return ScriptReply(raw[0], tuple(raw[1:]))

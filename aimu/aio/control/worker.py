@@ -416,7 +416,7 @@ class Worker:
         run.cursor_pending = run.cursor
         return ("final" if final is not None else "publish"), run, last
 
-    def _registered(self, run: _AttachedRun, result: scripts.Reply) -> None:
+    def _registered(self, run: _AttachedRun, result: scripts.ScriptReply) -> None:
         if result.tag != "ok":
             what = "is already held by worker" if result.tag == "busy" else "has already ended as"
             self._reject(run, f"run {run.run_id!r} {what} {result.values[0]}")
@@ -429,7 +429,9 @@ class Worker:
         run.ready.set()
         run.admit()  # after the requests sent before it started: a cancel lands first
 
-    def _published(self, run: _AttachedRun, step: str, last: int, result: scripts.Reply) -> bool:
+    def _published(
+        self, run: _AttachedRun, step: str, last: int, result: scripts.ScriptReply
+    ) -> bool:
         if result.tag == "gone":
             run.state = _Standing.AGAIN  # Redis forgot the run: register it again, then resend
             return True

@@ -11,6 +11,7 @@ from aimu.aio._numbers import is_count
 from aimu.aio._sse import SSEParser
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._unicode import TurnText, clean
+from aimu.aio.providers._wire import decode_arguments
 from aimu.aio.providers.base import (
     Chunk,
     ToolCallDelta,
@@ -54,6 +55,15 @@ def tool_call(
         "function": {"name": name, "arguments": arguments},
     }
     return ToolCallDelta(call, error)
+
+
+def decoded_call(raw_id: object, name: str, raw: str, seen: set[str]) -> ToolCallDelta:
+    """The call of tool ``name`` (cleaned) with the JSON arguments ``raw``, under the
+    server's id ``raw_id`` made unique in ``seen`` (see :func:`unique_id`)."""
+    identifier = unique_id(raw_id, seen)
+    name = clean(name)
+    arguments, error = decode_arguments(raw, name)
+    return tool_call(identifier, name, arguments, error)
 
 
 def with_cached(usage: Usage, cached: object) -> Usage:

@@ -19,6 +19,7 @@ import functools
 import os
 import time
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Self, cast
 
 import httpx
@@ -56,7 +57,19 @@ from aimu.aio.providers.base import (
 from aimu.aio.scope import RunScope, current_scope
 from aimu.aio.transcript import Message, ToolSpec
 
-__all__ = ["HTTPModelClient", "in_scope"]
+__all__ = ["HTTPModelClient", "TurnInput", "in_scope"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnInput:
+    """What one request of a turn sends, which a provider encodes (:meth:`HTTPModelClient.body`):
+    the transcript (a retry's: the part of the reply it continues included), the tools, a
+    streamed or a whole reply, and what more the turn asks (:class:`TurnRequest`)."""
+
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] | None = None
+    stream: bool = True
+    request: TurnRequest | None = None
 
 _DRAIN_LIMIT = 1.0
 
@@ -196,14 +209,8 @@ class HTTPModelClient(ModelClient):
         return self.endpoint()
 
     @abc.abstractmethod
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
-        """The encoded request body."""
+    def body(self, turn: TurnInput) -> bytes:
+        """The encoded request body of ``turn``."""
 
     @abc.abstractmethod
     def decoder(self, reporter: Reporter) -> TurnDecoder:
@@ -246,14 +253,16 @@ class HTTPModelClient(ModelClient):
         them before the reply broke off (None: it had not)."""
         return None
 
-    async def stream_turn(
+    def stream_turn(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None, *,
         stream: bool = True, request: TurnRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
+        return self._run_turn(TurnInput(messages, tools, stream, request))
+
+    async def _run_turn(self, asked: TurnInput) -> AsyncGenerator[Chunk, None]:
         """The turn, asked again (see :mod:`._resume`) when its stream breaks, within the
         client's retries."""
-        body, reporter, turn = self.body(messages, tools, stream, request), self.reporter(), \
-            TurnSoFar(messages)
+        body, reporter, turn = self.body(asked), self.reporter(), TurnSoFar(asked.messages)
         # The run's (current at the first step): current again for a retry's waits.
         scope = current_scope.get()
         shard, attempt = await self._pool.acquire(reporter), 0
@@ -263,13 +272,13 @@ class HTTPModelClient(ModelClient):
                 decoder = self.decoder(reporter)
                 reading = self._reading(decoder, sent)
                 with in_scope(scope):  # its retry waits see the run's stops
-                    response, attempt = await self._send(shard.http, body, stream, reporter,
-                                                         attempt)
+                    response, attempt = await self._send(shard.http, body, asked.stream,
+                                                         reporter, attempt)
                 pieces = _pieces(response)  # closed below
                 closed = False
                 try:
                     with reporter:
-                        if stream:
+                        if asked.stream:
                             async for piece in pieces:
                                 chunks = reading.lines(piece)
                                 if decoder.finished:  # the connection goes back to the pool
@@ -298,7 +307,7 @@ class HTTPModelClient(ModelClient):
                 if decoder.finished:
                     return
                 if turn.sent is not sent:  # continued from its text, or restarted after
-                    body = self.body(turn.sent, tools, stream, request)
+                    body = self.body(replace(asked, messages=turn.sent))
         finally:
             self._pool.release(shard)
 

@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -99,26 +100,16 @@ class Secrets(tuple[str, ...]):
     __str__ = __repr__
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Reporter:
     """Builds the errors of one model request; each names the service, host and model."""
 
-    __slots__ = ("hint", "host", "model", "secrets", "service", "timeout")
-
-    def __init__(
-        self,
-        service: str,
-        host: str,
-        model: str,
-        secrets: Sequence[str],
-        timeout: httpx.Timeout,
-        hint: str,
-    ) -> None:
-        self.service = service
-        self.hint = hint
-        self.host = host
-        self.model = model
-        self.secrets = secrets
-        self.timeout = timeout
+    service: str
+    host: str
+    model: str
+    secrets: Sequence[str]
+    timeout: httpx.Timeout
+    hint: str
 
     def redact(self, text: str) -> str:
         for secret in self.secrets:

@@ -25,16 +25,15 @@ from aimu.aio.providers._decoder import (
     SSETurnDecoder,
     TurnDecoder,
     as_dict,
-    tool_call,
-    unique_id,
+    decoded_call,
     with_cached,
 )
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
 from aimu.aio.providers._unicode import clean
-from aimu.aio.providers._wire import decode_arguments, dumps, request_body, unchanged
+from aimu.aio.providers._wire import dumps, request_body, unchanged
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
@@ -292,27 +291,22 @@ class AnthropicClient(HTTPModelClient):
         twin._turns = _Encoder()
         return twin
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
+    def body(self, turn: TurnInput) -> bytes:
         settings: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS, **self.options}
         settings["model"] = self.model
-        settings["stream"] = stream
+        settings["stream"] = turn.stream
+        messages = turn.messages
         if messages and messages[0]["role"] == "system" and messages[0]["content"]:
             system = messages[0]["content"]
             settings["system"] = (
                 [{"type": "text", "text": system, "cache_control": _CACHE}] if self.cache
                 else system
             )
-        if request is not None:
-            settings.update(_request_fields(request, bool(tools)))
+        if turn.request is not None:
+            settings.update(_request_fields(turn.request, bool(turn.tools)))
         encoded = self._turns.messages(messages)
         return request_body(
-            settings, encoded, self._turns.tools(tools, self.cache) if tools else None
+            settings, encoded, self._turns.tools(turn.tools, self.cache) if turn.tools else None
         )
 
     def status_hint(self, status: int) -> str:
@@ -493,13 +487,12 @@ class _AnthropicTurn(SSETurnDecoder):
         name = data.get("name")
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol("sent a tool_use block without a name")
-        name = clean(name)
-        identifier = unique_id(data.get("id"), self.seen)
-        arguments, error = decode_arguments(raw, name)
-        self.done_blocks.append(
-            {"type": "tool_use", "id": identifier, "name": name, "input": arguments}
-        )
-        return tool_call(identifier, name, arguments, error)
+        delta = decoded_call(data.get("id"), name, raw, self.seen)
+        call = delta.call
+        self.done_blocks.append({"type": "tool_use", "id": call["id"],
+                                 "name": call["function"]["name"],
+                                 "input": call["function"]["arguments"]})
+        return delta
 
     def _count(self, usage: Mapping[str, Any]) -> None:
         """Usage from message_start, then message_delta's cumulative counts; the input

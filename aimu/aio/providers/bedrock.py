@@ -44,18 +44,17 @@ from aimu.aio.providers._decoder import (
     TurnDecoder,
     as_dict,
     as_list,
-    tool_call,
-    unique_id,
+    decoded_call,
     with_cached,
 )
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, TurnKeywords
 from aimu.aio.providers._unicode import TurnText, clean
-from aimu.aio.providers._wire import decode_arguments, dumps, unchanged
+from aimu.aio.providers._wire import dumps, unchanged
 from aimu.aio.providers.anthropic import _trailing, prefill_space
-from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone
 from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage, native_data
 
 if TYPE_CHECKING:
@@ -492,22 +491,17 @@ class BedrockClient(HTTPModelClient):
             request.headers["Accept"] = "application/vnd.amazon.eventstream"
         redacted.signatures.append(self._signer.sign(frozen, request))
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
+    def body(self, turn: TurnInput) -> bytes:
+        messages, request = turn.messages, turn.request
         encoded = self._turns.messages(messages)
         settings: dict[str, Any] = {}
         if messages and messages[0]["role"] == "system" and messages[0]["content"]:
             system: list[dict[str, Any]] = [{"text": messages[0]["content"]}]
             settings["system"] = [*system, _CACHE_POINT] if self.cache else system
-        offered = self._turns.tools(tools, self.cache)
+        offered = self._turns.tools(turn.tools, self.cache)
         if offered:
             config: dict[str, Any] = {"tools": offered}
-            choice = _tool_choice(request.tool_choice) if request and tools else None
+            choice = _tool_choice(request.tool_choice) if request and turn.tools else None
             if choice is not None:
                 config["toolChoice"] = choice
             settings["toolConfig"] = config
@@ -680,13 +674,12 @@ class _ConverseTurn(TurnDecoder):
         name = data.get("name")
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol("sent a toolUse block without a name")
-        name = clean(name)
-        identifier = unique_id(data.get("toolUseId"), self.seen)
-        arguments, error = decode_arguments(raw, name)
-        self.done_blocks.append(
-            {"toolUse": {"toolUseId": identifier, "name": name, "input": arguments}}
-        )
-        return tool_call(identifier, name, arguments, error)
+        delta = decoded_call(data.get("toolUseId"), name, raw, self.seen)
+        call = delta.call
+        self.done_blocks.append({"toolUse": {"toolUseId": call["id"],
+                                             "name": call["function"]["name"],
+                                             "input": call["function"]["arguments"]}})
+        return delta
 
     def _count(self, usage: Mapping[str, Any]) -> None:
         """The input tokens include those read from and written to the prompt cache;

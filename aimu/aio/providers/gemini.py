@@ -35,12 +35,12 @@ from aimu.aio.providers._decoder import (
     with_cached,
 )
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, ServiceKeywords
 from aimu.aio.providers._unicode import clean, clean_json
 from aimu.aio.providers._wire import dumps
-from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone, TurnRequest
+from aimu.aio.providers.base import Chunk, NativeData, ToolCallDelta, TurnDone
 from aimu.aio.transcript import (
     AssistantMessage,
     Message,
@@ -314,19 +314,14 @@ class GeminiClient(HTTPModelClient):
     def url_for(self, stream: bool) -> str:
         return self.endpoint() if stream else self._path + ":generateContent"
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
-        system, contents = self._contents.encode(messages)
+    def body(self, turn: TurnInput) -> bytes:
+        system, contents = self._contents.encode(turn.messages)
+        request = turn.request
         body: dict[str, Any] = {}
         if system is not None:
             body["systemInstruction"] = system
-        if tools:
-            body["tools"] = [{"functionDeclarations": [_declaration(tool) for tool in tools]}]
+        if turn.tools:
+            body["tools"] = [{"functionDeclarations": [_declaration(tool) for tool in turn.tools]}]
             config = _tool_config(request.tool_choice if request is not None else None)
             if config is not None:
                 body["toolConfig"] = config

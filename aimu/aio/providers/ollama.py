@@ -10,7 +10,6 @@ listing and pulling models.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any, Literal, Unpack
 from urllib.parse import urlsplit
 
@@ -19,7 +18,7 @@ import httpx
 from aimu.aio._numbers import is_count
 from aimu.aio.providers._decoder import TurnDecoder, call_id
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._settings import ClientSettings, TurnKeywords
 from aimu.aio.providers._unicode import TurnText, clean, clean_json
@@ -28,9 +27,8 @@ from aimu.aio.providers.base import (
     Chunk,
     ToolCallDelta,
     TurnDone,
-    TurnRequest,
 )
-from aimu.aio.transcript import Message, ToolCall, ToolSpec, Usage
+from aimu.aio.transcript import Message, ToolCall, Usage
 
 __all__ = ["DEFAULT_HOST", "OllamaClient", "resolve_host", "to_wire"]
 
@@ -152,25 +150,19 @@ class OllamaClient(HTTPModelClient):
                 self.context_window = value
         return self.context_window
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
+    def body(self, turn: TurnInput) -> bytes:
         """The request; an output schema goes as ``format``. Ollama has no
         ``tool_choice`` or ``parallel_tool_calls``: they are not sent."""
-        settings: dict[str, Any] = {"model": self.model, "stream": stream}
+        settings: dict[str, Any] = {"model": self.model, "stream": turn.stream}
         if self.options:
             settings["options"] = self.options
         if self.think is not None:
             settings["think"] = self.think
         if self.keep_alive is not None:
             settings["keep_alive"] = self.keep_alive
-        if request is not None and request.output_schema is not None:
-            settings["format"] = request.output_schema
-        return self.compose(settings, messages, tools)
+        if turn.request is not None and turn.request.output_schema is not None:
+            settings["format"] = turn.request.output_schema
+        return self.compose(settings, turn.messages, turn.tools)
 
     def status_hint(self, status: int) -> str:
         if status == 404:

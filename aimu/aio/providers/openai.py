@@ -10,7 +10,7 @@ appears in no repr, log or error message.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 from urllib.parse import urlsplit
@@ -21,19 +21,17 @@ from aimu.aio.providers._decoder import (
     TurnDecoder,
     as_dict,
     as_list,
-    tool_call,
-    unique_id,
+    decoded_call,
     with_cached,
 )
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import HTTPModelClient
+from aimu.aio.providers._http import HTTPModelClient, TurnInput
 from aimu.aio.providers._report import Reporter, display_url
 from aimu.aio.providers._retry import log
 from aimu.aio.providers._settings import ClientSettings, ServiceTurnKeywords
-from aimu.aio.providers._unicode import clean
-from aimu.aio.providers._wire import decode_arguments, dumps_text
+from aimu.aio.providers._wire import dumps_text
 from aimu.aio.providers.base import Chunk, ToolCallDelta, TurnDone, TurnRequest
-from aimu.aio.transcript import Message, ToolSpec, Usage
+from aimu.aio.transcript import Message, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIClient", "OpenAIService", "to_wire"]
 
@@ -120,19 +118,13 @@ class OpenAIClient(OpenAIService):
         url, sent, secrets = self.service_settings(given.base_url, given.api_key, given.headers)
         super().__init__(model, url, given, headers=sent, secrets=secrets, to_wire=to_wire)
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
-        settings: dict[str, Any] = {**self.options, "model": self.model, "stream": stream}
-        if stream:
+    def body(self, turn: TurnInput) -> bytes:
+        settings: dict[str, Any] = {**self.options, "model": self.model, "stream": turn.stream}
+        if turn.stream:
             settings.setdefault("stream_options", {"include_usage": True})
-        if request is not None:
-            settings.update(_request_fields(request, bool(tools)))
-        return self.compose(settings, messages, tools)
+        if turn.request is not None:
+            settings.update(_request_fields(turn.request, bool(turn.tools)))
+        return self.compose(settings, turn.messages, turn.tools)
 
     def decoder(self, reporter: Reporter) -> TurnDecoder:
         return _OpenAITurn(reporter)
@@ -291,10 +283,7 @@ def _complete(pending: Iterable[_PendingCall]) -> list[ToolCallDelta]:
     deltas: list[ToolCallDelta] = []
     seen: set[str] = set()
     for call in pending:
-        identifier = unique_id(call.id, seen)
-        name = clean(call.name)
-        arguments, error = decode_arguments("".join(call.arguments), name)
-        deltas.append(tool_call(identifier, name, arguments, error))
+        deltas.append(decoded_call(call.id, call.name, "".join(call.arguments), seen))
     return deltas
 
 

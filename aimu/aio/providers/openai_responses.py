@@ -27,15 +27,14 @@ from typing import Any, Self, Unpack, cast
 import httpx
 
 from aimu.aio.errors import ModelConnectionError, ModelError, ModelHTTPError
-from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, tool_call, unique_id, with_cached
+from aimu.aio.providers._decoder import SSETurnDecoder, as_dict, decoded_call, with_cached
 from aimu.aio.providers._errors import clip
-from aimu.aio.providers._http import in_scope
+from aimu.aio.providers._http import TurnInput, in_scope
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._resume import tail
 from aimu.aio.providers._retry import log
 from aimu.aio.providers._settings import ClientSettings, ServiceKeywords
-from aimu.aio.providers._unicode import clean
-from aimu.aio.providers._wire import decode_arguments, dumps, dumps_text, unchanged
+from aimu.aio.providers._wire import dumps, dumps_text, unchanged
 from aimu.aio.providers.base import (
     Chunk,
     NativeData,
@@ -157,27 +156,21 @@ class OpenAIResponsesClient(OpenAIService):
     def decoder(self, reporter: Reporter) -> _ResponsesTurn:
         return _ResponsesTurn(reporter)
 
-    def body(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        stream: bool,
-        request: TurnRequest | None = None,
-    ) -> bytes:
-        body: dict[str, Any] = {"model": self.model, "stream": stream, "store": self.store}
-        if self.background and stream:
+    def body(self, turn: TurnInput) -> bytes:
+        body: dict[str, Any] = {"model": self.model, "stream": turn.stream, "store": self.store}
+        if self.background and turn.stream:
             body["background"] = True
         if self.encrypted_reasoning:
             body["include"] = ["reasoning.encrypted_content"]
-        if messages and messages[0]["role"] == "system":
-            body["instructions"] = messages[0]["content"]
-        if request is not None:
-            body.update(_request_fields(request, bool(tools)))
+        if turn.messages and turn.messages[0]["role"] == "system":
+            body["instructions"] = turn.messages[0]["content"]
+        if turn.request is not None:
+            body.update(_request_fields(turn.request, bool(turn.tools)))
         body.update(self.options)
         head = dumps(body)[:-1]  # the object left open for the tools and the input
-        if tools:
-            head += b',"tools":' + self._inputs.tools(tools)
-        return head + b',"input":' + self._inputs.items(messages) + b"}"
+        if turn.tools:
+            head += b',"tools":' + self._inputs.tools(turn.tools)
+        return head + b',"input":' + self._inputs.items(turn.messages) + b"}"
 
     def fork(self) -> Self:
         twin = super().fork()
@@ -203,24 +196,12 @@ class OpenAIResponsesClient(OpenAIService):
         self._attach = BackgroundResponse(response_id, after)
         return True
 
-    def stream_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None = None,
-        *,
-        stream: bool = True,
-        request: TurnRequest | None = None,
-    ) -> AsyncGenerator[Chunk, None]:
-        if self.background and stream:
-            return self._background_turn(messages, tools, request)
-        return super().stream_turn(messages, tools, stream=stream, request=request)
+    def _run_turn(self, asked: TurnInput) -> AsyncGenerator[Chunk, None]:
+        if self.background and asked.stream:
+            return self._background_turn(asked)
+        return super()._run_turn(asked)
 
-    async def _background_turn(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSpec] | None,
-        request: TurnRequest | None,
-    ) -> AsyncGenerator[Chunk, None]:
+    async def _background_turn(self, asked: TurnInput) -> AsyncGenerator[Chunk, None]:
         """A streamed background response: re-attached after a drop, cancelled on the
         server when the turn is stopped (closed, cancelled or failed) before its end."""
         reporter = self.reporter()
@@ -239,7 +220,7 @@ class OpenAIResponsesClient(OpenAIService):
                             decoder.sequence = attach.sequence_number
                             response = await self._open_get(shard.http, attach, reporter)
                         else:
-                            body = self.body(messages, tools, True, request)
+                            body = self.body(asked)
                             response = await self._open(shard.http, body, True, reporter)
                         # Closed before the cancel below is sent: the stream goes first.
                         async with aclosing(self._read(response, decoder, reporter)) as chunks:
@@ -483,11 +464,9 @@ class _ResponsesTurn(SSETurnDecoder):
         if not isinstance(name, str) or not name:
             raise self.reporter.protocol(f"sent function call {self.calls} without a name")
         self.calls += 1
-        identifier = unique_id(item.get("call_id"), self.seen)
-        name = clean(name)
         arguments = item.get("arguments")
-        decoded, error = decode_arguments(arguments if isinstance(arguments, str) else "", name)
-        return tool_call(identifier, name, decoded, error)
+        raw = arguments if isinstance(arguments, str) else ""
+        return decoded_call(item.get("call_id"), name, raw, self.seen)
 
     def _finish(self, response: dict[str, Any]) -> list[Chunk]:
         chunks = self.text.flush()

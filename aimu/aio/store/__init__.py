@@ -13,9 +13,9 @@ and repaired by the next writer; corruption before it is a
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from aimu.aio._lazy import lazy_names
 from aimu.aio.store._protocol import (
     PendingInput,
     RunRecord,
@@ -50,10 +50,4 @@ __all__ = [
 _BACKENDS = {"JSONLStore": "_jsonl", "PostgresStore": "_postgres", "SQLiteStore": "_sqlite"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _BACKENDS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aimu.aio.store' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"aimu.aio.store.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _BACKENDS)

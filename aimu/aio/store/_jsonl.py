@@ -26,6 +26,7 @@ from aimu.aio.store._codec import (
 from aimu.aio.store._files import fsync_dir, make_private_dirs, open_private
 from aimu.aio.store._fsync import DataFile, FileSyncer
 from aimu.aio.store._lock import SessionLock
+from aimu.aio.store._pages import RunPages, RunsPage, unknown_run
 from aimu.aio.store._protocol import (
     STATUSES,
     PendingInput,
@@ -37,8 +38,6 @@ from aimu.aio.store._protocol import (
     check_run_of,
     check_status,
     input_message,
-    runs_page,
-    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
@@ -98,7 +97,7 @@ class _Scan:
     torn: str | None  # why the last record was ignored
 
 
-class JSONLStore(StoreBase["_JSONLWriter"]):
+class JSONLStore(StoreBase["_JSONLWriter"], RunPages):
     """Sessions as files in ``directory``: one append-only ``<session>.jsonl`` each.
 
     Each line is one message as compact JSON, or a ``{"aimu_meta": ...}`` record (the
@@ -313,28 +312,20 @@ class JSONLStore(StoreBase["_JSONLWriter"]):
             records[record.id] = record
         return records
 
-    async def runs(
-        self,
-        session: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
-        before: str | None = None,
-        *,
-        recover: bool | None = None,
-    ) -> list[RunRecord]:
-        session, status, limit, before = runs_page(session, status, limit, before)
+    async def _runs(self, page: RunsPage) -> list[RunRecord]:
         records = self._run_records()
         found = sorted(records.values(), key=lambda r: (r.started, r.id), reverse=True)
-        if before is not None:
-            if before not in records:
-                raise unknown_run(before)
-            mark = (records[before].started, before)
+        if page.before is not None:
+            if page.before not in records:
+                raise unknown_run(page.before)
+            mark = (records[page.before].started, page.before)
             found = [r for r in found if (r.started, r.id) < mark]
+        session, status, recover = page.session, page.status, page.recover
         return [
             r for r in found
             if (session is None or r.session == session) and (status is None or r.status == status)
             and (recover is None or r.recover == recover)
-        ][:limit]
+        ][:page.limit]
 
     async def run(self, run_id: str) -> RunRecord | None:
         return self._run_records().get(check_run_id(run_id))

@@ -29,6 +29,7 @@ from aimu.aio.errors import (
     TranscriptError,
 )
 from aimu.aio.store._codec import decode_state, encode, encode_state, encode_value, parse_array
+from aimu.aio.store._pages import RunPages, RunsPage, runs_query, unknown_run
 from aimu.aio.store._postgres_inputs import StoreInputs, WriterInputs
 from aimu.aio.store._protocol import (
     RUN_COLUMNS,
@@ -41,10 +42,7 @@ from aimu.aio.store._protocol import (
     check_status,
     run_record,
     run_row,
-    runs_page,
-    runs_query,
     session_info,
-    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_locked, note_unfinished
@@ -186,7 +184,7 @@ def _holder(application: str | None) -> str:
     return f"process {pid} on host {host}"
 
 
-class PostgresStore(StoreInputs):
+class PostgresStore(StoreInputs, RunPages):
     """Sessions in PostgreSQL: one database (and schema) shared by many hosts.
 
     ``dsn`` is a ``postgresql://user:password@host:port/database`` URL; ``schema`` holds
@@ -432,19 +430,9 @@ class PostgresStore(StoreInputs):
         )
         return [session_info(tuple(row)) for row in rows]
 
-    async def runs(
-        self,
-        session: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
-        before: str | None = None,
-        *,
-        recover: bool | None = None,
-    ) -> list[RunRecord]:
-        session, status, limit, before = runs_page(session, status, limit, before)
-        sql, parameters = runs_query(
-            f"{self._s}.runs", session, status, before, limit, lambda n: f"${n}", recover
-        )
+    async def _runs(self, page: RunsPage) -> list[RunRecord]:
+        sql, parameters = runs_query(f"{self._s}.runs", page, lambda n: f"${n}")
+        before = page.before
 
         async def read(conn: asyncpg.Connection) -> list[RunRecord]:
             if before is not None and not await conn.fetchval(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast, runtime_checkable
 
@@ -40,10 +40,7 @@ __all__ = [
     "input_message",
     "run_record",
     "run_row",
-    "runs_page",
-    "runs_query",
     "session_info",
-    "unknown_run",
     "validate_session_name",
 ]
 
@@ -100,22 +97,6 @@ def check_run_id(run_id: str) -> str:
 def check_run_status(status: str) -> RunRecordStatus:
     """Return ``status`` if it is a :data:`RunRecordStatus`, else raise ``ValueError``."""
     return cast(RunRecordStatus, _checked_status(status, RUN_STATUSES, "run"))
-
-
-def runs_page(
-    session: str | None, status: str | None, limit: int, before: str | None
-) -> tuple[str | None, RunRecordStatus | None, int, str | None]:
-    """Check the arguments of :meth:`Store.runs` (``ValueError`` naming the bad one)."""
-    if session is not None:
-        validate_session_name(session)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RUNS_PAGE:
-        raise ValueError(f"limit must be an int from 1 to {MAX_RUNS_PAGE}, got {limit!r:.50}")
-    return (
-        session,
-        None if status is None else check_run_status(status),
-        limit,
-        None if before is None else check_run_id(before),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,41 +185,6 @@ RUN_COLUMNS: Final = (
 )
 
 
-def runs_query(
-    table: str,
-    session: str | None,
-    status: str | None,
-    before: str | None,
-    limit: int,
-    mark: Callable[[int], str],
-    recover: bool | None = None,
-) -> tuple[str, list[Any]]:
-    """The SQL (and its parameters) of :meth:`Store.runs` on ``table``; ``mark(n)`` is
-    the driver's placeholder for the n-th parameter (from 1)."""
-    where: list[str] = []
-    parameters: list[Any] = []
-
-    def add(clause: str, *values: Any) -> None:
-        marks = [mark(len(parameters) + i + 1) for i in range(len(values))]
-        where.append(clause.format(*marks))
-        parameters.extend(values)
-
-    if session is not None:
-        add("session = {}", session)
-    if status is not None:
-        add("status = {}", status)
-    if recover is not None:
-        add("recover = {}", bool(recover))
-    if before is not None:
-        add(f"(started, id) < (SELECT started, id FROM {table} WHERE id = {{}})", before)
-    sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM {table}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    parameters.append(limit)
-    sql += f" ORDER BY started DESC, id DESC LIMIT {mark(len(parameters))}"
-    return sql, parameters
-
-
 def check_run_of(record: RunRecord, session: str) -> RunRecord:
     """``record`` if it is a valid run of ``session``, else ``ValueError`` (a writer
     writes the runs of its own session only)."""
@@ -252,11 +198,6 @@ def check_run_of(record: RunRecord, session: str) -> RunRecord:
     check_run_id(record.id)
     check_run_status(record.status)
     return record
-
-
-def unknown_run(run_id: str) -> ValueError:
-    """The error of :meth:`Store.runs` for a ``before`` that names no run."""
-    return ValueError(f"unknown run id {run_id!r}: no run has it (before= takes a run's id)")
 
 
 def _json_text(value: Any) -> str | None:

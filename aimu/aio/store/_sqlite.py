@@ -25,6 +25,7 @@ from aimu.aio.store._codec import (
 )
 from aimu.aio.store._files import make_private_dirs, open_private
 from aimu.aio.store._lock import SessionLock
+from aimu.aio.store._pages import RunPages, RunsPage, runs_query, unknown_run
 from aimu.aio.store._protocol import (
     RUN_COLUMNS,
     PendingInput,
@@ -38,10 +39,7 @@ from aimu.aio.store._protocol import (
     input_message,
     run_record,
     run_row,
-    runs_page,
-    runs_query,
     session_info,
-    unknown_run,
     validate_session_name,
 )
 from aimu.aio.store._report import note_unfinished, warn_torn
@@ -138,6 +136,18 @@ _CHECKPOINT_EVERY: Final = 256
 _IDLE_SECONDS: Final = 0.2
 
 
+@contextlib.contextmanager
+def _committed(conn: sqlite3.Connection) -> Iterator[None]:
+    """The transaction the block began, committed when it ends, rolled back if it raised."""
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.rollback()
+        raise
+
+
 class _Checkpointer:
     """Copies the WAL into the database on a background thread, with its own connection.
 
@@ -180,7 +190,7 @@ class _Checkpointer:
             self._thread.join()
 
 
-class SQLiteStore(StoreBase["_SQLiteWriter"]):
+class SQLiteStore(StoreBase["_SQLiteWriter"], RunPages):
     """Sessions in one SQLite file (stdlib ``sqlite3``), one row per message.
 
     WAL mode with ``synchronous=NORMAL``: a committed message survives the process
@@ -237,17 +247,12 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
                 conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             if version < _SCHEMA_VERSION:
                 # Several processes may create the schema at once: IF NOT EXISTS, one step.
-                try:
+                with _committed(conn):
                     conn.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}")
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
                     if "messages_from" not in columns:  # a version 3 file
                         conn.execute("ALTER TABLE runs ADD COLUMN messages_from INTEGER")
                     conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.rollback()
-                    raise
         except sqlite3.DatabaseError as error:
             if isinstance(error, sqlite3.OperationalError):
                 raise StoreError(f"cannot open SQLite store {self.path}: {error}") from error
@@ -325,13 +330,8 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
             conn = self._connection(what)
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                try:
+                with _committed(conn):
                     yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.rollback()
-                    raise
             except sqlite3.Error as error:
                 raise self._fail(error, what) from error
             self._committed()
@@ -415,24 +415,13 @@ class SQLiteStore(StoreBase["_SQLiteWriter"]):
     async def sessions(self) -> list[SessionInfo]:
         return [session_info(row) for row in self._query(f"{_INFO} ORDER BY s.name", (), "list")]
 
-    async def runs(
-        self,
-        session: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
-        before: str | None = None,
-        *,
-        recover: bool | None = None,
-    ) -> list[RunRecord]:
-        session, status, limit, before = runs_page(session, status, limit, before)
+    async def _runs(self, page: RunsPage) -> list[RunRecord]:
         with self._mutex:
-            if before is not None and not self._query(
-                "SELECT 1 FROM runs WHERE id = ?", (before,), "read the runs"
+            if page.before is not None and not self._query(
+                "SELECT 1 FROM runs WHERE id = ?", (page.before,), "read the runs"
             ):
-                raise unknown_run(before)
-            sql, parameters = runs_query(
-                "runs", session, status, before, limit, lambda _: "?", recover
-            )
+                raise unknown_run(page.before)
+            sql, parameters = runs_query("runs", page, lambda _: "?")
             return [run_record(row) for row in self._query(sql, parameters, "read the runs")]
 
     async def run(self, run_id: str) -> RunRecord | None:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, cast, get_args
 
 from aimu.aio._stops import past_deadline
+from aimu.aio._tasks import wait_through_cancels
 from aimu.aio.approvals import PendingApproval
 from aimu.aio.ends import (
     ANSWERED,
@@ -673,12 +674,7 @@ class Workflow(Runnable):
         transcripts; a further cancel of ours is raised once the run has stopped.
         """
         driver.cancel()
-        again: asyncio.CancelledError | None = None
-        while not driver.done():
-            try:
-                await asyncio.wait((driver,))
-            except asyncio.CancelledError as exc:
-                again = exc
+        again = await wait_through_cancels(driver)
         _outcome(driver)  # retrieved: never "Task exception was never retrieved"
         # A task cancelled before its first step never ran _body's finally.
         self._end(scope, "cancelled", "", "CancelledError: the stream was stopped")

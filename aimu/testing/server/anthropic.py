@@ -78,7 +78,6 @@ class AnthropicWire(Wire):
         super().__init__(model, body, call_ids)
         self.message_id = f"msg_loopback_{next(call_ids)}"
         self._ids: list[str] | None = None
-        self._shaped: dict[str, Any] | None = None
         self._caches: bool | None = None  # the request asks for prompt caching
 
     def streamed(self) -> bool:
@@ -87,10 +86,8 @@ class AnthropicWire(Wire):
     def refusal(self) -> str | None:
         return request_error(self.body)
 
-    def script_body(self) -> dict[str, Any]:
-        if self._shaped is None:
-            self._shaped = chat_shape(self.body)
-        return self._shaped
+    def script_view(self) -> dict[str, Any]:
+        return chat_shape(self.body)
 
     def error_body(self, status: int, message: str) -> bytes:
         kind = _ERROR_TYPES.get(status, "api_error")

@@ -212,7 +212,6 @@ class BedrockWire(Wire):
         super().__init__(model, body, call_ids)
         self.stream = stream
         self._ids: list[str] | None = None
-        self._shaped: dict[str, Any] | None = None
 
     def streamed(self) -> bool:
         return self.stream
@@ -220,10 +219,8 @@ class BedrockWire(Wire):
     def refusal(self) -> str | None:
         return request_error(self.body)
 
-    def script_body(self) -> dict[str, Any]:
-        if self._shaped is None:
-            self._shaped = chat_shape(self.body, self.model)
-        return self._shaped
+    def script_view(self) -> dict[str, Any]:
+        return chat_shape(self.body, self.model)
 
     def error_body(self, status: int, message: str) -> bytes:
         return json_bytes({"message": message})

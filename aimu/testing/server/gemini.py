@@ -96,7 +96,6 @@ class GeminiWire(Wire):
         self.stream = stream
         self.sse_asked = sse_asked
         self.response_id = f"loopback-{next(call_ids)}"
-        self._view: Mapping[str, Any] | None = None
 
     def streamed(self) -> bool:
         return self.stream
@@ -110,10 +109,8 @@ class GeminiWire(Wire):
             return "this loopback server streams only as SSE: add ?alt=sse"
         return refusal(self.body)
 
-    def script_body(self) -> Mapping[str, Any]:
-        if self._view is None:
-            self._view = {**self.body, **chat_view(self.body)}
-        return self._view
+    def script_view(self) -> Mapping[str, Any]:
+        return {**self.body, **chat_view(self.body)}
 
     # -- framing ------------------------------------------------------------------------
 

@@ -217,7 +217,6 @@ class ResponsesWire(Wire):
         self.response_id = f"resp_{next(call_ids):06d}{time.time_ns() % 10**9:09d}"
         self.created_at = int(time.time())
         self._plan: tuple[Turn, list[list[bytes]], list[bytes]] | None = None
-        self._view: dict[str, Any] | None = None
 
     def streamed(self) -> bool:
         return self.body.get("stream") is True
@@ -228,10 +227,8 @@ class ResponsesWire(Wire):
     def refusal(self) -> str | None:
         return _refusal(self.body)
 
-    def script_body(self) -> Mapping[str, Any]:
-        if self._view is None:
-            self._view = chat_view(self.body)
-        return self._view
+    def script_view(self) -> Mapping[str, Any]:
+        return chat_view(self.body)
 
     def error_body(self, status: int, message: str) -> bytes:
         kind = "invalid_request_error" if status < 500 and status != 429 else "server_error"

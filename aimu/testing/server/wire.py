@@ -65,6 +65,7 @@ class Wire(abc.ABC):
         self.model = model
         self.body = body
         self.call_ids = call_ids
+        self._script_body: Mapping[str, Any] | None = None
 
     @abc.abstractmethod
     def streamed(self) -> bool:
@@ -75,8 +76,14 @@ class Wire(abc.ABC):
         return None
 
     def script_body(self) -> Mapping[str, Any]:
-        """What a script function is handed: the request body (a protocol whose body is
-        not in the chat shape adds the chat shape's keys, so one script serves all)."""
+        """What a script function is handed: :meth:`script_view`, made once."""
+        if self._script_body is None:
+            self._script_body = self.script_view()
+        return self._script_body
+
+    def script_view(self) -> Mapping[str, Any]:
+        """The request body (a protocol whose body is not in the chat shape adds the chat
+        shape's keys, so one script serves all)."""
         return self.body
 
     @abc.abstractmethod

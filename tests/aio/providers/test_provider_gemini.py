@@ -32,6 +32,7 @@ from aimu.aio.client import (
 )
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
 from aimu.aio.events import RunFinished
+from aimu.aio.providers._http import TurnInput
 from aimu.aio.providers.base import NativeData
 from aimu.aio.providers.gemini import DEFAULT_BASE_URL, SKIP_SIGNATURE, GeminiClient, to_request
 from aimu.aio.transcript import Message, validate
@@ -342,9 +343,10 @@ def test_a_growing_transcript_encodes_as_a_fresh_one() -> None:
     model = GeminiClient("m", base_url="http://h/v1beta")
     for end in range(1, len(grown) + 1):
         fresh = GeminiClient("m", base_url="http://h/v1beta")
-        assert model.body(grown[:end], None, True) == fresh.body(grown[:end], None, True), end
-    replaced = [*grown[:-1], {"role": "user", "content": "other"}]
+        sent = TurnInput(grown[:end])
+        assert model.body(sent) == fresh.body(sent), end
+    replaced = TurnInput([*grown[:-1], {"role": "user", "content": "other"}])
     fresh = GeminiClient("m", base_url="http://h/v1beta")
-    assert model.body(replaced, None, True) == fresh.body(replaced, None, True)
-    assert json.loads(model.body(replaced, None, True))["contents"][-1] == {
+    assert model.body(replaced) == fresh.body(replaced)
+    assert json.loads(model.body(replaced))["contents"][-1] == {
         "role": "user", "parts": [{"text": "other"}]}
