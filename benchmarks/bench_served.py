@@ -592,11 +592,20 @@ async def measure(kind: type[Served], model: Model, n: int, stops: int, workdir:
         live = [t for t in tags if (t in firsts and t in server.runs) or (
             kind is Adk and t in firsts)]
         single: list[float] = []
+        # The cores each side kept busy while the single Stops ran (every other run
+        # streaming): the server's processes, the model server's, this client's.
+        busy0 = (usage_of(server.pids())[0], usage(model.process.pid)[0],
+                 time.process_time(), time.monotonic())
         for tag in live[:stops]:
             began = time.monotonic()
             await server.stop(tag)
             ended = (await model.ask("closed", 10, tag)).get(tag)
             single.append(1000 * (ended - began) if ended else float("inf"))
+        busy1 = (usage_of(server.pids())[0], usage(model.process.pid)[0],
+                 time.process_time(), time.monotonic())
+        wall = max(busy1[3] - busy0[3], 1e-9)
+        row["cores"] = "/".join(f"{(b - a) / wall:.2f}"
+                                for a, b in zip(busy0[:3], busy1[:3], strict=True))
         row.update(stop_p50=percentile(single, 0.5), stop_p99=percentile(single, 0.99),
                    stops=len(single))
         rest = live[stops:]
@@ -677,13 +686,14 @@ def _ms(value: float | None) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| server | N | streaming | first token p50/p99 ms | single Stop p50/p99 ms "
-            "| cancel-all ms (left open) | partial kept | CPU ms/run | RSS KiB/run |\n"
-            "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+            "| cancel-all ms (left open) | partial kept | CPU ms/run | RSS KiB/run "
+            "| cores busy: server / model / client |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |")
     lines, nan = [head], float("nan")
     for row in rows:
         if "error" in row and "streaming" not in row:
             lines.append(f"| {row['server']} | {row['n']} | failed: {row['error']} "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         all_ms = (f"{row['all_ms']:.0f} ({row['all_open']} of {row['all_n']})"
                   if "all_ms" in row else "-")
@@ -692,7 +702,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {row.get('first_p50', nan):.0f} / {row.get('first_p99', nan):.0f} "
             f"| {_ms(row.get('stop_p50'))} / {_ms(row.get('stop_p99'))} "
             f"| {all_ms} | {row.get('kept', '-')} | {row.get('cpu_ms', float('nan')):.1f} "
-            f"| {row.get('rss_kib', float('nan')):.0f} |"
+            f"| {row.get('rss_kib', float('nan')):.0f} | {row.get('cores', '-')} |"
             + (f" error: {row['error']}" if "error" in row else ""))
     return "\n".join(lines)
 
