@@ -6,7 +6,7 @@
 
 Four servers, each serving the same one-tool agent (``lookup(city)``) against the same
 OpenAI-compatible loopback model (``aimu.testing.server`` in its own process): the model
-calls the tool, then streams a long answer at 20 tokens/s (2,000 chunks, 0.05 s apart),
+calls the tool, then streams a long answer at 20 tokens/s (6,000 chunks, 0.05 s apart),
 so every run is still streaming when it is stopped.
 
 * ``aimu``: ``aimu serve``'s runs API (``POST /sessions/{s}/runs``, SSE from
@@ -16,6 +16,8 @@ so every run is still streaming when it is stopped.
   run started on one and stopped through the other (the Stop crosses Redis to the
   process that holds the run); the cancel-all is sent half to each. CPU and RSS are both
   processes'.
+* ``floor``: the least a server of runs does (``peers/floor/app.py``): one task a run
+  relaying the model's text as SSE, a cancel that cancels it, nothing kept.
 * ``langgraph``: the LangGraph API server, in-memory runtime (``langgraph dev``), a
   ``create_react_agent`` graph on ``ChatOpenAI`` (``benchmarks/peers/langgraph/``): runs
   created in the background (``POST /threads/{t}/runs``), followed with
@@ -62,13 +64,13 @@ ROOT = os.path.dirname(HERE)
 PEERS = os.path.join(HERE, "peers")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
-CHUNKS = 2000
+CHUNKS = 6000  # 300 s a stream: at N = 1,000 the Stops alone take minutes
 DELAY = 0.05  # 20 tokens/s a stream
 TAG = "Peer #"  # the task names its run: the model server keys each stream by it
 WARM = "Warm #"  # a warm-up run: a short answer
 SERVERS = ("aimu", "langgraph", "adk", "agno")
 #: Kinds measured when asked (``--servers``), not by default.
-MORE = ("aimu-fleet",)
+MORE = ("aimu-fleet", "floor")
 REDIS = ""  # --redis: the fleet's control
 
 
@@ -362,6 +364,34 @@ class Aimu(Served):
         return "record " + ",".join(str(r.get("status")) for r in records) + " (--recover)"
 
 
+class Floor(Served):
+    """The least a server of runs does (``peers/floor/app.py``): a task a run relaying
+    the model's text as SSE, a cancel that cancels it; nothing kept."""
+
+    name = "floor"
+    ready_path = "/health"
+
+    def command(self) -> tuple[list[str], str, dict[str, str]]:
+        return ([sys.executable, os.path.join(PEERS, "floor", "app.py")], self.workdir, {})
+
+    async def follow(self, tag: str, first: Callable[[], None]) -> None:
+        started = await self.http.post("/runs", json={"task": task(tag)})
+        started.raise_for_status()
+        run = started.json()["run_id"]
+        self.runs[tag] = {"run": run}
+        async with self.http.stream("GET", f"/runs/{run}/events") as response:
+            async for event, _data in sse(response):
+                if event == "text":
+                    first()
+                    first = _nothing
+
+    async def stop(self, tag: str) -> None:
+        await self.http.post(f"/runs/{self.runs[tag]['run']}/cancel")
+
+    async def kept(self, tag: str) -> bool:
+        return False  # nothing is kept: the floor
+
+
 class AimuFleet(Aimu):
     """Two ``aimu serve`` processes on one store and Redis: a run started on one is
     followed there and stopped through the other."""
@@ -552,7 +582,7 @@ class Agno(Served):
 
 
 KINDS: dict[str, type[Served]] = {"aimu": Aimu, "langgraph": LangGraph, "adk": Adk, "agno": Agno,
-                                  "aimu-fleet": AimuFleet}
+                                  "aimu-fleet": AimuFleet, "floor": Floor}
 
 
 # -- one measurement ----------------------------------------------------------------------------

@@ -40,8 +40,8 @@ SMOKE = {
     "bench_mcp.py": ["--quick"],
     "bench_scale.py": ["--n", "1,20", "--contenders", "aimu,floor", "--repeats", "1"],
     "bench_serve_scale.py": ["--quick", "--scenarios", "local,rest-sqlite"],
-    # The peers need a venv of their own: aimu alone, and its fleet of two on Redis.
-    "bench_served.py": ["--servers", "aimu,aimu-fleet", "--n", "1", "--stops", "1"],
+    # The peers need a venv of their own: aimu, its fleet of two on Redis, the floor.
+    "bench_served.py": ["--servers", "aimu,aimu-fleet,floor", "--n", "1", "--stops", "1"],
     "bench_tree.py": ["--quick"],
     "bench_guardrails.py": ["--repeats", "1", "--runs", "20"],
 }
