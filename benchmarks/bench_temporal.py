@@ -77,8 +77,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def dev_server(given: str | None) -> Iterator[str]:
+    """``given``, or a Temporal dev server of this script's own: its address."""
+    with dev_server_process(given) as (address, _pid):
+        yield address
+
+
+@contextlib.contextmanager
+def dev_server_process(given: str | None) -> Iterator[tuple[str, int | None]]:
+    """:func:`dev_server`, with the server's pid (None for ``given``: not ours)."""
     if given:
-        yield given
+        yield given, None
         return
     binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
     folder = Path(tempfile.mkdtemp(prefix="aimu-bench-temporal-"))
@@ -97,7 +105,7 @@ def dev_server(given: str | None) -> Iterator[str]:
             if time.monotonic() > deadline or process.poll() is not None:
                 raise SystemExit("the Temporal dev server did not start")
             time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", process.pid
     finally:
         process.kill()
         process.wait()

@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
@@ -44,6 +41,9 @@ from temporalio.client import Client
 
 from aimu.temporal import RunsClient
 from aimu.testing.server import LoopbackServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_temporal import dev_server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = Path(__file__).resolve().parent / "peers" / "temporal" / "bare_worker.py"
@@ -55,40 +55,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:15]) / TICKS
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def dev_server(given: str | None) -> Iterator[tuple[str, int | None]]:
-    """A Temporal dev server of its own (in memory): its address and pid; or ``given``
-    (its CPU is then not counted: the pid is not known)."""
-    if given:
-        yield given, None
-        return
-    binary = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-         "--ui-port", str(free_port()), "--log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit("the Temporal dev server did not start")
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}", process.pid
-    finally:
-        process.kill()
-        process.wait()
 
 
 def worker_command(kind: str, temporal: str, queue: str, folder: Path,
@@ -181,7 +147,7 @@ async def main(options: argparse.Namespace) -> None:
     repeats = 1 if options.quick else options.repeats
     kinds = ["bare", "aimu"] + (["aimu + redis"] if options.redis else [])
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-    with dev_server(options.temporal) as (temporal, server_pid):
+    with dev_server_process(options.temporal) as (temporal, server_pid):
         async with LoopbackServer() as model:
             for repeat in range(repeats):
                 order = kinds[repeat % len(kinds):] + kinds[:repeat % len(kinds)]
