@@ -68,6 +68,9 @@ class Recovery:
         """Deaths in a row with no progress after which a run is left failed."""
         self.resumed: list[str] = []
         """The ids of the runs this process resumed (the new runs'), in order."""
+        self._said: dict[str, str] = {}
+        """Why each run found could not be recovered, as last logged: said once at
+        WARNING, then at DEBUG while it stays so (a look every 0.1 s would flood)."""
 
     async def tidy(self) -> int:
         """Clear the marks that are spent: a marked run whose session went on with a
@@ -106,14 +109,16 @@ class Recovery:
             if record.id not in found and not await _inside_a_tree(store, record):
                 found[record.id] = record
         started: list[str] = []
+        self._said = {run: why for run, why in self._said.items() if run in found}
         for record in found.values():
             if self._runs.draining:
                 break
             try:
                 run_id = await self.claim(record)
             except (StoreError, ServeError) as error:
-                _log.warning("cannot recover run %s: %s", record.id, error)
+                self._cannot(record.id, str(error))
                 continue
+            self._said.pop(record.id, None)
             if run_id is not None:
                 started.append(run_id)
         self.resumed += started
@@ -194,6 +199,12 @@ class Recovery:
             await writer.set_status("paused")
             return None
         return current
+
+    def _cannot(self, run_id: str, why: str) -> None:
+        """Log that run ``run_id`` cannot be recovered now: once for each reason."""
+        level = logging.DEBUG if self._said.get(run_id) == why else logging.WARNING
+        self._said[run_id] = why
+        _log.log(level, "cannot recover run %s: %s", run_id, why)
 
     async def keep_looking(self, every: float = RECOVER_EVERY) -> None:
         """Look now and every ``every`` seconds until cancelled or the server drains."""

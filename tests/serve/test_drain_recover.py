@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import signal
 import time
@@ -27,6 +28,7 @@ from aimu.cli import build_parser, main
 from aimu.serve import app, recovery
 from aimu.serve.agents import open_store
 from aimu.serve.command import run_serve
+from aimu.serve.errors import Conflict
 from aimu.serve.recovery import CRASHED, Recovery
 from aimu.testing.server import LoopbackServer
 from tests.serve import recover_tools
@@ -436,6 +438,35 @@ async def test_a_dead_run_behind_a_page_of_live_ones_is_found(
     finally:
         for writer in live:
             await writer.aclose()
+        await application.aclose()
+        await client.aclose()
+
+
+async def test_a_run_that_cannot_be_recovered_is_said_once_for_each_reason(
+    tmp_path: Path, model: LoopbackServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look every 0.1 s (``--recover-every``) at a run it cannot take yet (``--redis``
+    keeps it live for its lease) says why once, at WARNING; a new reason is said again."""
+    reasons = ["session 'held' has a run in progress (r); stop it or wait"] * 3 + ["gone"]
+
+    class Refusing(Recovery):
+        async def claim(self, record: RunRecord) -> str | None:
+            raise Conflict(reasons.pop(0))
+
+    client = aio.client("openai:loop", base_url=model.openai_base_url, api_key="sk-test")
+    application = app(client, store=tmp_path / "s.db")
+    try:
+        await _crashed_session(application.runs.store, "held", 1)
+        looks = Refusing(application.runs)
+        with caplog.at_level(logging.DEBUG, logger="aimu.serve"):
+            for _ in range(4):
+                assert await looks.look() == []
+        said = [(r.levelno, r.getMessage()) for r in caplog.records
+                if r.getMessage().startswith("cannot recover run held-r0")]
+        assert [level for level, _ in said] == [
+            logging.WARNING, logging.DEBUG, logging.DEBUG, logging.WARNING], said
+        assert said[-1][1].endswith(": gone")
+    finally:
         await application.aclose()
         await client.aclose()
 
