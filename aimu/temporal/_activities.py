@@ -28,7 +28,7 @@ from temporalio import activity
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from aimu._hosting import AgentFactory
+from aimu._hosting import AgentFactory, open_agent
 from aimu.aio._event_tap import EventTap
 from aimu.aio._tasks import Background, ended
 from aimu.aio.agent import Agent
@@ -246,19 +246,14 @@ class Activities:
     async def _turn(self, request: TurnOrder, running: _Running, attempt_number: int
                     ) -> TurnOutcome:
         try:
-            agent = self.agents(request.session)
             try:
-                await agent.open()
+                agent = await open_agent(self.agents, request.session)
             except SessionLockedError as error:
-                await agent.aclose()
                 # Another process's writer (a dying worker's turn, often) holds it: retried.
                 raise ApplicationError(
                     f"session {request.session!r} is open elsewhere: {error}",
                     type="AimuLocked",
                 ) from None
-            except BaseException:
-                await agent.aclose()
-                raise
             attempt = running.attach(_TurnAttempt(self, agent, request, attempt_number))
             try:
                 outcome = await attempt.execute()
