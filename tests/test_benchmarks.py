@@ -32,6 +32,7 @@ SMOKE = {
     "bench_output.py": ["--repeats", "1", "--count", "20"],
     "bench_limits.py": ["--repeats", "1", "--count", "100", "--runs", "2"],
     "bench_continue.py": ["--repeats", "1", "--words", "10", "--delay", "0"],
+    "bench_cancel_burst.py": ["--quick"],
     "bench_broken_stream.py": ["--repeats", "1", "--tokens", "20", "--prompt", "5",
                                "--delay", "0"],
     "bench_temporal.py": ["--quick"],
