@@ -83,8 +83,11 @@ def dev_server(given: str | None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def dev_server_process(given: str | None) -> Iterator[tuple[str, int | None]]:
-    """:func:`dev_server`, with the server's pid (None for ``given``: not ours)."""
+def dev_server_process(
+    given: str | None, *, in_memory: bool = False
+) -> Iterator[tuple[str, int | None]]:
+    """:func:`dev_server`, with the server's pid (None for ``given``: not ours);
+    ``in_memory``: its history kept in memory, not in a SQLite file."""
     if given:
         yield given, None
         return
@@ -93,7 +96,8 @@ def dev_server_process(given: str | None) -> Iterator[tuple[str, int | None]]:
     port = free_port()
     process = subprocess.Popen(
         [binary, "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-         "--ui-port", str(free_port()), "--db-filename", str(folder / "t.db"),
+         "--ui-port", str(free_port()),
+         *([] if in_memory else ["--db-filename", str(folder / "t.db")]),
          "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -3,7 +3,8 @@
     python benchmarks/bench_temporal_throughput.py [--runs 40] [--repeats 5] [--redis URL]
     python benchmarks/bench_temporal_throughput.py --quick     # the smoke run
 
-One Temporal dev server (started here), one loopback model server (the embedded test
+One Temporal dev server (started here; its history in a SQLite file, or in memory with
+``--in-memory``), one loopback model server (the embedded test
 model's one-line answers, in this process). Per sample, one worker process on a fresh
 task queue, ``--runs`` one-turn runs started at once and waited for; runs per second from
 the first start to the last result. The kinds, interleaved (their order rotates each
@@ -13,6 +14,8 @@ repeat), medians over the repeats:
   (``peers/temporal/bare_worker.py``): the floor any run on Temporal pays;
 - ``aimu``: ``aimu worker`` (the store, the run's events, its controls), started with
   ``RunsClient.start`` and awaited with ``RunsClient.wait``;
+- ``aimu, no sandbox``: ``aimu worker --no-sandbox`` (the workflow outside Temporal's
+  sandbox);
 - ``aimu + redis`` (``--redis``): the same with Redis control on the worker and client.
 
 Beside the rate, where the time goes, per run: the CPU each process spent (the worker,
@@ -64,6 +67,8 @@ def worker_command(kind: str, temporal: str, queue: str, folder: Path,
     command = [sys.executable, "-m", "aimu", "worker", "--temporal", temporal,
                "--task-queue", queue, "--store", str(folder / "s.db"), "--model", "ollama:test",
                "--no-tools", "--log-level", "warning"]
+    if kind == "aimu, no sandbox":
+        command.append("--no-sandbox")
     if kind == "aimu + redis":
         assert redis is not None
         command += ["--redis", redis, "--redis-prefix", f"bench-{queue}"]
@@ -145,9 +150,11 @@ async def sample(kind: str, temporal: str, server_pid: int | None, model: Loopba
 async def main(options: argparse.Namespace) -> None:
     runs = 8 if options.quick else options.runs
     repeats = 1 if options.quick else options.repeats
-    kinds = ["bare", "aimu"] + (["aimu + redis"] if options.redis else [])
+    kinds = ["bare", "aimu", "aimu, no sandbox"] + (["aimu + redis"] if options.redis else [])
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
-    with dev_server_process(options.temporal) as (temporal, server_pid):
+    with dev_server_process(options.temporal, in_memory=options.in_memory) as (
+        temporal, server_pid
+    ):
         async with LoopbackServer() as model:
             for repeat in range(repeats):
                 order = kinds[repeat % len(kinds):] + kinds[:repeat % len(kinds)]
@@ -174,5 +181,7 @@ if __name__ == "__main__":
     parser.add_argument("--redis", default=None, help="Redis URL: also aimu with Redis")
     parser.add_argument("--temporal", default=None,
                         help="a Temporal frontend HOST:PORT (default: start a dev server)")
+    parser.add_argument("--in-memory", action="store_true",
+                        help="the dev server keeps its history in memory (default: a file)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 8 runs, 1 repeat")
     asyncio.run(main(parser.parse_args()))

@@ -40,6 +40,9 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat", type=seconds("--heartbeat", zero=False), default=0.25,
                         metavar="SECONDS",
                         help="how often a run heartbeats and reads its controls (default 0.25)")
+    parser.add_argument("--no-sandbox", dest="sandboxed", action="store_false",
+                        help="run aimu's workflow outside Temporal's sandbox (less CPU a run; "
+                             "the sandbox's checks of workflow code are skipped)")
     add_drain_options(parser, "worker")
     add_session_limit_options(parser)
 
@@ -96,7 +99,7 @@ async def _work(options: argparse.Namespace, tools: Sequence[Any]) -> int:
         worker = AgentWorker(
             agents, store, temporal=options.temporal, task_queue=options.task_queue,
             namespace=options.namespace, redis=control, concurrency=options.concurrency,
-            heartbeat=options.heartbeat, drain=options.drain,
+            heartbeat=options.heartbeat, drain=options.drain, sandboxed=options.sandboxed,
         )
         with _signals(worker, options.drain):
             await worker.start()

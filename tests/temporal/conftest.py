@@ -64,12 +64,13 @@ class Workers:
         self.started: list[tuple[AgentWorker, Callable[[], Any]]] = []
 
     async def start(
-        self, tools: Sequence[Any] = (), redis: Any = None, drain: float = 0.0
+        self, tools: Sequence[Any] = (), redis: Any = None, drain: float = 0.0,
+        sandboxed: bool = True,
     ) -> AgentWorker:
         model = aio.client("ollama:test", host=self.server.url)
         agents, close = agent_factory(model, self.store, tools=tools)
         worker = AgentWorker(agents, self.store, temporal=self.temporal, task_queue=self.queue,
-                             redis=redis, heartbeat=0.1, drain=drain)
+                             redis=redis, heartbeat=0.1, drain=drain, sandboxed=sandboxed)
         await worker.start()
         self.started.append((worker, close))
         return worker

@@ -85,10 +85,11 @@ async def test_a_cancel_as_the_turn_pauses_ends_the_run_cancelled(
         await store.aclose()
 
 
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "no sandbox"])
 @pytest.mark.parametrize(("kind", "ends"), [("stop", "cancelled"), ("interrupt", "interrupted")])
 async def test_a_stop_or_interrupt_while_the_run_waits_reaches_the_resumed_turn(
-    kind: str, ends: str, temporal: str, queue: str, runs: RunsClient, workers: Workers,
-    store: SQLiteStore, model_server: LoopbackServer,
+    kind: str, ends: str, sandboxed: bool, temporal: str, queue: str, runs: RunsClient,
+    workers: Workers, store: SQLiteStore, model_server: LoopbackServer,
 ) -> None:
     """Accepted means acted on: a stop or interrupt recorded while the run waits for its
     decisions (no turn runs to take it; on a busy host, one that left the client before
@@ -107,7 +108,7 @@ async def test_a_stop_or_interrupt_while_the_run_waits_reaches_the_resumed_turn(
     # After the decided call, a step with a tool call: an interrupt ends the run at its
     # boundary (with no next step, a run that answers completes, interrupted or not).
     model_server.script = [PAY, Turn("", tool_calls=(ScriptedCall("look", {}),)), Turn("done")]
-    await workers.start(tools=[transfer, look])
+    await workers.start(tools=[transfer, look], sandboxed=sandboxed)
     run_id = await runs.start("s1", "pay")
     state = await paused(runs, run_id)
     if kind == "stop":

@@ -87,11 +87,11 @@ class Processes:
         self.running.append(process)
         return process, log
 
-    async def worker(self) -> subprocess.Popen[bytes]:
+    async def worker(self, *extra: str) -> subprocess.Popen[bytes]:
         process, log = self._spawn(
             "worker", "worker", "--temporal", self.temporal, "--task-queue", self.queue,
             "--store", self.store, "--model", "openai:test",
-            "--tool", "tests.temporal.tools:charge", "--heartbeat", "0.25",
+            "--tool", "tests.temporal.tools:charge", "--heartbeat", "0.25", *extra,
         )
         await _said(process, log, "taking runs from")
         return process
@@ -232,7 +232,7 @@ async def test_serve_hands_20_runs_to_two_workers_and_stops_10_mid_stream(
     processes: Processes, tmp_path: Path, model: LoopbackServer
 ) -> None:
     await processes.worker()
-    await processes.worker()
+    await processes.worker("--no-sandbox")  # the runs' workflows move between the two
     url = await processes.serve()
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         started = []

@@ -38,10 +38,11 @@ async def restorable(store: SQLiteStore, session: str) -> list[dict[str, object]
     return messages  # type: ignore[return-value]
 
 
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "no sandbox"])
 async def test_a_run_completes_with_its_events_and_transcript(
-    runs: RunsClient, workers: Workers, store: SQLiteStore
+    sandboxed: bool, runs: RunsClient, workers: Workers, store: SQLiteStore
 ) -> None:
-    await workers.start()
+    await workers.start(sandboxed=sandboxed)
     run_id = await runs.start("s1", "hello there")
     events = [event async for _, event in runs.events(run_id)]
     assert events[0]["type"] == "run_started", events
