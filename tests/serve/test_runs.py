@@ -3,7 +3,6 @@ show from outside."""
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,21 @@ def test_both_backends_implement_the_protocol() -> None:
 
 
 async def test_a_run_whose_handle_cannot_start_releases_its_session(tmp_path: Path) -> None:
-    def no_handle(run: Coroutine[Any, Any, str], messages_from: int) -> RunHandle[str]:
-        raise RuntimeError("no handle today")  # as when the server's control has closed
+    class Closed:
+        """A run control that refuses every run, as when the server's control has closed."""
+
+        def run_id(self, wanted: str | None) -> str:
+            raise RuntimeError("no handle today")
+
+        def attach(self, handle: RunHandle[Any]) -> None:
+            raise AssertionError("never attached: the run was refused its id")
 
     async with aio.SQLiteStore(tmp_path / "s.db") as store:
         client = aio.client("test")
         agents = lambda s: aio.Agent(client.fork(), store=store, session=s)  # noqa: E731
+        launcher = Launcher(agents)
         with pytest.raises(RuntimeError, match="no handle today"):
-            await Launcher(agents).launch("s", "hello", None, no_handle)
+            await launcher.start(await launcher.open("s", "hello", None), control=Closed())
         runs = Runs(LocalBackend(agents, store), store, agents)
         assert await runs.session_run("s") is None
         writer = await store.open_session("s")  # the lock was released
@@ -50,12 +56,8 @@ async def test_a_run_cancelled_before_it_began_releases_its_session(tmp_path: Pa
         agents = lambda s: aio.Agent(client.fork(), store=store, session=s)  # noqa: E731
         launcher = Launcher(agents)
 
-        def cancelled_at_once(run: Coroutine[Any, Any, str], _: int) -> RunHandle[str]:
-            handle = RunHandle.start(run)
-            handle.cancel("before it began")
-            return handle
-
-        handle = await launcher.launch("s", "hello", None, cancelled_at_once)
+        handle = await launcher.start(await launcher.open("s", "hello", None))
+        handle.cancel("before it began")  # start() returned before the run's task ran
         await launcher.settled(handle)
         assert handle.status == "cancelled"
         writer = await store.open_session("s")  # released though the run never began

@@ -28,12 +28,9 @@ from aimu.aio.status import RECOVERABLE
 from aimu.aio.store import Store
 from aimu.serve.errors import Conflict
 
-__all__ = ["Launch", "Launcher", "StartHandle"]
+__all__ = ["Launch", "Launcher"]
 
 _log = logging.getLogger("aimu.serve")
-
-#: Starts the run's coroutine under a handle, given how many messages the session held.
-StartHandle = Callable[[Coroutine[Any, Any, str], int], RunHandle[str]]
 
 
 class Launch:
@@ -95,14 +92,6 @@ class Launcher:
         return await self._begin(launch, lambda: RunHandle.start(
             launch.body, name=name, run_id=run_id, control=control
         ))
-
-    async def launch(
-        self, session: str, task: str | None, agent: Agent | None, start: StartHandle
-    ) -> RunHandle[str]:
-        """:meth:`open`, then start the run under the handle ``start`` makes of its
-        coroutine, given how many messages the session held."""
-        launch = await self.open(session, task, agent)
-        return await self._begin(launch, lambda: start(launch.body, launch.messages_from))
 
     async def _closing(self, launch: Launch) -> str:
         launch.began = True
