@@ -7,7 +7,7 @@ answering "started" leaves the run for ``--recover``.
 
 A backend calls it downward: :meth:`~Launcher.open` the run (a :class:`Launch`, which
 says how many messages the session held before it), then :meth:`~Launcher.start` it
-under a handle. :meth:`~Launcher.launch` does both with a handle the caller makes.
+under a handle (with the backend's run control, if it has one).
 """
 
 from __future__ import annotations
