@@ -319,6 +319,26 @@ def test_the_agents_driver_never_imports_the_runnable() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
+def test_the_agents_driver_calls_only_downward() -> None:
+    """The loop claims and releases the session through the run seat it is handed
+    (``aimu.aio.scope.RunSeat``): no function of the driver or its settling takes a
+    callable, so none can call back up into the Runnable that started the run.
+    (Before: ``run_events`` and ``settle`` took the Runnable's ``_open_scope`` and
+    ``_close_scope`` bound methods.)"""
+    wrong = []
+    for name in ("loop", "settle"):
+        path = MODULES[f"aimu.aio.agent.{name}"]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            arguments = node.args
+            for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+                if "Callable" in annotation or "Awaitable" in annotation:
+                    wrong.append(f"{path.name}:{node.lineno} {node.name}({argument.arg})")
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_temporal_never_imports_serve() -> None:
     """``aimu worker`` runs without the serve extra's modules: what the worker and the
     server share (the agent options, the store and agent factory, the bounded exit)

@@ -51,7 +51,7 @@ def options_in(scope: RunScope | None) -> RunOptions:
     """The options of the nearest run around ``scope`` that was given some."""
     while scope is not None:
         options = scope.options
-        if isinstance(options, RunOptions):
+        if isinstance(options, RunOptions) and options is not NO_OPTIONS:
             return options
         scope = scope.parent
     return NO_OPTIONS

@@ -25,7 +25,7 @@ from aimu.aio.approvals import PendingApproval
 from aimu.aio.events import Event, RunFinished, RunResult, RunStatus
 from aimu.aio.images import image_urls
 from aimu.aio.limits import UsageLimits
-from aimu.aio.scope import RunScope, current_scope, sent_message
+from aimu.aio.scope import RunScope, RunSeat, sent_message
 from aimu.aio.status import RunnerStatus
 from aimu.aio.transcript import Usage, check_text, zero_usage
 
@@ -50,15 +50,40 @@ class Runnable(abc.ABC, Generic[OutputT]):
     #: The class of the scope each run opens.
     _scope_type: ClassVar[type[RunScope]] = RunScope
 
-    _scope: RunScope | None
+    #: The run in progress and how the last one ended (what the run's driver claims).
+    _seat: RunSeat
     #: The closing of a run whose stream's consumer left the loop (see RunStream): a run
     #: asked for while it still settles waits for it, instead of finding the session busy.
     _leaving: asyncio.Task[None] | None = None
-    #: How the last run ended (None before the first).
-    last_status: RunStatus | None
-    #: What the last run did: status, stop reason, usage, duration, messages (None before
-    #: the first run). Set on every outcome, before the run's RunFinished is emitted.
-    last_run: RunResult[OutputT] | None
+
+    def _take_seat(self, name: str) -> None:
+        """Give this session its seat for runs (a subclass's ``__init__`` does, first)."""
+        self._seat = RunSeat(self.kind, name, self._scope_type)
+
+    @property
+    def _scope(self) -> RunScope | None:
+        """The scope of the run in progress, None between runs."""
+        return self._seat.scope
+
+    @property
+    def last_status(self) -> RunStatus | None:
+        """How the last run ended (None before the first)."""
+        return self._seat.last_status
+
+    @last_status.setter
+    def last_status(self, status: RunStatus | None) -> None:
+        self._seat.last_status = status
+
+    @property
+    def last_run(self) -> RunResult[OutputT] | None:
+        """What the last run did: status, stop reason, usage, duration, messages (None
+        before the first run). Set on every outcome, before the run's RunFinished is
+        emitted."""
+        return self._seat.last_run
+
+    @last_run.setter
+    def last_run(self, result: RunResult[OutputT] | None) -> None:
+        self._seat.last_run = result
 
     # -- what each runnable defines ------------------------------------------------------
 
@@ -187,23 +212,6 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """ValueError when ``limits`` cannot apply here (an agent: a cost limit without a
         price for its model)."""
 
-    def _open_scope(self, options: RunOptions = NO_OPTIONS) -> RunScope:
-        """Claim this session for one run: its scope, under the one it runs in, holding
-        the call's ``options`` (the runs inside a workflow find them there)."""
-        if self._scope is not None:
-            raise RuntimeError(self._busy())
-        scope = self._scope = self._scope_type(self.name, parent=current_scope.get())
-        if options is not NO_OPTIONS:
-            scope.options = options
-        return scope
-
-    def _close_scope(self, result: RunResult[OutputT]) -> None:
-        """Release this session and keep ``result``, here and in the scope around."""
-        scope, self._scope = self._scope, None
-        self.last_status, self.last_run = result.status, result
-        if scope is not None and scope.parent is not None:
-            scope.parent.note_ended(result)
-
     def _check_new_task(self) -> None:
         """Raise ValueError when a new task may not start now (calls wait for a person)."""
         if self.pending_approvals:
@@ -212,12 +220,6 @@ class Runnable(abc.ABC, Generic[OutputT]):
                 f"{self.kind} {self.name!r}: calls wait for a decision: {names}; approve() "
                 "or deny() each, then resume()"
             )
-
-    def _busy(self) -> str:
-        return (
-            f"{self.kind} {self.name!r}: a run is already in progress on this session; "
-            f"use {self.kind}.start() for another"
-        )
 
     @overload
     def run(
@@ -266,7 +268,7 @@ class Runnable(abc.ABC, Generic[OutputT]):
         check_text(task, f"the task given to {self.kind} {self.name!r}")
         if self._scope is not None:
             if not self._settling_left():
-                raise RuntimeError(self._busy())
+                raise RuntimeError(self._seat.busy())
             return self._after_left(lambda: cast(Any, self.run)(
                 task, reset=reset, stream=stream, limits=limits, deps=deps, images=images
             ), stream)
@@ -310,7 +312,7 @@ class Runnable(abc.ABC, Generic[OutputT]):
         """
         if self._scope is not None:
             if not self._settling_left():
-                raise RuntimeError(self._busy())
+                raise RuntimeError(self._seat.busy())
             return self._after_left(lambda: cast(Any, self.resume)(
                 stream=stream, limits=limits, deps=deps, continue_partial=continue_partial
             ), stream)

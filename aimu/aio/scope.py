@@ -18,11 +18,11 @@ from contextvars import ContextVar
 from typing import Any
 
 from aimu.aio.ends import Halt
-from aimu.aio.events import Event, RunResult
+from aimu.aio.events import Event, RunResult, RunStatus
 from aimu.aio.images import image_urls
 from aimu.aio.transcript import UserMessage, check_text
 
-__all__ = ["RunScope", "current_scope"]
+__all__ = ["RunScope", "RunSeat", "current_scope"]
 
 EventListener = Callable[[Event], None]
 
@@ -242,6 +242,53 @@ class RunScope:
                 for listener in tuple(listeners):
                     listener(event)
             scope = scope.parent
+
+
+class RunSeat:
+    """Where one session's runs sit, one at a time: the run in progress (its scope) and
+    how the last one ended. Every agent and workflow holds one; whatever drives a run
+    (the agent's loop, a workflow's steps) claims the seat as the run opens and releases
+    it with the run's result, calling down into this object, never back into the agent
+    or workflow (whose ``running``, ``last_run`` and ``last_status`` read it)."""
+
+    __slots__ = ("kind", "last_run", "last_status", "name", "scope", "scope_type")
+
+    def __init__(self, kind: str, name: str, scope_type: type[RunScope] = RunScope) -> None:
+        #: Who sits here, as errors name it: ``agent``, ``chain``...
+        self.kind = kind
+        self.name = name
+        #: The class of the scope each run opens.
+        self.scope_type = scope_type
+        #: The scope of the run in progress, None between runs.
+        self.scope: RunScope | None = None
+        #: How the last run ended (None before the first).
+        self.last_status: RunStatus | None = None
+        #: What the last run did (None before the first).
+        self.last_run: RunResult[Any] | None = None
+
+    def busy(self) -> str:
+        """What a second run on this session is told."""
+        return (
+            f"{self.kind} {self.name!r}: a run is already in progress on this session; "
+            f"use {self.kind}.start() for another"
+        )
+
+    def claim(self, options: object = None) -> RunScope:
+        """Open a run here: its scope, under the one it runs in, holding the call's
+        ``options`` (a ``RunOptions``: the runs inside a workflow find them there);
+        RuntimeError when a run already sits here."""
+        if self.scope is not None:
+            raise RuntimeError(self.busy())
+        scope = self.scope = self.scope_type(self.name, parent=current_scope.get())
+        scope.options = options
+        return scope
+
+    def release(self, result: RunResult[Any]) -> None:
+        """End the run sitting here with ``result``, kept here and in the scope around."""
+        scope, self.scope = self.scope, None
+        self.last_status, self.last_run = result.status, result
+        if scope is not None and scope.parent is not None:
+            scope.parent.note_ended(result)
 
 
 #: The scope of the run this code executes in, or None outside any handle.

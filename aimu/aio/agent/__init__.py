@@ -28,7 +28,7 @@ from aimu.aio.approvals import ApprovalPolicy, Approvals, Decision, PendingAppro
 from aimu.aio.client import ModelClient
 from aimu.aio.context import ContextPolicy, Summary
 from aimu.aio.ends import INTERRUPTED
-from aimu.aio.events import Event, RunResult, RunStatus
+from aimu.aio.events import Event
 from aimu.aio.guardrails import Guardrail, ToolGuardrail
 from aimu.aio.instructions import Instructions
 from aimu.aio.limits import Spend, UsageLimits
@@ -180,9 +180,7 @@ class Agent(AgentBase[OutputT]):
         #: The session: transcript, store record, approvals (see session.py).
         kind = Session if store is None else StoredSession
         self._session = kind(config, client, store, session)
-        self._scope: RunScope | None = None
-        self.last_status: RunStatus | None = None
-        self.last_run: RunResult[OutputT] | None = None
+        self._take_seat(config.name)
         if session is not None:
             validate_session_name(session)
         self._session.place_system()
@@ -545,9 +543,7 @@ class Agent(AgentBase[OutputT]):
     def _events(
         self, task: str | None, reset: bool, options: RunOptions = NO_OPTIONS
     ) -> AsyncGenerator[Event, None]:
-        return run_events(
-            self._session, task, reset, options, self._open_scope, self._close_scope
-        )
+        return run_events(self._session, task, reset, options, self._seat)
 
 
 class _Done(Awaitable[None]):

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator
 
 from aimu.aio._run_options import NO_DEPS, RunOptions, options_in
 from aimu.aio._tracing import RunSpans
-from aimu.aio.events import Event, RunResult, RunStarted
+from aimu.aio.events import Event, RunStarted
 from aimu.aio.guardrails import InputGuard, run_guardrails
 from aimu.aio.instructions import instructions_text
 from aimu.aio.limits import Budget
-from aimu.aio.scope import RunScope
+from aimu.aio.scope import RunSeat
 from aimu.aio.transcript import UserMessage, dangling_calls
 
 from .handoffs import follow_speaker
@@ -39,14 +38,13 @@ async def run_events(
     task: str | None,
     reset: bool,
     options: RunOptions,
-    open_scope: Callable[[RunOptions], RunScope],
-    close_scope: Callable[[RunResult[Any]], None],
+    seat: RunSeat,
 ) -> AsyncGenerator[Event, None]:
-    """The run as events, ending with one RunFinished (``task`` None: resume).
-    ``open_scope`` claims the session when the run starts, ``close_scope`` releases it."""
+    """The run as events, ending with one RunFinished (``task`` None: resume). The run
+    claims the session's ``seat`` as it starts; settling releases it."""
     client = session.client
     name = session.agent_name  # the run's agent, whoever has the conversation (handoffs)
-    scope = open_scope(options)
+    scope = seat.claim(options)
     run = RunState(scope, RunSpans(name, client.model, client.provider), session.messages, options)
     failure: BaseException | None = None
     stopped_by: BaseException | None = None
@@ -83,7 +81,7 @@ async def run_events(
             raise  # the consumer stopped iterating: settle below, never yield again
         failure = error
     finally:
-        final = await settle(session, run, close_scope, stopped_by)
+        final = await settle(session, run, seat, stopped_by)
     failure = failure or run.store_error
     if failure is None:
         yield final

@@ -7,13 +7,13 @@ the run's :class:`RunResult` and :class:`RunFinished`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from aimu.aio._stops import Stop, stop_of
 from aimu.aio.ends import ANSWERED, STOPPED, error_text, run_finished
 from aimu.aio.errors import StoreError
 from aimu.aio.events import RunFinished, RunResult
+from aimu.aio.scope import RunSeat
 from aimu.aio.transcript import Message, add_usage
 
 from .session import Session, joined
@@ -25,11 +25,11 @@ __all__ = ["settle"]
 async def settle(
     session: Session,
     run: RunState,
-    close_scope: Callable[[RunResult[Any]], None],
+    seat: RunSeat,
     stopped_by: BaseException | None,
 ) -> RunFinished:
     """Leave a valid transcript however the run ended (``stopped_by`` the error that
-    ended it, if one did), release the session (``close_scope``), publish the run's
+    ended it, if one did), release the session's ``seat``, publish the run's
     RunFinished (returned for the consumer), end its span and log how it stopped.
 
     Memory is settled first; a store that fails now is kept in ``run.store_error``
@@ -65,7 +65,7 @@ async def settle(
     finally:
         add_usage(session.usage, run.usage)
         result = _result_of(session, run)
-        close_scope(result)
+        seat.release(result)
     final = run_finished(result)
     stop = _stop_of(session, run, final, stopped_by or run.store_error)
     await session.end_run(run, stop)  # the run's record, before anyone sees it end

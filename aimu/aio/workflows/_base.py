@@ -315,11 +315,9 @@ class Workflow(Runnable):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a string or None, got {type(name).__name__}")
         self._name = name or self.kind
-        self._scope = None
+        self._take_seat(self._name)
         self._task: str | None = None
         self._answer: str | None = None
-        self.last_status = None
-        self.last_run = None
         self._clock = RunClock()
         #: The steps whose answers make the reply of the run in progress (see _answered).
         self._reply_slots: tuple[_Slot, ...] = ()
@@ -514,7 +512,7 @@ class Workflow(Runnable):
             )
         if options.limits is not None:  # one budget for every agent run inside
             options = replace(options, shared=SharedBudget(options.limits))
-        scope = self._open_scope(options)
+        scope = self._seat.claim(options)
         self._clock = RunClock()
         self._reply_slots = ()
         if task is not None:
@@ -530,7 +528,7 @@ class Workflow(Runnable):
         if self._scope is not scope:
             return None
         result = self._result_of(scope, status, reply, error)
-        self._close_scope(result)
+        self._seat.release(result)
         if status in ANSWERED:
             self._answer = reply
         final = run_finished(result, self.local_usage)
