@@ -291,7 +291,7 @@ async def _latest_id(store: Store, session: str) -> str | None:
 
 def _writer_of(agent: Agent) -> SessionWriter:
     """The open writer of ``agent``'s session (its write lock: the lease)."""
-    writer = agent._session.durable.writer
+    writer = agent.session_writer
     if writer is None:
         raise StoreError("the session is not open")
     return writer

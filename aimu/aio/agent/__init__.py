@@ -452,6 +452,15 @@ class Agent(AgentBase[OutputT]):
             f"tools={[t.name for t in self.tools]}>"
         )
 
+    @property
+    def session_writer(self) -> SessionWriter | None:
+        """The open writer of this agent's stored session: it holds the session's write
+        lock, so what it writes (a run's record, the session's status) cannot race
+        another process. None before :meth:`open` (or the first run), after
+        :meth:`aclose`, or without a store. ``aimu serve --recover`` records how a dead
+        run ended through it; a run records its own."""
+        return self._session.durable.writer
+
     async def open(self) -> None:
         """Open the store session now: take its write lock and load its transcript.
 

@@ -18,7 +18,7 @@ from aimu.aio.runnable import OutputT, Runnable
 if TYPE_CHECKING:
     from aimu.aio.client import ModelClient
     from aimu.aio.events import RunFinished
-    from aimu.aio.store import Store
+    from aimu.aio.store import SessionWriter, Store
     from aimu.aio.transcript import Message
 
     from .config import Config
@@ -50,6 +50,12 @@ class AgentBase(Runnable[OutputT]):
     @abc.abstractmethod
     async def open(self) -> None:
         """Open the store session now (without a store, nothing)."""
+
+    @property
+    @abc.abstractmethod
+    def session_writer(self) -> SessionWriter | None:
+        """The open writer of this agent's stored session, which holds its write lock
+        (None before :meth:`open`, after :meth:`aclose`, or without a store)."""
 
     @abc.abstractmethod
     async def aclose(self) -> None:
