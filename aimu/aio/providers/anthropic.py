@@ -366,10 +366,7 @@ class _AnthropicTurn(SSETurnDecoder):
     """One reply: the SSE events of a streamed message, or one message body."""
 
     __slots__ = ("blocks", "done_blocks", "open", "seen", "stop", "usage", "usage_reported")
-    unfinished = (
-        "ended the stream before message_stop (the reply did not finish); the server may "
-        "have stopped mid-reply"
-    )
+    unfinished = "ended the stream before message_stop (the reply did not finish)"
 
     def __init__(self, reporter: Reporter) -> None:
         super().__init__(reporter)
