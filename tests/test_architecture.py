@@ -359,6 +359,7 @@ _BACKENDS_SEE = {"aimu.serve.errors", "aimu.serve.ids"}
 #: a backend (local, redis, temporal), and the contract (base) nothing of the package.
 _BACKEND_PARTS = {
     "base": set(), "launcher": set(), "run_log": {"base"}, "decisions": {"base"},
+    "hosted": {"base", "launcher", "decisions"},
 }
 
 

@@ -123,7 +123,8 @@ class SSETurnDecoder(TurnDecoder):
     says it may; else the reply did not finish, and :attr:`unfinished` says so.
     """
 
-    #: The error's words for a stream that ended before the reply finished.
+    #: What the server did when its stream ended before the reply finished
+    #: (:meth:`Reporter.unfinished` makes the error of it).
     unfinished: ClassVar[str]
 
     def __init__(self, reporter: Reporter) -> None:
@@ -146,7 +147,7 @@ class SSETurnDecoder(TurnDecoder):
             return chunks
         rest = self.end_unmarked()
         if rest is None:
-            raise self.reporter.protocol(self.unfinished)
+            raise self.reporter.unfinished(self.unfinished)
         return chunks + rest
 
     def end_unmarked(self) -> list[Chunk] | None:

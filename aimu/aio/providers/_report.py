@@ -123,6 +123,11 @@ class Reporter:
             host=self.host,
         )
 
+    def unfinished(self, what: str) -> ModelProtocolError:
+        """The reply broke off before its end: ``what`` the server did, and that it may
+        have stopped mid-reply."""
+        return self.protocol(f"{what}; the server may have stopped mid-reply")
+
     def json_object(self, raw: str | bytes, what: str) -> dict[str, Any]:
         """``raw`` parsed as a JSON object, else the protocol error naming ``what`` it was.
 

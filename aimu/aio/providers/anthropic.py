@@ -82,6 +82,14 @@ _ERROR_STATUS = {
 }
 _CACHE = {"type": "ephemeral"}
 _THINKING = frozenset({"thinking", "redacted_thinking"})
+#: The key under which each delta type carries its piece. The piece extends the block's
+#: field of the same name, but for tool input (its JSON parts are joined at the stop).
+_DELTA_KEYS: dict[object, str] = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "signature_delta": "signature",
+    "input_json_delta": "partial_json",
+}
 
 
 # -- the transcript in Anthropic's shape --------------------------------------------------
@@ -366,10 +374,7 @@ class _AnthropicTurn(SSETurnDecoder):
     """One reply: the SSE events of a streamed message, or one message body."""
 
     __slots__ = ("blocks", "done_blocks", "open", "seen", "stop", "usage", "usage_reported")
-    unfinished = (
-        "ended the stream before message_stop (the reply did not finish); the server may "
-        "have stopped mid-reply"
-    )
+    unfinished = "ended the stream before message_stop (the reply did not finish)"
 
     def __init__(self, reporter: Reporter) -> None:
         super().__init__(reporter)
@@ -449,27 +454,19 @@ class _AnthropicTurn(SSETurnDecoder):
     def _delta(self, event: Mapping[str, Any]) -> list[Chunk]:
         block = self._block(event)
         delta = as_dict(event.get("delta"))
-        kind = delta.get("type")
-        data = block.data
-        if kind == "text_delta":
-            piece = delta.get("text")
-            if isinstance(piece, str):
-                data["text"] = data.get("text", "") + piece
-                return self.text.chunks(None, piece)
-        elif kind == "input_json_delta":
-            piece = delta.get("partial_json")
-            if isinstance(piece, str):
-                block.json.append(piece)
-        elif kind == "thinking_delta":
-            piece = delta.get("thinking")
-            if isinstance(piece, str):
-                data["thinking"] = data.get("thinking", "") + piece
-                return self.text.chunks(piece, None)
-        elif kind == "signature_delta":
-            piece = delta.get("signature")
-            if isinstance(piece, str):
-                data["signature"] = data.get("signature", "") + piece
-        return []  # citations and later delta types carry nothing the transcript keeps
+        key = _DELTA_KEYS.get(delta.get("type"))
+        piece = None if key is None else delta.get(key)
+        if key is None or not isinstance(piece, str):
+            return []  # citations and later delta types carry nothing the transcript keeps
+        if key == "partial_json":
+            block.json.append(piece)
+            return []
+        block.data[key] = block.data.get(key, "") + piece
+        if key == "text":
+            return self.text.chunks(None, piece)
+        if key == "thinking":
+            return self.text.chunks(piece, None)
+        return []
 
     def _stop(self, event: Mapping[str, Any]) -> list[Chunk]:
         block = self._block(event)

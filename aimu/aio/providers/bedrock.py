@@ -610,9 +610,8 @@ class _ConverseTurn(TurnDecoder):
 
     def end(self) -> list[Chunk]:
         if self.stop is None:
-            raise self.reporter.protocol(
-                "ended the stream before messageStop (the reply did not finish); the server "
-                "may have stopped mid-reply"
+            raise self.reporter.unfinished(
+                "ended the stream before messageStop (the reply did not finish)"
             )
         return self._done()  # no metadata: the usage is not known
 

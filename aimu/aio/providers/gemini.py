@@ -366,9 +366,7 @@ class _GeminiTurn(SSETurnDecoder):
         "calls", "finish", "finish_message", "response_id", "signatures", "text_signature",
         "usage", "usage_reported",
     )
-    unfinished = (
-        "ended the stream without a finishReason; the server may have stopped mid-reply"
-    )
+    unfinished = "ended the stream without a finishReason"
 
     def __init__(self, reporter: Reporter) -> None:
         super().__init__(reporter)

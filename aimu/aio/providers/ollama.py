@@ -188,10 +188,7 @@ class _OllamaTurn(TurnDecoder):
         return self._part(self._parse(line, "a line"))
 
     def end(self) -> list[Chunk]:
-        raise self.reporter.protocol(
-            "ended its reply without the final 'done' message; the server may have "
-            "stopped mid-reply"
-        )
+        raise self.reporter.unfinished("ended its reply without the final 'done' message")
 
     def whole(self, body: bytes) -> list[Chunk]:
         chunks = self._part(self._parse(body, "a reply"))

@@ -143,10 +143,7 @@ class _OpenAITurn(SSETurnDecoder):
     """One reply: SSE events (tool calls by index, finish reason, usage) or one body."""
 
     __slots__ = ("calls", "finish", "usage", "usage_reported")
-    unfinished = (
-        "ended the stream without a finish_reason or [DONE]; the server may have stopped "
-        "mid-reply"
-    )
+    unfinished = "ended the stream without a finish_reason or [DONE]"
 
     def __init__(self, reporter: Reporter) -> None:
         super().__init__(reporter)

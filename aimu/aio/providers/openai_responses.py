@@ -403,10 +403,7 @@ class _ResponsesTurn(SSETurnDecoder):
     """
 
     __slots__ = ("calls", "reasoning", "response_id", "seen", "sequence", "started_at")
-    unfinished = (
-        "ended the stream without finishing the response (no response.completed); "
-        "the server may have stopped mid-reply"
-    )
+    unfinished = "ended the stream without finishing the response (no response.completed)"
 
     def __init__(self, reporter: Reporter) -> None:
         super().__init__(reporter)

@@ -365,14 +365,11 @@ class PostgresStore(StoreInputs, RunPages):
     # -- reading -------------------------------------------------------------------
 
     async def load(self, session: str) -> list[Message]:
-        validate_session_name(session)
         # Bodies only (seq runs 0..n-1), joined and parsed in one C call here: cheaper
         # than asking the server to join them (measured in benchmarks/bench_store.py).
-        rows = await self._read(
-            f"load session {session!r}",
-            lambda conn: conn.fetch(
-                f"SELECT body FROM {self._s}.messages WHERE session = $1 ORDER BY seq", session
-            ),
+        rows = await self._session_rows(
+            session, f"load session {session!r}",
+            f"SELECT body FROM {self._s}.messages WHERE session = $1 ORDER BY seq",
         )
         parsed = parse_array([row[0] for row in rows])
         where = f"{self._where}, schema {self.schema!r}: session {session!r}"
@@ -398,14 +395,10 @@ class PostgresStore(StoreInputs, RunPages):
         return decode_state(text, f"{self._where}: session {session!r}")
 
     async def tool_starts(self, session: str) -> list[ToolStart]:
-        validate_session_name(session)
-        rows = await self._read(
-            f"read the tool journal of session {session!r}",
-            lambda conn: conn.fetch(
-                f"SELECT call_id, name, arguments, at FROM {self._s}.tool_starts "
-                "WHERE session = $1 ORDER BY at, call_id",
-                session,
-            ),
+        rows = await self._session_rows(
+            session, f"read the tool journal of session {session!r}",
+            f"SELECT call_id, name, arguments, at FROM {self._s}.tool_starts "
+            "WHERE session = $1 ORDER BY at, call_id",
         )
         return [ToolStart(r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
 
@@ -417,10 +410,8 @@ class PostgresStore(StoreInputs, RunPages):
         )
 
     async def info(self, session: str) -> SessionInfo | None:
-        validate_session_name(session)
-        rows = await self._read(
-            f"read session {session!r}",
-            lambda conn: conn.fetch(f"{self._info_sql()} WHERE s.name = $1", session),
+        rows = await self._session_rows(
+            session, f"read session {session!r}", f"{self._info_sql()} WHERE s.name = $1"
         )
         return session_info(tuple(rows[0])) if rows else None
 

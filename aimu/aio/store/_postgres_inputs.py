@@ -23,7 +23,8 @@ _T = TypeVar("_T")
 
 
 class StoreInputs:
-    """The store's side: keep, list and take back pending inputs (the read pool)."""
+    """The store's side: keep, list and take back pending inputs, and read a session's
+    rows (the read pool)."""
 
     _s: str
 
@@ -31,6 +32,12 @@ class StoreInputs:
         self, what: str, query: Callable[[asyncpg.Connection], Awaitable[_T]]
     ) -> _T:
         raise NotImplementedError
+
+    async def _session_rows(self, session: str, what: str, sql: str) -> list[asyncpg.Record]:
+        """The rows ``sql`` selects for ``session`` (its ``$1``; the name checked first),
+        read as ``what`` (named in an error)."""
+        validate_session_name(session)
+        return await self._read(what, lambda conn: conn.fetch(sql, session))
 
     async def add_input(self, session: str, message: UserMessage) -> None:
         validate_session_name(session)
@@ -46,14 +53,9 @@ class StoreInputs:
         )
 
     async def inputs(self, session: str) -> list[PendingInput]:
-        validate_session_name(session)
-        rows = await self._read(
-            f"read the inputs of session {session!r}",
-            lambda conn: conn.fetch(
-                f"SELECT id, at, body FROM {self._s}.inputs WHERE session = $1 "
-                "ORDER BY at, id",
-                session,
-            ),
+        rows = await self._session_rows(
+            session, f"read the inputs of session {session!r}",
+            f"SELECT id, at, body FROM {self._s}.inputs WHERE session = $1 ORDER BY at, id",
         )
         return [PendingInput(row[0], json.loads(row[2]), row[1]) for row in rows]
 

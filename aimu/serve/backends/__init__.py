@@ -8,5 +8,6 @@
 Their shared parts: :mod:`.base` is the contract between them and the runs service
 (what a backend reports and takes), :mod:`.launcher` executes runs in this process,
 :mod:`.run_log` keeps the numbered events of runs followed here, :mod:`.decisions`
-records decisions in the shared store.
+records decisions in the shared store, :mod:`.hosted` holds these for the two backends
+whose runs execute here.
 """

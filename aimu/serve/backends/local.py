@@ -44,22 +44,19 @@ from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished
 from aimu.aio.run_handle import RunHandle
 from aimu.aio.status import LIVE
-from aimu.aio.steering import LocalRuns, Steer, Steering, send_kept
+from aimu.aio.steering import Steer, Steering, send_kept
 from aimu.aio.store import RunRecord as StoredRun
 from aimu.aio.store import Store
 from aimu.serve.backends.base import (
     KEEPALIVE_SECONDS,
     Batch,
-    Decided,
     RunView,
-    Verdict,
     continued_event,
     next_run,
     no_cancel_error,
     resumed_here,
 )
-from aimu.serve.backends.decisions import StoreDecisions
-from aimu.serve.backends.launcher import Launcher
+from aimu.serve.backends.hosted import HostedBackend
 from aimu.serve.backends.run_log import LoggedRun, RunLog
 from aimu.serve.errors import BadRequest, Conflict, NotFound
 from aimu.serve.ids import event_number
@@ -74,16 +71,13 @@ _LAST_ID: Final = 10**12 - 1
 STORE_POLL_SECONDS: Final = 0.25
 
 
-class LocalBackend(RunLog):
+class LocalBackend(RunLog, HostedBackend):
     """Runs executing in this process, found and controlled from this process only."""
 
     def __init__(self, agents: AgentFactory, store: Store, *, keep_finished: int = 1000) -> None:
-        super().__init__(keep_finished=keep_finished)
-        self._store = store
-        self._launcher = Launcher(agents, store)
-        self._runs_here = LocalRuns(self._launcher.spawn)
+        RunLog.__init__(self, keep_finished=keep_finished)
+        HostedBackend.__init__(self, agents, store)
         self._steering: Steering = self._runs_here
-        self._decisions = StoreDecisions(store, agents, self)
 
     async def start(self, session: str, task: str | None, agent: Agent | None) -> RunView:
         try:
@@ -371,16 +365,6 @@ class LocalBackend(RunLog):
                 f"run {run_id} is ending (being cancelled): the text was not sent; "
                 "start a new run with it"
             )
-
-    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
-        return await self._decisions.decide(view, verdict)
-
-    async def drain(self, grace: float) -> None:
-        await self._launcher.drain(grace)
-
-    async def aclose(self) -> None:
-        self.begin_shutdown()
-        await self._launcher.aclose()
 
 
 def _stored_view(stored: StoredRun) -> RunView:

@@ -58,21 +58,18 @@ from aimu.aio.agent import Agent
 from aimu.aio.control.scripts import WENT_ON
 from aimu.aio.errors import ControlError, UnknownRunError
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.steering import LocalRuns, Steer, send_kept
+from aimu.aio.steering import Steer, send_kept
 from aimu.serve.backends.base import (
     KEEPALIVE_SECONDS,
     Batch,
-    Decided,
     JSONEvent,
     RunView,
-    Verdict,
     continued_event,
     next_run,
     no_cancel_error,
     resumed_here,
 )
-from aimu.serve.backends.decisions import StoreDecisions
-from aimu.serve.backends.launcher import Launcher
+from aimu.serve.backends.hosted import HostedBackend
 from aimu.serve.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, unavailable
 from aimu.serve.ids import chained_stream_id
 
@@ -93,18 +90,14 @@ _BEFORE_ALL: Final = "0-0"
 _LAST_GENERATION: Final = 10**9 - 1
 
 
-class RedisBackend:
+class RedisBackend(HostedBackend):
     """Runs executing here and registered with ``control``; any run on the same Redis
     (and store) is found, followed and stopped through it."""
 
     def __init__(self, agents: AgentFactory, store: Store, control: RedisControl) -> None:
-        self._store = store
-        self._launcher = Launcher(agents, store)
-        self._runs_here = LocalRuns(self._launcher.spawn)
-        """The runs this process executes, steered here (Redis or not)."""
+        super().__init__(agents, store)
         self._started_here: OrderedDict[str, tuple[RunView, RunHandle[str]]] = OrderedDict()
         """The latest runs started here, reported from their handles while Redis is away."""
-        self._decisions = StoreDecisions(store, agents, self)
         self.control = control
         self._closing = asyncio.Event()
 
@@ -395,20 +388,10 @@ class RedisBackend:
             view = await self.view(run_id)
             raise Conflict(f"run {run_id} already ended ({view.status}): nothing to {what}")
 
-    async def decide(self, view: RunView, verdict: Verdict) -> Decided:
-        return await self._decisions.decide(view, verdict)
-
     # -- shutting down ---------------------------------------------------------------
 
     def begin_shutdown(self) -> None:
         self._closing.set()
-
-    async def drain(self, grace: float) -> None:
-        await self._launcher.drain(grace)
-
-    async def aclose(self) -> None:
-        self.begin_shutdown()
-        await self._launcher.aclose()
 
 
 async def _next(events: AsyncIterator[Any]) -> Any:

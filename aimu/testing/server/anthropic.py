@@ -80,9 +80,6 @@ class AnthropicWire(Wire):
         self._ids: list[str] | None = None
         self._caches: bool | None = None  # the request asks for prompt caching
 
-    def streamed(self) -> bool:
-        return self.body.get("stream") is True
-
     def refusal(self) -> str | None:
         return request_error(self.body)
 

@@ -33,9 +33,6 @@ class OpenAIWire(Wire):
         self.completion_id = f"chatcmpl-{next(call_ids)}"
         self._role_sent = False
 
-    def streamed(self) -> bool:
-        return self.body.get("stream") is True
-
     def refusal(self) -> str | None:
         return _unanswered_tool_calls(self.body.get("messages"))
 

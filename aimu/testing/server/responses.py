@@ -218,9 +218,6 @@ class ResponsesWire(Wire):
         self.created_at = int(time.time())
         self._plan: tuple[Turn, list[list[bytes]], list[bytes]] | None = None
 
-    def streamed(self) -> bool:
-        return self.body.get("stream") is True
-
     def background(self) -> bool:
         return self.body.get("background") is True
 

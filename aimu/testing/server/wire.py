@@ -67,9 +67,10 @@ class Wire(abc.ABC):
         self.call_ids = call_ids
         self._script_body: Mapping[str, Any] | None = None
 
-    @abc.abstractmethod
     def streamed(self) -> bool:
-        """Whether the request asks for a streamed reply (each protocol's default differs)."""
+        """Whether the request asks for a streamed reply: by default, when its body says
+        ``"stream": true`` (a protocol that streams otherwise overrides this)."""
+        return self.body.get("stream") is True
 
     def refusal(self) -> str | None:
         """Why a real server of this protocol would answer the request 400, if it would."""
