@@ -56,7 +56,7 @@ from .tree import (
 )
 
 if TYPE_CHECKING:
-    from aimu.aio.store import Store
+    from aimu.aio.store import SessionWriter, Store
 
 __all__ = [
     "FINAL_TURN_PROMPT", "INTERRUPTED", "Agent", "Ended", "NeedsModel", "NeedsTools", "Next",
