@@ -5,9 +5,9 @@ A provider implements one method, :meth:`ModelClient.stream_turn`: an async gene
 of :data:`Chunk` for one model turn over a transcript. Closing that generator, or
 cancelling the task iterating it, must close the HTTP response at once. A client holds
 no conversation: an agent's session owns its transcript, and ``aimu.aio.chat`` asks one
-turn over the caller's. Assembling a turn is shared here. This module imports nothing
-above it (but the deprecated ``chat()`` shim, the helper it calls): providers import it,
-``aimu.aio.client`` picks a provider.
+turn over the caller's. Assembling a turn is shared here. Providers import this module,
+``aimu.aio.client`` picks a provider; it imports only the data below it (and, inside the
+deprecated ``chat()`` shim alone, ``aimu.aio.chat``, which it calls).
 """
 
 from __future__ import annotations
