@@ -138,8 +138,29 @@ def test_the_library_never_imports_the_test_kit() -> None:
     assert offenders == [], offenders
 
 
+#: Import edges allowed to close a cycle: the deprecated ``ModelClient.chat()`` calls the
+#: helper that replaced it (a lazy import inside that method alone); both go together.
+_DEPRECATED_EDGES = {("aimu.aio.providers.base", "aimu.aio.chat")}
+
+
+def test_the_deprecated_edges_are_the_shims_alone() -> None:
+    """Each allowed edge is one lazy import, inside the deprecated ``chat()`` shim."""
+    for module, target in _DEPRECATED_EDGES:
+        tree = ast.parse(MODULES[module].read_text())
+        importers = {
+            function.name
+            for function in ast.walk(tree)
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+            for node in ast.walk(function)
+            if isinstance(node, ast.ImportFrom) and node.module == target
+        }
+        top = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == target]
+        assert importers == {"chat"} and top == [], (module, target, importers)
+
+
 @pytest.mark.parametrize("graph", [GRAPH, TYPING_GRAPH], ids=["imports", "type-only too"])
 def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
+    graph = {m: {t for t in ts if (m, t) not in _DEPRECATED_EDGES} for m, ts in graph.items()}
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -518,11 +539,56 @@ def _transport_reads(path: Path) -> Iterator[int]:
             yield node.lineno
 
 
+def _model_client_classes(trees: dict[str, ast.Module]) -> set[str]:
+    """The names of ModelClient and every class in aimu deriving from it."""
+    found, grew = {"ModelClient"}, True
+    while grew:
+        before = len(found)
+        found |= {
+            node.name
+            for tree in trees.values()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef)
+            and any(
+                (b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")) in found
+                for b in node.bases
+            )
+        }
+        grew = len(found) > before
+    return found
+
+
+def _own_reads(trees: dict[str, ast.Module], classes: set[str]) -> Iterator[str]:
+    """Where a model client reads its own ``self.messages`` (the property and the
+    deprecated ``chat()`` shim, both on ModelClient, aside)."""
+    for module, tree in trees.items():
+        for cls in ast.walk(tree):
+            if not (isinstance(cls, ast.ClassDef) and cls.name in classes):
+                continue
+            for function in cls.body:
+                if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) or (
+                    cls.name == "ModelClient" and function.name in ("chat", "messages")
+                ):
+                    continue
+                for node in ast.walk(function):
+                    if (
+                        isinstance(node, ast.Attribute)
+                        and node.attr == "messages"
+                        and isinstance(node.value, ast.Name)
+                        and node.value.id == "self"
+                    ):
+                        yield f"{module}:{node.lineno} ({cls.name}.{function.name})"
+
+
 def test_nothing_reads_a_transports_messages() -> None:
     """The session owns the transcript and a model client holds no conversation: its
     ``messages`` is the user's view (``agent.model_client.messages``), which nothing in
-    aimu reads but the session taking over what a client's chat() said, once, and chat()."""
-    allowed = {"aimu.aio.providers.base", "aimu.aio.agent.session"}
+    aimu reads but the session taking over what a client's deprecated chat() said, once,
+    and that shim (``aimu.aio.chat`` keeps the conversation with its caller)."""
+    allowed = {"aimu.aio.agent.session"}
+    trees = {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+    own = list(_own_reads(trees, _model_client_classes(trees)))
+    assert own == [], "\n".join(own)
     reads = [
         f"{module}:{line}"
         for module, path in MODULES.items()

@@ -1038,7 +1038,7 @@ async def test_an_unreachable_responses_server_gets_the_chats_hint(
     model = aio.client(spec, base_url="http://127.0.0.1:9/v1", retries=0, **options)
     try:
         with pytest.raises(aio.ModelConnectionError) as caught:
-            await model.chat("hi")
+            await aio.chat(model, "hi")
     finally:
         await model.aclose()
     line = error_line(caught.value, model)
@@ -1055,7 +1055,7 @@ async def test_an_unreachable_bedrock_endpoint_gets_the_chats_hint() -> None:
                        retries=0)
     try:
         with pytest.raises(aio.ModelConnectionError) as caught:
-            await model.chat("hi")
+            await aio.chat(model, "hi")
     finally:
         await model.aclose()
     line = error_line(caught.value, model)

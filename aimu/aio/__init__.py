@@ -146,6 +146,7 @@ __all__ = [
     "TurnRetried",
     "UnknownRunError",
     "UsageLimits",
+    "chat",
     "client",
     "current_scope",
     "external_tool",
@@ -215,8 +216,9 @@ _EVENTS = (
 _WHERE.update(dict.fromkeys(_ERRORS, "errors"))
 _WHERE.update(dict.fromkeys(_EVENTS, "events"))
 
-# Eager, and light: importing the submodule `aimu.aio.client` would otherwise shadow
-# the `client()` function with the module of the same name.
+# Eager, and light: importing the submodules `aimu.aio.client` and `aimu.aio.chat` would
+# otherwise shadow the `client()` and `chat()` functions with the modules of their names.
+from aimu.aio.chat import chat  # noqa: E402
 from aimu.aio.client import ModelClient, client  # noqa: E402
 
 __getattr__ = lazy_names(__name__, _WHERE)

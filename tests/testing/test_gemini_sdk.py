@@ -178,7 +178,7 @@ async def test_aimu_and_the_sdk_read_the_same_turns_alike() -> None:
             model="gemini-test", contents="w", config=types.GenerateContentConfig(tools=[LOOKUP]))
         model = aio.client("gemini:gemini-test", base_url=server.gemini_base_url, api_key="k")
         async with model:
-            message = await model.chat("w")
+            message = await aio.chat(model, "w")
     assert reply.candidates is not None and reply.candidates[0].content is not None
     parts = reply.candidates[0].content.parts or []
     assert message["thinking"] == "".join(p.text or "" for p in parts if p.thought)

@@ -19,6 +19,7 @@ import httpx
 import ollama
 import pytest
 
+from aimu import aio
 from aimu.aio._sse import SSEParser
 from aimu.testing.script import Script, ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer, StreamRecord
@@ -810,7 +811,7 @@ async def _answers(spec: str) -> None:
 
     keyed = {} if spec.startswith("ollama") else {"api_key": "k"}
     async with client(spec, retries=0, **keyed) as model:
-        reply = await model.chat("hi")
+        reply = await aio.chat(model, "hi")
     assert reply["content"], (spec, reply)
 
 

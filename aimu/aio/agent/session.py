@@ -92,7 +92,7 @@ class Session:
         self.client = client
         #: The transcript: this session owns it, and is the only one to change it. A
         #: client given to the agent hands over the conversation it showed (its
-        #: ``chat()``'s), then shows this list as its ``messages``: the user's view
+        #: deprecated ``chat()``'s), then shows this list as its ``messages``: the user's view
         #: (``agent.model_client.messages``); the client never reads it.
         self.messages: list[Message] = client.messages
         self.store = store

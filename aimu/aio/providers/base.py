@@ -3,9 +3,11 @@ turn and :class:`TurnAssembler`.
 
 A provider implements one method, :meth:`ModelClient.stream_turn`: an async generator
 of :data:`Chunk` for one model turn over a transcript. Closing that generator, or
-cancelling the task iterating it, must close the HTTP response at once. Everything
-else (the transcript, ``chat``, assembling a turn) is shared here. This module imports
-nothing above it: providers import it, ``aimu.aio.client`` picks a provider.
+cancelling the task iterating it, must close the HTTP response at once. A client holds
+no conversation: an agent's session owns its transcript, and ``aimu.aio.chat`` asks one
+turn over the caller's. Assembling a turn is shared here. Providers import this module,
+``aimu.aio.client`` picks a provider; it imports only the data below it (and, inside the
+deprecated ``chat()`` shim alone, ``aimu.aio.chat``, which it calls).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import abc
 import warnings
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, overload
 
@@ -27,7 +28,6 @@ from aimu.aio.transcript import (
     ToolCall,
     ToolSpec,
     Usage,
-    UserMessage,
     zero_usage,
 )
 
@@ -259,9 +259,9 @@ class ModelClient(abc.ABC):
     """An async model client: :meth:`stream_turn` asks the model for one turn.
 
     A client is a transport: it holds no conversation and no state of a run (any number
-    of sessions may share one). :attr:`messages` is the user's view of a conversation:
-    given to an agent, that agent session's transcript (the session owns it); otherwise
-    what the one-shot :meth:`chat` said."""
+    of sessions may share one). :attr:`messages` is the user's view of the transcript
+    of the agent session it was given to (the session owns it). A turn without an agent:
+    ``aimu.aio.chat(client, message, messages=...)``."""
 
     #: The prefix of ``client()`` specs for this provider.
     provider: str = ""
@@ -312,10 +312,10 @@ class ModelClient(abc.ABC):
 
     @property
     def messages(self) -> list[Message]:
-        """The user's view of a conversation (the client itself never reads it): for a
-        client given to an agent, that agent session's transcript, the same list as
-        ``agent.messages`` (``agent.model_client.messages``: the session owns it; change
-        it through the agent: ``restore()``, runs); otherwise the conversation of
+        """The user's view of the agent session's transcript (the client itself never
+        reads it): for a client given to an agent, the same list as ``agent.messages``
+        (``agent.model_client.messages``: the session owns it; change it through the
+        agent: ``restore()``, runs). Before that, the conversation of the deprecated
         :meth:`chat`, which an agent given this client goes on with."""
         shown = _SHOWN.get(self)
         if shown is None:
@@ -414,36 +414,15 @@ class ModelClient(abc.ABC):
         tools: Sequence[ToolSpec] | None = None,
         stream: bool = False,
     ) -> AssistantMessage | AsyncIterator[Chunk]:
-        """One model turn: append ``message`` and the reply to :attr:`messages` (a
-        one-shot helper over :meth:`stream_turn`; an agent keeps a conversation itself).
+        """Deprecated: ``aimu.aio.chat(client, message, messages=...)`` keeps the
+        conversation with the caller. This one appends ``message`` and the reply to
+        :attr:`messages`, as it always did."""
+        from aimu.aio.chat import chat  # the shim's edge, which goes with it
 
-        With ``stream=True`` this returns an async iterator of chunks; the reply is
-        appended when the stream ends (a stream abandoned half-way leaves the text so
-        far as an assistant message marked ``aimu_partial``).
-        """
-        user: Message = (
-            UserMessage(role="user", content=message) if isinstance(message, str) else message
+        warnings.warn(
+            f"{type(self).__name__}.chat() is deprecated: a client holds no conversation; "
+            "use aimu.aio.chat(client, ..., messages=...)",
+            DeprecationWarning,
+            stacklevel=2,
         )
-        self.messages.append(user)
-        if stream:
-            return self._stream_reply(tools)
-        assembler = TurnAssembler()
-        try:
-            async with aclosing(self.stream_turn(self.messages, tools, stream=False)) as chunks:
-                async for chunk in chunks:
-                    assembler.add(chunk)
-        finally:
-            if assembler.started or assembler.done:
-                self.messages.append(assembler.message())
-        return assembler.message()
-
-    async def _stream_reply(self, tools: Sequence[ToolSpec] | None) -> AsyncGenerator[Chunk, None]:
-        assembler = TurnAssembler()
-        try:
-            async with aclosing(self.stream_turn(self.messages, tools)) as chunks:
-                async for chunk in chunks:
-                    assembler.add(chunk)
-                    yield chunk
-        finally:
-            if assembler.started or assembler.done:
-                self.messages.append(assembler.message())
+        return await chat(self, message, messages=self.messages, tools=tools, stream=stream)

@@ -154,7 +154,7 @@ async def test_a_wrong_credential_is_refused_and_the_error_says_what_to_check(
         wrong = {"token": SECRET} if cloud == "vertex" else {"api_key": SECRET}
         model = door(cloud, server, **wrong)
         with pytest.raises(ModelHTTPError) as caught:
-            await model.chat("hi")
+            await aio.chat(model, "hi")
         await model.aclose()
     error = caught.value
     assert error.status_code == 401
@@ -180,7 +180,7 @@ async def test_a_credential_a_server_echoes_is_redacted(
     async with RawServer(response) as raw:
         model = door(cloud, raw.url, **{how: value})
         with pytest.raises(ModelHTTPError) as caught:
-            await model.chat("hi")
+            await aio.chat(model, "hi")
         await model.aclose()
         head = raw.requests[0][0]
     sent = f"api-key: {SECRET}" if how == "api_key" else f"Authorization: Bearer {SECRET}"
@@ -204,10 +204,10 @@ async def test_the_token_provider_is_asked_for_each_request_off_the_loop() -> No
     async with LoopbackServer(script) as server:
         server.clouds.tokens = {"old-token-1": float("inf")}
         model = door("azure", server, azure_ad_token_provider=provider)
-        assert (await model.chat("a"))["content"] == "one"
+        assert (await aio.chat(model, "a"))["content"] == "one"
         server.clouds.tokens = {"new-token-2": float("inf")}  # the old one expired
         current[0] = "new-token-2"
-        assert (await model.chat("b"))["content"] == "two"
+        assert (await aio.chat(model, "b"))["content"] == "two"
         await model.aclose()
     assert len(asked) == 2
     assert threading.main_thread().name not in asked
@@ -225,9 +225,9 @@ async def test_an_async_token_provider_is_awaited_and_its_failure_named() -> Non
 
     async with LoopbackServer([Turn(text="ok")]) as server:
         model = door("azure-responses", server, azure_ad_token_provider=provider)
-        assert (await model.chat("a"))["content"] == "ok"
+        assert (await aio.chat(model, "a"))["content"] == "ok"
         with pytest.raises(ModelConnectionError, match="azure_ad_token_provider="):
-            await model.chat("b")
+            await aio.chat(model, "b")
         await model.aclose()
     assert len(server.requests) == 1
 
@@ -288,13 +288,13 @@ async def test_application_default_credentials_are_refreshed_before_they_expire(
         server.clouds.tokens = {}  # only tokens the server issues
         server.clouds.token_lifetime = 100
         model = door("vertex", server, token=None)
-        assert (await model.chat("a"))["content"] == "one"
-        assert (await model.chat("b"))["content"] == "two"
+        assert (await aio.chat(model, "a"))["content"] == "one"
+        assert (await aio.chat(model, "b"))["content"] == "two"
         assert server.clouds.issued == ["ya29.loopback-1", "ya29.loopback-2"]
         server.clouds.token_lifetime = 3600
         server.script = [Turn(text="three"), Turn(text="four")]
-        assert (await model.chat("c"))["content"] == "three"
-        assert (await model.chat("d"))["content"] == "four"
+        assert (await aio.chat(model, "c"))["content"] == "three"
+        assert (await aio.chat(model, "d"))["content"] == "four"
         assert len(server.clouds.issued) == 3
         await model.aclose()
     assert [r.path for r in server.requests].count("/token") == 3
@@ -316,7 +316,7 @@ async def test_the_refresh_runs_in_a_worker_thread(tmp_path: Path) -> None:
         credentials = Watched(None, refresh_token=REFRESH_TOKEN, client_id="c",
                               client_secret="s", token_uri=server.url + "/token")
         model = door("vertex", server, token=None, credentials=credentials)
-        replies = await asyncio.gather(*(model.fork().chat("hi") for _ in range(3)))
+        replies = await asyncio.gather(*(aio.chat(model.fork(), "hi") for _ in range(3)))
         assert [reply["content"] for reply in replies] == ["ok"] * 3
         await model.aclose()
     assert len(threads) == 1  # three requests at once: one refresh
@@ -329,7 +329,7 @@ async def test_a_refused_refresh_names_the_credentials_to_check(tmp_path: Path) 
                                   client_secret="s", token_uri=server.url + "/token")
         model = door("vertex", server, token=None, credentials=credentials)
         with pytest.raises(ModelConnectionError, match="GOOGLE_APPLICATION_CREDENTIALS"):
-            await model.chat("hi")
+            await aio.chat(model, "hi")
         await model.aclose()
     assert not server.streams
 
@@ -409,8 +409,8 @@ async def test_the_credentials_quota_project_goes_as_google_s_sdks_send_it() -> 
         billed = door("vertex", server, token=None,
                       credentials=Credentials(TOKEN, quota_project_id="billing-project"))
         plain = door("vertex", server, token=None, credentials=Credentials(TOKEN))
-        await billed.chat("a")
-        await plain.chat("b")
+        await aio.chat(billed, "a")
+        await aio.chat(plain, "b")
         await billed.aclose()
         await plain.aclose()
     assert [r.headers.get("x-goog-user-project") for r in server.requests] == [

@@ -158,7 +158,7 @@ async def test_credentials_in_the_url_never_reach_the_httpx_log(
         else:
             model = OpenAIClient("m", base_url=url + "/v1")
         with caplog.at_level(logging.DEBUG):
-            assert (await model.chat("x"))["content"] == "hi"
+            assert (await aio.chat(model, "x"))["content"] == "hi"
         await model.aclose()
     assert "HTTP Request: POST" in caplog.text  # the line exists, without the secret
     assert SECRET not in caplog.text
@@ -370,7 +370,7 @@ def test_forks_starting_together_in_a_new_loop_share_one_pool(provider: str) -> 
         forks = [model.fork() for _ in range(3)]
 
         async def together() -> list[str]:
-            replies = await asyncio.gather(*(f.chat("x") for f in [model, *forks]))
+            replies = await asyncio.gather(*(aio.chat(f, "x") for f in [model, *forks]))
             return [reply["content"] for reply in replies]
 
         assert asyncio.run(together()) == ["a"] * 4

@@ -393,7 +393,7 @@ async def test_a_bad_signature_is_refused_and_no_secret_reaches_an_error_or_any_
                    aws_secret_access_key=CREDENTIALS[TEMPORARY_KEY_ID],
                    aws_session_token=SESSION_TOKEN)
     async with good:
-        assert await good.chat("hi")  # a signed request went through, logging at DEBUG
+        assert await aio.chat(good, "hi")  # a signed request went through, logging at DEBUG
     async with bedrock(server, aws_access_key_id=TEMPORARY_KEY_ID, aws_secret_access_key=wrong,
                        aws_session_token=SESSION_TOKEN) as bad:
         with pytest.raises(ModelHTTPError) as caught:

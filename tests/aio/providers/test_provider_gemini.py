@@ -256,15 +256,16 @@ async def test_a_malformed_function_call_is_an_error_the_model_can_correct(
 
 async def test_an_error_event_mid_stream_keeps_the_partial_text(server: LoopbackServer) -> None:
     server.script = [Turn(text="one two three", fault="error_event", fault_after=2)]
+    messages: list[Message] = []
     async with gemini(server, retries=0) as model:  # else asked again (test_broken_streams)
         with pytest.raises(ModelHTTPError, match=r"mid-reply.*scripted error_event") as caught:
-            await _drain(model)
+            await _drain(model, messages)
     assert caught.value.status_code == 500  # the status the error's code names
-    assert model.messages[-1] == {"role": "assistant", "content": "one two ", "aimu_partial": True}
+    assert messages[-1] == {"role": "assistant", "content": "one two ", "aimu_partial": True}
 
 
-async def _drain(model: aio.ModelClient) -> None:
-    async for _ in await model.chat("x", stream=True):
+async def _drain(model: aio.ModelClient, messages: list[Message] | None = None) -> None:
+    async for _ in await aio.chat(model, "x", messages=messages, stream=True):
         pass
 
 
@@ -316,7 +317,7 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
     refused = GeminiClient("m", base_url=f"http://127.0.0.1:{closed_port()}", api_key=KEY,
                            retries=0)
     with pytest.raises(ModelConnectionError) as caught_refused:
-        await refused.chat("x")
+        await aio.chat(refused, "x")
     await refused.aclose()
     errors.append(caught_refused.value)
     assert_key_hidden(errors, KEY)

@@ -17,6 +17,7 @@ from provider_support import (
     open_connections,
 )
 
+from aimu import aio
 from aimu.aio.client import (
     Chunk,
     ModelClient,
@@ -28,7 +29,7 @@ from aimu.aio.client import (
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers.ollama import OllamaClient
 from aimu.aio.providers.openai import OpenAIClient
-from aimu.aio.transcript import ToolSpec, validate
+from aimu.aio.transcript import Message, ToolSpec, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer, RecordedRequest
 
@@ -76,10 +77,12 @@ async def test_plain_reply_appends_user_and_assistant(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(text="Hello there, friend.", input_tokens=7, output_tokens=4)]
-    model = make_client()
-    reply = await model.chat("hi")
+    model, messages = make_client(), list[Message]([{"role": "system", "content": "Be brief."}])
+    reply = await aio.chat(model, "hi", messages=messages)
     assert reply == {"role": "assistant", "content": "Hello there, friend."}
-    assert model.messages == [{"role": "user", "content": "hi"}, reply]
+    assert messages == [{"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "hi"}, reply]
+    assert model.messages == []  # the client keeps nothing
     assert asked_stream(server.requests[-1]) is False
     assert server.streams[-1].completed
 
@@ -88,14 +91,14 @@ async def test_streamed_reply_arrives_in_chunks(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(text="one two three four five", input_tokens=11, output_tokens=5)]
-    model = make_client()
-    chunks = await collect(await model.chat("count", stream=True))
+    model, messages = make_client(), list[Message]()
+    chunks = await collect(await aio.chat(model, "count", messages=messages, stream=True))
     assert texts(chunks) == ["one ", "two ", "three ", "four ", "five"]
     done = chunks[-1]
     assert isinstance(done, TurnDone)
     assert done.usage == {"input_tokens": 11, "output_tokens": 5}
     assert done.done_reason == "stop"
-    assert model.messages[-1] == {"role": "assistant", "content": "one two three four five"}
+    assert messages[-1] == {"role": "assistant", "content": "one two three four five"}
     assert asked_stream(server.requests[-1]) is True
 
 
@@ -106,17 +109,17 @@ async def test_tool_call_round_trip(
         Turn(tool_calls=[ScriptedCall("weather", {"city": "Oslo"})]),
         Turn(text="It is snowing in Oslo."),
     ]
-    model = make_client()
-    reply = await model.chat("weather in Oslo?", tools=[WEATHER])
+    model, messages = make_client(), list[Message]()
+    reply = await aio.chat(model, "weather in Oslo?", messages=messages, tools=[WEATHER])
     (call,) = reply["tool_calls"]
     assert call["function"] == {"name": "weather", "arguments": {"city": "Oslo"}}
     assert call["id"]
-    model.messages.append(
+    messages.append(
         {"role": "tool", "content": "snow, -3 C", "tool_call_id": call["id"], "name": "weather"}
     )
-    chunks = await collect(model.stream_turn(model.messages, [WEATHER]))
+    chunks = await collect(model.stream_turn(messages, [WEATHER]))
     assert "".join(texts(chunks)) == "It is snowing in Oslo."
-    validate(model.messages)
+    validate(messages)
 
     first, second = server.requests[-2].body, server.requests[-1].body
     if provider == "openai-responses":  # flat function tools, and input items
@@ -245,11 +248,11 @@ async def test_http_429_says_rate_limited(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(fault="http_429")]
-    model = make_client(retries=0)
+    model, messages = make_client(retries=0), list[Message]()
     with pytest.raises(ModelHTTPError, match=r"HTTP 429.*rate limited") as caught:
-        await model.chat("x")
+        await aio.chat(model, "x", messages=messages)
     assert caught.value.status_code == 429
-    assert model.messages == [{"role": "user", "content": "x"}]  # nothing half-written
+    assert messages == [{"role": "user", "content": "x"}]  # nothing half-written
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -316,7 +319,7 @@ async def test_a_refused_connection_fails_fast_naming_the_host(provider: str) ->
     try:
         async with asyncio.timeout(3):  # a generous bound: never a hang
             with pytest.raises(ModelConnectionError) as caught:
-                await model.chat("hello")
+                await aio.chat(model, "hello")
     finally:
         await model.aclose()
     message = str(caught.value)
@@ -339,7 +342,7 @@ async def test_an_unresolvable_host_names_the_host(provider: str) -> None:
     try:
         async with asyncio.timeout(10):
             with pytest.raises(ModelConnectionError, match=r"no-such-host\.invalid"):
-                await model.chat("hello")
+                await aio.chat(model, "hello")
     finally:
         await model.aclose()
 
@@ -352,16 +355,16 @@ async def test_cancelling_a_task_awaiting_a_reply_closes_the_connection(
     provider: str, stream: bool
 ) -> None:
     async with LoopbackServer([Turn(text=LONG, delay=0.05)]) as server:
-        model = make_for(provider, server)
+        model, messages = make_for(provider, server), list[Message]()
         got_first = asyncio.Event()
 
         async def consume() -> None:
             if stream:
-                async for _ in await model.chat("go", stream=True):
+                async for _ in await aio.chat(model, "go", messages=messages, stream=True):
                     got_first.set()
             else:
                 got_first.set()
-                await model.chat("go")
+                await aio.chat(model, "go", messages=messages)
 
         task = asyncio.create_task(consume())
         await got_first.wait()
@@ -373,22 +376,27 @@ async def test_cancelling_a_task_awaiting_a_reply_closes_the_connection(
         assert record.abandoned and not record.completed
         assert record.abandoned_at is not None and record.abandoned_at >= record.started_at
         if stream:
-            assert model.messages[-1].get("aimu_partial") is True
+            assert messages[-1].get("aimu_partial") is True
+        else:  # the whole reply never came
+            assert messages == [{"role": "user", "content": "go"}]
+        validate(messages)
         await model.aclose()
     await assert_only_current_task()
 
 
 async def test_cancel_before_the_first_byte_closes_the_connection(provider: str) -> None:
     async with LoopbackServer([Turn(text="late", first_byte_delay=30)]) as server:
-        model = make_for(provider, server)
-        task = asyncio.create_task(collect(await model.chat("go", stream=True)))
+        model, messages = make_for(provider, server), list[Message]()
+        task = asyncio.create_task(
+            collect(await aio.chat(model, "go", messages=messages, stream=True))
+        )
         await server.wait_requests(1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         (record,) = await server.wait_abandoned(1, timeout=5)
         assert record.chunks_sent == 0
-        assert model.messages == [{"role": "user", "content": "go"}]
+        assert messages == [{"role": "user", "content": "go"}]
         await model.aclose()
     await assert_only_current_task()
 
@@ -411,12 +419,12 @@ async def test_aclose_on_the_iterator_mid_stream_closes_the_connection(provider:
 
 async def test_aclose_on_a_chat_stream_closes_the_connection_at_once(provider: str) -> None:
     async with LoopbackServer([Turn(text=LONG, delay=0.02)]) as server:
-        model = make_for(provider, server)
-        chunks = await model.chat("go", stream=True)
+        model, messages = make_for(provider, server), list[Message]()
+        chunks = await aio.chat(model, "go", messages=messages, stream=True)
         assert isinstance(chunks, AsyncGenerator)
         assert await anext(chunks) == TextDelta("word0 ")
         await chunks.aclose()
-        assert model.messages[-1] == {
+        assert messages[-1] == {
             "role": "assistant", "content": "word0 ", "aimu_partial": True
         }
         try:
@@ -429,8 +437,8 @@ async def test_aclose_on_a_chat_stream_closes_the_connection_at_once(provider: s
 async def test_a_finished_stream_leaves_the_connection_reusable(provider: str) -> None:
     async with LoopbackServer([Turn(text="a b"), Turn(text="c d")]) as server:
         model = make_for(provider, server)
-        await collect(await model.chat("1", stream=True))
-        await collect(await model.chat("2", stream=True))
+        await collect(await aio.chat(model, "1", stream=True))
+        await collect(await aio.chat(model, "2", stream=True))
         assert open_connections(model) == 1  # one keep-alive connection served both
         assert [r.completed for r in server.streams] == [True, True]
         assert not any(r.abandoned for r in server.streams)
@@ -441,12 +449,12 @@ async def test_a_finished_stream_leaves_the_connection_reusable(provider: str) -
 # -- forks ----------------------------------------------------------------------------
 
 
-async def test_fork_shares_the_pool_and_keeps_its_own_transcript(
+async def test_fork_shares_the_pool_and_its_settings_are_its_own(
     server: LoopbackServer, make_client: MakeClient
 ) -> None:
     server.script = [Turn(text="first"), Turn(text="second"), Turn(text="third")]
-    model = make_client(options={"temperature": 0.2})
-    await model.chat("to the original")
+    model, messages = make_client(options={"temperature": 0.2}), list[Message]()
+    await aio.chat(model, "to the original", messages=messages)
     twin = model.fork()
     assert type(twin) is type(model) and twin.model == model.model
     assert twin.host == model.host
@@ -454,11 +462,12 @@ async def test_fork_shares_the_pool_and_keeps_its_own_transcript(
     assert twin._pool is model._pool  # type: ignore[attr-defined]
     twin.options["seed"] = 7  # type: ignore[attr-defined]
     assert model.options == {"temperature": 0.2}  # type: ignore[attr-defined]
-    reply = await twin.chat("to the fork")
+    reply = await aio.chat(twin, "to the fork")
     assert reply["content"] == "second"
-    assert [m["content"] for m in model.messages] == ["to the original", "first"]
+    assert [m["content"] for m in messages] == ["to the original", "first"]
     await twin.aclose()  # a fork leaves the shared pool open
-    assert (await model.chat("again"))["content"] == "third"
+    assert (await aio.chat(model, "again", messages=messages))["content"] == "third"
+    assert [m["role"] for m in server.requests[-1].messages] == ["user", "assistant", "user"]
     body = server.requests[-1].body
     sent = body.get("options") or body.get("generationConfig") or body
     assert sent["temperature"] == 0.2

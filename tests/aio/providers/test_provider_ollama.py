@@ -10,9 +10,11 @@ import sys
 import pytest
 from provider_support import RawServer, http_response
 
+from aimu import aio
 from aimu.aio.client import TextDelta, ThinkingDelta, TurnDone, client
 from aimu.aio.errors import ModelHTTPError, ModelProtocolError
 from aimu.aio.providers.ollama import DEFAULT_HOST, OllamaClient, resolve_host, to_wire
+from aimu.aio.transcript import Message
 from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
 
@@ -88,7 +90,7 @@ async def test_options_think_and_keep_alive_are_passed_through(server: LoopbackS
         "qwen3", host=server.url, options={"temperature": 0.1, "num_ctx": 4096},
         think="high", keep_alive="5m",
     ) as model:
-        await model.chat("hi")
+        await aio.chat(model, "hi")
     body = server.requests[-1].body
     assert body["model"] == "qwen3"
     assert body["options"] == {"temperature": 0.1, "num_ctx": 4096}
@@ -98,10 +100,11 @@ async def test_options_think_and_keep_alive_are_passed_through(server: LoopbackS
 
 async def test_thinking_goes_back_in_its_own_field(server: LoopbackServer) -> None:
     server.script = [Turn(thinking="Let me think.", text="Answer."), Turn(text="Again.")]
+    messages: list[Message] = []
     async with OllamaClient("m", host=server.url, think=True) as model:
-        reply = await model.chat("q1")
+        reply = await aio.chat(model, "q1", messages=messages)
         assert reply == {"role": "assistant", "content": "Answer.", "thinking": "Let me think."}
-        await model.chat("q2")
+        await aio.chat(model, "q2", messages=messages)
     sent = server.requests[-1].body["messages"][1]
     assert sent == {"role": "assistant", "content": "Answer.", "thinking": "Let me think."}
 
@@ -166,12 +169,12 @@ async def test_whatever_follows_the_done_line_is_ignored(trailer: bytes) -> None
     ]
     body = b"".join(json.dumps(line).encode() + b"\n" for line in lines) + trailer
     async with RawServer(http_response(body, content_type="application/x-ndjson")) as raw:
-        model = OllamaClient("m", host=raw.url)
+        model, messages = OllamaClient("m", host=raw.url), list[Message]()
         async with model:
-            reply = await model.chat("x", stream=True)
+            reply = await aio.chat(model, "x", messages=messages, stream=True)
             chunks = [chunk async for chunk in reply]
     assert chunks == [TextDelta("hi"), TurnDone({"input_tokens": 0, "output_tokens": 1}, None)]
-    assert model.messages[-1] == {"role": "assistant", "content": "hi"}
+    assert messages[-1] == {"role": "assistant", "content": "hi"}
 
 
 async def test_an_http_error_with_a_plain_text_body_keeps_the_text() -> None:
@@ -182,7 +185,7 @@ async def test_an_http_error_with_a_plain_text_body_keeps_the_text() -> None:
         model = OllamaClient("nope", host=raw.url)
         async with model:
             with pytest.raises(ModelHTTPError, match=r"HTTP 404.*model 'nope' not found") as caught:
-                await model.chat("x")
+                await aio.chat(model, "x")
     assert caught.value.status_code == 404
 
 
@@ -192,8 +195,8 @@ async def test_the_pool_is_made_on_first_use_and_can_be_reopened(
     server.script = [Turn(text="a"), Turn(text="b")]
     model = OllamaClient("m", host=server.url)
     assert model._pool.http is None  # nothing bound to a loop before the first request
-    await model.chat("1")
+    await aio.chat(model, "1")
     await model.aclose()
     assert model._pool.http is None
-    assert (await model.chat("2"))["content"] == "b"
+    assert (await aio.chat(model, "2"))["content"] == "b"
     await model.aclose()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from provider_support import RawServer, assert_key_hidden, closed_port, http_response
 
+from aimu import aio
 from aimu.aio.client import Chunk, TextDelta, ThinkingDelta, ToolCallDelta, TurnDone, client
 from aimu.aio.errors import ModelConnectionError, ModelHTTPError, ModelProtocolError
 from aimu.aio.providers.openai import DEFAULT_BASE_URL, OpenAIClient, to_wire
@@ -108,8 +109,8 @@ async def test_request_body_and_headers(server: LoopbackServer) -> None:
         "gpt-x", base_url=server.openai_base_url, api_key=KEY,
         options={"temperature": 0.3, "max_tokens": 64}, headers={"X-Team": "aimu"},
     ) as model:
-        chunks = [c async for c in await model.chat("hi", stream=True)]
-        await model.chat("again")
+        chunks = [c async for c in await aio.chat(model, "hi", stream=True)]
+        await aio.chat(model, "again")
     streamed, whole = server.requests[-2], server.requests[-1]
     assert streamed.path == "/v1/chat/completions"
     assert streamed.body["temperature"] == 0.3 and streamed.body["max_tokens"] == 64
@@ -152,7 +153,7 @@ async def test_the_key_is_sent_as_a_bearer_header() -> None:
 async def test_server_sent_call_ids_are_kept(server: LoopbackServer) -> None:
     server.script = [Turn(tool_calls=[ScriptedCall("f", {"a": 1}, id="call_from_server")])]
     async with OpenAIClient("m", base_url=server.openai_base_url) as model:
-        reply = await model.chat("x", stream=True)
+        reply = await aio.chat(model, "x", stream=True)
         calls = [c.call for c in [c async for c in reply] if isinstance(c, ToolCallDelta)]
     assert calls[0]["id"] == "call_from_server"
 
@@ -280,7 +281,7 @@ async def test_non_streamed_tool_calls_with_null_content() -> None:
         RawServer(response) as raw,
         OpenAIClient("m", base_url=raw.url + "/v1") as model,
     ):
-        message = await model.chat("x")
+        message = await aio.chat(model, "x")
     assert message == {
         "role": "assistant", "content": "", "thinking": "hmm",
         "tool_calls": [{"id": "c9", "type": "function",
@@ -310,7 +311,7 @@ async def test_http_error_bodies_give_the_server_text(body: object, text: str) -
         OpenAIClient("gpt-x", base_url=raw.url + "/v1") as model,
     ):
         with pytest.raises(ModelHTTPError) as caught:
-            await model.chat("x")
+            await aio.chat(model, "x")
     assert caught.value.status_code == 404
     assert f"HTTP 404 for model 'gpt-x': {text}" in str(caught.value)
     assert "check the model name" in str(caught.value)
@@ -334,7 +335,7 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
         "m", base_url=f"http://127.0.0.1:{closed_port()}/v1", api_key=KEY, retry_delay=0.001
     )
     with pytest.raises(ModelConnectionError) as caught_refused:
-        await refused.chat("x")
+        await aio.chat(refused, "x")
     await refused.aclose()
     errors.append(caught_refused.value)
     assert_key_hidden(errors, KEY)
@@ -347,7 +348,7 @@ async def test_a_429_says_when_to_retry(server: LoopbackServer) -> None:
     server.script = [Turn(fault="http_429")]
     async with OpenAIClient("m", base_url=server.openai_base_url, retries=0) as model:
         with pytest.raises(ModelHTTPError, match=r"rate limited.*retry after 1s"):
-            await model.chat("x")
+            await aio.chat(model, "x")
 
 
 # -- a root URL, and no key ----------------------------------------------------------
@@ -362,8 +363,8 @@ async def test_a_root_base_url_reaches_the_api_under_v1(
     server.script = [Turn(text="one"), Turn(text="two")]
     monkeypatch.setenv("OPENAI_BASE_URL", server.url)
     async with client(spec, api_key=KEY) as model:
-        assert (await model.chat("a"))["content"] == "one"
-        assert (await model.chat("b"))["content"] == "two"
+        assert (await aio.chat(model, "a"))["content"] == "one"
+        assert (await aio.chat(model, "b"))["content"] == "two"
         assert model.host == server.openai_base_url
     answered = [r.path for r in server.requests]
     assert answered[0] in ("/chat/completions", "/responses")  # the root: 404
@@ -374,7 +375,7 @@ async def test_a_base_url_with_a_path_is_taken_as_given(server: LoopbackServer) 
     async with OpenAIClient("m", base_url=server.url + "/nowhere", api_key=KEY,
                             retries=0) as model:
         with pytest.raises(ModelHTTPError) as refused:
-            await model.chat("a")
+            await aio.chat(model, "a")
     assert refused.value.status_code == 404
     assert [r.path for r in server.requests] == ["/nowhere/chat/completions"]
 

@@ -25,7 +25,7 @@ from aimu import aio
 from aimu.aio.errors import ModelHTTPError
 from aimu.aio.events import RunFinished, TextChunk
 from aimu.aio.providers.openai_responses import BackgroundResponse, OpenAIResponsesClient
-from aimu.aio.transcript import validate
+from aimu.aio.transcript import Message, validate
 from aimu.testing.script import ScriptedCall, Turn
 from aimu.testing.server import LoopbackServer
 
@@ -81,7 +81,7 @@ async def test_reasoning_items_go_back_unchanged_and_a_cut_turn_keeps_none(
     # A model that does not reason is not asked for encrypted reasoning (it would refuse).
     async with make(server) as plain:
         server.script = [Turn(text="hi")]
-        await plain.chat("x")
+        await aio.chat(plain, "x")
         assert "include" not in server.requests[-1].body
 
 
@@ -134,7 +134,7 @@ async def test_the_key_never_appears_in_errors_or_logs(caplog: pytest.LogCapture
         "m", base_url=raw.url + "/v1", api_key=KEY
     ) as model:
         with pytest.raises(ModelHTTPError) as caught:
-            await model.chat("x")
+            await aio.chat(model, "x")
         head, _ = raw.requests[0]
     assert "POST /v1/responses" in head
     assert KEY not in str(caught.value) and KEY not in caught.value.body
@@ -216,9 +216,10 @@ async def test_a_crashed_runs_background_response_is_re_attached(
     server.script = [Turn(text="asked again")]
     async with make(server, background=True) as model:
         model.reattach(BackgroundResponse("resp_gone", 3))
-        async for _ in await model.chat("go", stream=True):
+        messages: list[Message] = []
+        async for _ in await aio.chat(model, "go", messages=messages, stream=True):
             pass
-        assert model.messages[-1]["content"] == "asked again"
+        assert messages[-1]["content"] == "asked again"
         assert [(r.method, r.path) for r in server.requests[-2:]] == [
             ("GET", "/v1/responses/resp_gone"), ("POST", "/v1/responses")]
 
@@ -392,10 +393,12 @@ async def test_a_refusal_is_the_answer(stream: bool) -> None:
     async with RawServer(response) as raw, OpenAIResponsesClient(
         "m", base_url=raw.url + "/v1", api_key="k"
     ) as model:
+        messages: list[Message] = []
         if stream:
-            chunks = [chunk async for chunk in await model.chat("x", stream=True)]
+            reply = await aio.chat(model, "x", messages=messages, stream=True)
+            chunks = [chunk async for chunk in reply]
             assert chunks[-1].usage == {  # type: ignore[union-attr]
                 "input_tokens": 3, "output_tokens": 6, "cached_input_tokens": 2}
         else:
-            await model.chat("x")
-        assert model.messages[-1]["content"] == "I can't help with that."
+            await aio.chat(model, "x", messages=messages)
+        assert messages[-1]["content"] == "I can't help with that."

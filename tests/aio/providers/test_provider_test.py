@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from aimu import aio
 from aimu.aio.client import TextDelta, ToolCallDelta, TurnDone, client
 from aimu.aio.providers.test import TestModelClient, arguments_for, respond
 from aimu.aio.transcript import Message, ToolSpec, validate
@@ -159,20 +160,23 @@ def test_a_new_user_message_after_a_tool_round_calls_the_tools_again() -> None:
 
 async def test_a_full_tool_round_through_chat_is_valid_and_repeatable() -> None:
     async def run() -> list[Message]:
+        messages: list[Message] = []
         async with TestModelClient() as model:
-            reply = await model.chat("weather in Oslo and 2+2?", tools=[WEATHER, ADD])
+            reply = await aio.chat(
+                model, "weather in Oslo and 2+2?", messages=messages, tools=[WEATHER, ADD]
+            )
             calls = reply.get("tool_calls", [])
             assert len({call["id"] for call in calls}) == 2  # unique ids within the turn
             for call, result in zip(calls, ["snow", "4"], strict=True):
-                model.messages.append({
+                messages.append({
                     "role": "tool", "content": result, "tool_call_id": call["id"],
                     "name": call["function"]["name"],
                 })
-            async for _ in model.stream_turn(model.messages, [WEATHER, ADD]):
+            async for _ in model.stream_turn(messages, [WEATHER, ADD]):
                 pass
-            answer = await model.chat("thanks", tools=None)
+            answer = await aio.chat(model, "thanks", messages=messages, tools=None)
             assert "thanks" in answer["content"]
-            return model.messages
+            return messages
 
     first, second = await run(), await run()
     assert first == second  # ids included: the model is fully deterministic
@@ -206,10 +210,12 @@ async def test_tool_turn_ends_with_tool_calls_reason() -> None:
 async def test_a_cancel_lands_between_chunks_and_keeps_the_partial_text() -> None:
     model = TestModelClient(delay=10.0)
     seen: list[str] = []
+    messages: list[Message] = []
     first = asyncio.Event()
 
     async def consume() -> None:
-        async for chunk in await model.chat("alpha beta gamma", stream=True):
+        chunks = await aio.chat(model, "alpha beta gamma", messages=messages, stream=True)
+        async for chunk in chunks:
             assert isinstance(chunk, TextDelta)
             seen.append(chunk.text)
             first.set()
@@ -220,7 +226,7 @@ async def test_a_cancel_lands_between_chunks_and_keeps_the_partial_text() -> Non
     with pytest.raises(asyncio.CancelledError):
         await task
     assert seen == ["You "]
-    assert model.messages[-1] == {"role": "assistant", "content": "You ", "aimu_partial": True}
+    assert messages[-1] == {"role": "assistant", "content": "You ", "aimu_partial": True}
 
 
 async def test_zero_delay_still_yields_to_the_loop_between_chunks() -> None:

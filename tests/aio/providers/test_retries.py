@@ -18,6 +18,7 @@ from aimu.aio.client import ModelClient
 from aimu.aio.errors import ModelHTTPError, ModelProtocolError
 from aimu.aio.events import Event, ModelRetry
 from aimu.aio.scope import RunScope, current_scope
+from aimu.aio.transcript import Message
 from aimu.testing.script import Fault, Turn
 from aimu.testing.server import LoopbackServer
 from tests.services import free_port
@@ -54,15 +55,15 @@ async def test_a_failure_before_the_first_byte_is_retried(
 ) -> None:
     script = [Turn(fault=fault, retry_after="0"), Turn(text="made it")]
     async with LoopbackServer(script) as server:
-        model = make(provider, server.url)
+        model, messages = make(provider, server.url), list[Message]()
         with scope() as (_, events), caplog.at_level(logging.INFO, "aimu.aio.providers"):
             if stream:
-                chunks = [c async for c in await model.chat("x", stream=True)]
-                assert chunks
+                reply = await aio.chat(model, "x", messages=messages, stream=True)
+                assert [c async for c in reply]
             else:
-                await model.chat("x")
+                await aio.chat(model, "x", messages=messages)
         await model.aclose()
-    assert model.messages[-1] == {"role": "assistant", "content": "made it"}
+    assert messages[-1] == {"role": "assistant", "content": "made it"}
     assert len(server.requests) == 2
     (retry,) = retries_in(events)
     assert (retry.attempt, retry.host, retry.model) == (1, model.host, model.model)
@@ -77,7 +78,7 @@ async def test_retry_after_is_honoured(provider: str) -> None:
     async with LoopbackServer(script) as server:
         model = make(provider, server.url, retry_delay=10.0)  # backoff would wait 5-10 s
         with scope() as (_, events):
-            await model.chat("x")
+            await aio.chat(model, "x")
         await model.aclose()
     (retry,) = retries_in(events)
     assert retry.delay == 0.05
@@ -90,7 +91,7 @@ async def test_backoff_grows_and_attempts_are_bounded(provider: str) -> None:
     async with LoopbackServer(script) as server:
         model = make(provider, server.url, retries=2, retry_delay=0.01)
         with scope() as (_, events), pytest.raises(ModelHTTPError, match="HTTP 503"):
-            await model.chat("x")
+            await aio.chat(model, "x")
         await model.aclose()
     assert len(server.requests) == 3
     first, second = retries_in(events)
@@ -107,7 +108,7 @@ async def test_a_server_loading_its_model_is_waited_for_beyond_the_retries(
     async with LoopbackServer(script) as server:
         model = make(provider, server.url, retries=2)
         with scope() as (_, events), caplog.at_level(logging.INFO, "aimu.aio.providers"):
-            assert (await model.chat("x"))["content"] == "loaded"
+            assert (await aio.chat(model, "x"))["content"] == "loaded"
         await model.aclose()
     assert len(server.requests) == 7
     assert [r.attempt for r in retries_in(events)] == [1, 2, 3, 4, 5, 6]
@@ -119,14 +120,14 @@ async def test_a_loading_server_is_waited_for_only_until_the_deadline(provider: 
         model = make(provider, server.url, retries=2)
         deadline = asyncio.get_running_loop().time() + 2.0
         with scope(deadline) as (_, events), pytest.raises(ModelHTTPError, match="Loading model"):
-            await model.chat("x")
+            await aio.chat(model, "x")
         await model.aclose()
     assert asyncio.get_running_loop().time() < deadline  # it gave up before the deadline
     assert len(server.requests) == len(retries_in(events)) + 1 > 3
     async with LoopbackServer([Turn(fault="http_503_loading"), Turn(text="ok")]) as server:
         model = make(provider, server.url, retries=0)  # retrying off: loading included
         with pytest.raises(ModelHTTPError, match="Loading model"):
-            await model.chat("x")
+            await aio.chat(model, "x")
         await model.aclose()
 
 
@@ -142,21 +143,21 @@ async def test_what_is_not_retried(
     provider: str, turn: Turn, error: type[Exception]
 ) -> None:
     async with LoopbackServer([turn, Turn(text="never")]) as server:
-        model = make(provider, server.url)
+        model, messages = make(provider, server.url), list[Message]()
         with scope() as (_, events), pytest.raises(error):
-            async for _ in await model.chat("x", stream=True):
+            async for _ in await aio.chat(model, "x", messages=messages, stream=True):
                 pass
         await model.aclose()
     assert len(server.requests) == 1 and not retries_in(events)
     if turn.fault == "bad_json":  # the partial text is kept, as for any stop
-        assert model.messages[-1] == {"role": "assistant", "content": "a b ", "aimu_partial": True}
+        assert messages[-1] == {"role": "assistant", "content": "a b ", "aimu_partial": True}
 
 
 async def test_retries_0_disables_retrying(provider: str) -> None:
     async with LoopbackServer([Turn(fault="http_503"), Turn(text="ok")]) as server:
         model = make(provider, server.url, retries=0)
         with scope() as (_, events), pytest.raises(ModelHTTPError, match="HTTP 503"):
-            await model.chat("x")
+            await aio.chat(model, "x")
         await model.aclose()
     assert len(server.requests) == 1 and not retries_in(events)
 
@@ -176,7 +177,7 @@ async def test_a_refused_connection_is_retried_until_the_server_is_up(provider: 
         model = make(provider, f"http://127.0.0.1:{port}")
         with scope() as (run_scope, events):
             run_scope.add_listener(start_server)
-            reply = await model.chat("x")
+            reply = await aio.chat(model, "x")
         await model.aclose()
     assert reply["content"] == "up"
     (retry,) = retries_in(events)
@@ -189,7 +190,7 @@ async def test_no_retry_would_end_past_the_run_deadline(provider: str) -> None:
         model = make(provider, server.url)
         deadline = asyncio.get_running_loop().time() + 10
         with scope(deadline) as (_, events), pytest.raises(ModelHTTPError, match="HTTP 503"):
-            await model.chat("x")
+            await aio.chat(model, "x")
         await model.aclose()
     assert len(server.requests) == 1 and not retries_in(events)
 
@@ -198,11 +199,11 @@ async def test_no_retry_would_end_past_the_run_deadline(provider: str) -> None:
 async def test_a_stop_during_the_backoff_wait_is_immediate(provider: str, stop: str) -> None:
     script = [Turn(fault="http_503", retry_after="30"), Turn(text="never")]
     async with LoopbackServer(script) as server:
-        model = make(provider, server.url)
+        model, messages = make(provider, server.url), list[Message]()
         waiting = asyncio.Event()
         with scope() as (run_scope, _):
             run_scope.add_listener(lambda e: waiting.set() if isinstance(e, ModelRetry) else None)
-            task = asyncio.create_task(model.chat("x"))
+            task = asyncio.create_task(aio.chat(model, "x", messages=messages))
         async with asyncio.timeout(10):  # a guard against a hang, not a timing bet
             await waiting.wait()  # the retry was announced: the wait is under way
             if stop == "cancel":
@@ -215,7 +216,7 @@ async def test_a_stop_during_the_backoff_wait_is_immediate(provider: str, stop: 
                     await task
         await model.aclose()
     assert len(server.requests) == 1
-    assert model.messages == [{"role": "user", "content": "x"}]
+    assert messages == [{"role": "user", "content": "x"}]
     await assert_only_current_task()
 
 
