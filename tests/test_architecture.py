@@ -360,6 +360,21 @@ def test_the_agents_driver_calls_only_downward() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
+def test_nothing_outside_the_agent_reaches_into_its_session() -> None:
+    """An agent's session (``agent._session``: transcript, store writer, approvals) is
+    the agent package's; other code uses the agent's public names (serve's recovery
+    reads ``agent.session_writer``, not ``agent._session.durable.writer``)."""
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        if module == "aimu.aio.agent" or module.startswith("aimu.aio.agent."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr == "_session"
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                wrong.append(f"{module}:{node.lineno}")
+    assert wrong == [], wrong
+
+
 def test_temporal_never_imports_serve() -> None:
     """``aimu worker`` runs without the serve extra's modules: what the worker and the
     server share (the agent options, the store and agent factory, the bounded exit)
