@@ -267,6 +267,12 @@ class HTTPModelClient(ModelClient):
         scope = current_scope.get()
         shard, attempt = await self._pool.acquire(reporter), 0
         try:
+            # One pass of the event loop between composing the request and sending it:
+            # runs started (or given their tool results) together then send in the next
+            # pass, not in the one that composed them, which halves the longest pass a
+            # burst of runs makes (loop lag p99 at 100 runs: 33.9 -> 23.1 ms,
+            # benchmarks/bench_scale.py). A cancel here closes nothing yet.
+            await asyncio.sleep(0)
             while True:
                 sent = turn.sent
                 decoder = self.decoder(reporter)
