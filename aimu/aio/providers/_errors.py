@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Mapping
 
 import httpx
@@ -22,7 +23,12 @@ def _reason(error: BaseException) -> str:
     cause: BaseException | None = error
     seen = 0
     while cause is not None and seen < 16:
-        # anyio reports "All connection attempts failed"; the OS error under it says why.
+        if isinstance(cause, ssl.SSLCertVerificationError):  # its errno is not the OS's
+            return f"TLS certificate not trusted: {cause.verify_message or cause.reason}"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS failed: {cause.reason or cause.strerror or type(cause).__name__}"
+        # A connect error may say little ("All connection attempts failed"); the OS error
+        # under it says why.
         if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
             return os.strerror(cause.errno)  # asyncio's own strerror hides the reason
         if isinstance(cause, OSError) and cause.strerror:

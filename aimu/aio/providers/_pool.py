@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 import httpx
 
 from aimu.aio.errors import ModelConnectionError
-from aimu.aio.providers._backend import _Paced
+from aimu.aio.providers._backend import _Native
 from aimu.aio.providers._report import Reporter
 from aimu.aio.providers._retry import log
 
@@ -123,7 +123,7 @@ class Pool:
                               keepalive_expiry=KEEP_ALIVE)
         transport = httpx.AsyncHTTPTransport(verify=ssl_context(), limits=limits)
         pool = transport._pool  # httpcore's; its connections open through its backend
-        pool._network_backend = _Paced(pool._network_backend, self)
+        pool._network_backend = _Native(self)
         # verify= and limits= again: for the proxies' transports ($HTTPS_PROXY & co).
         return httpx.AsyncClient(headers=self.headers, timeout=self.timeout, transport=transport,
                                  verify=ssl_context(), limits=limits)

@@ -21,7 +21,7 @@ from provider_support import MakeClient, assert_only_current_task, lookup, open_
 from aimu import aio
 from aimu.aio.client import TextDelta
 from aimu.aio.errors import ModelConnectionError
-from aimu.aio.providers import _pool
+from aimu.aio.providers import _backend, _pool
 from aimu.aio.providers._pool import KEEP_ALIVE, SHARD_SIZE
 from aimu.aio.providers.openai import OpenAIClient
 from aimu.testing.script import ScriptedCall, Turn
@@ -223,9 +223,9 @@ async def test_a_burst_opens_at_most_max_connecting_connections_at_once(
     monkeypatch.setattr(_pool, "MAX_CONNECTING", 2)
     inflight = peak = 0
     two_in, gate = asyncio.Event(), asyncio.Event()
-    connect = httpcore.AnyIOBackend.connect_tcp
+    connect = _backend._connected  # the connect itself, under the pool's slot
 
-    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal inflight, peak
         inflight += 1
         peak = max(peak, inflight)
@@ -233,11 +233,11 @@ async def test_a_burst_opens_at_most_max_connecting_connections_at_once(
             two_in.set()
         try:
             await gate.wait()  # held until every request waits for a connect slot
-            return await connect(self, *args, **kwargs)
+            return await connect(*args, **kwargs)
         finally:
             inflight -= 1
 
-    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", counted)
+    monkeypatch.setattr(_backend, "_connected", counted)
     server = LoopbackServer([Turn(text=f"answer {n}") for n in range(RUNS)])
     await server.start()
     model = aio.client("openai:test", base_url=server.openai_base_url)
