@@ -106,7 +106,9 @@ class RunRequest:
     begins_in_turn: bool = False
     """The run's first turn finds where its messages begin (see :class:`TurnOrder`),
     with no ``aimu.begin`` before it: set by every client since; a history from before
-    lacks it and replays as it ran."""
+    lacks it and replays as it ran. The run's ``messages_from`` is then None until that
+    turn returns (one cancelled or failed returns nothing: the run's record in the
+    store says it)."""
 
 
 @dataclass

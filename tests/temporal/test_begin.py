@@ -27,7 +27,7 @@ from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
 from tests.temporal.conftest import Workers
 from tests.temporal.test_retry import block_until_retried
-from tests.temporal.test_runs import PAY, approval_tool, paused, restorable
+from tests.temporal.test_runs import HELD, PAY, approval_tool, paused, restorable
 
 HISTORIES = Path(__file__).parent / "histories"
 #: Histories recorded by the aimu before the first turn found where a run begins (its
@@ -214,3 +214,38 @@ async def test_a_session_name_that_does_not_check_out_fails_the_run_at_once(
     assert len(failed) == 1, failed  # not retried
     assert failed[0].application_failure_info.type == "AimuBadInput"
     assert "invalid session name" in failed[0].message
+
+
+async def test_a_server_that_adopts_a_run_in_its_first_turn_knows_where_it_begins(
+    temporal: str,
+    queue: str,
+    runs: RunsClient,
+    workers: Workers,
+    store: SQLiteStore,
+    model_server: LoopbackServer,
+) -> None:
+    """Before the first turn says where the run begins (its outcome), the workflow does
+    not know: a serve process that did not start the run reads it in the run's record."""
+    from aimu.serve.backends.temporal import TemporalBackend
+
+    await workers.start()
+    model_server.script = [Turn("first"), HELD]
+    earlier = await runs.start("s1", "one")
+    assert (await runs.wait(earlier, timeout=60))["status"] == "completed"
+    run_id = await runs.start("s1", "two")
+    async for _, event in runs.events(run_id):
+        if event["type"] == "text":
+            break  # provably in the first turn: the worker read a chunk of the reply
+    assert (await runs.status(run_id))["messages_from"] is None
+    backend = TemporalBackend(temporal, queue, store)
+    try:
+        await backend.connect()
+        view = await backend.view(run_id)
+        assert (view.session, view.messages_from) == ("s1", 2)
+    finally:
+        await backend.aclose()
+    assert await runs.cancel(run_id, "done")
+    assert (await runs.wait(run_id, timeout=60))["status"] == "cancelled"
+    # A turn cancelled returns no outcome to say it in: the record says it still.
+    record = await store.run(run_id)
+    assert record is not None and record.messages_from == 2
