@@ -40,7 +40,7 @@ from aimu.aio.errors import ControlError, SessionLockedError, StoreError, Unknow
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished, RunStarted, StepFinished
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.status import BY_CANCEL, RECOVERABLE
+from aimu.aio.status import BY_CANCEL, RECOVERABLE, STOPPED
 from aimu.aio.steering import steer
 from aimu.aio.store import RunRecord, Store, validate_session_name
 from aimu.aio.transcript import Message
@@ -272,6 +272,7 @@ class Activities:
             self._gone(request.run_id, running)
 
     async def _close(self, agent: Agent, attempt: _TurnAttempt) -> None:
+        await attempt.unbegun()
         await agent.aclose()
         if attempt.drained and attempt.handle is not None:
             await _mark_drained(self.store, attempt.request, attempt.handle)
@@ -441,6 +442,25 @@ class _TurnAttempt:
                 started=time.time(), status="running", messages_from=count,
             ))
         return count
+
+    async def unbegun(self) -> None:
+        """A run stopped or failed before its record was written as it began (cancelled
+        as it opened, its instructions raised) left the record :meth:`_begins` wrote
+        saying ``running``: it says how the run ended instead. Not for a turn that goes
+        on elsewhere (superseded, drained): the turn that takes over writes it."""
+        request, handle = self.request, self.handle
+        writer = self.agent._session.durable.writer
+        if (self.messages_from is None or request.task is None or writer is None
+                or handle is None or self.superseded or self.drained
+                or handle.status not in STOPPED):
+            return
+        with contextlib.suppress(StoreError):  # the record then says running, as if it died
+            record = await self.owner.store.run(request.run_id)
+            if record is not None and record.status == "running":
+                await writer.record_run(dataclasses.replace(
+                    record, status=handle.status, ended=time.time(),
+                    reason=handle.reason or "the run ended before it began",
+                ))
 
     async def _start(self) -> RunHandle[Any]:
         request, agent = self.request, self.agent

@@ -249,3 +249,50 @@ async def test_a_server_that_adopts_a_run_in_its_first_turn_knows_where_it_begin
     # A turn cancelled returns no outcome to say it in: the record says it still.
     record = await store.run(run_id)
     assert record is not None and record.messages_from == 2
+
+
+class TaskHeldStore(SQLiteStore):
+    """A store whose writers hold a task's append until the turn is cancelled."""
+
+    reached: asyncio.Event
+
+    async def open_session(self, session: str) -> Any:
+        writer = await super().open_session(session)
+        append = writer.append
+
+        async def appending(message: Any) -> None:
+            if message["role"] == "user":
+                self.reached.set()
+                await asyncio.Event().wait()  # until the cancel reaches the run
+            await append(message)
+
+        writer.append = appending
+        return writer
+
+
+async def test_a_run_cancelled_before_its_task_was_stored_is_recorded_so(
+    temporal: str,
+    queue: str,
+    runs: RunsClient,
+    model_server: LoopbackServer,
+    tmp_path: Path,
+) -> None:
+    """The record the turn wrote before the task does not go on saying ``running``."""
+    store = TaskHeldStore(tmp_path / "sessions.db")
+    store.reached = asyncio.Event()
+    workers = Workers(temporal, queue, store, model_server)
+    try:
+        await workers.start()
+        run_id = await runs.start("s1", "hello")
+        await asyncio.wait_for(store.reached.wait(), 60)  # the record is written: the task next
+        record = await store.run(run_id)
+        assert record is not None and (record.status, record.messages_from) == ("running", 0)
+        assert await runs.cancel(run_id, "the user pressed Stop")
+        assert (await runs.wait(run_id, timeout=60))["status"] == "cancelled"
+        record = await store.run(run_id)
+        assert record is not None and record.status == "cancelled", record
+        assert record.messages_from == 0
+        assert await store.load("s1") == []
+    finally:
+        await workers.aclose()
+        await store.aclose()
