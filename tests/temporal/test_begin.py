@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,48 +154,61 @@ class StoppedStore(SQLiteStore):
         return writer
 
 
+@pytest.fixture
+async def workers_on(
+    temporal: str, queue: str, model_server: LoopbackServer
+) -> AsyncIterator[Callable[[SQLiteStore], Workers]]:
+    """Workers on a store the test makes (closed, with it, at the end)."""
+    made: list[Workers] = []
+
+    def on(store: SQLiteStore) -> Workers:
+        made.append(Workers(temporal, queue, store, model_server))
+        return made[-1]
+
+    yield on
+    for workers in made:
+        await workers.aclose()
+        await workers.store.aclose()
+
+
 @pytest.mark.parametrize("where", ["task", "stored"])
 async def test_a_retried_first_turn_finds_where_its_run_begins(
     where: str,
     temporal: str,
-    queue: str,
     runs: RunsClient,
     model_server: LoopbackServer,
+    workers_on: Callable[[SQLiteStore], Workers],
     tmp_path: Path,
 ) -> None:
     """The session already holds the same task (an earlier run's): the retry must look
     for its own after where the run began, not find that one."""
     store = StoppedStore(tmp_path / "sessions.db")
     store.where, store.temporal, store.held = where, temporal, []
-    workers = Workers(temporal, queue, store, model_server)
+    workers = workers_on(store)
     model_server.script = [Turn("first"), Turn("second")]
-    try:
-        await workers.start()
-        earlier = await runs.start("s1", "again")
-        assert (await runs.wait(earlier, timeout=60))["status"] == "completed"
-        store.armed = True
-        run_id = await runs.start("s1", "again")
-        state = await runs.wait(run_id, timeout=90)
-        assert (state["status"], state["reply"]) == ("completed", "second")
-        assert state["messages_from"] == 2
-        assert store.held == [1]
-        messages = await restorable(store, "s1")
-        assert [(m["role"], m["content"]) for m in messages] == [
-            ("user", "again"),
-            ("assistant", "first"),
-            ("user", "again"),
-            ("assistant", "second"),
-        ]
-        history = await runs.client.get_workflow_handle(run_id).fetch_history()
-        started = [
-            e.activity_task_started_event_attributes
-            for e in history.events
-            if e.HasField("activity_task_started_event_attributes")
-        ]
-        assert started[-1].attempt == 2
-    finally:
-        await workers.aclose()
-        await store.aclose()
+    await workers.start()
+    earlier = await runs.start("s1", "again")
+    assert (await runs.wait(earlier, timeout=60))["status"] == "completed"
+    store.armed = True
+    run_id = await runs.start("s1", "again")
+    state = await runs.wait(run_id, timeout=90)
+    assert (state["status"], state["reply"]) == ("completed", "second")
+    assert state["messages_from"] == 2
+    assert store.held == [1]
+    messages = await restorable(store, "s1")
+    assert [(m["role"], m["content"]) for m in messages] == [
+        ("user", "again"),
+        ("assistant", "first"),
+        ("user", "again"),
+        ("assistant", "second"),
+    ]
+    history = await runs.client.get_workflow_handle(run_id).fetch_history()
+    started = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert started[-1].attempt == 2
 
 
 async def test_a_session_name_that_does_not_check_out_fails_the_run_at_once(
@@ -271,28 +285,20 @@ class TaskHeldStore(SQLiteStore):
 
 
 async def test_a_run_cancelled_before_its_task_was_stored_is_recorded_so(
-    temporal: str,
-    queue: str,
-    runs: RunsClient,
-    model_server: LoopbackServer,
-    tmp_path: Path,
+    runs: RunsClient, workers_on: Callable[[SQLiteStore], Workers], tmp_path: Path
 ) -> None:
     """The record the turn wrote before the task does not go on saying ``running``."""
     store = TaskHeldStore(tmp_path / "sessions.db")
     store.reached = asyncio.Event()
-    workers = Workers(temporal, queue, store, model_server)
-    try:
-        await workers.start()
-        run_id = await runs.start("s1", "hello")
-        await asyncio.wait_for(store.reached.wait(), 60)  # the record is written: the task next
-        record = await store.run(run_id)
-        assert record is not None and (record.status, record.messages_from) == ("running", 0)
-        assert await runs.cancel(run_id, "the user pressed Stop")
-        assert (await runs.wait(run_id, timeout=60))["status"] == "cancelled"
-        record = await store.run(run_id)
-        assert record is not None and record.status == "cancelled", record
-        assert record.messages_from == 0
-        assert await store.load("s1") == []
-    finally:
-        await workers.aclose()
-        await store.aclose()
+    workers = workers_on(store)
+    await workers.start()
+    run_id = await runs.start("s1", "hello")
+    await asyncio.wait_for(store.reached.wait(), 60)  # the record is written: the task next
+    record = await store.run(run_id)
+    assert record is not None and (record.status, record.messages_from) == ("running", 0)
+    assert await runs.cancel(run_id, "the user pressed Stop")
+    assert (await runs.wait(run_id, timeout=60))["status"] == "cancelled"
+    record = await store.run(run_id)
+    assert record is not None and record.status == "cancelled", record
+    assert record.messages_from == 0
+    assert await store.load("s1") == []
