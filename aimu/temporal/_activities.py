@@ -1,4 +1,5 @@
-"""The activities of an aimu run on Temporal: ``aimu.begin`` and ``aimu.turn``.
+"""The activities of an aimu run on Temporal: ``aimu.turn`` (and ``aimu.begin``, for the
+workflows started before the turn counted the run's first messages itself).
 
 ``aimu.turn`` runs the agent loop under a :class:`~aimu.aio.RunHandle` in the worker's
 event loop. It heartbeats on a timer (a cancel from Temporal arrives with a heartbeat's
@@ -10,7 +11,10 @@ the reopened record), so a cancel, interrupt or stop from Redis lands at once.
 
 A retried turn (its worker died) opens the session from the store: the transcript is
 there up to the last recorded message and the tool journal decides the calls that were
-in flight; the turn runs its task only if the task is not stored yet, else resumes.
+in flight; the turn runs its task only if the task is not stored yet, else resumes. It
+looks for the task after the messages the session held before the run: counted by the
+run's first turn as it opens the session and kept in the run's record before the task
+is stored (``aimu.begin`` counted them first, in a workflow started before that).
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from aimu.aio.errors import ControlError, SessionLockedError, StoreError, Unknow
 from aimu.aio.event_json import event_data
 from aimu.aio.events import Event, HandleFinished, RunFinished, RunStarted, StepFinished
 from aimu.aio.run_handle import RunHandle
-from aimu.aio.status import BY_CANCEL, RECOVERABLE
+from aimu.aio.status import BY_CANCEL, RECOVERABLE, STOPPED
 from aimu.aio.steering import steer
-from aimu.aio.store import Store, validate_session_name
+from aimu.aio.store import RunRecord, Store, validate_session_name
 from aimu.aio.transcript import Message
 from aimu.temporal._workflow import (
     BEGIN,
@@ -160,11 +164,9 @@ class Activities:
 
     @activity.defn(name=BEGIN)
     async def begin(self, session: str) -> int:
-        """How many messages ``session`` holds before the run: where the run starts."""
-        try:
-            validate_session_name(session)
-        except (TypeError, ValueError) as error:
-            raise ApplicationError(str(error), type="AimuBadInput", non_retryable=True) from None
+        """How many messages ``session`` holds before the run: where the run starts (a
+        workflow from before its first turn found it; see ``RunRequest.begins_in_turn``)."""
+        _check_session(session)
         return len(await self.store.load(session))
 
     @activity.defn(name=END_PAUSED)
@@ -246,6 +248,7 @@ class Activities:
     async def _turn(self, request: TurnOrder, running: _Running, attempt_number: int
                     ) -> TurnOutcome:
         try:
+            _check_session(request.session)
             try:
                 agent = await open_agent(self.agents, request.session)
             except SessionLockedError as error:
@@ -269,6 +272,7 @@ class Activities:
             self._gone(request.run_id, running)
 
     async def _close(self, agent: Agent, attempt: _TurnAttempt) -> None:
+        await attempt.unbegun()
         await agent.aclose()
         if attempt.drained and attempt.handle is not None:
             await _mark_drained(self.store, attempt.request, attempt.handle)
@@ -334,6 +338,8 @@ class _TurnAttempt:
         """The run is registered in Redis under its run id by this attempt."""
         self.here: tuple[str, bool] | None = None
         """Why and how this worker ends the turn (see :meth:`end_here`)."""
+        self.messages_from: int | None = None
+        """Where the run's messages begin, when this turn found it (:meth:`_begins`)."""
 
     def _step(self, event: Event) -> None:
         """A handoff asked for interrupts the run as its own tool round ends, just
@@ -408,17 +414,60 @@ class _TurnAttempt:
         except BaseException:
             await _uncancellable(self._send_batch(tap))
             raise
+        outcome.messages_from = self.messages_from
         if len(last) > _BATCH_EVENTS:
             await _uncancellable(self._send_batch(tap))
             return outcome
         tap.take()
         return dataclasses.replace(outcome, events=last)
 
+    async def _begins(self) -> int:
+        """Where the run's messages begin, for its first turn when no ``aimu.begin``
+        counted them: the first attempt counts them (it holds the session's lock) and, to
+        run a task, records the count in the run's record before the task is stored; a
+        later attempt reads it there (none: the first stored nothing of the run)."""
+        request, agent = self.request, self.agent
+        if self.attempt > 1:
+            record = await self.owner.store.run(request.run_id)
+            if (record is not None and record.session == request.session
+                    and record.messages_from is not None):
+                return record.messages_from
+        count = len(agent.messages)
+        writer = agent._session.durable.writer
+        if request.task is not None and writer is not None:
+            # Stored before the task is: the run rewrites this record as it starts (the
+            # same id; the same count, or one more if it places a system message first).
+            await writer.record_run(RunRecord(
+                id=request.run_id, session=request.session, agent=agent.name,
+                started=time.time(), status="running", messages_from=count,
+            ))
+        return count
+
+    async def unbegun(self) -> None:
+        """A run stopped or failed before its record was written as it began (cancelled
+        as it opened, its instructions raised) left the record :meth:`_begins` wrote
+        saying ``running``: it says how the run ended instead. Not for a turn that goes
+        on elsewhere (superseded, drained): the turn that takes over writes it."""
+        request, handle = self.request, self.handle
+        writer = self.agent._session.durable.writer
+        if (self.messages_from is None or request.task is None or writer is None
+                or handle is None or self.superseded or self.drained
+                or handle.status not in STOPPED):
+            return
+        with contextlib.suppress(StoreError):  # the record then says running, as if it died
+            record = await self.owner.store.run(request.run_id)
+            if record is not None and record.status == "running":
+                await writer.record_run(dataclasses.replace(
+                    record, status=handle.status, ended=time.time(),
+                    reason=handle.reason or "the run ended before it began",
+                ))
+
     async def _start(self) -> RunHandle[Any]:
         request, agent = self.request, self.agent
-        if request.task is not None and not _stored(
-            agent.messages, request.messages_from, request.task
-        ):
+        begins = request.messages_from
+        if begins is None:
+            begins = self.messages_from = await self._begins()
+        if request.task is not None and not _stored(agent.messages, begins, request.task):
             run = agent.run(request.task)
         else:
             waiting = {p.call_id: p for p in agent.pending_approvals}
@@ -697,6 +746,14 @@ async def _mark_drained(store: Store, request: TurnOrder, handle: RunHandle[Any]
         _log.warning("run %s: not marked to be recovered: %s", request.run_id, error)
     finally:
         await writer.aclose()
+
+
+def _check_session(session: str) -> None:
+    """A session name that does not check out fails the run at once (no retry fixes it)."""
+    try:
+        validate_session_name(session)
+    except (TypeError, ValueError) as error:
+        raise ApplicationError(str(error), type="AimuBadInput", non_retryable=True) from None
 
 
 def _stored(messages: list[Message], messages_from: int, task: str) -> bool:

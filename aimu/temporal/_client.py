@@ -136,7 +136,7 @@ class RunsClient:
         if self.redis is not None:  # a cancel before any worker takes the run is kept
             await self.redis.reserve(run_id, session=session)
         request = RunRequest(run_id, session, task, self.heartbeat_timeout, time.time(),
-                             self.history_events)
+                             self.history_events, begins_in_turn=True)
         try:
             async with self._starting:
                 await self.client.start_workflow(

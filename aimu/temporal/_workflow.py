@@ -1,8 +1,9 @@
 """The Temporal workflow of one aimu run: a session's turn, from its task to its answer.
 
-The workflow orchestrates and holds no aimu state of its own: it fixes where the turn
-starts (``aimu.begin``, a local activity that counts the stored messages), then runs
-the agent loop in the ``aimu.turn`` activity on any worker. A paused turn (a tool call
+The workflow orchestrates and holds no aimu state of its own: it runs the agent loop
+in the ``aimu.turn`` activity on any worker, whose first attempt fixes where the run's
+messages begin (a history from before that replays the ``aimu.begin`` local activity
+that counted them first). A paused turn (a tool call
 waits for a person) waits *here*, durable and holding no worker, until every call is
 decided; then another ``aimu.turn`` resumes it from the store. Controls (interrupt,
 stop, send) are recorded here by signal or update and read by the activity; events
@@ -102,6 +103,12 @@ class RunRequest:
     """Continue as new once the history holds this many events (0: when Temporal says)."""
     carried: CarriedRun | None = None
     """Set when the run continued as new: where the execution before it stopped."""
+    begins_in_turn: bool = False
+    """The run's first turn finds where its messages begin (see :class:`TurnOrder`),
+    with no ``aimu.begin`` before it: set by every client since; a history from before
+    lacks it and replays as it ran. The run's ``messages_from`` is then None until that
+    turn returns (one cancelled or failed returns nothing: the run's record in the
+    store says it)."""
 
 
 @dataclass
@@ -161,8 +168,11 @@ class TurnOrder:
     run_id: str
     session: str
     task: str | None
-    messages_from: int
-    """Messages stored before the run: a retried turn finds its task after them."""
+    messages_from: int | None
+    """Messages stored before the run: a retried turn finds its task after them. None
+    for the run's first turn when no ``aimu.begin`` counted them: the turn counts them
+    as it opens the session and stores the count in the run's record before the task
+    (a retried turn reads it there), and says it in its outcome."""
     segment: int = 0
     """0 for the first turn of the run, then one more for each resume after a pause."""
     decisions: list[CallDecision] = field(default_factory=list)
@@ -182,7 +192,7 @@ class CarriedRun:
     the history of the execution before, which :data:`STATE_QUERY` answers for too)."""
 
     turn: TurnOrder
-    messages_from: int
+    messages_from: int | None
     events_before: int
     controls_before: int
     controls: list[Control] = field(default_factory=list)
@@ -209,6 +219,9 @@ class TurnOutcome:
     """A handed-off turn's own end (``interrupted``, or ``cancelled`` by a drain)."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """The run's last events, after those signalled (``aimu.events``)."""
+    messages_from: int | None = None
+    """Where the run's messages begin in its session, when the turn found it (its
+    order's ``messages_from`` was None)."""
 
 
 def report_unread(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -262,7 +275,9 @@ class RunWorkflow:
         asyncio.get_running_loop().set_exception_handler(report_unread)
         try:
             turn = self._carry(request.carried)
-            if turn is None:
+            if turn is None and request.begins_in_turn:
+                turn = TurnOrder(request.run_id, request.session, request.task, None)
+            elif turn is None:  # a history from before begins_in_turn: as it ran
                 self._messages_from = await workflow.execute_local_activity(
                     BEGIN,
                     request.session,
@@ -301,7 +316,6 @@ class RunWorkflow:
         return carried.turn
 
     async def _turns(self, request: RunRequest, turn: TurnOrder) -> None:
-        messages_from = turn.messages_from
         while True:
             if workflow.cancellation_reason() is not None:
                 # Cancelled as the last turn ended (it went to that turn, which ended
@@ -310,6 +324,7 @@ class RunWorkflow:
             self._status = "running"
             outcome = await self._turn(turn, request.heartbeat_timeout)
             self._take(outcome)
+            messages_from = self._messages_from
             if outcome.status == HANDED_OFF:
                 turn = TurnOrder(request.run_id, request.session, None, messages_from,
                                    turn.segment + 1, controls_after=outcome.applied,
@@ -449,6 +464,8 @@ class RunWorkflow:
         return all(p["call_id"] in self._decisions for p in self._pending)
 
     def _take(self, outcome: TurnOutcome) -> None:
+        if self._messages_from is None:  # the run's first turn found it
+            self._messages_from = outcome.messages_from
         self._events.extend(outcome.events)
         self._reply, self._error = outcome.reply, outcome.error
         self._reason = outcome.reason

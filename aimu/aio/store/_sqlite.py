@@ -494,21 +494,26 @@ class _SQLiteWriter(WriterBase):
     def __init__(self, store: SQLiteStore, session: str, lock: SessionLock) -> None:
         super().__init__(session, lock, f"SQLiteStore {str(store.path)!r}")
         self._store = store
-        # Only the last row can be torn; rows before it are checked on load.
-        with store._transaction(f"open session {session!r}") as conn:
-            last = conn.execute(_LAST.format("seq, body", "?"), (session,)).fetchone()
-            row = conn.execute("SELECT status FROM sessions WHERE name = ?", (session,)).fetchone()
-            self._has_row = row is not None
-            if last is not None:
-                try:
-                    json.loads(last[1])
-                except ValueError as error:
-                    where = f"{store.path}: session {session!r} row seq={last[0]}"
-                    warn_torn(where, str(error), repaired=True)
+        # Only the last row can be torn; rows before it are checked on load. Read with no
+        # transaction of their own (no other writer of the session runs: this one holds
+        # its lock); a torn row is deleted in one.
+        what = f"open session {session!r}"
+        found = store._query(_LAST.format("seq, body", "?"), (session,), what)
+        row = next(iter(store._query("SELECT status FROM sessions WHERE name = ?", (session,),
+                                     what)), None)
+        self._has_row = row is not None
+        last = found[0] if found else None
+        if last is not None:
+            try:
+                json.loads(last[1])
+            except ValueError as error:
+                where = f"{store.path}: session {session!r} row seq={last[0]}"
+                warn_torn(where, str(error), repaired=True)
+                with store._transaction(what) as conn:
                     conn.execute(
                         "DELETE FROM messages WHERE session = ? AND seq = ?", (session, last[0])
                     )
-                    last = (last[0] - 1, None)
+                last = (last[0] - 1, None)
         self._next_seq = 0 if last is None else last[0] + 1
         note_unfinished(str(store.path), session, None if row is None else row[0])
 

@@ -157,13 +157,25 @@ class TemporalBackend(RunLog):
             return
         view = RunView(run_id, state["session"], None if offset else state.get("task"),
                        created_at=state.get("created_at") or time.time())
-        self._follow(view, workflow, offset, int(state.get("messages_from") or 0))
+        self._follow(view, workflow, offset, await self._begins(state, workflow))
         # Answer from what had happened when asked: the pump takes those events first.
         record, known = self.record(run_id), int(state.get("event_count") or 0) - offset
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_CATCH_UP_SECONDS):
                 while len(record.events) < known and not record.ended:
                     await record.changed(_CATCH_UP_SECONDS)
+
+    async def _begins(self, state: dict[str, Any], workflow: str) -> int:
+        """Where the run of ``workflow`` (its ``state``) begins in its session: the
+        workflow's word once its first turn said it; before, the run's record (the turn
+        writes it before the task), or (no turn began yet) the session's length now."""
+        begins = state.get("messages_from")
+        if isinstance(begins, int):
+            return begins
+        record = await self._store.run(workflow)
+        if record is not None and record.messages_from is not None:
+            return record.messages_from
+        return len(await self._store.load(state["session"]))
 
     async def _state_of(self, workflow: str) -> dict[str, Any] | None:
         try:
