@@ -433,7 +433,7 @@ class _TurnAttempt:
                     and record.messages_from is not None):
                 return record.messages_from
         count = len(agent.messages)
-        writer = agent._session.durable.writer
+        writer = agent.session_writer
         if request.task is not None and writer is not None:
             # Stored before the task is: the run rewrites this record as it starts (the
             # same id; the same count, or one more if it places a system message first).
@@ -449,7 +449,7 @@ class _TurnAttempt:
         saying ``running``: it says how the run ended instead. Not for a turn that goes
         on elsewhere (superseded, drained): the turn that takes over writes it."""
         request, handle = self.request, self.handle
-        writer = self.agent._session.durable.writer
+        writer = self.agent.session_writer
         if (self.messages_from is None or request.task is None or writer is None
                 or handle is None or self.superseded or self.drained
                 or handle.status not in STOPPED):
