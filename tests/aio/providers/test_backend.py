@@ -273,3 +273,31 @@ async def test_a_server_with_an_untrusted_certificate_is_refused(
     finally:
         await loopback.stop()
     assert loopback.requests == []
+
+
+async def test_a_cancel_in_the_pass_before_a_request_is_sent_sends_nothing() -> None:
+    # A turn lets the loop take one pass between taking its slot and sending (so that
+    # many runs started together do not all send in one pass). A cancel landing in that
+    # pass (provable: the slot is taken, the server has seen nothing) gives the slot back
+    # and sends nothing.
+    loopback = LoopbackServer([Turn(text="the first request seen")])
+    await loopback.start()
+    model = aio.client("openai:test", base_url=loopback.openai_base_url)
+    pool = model._pool  # type: ignore[attr-defined]
+    try:
+        turn = model.stream_turn([{"role": "user", "content": "1"}])
+        first = asyncio.ensure_future(anext(turn))
+        await _until(lambda: pool.busy == 1)  # its first step ran: the slot is taken
+        assert not first.done() and loopback.requests == []
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await turn.aclose()
+        assert pool.busy == 0 and loopback.requests == []
+        chunks = model.stream_turn([{"role": "user", "content": "2"}])  # the slot serves on
+        assert "".join([c.text async for c in chunks if isinstance(c, TextDelta)]) \
+        == "the first request seen"
+        await model.aclose()
+    finally:
+        await loopback.stop()
+    await assert_only_current_task()
