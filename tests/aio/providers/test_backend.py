@@ -34,27 +34,39 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 @contextlib.asynccontextmanager
-async def _server(handler: Handler, **options: object) -> AsyncIterator[int]:
-    """A TCP server on 127.0.0.1 running ``handler`` per connection; yields its port."""
-    tasks: set[asyncio.Task[None]] = set()
+async def _server(handler: Handler, path: str | None = None,
+                  **options: object) -> AsyncIterator[int]:
+    """A server on 127.0.0.1 (or the Unix socket ``path``) running ``handler`` per
+    connection; yields its port. Leaving it cancels the handlers still running and closes
+    every connection it accepted."""
+    served: set[asyncio.Task[None]] = set()
+    working: set[asyncio.Future[None]] = set()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+        served.add(asyncio.current_task())  # type: ignore[arg-type]
+        work = asyncio.ensure_future(handler(reader, writer))
+        working.add(work)
         try:
-            await handler(reader, writer)
+            await asyncio.wait([work])  # cancelled at the end: not this task's own cancel
         finally:
+            working.discard(work)
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError):
                 await writer.wait_closed()
+        if not work.cancelled():
+            work.exception()  # a handler that failed on a closed connection is not news
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
+    if path is None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
+    else:
+        server = await asyncio.start_unix_server(serve, path)
     try:
-        yield server.sockets[0].getsockname()[1]
+        yield server.sockets[0].getsockname()[1] if path is None else 0
     finally:
         server.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for work in tuple(working):
+            work.cancel()
+        await asyncio.gather(*served, return_exceptions=True)
         await server.wait_closed()
 
 
@@ -173,15 +185,11 @@ async def test_a_unix_socket_connection_reads_and_writes(tmp_path: Path) -> None
         await writer.drain()
 
     path = str(tmp_path / "s")
-    server = await asyncio.start_unix_server(echo, path)
-    try:
+    async with _server(echo, path):
         stream = await _backend._Native(_Slots()).connect_unix_socket(path, timeout=5)
         await stream.write(b"ping", timeout=5)
         assert await stream.read(1024, timeout=5) == b"ping"
         await stream.aclose()
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 # -- over TLS, through a model client -------------------------------------------------------
