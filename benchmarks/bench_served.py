@@ -10,7 +10,8 @@ calls the tool, then streams a long answer at 20 tokens/s (6,000 chunks, 0.05 s 
 so every run is still streaming when it is stopped.
 
 * ``aimu``: ``aimu serve``'s runs API (``POST /sessions/{s}/runs``, SSE from
-  ``GET /runs/{id}/events``, ``POST /runs/{id}/cancel``), SQLite store
+  ``GET /runs/{id}/events``, ``POST /runs/{id}/cancel``; the cancel-all one bulk
+  ``POST /runs/cancel``), SQLite store
   (``benchmarks/peers/aimu_app.py``).
 * ``aimu-fleet`` (``--redis URL``): two such processes on one store and one Redis, each
   run started on one and stopped through the other (the Stop crosses Redis to the
@@ -354,6 +355,9 @@ class Aimu(Served):
     async def stop(self, tag: str) -> None:
         await self.http.post(f"/runs/{self.runs[tag]['run']}/cancel")
 
+    async def stop_all(self, tags: list[str]) -> None:
+        await _cancel_many(self.http, [self.runs[tag]["run"] for tag in tags])
+
     async def kept(self, tag: str) -> bool:
         session = (await self.http.get(f"/sessions/s{tag}")).json()
         return any(m.get("role") == "assistant" and "w0" in str(m.get("content"))
@@ -441,6 +445,24 @@ class AimuFleet(Aimu):
     async def stop(self, tag: str) -> None:
         other = self.members[1 - int(self.runs[tag]["at"])]  # not the process holding it
         await other.post(f"/runs/{self.runs[tag]['run']}/cancel")
+
+    async def stop_all(self, tags: list[str]) -> None:
+        """Each process's runs in one bulk cancel sent through the other process."""
+        await asyncio.gather(*(
+            _cancel_many(self.members[1 - at], [self.runs[tag]["run"] for tag in tags
+                                                if self.runs[tag]["at"] == str(at)])
+            for at in (0, 1)
+        ))
+
+
+async def _cancel_many(http: httpx.AsyncClient, run_ids: list[str]) -> None:
+    """aimu's cancel-all: ``POST /runs/cancel``, 1,000 runs a request at most."""
+    answers = await asyncio.gather(*(
+        http.post("/runs/cancel", json={"run_ids": run_ids[i:i + 1000]})
+        for i in range(0, len(run_ids), 1000)
+    ))
+    for answer in answers:
+        answer.raise_for_status()
 
 
 def _nothing() -> None:

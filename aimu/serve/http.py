@@ -102,7 +102,10 @@ def validation_answer(errors: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
     where, *path = error.get("loc") or ("body",)
     kind = str(error.get("type", ""))
     given = error.get("input")
-    name = str(path[-1]) if path and isinstance(path[-1], str) else None
+    # The field (a list's item: the list's name and the item's index).
+    name = next((str(part) for part in reversed(path) if isinstance(part, str)), None)
+    if name is not None and path and isinstance(path[-1], int):
+        name = f"{name}[{path[-1]}]"
     if kind == "json_invalid":
         detail = (error.get("ctx") or {}).get("error", "")
         return 400, f"the request body is not JSON: {detail}"

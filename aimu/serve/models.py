@@ -20,12 +20,16 @@ from aimu.aio._ids import RUN_ID_PATTERN
 from aimu.aio.status import ControlStatus, RunRecordStatus, words
 
 __all__ = [
+    "MAX_CANCEL_MANY",
     "CancelBody",
+    "CancelManyBody",
+    "CancelledMany",
     "DecisionBody",
     "DecisionSchema",
     "EmptyBody",
     "Error",
     "Health",
+    "Refused",
     "Run",
     "RunRecordList",
     "RunRecordSchema",
@@ -72,6 +76,29 @@ class StartBody(_Body):
 
 class CancelBody(_Body):
     reason: Text | None = Field(None, description="Why; shown as the run's reason")
+
+
+#: The most runs one ``POST /runs/cancel`` names.
+MAX_CANCEL_MANY = 1000
+
+
+def _each_once(run_ids: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for run_id in run_ids:
+        if run_id in seen:
+            raise ValueError(f"names run {run_id} twice: name each run once")
+        seen.add(run_id)
+    return run_ids
+
+
+class CancelManyBody(_Body):
+    run_ids: Annotated[
+        list[RunId],
+        Field(min_length=1, max_length=MAX_CANCEL_MANY,
+              description=f"The runs to cancel, each once (at most {MAX_CANCEL_MANY})"),
+        AfterValidator(_each_once),
+    ]
+    reason: Text | None = Field(None, description="Why; shown as each run's reason")
 
 
 class SendBody(_Body):
@@ -159,6 +186,22 @@ class Run(BaseModel):
     duration: float | None
     events: int | None = Field(ge=0)
     pending: list[Pending]
+
+
+class Refused(BaseModel):
+    """A run a bulk request did not reach: the error a request for it alone answers."""
+
+    run_id: RunId
+    error: str
+    status: int
+
+
+class CancelledMany(BaseModel):
+    """What ``POST /runs/cancel`` did: the runs it was accepted for, each as the request
+    found it (its partial reply kept), and those it refused, with why."""
+
+    runs: list[Run]
+    refused: list[Refused]
 
 
 class DecisionSchema(BaseModel):

@@ -30,6 +30,8 @@ from aimu.serve.http import JSON
 from aimu.serve.ids import check_run_id
 from aimu.serve.models import (
     CancelBody,
+    CancelledMany,
+    CancelManyBody,
     DecisionBody,
     DecisionSchema,
     EmptyBody,
@@ -297,6 +299,21 @@ async def cancel(
     request: Request, run_id: RunIdParam, body: Annotated[CancelBody | None, Body()] = None
 ) -> dict[str, Any]:
     return await _runs(request).cancel(run_id, None if body is None else body.reason)
+
+
+@router.post(
+    "/runs/cancel", status_code=202, response_model=CancelledMany,
+    summary="Cancel many runs now, at once (each keeps its partial reply)",
+    description="One request for a cancel-all: each run named is cancelled as "
+    "POST /runs/{run_id}/cancel would, all at once. A run that cannot be (unknown, ended) "
+    "is listed in refused with that request's error; a malformed or repeated id refuses "
+    "the whole request and cancels nothing.",
+    responses={202: {"model": CancelledMany, "description": "Accepted: the runs cancelled, "
+                     "each as the request found it, and those refused"},
+               **errors(*WRITE)},
+)
+async def cancel_many(request: Request, body: CancelManyBody) -> dict[str, Any]:
+    return await _runs(request).cancel_many(body.run_ids, body.reason)
 
 
 @router.post(

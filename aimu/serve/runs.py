@@ -10,6 +10,7 @@ through :mod:`aimu.aio.approvals`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -31,7 +32,7 @@ from aimu.serve.backends.base import (
     Verdict,
     no_cancel_error,
 )
-from aimu.serve.errors import BadRequest, Conflict, Draining
+from aimu.serve.errors import BadRequest, Conflict, Draining, ServeError
 from aimu.serve.ids import check_run_id
 
 __all__ = [
@@ -195,6 +196,30 @@ class Runs:
 
     async def cancel(self, run_id: str, reason: str | None) -> dict[str, Any]:
         return await self._request(run_id, Steer("cancel", reason=reason or "cancelled over HTTP"))
+
+    async def cancel_many(self, run_ids: Sequence[str], reason: str | None) -> dict[str, Any]:
+        """Cancel each of ``run_ids`` now, all at once (each keeps its partial reply): the
+        runs the cancel was accepted for, as it found them, and those refused with the
+        error a cancel of that run alone answers (unknown, ended, ...). The ids were
+        checked first (the body's model): a bad one refuses the whole request."""
+        request = Steer("cancel", reason=reason or "cancelled over HTTP")
+
+        runs: list[dict[str, Any]] = []
+        refused: list[dict[str, Any]] = []
+
+        async def one(run_id: str) -> None:
+            try:
+                runs.append(await self._request(run_id, request))
+            except ServeError as error:
+                refused.append({"run_id": run_id, "error": str(error), "status": error.status})
+
+        async with asyncio.TaskGroup() as group:
+            for run_id in run_ids:
+                group.create_task(one(run_id))
+        order = {run_id: i for i, run_id in enumerate(run_ids)}  # the request's order
+        runs.sort(key=lambda run: order[run["run_id"]])
+        refused.sort(key=lambda run: order[run["run_id"]])
+        return {"runs": runs, "refused": refused}
 
     async def interrupt(self, run_id: str) -> dict[str, Any]:
         return await self._request(run_id, Steer("interrupt"))

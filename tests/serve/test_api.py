@@ -46,7 +46,7 @@ ROUTES = {
     ("/health", "GET"), ("/sessions", "GET"), ("/sessions/{session}", "GET"),
     ("/sessions/{session}", "DELETE"), ("/sessions/{session}/runs", "POST"),
     ("/sessions/{session}/resume", "POST"), ("/runs", "GET"), ("/runs/{run_id}", "GET"),
-    ("/runs/{run_id}/events", "GET"), ("/runs/{run_id}/cancel", "POST"),
+    ("/runs/{run_id}/events", "GET"), ("/runs/{run_id}/cancel", "POST"), ("/runs/cancel", "POST"),
     ("/runs/{run_id}/interrupt", "POST"), ("/runs/{run_id}/stop", "POST"),
     ("/runs/{run_id}/send", "POST"), ("/runs/{run_id}/approvals/{call_id}", "POST"),
     # The protocols frontends speak (A2A and MCP have documents of their own: the agent
