@@ -309,3 +309,35 @@ async def test_a_cancel_in_the_pass_before_a_request_is_sent_sends_nothing() -> 
     finally:
         await loopback.stop()
     await assert_only_current_task()
+
+
+def test_on_uvloop_a_reply_streams_and_a_stop_closes_it() -> None:
+    # uvloop's transports are not asyncio.Transport subclasses (uvicorn runs on uvloop
+    # when it is installed): the backend must not ask for one.
+    import uvloop
+
+    async def main() -> None:
+        loopback = LoopbackServer([
+            Turn(text="on uvloop"),
+            Turn(text=" ".join(f"w{i}" for i in range(200)), chunks=200, delay=0.05),
+        ])
+        await loopback.start()
+        model = aio.client("openai:test", base_url=loopback.openai_base_url)
+        try:
+            chunks = model.stream_turn([{"role": "user", "content": "1"}])
+            assert "".join([c.text async for c in chunks if isinstance(c, TextDelta)]) \
+                == "on uvloop"
+            stream = model.stream_turn([{"role": "user", "content": "2"}])
+            async for chunk in stream:
+                if isinstance(chunk, TextDelta):
+                    break  # the first text: the reply streams
+            await stream.aclose()  # a stop mid-reply
+            abandoned = await loopback.wait_abandoned(1, timeout=30)
+            assert abandoned[0].chunks_sent < 200
+        finally:
+            await model.aclose()
+            await loopback.stop()
+        await assert_only_current_task()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
