@@ -41,6 +41,15 @@ async def servers(
             yield starts, cancels
 
 
+async def _untouched_then_cancelled(
+    starts: httpx.AsyncClient, cancels: httpx.AsyncClient, run_id: str
+) -> None:
+    """``run_id`` streams on, untouched by what came before; its own cancel ends it."""
+    assert (await starts.get(f"/runs/{run_id}")).json()["status"] == "running"
+    assert (await cancels.post(f"/runs/{run_id}/cancel")).status_code == 202
+    assert (await collect(starts, run_id))[-1].data["status"] == "cancelled"
+
+
 async def test_many_runs_cancelled_in_one_request_keep_their_partials(
     servers: tuple[httpx.AsyncClient, httpx.AsyncClient], model_server: LoopbackServer
 ) -> None:
@@ -69,10 +78,7 @@ async def test_many_runs_cancelled_in_one_request_keep_their_partials(
     for i in range(2):
         messages = (await starts.get(f"/sessions/many-{i}")).json()["messages"]
         assert messages[-1]["role"] == "assistant" and messages[-1]["content"]  # the partial
-    # The run not named streams on, untouched.
-    assert (await starts.get(f"/runs/{runs[2]}")).json()["status"] == "running"
-    assert (await cancels.post(f"/runs/{runs[2]}/cancel")).status_code == 202
-    assert (await collect(starts, runs[2]))[-1].data["status"] == "cancelled"
+    await _untouched_then_cancelled(starts, cancels, runs[2])  # the run not named
 
 
 async def test_a_bad_body_refuses_the_whole_request_and_cancels_nothing(
@@ -96,9 +102,7 @@ async def test_a_bad_body_refuses_the_whole_request_and_cancels_nothing(
         assert response.status_code in (400, 422), (body, response.text)
         error = response.json()
         assert error["status"] == response.status_code and says in error["error"], error
-    assert (await starts.get(f"/runs/{run_id}")).json()["status"] == "running"  # untouched
-    assert (await cancels.post(f"/runs/{run_id}/cancel")).status_code == 202
-    assert (await collect(starts, run_id))[-1].data["status"] == "cancelled"
+    await _untouched_then_cancelled(starts, cancels, run_id)
 
 
 async def test_a_cross_site_cancel_all_is_refused(
@@ -111,6 +115,4 @@ async def test_a_cross_site_cancel_all_is_refused(
         response = await cancels.post("/runs/cancel", json={"run_ids": [run_id]},
                                       headers=headers)
         assert response.status_code == 403, response.text
-    assert (await starts.get(f"/runs/{run_id}")).json()["status"] == "running"
-    assert (await cancels.post(f"/runs/{run_id}/cancel")).status_code == 202
-    assert (await collect(starts, run_id))[-1].data["status"] == "cancelled"
+    await _untouched_then_cancelled(starts, cancels, run_id)

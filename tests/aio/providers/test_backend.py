@@ -236,27 +236,37 @@ async def _tls_in_front_of(loopback: LoopbackServer, context: ssl.SSLContext
         yield tls_port
 
 
+async def _answers_then_stops(model: aio.ModelClient, loopback: LoopbackServer,
+                               answer: str) -> None:
+    """A whole reply (``answer``), then a reply stopped at its first text: the loopback
+    server sees that stream abandoned before its end."""
+    chunks = model.stream_turn([{"role": "user", "content": "1"}])
+    assert "".join([c.text async for c in chunks if isinstance(c, TextDelta)]) == answer
+    stream = model.stream_turn([{"role": "user", "content": "2"}])
+    async for chunk in stream:
+        if isinstance(chunk, TextDelta):
+            break  # the first text: the reply streams
+    await stream.aclose()  # a stop mid-reply
+    abandoned = await loopback.wait_abandoned(1, timeout=30)
+    assert abandoned[0].chunks_sent < 200
+
+
+def _answer_then_a_long_one(answer: str) -> LoopbackServer:
+    return LoopbackServer([
+        Turn(text=answer),
+        Turn(text=" ".join(f"w{i}" for i in range(200)), chunks=200, delay=0.05),
+    ])
+
+
 async def test_a_model_over_tls_answers_and_a_stop_closes_its_stream(
     tls: ssl.SSLContext,
 ) -> None:
-    loopback = LoopbackServer([
-        Turn(text="over tls"),
-        Turn(text=" ".join(f"w{i}" for i in range(200)), chunks=200, delay=0.05),
-    ])
+    loopback = _answer_then_a_long_one("over tls")
     await loopback.start()
     try:
         async with _tls_in_front_of(loopback, tls) as port:
             model = aio.client("openai:test", base_url=f"https://localhost:{port}/v1")
-            chunks = model.stream_turn([{"role": "user", "content": "1"}])
-            assert "".join([c.text async for c in chunks if isinstance(c, TextDelta)]) \
-                == "over tls"
-            stream = model.stream_turn([{"role": "user", "content": "2"}])
-            async for chunk in stream:
-                if isinstance(chunk, TextDelta):
-                    break  # the first text: the reply streams through TLS
-            await stream.aclose()  # a stop mid-reply
-            abandoned = await loopback.wait_abandoned(1, timeout=30)
-            assert abandoned[0].chunks_sent < 200
+            await _answers_then_stops(model, loopback, "over tls")
             await model.aclose()
     finally:
         await loopback.stop()
@@ -317,23 +327,11 @@ def test_on_uvloop_a_reply_streams_and_a_stop_closes_it() -> None:
     import uvloop
 
     async def main() -> None:
-        loopback = LoopbackServer([
-            Turn(text="on uvloop"),
-            Turn(text=" ".join(f"w{i}" for i in range(200)), chunks=200, delay=0.05),
-        ])
+        loopback = _answer_then_a_long_one("on uvloop")
         await loopback.start()
         model = aio.client("openai:test", base_url=loopback.openai_base_url)
         try:
-            chunks = model.stream_turn([{"role": "user", "content": "1"}])
-            assert "".join([c.text async for c in chunks if isinstance(c, TextDelta)]) \
-                == "on uvloop"
-            stream = model.stream_turn([{"role": "user", "content": "2"}])
-            async for chunk in stream:
-                if isinstance(chunk, TextDelta):
-                    break  # the first text: the reply streams
-            await stream.aclose()  # a stop mid-reply
-            abandoned = await loopback.wait_abandoned(1, timeout=30)
-            assert abandoned[0].chunks_sent < 200
+            await _answers_then_stops(model, loopback, "on uvloop")
         finally:
             await model.aclose()
             await loopback.stop()
