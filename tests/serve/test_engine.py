@@ -3,6 +3,7 @@ on h11 and asyncio's own loop; a stop crosses the server on either, end to end."
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +15,19 @@ from aimu._extras import MissingExtra
 from aimu.serve._uvicorn import Engine, engine
 from aimu.serve.slow_clients import DeadlineH11Protocol, DeadlineHttpToolsProtocol
 from aimu.testing.server import LoopbackServer
-from tests.serve.harness import aimu_serve, collect, first_text, start
+from tests.serve.harness import ROOT, aimu_serve, clean_env, collect, first_text, start
+
+WITHOUT_HTTPTOOLS = """
+import sys
+sys.modules["httptools"] = None  # not installed
+from aimu.serve._uvicorn import Engine, engine
+from aimu.serve.slow_clients import DeadlineHttpToolsProtocol
+assert engine() == Engine("h11", "uvloop"), engine()
+try:
+    DeadlineHttpToolsProtocol()
+except ImportError as error:
+    print(error)
+"""
 
 
 def test_auto_takes_httptools_and_uvloop_when_they_import(
@@ -38,6 +51,13 @@ def test_auto_takes_httptools_and_uvloop_when_they_import(
         assert not isinstance(loop, uvloop.Loop)
     finally:
         loop.close()
+
+
+def test_without_httptools_the_server_imports_and_runs_on_h11() -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_HTTPTOOLS], cwd=ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("DeadlineHttpToolsProtocol needs httptools ("), done.stdout
 
 
 def test_one_asked_for_by_name_that_does_not_import_is_refused(
