@@ -1,4 +1,5 @@
-"""Uvicorn as ``aimu serve`` runs it: a first SIGTERM drains, a second one stops.
+"""Uvicorn as ``aimu serve`` runs it: a first SIGTERM drains, a second one stops; on
+httptools and uvloop when they are installed (:func:`engine`).
 
 Imported only once the serve extra is known to be installed (:mod:`aimu.serve.command`
 checks it first).
@@ -8,22 +9,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 import uvicorn
 
 from aimu._bounded_exit import DRAIN_MARGIN, exit_deadline
+from aimu._extras import missing_extra
 from aimu.aio._signals import SignalHandlers
 from aimu.serve.application import ServeApp
-from aimu.serve.slow_clients import DeadlineH11Protocol
+from aimu.serve.slow_clients import DeadlineH11Protocol, DeadlineHttpToolsProtocol
 
-__all__ = ["serve_until_stopped"]
+__all__ = ["Engine", "engine", "serve_until_stopped"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The HTTP/1.1 parser and the event loop a server runs on."""
+
+    http: Literal["h11", "httptools"]
+    loop: Literal["asyncio", "uvloop"]
+
+    def __str__(self) -> str:
+        return f"{self.http} on {self.loop}"
+
+    @property
+    def protocol(self) -> type[asyncio.Protocol]:
+        """Uvicorn's protocol for ``http``, with a deadline for slow clients."""
+        return DeadlineHttpToolsProtocol if self.http == "httptools" else DeadlineH11Protocol
+
+    def new_loop(self) -> asyncio.AbstractEventLoop:
+        """A new event loop of ``loop``'s kind (``asyncio.Runner(loop_factory=...)``)."""
+        if self.loop == "uvloop":
+            import uvloop
+
+            return uvloop.new_event_loop()
+        return asyncio.new_event_loop()
+
+
+def engine(http: str = "auto", loop: str = "auto") -> Engine:
+    """The engine of ``--http`` and ``--loop``. ``auto``: httptools and uvloop (in C: half
+    the CPU of h11 and asyncio's own loop) when they import, else those two.
+
+    MissingExtra naming the install command: one asked for by name does not import.
+    """
+    return Engine(
+        "httptools" if _importable(http, "httptools", "--http") else "h11",
+        "uvloop" if _importable(loop, "uvloop", "--loop") else "asyncio",
+    )
+
+
+def _importable(choice: str, fast: str, option: str) -> bool:
+    """Whether ``choice`` (auto, ``fast`` or the pure-Python one) is ``fast``."""
+    if choice not in ("auto", fast):
+        return False
+    try:
+        importlib.import_module(fast)
+    except ImportError as missing:
+        if choice == "auto":
+            return False
+        raise missing_extra(f"{option} {fast}", "serve", missing) from None
+    return True
 
 #: Uvicorn's own start-up lines, which came before the banner and say less (one names
 #: an address it does not listen on: the socket is ours): the banner replaces them.
@@ -102,9 +155,11 @@ class _Server(uvicorn.Server):
 
 
 async def serve_until_stopped(
-    application: ServeApp, sock: socket.socket, *, log_level: str, drain: float, banner: str
+    application: ServeApp, sock: socket.socket, *, log_level: str, drain: float, banner: str,
+    http: type[asyncio.Protocol] = DeadlineH11Protocol,
 ) -> int:
-    """Serve ``application`` on ``sock`` until a signal stops it; the exit status.
+    """Serve ``application`` on ``sock`` with ``http`` (Uvicorn's protocol: an
+    :attr:`Engine.protocol`) until a signal stops it; the exit status.
 
     SystemExit: the application failed to start (Uvicorn's way to say so; the
     application is closed). ``sock`` is closed in every case.
@@ -113,7 +168,7 @@ async def serve_until_stopped(
         application,
         log_level=log_level,
         timeout_graceful_shutdown=10,
-        http=DeadlineH11Protocol,  # slow clients time out
+        http=http,
     )
     server = _Server(config, application, drain, banner)
     uvicorn_log = logging.getLogger("uvicorn.error")

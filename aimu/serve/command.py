@@ -106,6 +106,14 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         "--temporal: any of them answers for any run; default 1)",
     )
     parser.add_argument(
+        "--http", choices=("auto", "h11", "httptools"), default="auto",
+        help="the HTTP/1.1 parser (default auto: httptools when installed, else h11)",
+    )
+    parser.add_argument(
+        "--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+        help="the event loop (default auto: uvloop when installed, else asyncio's own)",
+    )
+    parser.add_argument(
         "--cors-origin",
         action="append",
         default=[],
@@ -154,9 +162,12 @@ def _serve(options: argparse.Namespace) -> int:
     _check(options, token)
     try:  # the options are checked first: a usage error is one, extra or not
         with needs_extra("aimu serve", "serve"):
-            from aimu.serve._uvicorn import serve_until_stopped
+            from aimu.serve._uvicorn import engine, serve_until_stopped
+        # Resolved once: the processes of --workers N run on the same.
+        chosen = engine(getattr(options, "http", "auto"), getattr(options, "loop", "auto"))
     except MissingExtra as missing:
         raise _Refused(str(missing).removeprefix("aimu serve "), 2) from None
+    options.http, options.loop = chosen.http, chosen.loop
     try:
         tools: list[Callable[..., Any] | Toolset] = [*agent_tools(options)]
         tools += mcp_servers(options.mcp, options.mcp_url)
@@ -169,18 +180,19 @@ def _serve(options: argparse.Namespace) -> int:
     async def serve() -> int:
         application, control = await _built(options, tools, store, token)
         sock = await _reached(application, control, tools, options)
-        banner = _banner(options, store, control, tools, token, sock)
+        banner = _banner(options, store, control, tools, token, sock, str(chosen))
         try:
             return await serve_until_stopped(
                 application, sock, log_level=options.log_level, drain=options.drain,
-                banner=banner,
+                banner=banner, http=chosen.protocol,
             )
         except SystemExit as exit_:  # uvicorn's way to say the lifespan failed to start
             raise _Refused("the application failed to start; see the log above") from exit_
 
     try:
-        # A sync tool's thread still running once the server is done holds no exit.
-        return asyncio.run(owning_the_exit(serve(), "aimu serve"))
+        with asyncio.Runner(loop_factory=chosen.new_loop) as runner:
+            # A sync tool's thread still running once the server is done holds no exit.
+            return runner.run(owning_the_exit(serve(), "aimu serve"))
     except KeyboardInterrupt:  # Ctrl+C before Uvicorn was listening for it
         return 130
 
@@ -295,11 +307,12 @@ def _banner(
     tools: list[Callable[..., Any] | Toolset],
     token: str | None,
     sock: socket.socket,
+    engine: str,
 ) -> str:
     """What the server serves, printed once it listens (of ``--workers N``, by the
     first process only)."""
     url = f"http://{_url_host(options.host)}:{sock.getsockname()[1]}/"
-    what = _serving(options, store, control, tools, token, url)
+    what = _serving(options, store, control, tools, token, url, engine)
     if _member(options) is not None:  # one of --workers N: the first says what is served
         fleet = f"  workers {options.fleet_size} processes on this port\n"
         what = fleet + what if _member(options) == 1 else ""
@@ -366,6 +379,7 @@ def _serving(
     tools: list[Callable[..., Any] | Toolset],
     token: str | None,
     url: str,
+    engine: str,
 ) -> str:
     """What the server serves, for the person who started it (never a secret)."""
     names = [
@@ -381,6 +395,7 @@ def _serving(
         ("redis", control.url if control is not None else "none"),
         ("tools", ", ".join(names) if names else "none"),
         ("token", "required (AIMU_API_TOKEN)" if token else "none (loopback only)"),
+        ("server", f"uvicorn, {engine}"),
     ]
     if options.temporal is not None:
         runs = f"aimu worker processes, Temporal at {options.temporal} ({options.task_queue})"

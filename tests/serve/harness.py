@@ -245,7 +245,7 @@ def model_server() -> Iterator[LoopbackServer]:
 
 @contextlib.contextmanager
 def uvicorn_serving(
-    application: ServeApp, protocol: type[DeadlineH11Protocol] = DeadlineH11Protocol
+    application: ServeApp, protocol: type[asyncio.Protocol] = DeadlineH11Protocol
 ) -> Iterator[str]:
     """Serve ``application`` with Uvicorn in a thread on a random port, with ``protocol``
     (as ``aimu serve`` does); yield its base URL."""

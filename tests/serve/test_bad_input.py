@@ -23,7 +23,7 @@ import pytest
 from aimu.aio.errors import ControlConnectionError
 from aimu.aio.store import PostgresStore, SQLiteStore
 from aimu.serve.errors import answer, unavailable
-from aimu.serve.slow_clients import DeadlineH11Protocol
+from aimu.serve.slow_clients import DeadlineH11Protocol, DeadlineHttpToolsProtocol
 from aimu.testing.server import LoopbackServer
 from tests.serve.harness import (
     Served,
@@ -199,8 +199,20 @@ async def test_a_locked_postgres_session_is_409_naming_no_database(
 # -- slow clients and clients that leave (item 8) --------------------------------------------
 
 
-class Quick(DeadlineH11Protocol):
+class QuickH11(DeadlineH11Protocol):
     request_seconds = 0.3
+
+
+class QuickHttpTools(DeadlineHttpToolsProtocol):
+    request_seconds = 0.3
+
+
+#: Both of Uvicorn's HTTP/1.1 protocols as aimu serve runs them: each test of slow and
+#: malformed clients holds for either.
+@pytest.fixture(params=[QuickH11, QuickHttpTools], ids=["h11", "httptools"])
+def quick(request: pytest.FixtureRequest) -> type[asyncio.Protocol]:
+    protocol: type[asyncio.Protocol] = request.param
+    return protocol
 
 
 def until_closed(sock: socket.socket) -> bytes:
@@ -211,14 +223,44 @@ def until_closed(sock: socket.socket) -> bytes:
     return data
 
 
+def one_answer(sock: socket.socket) -> bytes:
+    """Read one whole response (it has a content-length) off a kept-alive connection;
+    its head."""
+    sock.settimeout(60)  # a bound on a hung test, as above
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                  if line.startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data + body!r}"
+        body += chunk
+    assert len(body) == length, "no more than the one answer"
+    return head
+
+
+def address_of(url: str) -> tuple[str, int]:
+    return ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+
+
+def nothing_private(answer: bytes) -> None:
+    """An error answer names no path, process or host of the server."""
+    for private in (str(Path.cwd()), str(Path(__file__).parent), f"pid {os.getpid()}",
+                    str(os.getpid()), socket.gethostname()):
+        assert private.encode() not in answer.partition(b"\r\n\r\n")[2], answer
+
+
 async def test_slow_clients_are_cut_off_and_event_streams_are_not(
-    model_server: LoopbackServer, tmp_path: Path, log: Records
+    model_server: LoopbackServer, tmp_path: Path, log: Records, quick: type[asyncio.Protocol]
 ) -> None:
-    with uvicorn_serving(make_app(model_server, tmp_path / "s.db"), Quick) as url:
-        address = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    with uvicorn_serving(make_app(model_server, tmp_path / "s.db"), quick) as url:
 
         def connect() -> socket.socket:
-            return socket.create_connection(address)
+            return socket.create_connection(address_of(url))
 
         async with httpx.AsyncClient(base_url=url, timeout=20) as http:
             run_id = await start(http, "streamed", "long tale")
@@ -227,9 +269,13 @@ async def test_slow_clients_are_cut_off_and_event_streams_are_not(
                 if event.type == "text":
                     break
 
-            # Nothing at all, then half a head: both answered 408 and closed.
+            # Nothing at all, then half a head, then half a body: each answered with the
+            # 408's JSON body and closed.
             with connect() as idle:
-                assert until_closed(idle).startswith(b"HTTP/1.1 408 ")
+                answer = until_closed(idle)
+                assert answer.startswith(b"HTTP/1.1 408 "), answer
+                assert json.loads(answer.partition(b"\r\n\r\n")[2])["status"] == 408
+                nothing_private(answer)
             # ... so the stream has now been open longer than a request may take.
             with connect() as slow:
                 slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -239,7 +285,7 @@ async def test_slow_clients_are_cut_off_and_event_streams_are_not(
                     b"POST /sessions/slow/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"task\""
                 )
-                until_closed(slow_body)
+                assert until_closed(slow_body).startswith(b"HTTP/1.1 408 ")
 
             async for event in events:  # the event stream goes on
                 if event.type == "text":
@@ -247,22 +293,49 @@ async def test_slow_clients_are_cut_off_and_event_streams_are_not(
             await events.aclose()
             await http.post(f"/runs/{run_id}/cancel")
             assert (await collect(http, run_id))[-1].data["status"] == "cancelled"
+            # The route reading the slow body saw its client gone: no run was started.
             assert (await http.get("/sessions/slow")).status_code == 404
             # A request that arrives whole on a kept-alive connection is unaffected.
             assert (await http.get("/health")).status_code == 200
     assert log.errors() == []
 
 
-async def test_a_client_leaving_mid_body_logs_no_error(served: Served, log: Records) -> None:
-    address = ("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
-    with socket.create_connection(address) as gone:
-        gone.sendall(
-            b"POST /sessions/left/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"task\": \"x"
-        )
-    await log.seen("disconnected before sending its body")
-    async with httpx.AsyncClient(base_url=served.url) as http:
-        assert (await http.get("/sessions/left")).status_code == 404
+async def test_each_request_on_a_kept_alive_connection_has_its_own_deadline(
+    model_server: LoopbackServer, tmp_path: Path, log: Records, quick: type[asyncio.Protocol]
+) -> None:
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    with (
+        uvicorn_serving(make_app(model_server, tmp_path / "s.db"), quick) as url,
+        socket.create_connection(address_of(url)) as kept,
+    ):
+        kept.sendall(health + b"\r\n")
+        assert one_answer(kept).startswith(b"HTTP/1.1 200 ")
+        # A connection opened after it is cut off: the kept one is now older than a
+        # request may take, and idle between requests, which no deadline times.
+        with socket.create_connection(address_of(url)) as idle:
+            assert until_closed(idle).startswith(b"HTTP/1.1 408 ")
+        kept.sendall(health + b"\r\n")
+        assert one_answer(kept).startswith(b"HTTP/1.1 200 ")
+        # The next request's deadline runs from its first byte: half a head is a 408.
+        kept.sendall(health)
+        answer = until_closed(kept)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["status"] == 408
+    assert log.errors() == []
+
+
+async def test_a_client_leaving_mid_body_logs_no_error(
+    model_server: LoopbackServer, tmp_path: Path, log: Records, quick: type[asyncio.Protocol]
+) -> None:
+    with uvicorn_serving(make_app(model_server, tmp_path / "s.db"), quick) as url:
+        with socket.create_connection(address_of(url)) as gone:
+            gone.sendall(
+                b"POST /sessions/left/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"task\": \"x"
+            )
+        await log.seen("disconnected before sending its body")
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/sessions/left")).status_code == 404
     assert log.errors() == []
 
 
@@ -272,20 +345,21 @@ async def test_a_client_leaving_mid_body_logs_no_error(served: Served, log: Reco
     b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nx: \x00\r\n\r\n",
 ], ids=["content-length not a number", "header without a colon", "a NUL in a header"])
 async def test_a_request_too_malformed_to_route_is_400_with_the_json_error_body(
-    served: Served, head: bytes
+    model_server: LoopbackServer, tmp_path: Path, quick: type[asyncio.Protocol], head: bytes
 ) -> None:
-    address = ("127.0.0.1", int(served.url.rsplit(":", 1)[1]))
-    with socket.create_connection(address) as client:
-        client.sendall(head)
-        answer = until_closed(client)
-    status, _, rest = answer.partition(b"\r\n")
-    headers, _, body = rest.partition(b"\r\n\r\n")
-    assert status == b"HTTP/1.1 400 Bad Request", answer
-    assert b"content-type: application/json" in headers.lower(), answer
-    said = json.loads(body)
-    assert said["status"] == 400 and said["error"], said
-    async with httpx.AsyncClient(base_url=served.url) as http:  # the server goes on
-        assert (await http.get("/health")).status_code == 200
+    with uvicorn_serving(make_app(model_server, tmp_path / "s.db"), quick) as url:
+        with socket.create_connection(address_of(url)) as client:
+            client.sendall(head)
+            answer = until_closed(client)
+        status, _, rest = answer.partition(b"\r\n")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        assert status == b"HTTP/1.1 400 Bad Request", answer
+        assert b"content-type: application/json" in headers.lower(), answer
+        said = json.loads(body)
+        assert said == {"error": said["error"], "status": 400} and said["error"], said
+        nothing_private(answer)
+        async with httpx.AsyncClient(base_url=url) as http:  # the server goes on
+            assert (await http.get("/health")).status_code == 200
 
 
 # -- a store out of connections (item 16) -----------------------------------------------------

@@ -123,6 +123,18 @@ async def test_a_missing_extra_names_the_install_command(tmp_path: Path) -> None
         assert line.endswith("pip install -e '.[serve]'")  # run from this checkout
 
 
+async def test_an_engine_not_installed_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    for option, module in (("--http", "httptools"), ("--loop", "uvloop")):
+        status, err = await refused(tmp_path, option, module,
+                                    code=f"import sys; sys.modules[{module!r}] = None")
+        assert status == 2
+        assert one_clear_line(err) == (f"aimu serve: {option} {module} needs the serve extra "
+                                       f"({module} is not installed): pip install -e '.[serve]'")
+    assert not (tmp_path / ".aimu").exists()  # no store was opened
+
+
 def test_help_names_the_environment_and_the_log_levels_agree_with_chat(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -197,7 +209,7 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
 ) -> None:
     async with aimu_serve(tmp_path, "--log-level", "warning") as server:
         end = next(i for i, line in enumerate(server.said) if "serving" in line)
-        block = server.said[end - 6 : end + 1]
+        block = server.said[end - 7 : end + 1]
         store = tmp_path / ".aimu" / "sessions.db"
         names = ", ".join(tool.__name__ for tool in DEMO_TOOLS)
         assert block[-1] == f"aimu serve: serving {server.url}/ (the web chat; Ctrl+C stops)"
@@ -208,6 +220,7 @@ async def test_plain_serve_says_what_it_serves_and_offers_the_demo_tools(
             "  runs   in this process",
             f"  tools  {names}",
             "  token  none (loopback only)",
+            "  server uvicorn, httptools on uvloop",  # both installed (the serve extra)
         ]
         assert store.exists()
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -320,7 +333,7 @@ async def test_at_the_default_log_level_the_banner_comes_before_any_other_line(
     address it does not listen on) no longer come first: the banner says it all."""
     async with aimu_serve(tmp_path) as server:
         assert server.said[0].startswith("  model  test (embedded and offline: ")
-        assert server.said[6].startswith("aimu serve: serving http://127.0.0.1:")
+        assert server.said[7].startswith("aimu serve: serving http://127.0.0.1:")
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             await collect(http, await start(http, "s", "hi"))
     assert not [line for line in server.said if "Uvicorn running" in line or

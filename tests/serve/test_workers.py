@@ -31,9 +31,9 @@ pytestmark = pytest.mark.slow
 RUNS = 16  # connections spread over 2 processes: all on one happens 1 time in 2**15
 
 
-def serving_pid() -> str:
-    """The pid of the process this tool runs in."""
-    return str(os.getpid())
+async def serving_pid() -> str:
+    """The pid of the process this tool runs in, and the kind of its event loop."""
+    return f"{os.getpid()} on {type(asyncio.get_running_loop()).__module__}"
 
 
 def script(request: Mapping[str, Any]) -> Turn:
@@ -144,8 +144,11 @@ async def test_runs_spread_and_any_process_answers_for_any_run(
         ends = [(await collect(http, run))[-1] for run in runs]  # followed from any process
         assert all(end.data["status"] == "completed" for end in ends), ends
         replies = [str((await http.get(f"/runs/{run}")).json()["reply"]) for run in runs]
-        pids = {int(reply.removeprefix("pid ")) for reply in replies}
+        pids = {int(reply.removeprefix("pid ").split()[0]) for reply in replies}
         assert pids == workers, (replies, workers)  # both served, nobody else did
+        # Each process runs on the engine the first one names (auto: uvloop, httptools).
+        assert {reply.split(" on ")[1] for reply in replies} == {"uvloop"}, replies
+        assert "  server uvicorn, httptools on uvloop\n" in fleet.log.read_text()
 
         held = [await start(http, f"h{i}", "hold on") for i in range(4)]
         for run in held:
