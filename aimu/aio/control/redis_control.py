@@ -18,7 +18,15 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from aimu._extras import missing_extra
@@ -527,20 +535,30 @@ class RedisControl:
         self, run_id: str, key: str, cursor: str, block: int | None
     ) -> list[Any]:
         """The run's events after ``cursor``, waiting up to ``block`` ms for one."""
+        reply = await self._retried(run_id, lambda: self._reads.xread(
+            {key: cursor}, count=_FOLLOW_COUNT, block=block
+        ))
+        return reply[0][1] if reply else []
+
+    async def _range(self, run_id: str, key: str, cursor: str) -> list[Any]:
+        """The run's events after ``cursor`` (the first ``_FOLLOW_COUNT``), at once."""
+        return list(await self._retried(run_id, lambda: self._client.xrange(
+            key, f"({cursor}", "+", count=_FOLLOW_COUNT
+        )))
+
+    async def _retried(self, run_id: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        """``read()`` of the run's events, again if it timed out (up to ``_READ_RETRIES``
+        times in a row: a busy process takes a reply late; the cursor makes it exact)."""
         retries = _READ_RETRIES
         while True:
             with self._errors("events", run_id):
                 try:
-                    reply: Any = await self._reads.xread(
-                        {key: cursor}, count=_FOLLOW_COUNT, block=block
-                    )
+                    return await read()
                 except RedisTimeoutError:
                     reraise_cancel()
                     if not retries:
                         raise
                     retries -= 1
-                    continue
-            return reply[0][1] if reply else []
 
     async def _standing(self, run_id: str) -> tuple[str, str | None]:
         """The run's status and worker, as :meth:`status` reads them but for less (a
@@ -719,10 +737,7 @@ class RedisControl:
                 feed.stale = False
                 more = cursor.order < _LAST_ID
                 while more:
-                    with self._errors("events", run_id):
-                        entries: Any = await self._client.xrange(
-                            key, f"({cursor.id}", "+", count=_FOLLOW_COUNT
-                        )
+                    entries = await self._range(run_id, key, cursor.id)
                     more = len(entries) == _FOLLOW_COUNT
                     for entry_id, fields in entries:
                         yield self._take(run_id, cursor, entry_id, int(fields.get("seq", 0)),

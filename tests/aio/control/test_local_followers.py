@@ -11,8 +11,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aimu import aio
+from aimu.aio.control import feed as feed_module
+from aimu.aio.control import worker as control_worker
 from aimu.aio.control.redis_control import RedisControl
 from aimu.aio.events import HandleFinished, TextChunk
 from aimu.aio.scope import current_scope
@@ -327,3 +330,60 @@ async def test_local_followers_of_streaming_runs_send_no_xread(
     assert all(len(events) == chunks + 1 for events in there + here)
     assert through_redis >= runs * chunks
     assert local < 5, local
+
+
+async def test_a_follower_that_falls_behind_catches_up_from_redis(
+    worker: aio.RedisControl, control: aio.RedisControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its feed holds a few events at most (here 3); past that it drops them, and the
+    follower reads what it missed from Redis."""
+    monkeypatch.setattr(feed_module, "LIMIT", 3)
+    reads = no_xread(worker, monkeypatch)
+    gates = [asyncio.Event() for _ in range(12)]
+    handle = aio.RunHandle.start(emitting(12, gates), control=worker)
+    run_id = await worker.registered(handle)
+    gates[0].set()
+    async with asyncio.timeout(60), contextlib.aclosing(worker.events(run_id)) as events:
+        got = [await anext(events)]
+        for gate in gates[1:]:  # published while the follower reads nothing
+            gate.set()
+        await handle
+        await worker.flush()
+        got += [event async for event in events]
+    assert [e.seq for e in got] == list(range(1, 14))
+    assert seen(got) == seen([e async for e in control.events(run_id)])
+    assert reads == []  # it caught up, and went on with its feed
+
+
+async def test_a_batch_whose_answer_was_lost_is_read_from_redis(
+    worker: aio.RedisControl, control: aio.RedisControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis appended a batch, but its answer never came (the connection broke after):
+    the worker sends it again, Redis appends nothing, and the feed is never handed those
+    events; the local follower reads them from Redis, each once."""
+    execute = control_worker._execute
+    lose = [False]
+
+    async def answer_lost(pipe: Any) -> list[Any]:
+        results = await execute(pipe)
+        task = asyncio.current_task()
+        if lose[0] and task is not None and task.get_name() == "aimu-control-pump":
+            lose[0] = False
+            raise RedisConnectionError("the connection broke before the answer")
+        return results
+
+    monkeypatch.setattr(control_worker, "_execute", answer_lost)
+    gates = [asyncio.Event() for _ in range(3)]
+    handle = aio.RunHandle.start(emitting(3, gates), control=worker)
+    run_id = await worker.registered(handle)
+    gates[0].set()
+    async with asyncio.timeout(60), contextlib.aclosing(worker.events(run_id)) as events:
+        got = [await anext(events)]
+        lose[0] = True
+        gates[1].set()
+        while lose[0]:  # noqa: ASYNC110 - the batch of event 2 was appended, unanswered
+            await asyncio.sleep(0.005)
+        gates[2].set()
+        got += [event async for event in events]
+    assert [e.seq for e in got] == [1, 2, 3, 4]
+    assert seen(got) == seen([e async for e in control.events(run_id)])
