@@ -39,6 +39,16 @@ def emitting(count: int, gates: list[asyncio.Event] | None = None) -> Any:
     return body()
 
 
+async def gated(
+    worker: aio.RedisControl, count: int
+) -> tuple[list[asyncio.Event], aio.RunHandle[str], str]:
+    """A run of ``worker`` emitting ``count`` chunks, each once its gate is set: the
+    gates, its handle and its id (registered)."""
+    gates = [asyncio.Event() for _ in range(count)]
+    handle = aio.RunHandle.start(emitting(count, gates), control=worker)
+    return gates, handle, await worker.registered(handle)
+
+
 def seen(events: list[aio.RunEvent]) -> Seen:
     return [(e.id, e.seq, e.data) for e in events]
 
@@ -87,9 +97,7 @@ async def test_a_local_follower_sees_what_a_follower_through_redis_sees(
     worker: aio.RedisControl, control: aio.RedisControl, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = no_xread(worker, monkeypatch)
-    gates = [asyncio.Event() for _ in range(30)]
-    handle = aio.RunHandle.start(emitting(30, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, _handle, run_id = await gated(worker, 30)
     followers = [asyncio.ensure_future(collect(c.events(run_id))) for c in (worker, control)]
     followers += [asyncio.ensure_future(collect(worker.events(run_id))) for _ in range(10)]
     assert worker._worker is not None
@@ -116,9 +124,7 @@ async def test_a_follower_joining_mid_run_misses_nothing_and_repeats_nothing(
     """The joiner subscribes, then reads what came before from Redis: events published
     between the two (here: three, published while its read waits) are in both, and come
     once; those published after come from the feed."""
-    gates = [asyncio.Event() for _ in range(12)]
-    handle = aio.RunHandle.start(emitting(12, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, _handle, run_id = await gated(worker, 12)
     first_seen, five, first = started(worker.events(run_id), 5)
     for gate in gates[:5]:
         gate.set()
@@ -151,9 +157,7 @@ async def test_a_follower_joining_mid_run_misses_nothing_and_repeats_nothing(
 async def test_after_an_id_mid_stream_and_a_reconnect_elsewhere_go_on_exactly(
     worker: aio.RedisControl, control: aio.RedisControl, redis_url: str, prefix: str
 ) -> None:
-    gates = [asyncio.Event() for _ in range(10)]
-    handle = aio.RunHandle.start(emitting(10, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, _handle, run_id = await gated(worker, 10)
     head: list[aio.RunEvent] = []
     for gate in gates[:4]:
         gate.set()
@@ -200,9 +204,7 @@ async def test_a_cancel_mid_stream_ends_a_local_follower_with_the_end(
 async def test_a_follower_that_stops_early_leaves_no_feed_behind(
     worker: aio.RedisControl,
 ) -> None:
-    gates = [asyncio.Event() for _ in range(4)]
-    handle = aio.RunHandle.start(emitting(4, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, handle, run_id = await gated(worker, 4)
     assert worker._worker is not None
     feeds = worker._worker.runs[run_id].feeds
     gates[0].set()
@@ -232,9 +234,7 @@ async def test_a_run_taken_over_mid_follow_is_followed_on_through_redis(
     """Another worker claims the run (its lease lapsed: here, deleted) and resumes it; the
     first worker's next write is refused (the run is cancelled there), and its local
     follower goes on through Redis with the new worker's events, to their end."""
-    gates = [asyncio.Event() for _ in range(4)]
-    handle = aio.RunHandle.start(emitting(4, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, handle, run_id = await gated(worker, 4)
     _, two, following = started(worker.events(run_id), 2)
     gates[0].set()
     gates[1].set()
@@ -268,9 +268,7 @@ async def test_a_local_follower_fails_when_redis_goes_away(
 ) -> None:
     """As a follower through Redis does: an error, never a wait without end."""
     async with aio.RedisControl(durable_redis.url, prefix, lease=LEASE) as worker:
-        gates = [asyncio.Event() for _ in range(2)]
-        handle = aio.RunHandle.start(emitting(2, gates), control=worker)
-        run_id = await worker.registered(handle)
+        gates, handle, run_id = await gated(worker, 2)
         gates[0].set()
         async with asyncio.timeout(60):
             with pytest.raises(aio.ControlConnectionError, match=str(durable_redis.port)):
@@ -339,9 +337,7 @@ async def test_a_follower_that_falls_behind_catches_up_from_redis(
     follower reads what it missed from Redis."""
     monkeypatch.setattr(feed_module, "LIMIT", 3)
     reads = no_xread(worker, monkeypatch)
-    gates = [asyncio.Event() for _ in range(12)]
-    handle = aio.RunHandle.start(emitting(12, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, handle, run_id = await gated(worker, 12)
     gates[0].set()
     async with asyncio.timeout(60), contextlib.aclosing(worker.events(run_id)) as events:
         got = [await anext(events)]
@@ -373,9 +369,7 @@ async def test_a_batch_whose_answer_was_lost_is_read_from_redis(
         return results
 
     monkeypatch.setattr(control_worker, "_execute", answer_lost)
-    gates = [asyncio.Event() for _ in range(3)]
-    handle = aio.RunHandle.start(emitting(3, gates), control=worker)
-    run_id = await worker.registered(handle)
+    gates, _handle, run_id = await gated(worker, 3)
     gates[0].set()
     async with asyncio.timeout(60), contextlib.aclosing(worker.events(run_id)) as events:
         got = [await anext(events)]
