@@ -18,7 +18,15 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from aimu._extras import missing_extra
@@ -47,6 +55,7 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise missing_extra("aio.RedisControl", "redis", error) from error
 
+from aimu.aio.control.feed import Feed
 from aimu.aio.control.info import RunEvent, RunInfo, control_status, run_info
 from aimu.aio.control.link import Link, Scripts, pooled
 from aimu.aio.control.worker import Worker, reraise_cancel, stream_id
@@ -86,6 +95,8 @@ CONNECTING = 32
 #: requests): its own, so a lease is renewed in time whatever commands queue meanwhile.
 WORKER_CONNECTIONS = 3
 _FOLLOW_COUNT = 512
+#: The largest stream id: nothing comes after it (and XRANGE refuses to start past it).
+_LAST_ID: Final = (2**64 - 1, 2**64 - 1)
 _CLAIM_WINDOW = 30.0
 _REAPPEAR_POLL = 0.02
 
@@ -524,20 +535,30 @@ class RedisControl:
         self, run_id: str, key: str, cursor: str, block: int | None
     ) -> list[Any]:
         """The run's events after ``cursor``, waiting up to ``block`` ms for one."""
+        reply = await self._retried(run_id, lambda: self._reads.xread(
+            {key: cursor}, count=_FOLLOW_COUNT, block=block
+        ))
+        return reply[0][1] if reply else []
+
+    async def _range(self, run_id: str, key: str, cursor: str) -> list[Any]:
+        """The run's events after ``cursor`` (the first ``_FOLLOW_COUNT``), at once."""
+        return list(await self._retried(run_id, lambda: self._client.xrange(
+            key, f"({cursor}", "+", count=_FOLLOW_COUNT
+        )))
+
+    async def _retried(self, run_id: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        """``read()`` of the run's events, again if it timed out (up to ``_READ_RETRIES``
+        times in a row: a busy process takes a reply late; the cursor makes it exact)."""
         retries = _READ_RETRIES
         while True:
             with self._errors("events", run_id):
                 try:
-                    reply: Any = await self._reads.xread(
-                        {key: cursor}, count=_FOLLOW_COUNT, block=block
-                    )
+                    return await read()
                 except RedisTimeoutError:
                     reraise_cancel()
                     if not retries:
                         raise
                     retries -= 1
-                    continue
-            return reply[0][1] if reply else []
 
     async def _standing(self, run_id: str) -> tuple[str, str | None]:
         """The run's status and worker, as :meth:`status` reads them but for less (a
@@ -659,6 +680,10 @@ class RedisControl:
         Raises RunLostError if the worker died (its run lost for ``lease`` seconds more:
         a busy worker renews late; claim it to resume), ControlError if events were
         trimmed (``max_events``) or expired before they were read.
+
+        A run attached to this control is followed from its worker, which hands on each
+        event as Redis appended it (Redis is read only for those published before): the
+        same events and ids, without a read of Redis per event.
         """
         check_run_id(run_id, self.prefix)
         if after is not None:
@@ -667,28 +692,91 @@ class RedisControl:
 
     async def _follow(self, run_id: str, after: str | None) -> AsyncIterator[RunEvent]:
         await self.status(run_id)  # UnknownRunError before the first event
+        cursor = _Cursor(after)
+        feed = None if self._worker is None else self._worker.subscribe(run_id)
+        if feed is not None:
+            try:
+                async with contextlib.aclosing(self._follow_here(run_id, feed, cursor)) as here:
+                    async for event in here:
+                        yield event
+            finally:
+                feed.close()
+            if cursor.finished:
+                return
+        async with contextlib.aclosing(self._follow_redis(run_id, cursor)) as there:
+            async for event in there:
+                yield event
+
+    def _take(self, run_id: str, cursor: _Cursor, entry_id: str, seq: int, kind: str,
+              data: str) -> RunEvent:
+        """Event ``seq`` of the stream, after ``cursor`` (moved past it); ControlError if
+        the events between were trimmed away."""
+        if cursor.expected is not None and seq != cursor.expected:
+            raise ControlError(
+                f"run {run_id!r}: events {cursor.expected} to {seq - 1} are gone (the stream "
+                f"keeps about {self.max_events}); follow sooner or raise max_events",
+                url=self.url,
+            )
+        cursor.move(entry_id, seq, kind)
+        return RunEvent(entry_id, seq, decode_event(kind, data), data)
+
+    async def _follow_here(
+        self, run_id: str, feed: Feed, cursor: _Cursor
+    ) -> AsyncGenerator[RunEvent, None]:
+        """The events of a run this control's worker publishes, as it hands them to
+        ``feed``: Redis is read only to catch up (what came before the feed, or while it
+        could not be trusted). Ends after the end, or (``cursor.finished`` unset) once the
+        run is no longer published here or Redis says it ended or was lost without it:
+        the Redis path goes on from ``cursor`` and judges that as it always does."""
         key = self._keys.events(run_id)
-        cursor: str = after or "0-0"
-        expected = 1 if after is None else None
+        quiet = self._idle_block_ms() / 1000
+        while not feed.detached:
+            if feed.stale:
+                # Redis holds every event whose batch was answered before this point; the
+                # feed is handed every one answered after it (the cursor skips repeats).
+                feed.stale = False
+                more = cursor.order < _LAST_ID
+                while more:
+                    entries = await self._range(run_id, key, cursor.id)
+                    more = len(entries) == _FOLLOW_COUNT
+                    for entry_id, fields in entries:
+                        yield self._take(run_id, cursor, entry_id, int(fields.get("seq", 0)),
+                                         fields["type"], fields["data"])
+                        if cursor.finished:
+                            return
+                continue
+            if feed.items:
+                item = feed.items.popleft()
+                if stream_id(item.id) > cursor.order:
+                    yield self._take(run_id, cursor, item.id, item.seq, item.type, item.data)
+                    if cursor.finished:
+                        return
+                continue
+            if await feed.wait(quiet):
+                continue
+            # Quiet a while: is the run still there to wait for (and Redis with it)?
+            status, _ = await self._standing(run_id)
+            if status in ENDED or (status == "lost" and not self._running_here(run_id)):
+                return
+
+    def _idle_block_ms(self) -> int:
+        return max(1, min(_IDLE_BLOCK_MS, int(self.timeout * 500)))
+
+    async def _follow_redis(
+        self, run_id: str, cursor: _Cursor
+    ) -> AsyncGenerator[RunEvent, None]:
+        """The run's events after ``cursor`` read from Redis, waiting in XREAD BLOCK."""
+        key = self._keys.events(run_id)
         idle_checks = 0
-        block = max(1, min(_IDLE_BLOCK_MS, int(self.timeout * 500)))
+        block = self._idle_block_ms()
         loop = asyncio.get_running_loop()
         lost_since: float | None = None
         while True:
-            entries = await self._read(run_id, key, cursor, block if idle_checks == 0 else None)
+            entries = await self._read(run_id, key, cursor.id, block if idle_checks == 0 else None)
             for entry_id, fields in entries:
-                cursor = entry_id
-                seq = int(fields.get("seq", 0))
-                if expected is not None and seq != expected:
-                    raise ControlError(
-                        f"run {run_id!r}: events {expected} to {seq - 1} are gone (the stream "
-                        f"keeps about {self.max_events}); follow sooner or raise max_events",
-                        url=self.url,
-                    )
-                expected = seq + 1
-                kind, data = fields["type"], fields["data"]
-                yield RunEvent(entry_id, seq, decode_event(kind, data), data)
-                if kind == "handle_finished":
+                yield self._take(run_id, cursor, entry_id, int(fields.get("seq", 0)),
+                                 fields["type"], fields["data"])
+                if cursor.finished:
                     return
             if entries:
                 idle_checks, lost_since = 0, None
@@ -712,13 +800,32 @@ class RedisControl:
             if status in ENDED:
                 if idle_checks:  # read once more without blocking: its end was not there
                     raise ControlError(
-                        f"run {run_id!r} ended {status} but its events after {cursor} "
+                        f"run {run_id!r} ended {status} but its events after {cursor.id} "
                         "have expired",
                         url=self.url,
                     )
                 idle_checks = 1
             else:
                 idle_checks, lost_since = 0, None
+
+
+class _Cursor:
+    """Where a follower is in a run's stream: the last event id, the seq due next (None
+    until the first event after a given id), and whether the end went by."""
+
+    __slots__ = ("expected", "finished", "id", "order")
+
+    def __init__(self, after: str | None) -> None:
+        self.id = after or "0-0"
+        self.order = stream_id(self.id)
+        self.expected: int | None = 1 if after is None else None
+        self.finished = False
+
+    def move(self, entry_id: str, seq: int, kind: str) -> None:
+        self.id = entry_id
+        self.order = stream_id(entry_id)
+        self.expected = seq + 1
+        self.finished = kind == "handle_finished"
 
 
 class _Tagged:

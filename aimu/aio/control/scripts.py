@@ -107,8 +107,9 @@ return {'ok', seen, redis.call('XRANGE', KEYS[4], '(' .. seen, '+')}
 #: KEYS run, events, lease, requests; ARGV worker, maxlen, final status ('' while
 #: running), reason, error, ended_at, retention_s, requests_seen (''), result, usage,
 #: then triples (batch number, type, JSON).
-#: -> {'ok', last batch number appended} | {'not_ours'} | {'gone'}: the record is gone
-#: (Redis restarted empty, or it expired): register again.
+#: -> {'ok', last batch number appended, {number, seq, stream id} of each event this call
+#: appended, flat} | {'not_ours'} | {'gone'}: the record is gone (Redis restarted empty,
+#: or it expired): register again.
 PUBLISH = """
 local owner = redis.call('HGET', KEYS[1], 'worker')
 if not owner then return {'gone'} end
@@ -117,15 +118,19 @@ local status = redis.call('HGET', KEYS[1], 'status')
 local pub = tonumber(redis.call('HGET', KEYS[1], 'pub') or '0')
 if status ~= 'running' then
   if status == 'pending' then return {'not_ours'} end
-  return {'ok', pub}
+  return {'ok', pub, {}}
 end
+local appended = {}
 local i = 11
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   if n > pub then
     local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
-               'seq', seq, 'type', ARGV[i + 1], 'data', ARGV[i + 2])
+    local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
+                          'seq', seq, 'type', ARGV[i + 1], 'data', ARGV[i + 2])
+    appended[#appended + 1] = n
+    appended[#appended + 1] = seq
+    appended[#appended + 1] = id
     pub = n
   end
   i = i + 3
@@ -140,7 +145,7 @@ if ARGV[3] ~= '' then
   redis.call('EXPIRE', KEYS[1], ARGV[7])
   redis.call('EXPIRE', KEYS[4], ARGV[7])
 end
-return {'ok', pub}
+return {'ok', pub, appended}
 """
 
 #: KEYS run, lease, requests, events, session; ARGV worker, lease_ms, requests cursor,

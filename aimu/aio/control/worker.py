@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aimu.aio._tasks import Background, cancel_and_wait
 from aimu.aio.control import scripts
+from aimu.aio.control.feed import Feed, Published
 from aimu.aio.control.keys import check_run_id
 from aimu.aio.event_json import encode_event, event_data
 from aimu.aio.events import HandleFinished, RunFinished
@@ -80,7 +81,8 @@ class _Standing(enum.Enum):
 
 class _AttachedRun:
     """One attached run: its unpublished events (its tap, numbered from 1 in this
-    attempt: a batch re-sent is appended once) and where it stands in Redis."""
+    attempt: a batch re-sent is appended once), where it stands in Redis, and the feeds
+    of its followers in this process."""
 
     __slots__ = (
         "admission",
@@ -88,6 +90,7 @@ class _AttachedRun:
         "cursor_pending",
         "cursor_sent",
         "down",
+        "feeds",
         "handle",
         "info",
         "ready",
@@ -126,6 +129,13 @@ class _AttachedRun:
         """The last request the run's record in Redis says was applied."""
         self.cursor_pending = "0-0"
         self.usage = ""
+        self.feeds: set[Feed] = set()
+        """Each follower's in this process: handed every event as Redis appended it."""
+
+    def detach_feeds(self) -> None:
+        """Its followers here go on through Redis (the run is not published here now)."""
+        for feed in list(self.feeds):
+            feed.detach()
 
     @property
     def over(self) -> bool:
@@ -191,6 +201,21 @@ class Worker:
         await run.ready.wait()
         return (run.why, run.down) if run.why else None
 
+    def subscribe(self, run_id: str) -> Feed | None:
+        """A feed of the run's events as this worker publishes them; None if it does not
+        publish the run (not attached, rejected, ended, or being registered again)."""
+        run = self.runs.get(run_id)
+        if run is None or self._stopping or run.state not in (_Standing.NEW, _Standing.REGISTERED):
+            return None
+        return Feed(run.feeds)
+
+    def _catch_up(self) -> None:
+        """A batch may have been appended without its answer reaching us: every feed
+        re-reads Redis before it hands on more (and, Redis away, fails as a read does)."""
+        for run in self.runs.values():
+            for feed in run.feeds:
+                feed.catch_up()
+
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         self._tasks.spawn(work)
 
@@ -238,6 +263,7 @@ class Worker:
             run.why = why
             run.down = down
             run.tap.close()
+            run.detach_feeds()
             logger.warning("run %s: %s; cancelling it in this worker", run.run_id, why)
             run.handle.cancel(why)
             run.ready.set()
@@ -322,7 +348,7 @@ class Worker:
     async def _flush(self) -> bool:
         """Send what is pending for every run in one pipeline; True if more is left."""
         pipe = self._link.client.pipeline(transaction=False)
-        plan: list[tuple[str, _AttachedRun, int]] = []
+        plan: list[tuple[str, _AttachedRun, list[tuple[str, str]]]] = []
         for run in list(self.runs.values()):
             if run.state is _Standing.REJECTED:
                 if run.handle.done:
@@ -330,7 +356,7 @@ class Worker:
                 continue
             if run.state in (_Standing.NEW, _Standing.AGAIN):
                 await self._register(pipe, run)
-                plan.append(("register", run, 0))
+                plan.append(("register", run, []))
             if run.tap.held or run.cursor != run.cursor_sent:
                 plan.append(await self._publish(pipe, run))
         if not plan:
@@ -338,7 +364,7 @@ class Worker:
         results = await _execute(pipe)
         more = False
         refused: RedisError | None = None
-        for (step, run, last), result in zip(plan, results, strict=True):
+        for (step, run, sent), result in zip(plan, results, strict=True):
             if isinstance(result, _DOWN):
                 raise result
             if isinstance(result, RedisError):
@@ -347,7 +373,7 @@ class Worker:
             elif step == "register":
                 self._registered(run, scripts.reply(result))
             else:
-                more |= self._published(run, step, last, scripts.reply(result))
+                more |= self._published(run, step, sent, scripts.reply(result))
         if refused is not None:
             raise refused  # the pump backs off before trying again
         return more or any(
@@ -380,12 +406,14 @@ class Worker:
             client=pipe,
         )
 
-    async def _publish(self, pipe: Any, run: _AttachedRun) -> tuple[str, _AttachedRun, int]:
-        """Queue the next batch of the run's events (and its end, when it is in it)."""
+    async def _publish(
+        self, pipe: Any, run: _AttachedRun
+    ) -> tuple[str, _AttachedRun, list[tuple[str, str]]]:
+        """Queue the next batch of the run's events (and its end, when it is in it); the
+        step, and the batch's events encoded (numbered from ``run.tap.taken + 1``)."""
         link, keys = self._link, self._link.keys
         batch = run.tap.peek(_BATCH)
-        first = run.tap.taken + 1
-        last = first + len(batch) - 1 if batch else 0
+        sent = [encode_event(event) for event in batch]
         final = batch[-1] if batch and isinstance(batch[-1], HandleFinished) else None
         for event in batch:
             if isinstance(event, RunFinished):
@@ -401,8 +429,8 @@ class Worker:
             args += [json.dumps(event_data(final)["result"]), run.usage]
         else:
             args += ["", ""]
-        for number, event in enumerate(batch, first):
-            args += [number, *encode_event(event)]
+        for number, (kind, data) in enumerate(sent, run.tap.taken + 1):
+            args += [number, kind, data]
         await link.scripts.publish(
             keys=[
                 keys.run(run.run_id),
@@ -414,7 +442,7 @@ class Worker:
             client=pipe,
         )
         run.cursor_pending = run.cursor
-        return ("final" if final is not None else "publish"), run, last
+        return ("final" if final is not None else "publish"), run, sent
 
     def _registered(self, run: _AttachedRun, result: scripts.ScriptReply) -> None:
         if result.tag != "ok":
@@ -430,15 +458,26 @@ class Worker:
         run.admit()  # after the requests sent before it started: a cancel lands first
 
     def _published(
-        self, run: _AttachedRun, step: str, last: int, result: scripts.ScriptReply
+        self, run: _AttachedRun, step: str, sent: list[tuple[str, str]],
+        result: scripts.ScriptReply,
     ) -> bool:
         if result.tag == "gone":
             run.state = _Standing.AGAIN  # Redis forgot the run: register it again, then resend
+            run.detach_feeds()  # its stream starts again: followers judge that through Redis
             return True
         if result.tag != "ok":
             self._reject(run, f"run {run.run_id!r} was taken over by another worker")
             return False
-        (appended,) = result.values
+        appended, added = result.values
+        first = run.tap.taken + 1
+        last = first + len(sent) - 1 if sent else 0
+        if run.feeds and added:
+            published = [
+                Published(added[i + 2], int(added[i + 1]), *sent[int(added[i]) - first])
+                for i in range(0, len(added), 3)
+            ]
+            for feed in list(run.feeds):
+                feed.put(published)
         run.tap.advance(appended - run.tap.taken)
         if stream_id(run.cursor_pending) > stream_id(run.cursor_sent):
             run.cursor_sent = run.cursor_pending
@@ -560,6 +599,7 @@ class Worker:
                     self._reject(run, f"run {run.run_id!r} was taken over by another worker")
                 elif answer.tag == "gone":
                     run.state = _Standing.AGAIN  # Redis lost its record (restarted empty)
+                    run.detach_feeds()
                     self._kick.set()
                 elif answer.tag == "ok":
                     self._apply(run, answer.values[0])
@@ -567,6 +607,7 @@ class Worker:
     # -- state -----------------------------------------------------------------------
 
     def _note_down(self, error: BaseException) -> None:
+        self._catch_up()  # each local follower reads Redis, and fails as a follower there does
         if self._down_since is None:
             self._down_since = time.monotonic()
             logger.warning(
@@ -606,6 +647,8 @@ class Worker:
                 self._link.url,
             )
         self._stopping = True
+        for run in self.runs.values():
+            run.detach_feeds()
         live = [r.run_id for r in self.runs.values() if not r.handle.done]
         if live:
             logger.warning("closing while runs %s go on: they will be reported lost", live)

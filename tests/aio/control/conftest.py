@@ -35,6 +35,13 @@ async def control(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl
 
 
 @pytest.fixture
+async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]:
+    """The worker's control: a second connection, as another process would have."""
+    async with aio.RedisControl(redis_url, prefix, lease=LEASE) as made:
+        yield made
+
+
+@pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "sessions.db"
 

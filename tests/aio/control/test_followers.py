@@ -5,7 +5,6 @@ every event from the start, then live; a quiet follower costs little while it wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,12 +17,6 @@ from aimu.aio.errors import ControlConnectionError
 from aimu.aio.events import TextChunk
 from aimu.aio.scope import current_scope
 from tests.aio.control.helpers import LEASE
-
-
-@pytest.fixture
-async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]:
-    async with aio.RedisControl(redis_url, prefix, lease=LEASE) as made:
-        yield made
 
 
 async def published(control: aio.RedisControl, run_id: str, count: int) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,6 @@ from aimu.testing.server import LoopbackServer
 from tests.aio.control.helpers import LEASE, ROOT, DurableRedis
 from tests.aio.control.scripts import TOOLS, Answers, steer
 from tests.services import PrivateRedis
-
-
-@pytest.fixture
-async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]:
-    async with aio.RedisControl(redis_url, prefix, lease=LEASE) as made:
-        yield made
 
 
 async def connected(worker: aio.RedisControl) -> None:

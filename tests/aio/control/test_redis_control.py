@@ -15,7 +15,6 @@ from aimu.aio.transcript import validate
 from aimu.testing.script import Turn
 from aimu.testing.server import LoopbackServer
 from tests import services
-from tests.aio.control.helpers import LEASE
 from tests.aio.control.scripts import TOOLS, Answers
 
 
@@ -23,13 +22,6 @@ from tests.aio.control.scripts import TOOLS, Answers
 async def server() -> AsyncIterator[LoopbackServer]:
     async with LoopbackServer(Answers()) as running:
         yield running
-
-
-@pytest.fixture
-async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]:
-    """The worker's control: a second connection, as another process would have."""
-    async with aio.RedisControl(redis_url, prefix, lease=LEASE) as made:
-        yield made
 
 
 @pytest.fixture

@@ -17,15 +17,8 @@ from aimu.aio import steering
 from aimu.aio.events import ToolCallStarted
 from aimu.aio.transcript import validate
 from aimu.testing.server import LoopbackServer
-from tests.aio.control.helpers import LEASE
 from tests.aio.control.scripts import steer
 from tests.aio.test_images import png
-
-
-@pytest.fixture
-async def worker(redis_url: str, prefix: str) -> AsyncIterator[aio.RedisControl]:
-    async with aio.RedisControl(redis_url, prefix, lease=LEASE) as made:
-        yield made
 
 
 class Steered(NamedTuple):
