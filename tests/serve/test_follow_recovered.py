@@ -206,7 +206,7 @@ async def test_an_ag_ui_page_that_comes_back_is_carried_to_the_recovered_run(
     dead run stored, then the continuing run's events; the call asked again in the
     continuing run is in the snapshot, so it is not started twice, and its result and the
     answer come once."""
-    from tests.serve.test_ag_ui import ag_ui_events, run_input, user
+    from tests.serve.test_ag_ui import _stream, ag_ui_events, run_input, user
 
     store = tmp_path / "sessions.db"
     common = options(store, shared, request)
@@ -222,11 +222,16 @@ async def test_an_ag_ui_page_that_comes_back_is_carried_to_the_recovered_run(
                            name="recovers") as recovers,
                 httpx.AsyncClient(base_url=recovers.url, timeout=30) as http):
         records = await recovered(tmp_path, model, store, "page", dead.id)
-        (held / "open").touch()
         page = [user("hold q"), {"id": "a1", "role": "assistant", "content": "calling ",
                                  "toolCalls": [{"id": call_id, "type": "function", "function": {
                                      "name": "held", "arguments": '{"query": "q"}'}}]}]
-        back = await ag_ui_events(http, run_input("page", "r2", *page))
+        back = []
+        async for event in _stream(http, run_input("page", "r2", *page)):
+            back.append(event)
+            if event["type"] == "MESSAGES_SNAPSHOT":
+                # The held call goes on only once the page has its snapshot: the
+                # recovered run cannot have finished before the page came back.
+                (held / "open").touch()
         stored = (await http.get("/sessions/page")).json()["messages"]
     kinds = [e["type"] for e in back]
     assert kinds[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"] and kinds[-1] == "RUN_FINISHED"
