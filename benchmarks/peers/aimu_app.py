@@ -6,6 +6,7 @@ import os
 import uvicorn
 
 from aimu import aio, serve
+from aimu.serve._uvicorn import engine
 
 
 def lookup(city: str) -> str:
@@ -20,5 +21,7 @@ app = serve.app(model, store=os.environ["BENCH_STORE"], token=None, tools=[looku
                 recover=1.0 if os.environ.get("BENCH_RECOVER") else None,
                 redis=os.environ.get("BENCH_REDIS") or None,
                 redis_prefix=os.environ.get("BENCH_PREFIX") or "aimu")
+# What `aimu serve` runs on: its slow-client deadline on httptools, uvloop (when installed).
+chosen = engine()
 uvicorn.run(app, host="127.0.0.1", port=int(os.environ["BENCH_PORT"]), log_level="warning",
-            backlog=4096, timeout_keep_alive=600)
+            backlog=4096, timeout_keep_alive=600, http=chosen.protocol, loop=chosen.loop)
