@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aimu import aio
-from aimu.aio.control import redis_control
+from aimu.aio.control import following as following_module
 from aimu.aio.control.redis_control import RedisControl
 from aimu.aio.errors import ControlConnectionError
 from aimu.aio.events import TextChunk
@@ -105,7 +105,7 @@ async def test_a_quiet_follower_waits_in_reads_shorter_than_its_socket_timeout(
             await handle
             events = await following
     assert events[-1][0] == 1 and '"handle_finished"' in events[-1][1]
-    assert redis_control._IDLE_BLOCK_MS == 2500  # with the default 5 s socket timeout
+    assert following_module.IDLE_BLOCK_MS == 2500  # with the default 5 s socket timeout
 
 
 async def test_a_follower_reads_again_after_a_read_timed_out(
